@@ -1,0 +1,147 @@
+//! The block hash chain: a prompt -> the hashes of its leading fixed-size byte blocks.
+//!
+//! ```text
+//! prev = XXH64(model, seed 0)
+//! for each block of `block_size` bytes (the last may be shorter), at most `max_blocks` blocks:
+//!     cur = XXH64(decimal(prev) ++ block, seed 0); emit cur; prev = cur
+//! ```
+//! `decimal` is the base-10 text of the u64. Blocks are bytes (a UTF-8 character may be split);
+//! text past `block_size * max_blocks` bytes is never read. An empty prompt has no hashes.
+//! Knobs: `blockSizeToHash` (default 64) and `maxBlocksToMatch` (default 128) of the plugin args.
+//! Hashing reuses one buffer per call: no allocation per block.
+
+use xxhash_rust::xxh64::xxh64;
+
+/// One chained block hash (identifies a prompt prefix for one model).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockHash(pub u64);
+
+/// Block size and block count of the chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockChain {
+    pub block_size: usize,
+    pub max_blocks: usize,
+}
+
+impl BlockChain {
+    /// Bytes of the prompt the chain covers (`block_size * max_blocks`).
+    pub fn coverage(&self) -> usize {
+        self.block_size.saturating_mul(self.max_blocks)
+    }
+
+    /// Hashes `prompt` for `model` into `out` (cleared first).
+    pub fn hash_into(&self, model: &str, prompt: &[u8], out: &mut Vec<BlockHash>) {
+        out.clear();
+        if prompt.is_empty() || self.block_size == 0 || self.max_blocks == 0 {
+            return;
+        }
+        let covered = &prompt[..prompt.len().min(self.coverage())];
+        out.reserve(covered.len().div_ceil(self.block_size));
+        let mut buf = Vec::with_capacity(20 + self.block_size);
+        let mut prev = xxh64(model.as_bytes(), 0);
+        for block in covered.chunks(self.block_size) {
+            buf.clear();
+            push_decimal(&mut buf, prev);
+            buf.extend_from_slice(block);
+            prev = xxh64(&buf, 0);
+            out.push(BlockHash(prev));
+        }
+    }
+
+    /// Hashes `prompt` for `model` into a new vector.
+    pub fn hash(&self, model: &str, prompt: &[u8]) -> Vec<BlockHash> {
+        let mut out = Vec::new();
+        self.hash_into(model, prompt, &mut out);
+        out
+    }
+}
+
+fn push_decimal(buf: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    buf.extend_from_slice(&digits[i..]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chain(block_size: usize, max_blocks: usize) -> BlockChain {
+        BlockChain {
+            block_size,
+            max_blocks,
+        }
+    }
+
+    fn raw(hashes: Vec<BlockHash>) -> Vec<u64> {
+        hashes.into_iter().map(|h| h.0).collect()
+    }
+
+    #[test]
+    fn model_seed_vector() {
+        assert_eq!(xxh64(b"test-model", 0), 3725054772343846052);
+    }
+
+    #[test]
+    fn semantics_vectors() {
+        assert_eq!(
+            raw(chain(64, 128).hash("test-model", b"Hello World")),
+            [1993528491812861608]
+        );
+        assert_eq!(
+            raw(chain(20, 128).hash(
+                "test-model",
+                b"This is a longer prompt that should span multiple blocks based on the block size"
+            )),
+            [
+                8626393537367828840,
+                16829149375953976751,
+                13000309909902416355,
+                4164474810863779859
+            ]
+        );
+        let prompt = format!("A very long prompt {}", "test ".repeat(100));
+        assert_eq!(
+            raw(chain(10, 3).hash("test-model", prompt.as_bytes())),
+            [16111477285489601796, 3196756824981370828, 16885010878743789486]
+        );
+    }
+
+    #[test]
+    fn empty_prompt_has_no_hashes() {
+        assert!(chain(64, 128).hash("m", b"").is_empty());
+    }
+
+    #[test]
+    fn decimal_is_unpadded() {
+        for n in [0u64, 7, 10, 12345, u64::MAX] {
+            let mut buf = Vec::new();
+            push_decimal(&mut buf, n);
+            assert_eq!(buf, n.to_string().as_bytes());
+        }
+    }
+
+    #[test]
+    fn multibyte_utf8_is_split_by_bytes() {
+        // "é" is two bytes: a block size of 3 splits the second character.
+        let h = chain(3, 8).hash("m", "éé".as_bytes());
+        assert_eq!(h.len(), 2);
+        let mut manual = Vec::new();
+        let first = xxh64(format!("{}", xxh64(b"m", 0)).as_bytes().iter().chain(&[0xC3, 0xA9, 0xC3]).copied().collect::<Vec<u8>>().as_slice(), 0);
+        manual.push(first);
+        assert_eq!(h[0].0, manual[0]);
+    }
+
+    #[test]
+    fn models_do_not_share_hashes() {
+        assert_ne!(chain(64, 4).hash("a", b"x"), chain(64, 4).hash("b", b"x"));
+    }
+}

@@ -1,0 +1,12 @@
+//! prefix-picker: a prefix-cache-aware endpoint picker for LLM inference.
+//!
+//! The pure core (request parsing, prompt rendering, block hashing, the prefix index and the
+//! scheduler) knows nothing of Envoy; the ext_proc adapter translates.
+
+pub mod hashing;
+pub mod lenient_json;
+pub mod metrics;
+pub mod prefix_index;
+pub mod prompt;
+pub mod request;
+pub mod scheduler;

@@ -1,0 +1,211 @@
+//! Every metric prefix-picker exports, declared together and registered explicitly.
+//!
+//! Kthena's names are kept where they exist (semantics doc §7); prefix-picker's own metrics use the
+//! `prefix_picker_` prefix, seconds for durations and enum-valued labels. Per-pod series are
+//! removed when a pod leaves. The README's metrics table lists them all.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+use crate::prefix_index::ModelKey;
+
+/// Buckets of `kthena_router_prefix_cache_match_ratio` (Kthena's).
+pub const MATCH_RATIO_BUCKETS: [f64; 9] = [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0];
+
+const LATENCY_BUCKETS: [f64; 14] = [
+    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025,
+    0.05, 0.1, 0.5,
+];
+
+/// The prefix-cache plugin's metrics (Kthena names).
+#[derive(Debug, Clone)]
+pub struct PrefixCacheMetrics {
+    pub match_ratio: HistogramVec,
+    pub evictions: IntCounterVec,
+    pub entries: IntGauge,
+    model_names: Arc<RwLock<HashMap<ModelKey, String>>>,
+}
+
+impl PrefixCacheMetrics {
+    pub fn register(registry: &Registry) -> PrefixCacheMetrics {
+        let m = PrefixCacheMetrics {
+            match_ratio: HistogramVec::new(
+                HistogramOpts::new(
+                    "kthena_router_prefix_cache_match_ratio",
+                    "Fraction of the prompt's blocks matched by the best pod, per scoring (0 is a miss)",
+                )
+                .buckets(MATCH_RATIO_BUCKETS.to_vec()),
+                &["model"],
+            )
+            .expect("valid metric"),
+            evictions: IntCounterVec::new(
+                Opts::new(
+                    "kthena_router_prefix_cache_evictions_total",
+                    "Entries dropped because a pod's list was full, by the evicted entry's model",
+                ),
+                &["model"],
+            )
+            .expect("valid metric"),
+            entries: IntGauge::new(
+                "kthena_router_prefix_cache_entries",
+                "Entries currently stored across all pods (a block held by 3 pods counts 3)",
+            )
+            .expect("valid metric"),
+            model_names: Arc::default(),
+        };
+        register(registry, m.match_ratio.clone());
+        register(registry, m.evictions.clone());
+        register(registry, m.entries.clone());
+        m
+    }
+
+    /// A detached set (not exported), for tests and tools.
+    pub fn unregistered() -> PrefixCacheMetrics {
+        PrefixCacheMetrics::register(&Registry::new())
+    }
+
+    /// Remembers a model's name so evictions of its entries can be labelled.
+    pub fn remember_model(&self, model: &str) {
+        let key = ModelKey::of(model);
+        if !self.model_names.read().contains_key(&key) {
+            self.model_names.write().insert(key, model.to_string());
+        }
+    }
+
+    /// The name of a model seen in a record (hex key if unknown).
+    pub fn model_name(&self, key: ModelKey) -> String {
+        self.model_names
+            .read()
+            .get(&key)
+            .cloned()
+            .unwrap_or_else(|| format!("{:016x}", key.0))
+    }
+}
+
+/// Scheduler and sidecar metrics.
+#[derive(Debug, Clone)]
+pub struct RouterMetrics {
+    pub plugin_duration: HistogramVec,
+    pub decisions: IntCounterVec,
+    pub decision_duration: Histogram,
+    pub unscored: IntCounterVec,
+    pub records: IntCounterVec,
+    pub inflight_streams: IntGauge,
+    pub pod_inflight: IntGaugeVec,
+    pub pod_picks: IntCounterVec,
+    pub immediate_responses: IntCounterVec,
+}
+
+impl RouterMetrics {
+    pub fn register(registry: &Registry) -> RouterMetrics {
+        let m = RouterMetrics {
+            plugin_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "kthena_router_scheduler_plugin_duration_seconds",
+                    "Time spent in one scheduler plugin for one request",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+                &["model", "plugin", "type"],
+            )
+            .expect("valid metric"),
+            decisions: IntCounterVec::new(
+                Opts::new(
+                    "prefix_picker_decisions_total",
+                    "Routing decisions, by reason (prefix_match, load, no_prompt, subset, ...)",
+                ),
+                &["reason"],
+            )
+            .expect("valid metric"),
+            decision_duration: Histogram::with_opts(
+                HistogramOpts::new(
+                    "prefix_picker_decision_duration_seconds",
+                    "Time from a complete request body to the pick (parse, render, hash, schedule)",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+            )
+            .expect("valid metric"),
+            unscored: IntCounterVec::new(
+                Opts::new(
+                    "prefix_picker_unscored_requests_total",
+                    "Requests routed without prefix scoring, by reason",
+                ),
+                &["reason"],
+            )
+            .expect("valid metric"),
+            records: IntCounterVec::new(
+                Opts::new(
+                    "prefix_picker_records_total",
+                    "Request completions, by outcome (recorded, failed, aborted, unknown_pod, unscored)",
+                ),
+                &["outcome"],
+            )
+            .expect("valid metric"),
+            inflight_streams: IntGauge::new(
+                "prefix_picker_inflight_streams",
+                "Open ext_proc streams",
+            )
+            .expect("valid metric"),
+            pod_inflight: IntGaugeVec::new(
+                Opts::new(
+                    "prefix_picker_pod_inflight_requests",
+                    "Requests picked for a pod (primary) and not yet completed",
+                ),
+                &["pod"],
+            )
+            .expect("valid metric"),
+            pod_picks: IntCounterVec::new(
+                Opts::new(
+                    "prefix_picker_pod_picks_total",
+                    "Requests whose primary pick was this pod",
+                ),
+                &["pod"],
+            )
+            .expect("valid metric"),
+            immediate_responses: IntCounterVec::new(
+                Opts::new(
+                    "prefix_picker_immediate_responses_total",
+                    "Requests answered by the picker itself, by HTTP status",
+                ),
+                &["status"],
+            )
+            .expect("valid metric"),
+        };
+        register(registry, m.plugin_duration.clone());
+        register(registry, m.decisions.clone());
+        register(registry, m.decision_duration.clone());
+        register(registry, m.unscored.clone());
+        register(registry, m.records.clone());
+        register(registry, m.inflight_streams.clone());
+        register(registry, m.pod_inflight.clone());
+        register(registry, m.pod_picks.clone());
+        register(registry, m.immediate_responses.clone());
+        m
+    }
+
+    /// Removes a departed pod's series.
+    pub fn forget_pod(&self, pod: &str) {
+        let _ = self.pod_inflight.remove_label_values(&[pod]);
+        let _ = self.pod_picks.remove_label_values(&[pod]);
+    }
+}
+
+fn register<C: prometheus::core::Collector + 'static>(registry: &Registry, c: C) {
+    registry
+        .register(Box::new(c))
+        .expect("metric names are unique");
+}
+
+/// Encodes a registry in the Prometheus text format.
+pub fn encode(registry: &Registry) -> String {
+    let mut buf = Vec::new();
+    TextEncoder::new()
+        .encode(&registry.gather(), &mut buf)
+        .expect("text encoding cannot fail");
+    String::from_utf8(buf).expect("text format is UTF-8")
+}

@@ -1,0 +1,257 @@
+//! The LRU facts of the semantics doc §3, and a property test of the index against a simple,
+//! obviously correct reference model.
+
+use std::collections::VecDeque;
+
+use proptest::prelude::*;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+use super::*;
+
+fn hashes(v: &[u64]) -> Vec<BlockHash> {
+    v.iter().copied().map(BlockHash).collect()
+}
+
+fn rng() -> SmallRng {
+    SmallRng::seed_from_u64(7)
+}
+
+const M: ModelKey = ModelKey(11);
+
+#[test]
+fn cap_two_add_three_evicts_deepest() {
+    let index = PrefixIndex::new(2);
+    let pod = index.add_pod();
+    let out = index.record(&pod, M, &hashes(&[1, 2, 3]));
+    assert_eq!(out.inserted, 3);
+    assert_eq!(out.evicted, [(M, 1)]);
+    let m = index.longest_matches(M, &hashes(&[1, 2, 3]), &[pod.slot()], 5, rng);
+    assert_eq!(m, [2]);
+}
+
+#[test]
+fn cap_three_add_five_evicts_five_then_four() {
+    let index = PrefixIndex::new(3);
+    let pod = index.add_pod();
+    index.record(&pod, M, &hashes(&[1, 2, 3, 4, 5]));
+    let keys: Vec<u64> = index
+        .pod_keys_by_recency(pod.slot())
+        .iter()
+        .map(|k| k.hash.0)
+        .collect();
+    assert_eq!(keys, [1, 2, 3]);
+    let m = index.longest_matches(M, &hashes(&[1, 2, 3, 4, 5]), &[pod.slot()], 5, rng);
+    assert_eq!(m, [3]);
+}
+
+#[test]
+fn evictions_are_counted_under_the_evicted_model() {
+    let (m1, m2) = (ModelKey(1), ModelKey(2));
+    let index = PrefixIndex::new(3);
+    let pod = index.add_pod();
+    index.record(&pod, m1, &hashes(&[1, 2]));
+    index.record(&pod, m2, &hashes(&[3]));
+    let out = index.record(&pod, m1, &hashes(&[5, 6]));
+    assert_eq!(out.evicted, [(m1, 2)]);
+    let keys: Vec<(u64, u64)> = index
+        .pod_keys_by_recency(pod.slot())
+        .iter()
+        .map(|k| (k.model.0, k.hash.0))
+        .collect();
+    assert_eq!(keys, [(1, 5), (1, 6), (2, 3)]);
+    // m1:2 went first, then m1:1: nobody holds them any more.
+    assert!(index.pods_holding(m1, BlockHash(2)).is_empty());
+    assert!(index.pods_holding(m1, BlockHash(1)).is_empty());
+    let out = index.record(&pod, m1, &hashes(&[7]));
+    assert_eq!(out.evicted, [(m2, 1)]);
+}
+
+#[test]
+fn longest_match_per_pod() {
+    let index = PrefixIndex::new(100);
+    let p: Vec<PodHandle> = (0..3).map(|_| index.add_pod()).collect();
+    index.record(&p[0], M, &hashes(&[1, 2, 3]));
+    index.record(&p[1], M, &hashes(&[1, 2]));
+    index.record(&p[2], M, &hashes(&[1, 4, 5]));
+    let slots: Vec<PodSlot> = p.iter().map(|h| h.slot()).collect();
+    let m = index.longest_matches(M, &hashes(&[1, 2, 3]), &slots, 5, rng);
+    assert_eq!(m, [3, 2, 1]);
+    // Only candidates count.
+    let m = index.longest_matches(M, &hashes(&[1, 2, 3]), &slots[1..], 5, rng);
+    assert_eq!(m, [2, 1]);
+    // Other models never match.
+    let m = index.longest_matches(ModelKey(99), &hashes(&[1, 2, 3]), &slots, 5, rng);
+    assert_eq!(m, [0, 0, 0]);
+}
+
+#[test]
+fn lookups_do_not_refresh_recency() {
+    let index = PrefixIndex::new(2);
+    let pod = index.add_pod();
+    index.record(&pod, M, &hashes(&[1]));
+    index.record(&pod, M, &hashes(&[2]));
+    index.longest_matches(M, &hashes(&[1]), &[pod.slot()], 5, rng);
+    index.record(&pod, M, &hashes(&[3]));
+    // 1 was least recent despite the lookup, so it went.
+    assert!(index.pods_holding(M, BlockHash(1)).is_empty());
+}
+
+#[test]
+fn top_k_stops_early_and_breaks_ties_by_seed() {
+    let index = PrefixIndex::new(100);
+    let pods: Vec<PodHandle> = (0..8).map(|_| index.add_pod()).collect();
+    for p in &pods {
+        index.record(p, M, &hashes(&[1, 2]));
+    }
+    index.record(&pods[7], M, &hashes(&[1, 2, 3]));
+    let slots: Vec<PodSlot> = pods.iter().map(|h| h.slot()).collect();
+    let pick = |seed| {
+        index.longest_matches(M, &hashes(&[1, 2, 3]), &slots, 3, || {
+            SmallRng::seed_from_u64(seed)
+        })
+    };
+    let m = pick(1);
+    assert_eq!(m[7], 3, "the longest match is found first");
+    assert_eq!(m.iter().filter(|&&x| x == 2).count(), 2);
+    assert_eq!(m.iter().filter(|&&x| x == 0).count(), 5);
+    assert_eq!(pick(1), m, "same seed, same winners");
+    let winners: std::collections::HashSet<Vec<usize>> = (0..32).map(pick).collect();
+    assert!(winners.len() > 1, "ties do not always favour the same pods");
+}
+
+#[test]
+fn remove_pod_clears_sets_and_ignores_late_records() {
+    let index = PrefixIndex::new(10);
+    let a = index.add_pod();
+    let b = index.add_pod();
+    index.record(&a, M, &hashes(&[1, 2]));
+    index.record(&b, M, &hashes(&[1]));
+    assert_eq!(index.entries(), 3);
+    assert_eq!(index.remove_pod(a.slot()), 2);
+    assert_eq!(index.pods_holding(M, BlockHash(1)), [b.slot()]);
+    assert!(index.pods_holding(M, BlockHash(2)).is_empty());
+    assert_eq!(index.entries(), 1);
+    assert_eq!(index.record(&a, M, &hashes(&[9])).inserted, 0);
+    assert_eq!(index.entries(), 1);
+    assert_eq!(index.remove_pod(a.slot()), 0);
+}
+
+/// The obviously correct model: a recency list per pod, lookups by scanning it.
+#[derive(Default)]
+struct Reference {
+    cap: usize,
+    pods: Vec<Option<VecDeque<(u64, u64)>>>,
+}
+
+impl Reference {
+    fn record(&mut self, pod: usize, model: u64, hs: &[u64]) -> u64 {
+        let Some(list) = self.pods[pod].as_mut() else {
+            return 0;
+        };
+        let mut evicted = 0;
+        for &h in hs.iter().rev() {
+            if let Some(pos) = list.iter().position(|&e| e == (model, h)) {
+                list.remove(pos);
+            } else if list.len() == self.cap {
+                list.pop_back();
+                evicted += 1;
+            }
+            list.push_front((model, h));
+        }
+        evicted
+    }
+
+    fn longest(&self, model: u64, hs: &[u64]) -> Vec<usize> {
+        self.pods
+            .iter()
+            .map(|p| match p {
+                None => 0,
+                Some(list) => (0..hs.len())
+                    .rev()
+                    .find(|&i| list.contains(&(model, hs[i])))
+                    .map_or(0, |i| i + 1),
+            })
+            .collect()
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Record { pod: usize, model: u64, hs: Vec<u64> },
+    Remove { pod: usize },
+    Query { model: u64, hs: Vec<u64> },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let hs = prop::collection::vec(0u64..12, 0..8);
+    prop_oneof![
+        6 => (0usize..4, 0u64..2, hs.clone()).prop_map(|(pod, model, hs)| Op::Record { pod, model, hs }),
+        1 => (0usize..4).prop_map(|pod| Op::Remove { pod }),
+        3 => (0u64..2, hs).prop_map(|(model, hs)| Op::Query { model, hs }),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn agrees_with_reference(cap in 1usize..10, ops in prop::collection::vec(op(), 1..60)) {
+        let index = PrefixIndex::new(cap);
+        let handles: Vec<PodHandle> = (0..4).map(|_| index.add_pod()).collect();
+        let slots: Vec<PodSlot> = handles.iter().map(|h| h.slot()).collect();
+        let mut reference = Reference { cap, pods: vec![Some(VecDeque::new()); 4] };
+        for op in ops {
+            match op {
+                Op::Record { pod, model, hs } => {
+                    let out = index.record(&handles[pod], ModelKey(model), &hashes(&hs));
+                    let evicted: u64 = out.evicted.iter().map(|e| e.1).sum();
+                    prop_assert_eq!(evicted, reference.record(pod, model, &hs));
+                }
+                Op::Remove { pod } => {
+                    index.remove_pod(slots[pod]);
+                    reference.pods[pod] = None;
+                    for h in 0..12 {
+                        for m in 0..2 {
+                            prop_assert!(!index.pods_holding(ModelKey(m), BlockHash(h)).contains(&slots[pod]));
+                        }
+                    }
+                }
+                Op::Query { model, hs } => {
+                    let got = index.longest_matches(ModelKey(model), &hashes(&hs), &slots, 4, rng);
+                    prop_assert_eq!(got, reference.longest(model, &hs));
+                }
+            }
+            for (i, p) in reference.pods.iter().enumerate() {
+                let len = p.as_ref().map_or(0, |l| l.len());
+                prop_assert!(len <= cap);
+                prop_assert_eq!(index.pod_entries(slots[i]), len);
+            }
+            // The reverse map is exactly the union of the lists.
+            for m in 0..2u64 {
+                for h in 0..12u64 {
+                    let want: Vec<PodSlot> = reference.pods.iter().enumerate()
+                        .filter(|(_, p)| p.as_ref().is_some_and(|l| l.contains(&(m, h))))
+                        .map(|(i, _)| slots[i]).collect();
+                    prop_assert_eq!(index.pods_holding(ModelKey(m), BlockHash(h)), want);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn top_k_bounds_non_zero_matches(k in 1usize..4, seed in any::<u64>()) {
+        let index = PrefixIndex::new(50);
+        let handles: Vec<PodHandle> = (0..6).map(|_| index.add_pod()).collect();
+        for (i, h) in handles.iter().enumerate() {
+            index.record(h, M, &hashes(&(1..=(i as u64 % 3 + 1)).collect::<Vec<_>>()));
+        }
+        let slots: Vec<PodSlot> = handles.iter().map(|h| h.slot()).collect();
+        let got = index.longest_matches(M, &hashes(&[1, 2, 3]), &slots, k, || SmallRng::seed_from_u64(seed));
+        prop_assert_eq!(got.iter().filter(|&&m| m > 0).count(), k.min(6));
+        // Longer matches are found first: no chosen match is shorter than an unchosen one.
+        let min_chosen = got.iter().copied().filter(|&m| m > 0).min().unwrap();
+        let full: Vec<usize> = (0..6).map(|i| i % 3 + 1).collect();
+        for (i, &m) in got.iter().enumerate() {
+            if m == 0 { prop_assert!(full[i] <= min_chosen); } else { prop_assert_eq!(m, full[i]); }
+        }
+    }
+}

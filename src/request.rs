@@ -1,0 +1,140 @@
+//! OpenAI-style request bodies -> [`InferenceRequest`] (model, rendered prompt, stream flag, API).
+//!
+//! A body must be a JSON object with a non-empty string `model`; anything else is a
+//! [`RequestError`] that names what is wrong (the sidecar answers it with a 400). A well-formed
+//! body without a renderable prompt is not an error: its prompt is `Err(NoPrompt)` and the request
+//! is routed by the load-aware plugins only. JSON is decoded with Go's leniency (see
+//! [`crate::lenient_json`]); on duplicate keys the last one wins.
+
+use serde_json::Value;
+use thiserror::Error;
+
+use crate::lenient_json;
+use crate::prompt::{self, NoPrompt};
+
+/// The OpenAI-compatible APIs prefix-picker understands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Api {
+    Completions,
+    ChatCompletions,
+    Responses,
+}
+
+impl Api {
+    /// Maps a request path (query string ignored) to its API, if it is one of ours.
+    pub fn from_path(path: &str) -> Option<Api> {
+        let path = path.split(['?', '#']).next().unwrap_or(path);
+        let path = path.trim_end_matches('/');
+        match path {
+            "/v1/completions" => Some(Api::Completions),
+            "/v1/chat/completions" => Some(Api::ChatCompletions),
+            "/v1/responses" => Some(Api::Responses),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Api::Completions => "completions",
+            Api::ChatCompletions => "chat_completions",
+            Api::Responses => "responses",
+        }
+    }
+}
+
+/// A request body that is not usable at all (answered with 400).
+#[derive(Debug, Error)]
+pub enum RequestError {
+    #[error("request body is not valid JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    #[error("request body must be a JSON object, got {0}")]
+    NotObject(&'static str),
+    #[error("request body has no `model` field")]
+    MissingModel,
+    #[error("`model` must be a string, got {0}")]
+    ModelNotString(&'static str),
+    #[error("`model` must not be empty")]
+    EmptyModel,
+}
+
+/// What the router needs from a request body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InferenceRequest {
+    pub model: String,
+    pub prompt: Result<String, NoPrompt>,
+    pub stream: bool,
+}
+
+/// Names a JSON value's type for error messages.
+pub fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+impl InferenceRequest {
+    /// Parses and renders a request body.
+    pub fn parse(body: &[u8]) -> Result<InferenceRequest, RequestError> {
+        let value = lenient_json::parse_value(body).map_err(RequestError::NotJson)?;
+        let Value::Object(map) = value else {
+            return Err(RequestError::NotObject(json_kind(&value)));
+        };
+        let model = match map.get("model") {
+            None => return Err(RequestError::MissingModel),
+            Some(Value::String(m)) if m.is_empty() => return Err(RequestError::EmptyModel),
+            Some(Value::String(m)) => m.clone(),
+            Some(other) => return Err(RequestError::ModelNotString(json_kind(other))),
+        };
+        let stream = matches!(map.get("stream"), Some(Value::Bool(true)));
+        let prompt = prompt::render(&map);
+        Ok(InferenceRequest {
+            model,
+            prompt,
+            stream,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_from_path() {
+        assert_eq!(Api::from_path("/v1/completions"), Some(Api::Completions));
+        assert_eq!(
+            Api::from_path("/v1/chat/completions?x=1"),
+            Some(Api::ChatCompletions)
+        );
+        assert_eq!(Api::from_path("/v1/responses/"), Some(Api::Responses));
+        assert_eq!(Api::from_path("/v1/embeddings"), None);
+    }
+
+    #[test]
+    fn typed_errors_name_the_problem() {
+        let err = |b: &[u8]| InferenceRequest::parse(b).unwrap_err().to_string();
+        assert!(err(b"{").starts_with("request body is not valid JSON"));
+        assert_eq!(err(b"[1]"), "request body must be a JSON object, got an array");
+        assert_eq!(err(b"{}"), "request body has no `model` field");
+        assert_eq!(err(br#"{"model":3}"#), "`model` must be a string, got a number");
+        assert_eq!(err(br#"{"model":null}"#), "`model` must be a string, got null");
+        assert_eq!(err(br#"{"model":""}"#), "`model` must not be empty");
+    }
+
+    #[test]
+    fn parses_model_prompt_and_stream() {
+        let r = InferenceRequest::parse(br#"{"model":"m","prompt":"hi","stream":true}"#).unwrap();
+        assert_eq!(r.model, "m");
+        assert_eq!(r.prompt, Ok("hi".to_string()));
+        assert!(r.stream);
+        let r = InferenceRequest::parse(br#"{"model":"a","model":"b","prompt":[1,2]}"#).unwrap();
+        assert_eq!(r.model, "b");
+        assert_eq!(r.prompt, Err(NoPrompt::PromptNotString));
+        assert!(!r.stream);
+    }
+}

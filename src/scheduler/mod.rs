@@ -1,0 +1,3 @@
+//! The scheduler: filters, weighted score plugins, and the pick (primary + fallbacks).
+
+pub mod prefix_cache;
