@@ -1,8 +1,10 @@
 //! prefix-picker: a prefix-cache-aware endpoint picker for LLM inference.
 //!
 //! The pure core (request parsing, prompt rendering, block hashing, the prefix index and the
-//! scheduler) knows nothing of Envoy; the ext_proc adapter translates.
+//! scheduler) knows nothing of Envoy; the ext_proc adapter ([`extproc`]) translates.
 
+pub mod config;
+pub mod endpoints;
 pub mod hashing;
 pub mod lenient_json;
 pub mod metrics;

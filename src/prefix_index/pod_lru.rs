@@ -57,6 +57,7 @@ impl PodLru {
         self.nodes.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
     }

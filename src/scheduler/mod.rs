@@ -1,3 +1,354 @@
-//! The scheduler: filters, weighted score plugins, and the pick (primary + fallbacks).
+//! The scheduler: filters in order, weighted score plugins, then the pick (primary + fallbacks).
+//!
+//! For one request: candidates (pods serving the model, optionally narrowed by a subset hint)
+//! -> each filter in order (a filter that leaves no pod is an error) -> each score plugin returns
+//! 0..=100 per pod, or nothing (prefix-cache with no prompt) -> total = sum(score * weight) ->
+//! the best `maxEndpoints` (<= 5) pods, ties broken by an RNG seeded from `picker.seed` and a
+//! decision counter, become the primary pick and its ordered fallbacks. The result is a
+//! [`Decision`] value carrying every plugin's scores, so it can be logged (`--v 4` prints Kthena's
+//! score lines), explained (`/debug/explain`) and tested. One file per plugin.
 
+pub mod gpu_usage;
+pub mod least_latency;
+pub mod least_request;
 pub mod prefix_cache;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use thiserror::Error;
+
+use crate::config::{FilterKind, ScorerKind, SchedulerConfig};
+use crate::endpoints::{Endpoint, EndpointSet};
+use crate::hashing::BlockHash;
+use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
+use crate::prompt::NoPrompt;
+use prefix_cache::PrefixCache;
+
+/// Why a request could not be routed.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum PickError {
+    #[error("no model server endpoints are available")]
+    NoEndpoints,
+    #[error("model {0:?} is not served by any endpoint")]
+    UnknownModel(String),
+    #[error("no endpoint of the subset hint is available")]
+    SubsetUnavailable,
+    #[error("all endpoints were filtered out by the {0} filter")]
+    Filtered(&'static str),
+}
+
+/// Why the pick is what it is (the `reason` label of `prefix_picker_decisions_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecisionReason {
+    /// The primary pod holds a prefix of the prompt.
+    PrefixHit,
+    /// Some pod holds a prefix, but load-aware scores picked another.
+    PrefixOverruled,
+    /// No candidate holds any block of the prompt.
+    PrefixMiss,
+    /// Prefix-cache did not score (disabled, no prompt, or empty prompt).
+    Unscored,
+}
+
+impl DecisionReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DecisionReason::PrefixHit => "prefix_hit",
+            DecisionReason::PrefixOverruled => "prefix_overruled",
+            DecisionReason::PrefixMiss => "prefix_miss",
+            DecisionReason::Unscored => "unscored",
+        }
+    }
+}
+
+/// One score plugin's output for a decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginScores {
+    pub plugin: &'static str,
+    pub weight: u32,
+    /// Per candidate (in [`Decision::candidates`] order); `None` = the plugin returned nothing.
+    pub scores: Option<Vec<u32>>,
+}
+
+/// A routing decision, with everything that produced it.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    /// Pods that passed the filters, in scoring order.
+    pub candidates: Vec<Arc<Endpoint>>,
+    pub plugins: Vec<PluginScores>,
+    /// Weighted totals per candidate.
+    pub totals: Vec<u64>,
+    /// Primary pick first, then fallbacks.
+    pub ranked: Vec<Arc<Endpoint>>,
+    pub reason: DecisionReason,
+    /// The prompt's block hashes (empty when unscored); recorded for the serving pod.
+    pub hashes: Vec<BlockHash>,
+    pub prompt_bytes: usize,
+    /// Why prefix-cache did not score, when it did not.
+    pub unscored: Option<&'static str>,
+}
+
+impl Decision {
+    pub fn primary(&self) -> &Arc<Endpoint> {
+        &self.ranked[0]
+    }
+
+    /// `ip:port[,ip:port...]`, the value of the pick header and metadata.
+    pub fn destination(&self) -> String {
+        self.ranked
+            .iter()
+            .map(|e| e.host.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// What the scheduler needs of a request.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteRequest<'a> {
+    pub model: &'a str,
+    pub prompt: Result<&'a str, NoPrompt>,
+}
+
+/// The scheduler. Shared by all streams (`Arc`); holds the prefix index.
+#[derive(Debug)]
+pub struct Scheduler {
+    config: SchedulerConfig,
+    prefix: PrefixCache,
+    prefix_enabled: bool,
+    max_endpoints: usize,
+    seed: u64,
+    decisions: AtomicU64,
+    metrics: RouterMetrics,
+}
+
+impl Scheduler {
+    pub fn new(
+        config: SchedulerConfig,
+        max_endpoints: usize,
+        seed: u64,
+        prefix_metrics: PrefixCacheMetrics,
+        metrics: RouterMetrics,
+    ) -> Scheduler {
+        let prefix_enabled = config
+            .scorers
+            .iter()
+            .any(|(k, _)| *k == ScorerKind::PrefixCache);
+        Scheduler {
+            prefix: PrefixCache::new(config.prefix_cache, seed, prefix_metrics),
+            prefix_enabled,
+            config,
+            max_endpoints: max_endpoints.clamp(1, 5),
+            seed,
+            decisions: AtomicU64::new(0),
+            metrics,
+        }
+    }
+
+    pub fn prefix_cache(&self) -> &PrefixCache {
+        &self.prefix
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    /// Pods that may serve `model`, narrowed to `restrict` when given.
+    pub fn candidates(
+        &self,
+        set: &EndpointSet,
+        model: &str,
+        restrict: Option<&[SocketAddr]>,
+    ) -> Result<Vec<Arc<Endpoint>>, PickError> {
+        if set.all().is_empty() {
+            return Err(PickError::NoEndpoints);
+        }
+        let lists = set.lists_models();
+        let mut out: Vec<Arc<Endpoint>> = set
+            .all()
+            .iter()
+            .filter(|e| !lists || e.serves(model))
+            .cloned()
+            .collect();
+        if out.is_empty() {
+            return Err(PickError::UnknownModel(model.to_string()));
+        }
+        if let Some(allowed) = restrict {
+            out.retain(|e| {
+                allowed
+                    .iter()
+                    .any(|a| *a == e.spec.address || (a.port() == 0 && a.ip() == e.spec.address.ip()))
+            });
+            if out.is_empty() {
+                return Err(PickError::SubsetUnavailable);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Runs filters and score plugins and picks. `observe` = false leaves the match-ratio
+    /// histogram and decision counters untouched (used by `/debug/explain`).
+    pub fn schedule(
+        &self,
+        request: RouteRequest<'_>,
+        mut candidates: Vec<Arc<Endpoint>>,
+        observe: bool,
+    ) -> Result<Decision, PickError> {
+        let started = Instant::now();
+        let model = request.model;
+        for filter in &self.config.filters {
+            let t = Instant::now();
+            match filter {
+                FilterKind::LeastRequest => {
+                    least_request::filter(&mut candidates, self.config.max_waiting_requests)
+                }
+            }
+            if observe {
+                self.plugin_time(model, filter.as_str(), "filter", t);
+            }
+            if candidates.is_empty() {
+                return Err(PickError::Filtered(filter.as_str()));
+            }
+        }
+
+        let n = self.decisions.fetch_add(1, Ordering::Relaxed);
+        let mut rng = SmallRng::seed_from_u64(self.seed ^ n.wrapping_mul(0xA076_1D64_78BD_642F));
+        let mut hashes = Vec::new();
+        let mut unscored = None;
+        let mut prefix_matched = None;
+        let prompt_bytes = request.prompt.map_or(0, str::len);
+        let mut plugins = Vec::with_capacity(self.config.scorers.len());
+        let mut totals = vec![0u64; candidates.len()];
+        for &(kind, weight) in &self.config.scorers {
+            let t = Instant::now();
+            let scores = match kind {
+                ScorerKind::PrefixCache => match request.prompt {
+                    Err(reason) => {
+                        unscored = Some(reason.as_str());
+                        None
+                    }
+                    Ok(prompt) => {
+                        hashes = self.prefix.hash(model, prompt.as_bytes());
+                        let slots: Vec<_> = candidates.iter().map(|e| e.index.slot()).collect();
+                        let scored = self.prefix.score(model, &hashes, &slots, observe);
+                        if scored.is_none() {
+                            unscored = Some("empty_prompt");
+                        }
+                        scored.map(|s| {
+                            prefix_matched = Some(s.scores.clone());
+                            s.scores
+                        })
+                    }
+                },
+                ScorerKind::LeastRequest => Some(least_request::score(&candidates)),
+                ScorerKind::GpuUsage => Some(gpu_usage::score(&candidates)),
+                ScorerKind::LeastLatency => Some(least_latency::score(
+                    &candidates,
+                    self.config.ttft_tpot_weight_factor,
+                )),
+                ScorerKind::Random => {
+                    Some(candidates.iter().map(|_| rng.random_range(0..=100)).collect())
+                }
+            };
+            if observe {
+                self.plugin_time(model, kind.as_str(), "score", t);
+            }
+            if let Some(s) = &scores {
+                for (total, &score) in totals.iter_mut().zip(s) {
+                    *total += u64::from(score) * u64::from(weight);
+                }
+            }
+            plugins.push(PluginScores {
+                plugin: kind.as_str(),
+                weight,
+                scores,
+            });
+        }
+        if !self.prefix_enabled {
+            unscored = Some("prefix_cache_disabled");
+        }
+
+        // Best first; equal totals in a seeded random order.
+        let mut order: Vec<usize> = (0..candidates.len()).collect();
+        order.shuffle(&mut rng);
+        order.sort_by(|&a, &b| totals[b].cmp(&totals[a]));
+        let ranked: Vec<Arc<Endpoint>> = order
+            .iter()
+            .take(self.max_endpoints)
+            .map(|&i| candidates[i].clone())
+            .collect();
+
+        let reason = match &prefix_matched {
+            None => DecisionReason::Unscored,
+            Some(s) if s[order[0]] > 0 => DecisionReason::PrefixHit,
+            Some(s) if s.iter().any(|&x| x > 0) => DecisionReason::PrefixOverruled,
+            Some(_) => DecisionReason::PrefixMiss,
+        };
+        let decision = Decision {
+            candidates,
+            plugins,
+            totals,
+            ranked,
+            reason,
+            hashes,
+            prompt_bytes,
+            unscored,
+        };
+        if observe {
+            self.metrics
+                .decisions
+                .with_label_values(&[reason.as_str()])
+                .inc();
+            if let Some(u) = unscored {
+                self.metrics.unscored.with_label_values(&[u]).inc();
+            }
+            self.metrics
+                .decision_duration
+                .observe(started.elapsed().as_secs_f64());
+            log_scores(&decision);
+        }
+        Ok(decision)
+    }
+
+    /// Records a served request's prompt for the pod that served it.
+    pub fn record(&self, model: &str, hashes: &[BlockHash], endpoint: &Endpoint) -> usize {
+        if !self.prefix_enabled {
+            return 0;
+        }
+        self.prefix.record(model, hashes, &endpoint.index)
+    }
+
+    fn plugin_time(&self, model: &str, plugin: &str, kind: &str, started: Instant) {
+        self.metrics
+            .plugin_duration
+            .with_label_values(&[model, plugin, kind])
+            .observe(started.elapsed().as_secs_f64());
+    }
+}
+
+/// Kthena's `--v=4` score lines, verbatim, at debug level on the `scores` target.
+fn log_scores(d: &Decision) {
+    if !tracing::enabled!(target: "scores", tracing::Level::DEBUG) {
+        return;
+    }
+    for p in &d.plugins {
+        let Some(scores) = &p.scores else { continue };
+        tracing::debug!(target: "scores", "ScorePlugin: {}", p.plugin);
+        for (e, s) in d.candidates.iter().zip(scores) {
+            tracing::debug!(target: "scores", "Pod: {}, Score: {}", e.label, s);
+        }
+    }
+    tracing::debug!(target: "scores", "Final Pod Scores:");
+    for (e, t) in d.candidates.iter().zip(&d.totals) {
+        tracing::debug!(target: "scores", "  Pod: {}, Final Score: {}", e.label, t);
+    }
+}
+
+#[cfg(test)]
+mod tests;

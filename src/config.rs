@@ -1,0 +1,433 @@
+//! Configuration: Kthena's `routerConfiguration` YAML plus prefix-picker's own sections.
+//!
+//! ```yaml
+//! scheduler:            # Kthena's block, unchanged (semantics doc §5)
+//!   pluginConfig: [{name: prefix-cache, args: {...}}, ...]
+//!   plugins:
+//!     Filter: {enabled: [least-request]}
+//!     Score: {enabled: [{name: prefix-cache, weight: 1}, ...]}
+//! auth: {...}           # accepted and ignored (warning)
+//! endpoints:            # static discovery
+//! - {name: my-model-0, namespace: default, address: 127.0.0.1:8001, models: [m]}
+//! picker:               # prefix-picker's own knobs (strict: unknown keys are errors)
+//!   seed: 0             # tie-breaking RNG seed
+//!   maxEndpoints: 5     # primary + fallbacks in the pick (1 for ORIGINAL_DST gateways)
+//!   allowTestEndpointSelection: false
+//!   maxBodyBytes: 16777216
+//!   responseTimeoutSeconds: 600
+//! ```
+//! Kthena's leniencies are kept and warned about: unknown top-level keys, unknown plugin names
+//! (`Failed to get plugin <name>.`), `disabled` lists (no effect), `random` next to other scorers
+//! (removed). Errors stop start-up and are all reported at once; the weight error is Kthena's
+//! exact text.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_yaml_ng::{Mapping, Value as Yaml};
+use thiserror::Error;
+
+use crate::scheduler::prefix_cache::PrefixCacheArgs;
+
+/// Plugins prefix-picker implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ScorerKind {
+    PrefixCache,
+    LeastRequest,
+    GpuUsage,
+    LeastLatency,
+    Random,
+}
+
+impl ScorerKind {
+    pub fn from_name(name: &str) -> Option<ScorerKind> {
+        Some(match name {
+            "prefix-cache" => ScorerKind::PrefixCache,
+            "least-request" => ScorerKind::LeastRequest,
+            "gpu-usage" => ScorerKind::GpuUsage,
+            "least-latency" => ScorerKind::LeastLatency,
+            "random" => ScorerKind::Random,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScorerKind::PrefixCache => "prefix-cache",
+            ScorerKind::LeastRequest => "least-request",
+            ScorerKind::GpuUsage => "gpu-usage",
+            ScorerKind::LeastLatency => "least-latency",
+            ScorerKind::Random => "random",
+        }
+    }
+}
+
+/// Filter plugins prefix-picker implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FilterKind {
+    LeastRequest,
+}
+
+impl FilterKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FilterKind::LeastRequest => "least-request",
+        }
+    }
+}
+
+/// Plugin names Kthena knows that prefix-picker skips (with Kthena's own warning).
+const KNOWN_ELSEWHERE: [&str; 3] = ["lora-affinity", "kvcache-aware", "pd-group"];
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SchedulerConfig {
+    pub filters: Vec<FilterKind>,
+    pub scorers: Vec<(ScorerKind, u32)>,
+    pub prefix_cache: PrefixCacheArgs,
+    /// least-request filter: keep a pod iff engine `waiting < max_waiting_requests`.
+    pub max_waiting_requests: u64,
+    /// least-latency: weight of TTFT against TPOT, in [0, 1].
+    pub ttft_tpot_weight_factor: f64,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            filters: vec![FilterKind::LeastRequest],
+            scorers: vec![
+                (ScorerKind::LeastRequest, 1),
+                (ScorerKind::GpuUsage, 1),
+                (ScorerKind::LeastLatency, 1),
+                (ScorerKind::PrefixCache, 1),
+            ],
+            prefix_cache: PrefixCacheArgs::default(),
+            max_waiting_requests: 10,
+            ttft_tpot_weight_factor: 0.5,
+        }
+    }
+}
+
+/// A statically configured model-server pod.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StaticEndpoint {
+    pub name: String,
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    pub address: SocketAddr,
+    /// Models this pod serves; when no endpoint lists any, every endpoint serves every model.
+    #[serde(default)]
+    pub models: Vec<String>,
+}
+
+fn default_namespace() -> String {
+    "default".to_string()
+}
+
+/// prefix-picker's own knobs.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct PickerConfig {
+    pub seed: u64,
+    pub max_endpoints: usize,
+    pub allow_test_endpoint_selection: bool,
+    pub max_body_bytes: usize,
+    pub response_timeout_seconds: u64,
+}
+
+impl Default for PickerConfig {
+    fn default() -> Self {
+        PickerConfig {
+            seed: 0,
+            max_endpoints: 5,
+            allow_test_endpoint_selection: false,
+            max_body_bytes: 16 << 20,
+            response_timeout_seconds: 600,
+        }
+    }
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Config {
+    pub scheduler: SchedulerConfig,
+    pub endpoints: Vec<StaticEndpoint>,
+    pub picker: PickerConfig,
+    /// Leniencies applied while loading (log them).
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Error, PartialEq)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {message}")]
+    Read { path: String, message: String },
+    #[error("config is not valid YAML: {0}")]
+    Yaml(String),
+    #[error("config must be a YAML mapping")]
+    NotMapping,
+    #[error(
+        "failed to Load Scheduler: failed to Unmarshal Plugins: score plugin {name:?} must set a weight greater than 0, got {weight}"
+    )]
+    Weight { name: String, weight: i64 },
+    #[error("failed to Load Scheduler: failed to Unmarshal Plugins: {0}")]
+    Plugins(String),
+    #[error(
+        "failed to Load Scheduler: least-latency: TTFTTPOTWeightFactor must be a finite number in [0, 1], got {0}"
+    )]
+    WeightFactor(String),
+    #[error("endpoints: {0}")]
+    Endpoints(String),
+    #[error("picker: {0}")]
+    Picker(String),
+}
+
+/// Every problem found in a config.
+#[derive(Debug, Error, PartialEq)]
+#[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigErrors(vec![ConfigError::Read {
+                path: path.display().to_string(),
+                message: e.to_string(),
+            }])
+        })?;
+        Config::parse(&text)
+    }
+
+    /// Parses and validates a config document.
+    pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
+        let doc: Yaml = serde_yaml_ng::from_str(text)
+            .map_err(|e| ConfigErrors(vec![ConfigError::Yaml(e.to_string())]))?;
+        let root = match doc {
+            Yaml::Mapping(m) => m,
+            Yaml::Null => Mapping::new(),
+            _ => return Err(ConfigErrors(vec![ConfigError::NotMapping])),
+        };
+        let mut config = Config::default();
+        let mut errors = Vec::new();
+        for (key, value) in &root {
+            match key.as_str() {
+                Some("scheduler") => {
+                    config.scheduler =
+                        parse_scheduler(value, &mut config.warnings, &mut errors);
+                }
+                Some("auth") => config
+                    .warnings
+                    .push("auth: ignored (prefix-picker does not authenticate requests)".into()),
+                Some("endpoints") => match serde_yaml_ng::from_value(value.clone()) {
+                    Ok(eps) => config.endpoints = eps,
+                    Err(e) => errors.push(ConfigError::Endpoints(e.to_string())),
+                },
+                Some("picker") => match serde_yaml_ng::from_value(value.clone()) {
+                    Ok(p) => config.picker = p,
+                    Err(e) => errors.push(ConfigError::Picker(e.to_string())),
+                },
+                _ => config
+                    .warnings
+                    .push(format!("unknown top-level key {} ignored", show(key))),
+            }
+        }
+        validate_endpoints(&config.endpoints, &mut config.warnings, &mut errors);
+        if !(1..=5).contains(&config.picker.max_endpoints) {
+            errors.push(ConfigError::Picker(format!(
+                "maxEndpoints must be between 1 and 5, got {}",
+                config.picker.max_endpoints
+            )));
+        }
+        if config.picker.max_body_bytes == 0 {
+            errors.push(ConfigError::Picker("maxBodyBytes must be > 0".into()));
+        }
+        if errors.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigErrors(errors))
+        }
+    }
+}
+
+fn show(v: &Yaml) -> String {
+    serde_yaml_ng::to_string(v)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+fn get<'a>(map: &'a Mapping, key: &str) -> Option<&'a Yaml> {
+    map.get(key)
+}
+
+fn parse_scheduler(
+    value: &Yaml,
+    warnings: &mut Vec<String>,
+    errors: &mut Vec<ConfigError>,
+) -> SchedulerConfig {
+    let mut s = SchedulerConfig::default();
+    let Yaml::Mapping(map) = value else {
+        errors.push(ConfigError::Plugins("scheduler must be a mapping".into()));
+        return s;
+    };
+    // pluginConfig: per-plugin args.
+    let mut prefix_args = None;
+    if let Some(list) = get(map, "pluginConfig") {
+        let Yaml::Sequence(list) = list else {
+            errors.push(ConfigError::Plugins("pluginConfig must be a list".into()));
+            return s;
+        };
+        for item in list {
+            let name = item.get("name").and_then(Yaml::as_str).unwrap_or_default();
+            let args = item.get("args");
+            match name {
+                "prefix-cache" => prefix_args = Some(args.cloned()),
+                "least-request" => {
+                    if let Some(n) = args
+                        .and_then(|a| lookup_ci(a, "maxWaitingRequests"))
+                        .and_then(Yaml::as_i64)
+                    {
+                        s.max_waiting_requests = if n > 0 { n as u64 } else { 10 };
+                    }
+                }
+                "least-latency" => {
+                    if let Some(v) = args.and_then(|a| lookup_ci(a, "TTFTTPOTWeightFactor")) {
+                        match v.as_f64() {
+                            Some(f) if f.is_finite() && (0.0..=1.0).contains(&f) => {
+                                s.ttft_tpot_weight_factor = f
+                            }
+                            _ => errors.push(ConfigError::WeightFactor(show(v))),
+                        }
+                    }
+                }
+                other => warnings.push(format!("pluginConfig for {other:?} ignored")),
+            }
+        }
+    }
+    let parsed = PrefixCacheArgs::parse(prefix_args.flatten().as_ref());
+    s.prefix_cache = parsed.args;
+    warnings.extend(parsed.warnings);
+
+    let Some(plugins) = get(map, "plugins") else {
+        return s;
+    };
+    let Yaml::Mapping(plugins) = plugins else {
+        errors.push(ConfigError::Plugins("plugins must be a mapping".into()));
+        return s;
+    };
+    if let Some(filter) = get(plugins, "Filter") {
+        s.filters.clear();
+        if filter.get("disabled").is_some() {
+            warnings.push("plugins.Filter.disabled has no effect".into());
+        }
+        for name in filter
+            .get("enabled")
+            .and_then(Yaml::as_sequence)
+            .into_iter()
+            .flatten()
+        {
+            match name.as_str() {
+                Some("least-request") => s.filters.push(FilterKind::LeastRequest),
+                Some(other) => warnings.push(format!("Failed to get plugin {other}.")),
+                None => errors.push(ConfigError::Plugins(format!(
+                    "filter plugin names must be strings, got {}",
+                    show(name)
+                ))),
+            }
+        }
+    }
+    if let Some(score) = get(plugins, "Score") {
+        s.scorers.clear();
+        if score.get("disabled").is_some() {
+            warnings.push("plugins.Score.disabled has no effect".into());
+        }
+        for item in score
+            .get("enabled")
+            .and_then(Yaml::as_sequence)
+            .into_iter()
+            .flatten()
+        {
+            let Some(name) = item.get("name").and_then(Yaml::as_str) else {
+                errors.push(ConfigError::Plugins(format!(
+                    "score plugin entry without a name: {}",
+                    show(item)
+                )));
+                continue;
+            };
+            let weight = match item.get("weight") {
+                None | Some(Yaml::Null) => 0,
+                Some(w) => match w.as_i64() {
+                    Some(w) => w,
+                    None => {
+                        errors.push(ConfigError::Plugins(format!(
+                            "score plugin {name:?} weight must be an integer, got {}",
+                            show(w)
+                        )));
+                        continue;
+                    }
+                },
+            };
+            if weight <= 0 {
+                errors.push(ConfigError::Weight {
+                    name: name.to_string(),
+                    weight,
+                });
+                continue;
+            }
+            match ScorerKind::from_name(name) {
+                Some(kind) => s.scorers.push((kind, weight.min(u32::MAX as i64) as u32)),
+                None if KNOWN_ELSEWHERE.contains(&name) => warnings.push(format!(
+                    "Failed to get plugin {name}. (not implemented by prefix-picker; skipped)"
+                )),
+                None => warnings.push(format!("Failed to get plugin {name}.")),
+            }
+        }
+        if s.scorers.len() > 1 && s.scorers.iter().any(|(k, _)| *k == ScorerKind::Random) {
+            s.scorers.retain(|(k, _)| *k != ScorerKind::Random);
+            warnings.push("random score plugin removed: it cannot be combined with others".into());
+        }
+    }
+    s
+}
+
+fn lookup_ci<'a>(args: &'a Yaml, key: &str) -> Option<&'a Yaml> {
+    args.as_mapping()?
+        .iter()
+        .find(|(k, _)| k.as_str().is_some_and(|k| k.eq_ignore_ascii_case(key)))
+        .map(|(_, v)| v)
+}
+
+fn validate_endpoints(
+    endpoints: &[StaticEndpoint],
+    warnings: &mut Vec<String>,
+    errors: &mut Vec<ConfigError>,
+) {
+    let mut names = std::collections::HashSet::new();
+    let mut addresses = std::collections::HashSet::new();
+    for e in endpoints {
+        if e.name.is_empty() || e.namespace.is_empty() {
+            errors.push(ConfigError::Endpoints(format!(
+                "endpoint {} needs a non-empty name and namespace",
+                e.address
+            )));
+        }
+        if !names.insert((&e.namespace, &e.name)) {
+            errors.push(ConfigError::Endpoints(format!(
+                "duplicate endpoint {}/{}",
+                e.namespace, e.name
+            )));
+        }
+        if !addresses.insert(e.address) {
+            errors.push(ConfigError::Endpoints(format!(
+                "duplicate address {}",
+                e.address
+            )));
+        }
+    }
+    if endpoints.is_empty() {
+        warnings.push("no endpoints configured: every request will get 503".into());
+    }
+}
+
+#[cfg(test)]
+mod tests;

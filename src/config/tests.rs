@@ -1,0 +1,132 @@
+use super::*;
+
+/// The routerConfiguration of Kthena's Helm chart (ConfigMap `kthena-router-config`).
+pub const KTHENA_HELM_DEFAULT: &str = r#"
+scheduler:
+  pluginConfig:
+  - name: least-request
+    args:
+      maxWaitingRequests: 10
+  - name: least-latency
+    args:
+      TTFTTPOTWeightFactor: 0.5
+  - name: prefix-cache
+    args:
+      blockSizeToHash: 64
+      maxBlocksToMatch: 128
+      maxHashCacheSize: 50000
+      topKMatches: 5
+  plugins:
+    Filter:
+      enabled:
+        - least-request
+      disabled:
+        - lora-affinity
+    Score:
+      enabled:
+        - name: least-request
+          weight: 1
+        - name: gpu-usage
+          weight: 1
+        - name: least-latency
+          weight: 1
+        - name: prefix-cache
+          weight: 1
+auth:
+  issuer: https://example.com
+"#;
+
+#[test]
+fn kthena_helm_default_loads_unchanged() {
+    let c = Config::parse(KTHENA_HELM_DEFAULT).unwrap();
+    assert_eq!(c.scheduler, SchedulerConfig::default());
+    assert!(c.warnings.iter().any(|w| w.starts_with("auth: ignored")));
+    assert!(c.warnings.iter().any(|w| w.contains("Filter.disabled")));
+}
+
+#[test]
+fn zero_or_missing_weight_stops_start_up_with_kthena_message() {
+    let doc = |w: &str| {
+        format!("scheduler:\n  plugins:\n    Score:\n      enabled:\n      - name: prefix-cache\n{w}")
+    };
+    let err = Config::parse(&doc("        weight: 0\n")).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "failed to Load Scheduler: failed to Unmarshal Plugins: score plugin \"prefix-cache\" must set a weight greater than 0, got 0"
+    );
+    let err = Config::parse(&doc("")).unwrap_err();
+    assert!(err.to_string().ends_with("got 0"));
+    let err = Config::parse(&doc("        weight: -2\n")).unwrap_err();
+    assert!(err.to_string().ends_with("got -2"));
+}
+
+#[test]
+fn every_problem_is_listed() {
+    let doc = r#"
+scheduler:
+  pluginConfig:
+  - name: least-latency
+    args: {TTFTTPOTWeightFactor: 1.5}
+  plugins:
+    Score:
+      enabled:
+      - {name: prefix-cache, weight: 0}
+      - {name: gpu-usage}
+endpoints:
+- {name: a, address: 127.0.0.1:1}
+- {name: a, address: 127.0.0.1:1}
+picker: {maxEndpoints: 9}
+"#;
+    let err = Config::parse(doc).unwrap_err();
+    assert_eq!(err.0.len(), 6, "{err}");
+}
+
+#[test]
+fn unknown_plugins_and_keys_are_warnings() {
+    let doc = r#"
+scheduler:
+  plugins:
+    Filter: {enabled: [least-request, lora-affinity]}
+    Score:
+      enabled:
+      - {name: kvcache-aware, weight: 1}
+      - {name: prefix-cache, weight: 2}
+      - {name: random, weight: 1}
+      - {name: made-up, weight: 1}
+extra: 1
+"#;
+    let c = Config::parse(doc).unwrap();
+    assert_eq!(c.scheduler.scorers, [(ScorerKind::PrefixCache, 2)]);
+    assert_eq!(c.scheduler.filters, [FilterKind::LeastRequest]);
+    for needle in [
+        "Failed to get plugin lora-affinity.",
+        "Failed to get plugin kvcache-aware.",
+        "Failed to get plugin made-up.",
+        "random score plugin removed",
+        "unknown top-level key extra",
+    ] {
+        assert!(c.warnings.iter().any(|w| w.contains(needle)), "{needle}: {:?}", c.warnings);
+    }
+}
+
+#[test]
+fn unparsable_prefix_args_log_kthena_line() {
+    let doc = "scheduler:\n  pluginConfig:\n  - name: prefix-cache\n    args: {blockSizeToHash: \"64\"}\n";
+    let c = Config::parse(doc).unwrap();
+    assert_eq!(c.scheduler.prefix_cache, PrefixCacheArgs::default());
+    assert!(c.warnings.iter().any(|w| w == crate::scheduler::prefix_cache::UNPARSABLE_ARGS));
+}
+
+#[test]
+fn endpoints_and_picker_are_strict() {
+    let c = Config::parse(
+        "endpoints:\n- {name: a, address: 127.0.0.1:8001, models: [m]}\npicker: {seed: 7, maxEndpoints: 1}\n",
+    )
+    .unwrap();
+    assert_eq!(c.endpoints[0].namespace, "default");
+    assert_eq!(c.endpoints[0].models, ["m"]);
+    assert_eq!(c.picker.seed, 7);
+    assert_eq!(c.picker.max_endpoints, 1);
+    assert!(Config::parse("endpoints:\n- {name: a, address: nothost}\n").is_err());
+    assert!(Config::parse("picker: {sede: 1}\n").is_err());
+}

@@ -1,0 +1,294 @@
+//! The pod set: identities, addresses, in-flight counts and last engine metrics.
+//!
+//! Discovery arrives as data ([`Update::Reset`], [`Update::Add`], [`Update::Remove`]), so the
+//! scheduler never sees files or Kubernetes. The current set is an immutable snapshot behind an
+//! `ArcSwap`: readers (every request) load it without a lock; updates build a new snapshot under
+//! a writer mutex and swap it in. A pod that leaves (or changes address, or restarts with a new
+//! UID) has its prefix-index entries dropped at once (not counted as evictions) and its per-pod
+//! metric series removed; a pod that comes back starts cold.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use arc_swap::ArcSwap;
+use parking_lot::{Mutex, RwLock};
+
+use crate::metrics::RouterMetrics;
+use crate::prefix_index::{PodHandle, PrefixIndex};
+
+/// A pod's identity: `namespace/name`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodId {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl fmt::Display for PodId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// What discovery knows of a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointSpec {
+    pub id: PodId,
+    pub address: SocketAddr,
+    /// Models served; empty = any model (when no endpoint lists models).
+    pub models: Vec<String>,
+    /// Changes when the pod restarts (Kubernetes UID); a new value starts the pod cold.
+    pub generation: String,
+}
+
+/// Engine metrics last scraped from a pod (missing values are 0).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineStats {
+    pub waiting: f64,
+    pub running: f64,
+    /// KV-cache usage, 0..1.
+    pub kv_usage: f64,
+    /// Mean time to first token over the last scrape period, seconds (0 = unknown).
+    pub ttft: f64,
+    /// Mean time per output token over the last scrape period, seconds (0 = unknown).
+    pub tpot: f64,
+}
+
+/// One routable pod.
+#[derive(Debug)]
+pub struct Endpoint {
+    pub spec: EndpointSpec,
+    /// `namespace/name`, precomputed for logs and metric labels.
+    pub label: String,
+    /// `ip:port` (IPv6 bracketed), as Envoy expects it in the pick.
+    pub host: String,
+    pub index: PodHandle,
+    inflight: AtomicI64,
+    stats: RwLock<EngineStats>,
+}
+
+impl Endpoint {
+    /// Requests picked for this pod and not yet completed (the router's own count).
+    pub fn inflight(&self) -> i64 {
+        self.inflight.load(Ordering::Relaxed)
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        *self.stats.read()
+    }
+
+    pub fn set_stats(&self, stats: EngineStats) {
+        *self.stats.write() = stats;
+    }
+
+    pub fn serves(&self, model: &str) -> bool {
+        self.spec.models.is_empty() || self.spec.models.iter().any(|m| m == model)
+    }
+}
+
+/// Counts one request in flight on a pod until dropped (so aborts never leak a count).
+#[derive(Debug)]
+pub struct InflightGuard {
+    endpoint: Arc<Endpoint>,
+    metrics: RouterMetrics,
+}
+
+impl InflightGuard {
+    pub fn new(endpoint: Arc<Endpoint>, metrics: &RouterMetrics) -> InflightGuard {
+        endpoint.inflight.fetch_add(1, Ordering::Relaxed);
+        metrics.pod_inflight.with_label_values(&[&endpoint.label]).inc();
+        InflightGuard {
+            endpoint,
+            metrics: metrics.clone(),
+        }
+    }
+
+    pub fn endpoint(&self) -> &Arc<Endpoint> {
+        &self.endpoint
+    }
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.endpoint.inflight.fetch_sub(1, Ordering::Relaxed);
+        if let Ok(g) = self
+            .metrics
+            .pod_inflight
+            .get_metric_with_label_values(&[&self.endpoint.label])
+        {
+            g.dec();
+        }
+    }
+}
+
+/// A discovery event.
+#[derive(Debug, Clone)]
+pub enum Update {
+    /// The complete set (pods not listed are gone).
+    Reset(Vec<EndpointSpec>),
+    Add(EndpointSpec),
+    Remove(PodId),
+}
+
+/// An immutable snapshot of the pod set.
+#[derive(Debug, Default)]
+pub struct EndpointSet {
+    all: Vec<Arc<Endpoint>>,
+    by_host: HashMap<SocketAddr, Arc<Endpoint>>,
+}
+
+impl EndpointSet {
+    pub fn all(&self) -> &[Arc<Endpoint>] {
+        &self.all
+    }
+
+    pub fn by_address(&self, address: &SocketAddr) -> Option<&Arc<Endpoint>> {
+        self.by_host.get(address)
+    }
+
+    /// Whether any endpoint lists the models it serves.
+    pub fn lists_models(&self) -> bool {
+        self.all.iter().any(|e| !e.spec.models.is_empty())
+    }
+}
+
+/// The live pod set.
+#[derive(Debug)]
+pub struct Endpoints {
+    current: ArcSwap<EndpointSet>,
+    writer: Mutex<()>,
+    index: Arc<PrefixIndex>,
+    metrics: RouterMetrics,
+}
+
+impl Endpoints {
+    pub fn new(index: Arc<PrefixIndex>, metrics: RouterMetrics) -> Endpoints {
+        Endpoints {
+            current: ArcSwap::from_pointee(EndpointSet::default()),
+            writer: Mutex::new(()),
+            index,
+            metrics,
+        }
+    }
+
+    /// The current snapshot (lock-free).
+    pub fn snapshot(&self) -> Arc<EndpointSet> {
+        self.current.load_full()
+    }
+
+    /// Applies a discovery event; returns the pods that left.
+    pub fn apply(&self, update: Update) -> Vec<PodId> {
+        let _writer = self.writer.lock();
+        let old = self.current.load_full();
+        let mut specs: Vec<EndpointSpec> = old.all.iter().map(|e| e.spec.clone()).collect();
+        match update {
+            Update::Reset(new) => specs = new,
+            Update::Add(spec) => {
+                specs.retain(|s| s.id != spec.id);
+                specs.push(spec);
+            }
+            Update::Remove(id) => specs.retain(|s| s.id != id),
+        }
+        let mut kept: HashMap<&PodId, &Arc<Endpoint>> =
+            old.all.iter().map(|e| (&e.spec.id, e)).collect();
+        let mut all = Vec::with_capacity(specs.len());
+        for spec in specs {
+            let endpoint = match kept.get(&spec.id) {
+                Some(e) if e.spec == spec => kept.remove(&spec.id).expect("present").clone(),
+                _ => Arc::new(Endpoint {
+                    label: spec.id.to_string(),
+                    host: spec.address.to_string(),
+                    index: self.index.add_pod(),
+                    inflight: AtomicI64::new(0),
+                    stats: RwLock::new(EngineStats::default()),
+                    spec,
+                }),
+            };
+            all.push(endpoint);
+        }
+        all.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
+        let by_host = all.iter().map(|e| (e.spec.address, e.clone())).collect();
+        // Anything left in `kept` is gone (or replaced by a new incarnation).
+        let gone: Vec<Arc<Endpoint>> = kept.into_values().cloned().collect();
+        self.current.store(Arc::new(EndpointSet { all, by_host }));
+        let mut left = Vec::new();
+        for e in gone {
+            self.index.remove_pod(e.index.slot());
+            let still_there = self
+                .current
+                .load()
+                .all
+                .iter()
+                .any(|n| n.spec.id == e.spec.id);
+            if !still_there {
+                self.metrics.forget_pod(&e.label);
+                left.push(e.spec.id.clone());
+            }
+        }
+        left
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hashing::BlockHash;
+    use crate::prefix_index::ModelKey;
+
+    fn spec(name: &str, port: u16, generation: &str) -> EndpointSpec {
+        EndpointSpec {
+            id: PodId {
+                namespace: "default".into(),
+                name: name.into(),
+            },
+            address: SocketAddr::from(([127, 0, 0, 1], port)),
+            models: vec![],
+            generation: generation.into(),
+        }
+    }
+
+    #[test]
+    fn reset_add_remove_and_cold_restart() {
+        let index = Arc::new(PrefixIndex::new(10));
+        let metrics = RouterMetrics::register(&prometheus::Registry::new());
+        let eps = Endpoints::new(index.clone(), metrics.clone());
+        eps.apply(Update::Reset(vec![spec("a", 1, "1"), spec("b", 2, "1")]));
+        let a = eps.snapshot().all()[0].clone();
+        index.record(&a.index, ModelKey(1), &[BlockHash(5)]);
+        assert_eq!(index.entries(), 1);
+        // Unchanged pods keep their state across a reset.
+        eps.apply(Update::Reset(vec![spec("a", 1, "1"), spec("b", 2, "1")]));
+        assert!(Arc::ptr_eq(&eps.snapshot().all()[0], &a));
+        assert_eq!(index.entries(), 1);
+        // A restart (new generation) starts cold.
+        let left = eps.apply(Update::Add(spec("a", 1, "2")));
+        assert!(left.is_empty());
+        assert_eq!(index.entries(), 0);
+        let a2 = eps.snapshot().all()[0].clone();
+        assert!(!Arc::ptr_eq(&a2, &a));
+        index.record(&a2.index, ModelKey(1), &[BlockHash(5)]);
+        let left = eps.apply(Update::Remove(a2.spec.id.clone()));
+        assert_eq!(left, [a2.spec.id.clone()]);
+        assert_eq!(index.entries(), 0);
+        assert_eq!(eps.snapshot().all().len(), 1);
+        assert!(eps.snapshot().by_address(&"127.0.0.1:2".parse().unwrap()).is_some());
+    }
+
+    #[test]
+    fn inflight_guard_counts_until_dropped() {
+        let index = Arc::new(PrefixIndex::new(10));
+        let metrics = RouterMetrics::register(&prometheus::Registry::new());
+        let eps = Endpoints::new(index, metrics.clone());
+        eps.apply(Update::Reset(vec![spec("a", 1, "")]));
+        let a = eps.snapshot().all()[0].clone();
+        let g1 = InflightGuard::new(a.clone(), &metrics);
+        let g2 = InflightGuard::new(a.clone(), &metrics);
+        assert_eq!(a.inflight(), 2);
+        drop(g1);
+        drop(g2);
+        assert_eq!(a.inflight(), 0);
+        assert_eq!(metrics.pod_inflight.with_label_values(&["default/a"]).get(), 0);
+    }
+}
