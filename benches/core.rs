@@ -1,1 +1,708 @@
-fn main(){}
+//! Benchmarks of the scheduling hot path: block hashing, prefix scoring and recording, concurrent
+//! recording, and the memory cost of one index entry.
+//!
+//! Run: `CARGO_TARGET_DIR=/work/target-bench cargo bench --bench core` (results: benches/RESULTS.md).
+//!
+//! - `hash/*`: `BlockChain { 64, 128 }` over an 8 KiB and a 220 KB prompt (only the first 8192
+//!   bytes are covered, so both cost the same), plus `220KB_full_coverage` which hashes it all.
+//! - `score_record/*`: a default-args `PrefixCache` with 64 pods, each pod's list full (50,000
+//!   entries); one score over all 64 candidates plus one record of a fresh 8 KiB prompt that shares
+//!   a 2 KiB system prefix with every pod; also score alone, record alone, and hash+score+record.
+//! - `record_throughput/*`: time per record with 1 thread, and with 2 OS threads recording into
+//!   two different pods or into the same pod (`iter_custom`: wall time / records).
+//! - bytes per entry (not timed): each index is built in a child process of this binary so the
+//!   RSS delta is not blurred by the benches' own memory; printed before and after the benches.
+//!
+//! Prompts are words drawn from a fixed vocabulary by seeded RNGs: deterministic, text-like.
+//! Under `cargo test --benches` (criterion's test mode) the fixtures are small and the
+//! bytes-per-entry pass is skipped.
+
+use std::cell::OnceCell;
+use std::hint::black_box;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Barrier;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use criterion::{BatchSize, Criterion, Throughput};
+use prefix_picker::hashing::{BlockChain, BlockHash};
+use prefix_picker::metrics::PrefixCacheMetrics;
+use prefix_picker::prefix_index::{ModelKey, PodHandle, PodSlot, PrefixIndex};
+use prefix_picker::scheduler::prefix_cache::{PrefixCache, PrefixCacheArgs};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+const PODS: usize = 64;
+const CAPACITY: usize = 50_000;
+const PROMPT_BYTES: usize = 8 * 1024;
+const LONG_PROMPT_BYTES: usize = 220_000;
+const SYSTEM_BYTES: usize = 2 * 1024;
+const SYSTEMS: usize = 8;
+const USER_TEXTS: usize = 64;
+/// Prompts per thread in `record_throughput`: 600 x 96 fresh blocks > 50,000, so a prompt's
+/// blocks have left the pod's list before the pool comes round to it again.
+const POOL: usize = 600;
+/// Environment variable that turns this binary into a bytes-per-entry child.
+const BPE_ENV: &str = "PREFIX_PICKER_BENCH_BYTES_PER_ENTRY";
+
+const WORDS: &[&str] = &[
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "that",
+    "for",
+    "it",
+    "as",
+    "was",
+    "with",
+    "be",
+    "by",
+    "on",
+    "not",
+    "he",
+    "this",
+    "are",
+    "or",
+    "his",
+    "from",
+    "at",
+    "which",
+    "but",
+    "have",
+    "an",
+    "had",
+    "they",
+    "you",
+    "were",
+    "their",
+    "one",
+    "all",
+    "we",
+    "can",
+    "her",
+    "has",
+    "there",
+    "been",
+    "if",
+    "more",
+    "when",
+    "will",
+    "would",
+    "who",
+    "so",
+    "no",
+    "she",
+    "other",
+    "its",
+    "may",
+    "these",
+    "what",
+    "them",
+    "than",
+    "some",
+    "him",
+    "time",
+    "into",
+    "only",
+    "do",
+    "out",
+    "could",
+    "about",
+    "two",
+    "first",
+    "then",
+    "any",
+    "like",
+    "should",
+    "over",
+    "such",
+    "our",
+    "also",
+    "model",
+    "request",
+    "server",
+    "cluster",
+    "latency",
+    "token",
+    "prompt",
+    "cache",
+    "prefix",
+    "block",
+    "memory",
+    "system",
+    "user",
+    "assistant",
+    "answer",
+    "question",
+    "document",
+    "function",
+    "value",
+    "return",
+    "result",
+    "error",
+    "example",
+    "explain",
+    "summarize",
+    "following",
+    "context",
+    "information",
+    "please",
+    "provide",
+    "detailed",
+    "response",
+    "data",
+    "table",
+    "query",
+    "customer",
+    "order",
+    "account",
+    "policy",
+    "report",
+    "analysis",
+    "code",
+    "python",
+    "rust",
+    "kubernetes",
+    "deployment",
+    "service",
+    "network",
+    "storage",
+    "database",
+    "performance",
+    "throughput",
+    "schedule",
+    "inference",
+    "gateway",
+    "endpoint",
+    "routing",
+    "weight",
+    "score",
+    "plugin",
+    "configuration",
+    "version",
+    "release",
+    "feature",
+    "support",
+    "because",
+    "however",
+    "therefore",
+    "between",
+    "through",
+    "during",
+    "without",
+    "within",
+    "important",
+    "different",
+    "possible",
+    "available",
+    "specific",
+    "general",
+    "several",
+    "number",
+    "people",
+    "world",
+    "year",
+    "state",
+    "company",
+    "program",
+    "problem",
+    "process",
+    "development",
+    "research",
+    "market",
+    "product",
+    "quality",
+    "history",
+    "language",
+    "reason",
+];
+
+/// Appends seeded text-like words to `out` until it is exactly `len` bytes long.
+fn append_words(out: &mut Vec<u8>, seed: u64, len: usize) {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut sentence_start = true;
+    while out.len() < len {
+        let word = WORDS[rng.random_range(0..WORDS.len())].as_bytes();
+        if sentence_start {
+            out.push(word[0].to_ascii_uppercase());
+            out.extend_from_slice(&word[1..]);
+            sentence_start = false;
+        } else {
+            out.push(b' ');
+            out.extend_from_slice(word);
+        }
+        if rng.random_ratio(1, 12) {
+            out.extend_from_slice(if rng.random_ratio(1, 6) {
+                b".\n\n"
+            } else {
+                b". "
+            });
+            sentence_start = true;
+        } else if rng.random_ratio(1, 15) {
+            out.push(b',');
+        }
+    }
+    out.truncate(len);
+}
+
+fn words(seed: u64, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 32);
+    append_words(&mut out, seed, len);
+    out
+}
+
+/// Fixed text pieces that fresh prompts are assembled from (cheap: a header and two copies).
+struct Texts {
+    systems: Vec<Vec<u8>>,
+    users: Vec<Vec<u8>>,
+}
+
+impl Texts {
+    fn new() -> Texts {
+        Texts {
+            systems: (0..SYSTEMS as u64)
+                .map(|i| words(1000 + i, SYSTEM_BYTES))
+                .collect(),
+            users: (0..USER_TEXTS as u64)
+                .map(|i| words(2000 + i, PROMPT_BYTES))
+                .collect(),
+        }
+    }
+
+    /// Prompt number `tag`: one of the shared system prompts (exactly 32 blocks), then a user
+    /// turn whose header carries `tag`, so every block after the system prompt is new.
+    fn prompt_into(&self, tag: u64, out: &mut Vec<u8>) {
+        out.clear();
+        out.extend_from_slice(&self.systems[(tag % SYSTEMS as u64) as usize]);
+        writeln!(out, "\n\nUser (request {tag}):").expect("write to a Vec");
+        let user = &self.users[(tag.wrapping_mul(7) % USER_TEXTS as u64) as usize];
+        let room = PROMPT_BYTES - out.len();
+        out.extend_from_slice(&user[..room]);
+    }
+}
+
+/// The scheduler fixture: a default-args `PrefixCache` whose 64 pod lists are filled.
+struct Scheduler {
+    cache: PrefixCache,
+    pods: Vec<PodHandle>,
+    candidates: Vec<PodSlot>,
+    texts: Texts,
+    next_tag: AtomicU64,
+}
+
+impl Scheduler {
+    fn build(fill: usize) -> Scheduler {
+        let started = Instant::now();
+        let cache = PrefixCache::new(
+            PrefixCacheArgs::default(),
+            42,
+            PrefixCacheMetrics::unregistered(),
+        );
+        let pods: Vec<PodHandle> = (0..PODS).map(|_| cache.index().add_pod()).collect();
+        let candidates = pods.iter().map(PodHandle::slot).collect();
+        let s = Scheduler {
+            cache,
+            pods,
+            candidates,
+            texts: Texts::new(),
+            next_tag: AtomicU64::new(0),
+        };
+        let index = s.cache.index();
+        let mut prompt = Vec::with_capacity(PROMPT_BYTES);
+        for pod in &s.pods {
+            while index.pod_entries(pod.slot()) < fill {
+                s.texts.prompt_into(s.tag(), &mut prompt);
+                s.cache.record(MODEL, &s.cache.hash(MODEL, &prompt), pod);
+            }
+        }
+        eprintln!(
+            "fixture: {} pods, {} entries ({} distinct), filled in {:.1?}",
+            PODS,
+            index.entries(),
+            index.distinct_entries(),
+            started.elapsed()
+        );
+        s
+    }
+
+    fn tag(&self) -> u64 {
+        self.next_tag.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn fresh_prompt(&self) -> Vec<u8> {
+        let mut prompt = Vec::with_capacity(PROMPT_BYTES);
+        self.texts.prompt_into(self.tag(), &mut prompt);
+        prompt
+    }
+
+    fn fresh_hashes(&self) -> Vec<BlockHash> {
+        self.cache.hash(MODEL, &self.fresh_prompt())
+    }
+
+    /// Score over all pods, then record for the best-scored pod (the pick, without other plugins).
+    fn score_then_record(&self, hashes: &[BlockHash]) -> usize {
+        let scored = self
+            .cache
+            .score(MODEL, hashes, &self.candidates, true)
+            .expect("non-empty prompt");
+        let best = (0..scored.scores.len())
+            .max_by_key(|&i| (scored.scores[i], std::cmp::Reverse(i)))
+            .expect("candidates");
+        self.cache.record(MODEL, hashes, &self.pods[best])
+    }
+}
+
+fn bench_hash(c: &mut Criterion) {
+    let short = words(1, PROMPT_BYTES);
+    let long = words(2, LONG_PROMPT_BYTES);
+    let default_chain = BlockChain {
+        block_size: 64,
+        max_blocks: 128,
+    };
+    let full_chain = BlockChain {
+        block_size: 64,
+        max_blocks: LONG_PROMPT_BYTES.div_ceil(64),
+    };
+    let mut g = c.benchmark_group("hash");
+    for (name, chain, prompt) in [
+        ("8KiB", default_chain, &short),
+        ("220KB", default_chain, &long),
+        ("220KB_full_coverage", full_chain, &long),
+    ] {
+        g.throughput(Throughput::Bytes(prompt.len() as u64));
+        g.bench_function(name, |b| {
+            b.iter(|| chain.hash(black_box(MODEL), black_box(prompt)))
+        });
+    }
+    g.finish();
+}
+
+fn bench_score_record(c: &mut Criterion, sched: &OnceCell<Scheduler>, fill: usize) {
+    let mut g = c.benchmark_group("score_record");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("8KiB_64pods", |b| {
+        let s = sched.get_or_init(|| Scheduler::build(fill));
+        b.iter_batched(
+            || s.fresh_hashes(),
+            |hashes| s.score_then_record(&hashes),
+            BatchSize::SmallInput,
+        )
+    });
+    g.bench_function("8KiB_64pods_score_only", |b| {
+        let s = sched.get_or_init(|| Scheduler::build(fill));
+        b.iter_batched(
+            || s.fresh_hashes(),
+            |hashes| s.cache.score(MODEL, &hashes, &s.candidates, true),
+            BatchSize::SmallInput,
+        )
+    });
+    g.bench_function("8KiB_64pods_record_only", |b| {
+        let s = sched.get_or_init(|| Scheduler::build(fill));
+        let mut next = 0usize;
+        b.iter_batched(
+            || s.fresh_hashes(),
+            |hashes| {
+                next = (next + 1) % PODS;
+                s.cache.record(MODEL, &hashes, &s.pods[next])
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    g.bench_function("8KiB_64pods_hash_score_record", |b| {
+        let s = sched.get_or_init(|| Scheduler::build(fill));
+        b.iter_batched(
+            || s.fresh_prompt(),
+            |prompt| s.score_then_record(&s.cache.hash(MODEL, &prompt)),
+            BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+}
+
+/// Per-thread prompt pools and cursors for `record_throughput`.
+struct Pools {
+    hashes: [Vec<Vec<BlockHash>>; 2],
+    cursors: [AtomicUsize; 2],
+}
+
+impl Pools {
+    fn new(s: &Scheduler) -> Pools {
+        let pool = || (0..POOL).map(|_| s.fresh_hashes()).collect::<Vec<_>>();
+        Pools {
+            hashes: [pool(), pool()],
+            cursors: [AtomicUsize::new(0), AtomicUsize::new(0)],
+        }
+    }
+}
+
+/// `iters` records split over `pods.len()` threads (thread `t` records pool `t` into `pods[t]`);
+/// returns the wall time from the common start to the last thread's end.
+fn run_records(s: &Scheduler, pools: &Pools, pods: &[usize], iters: u64) -> Duration {
+    let threads = pods.len() as u64;
+    let barrier = Barrier::new(pods.len() + 1);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = pods
+            .iter()
+            .enumerate()
+            .map(|(t, &pod)| {
+                let n = iters / threads + u64::from((t as u64) < iters % threads);
+                let barrier = &barrier;
+                scope.spawn(move || {
+                    let pool = &pools.hashes[t];
+                    let pod = &s.pods[pod];
+                    let mut cursor = pools.cursors[t].load(Ordering::Relaxed);
+                    barrier.wait();
+                    for _ in 0..n {
+                        black_box(s.cache.record(MODEL, &pool[cursor % pool.len()], pod));
+                        cursor += 1;
+                    }
+                    pools.cursors[t].store(cursor, Ordering::Relaxed);
+                })
+            })
+            .collect();
+        barrier.wait();
+        let start = Instant::now();
+        for worker in workers {
+            worker.join().expect("record thread");
+        }
+        start.elapsed()
+    })
+}
+
+fn bench_record_throughput(c: &mut Criterion, sched: &OnceCell<Scheduler>, fill: usize) {
+    let pools: OnceCell<Pools> = OnceCell::new();
+    let mut g = c.benchmark_group("record_throughput");
+    g.throughput(Throughput::Elements(1));
+    for (name, pods) in [
+        ("1_thread", &[PODS - 2][..]),
+        ("2_threads", &[PODS - 2, PODS - 1][..]),
+        ("2_threads_same_pod", &[PODS - 2, PODS - 2][..]),
+    ] {
+        g.bench_function(name, |b| {
+            let s = sched.get_or_init(|| Scheduler::build(fill));
+            let pools = pools.get_or_init(|| Pools::new(s));
+            b.iter_custom(|iters| run_records(s, pools, pods, iters))
+        });
+    }
+    g.finish();
+}
+
+// ---- bytes per entry -------------------------------------------------------------------------
+
+/// Resident set size in bytes (`/proc/self/statm`, resident pages x 4096).
+fn rss_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+/// Child mode: builds one 64 pods x 50,000 entries index and prints its cost per entry.
+/// `unshared`: every prompt distinct (every entry held by one pod). `shared4`: pods in groups of
+/// four get the same first 4 KiB and their own last 4 KiB, so half of each list is shared by 4.
+fn bytes_per_entry_child(kind: &str) {
+    let users: Vec<Vec<u8>> = (0..USER_TEXTS as u64)
+        .map(|i| words(3000 + i, PROMPT_BYTES))
+        .collect();
+    let chain = BlockChain {
+        block_size: 64,
+        max_blocks: 128,
+    };
+    let model = ModelKey::of(MODEL);
+    let mut prompt: Vec<u8> = Vec::with_capacity(PROMPT_BYTES + 64);
+    let mut hashes: Vec<BlockHash> = Vec::with_capacity(128);
+    let fill = |prompt: &mut Vec<u8>, user: u64, len: usize| {
+        let user = &users[(user % USER_TEXTS as u64) as usize];
+        let room = len - prompt.len();
+        prompt.extend_from_slice(&user[..room]);
+    };
+    let index = PrefixIndex::new(CAPACITY);
+    let before = rss_bytes().unwrap_or(0);
+    let started = Instant::now();
+    let pods: Vec<PodHandle> = (0..PODS).map(|_| index.add_pod()).collect();
+    match kind {
+        "unshared" => {
+            for (p, pod) in pods.iter().enumerate() {
+                let mut n = 0u64;
+                while index.pod_entries(pod.slot()) < CAPACITY {
+                    prompt.clear();
+                    writeln!(prompt, "Conversation {p}-{n}").expect("write to a Vec");
+                    fill(&mut prompt, n + p as u64, PROMPT_BYTES);
+                    chain.hash_into(MODEL, &prompt, &mut hashes);
+                    index.record(pod, model, &hashes);
+                    n += 1;
+                }
+            }
+        }
+        "shared4" => {
+            for (g, group) in pods.chunks(4).enumerate() {
+                let mut n = 0u64;
+                while group
+                    .iter()
+                    .any(|pod| index.pod_entries(pod.slot()) < CAPACITY)
+                {
+                    for (i, pod) in group.iter().enumerate() {
+                        prompt.clear();
+                        writeln!(prompt, "Conversation {g}-{n}").expect("write to a Vec");
+                        fill(&mut prompt, n + g as u64, PROMPT_BYTES / 2);
+                        write!(prompt, "\nPod {i} turn {n}: ").expect("write to a Vec");
+                        fill(&mut prompt, n + 31 * (i as u64 + 1), PROMPT_BYTES);
+                        chain.hash_into(MODEL, &prompt, &mut hashes);
+                        index.record(pod, model, &hashes);
+                    }
+                    n += 1;
+                }
+            }
+        }
+        other => panic!("unknown bytes-per-entry kind {other:?}"),
+    }
+    let after = rss_bytes().unwrap_or(0);
+    let entries = index.entries();
+    let distinct = index.distinct_entries();
+    let heap = index.heap_bytes();
+    println!(
+        "bytes_per_entry {kind} heap={:.1} rss={:.1} (entries={entries} distinct={distinct} \
+         heap_bytes={heap} rss_delta={} heap_per_distinct={:.1} built_in={:.1?})",
+        heap as f64 / entries as f64,
+        after.saturating_sub(before) as f64 / entries as f64,
+        after.saturating_sub(before),
+        heap as f64 / distinct as f64,
+        started.elapsed(),
+    );
+}
+
+/// Runs both bytes-per-entry builds in child processes and returns their report lines.
+fn bytes_per_entry_report() -> Vec<String> {
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => return vec![format!("bytes_per_entry skipped: no current_exe ({e})")],
+    };
+    ["unshared", "shared4"]
+        .iter()
+        .map(
+            |kind| match Command::new(&exe).env(BPE_ENV, kind).output() {
+                Ok(out) if out.status.success() => {
+                    String::from_utf8_lossy(&out.stdout).trim().to_string()
+                }
+                Ok(out) => format!(
+                    "bytes_per_entry {kind} failed: {} {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+                Err(e) => format!("bytes_per_entry {kind} failed to start: {e}"),
+            },
+        )
+        .collect()
+}
+
+// ---- summary ---------------------------------------------------------------------------------
+
+fn criterion_dir() -> PathBuf {
+    if let Some(home) = std::env::var_os("CRITERION_HOME") {
+        PathBuf::from(home)
+    } else if let Some(target) = std::env::var_os("CARGO_TARGET_DIR") {
+        PathBuf::from(target).join("criterion")
+    } else {
+        PathBuf::from("target/criterion")
+    }
+}
+
+/// Median (ns) of a benchmark measured by this run (estimates written after `since`).
+fn median_ns(id: &str, since: SystemTime) -> Option<f64> {
+    let path = criterion_dir().join(id).join("new/estimates.json");
+    let modified = std::fs::metadata(&path).ok()?.modified().ok()?;
+    if modified < since {
+        return None;
+    }
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).ok()?).ok()?;
+    json["median"]["point_estimate"].as_f64()
+}
+
+fn print_summary(since: SystemTime) {
+    println!("\n== summary (criterion medians of this run) ==");
+    let bytes = [
+        ("hash/8KiB", PROMPT_BYTES),
+        ("hash/220KB", LONG_PROMPT_BYTES),
+        ("hash/220KB_full_coverage", LONG_PROMPT_BYTES),
+    ];
+    for (id, len) in bytes {
+        if let Some(ns) = median_ns(id, since) {
+            println!(
+                "{id:<45} {:>10.3} us  {:>8.1} MiB/s of prompt",
+                ns / 1e3,
+                len as f64 / (ns / 1e9) / (1024.0 * 1024.0)
+            );
+        }
+    }
+    for id in [
+        "score_record/8KiB_64pods",
+        "score_record/8KiB_64pods_score_only",
+        "score_record/8KiB_64pods_record_only",
+        "score_record/8KiB_64pods_hash_score_record",
+        "record_throughput/1_thread",
+        "record_throughput/2_threads",
+        "record_throughput/2_threads_same_pod",
+    ] {
+        if let Some(ns) = median_ns(id, since) {
+            println!("{id:<45} {:>10.3} us  {:>8.0} /s", ns / 1e3, 1e9 / ns);
+        }
+    }
+    let one = median_ns("record_throughput/1_thread", since);
+    for two in ["2_threads", "2_threads_same_pod"] {
+        match (one, median_ns(&format!("record_throughput/{two}"), since)) {
+            (Some(one), Some(t)) => println!(
+                "record_throughput ratio 1_thread/{two} = {:.2} (records per second with 2 threads \
+                 / with 1 thread; 2.00 would be perfect scaling)",
+                one / t
+            ),
+            _ => println!("record_throughput ratio 1_thread/{two}: not measured in this run"),
+        }
+    }
+}
+
+fn main() {
+    if let Ok(kind) = std::env::var(BPE_ENV) {
+        bytes_per_entry_child(&kind);
+        return;
+    }
+    let args: Vec<String> = std::env::args().collect();
+    let has = |flag: &str| args.iter().any(|a| a == flag);
+    // Real measurements only under `cargo bench` (criterion's own test/list modes stay quick).
+    let measuring = has("--bench") && !has("--test") && !has("--list");
+    let since = SystemTime::now();
+
+    let bpe = if measuring {
+        let lines = bytes_per_entry_report();
+        for line in &lines {
+            println!("{line}");
+        }
+        lines
+    } else {
+        Vec::new()
+    };
+
+    let mut c = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(20)
+        .configure_from_args();
+    let fill = if measuring { CAPACITY } else { 1_000 };
+    let sched: OnceCell<Scheduler> = OnceCell::new();
+    bench_hash(&mut c);
+    bench_score_record(&mut c, &sched, fill);
+    bench_record_throughput(&mut c, &sched, fill);
+    c.final_summary();
+
+    if measuring {
+        print_summary(since);
+        println!();
+        for line in &bpe {
+            println!("{line}");
+        }
+    }
+}

@@ -12,3 +12,8 @@ pub mod prefix_index;
 pub mod prompt;
 pub mod request;
 pub mod scheduler;
+pub mod admin;
+pub mod extproc;
+pub mod pending;
+pub mod routing;
+pub mod serve;

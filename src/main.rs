@@ -1,1 +1,218 @@
-fn main() {}
+//! `prefix-picker`: the sidecar (`serve`), config checking (`validate`) and inspection commands
+//! (`render`, `hash`). Process wiring only; everything else lives in the library.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use prefix_picker::config::Config;
+use prefix_picker::hashing::BlockChain;
+use prefix_picker::request::InferenceRequest;
+
+#[derive(Debug, Parser)]
+#[command(name = "prefix-picker", version, about = "Prefix-cache-aware endpoint picker for LLM inference (Envoy ext_proc)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the ext_proc sidecar.
+    Serve {
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long, default_value = "0.0.0.0:9002")]
+        grpc_addr: String,
+        #[arg(long, default_value = "0.0.0.0:9090")]
+        admin_addr: String,
+        /// Verbosity like Kthena's klog: 2 = info, 4 = per-pod score lines, 5 = trace.
+        #[arg(long, default_value_t = 2)]
+        v: u8,
+    },
+    /// Check a config; exits 0 when valid, 1 with every problem listed.
+    Validate {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Render a request body (FILE or stdin) into the prompt bytes that are hashed.
+    Render { file: Option<PathBuf> },
+    /// Print the block hashes of raw prompt bytes (FILE or stdin), one per line.
+    Hash {
+        #[arg(long)]
+        model: String,
+        #[arg(long, default_value_t = 64)]
+        block_size: usize,
+        #[arg(long, default_value_t = 128)]
+        max_blocks: usize,
+        file: Option<PathBuf>,
+    },
+}
+
+fn read_input(file: Option<&PathBuf>) -> std::io::Result<Vec<u8>> {
+    match file {
+        Some(path) => std::fs::read(path),
+        None => {
+            let mut buf = Vec::new();
+            std::io::stdin().read_to_end(&mut buf)?;
+            Ok(buf)
+        }
+    }
+}
+
+fn init_logging(v: u8) {
+    use tracing_subscriber::EnvFilter;
+    let default = match v {
+        0 | 1 => "warn",
+        2 | 3 => "info",
+        4 => "info,scores=debug,prefix_picker=debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Render { file } => {
+            let body = match read_input(file.as_ref()) {
+                Ok(b) => b,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            match InferenceRequest::parse(&body) {
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(2)
+                }
+                Ok(r) => match r.prompt {
+                    Ok(prompt) => {
+                        let mut out = std::io::stdout().lock();
+                        if out.write_all(prompt.as_bytes()).and_then(|_| out.flush()).is_err() {
+                            return ExitCode::from(1);
+                        }
+                        ExitCode::SUCCESS
+                    }
+                    Err(reason) => {
+                        eprintln!("{}", reason.as_str());
+                        ExitCode::from(3)
+                    }
+                },
+            }
+        }
+        Command::Hash {
+            model,
+            block_size,
+            max_blocks,
+            file,
+        } => {
+            if block_size == 0 || max_blocks == 0 {
+                eprintln!("error: --block-size and --max-blocks must be greater than 0");
+                return ExitCode::from(2);
+            }
+            let prompt = match read_input(file.as_ref()) {
+                Ok(b) => b,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let chain = BlockChain {
+                block_size,
+                max_blocks,
+            };
+            let mut out = std::io::stdout().lock();
+            for h in chain.hash(&model, &prompt) {
+                if writeln!(out, "{}", h.0).is_err() {
+                    return ExitCode::from(1);
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Command::Validate { config } => match Config::load(&config) {
+            Ok(c) => {
+                for w in &c.warnings {
+                    eprintln!("warning: {w}");
+                }
+                println!("{}: ok ({} endpoints)", config.display(), c.endpoints.len());
+                ExitCode::SUCCESS
+            }
+            Err(errors) => {
+                for e in &errors.0 {
+                    eprintln!("error: {e}");
+                }
+                ExitCode::from(1)
+            }
+        },
+        Command::Serve {
+            config,
+            grpc_addr,
+            admin_addr,
+            v,
+        } => {
+            init_logging(v);
+            let config = match Config::load(&config) {
+                Ok(c) => c,
+                Err(errors) => {
+                    for e in &errors.0 {
+                        tracing::error!("{e}");
+                        eprintln!("error: {e}");
+                    }
+                    return ExitCode::from(1);
+                }
+            };
+            for w in &config.warnings {
+                tracing::warn!("{w}");
+            }
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("error: cannot start the runtime: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            let result = runtime.block_on(async move {
+                let mut running =
+                    prefix_picker::serve::start(config, &grpc_addr, &admin_addr).await?;
+                let token = running.shutdown.clone();
+                tokio::spawn(async move {
+                    shutdown_signal().await;
+                    tracing::info!("shutting down");
+                    token.cancel();
+                });
+                running.wait().await
+            });
+            match result {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -27,7 +27,6 @@ use crate::config::{FilterKind, ScorerKind, SchedulerConfig};
 use crate::endpoints::{Endpoint, EndpointSet};
 use crate::hashing::BlockHash;
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
-use crate::prompt::NoPrompt;
 use prefix_cache::PrefixCache;
 
 /// Why a request could not be routed.
@@ -113,7 +112,8 @@ impl Decision {
 #[derive(Debug, Clone, Copy)]
 pub struct RouteRequest<'a> {
     pub model: &'a str,
-    pub prompt: Result<&'a str, NoPrompt>,
+    /// The rendered prompt, or why there is none (a snake_case reason label).
+    pub prompt: Result<&'a str, &'static str>,
 }
 
 /// The scheduler. Shared by all streams (`Arc`); holds the prefix index.
@@ -230,7 +230,7 @@ impl Scheduler {
             let scores = match kind {
                 ScorerKind::PrefixCache => match request.prompt {
                     Err(reason) => {
-                        unscored = Some(reason.as_str());
+                        unscored = Some(reason);
                         None
                     }
                     Ok(prompt) => {

@@ -64,7 +64,7 @@ fn no_prompt_is_unscored_not_rejected() {
         .schedule(
             RouteRequest {
                 model: "m",
-                prompt: Err(NoPrompt::PromptNotString),
+                prompt: Err(crate::prompt::NoPrompt::PromptNotString.as_str()),
             },
             s.candidates(&set, "m", None).unwrap(),
             true,

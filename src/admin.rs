@@ -1,0 +1,131 @@
+//! The admin listener: `/metrics`, `/healthz`, `/readyz` and `POST /debug/explain`.
+//!
+//! `/debug/explain?api=/v1/chat/completions` (or `api=chat|completions|responses`; inferred from
+//! the body when absent: `messages` -> chat, `input` -> responses, else completions) takes an
+//! OpenAI request body and returns the decision the picker would make, with every plugin's score
+//! per pod, without routing, recording or counting anything.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router as Http;
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::metrics::{PrefixCacheMetrics, encode};
+use crate::routing::Router;
+
+/// Shared state of the admin listener.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    pub router: Arc<Router>,
+    pub registry: prometheus::Registry,
+    pub prefix_metrics: PrefixCacheMetrics,
+    pub ready: Arc<AtomicBool>,
+}
+
+pub fn app(admin: Admin) -> Http {
+    Http::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/debug/explain", post(explain))
+        .with_state(admin)
+}
+
+async fn metrics(State(a): State<Admin>) -> Response {
+    let entries = a.router.scheduler.prefix_cache().index().entries();
+    a.prefix_metrics.entries.set(entries as i64);
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        encode(&a.registry),
+    )
+        .into_response()
+}
+
+async fn readyz(State(a): State<Admin>) -> Response {
+    if a.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct ExplainQuery {
+    api: Option<String>,
+}
+
+fn api_path(api: Option<&str>, body: &[u8]) -> String {
+    match api {
+        Some("chat") => "/v1/chat/completions".into(),
+        Some("completions") => "/v1/completions".into(),
+        Some("responses") => "/v1/responses".into(),
+        Some(path) => path.into(),
+        None => {
+            let v: Value = crate::lenient_json::parse_value(body).unwrap_or(Value::Null);
+            if v.get("messages").is_some() {
+                "/v1/chat/completions".into()
+            } else if v.get("input").is_some() {
+                "/v1/responses".into()
+            } else {
+                "/v1/completions".into()
+            }
+        }
+    }
+}
+
+async fn explain(State(a): State<Admin>, Query(q): Query<ExplainQuery>, body: Bytes) -> Response {
+    let path = api_path(q.api.as_deref(), &body);
+    match a.router.route(&path, Some(&body), None, false) {
+        Err(f) => (
+            StatusCode::from_u16(f.status).unwrap_or(StatusCode::BAD_REQUEST),
+            [(header::CONTENT_TYPE, "application/json")],
+            f.body(),
+        )
+            .into_response(),
+        Ok(routed) => {
+            let d = &routed.decision;
+            let pods: Vec<Value> = d
+                .candidates
+                .iter()
+                .enumerate()
+                .map(|(i, e)| {
+                    let scores: serde_json::Map<String, Value> = d
+                        .plugins
+                        .iter()
+                        .map(|p| {
+                            let s = p.scores.as_ref().map(|s| json!(s[i])).unwrap_or(Value::Null);
+                            (p.plugin.to_string(), s)
+                        })
+                        .collect();
+                    json!({"pod": e.label, "address": e.host, "scores": scores, "total": d.totals[i]})
+                })
+                .collect();
+            let plugins: Vec<Value> = d
+                .plugins
+                .iter()
+                .map(|p| json!({"name": p.plugin, "weight": p.weight, "scored": p.scores.is_some()}))
+                .collect();
+            axum::Json(json!({
+                "api": path,
+                "model": routed.model,
+                "prompt_bytes": d.prompt_bytes,
+                "blocks": d.hashes.len(),
+                "unscored": d.unscored,
+                "plugins": plugins,
+                "pods": pods,
+                "primary": d.primary().label,
+                "fallbacks": d.ranked[1..].iter().map(|e| e.label.clone()).collect::<Vec<_>>(),
+                "destination": d.destination(),
+                "reason": d.reason.as_str(),
+            }))
+            .into_response()
+        }
+    }
+}

@@ -1,0 +1,660 @@
+//! The Envoy adapter: one ext_proc stream per HTTP request, translated to [`Router`] calls.
+//!
+//! Request phase (protocol.md §2): with `BUFFERED` bodies the headers are answered CONTINUE and
+//! the pick rides on the body reply; with `FULL_DUPLEX_STREAMED` the headers reply is held until
+//! the body's end, then sent with the pick and `clear_route_cache`, followed by the body itself as
+//! `streamed_response` chunks of at most 62,000 bytes. A request without a body is answered at
+//! once. The pick goes in the `x-gateway-destination-endpoint` header (overwriting any
+//! client-supplied one) and in `envoy.lb` dynamic metadata, with identical values; `x-request-id`
+//! is generated when missing. Failures are immediate responses with OpenAI-style JSON errors.
+//!
+//! Response phase: the pod that served is `upstream.address` (response attribute), else the
+//! `x-gateway-destination-endpoint-served` metadata key, else the primary pick. Completion is the
+//! response body's `end_of_stream` or response trailers; with response body mode `NONE` it is the
+//! response headers (so aborted streams are then recorded too). A 2xx completion records the
+//! prompt for the serving pod; anything else, or a stream that ends first, records nothing.
+//! `FULL_DUPLEX_STREAMED` response chunks are echoed back at once; streams in
+//! `observability_mode` are never answered. When this stream will not see the response (response
+//! body mode `NONE` or unknown), the routed state waits in [`PendingRoutes`] under the request id
+//! for an observer stream (a second ext_proc filter) to claim it.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendAction;
+use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption, Metadata};
+use envoy_types::pb::envoy::r#type::v3::HttpStatus;
+use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
+use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
+use ep::external_processor_server::{ExternalProcessor, ExternalProcessorServer};
+use ep::processing_request::Request as In;
+use ep::processing_response::Response as Out;
+use ep::{
+    BodyMutation, BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, HttpBody,
+    HttpHeaders, ImmediateResponse, ProcessingRequest, ProcessingResponse, StreamedBodyResponse,
+    TrailersResponse, body_mutation,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::endpoints::{Endpoint, InflightGuard};
+use crate::pending::PendingRoute;
+use crate::routing::{RouteFailure, Routed, Router, parse_endpoint, parse_endpoint_list};
+
+pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
+pub const SERVED_KEY: &str = "x-gateway-destination-endpoint-served";
+pub const LB_NAMESPACE: &str = "envoy.lb";
+pub const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
+pub const SUBSET_KEY: &str = "x-gateway-destination-endpoint-subset";
+pub const TEST_SELECTION_HEADER: &str = "test-epp-endpoint-selection";
+pub const CONFORMANCE_SERVED_HEADER: &str = "x-conformance-test-served-endpoint";
+/// Largest body chunk sent back in FULL_DUPLEX_STREAMED mode (as the GIE reference picker).
+pub const BODY_CHUNK: usize = 62_000;
+
+/// Envoy's `ProcessingMode.BodySendMode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BodyMode {
+    None,
+    Streamed,
+    Buffered,
+    BufferedPartial,
+    FullDuplex,
+}
+
+impl BodyMode {
+    fn from_i32(v: i32) -> BodyMode {
+        match v {
+            1 => BodyMode::Streamed,
+            2 => BodyMode::Buffered,
+            3 => BodyMode::BufferedPartial,
+            4 => BodyMode::FullDuplex,
+            _ => BodyMode::None,
+        }
+    }
+}
+
+/// The ext_proc gRPC service.
+#[derive(Debug, Clone)]
+pub struct ExtProc {
+    router: Arc<Router>,
+}
+
+impl ExtProc {
+    pub fn new(router: Arc<Router>) -> ExtProc {
+        ExtProc { router }
+    }
+
+    pub fn into_server(self) -> ExternalProcessorServer<ExtProc> {
+        ExternalProcessorServer::new(self)
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20)
+    }
+}
+
+type ReplyStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ExternalProcessor for ExtProc {
+    type ProcessStream = ReplyStream;
+
+    async fn process(
+        &self,
+        request: Request<Streaming<ProcessingRequest>>,
+    ) -> Result<Response<Self::ProcessStream>, Status> {
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(16);
+        let router = self.router.clone();
+        tokio::spawn(async move {
+            let mut stream = StreamState::new(router);
+            while let Ok(Some(message)) = inbound.message().await {
+                for reply in stream.handle(message) {
+                    if tx.send(Ok(reply)).await.is_err() {
+                        break;
+                    }
+                }
+            }
+            stream.finish();
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// Per-stream state.
+struct StreamState {
+    router: Arc<Router>,
+    _open: OpenStream,
+    observer: bool,
+    request_mode: Option<BodyMode>,
+    response_mode: Option<BodyMode>,
+    path: String,
+    request_id: Option<String>,
+    set_request_id: bool,
+    test_selection: Option<Vec<SocketAddr>>,
+    metadata: HashMap<String, Struct>,
+    body: Vec<u8>,
+    holding_headers: bool,
+    rejected: bool,
+    /// Routed state when this stream observes the completion itself.
+    route: Option<PendingRoute>,
+    status: Option<u32>,
+    served: Option<Arc<Endpoint>>,
+    completed: bool,
+}
+
+/// Counts an open stream in `prefix_picker_inflight_streams` until dropped.
+struct OpenStream(prometheus::IntGauge);
+
+impl OpenStream {
+    fn new(g: &prometheus::IntGauge) -> OpenStream {
+        g.inc();
+        OpenStream(g.clone())
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+impl StreamState {
+    fn new(router: Arc<Router>) -> StreamState {
+        StreamState {
+            _open: OpenStream::new(&router.metrics.inflight_streams),
+            router,
+            observer: false,
+            request_mode: None,
+            response_mode: None,
+            path: String::new(),
+            request_id: None,
+            set_request_id: false,
+            test_selection: None,
+            metadata: HashMap::new(),
+            body: Vec::new(),
+            holding_headers: false,
+            rejected: false,
+            route: None,
+            status: None,
+            served: None,
+            completed: false,
+        }
+    }
+
+    fn handle(&mut self, message: ProcessingRequest) -> Vec<ProcessingResponse> {
+        if message.observability_mode {
+            self.observer = true;
+        }
+        if let Some(pc) = &message.protocol_config {
+            self.request_mode = Some(BodyMode::from_i32(pc.request_body_mode));
+            self.response_mode = Some(BodyMode::from_i32(pc.response_body_mode));
+        }
+        if let Some(md) = message.metadata_context {
+            merge_metadata(&mut self.metadata, md);
+        }
+        let replies = match message.request {
+            Some(In::RequestHeaders(h)) => self.on_request_headers(h),
+            Some(In::RequestBody(b)) => self.on_request_body(b),
+            Some(In::RequestTrailers(_)) => self.on_request_trailers(),
+            Some(In::ResponseHeaders(h)) => self.on_response_headers(h, &message.attributes),
+            Some(In::ResponseBody(b)) => self.on_response_body(b),
+            Some(In::ResponseTrailers(_)) => {
+                self.complete();
+                vec![reply(Out::ResponseTrailers(TrailersResponse::default()))]
+            }
+            None => vec![],
+        };
+        if self.observer { vec![] } else { replies }
+    }
+
+    fn on_request_headers(&mut self, h: HttpHeaders) -> Vec<ProcessingResponse> {
+        for header in h.headers.iter().flat_map(|m| &m.headers) {
+            let value = header_value(header);
+            match header.key.as_str() {
+                ":path" => self.path = value.into_owned(),
+                "x-request-id" if !value.is_empty() => self.request_id = Some(value.into_owned()),
+                TEST_SELECTION_HEADER if self.router.config.allow_test_endpoint_selection => {
+                    self.test_selection = Some(parse_endpoint_list(&value));
+                }
+                _ => {}
+            }
+        }
+        if self.observer {
+            return vec![];
+        }
+        if self.request_id.is_none() {
+            self.request_id = Some(uuid::Uuid::new_v4().to_string());
+            self.set_request_id = true;
+        }
+        if h.end_of_stream {
+            return self.route_now(None);
+        }
+        match self.request_mode {
+            Some(BodyMode::FullDuplex) => {
+                self.holding_headers = true;
+                vec![]
+            }
+            Some(BodyMode::None) => self.route_now(None),
+            _ => vec![reply(Out::RequestHeaders(HeadersResponse::default()))],
+        }
+    }
+
+    fn on_request_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
+        if self.observer || self.rejected {
+            return vec![];
+        }
+        if self.body.len() + b.body.len() > self.router.config.max_body_bytes {
+            self.rejected = true;
+            return vec![self.immediate(&RouteFailure::new(
+                413,
+                "invalid_request_error",
+                format!(
+                    "request body exceeds the limit of {} bytes",
+                    self.router.config.max_body_bytes
+                ),
+            ))];
+        }
+        self.body.extend_from_slice(&b.body);
+        match (self.request_mode, b.end_of_stream) {
+            (Some(BodyMode::FullDuplex), false) => vec![],
+            (Some(BodyMode::BufferedPartial), false) => {
+                self.rejected = true;
+                vec![self.immediate(&RouteFailure::new(
+                    413,
+                    "invalid_request_error",
+                    "request body exceeds Envoy's buffer limit",
+                ))]
+            }
+            (_, false) => vec![reply(Out::RequestBody(BodyResponse::default()))],
+            (_, true) => {
+                let body = std::mem::take(&mut self.body);
+                let replies = self.route_now(Some(&body));
+                self.body = body;
+                replies
+            }
+        }
+    }
+
+    fn on_request_trailers(&mut self) -> Vec<ProcessingResponse> {
+        if self.holding_headers {
+            // FULL_DUPLEX body ended with trailers instead of end_of_stream.
+            let body = std::mem::take(&mut self.body);
+            let mut replies = self.route_now(Some(&body));
+            replies.push(reply(Out::RequestTrailers(TrailersResponse::default())));
+            return replies;
+        }
+        vec![reply(Out::RequestTrailers(TrailersResponse::default()))]
+    }
+
+    /// Routes and builds the replies that carry the pick (or the immediate error).
+    fn route_now(&mut self, body: Option<&[u8]>) -> Vec<ProcessingResponse> {
+        let restrict = match self.restriction() {
+            Ok(r) => r,
+            Err(f) => return vec![self.immediate(&f)],
+        };
+        let routed = self
+            .router
+            .route(&self.path, body, restrict.as_deref(), true);
+        let routed = match routed {
+            Ok(r) => r,
+            Err(f) => return vec![self.immediate(&f)],
+        };
+        let destination = routed.decision.destination();
+        tracing::debug!(
+            request_id = self.request_id.as_deref().unwrap_or(""),
+            model = %routed.model,
+            destination = %destination,
+            reason = routed.decision.reason.as_str(),
+            "picked"
+        );
+        self.keep_route(routed);
+        let mut set_headers = vec![set_header(DESTINATION_HEADER, &destination)];
+        if self.set_request_id {
+            set_headers.push(set_header(
+                "x-request-id",
+                self.request_id.as_deref().unwrap_or_default(),
+            ));
+        }
+        let common = CommonResponse {
+            header_mutation: Some(HeaderMutation {
+                set_headers,
+                remove_headers: vec![],
+            }),
+            clear_route_cache: true,
+            ..CommonResponse::default()
+        };
+        let metadata = Some(lb_metadata(&destination));
+        let full_duplex_body = self.holding_headers && body.is_some();
+        if body.is_none() || self.holding_headers {
+            self.holding_headers = false;
+            let mut replies = vec![ProcessingResponse {
+                response: Some(Out::RequestHeaders(HeadersResponse {
+                    response: Some(common),
+                })),
+                dynamic_metadata: metadata,
+                ..ProcessingResponse::default()
+            }];
+            if full_duplex_body {
+                replies.extend(body_chunks(body.unwrap_or_default()));
+            }
+            return replies;
+        }
+        vec![ProcessingResponse {
+            response: Some(Out::RequestBody(BodyResponse {
+                response: Some(common),
+            })),
+            dynamic_metadata: metadata,
+            ..ProcessingResponse::default()
+        }]
+    }
+
+    fn keep_route(&mut self, routed: Routed) {
+        let route = PendingRoute {
+            guard: InflightGuard::new(routed.decision.primary().clone(), &self.router.metrics),
+            model: routed.model,
+            hashes: routed.decision.hashes,
+        };
+        match (self.response_mode, &self.request_id) {
+            (Some(BodyMode::None) | None, Some(id)) => {
+                self.router.pending.insert(id.clone(), route);
+            }
+            _ => self.route = Some(route),
+        }
+    }
+
+    /// Candidate restriction from the subset hint and (when enabled) the conformance header.
+    fn restriction(&self) -> Result<Option<Vec<SocketAddr>>, RouteFailure> {
+        let mut restrict: Option<Vec<SocketAddr>> = None;
+        if let Some(value) = self
+            .metadata
+            .get(SUBSET_NAMESPACE)
+            .and_then(|s| s.fields.get(SUBSET_KEY))
+        {
+            let list = match &value.kind {
+                Some(Kind::ListValue(l)) => l
+                    .values
+                    .iter()
+                    .filter_map(|v| match &v.kind {
+                        Some(Kind::StringValue(s)) => parse_endpoint(s),
+                        _ => None,
+                    })
+                    .collect(),
+                Some(Kind::StringValue(s)) => parse_endpoint_list(s),
+                _ => vec![],
+            };
+            if list.is_empty() {
+                return Err(RouteFailure::new(
+                    503,
+                    "service_unavailable",
+                    "the subset hint lists no endpoint",
+                ));
+            }
+            restrict = Some(list);
+        }
+        if let Some(selection) = &self.test_selection {
+            restrict = Some(match restrict {
+                None => selection.clone(),
+                Some(r) => r
+                    .into_iter()
+                    .filter(|a| {
+                        selection
+                            .iter()
+                            .any(|s| s == a || (s.port() == 0 && s.ip() == a.ip()))
+                    })
+                    .collect(),
+            });
+        }
+        Ok(restrict)
+    }
+
+    fn on_response_headers(
+        &mut self,
+        h: HttpHeaders,
+        attributes: &HashMap<String, Struct>,
+    ) -> Vec<ProcessingResponse> {
+        self.status = h
+            .headers
+            .iter()
+            .flat_map(|m| &m.headers)
+            .find(|hv| hv.key == ":status")
+            .and_then(|hv| header_value(hv).parse().ok());
+        self.served = self.served_endpoint(attributes);
+        let mut response = HeadersResponse::default();
+        if self.router.config.allow_test_endpoint_selection
+            && let Some(e) = &self.served
+        {
+            response.response = Some(CommonResponse {
+                header_mutation: Some(HeaderMutation {
+                    set_headers: vec![set_header(CONFORMANCE_SERVED_HEADER, &e.host)],
+                    remove_headers: vec![],
+                }),
+                ..CommonResponse::default()
+            });
+        }
+        if h.end_of_stream || (!self.observer && self.response_mode == Some(BodyMode::None)) {
+            self.complete();
+        }
+        vec![reply(Out::ResponseHeaders(response))]
+    }
+
+    fn on_response_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
+        let eos = b.end_of_stream;
+        let replies = if self.response_mode == Some(BodyMode::FullDuplex) {
+            vec![reply(Out::ResponseBody(BodyResponse {
+                response: Some(CommonResponse {
+                    body_mutation: Some(BodyMutation {
+                        mutation: Some(body_mutation::Mutation::StreamedResponse(
+                            StreamedBodyResponse {
+                                body: b.body,
+                                end_of_stream: eos,
+                                ..StreamedBodyResponse::default()
+                            },
+                        )),
+                    }),
+                    ..CommonResponse::default()
+                }),
+            }))]
+        } else {
+            vec![reply(Out::ResponseBody(BodyResponse::default()))]
+        };
+        if eos {
+            self.complete();
+        }
+        replies
+    }
+
+    fn served_endpoint(&self, attributes: &HashMap<String, Struct>) -> Option<Arc<Endpoint>> {
+        let set = self.router.endpoints.snapshot();
+        let from_attribute = attributes
+            .values()
+            .filter_map(|s| s.fields.get("upstream.address"))
+            .find_map(|v| match &v.kind {
+                Some(Kind::StringValue(s)) => parse_endpoint(s),
+                _ => None,
+            });
+        let from_metadata = || {
+            self.metadata
+                .get(LB_NAMESPACE)
+                .and_then(|s| s.fields.get(SERVED_KEY))
+                .and_then(|v| match &v.kind {
+                    Some(Kind::StringValue(s)) => parse_endpoint(s),
+                    _ => None,
+                })
+        };
+        from_attribute
+            .or_else(from_metadata)
+            .and_then(|a| set.by_address(&a).cloned())
+    }
+
+    /// The response ended: record a 2xx for the serving pod, release the in-flight count.
+    fn complete(&mut self) {
+        if self.completed {
+            return;
+        }
+        self.completed = true;
+        let route = self.route.take().or_else(|| {
+            self.request_id
+                .as_deref()
+                .and_then(|id| self.router.pending.take(id))
+        });
+        let Some(route) = route else {
+            return;
+        };
+        let records = &self.router.metrics.records;
+        let ok = self.status.is_some_and(|s| (200..300).contains(&s));
+        if !ok {
+            records.with_label_values(&["failed"]).inc();
+            return;
+        }
+        if route.hashes.is_empty() {
+            records.with_label_values(&["unscored"]).inc();
+            return;
+        }
+        let served = self
+            .served
+            .clone()
+            .unwrap_or_else(|| route.guard.endpoint().clone());
+        self.router
+            .scheduler
+            .record(&route.model, &route.hashes, &served);
+        records.with_label_values(&["recorded"]).inc();
+    }
+
+    /// The stream ended (normally or not).
+    fn finish(&mut self) {
+        if self.completed {
+            return;
+        }
+        if self.route.take().is_some() {
+            self.router
+                .metrics
+                .records
+                .with_label_values(&["aborted"])
+                .inc();
+        }
+        if self.observer
+            && let Some(id) = &self.request_id
+            && self.router.pending.take(id).is_some()
+        {
+            self.router
+                .metrics
+                .records
+                .with_label_values(&["aborted"])
+                .inc();
+        }
+    }
+
+    fn immediate(&self, failure: &RouteFailure) -> ProcessingResponse {
+        self.router
+            .metrics
+            .immediate_responses
+            .with_label_values(&[&failure.status.to_string()])
+            .inc();
+        tracing::debug!(status = failure.status, message = %failure.message, "immediate response");
+        let mut set_headers = vec![set_header("content-type", "application/json")];
+        if let Some(id) = &self.request_id {
+            set_headers.push(set_header("x-request-id", id));
+        }
+        reply(Out::ImmediateResponse(ImmediateResponse {
+            status: Some(HttpStatus {
+                code: i32::from(failure.status),
+            }),
+            headers: Some(HeaderMutation {
+                set_headers,
+                remove_headers: vec![],
+            }),
+            body: failure.body(),
+            details: format!("prefix_picker_{}", failure.status),
+            grpc_status: None,
+        }))
+    }
+}
+
+fn reply(response: Out) -> ProcessingResponse {
+    ProcessingResponse {
+        response: Some(response),
+        ..ProcessingResponse::default()
+    }
+}
+
+fn header_value(h: &HeaderValue) -> std::borrow::Cow<'_, str> {
+    if h.raw_value.is_empty() {
+        std::borrow::Cow::Borrowed(h.value.as_str())
+    } else {
+        String::from_utf8_lossy(&h.raw_value)
+    }
+}
+
+fn set_header(key: &str, value: &str) -> HeaderValueOption {
+    HeaderValueOption {
+        header: Some(HeaderValue {
+            key: key.to_string(),
+            value: String::new(),
+            raw_value: value.as_bytes().to_vec(),
+        }),
+        append_action: HeaderAppendAction::OverwriteIfExistsOrAdd as i32,
+        ..HeaderValueOption::default()
+    }
+}
+
+fn string_value(s: &str) -> Value {
+    Value {
+        kind: Some(Kind::StringValue(s.to_string())),
+    }
+}
+
+/// `{"envoy.lb": {"x-gateway-destination-endpoint": destination}}`.
+fn lb_metadata(destination: &str) -> Struct {
+    let inner = Struct {
+        fields: HashMap::from([(DESTINATION_HEADER.to_string(), string_value(destination))]),
+    };
+    Struct {
+        fields: HashMap::from([(
+            LB_NAMESPACE.to_string(),
+            Value {
+                kind: Some(Kind::StructValue(inner)),
+            },
+        )]),
+    }
+}
+
+fn body_chunks(body: &[u8]) -> Vec<ProcessingResponse> {
+    let mut chunks: Vec<&[u8]> = body.chunks(BODY_CHUNK).collect();
+    if chunks.is_empty() {
+        chunks.push(&[]);
+    }
+    let last = chunks.len() - 1;
+    chunks
+        .into_iter()
+        .enumerate()
+        .map(|(i, chunk)| {
+            reply(Out::RequestBody(BodyResponse {
+                response: Some(CommonResponse {
+                    body_mutation: Some(BodyMutation {
+                        mutation: Some(body_mutation::Mutation::StreamedResponse(
+                            StreamedBodyResponse {
+                                body: chunk.to_vec(),
+                                end_of_stream: i == last,
+                                ..StreamedBodyResponse::default()
+                            },
+                        )),
+                    }),
+                    ..CommonResponse::default()
+                }),
+            }))
+        })
+        .collect()
+}
+
+/// Merges a message's metadata into the stream's (fields of later messages win).
+fn merge_metadata(into: &mut HashMap<String, Struct>, md: Metadata) {
+    for (namespace, fields) in md.filter_metadata {
+        into.entry(namespace).or_default().fields.extend(fields.fields);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,176 @@
+//! Process wiring: builds the router from a config and runs the gRPC and admin listeners until
+//! shutdown. Tests start it in-process on port 0 and stop it through the cancellation token.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::admin::{self, Admin};
+use crate::config::Config;
+use crate::endpoints::{EndpointSpec, Endpoints, PodId, Update};
+use crate::extproc::ExtProc;
+use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
+use crate::pending::PendingRoutes;
+use crate::routing::Router;
+use crate::scheduler::Scheduler;
+
+/// Health service names served on the gRPC port.
+pub const HEALTH_SERVICES: [&str; 3] = ["liveness", "readiness", ""];
+
+/// A running picker.
+#[derive(Debug)]
+pub struct Running {
+    pub grpc_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub router: Arc<Router>,
+    pub shutdown: CancellationToken,
+    tasks: JoinSet<anyhow::Result<()>>,
+}
+
+impl Running {
+    /// Cancels and waits for every task.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        self.wait().await
+    }
+
+    /// Waits until the picker stops (after the token is cancelled).
+    pub async fn wait(&mut self) -> anyhow::Result<()> {
+        while let Some(r) = self.tasks.join_next().await {
+            r??;
+        }
+        Ok(())
+    }
+}
+
+/// The static endpoints of a config as discovery data.
+pub fn static_endpoints(config: &Config) -> Vec<EndpointSpec> {
+    config
+        .endpoints
+        .iter()
+        .map(|e| EndpointSpec {
+            id: PodId {
+                namespace: e.namespace.clone(),
+                name: e.name.clone(),
+            },
+            address: e.address,
+            models: e.models.clone(),
+            generation: String::new(),
+        })
+        .collect()
+}
+
+/// Binds both listeners and starts serving.
+pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Result<Running> {
+    let grpc = TcpListener::bind(grpc).await?;
+    let admin_listener = TcpListener::bind(admin_addr).await?;
+    let grpc_addr = grpc.local_addr()?;
+    let admin_addr = admin_listener.local_addr()?;
+
+    let registry = prometheus::Registry::new();
+    let prefix_metrics = PrefixCacheMetrics::register(&registry);
+    let metrics = RouterMetrics::register(&registry);
+    let scheduler = Arc::new(Scheduler::new(
+        config.scheduler.clone(),
+        config.picker.max_endpoints,
+        config.picker.seed,
+        prefix_metrics.clone(),
+        metrics.clone(),
+    ));
+    let endpoints = Arc::new(Endpoints::new(
+        scheduler.prefix_cache().index().clone(),
+        metrics.clone(),
+    ));
+    endpoints.apply(Update::Reset(static_endpoints(&config)));
+    let router = Arc::new(Router {
+        scheduler,
+        endpoints,
+        metrics,
+        pending: PendingRoutes::new(Duration::from_secs(config.picker.response_timeout_seconds)),
+        config: config.picker.clone(),
+    });
+
+    let shutdown = CancellationToken::new();
+    let ready = Arc::new(AtomicBool::new(false));
+    let mut tasks = JoinSet::new();
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    for name in HEALTH_SERVICES {
+        health
+            .set_service_status(name, tonic_health::ServingStatus::Serving)
+            .await;
+    }
+    health
+        .set_serving::<envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer<ExtProc>>()
+        .await;
+    {
+        let router = router.clone();
+        let token = shutdown.clone();
+        tasks.spawn(async move {
+            tonic::transport::Server::builder()
+                .http2_keepalive_interval(Some(Duration::from_secs(30)))
+                .add_service(health_service)
+                .add_service(ExtProc::new(router).into_server())
+                .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), token.cancelled())
+                .await?;
+            Ok(())
+        });
+    }
+    {
+        let app = admin::app(Admin {
+            router: router.clone(),
+            registry,
+            prefix_metrics,
+            ready: ready.clone(),
+        });
+        let token = shutdown.clone();
+        tasks.spawn(async move {
+            axum::serve(admin_listener, app)
+                .with_graceful_shutdown(token.cancelled_owned())
+                .await?;
+            Ok(())
+        });
+    }
+    {
+        // Expire completions nobody observed; report not-ready first on shutdown.
+        let router = router.clone();
+        let token = shutdown.clone();
+        let ready = ready.clone();
+        tasks.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = token.cancelled() => break,
+                    _ = tick.tick() => {
+                        let n = router.pending.expire(Instant::now());
+                        if n > 0 {
+                            router.metrics.records.with_label_values(&["expired"]).inc_by(n as u64);
+                        }
+                    }
+                }
+            }
+            ready.store(false, Ordering::Relaxed);
+            for name in HEALTH_SERVICES {
+                health
+                    .set_service_status(name, tonic_health::ServingStatus::NotServing)
+                    .await;
+            }
+            Ok(())
+        });
+    }
+    ready.store(true, Ordering::Relaxed);
+    tracing::info!(%grpc_addr, %admin_addr, endpoints = config.endpoints.len(), "prefix-picker serving");
+    Ok(Running {
+        grpc_addr,
+        admin_addr,
+        router,
+        shutdown,
+        tasks,
+    })
+}
