@@ -110,7 +110,9 @@ async fn explain(State(a): State<Admin>, Query(q): Query<ExplainQuery>, body: By
             let plugins: Vec<Value> = d
                 .plugins
                 .iter()
-                .map(|p| json!({"name": p.plugin, "weight": p.weight, "scored": p.scores.is_some()}))
+                .map(
+                    |p| json!({"name": p.plugin, "weight": p.weight, "scored": p.scores.is_some()}),
+                )
                 .collect();
             axum::Json(json!({
                 "api": path,

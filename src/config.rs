@@ -213,8 +213,7 @@ impl Config {
         for (key, value) in &root {
             match key.as_str() {
                 Some("scheduler") => {
-                    config.scheduler =
-                        parse_scheduler(value, &mut config.warnings, &mut errors);
+                    config.scheduler = parse_scheduler(value, &mut config.warnings, &mut errors);
                 }
                 Some("auth") => config
                     .warnings

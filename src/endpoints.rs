@@ -98,7 +98,10 @@ pub struct InflightGuard {
 impl InflightGuard {
     pub fn new(endpoint: Arc<Endpoint>, metrics: &RouterMetrics) -> InflightGuard {
         endpoint.inflight.fetch_add(1, Ordering::Relaxed);
-        metrics.pod_inflight.with_label_values(&[&endpoint.label]).inc();
+        metrics
+            .pod_inflight
+            .with_label_values(&[&endpoint.label])
+            .inc();
         InflightGuard {
             endpoint,
             metrics: metrics.clone(),
@@ -270,10 +273,14 @@ mod tests {
         assert!(!Arc::ptr_eq(&a2, &a));
         index.record(&a2.index, ModelKey(1), &[BlockHash(5)]);
         let left = eps.apply(Update::Remove(a2.spec.id.clone()));
-        assert_eq!(left, [a2.spec.id.clone()]);
+        assert_eq!(left, std::slice::from_ref(&a2.spec.id));
         assert_eq!(index.entries(), 0);
         assert_eq!(eps.snapshot().all().len(), 1);
-        assert!(eps.snapshot().by_address(&"127.0.0.1:2".parse().unwrap()).is_some());
+        assert!(
+            eps.snapshot()
+                .by_address(&"127.0.0.1:2".parse().unwrap())
+                .is_some()
+        );
     }
 
     #[test]
@@ -289,6 +296,9 @@ mod tests {
         drop(g1);
         drop(g2);
         assert_eq!(a.inflight(), 0);
-        assert_eq!(metrics.pod_inflight.with_label_values(&["default/a"]).get(), 0);
+        assert_eq!(
+            metrics.pod_inflight.with_label_values(&["default/a"]).get(),
+            0
+        );
     }
 }

@@ -25,8 +25,8 @@ use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendAction;
 use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption, Metadata};
-use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
+use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
 use ep::external_processor_server::{ExternalProcessor, ExternalProcessorServer};
 use ep::processing_request::Request as In;
@@ -652,7 +652,10 @@ fn body_chunks(body: &[u8]) -> Vec<ProcessingResponse> {
 /// Merges a message's metadata into the stream's (fields of later messages win).
 fn merge_metadata(into: &mut HashMap<String, Struct>, md: Metadata) {
     for (namespace, fields) in md.filter_metadata {
-        into.entry(namespace).or_default().fields.extend(fields.fields);
+        into.entry(namespace)
+            .or_default()
+            .fields
+            .extend(fields.fields);
     }
 }
 

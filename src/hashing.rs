@@ -111,7 +111,11 @@ mod tests {
         let prompt = format!("A very long prompt {}", "test ".repeat(100));
         assert_eq!(
             raw(chain(10, 3).hash("test-model", prompt.as_bytes())),
-            [16111477285489601796, 3196756824981370828, 16885010878743789486]
+            [
+                16111477285489601796,
+                3196756824981370828,
+                16885010878743789486
+            ]
         );
     }
 
@@ -135,7 +139,16 @@ mod tests {
         let h = chain(3, 8).hash("m", "éé".as_bytes());
         assert_eq!(h.len(), 2);
         let mut manual = Vec::new();
-        let first = xxh64(format!("{}", xxh64(b"m", 0)).as_bytes().iter().chain(&[0xC3, 0xA9, 0xC3]).copied().collect::<Vec<u8>>().as_slice(), 0);
+        let first = xxh64(
+            format!("{}", xxh64(b"m", 0))
+                .as_bytes()
+                .iter()
+                .chain(&[0xC3, 0xA9, 0xC3])
+                .copied()
+                .collect::<Vec<u8>>()
+                .as_slice(),
+            0,
+        );
         manual.push(first);
         assert_eq!(h[0].0, manual[0]);
     }

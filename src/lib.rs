@@ -3,17 +3,17 @@
 //! The pure core (request parsing, prompt rendering, block hashing, the prefix index and the
 //! scheduler) knows nothing of Envoy; the ext_proc adapter ([`extproc`]) translates.
 
+pub mod admin;
 pub mod config;
 pub mod endpoints;
+pub mod extproc;
 pub mod hashing;
 pub mod lenient_json;
 pub mod metrics;
+pub mod pending;
 pub mod prefix_index;
 pub mod prompt;
 pub mod request;
-pub mod scheduler;
-pub mod admin;
-pub mod extproc;
-pub mod pending;
 pub mod routing;
+pub mod scheduler;
 pub mod serve;

@@ -11,7 +11,11 @@ use prefix_picker::hashing::BlockChain;
 use prefix_picker::request::InferenceRequest;
 
 #[derive(Debug, Parser)]
-#[command(name = "prefix-picker", version, about = "Prefix-cache-aware endpoint picker for LLM inference (Envoy ext_proc)")]
+#[command(
+    name = "prefix-picker",
+    version,
+    about = "Prefix-cache-aware endpoint picker for LLM inference (Envoy ext_proc)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -97,7 +101,11 @@ fn main() -> ExitCode {
                 Ok(r) => match r.prompt {
                     Ok(prompt) => {
                         let mut out = std::io::stdout().lock();
-                        if out.write_all(prompt.as_bytes()).and_then(|_| out.flush()).is_err() {
+                        if out
+                            .write_all(prompt.as_bytes())
+                            .and_then(|_| out.flush())
+                            .is_err()
+                        {
                             return ExitCode::from(1);
                         }
                         ExitCode::SUCCESS
@@ -206,8 +214,8 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("signal handler");
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

@@ -119,10 +119,19 @@ mod tests {
     fn typed_errors_name_the_problem() {
         let err = |b: &[u8]| InferenceRequest::parse(b).unwrap_err().to_string();
         assert!(err(b"{").starts_with("request body is not valid JSON"));
-        assert_eq!(err(b"[1]"), "request body must be a JSON object, got an array");
+        assert_eq!(
+            err(b"[1]"),
+            "request body must be a JSON object, got an array"
+        );
         assert_eq!(err(b"{}"), "request body has no `model` field");
-        assert_eq!(err(br#"{"model":3}"#), "`model` must be a string, got a number");
-        assert_eq!(err(br#"{"model":null}"#), "`model` must be a string, got null");
+        assert_eq!(
+            err(br#"{"model":3}"#),
+            "`model` must be a string, got a number"
+        );
+        assert_eq!(
+            err(br#"{"model":null}"#),
+            "`model` must be a string, got null"
+        );
         assert_eq!(err(br#"{"model":""}"#), "`model` must not be empty");
     }
 

@@ -102,9 +102,8 @@ impl Router {
                 ));
             }
             (Some(_), Some(body)) => {
-                parsed = InferenceRequest::parse(body).map_err(|e| {
-                    RouteFailure::new(400, "invalid_request_error", e.to_string())
-                })?;
+                parsed = InferenceRequest::parse(body)
+                    .map_err(|e| RouteFailure::new(400, "invalid_request_error", e.to_string()))?;
                 let prompt = match &parsed.prompt {
                     Ok(p) => Ok(p.as_str()),
                     Err(reason) => Err(reason.as_str()),
@@ -134,9 +133,9 @@ impl Router {
         } else {
             self.scheduler.candidates(&set, model, restrict)?
         };
-        let decision = self
-            .scheduler
-            .schedule(RouteRequest { model, prompt }, candidates, observe)?;
+        let decision =
+            self.scheduler
+                .schedule(RouteRequest { model, prompt }, candidates, observe)?;
         if observe {
             self.metrics
                 .pod_picks

@@ -47,7 +47,9 @@ fn kthena_helm_default_loads_unchanged() {
 #[test]
 fn zero_or_missing_weight_stops_start_up_with_kthena_message() {
     let doc = |w: &str| {
-        format!("scheduler:\n  plugins:\n    Score:\n      enabled:\n      - name: prefix-cache\n{w}")
+        format!(
+            "scheduler:\n  plugins:\n    Score:\n      enabled:\n      - name: prefix-cache\n{w}"
+        )
     };
     let err = Config::parse(&doc("        weight: 0\n")).unwrap_err();
     assert_eq!(
@@ -105,7 +107,11 @@ extra: 1
         "random score plugin removed",
         "unknown top-level key extra",
     ] {
-        assert!(c.warnings.iter().any(|w| w.contains(needle)), "{needle}: {:?}", c.warnings);
+        assert!(
+            c.warnings.iter().any(|w| w.contains(needle)),
+            "{needle}: {:?}",
+            c.warnings
+        );
     }
 }
 
@@ -114,7 +120,11 @@ fn unparsable_prefix_args_log_kthena_line() {
     let doc = "scheduler:\n  pluginConfig:\n  - name: prefix-cache\n    args: {blockSizeToHash: \"64\"}\n";
     let c = Config::parse(doc).unwrap();
     assert_eq!(c.scheduler.prefix_cache, PrefixCacheArgs::default());
-    assert!(c.warnings.iter().any(|w| w == crate::scheduler::prefix_cache::UNPARSABLE_ARGS));
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w == crate::scheduler::prefix_cache::UNPARSABLE_ARGS)
+    );
 }
 
 #[test]

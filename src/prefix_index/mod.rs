@@ -210,8 +210,11 @@ impl PrefixIndex {
         tie_rng: impl FnOnce() -> R,
     ) -> Vec<usize> {
         let mut matched = vec![0usize; candidates.len()];
-        let mut by_slot: Vec<(PodSlot, usize)> =
-            candidates.iter().enumerate().map(|(i, &s)| (s, i)).collect();
+        let mut by_slot: Vec<(PodSlot, usize)> = candidates
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| (s, i))
+            .collect();
         by_slot.sort_unstable();
         let limit = top_k.min(candidates.len());
         let mut found = 0;
@@ -282,7 +285,11 @@ impl PrefixIndex {
             .values()
             .map(|p| p.state.lock().lru.heap_bytes())
             .sum();
-        pods + self.shards.iter().map(|s| s.read().heap_bytes()).sum::<usize>()
+        pods + self
+            .shards
+            .iter()
+            .map(|s| s.read().heap_bytes())
+            .sum::<usize>()
     }
 
     /// The pods holding `key` (sorted; for tests and inspection).

@@ -42,7 +42,10 @@ pub struct PodLru {
 
 impl PodLru {
     pub fn new(capacity: usize, seed: u64) -> PodLru {
-        assert!(capacity > 0 && capacity < NIL as usize, "capacity out of range");
+        assert!(
+            capacity > 0 && capacity < NIL as usize,
+            "capacity out of range"
+        );
         PodLru {
             capacity,
             nodes: Vec::new(),
@@ -64,8 +67,7 @@ impl PodLru {
 
     /// Heap bytes held (capacity-based; excludes allocator overhead).
     pub fn heap_bytes(&self) -> usize {
-        self.nodes.capacity() * size_of::<Node>()
-            + self.table.capacity() * (size_of::<u32>() + 1)
+        self.nodes.capacity() * size_of::<Node>() + self.table.capacity() * (size_of::<u32>() + 1)
     }
 
     /// Makes `key` the most recent entry, inserting it (and evicting the least recent) if needed.

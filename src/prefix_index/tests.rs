@@ -178,9 +178,18 @@ impl Reference {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Record { pod: usize, model: u64, hs: Vec<u64> },
-    Remove { pod: usize },
-    Query { model: u64, hs: Vec<u64> },
+    Record {
+        pod: usize,
+        model: u64,
+        hs: Vec<u64>,
+    },
+    Remove {
+        pod: usize,
+    },
+    Query {
+        model: u64,
+        hs: Vec<u64>,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {

@@ -21,7 +21,8 @@ fn completions_prompt_is_used_as_is() {
 #[test]
 fn non_string_prompt_is_no_prompt_and_does_not_fall_through() {
     for p in ["null", "[1,2,3]", r#"["a"]"#, "5", "{}"] {
-        let body = format!(r#"{{"model":"m","prompt":{p},"messages":[{{"role":"user","content":"x"}}]}}"#);
+        let body =
+            format!(r#"{{"model":"m","prompt":{p},"messages":[{{"role":"user","content":"x"}}]}}"#);
         assert_eq!(render(&body), Err(NoPrompt::PromptNotString), "{p}");
     }
 }
@@ -170,5 +171,8 @@ fn escapes_and_invalid_text_decode_like_go() {
 #[test]
 fn duplicate_keys_last_wins_and_keys_are_case_sensitive() {
     assert_eq!(ok(r#"{"model":"m","prompt":"a","prompt":"b"}"#), "b");
-    assert_eq!(render(r#"{"model":"m","Prompt":"a"}"#), Err(NoPrompt::NoPromptField));
+    assert_eq!(
+        render(r#"{"model":"m","Prompt":"a"}"#),
+        Err(NoPrompt::NoPromptField)
+    );
 }

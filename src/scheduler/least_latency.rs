@@ -55,7 +55,10 @@ mod tests {
     fn unknown_pods_get_fifty_and_extremes_map_to_0_and_100() {
         let s = score_latencies(&[(0.0, 0.01), (0.1, 0.01), (0.3, 0.03), (0.2, 0.02)], 0.5);
         assert_eq!(s, [50, 100, 0, 50]);
-        assert_eq!(score_latencies(&[(0.1, 0.01), (0.1, 0.01)], 0.5), [100, 100]);
+        assert_eq!(
+            score_latencies(&[(0.1, 0.01), (0.1, 0.01)], 0.5),
+            [100, 100]
+        );
         assert_eq!(score_latencies(&[(0.1, 0.03), (0.3, 0.01)], 1.0), [100, 0]);
         assert_eq!(score_latencies(&[(0.1, 0.03), (0.3, 0.01)], 0.0), [0, 100]);
     }

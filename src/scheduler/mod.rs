@@ -23,7 +23,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use thiserror::Error;
 
-use crate::config::{FilterKind, ScorerKind, SchedulerConfig};
+use crate::config::{FilterKind, SchedulerConfig, ScorerKind};
 use crate::endpoints::{Endpoint, EndpointSet};
 use crate::hashing::BlockHash;
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
@@ -181,9 +181,9 @@ impl Scheduler {
         }
         if let Some(allowed) = restrict {
             out.retain(|e| {
-                allowed
-                    .iter()
-                    .any(|a| *a == e.spec.address || (a.port() == 0 && a.ip() == e.spec.address.ip()))
+                allowed.iter().any(|a| {
+                    *a == e.spec.address || (a.port() == 0 && a.ip() == e.spec.address.ip())
+                })
             });
             if out.is_empty() {
                 return Err(PickError::SubsetUnavailable);
@@ -252,9 +252,12 @@ impl Scheduler {
                     &candidates,
                     self.config.ttft_tpot_weight_factor,
                 )),
-                ScorerKind::Random => {
-                    Some(candidates.iter().map(|_| rng.random_range(0..=100)).collect())
-                }
+                ScorerKind::Random => Some(
+                    candidates
+                        .iter()
+                        .map(|_| rng.random_range(0..=100))
+                        .collect(),
+                ),
             };
             if observe {
                 self.plugin_time(model, kind.as_str(), "score", t);

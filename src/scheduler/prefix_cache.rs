@@ -73,8 +73,7 @@ impl PrefixCacheArgs {
                 let Some(name) = k.as_str() else {
                     return false;
                 };
-                let Some(slot) = KEYS.iter().position(|key| key.eq_ignore_ascii_case(name))
-                else {
+                let Some(slot) = KEYS.iter().position(|key| key.eq_ignore_ascii_case(name)) else {
                     warnings.push(format!(
                         "prefix-cache: unknown argument {name:?} ignored (known: {})",
                         KEYS.join(", ")

@@ -10,7 +10,13 @@ fn setup(scorers: Vec<(ScorerKind, u32)>, pods: usize) -> (Scheduler, Endpoints)
         ..SchedulerConfig::default()
     };
     let metrics = RouterMetrics::register(&prometheus::Registry::new());
-    let s = Scheduler::new(config, 5, 1, PrefixCacheMetrics::unregistered(), metrics.clone());
+    let s = Scheduler::new(
+        config,
+        5,
+        1,
+        PrefixCacheMetrics::unregistered(),
+        metrics.clone(),
+    );
     let eps = Endpoints::new(s.prefix_cache().index().clone(), metrics);
     let specs = (0..pods)
         .map(|i| EndpointSpec {
@@ -51,7 +57,11 @@ fn repeated_prompt_goes_to_the_recorded_pod() {
         .unwrap();
     assert_eq!(second.reason, DecisionReason::PrefixHit);
     assert_eq!(second.primary().label, served.label);
-    let prefix = second.plugins.iter().find(|p| p.plugin == "prefix-cache").unwrap();
+    let prefix = second
+        .plugins
+        .iter()
+        .find(|p| p.plugin == "prefix-cache")
+        .unwrap();
     let scores = prefix.scores.as_ref().unwrap();
     assert_eq!(scores.iter().filter(|&&x| x == 100).count(), 1);
 }
@@ -76,7 +86,11 @@ fn no_prompt_is_unscored_not_rejected() {
         .schedule(req(""), s.candidates(&set, "m", None).unwrap(), true)
         .unwrap();
     assert_eq!(d.unscored, Some("empty_prompt"));
-    assert!(d.plugins.iter().any(|p| p.plugin == "prefix-cache" && p.scores.is_none()));
+    assert!(
+        d.plugins
+            .iter()
+            .any(|p| p.plugin == "prefix-cache" && p.scores.is_none())
+    );
 }
 
 #[test]
@@ -92,7 +106,10 @@ fn ties_are_broken_randomly_but_reproducibly() {
                 .clone()
         })
         .collect();
-    assert!(primaries.len() > 1, "equal totals must not always pick the same pod");
+    assert!(
+        primaries.len() > 1,
+        "equal totals must not always pick the same pod"
+    );
 }
 
 #[test]

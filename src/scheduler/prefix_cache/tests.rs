@@ -26,7 +26,8 @@ fn score_formula_truncates_like_go() {
 fn args_defaults_and_leniency() {
     let d = PrefixCacheArgs::default();
     assert_eq!(PrefixCacheArgs::parse(None).args, d);
-    let p = parse("{blockSizeToHash: 32, maxBlocksToMatch: 0, maxHashCacheSize: -5, topKMatches: 3}");
+    let p =
+        parse("{blockSizeToHash: 32, maxBlocksToMatch: 0, maxHashCacheSize: -5, topKMatches: 3}");
     assert_eq!(
         p.args,
         PrefixCacheArgs {
@@ -75,7 +76,10 @@ fn empty_prompt_gives_no_scores_and_no_observation() {
     let (p, m) = plugin(PrefixCacheArgs::default());
     let pod = p.index().add_pod();
     assert_eq!(p.score("m", &p.hash("m", b""), &[pod.slot()], true), None);
-    assert_eq!(m.match_ratio.with_label_values(&["m"]).get_sample_count(), 0);
+    assert_eq!(
+        m.match_ratio.with_label_values(&["m"]).get_sample_count(),
+        0
+    );
 }
 
 #[test]
@@ -94,7 +98,10 @@ fn repeated_prompt_matches_fully_on_the_recorded_pod() {
     let h = m.match_ratio.with_label_values(&["m"]);
     assert_eq!(h.get_sample_count(), 2);
     assert!((h.get_sample_sum() - 0.75).abs() < 1e-9);
-    assert!(encode_contains(&m, "kthena_router_prefix_cache_match_ratio_bucket{model=\"m\",le=\"0\"} 1"));
+    assert!(encode_contains(
+        &m,
+        "kthena_router_prefix_cache_match_ratio_bucket{model=\"m\",le=\"0\"} 1"
+    ));
 }
 
 fn encode_contains(m: &PrefixCacheMetrics, needle: &str) -> bool {

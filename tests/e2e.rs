@@ -1,0 +1,607 @@
+//! End to end through a real Envoy 1.40: routing, recording, fallbacks, body modes, streaming,
+//! metrics, logs and the CLI. One binary; the harness is in `harness/`.
+
+mod harness;
+
+use std::process::Command;
+
+use futures::StreamExt;
+use harness::*;
+use serde_json::{Value, json};
+
+struct Reply {
+    status: u16,
+    served_by: String,
+    body: Value,
+}
+
+async fn send(envoy: &Envoy, path: &str, body: &Value) -> Reply {
+    let r = reqwest::Client::new()
+        .post(envoy.url(path))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let served_by = r
+        .headers()
+        .get("x-served-by")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    let text = r.text().await.unwrap();
+    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    Reply {
+        status,
+        served_by,
+        body,
+    }
+}
+
+fn chat(system: &str, user: &str) -> Value {
+    json!({"model": "m", "messages": [
+        {"role": "system", "content": system},
+        {"role": "user", "content": user}]})
+}
+
+async fn three_backends() -> Vec<Backend> {
+    vec![
+        Backend::start("pod-a").await,
+        Backend::start("pod-b").await,
+        Backend::start("pod-c").await,
+    ]
+}
+
+fn addrs(b: &[Backend]) -> Vec<std::net::SocketAddr> {
+    b.iter().map(|b| b.addr).collect()
+}
+
+const SYSTEM: &str = "You are a support assistant for Kthena. Answer briefly and include a link to the documentation when possible.";
+
+/// Sends `body` twice through `envoy`: the second lands where the first was served and recorded.
+async fn assert_sticky(envoy: &Envoy, picker: &serve_alias::Running, path: &str, body: &Value) {
+    let recorded = metric(picker, "prefix_picker_records_total").await;
+    let first = send(envoy, path, body).await;
+    assert_eq!(first.status, 200, "{:?}\n{}", first.body, envoy.log());
+    wait_metric(picker, "prefix_picker_records_total", recorded + 1.0).await;
+    assert_eq!(prefix_score(picker, body, &first.served_by).await, 100);
+    let second = send(envoy, path, body).await;
+    assert_eq!(second.status, 200);
+    assert_eq!(
+        second.served_by, first.served_by,
+        "{path}: same prefix, same pod"
+    );
+}
+
+mod serve_alias {
+    pub use prefix_picker::serve::Running;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_prefix_lands_on_the_same_pod_for_every_api() {
+    let backends = three_backends().await;
+    let picker = start_picker(picker_config(&backends.iter().collect::<Vec<_>>(), "")).await;
+    let envoy = start_envoy(render_envoy(
+        "envoy.yaml",
+        picker.grpc_addr.port(),
+        &addrs(&backends),
+        |s| s,
+    ))
+    .await;
+
+    assert_sticky(
+        &envoy,
+        &picker,
+        "/v1/chat/completions",
+        &chat(SYSTEM, "How do I enable the prefix-cache plugin?"),
+    )
+    .await;
+    assert_sticky(
+        &envoy,
+        &picker,
+        "/v1/completions",
+        &json!({"model": "m", "prompt": "Once upon a time ".repeat(20)}),
+    )
+    .await;
+    assert_sticky(
+        &envoy,
+        &picker,
+        "/v1/responses",
+        &json!({"model": "m", "instructions": "Be brief.", "input": "Summarise the plot of Hamlet."}),
+    )
+    .await;
+
+    // The source document's check: match ratio 0 then 1 for a repeated request; entries grew.
+    let ratio_count = metric(&picker, "kthena_router_prefix_cache_match_ratio_count").await;
+    let ratio_sum = metric(&picker, "kthena_router_prefix_cache_match_ratio_sum").await;
+    assert_eq!(ratio_count, 6.0);
+    assert!(
+        (ratio_sum - 3.0).abs() < 1e-9,
+        "three misses (0) and three full matches (1): {ratio_sum}"
+    );
+    assert!(metric(&picker, "kthena_router_prefix_cache_entries").await >= 3.0);
+    assert_eq!(
+        metric(
+            &picker,
+            "prefix_picker_decisions_total{reason=\"prefix_hit\"}"
+        )
+        .await,
+        3.0
+    );
+    wait_metric_eq(&picker, "prefix_picker_inflight_streams", 0.0).await;
+    picker.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn different_prefixes_spread_over_pods() {
+    let backends = three_backends().await;
+    let picker = start_picker(picker_config(&backends.iter().collect::<Vec<_>>(), "")).await;
+    let envoy = start_envoy(render_envoy(
+        "envoy.yaml",
+        picker.grpc_addr.port(),
+        &addrs(&backends),
+        |s| s,
+    ))
+    .await;
+    let mut pods = std::collections::HashSet::new();
+    for i in 0..12 {
+        let r = send(
+            &envoy,
+            "/v1/chat/completions",
+            &chat(&format!("Tenant {i} system prompt: {SYSTEM}"), "hi"),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        pods.insert(r.served_by);
+    }
+    assert!(
+        pods.len() >= 2,
+        "12 unrelated prefixes all went to {pods:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_primary_is_skipped_and_the_real_server_is_recorded() {
+    let backends = three_backends().await;
+    let picker = start_picker(picker_config(&backends.iter().collect::<Vec<_>>(), "")).await;
+    let envoy = start_envoy(render_envoy(
+        "envoy.yaml",
+        picker.grpc_addr.port(),
+        &addrs(&backends),
+        |s| s,
+    ))
+    .await;
+    let body = chat(SYSTEM, "Which pod holds my cache?");
+    let first = send(&envoy, "/v1/chat/completions", &body).await;
+    wait_metric(
+        &picker,
+        "prefix_picker_records_total{outcome=\"recorded\"}",
+        1.0,
+    )
+    .await;
+    let dead = backends.iter().find(|b| b.name == first.served_by).unwrap();
+    dead.kill();
+    // The picker still prefers the dead pod (it holds the prefix) ...
+    let e = explain(&picker, &body).await;
+    assert_eq!(e["primary"], format!("default/{}", dead.name));
+    // ... Envoy walks the fallback list, and the pod that really served is recorded.
+    let second = send(&envoy, "/v1/chat/completions", &body).await;
+    assert_eq!(second.status, 200, "{}", envoy.log());
+    assert_ne!(second.served_by, dead.name);
+    wait_metric(
+        &picker,
+        "prefix_picker_records_total{outcome=\"recorded\"}",
+        2.0,
+    )
+    .await;
+    assert_eq!(prefix_score(&picker, &body, &second.served_by).await, 100);
+    wait_metric_eq(&picker, "prefix_picker_pod_inflight_requests", 0.0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_response_records_nothing() {
+    let backends = three_backends().await;
+    let picker = start_picker(picker_config(&backends.iter().collect::<Vec<_>>(), "")).await;
+    let envoy = start_envoy(render_envoy(
+        "envoy.yaml",
+        picker.grpc_addr.port(),
+        &addrs(&backends),
+        |s| s,
+    ))
+    .await;
+    let body = json!({"model": "m", "prompt": "FAIL-500 please"});
+    let r = send(&envoy, "/v1/completions", &body).await;
+    assert_eq!(r.status, 500);
+    wait_metric(
+        &picker,
+        "prefix_picker_records_total{outcome=\"failed\"}",
+        1.0,
+    )
+    .await;
+    assert_eq!(
+        metric(&picker, "kthena_router_prefix_cache_entries").await,
+        0.0
+    );
+    assert_eq!(prefix_score(&picker, &body, &r.served_by).await, 0);
+    wait_metric_eq(&picker, "prefix_picker_pod_inflight_requests", 0.0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_openai_errors_from_the_picker() {
+    let backends = three_backends().await;
+    let picker = start_picker(picker_config(&backends.iter().collect::<Vec<_>>(), "")).await;
+    let envoy = start_envoy(render_envoy(
+        "envoy.yaml",
+        picker.grpc_addr.port(),
+        &addrs(&backends),
+        |s| s,
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    let r = client
+        .post(envoy.url("/v1/chat/completions"))
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not valid JSON"),
+        "{v}"
+    );
+    let r = send(&envoy, "/v1/completions", &json!({"prompt": "no model"})).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.body["error"]["message"],
+        "request body has no `model` field"
+    );
+    // A prompt prefix-cache cannot read is routed, not rejected.
+    let r = send(
+        &envoy,
+        "/v1/completions",
+        &json!({"model": "m", "prompt": [1, 2, 3]}),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    wait_metric(
+        &picker,
+        "prefix_picker_unscored_requests_total{reason=\"prompt_not_string\"}",
+        1.0,
+    )
+    .await;
+    // Unknown APIs go to some pod by load.
+    let r = client.get(envoy.url("/v1/models")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(
+        backends
+            .iter()
+            .all(|b| b.served.load(std::sync::atomic::Ordering::Relaxed) <= 2)
+    );
+}
+
+async fn body_modes(file: &str, edit: fn(String) -> String) {
+    let backends = three_backends().await;
+    let picker = start_picker(picker_config(&backends.iter().collect::<Vec<_>>(), "")).await;
+    let envoy = start_envoy(render_envoy(
+        file,
+        picker.grpc_addr.port(),
+        &addrs(&backends),
+        edit,
+    ))
+    .await;
+    assert_sticky(
+        &envoy,
+        &picker,
+        "/v1/chat/completions",
+        &chat(SYSTEM, "modes"),
+    )
+    .await;
+    // A 2 MB prompt goes through whole.
+    let big = json!({"model": "m", "prompt": "lorem ipsum dolor sit amet ".repeat(80_000)});
+    let sent = serde_json::to_vec(&big).unwrap().len();
+    let r = send(&envoy, "/v1/completions", &big).await;
+    assert_eq!(r.status, 200, "{}", envoy.log());
+    assert_eq!(r.body["body_len"].as_u64().unwrap() as usize, sent);
+    // SSE: the first event reaches the client while the backend still holds the stream open.
+    let recorded = metric(&picker, "prefix_picker_records_total{outcome=\"recorded\"}").await;
+    let body = json!({"model": "m", "stream": true, "prompt": "GATED stream please"});
+    let r = reqwest::Client::new()
+        .post(envoy.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let served = r.headers()["x-served-by"].to_str().unwrap().to_string();
+    let mut chunks = r.bytes_stream();
+    let first = chunks.next().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("\"n\":1"));
+    // Not recorded yet: the stream has not ended.
+    assert_eq!(
+        metric(&picker, "prefix_picker_records_total{outcome=\"recorded\"}").await,
+        recorded
+    );
+    backends
+        .iter()
+        .find(|b| b.name == served)
+        .unwrap()
+        .gate
+        .notify_one();
+    let mut rest = Vec::new();
+    while let Some(c) = chunks.next().await {
+        rest.extend_from_slice(&c.unwrap());
+    }
+    assert!(String::from_utf8_lossy(&rest).contains("[DONE]"));
+    wait_metric(
+        &picker,
+        "prefix_picker_records_total{outcome=\"recorded\"}",
+        recorded + 1.0,
+    )
+    .await;
+    assert_eq!(prefix_score(&picker, &body, &served).await, 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buffered_request_body_with_observer_filter() {
+    body_modes("envoy.yaml", |s| s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_duplex_request_and_response_bodies() {
+    body_modes("envoy-full-duplex.yaml", |s| s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_duplex_request_with_streamed_response_on_one_filter() {
+    body_modes("envoy-full-duplex.yaml", |s| {
+        s.replace(
+            "response_body_mode: FULL_DUPLEX_STREAMED",
+            "response_body_mode: STREAMED",
+        )
+        .replace("response_trailer_mode: SEND", "response_trailer_mode: SKIP")
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn original_dst_cluster_with_one_endpoint_picks() {
+    let backends = three_backends().await;
+    let picker = start_picker(picker_config(
+        &backends.iter().collect::<Vec<_>>(),
+        "picker: {maxEndpoints: 1}\n",
+    ))
+    .await;
+    let envoy = start_envoy(render_envoy(
+        "envoy-original-dst.yaml",
+        picker.grpc_addr.port(),
+        &addrs(&backends),
+        |s| s,
+    ))
+    .await;
+    assert_sticky(
+        &envoy,
+        &picker,
+        "/v1/chat/completions",
+        &chat(SYSTEM, "original dst"),
+    )
+    .await;
+}
+
+#[test]
+fn every_envoy_example_validates() {
+    let mut n = 0;
+    for entry in std::fs::read_dir(root().join("envoy")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let out = Command::new(envoy_bin())
+                .args(["--mode", "validate", "-c"])
+                .arg(&path)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}: {}",
+                path.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            n += 1;
+        }
+    }
+    assert!(n >= 3);
+}
+
+// ---------------------------------------------------------------- the binary
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_prefix-picker"))
+}
+
+#[test]
+fn bad_config_fails_with_kthena_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(&cfg, "scheduler:\n  plugins:\n    Score:\n      enabled:\n      - {name: prefix-cache, weight: 0}\n").unwrap();
+    let msg = "failed to Load Scheduler: failed to Unmarshal Plugins: score plugin \"prefix-cache\" must set a weight greater than 0, got 0";
+    for args in [
+        vec!["validate", "--config"],
+        vec![
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--admin-addr",
+            "127.0.0.1:0",
+            "--config",
+        ],
+    ] {
+        let out = bin().args(&args).arg(&cfg).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(msg),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    std::fs::write(&cfg, "endpoints: []\n").unwrap();
+    let out = bin()
+        .args(["validate", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let out = bin()
+        .args(["validate", "--config"])
+        .arg(root().join("deploy/local/config.yaml"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn render_and_hash_commands() {
+    use std::io::Write;
+    let run = |args: &[&str], input: &[u8]| {
+        let mut child = bin()
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let out = run(
+        &["render"],
+        br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(out.stdout, b"<|im_start|>user\nhi<|im_end|>\n");
+    let out = run(&["render"], br#"{"model":"m","prompt":[1]}"#);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(out.stdout.is_empty());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        "prompt_not_string"
+    );
+    let out = run(&["render"], b"[]");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("must be a JSON object"));
+    let out = run(&["hash", "--model", "test-model"], b"Hello World");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "1993528491812861608\n"
+    );
+    let prompt = "This is a longer prompt that should span multiple blocks based on the block size";
+    let out = run(
+        &[
+            "hash",
+            "--model",
+            "test-model",
+            "--block-size",
+            "20",
+            "--max-blocks",
+            "128",
+        ],
+        prompt.as_bytes(),
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "8626393537367828840\n16829149375953976751\n13000309909902416355\n4164474810863779859\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verbose_four_prints_kthena_score_lines() {
+    use std::io::{BufRead, BufReader};
+    let backends = three_backends().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.yaml");
+    let mut doc = String::from("endpoints:\n");
+    for b in &backends {
+        doc.push_str(&format!(
+            "- {{name: {}, address: \"{}\"}}\n",
+            b.name, b.addr
+        ));
+    }
+    std::fs::write(&cfg, doc).unwrap();
+    let mut child = bin()
+        .args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--admin-addr",
+            "127.0.0.1:0",
+            "--v",
+            "4",
+            "--config",
+        ])
+        .arg(&cfg)
+        .env_remove("RUST_LOG")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut lines = Vec::new();
+    let grpc_port: u16 = loop {
+        let line = tokio::time::timeout(DEADLINE, rx.recv())
+            .await
+            .unwrap()
+            .expect("picker output");
+        lines.push(line.clone());
+        if let Some(rest) = line.split("grpc_addr=").nth(1) {
+            break rest
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .rsplit(':')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+        }
+    };
+    let envoy = start_envoy(render_envoy(
+        "envoy.yaml",
+        grpc_port,
+        &addrs(&backends),
+        |s| s,
+    ))
+    .await;
+    let r = send(&envoy, "/v1/chat/completions", &chat(SYSTEM, "verbose")).await;
+    assert_eq!(r.status, 200);
+    let want = [
+        "ScorePlugin: prefix-cache".to_string(),
+        "Pod: default/pod-a, Score: 0".to_string(),
+        "Final Pod Scores:".to_string(),
+        "  Pod: default/pod-a, Final Score: ".to_string(),
+    ];
+    poll("score lines", || {
+        while let Ok(l) = rx.try_recv() {
+            lines.push(l);
+        }
+        let ok = want
+            .iter()
+            .all(|w| lines.iter().any(|l| l.contains(w.as_str())));
+        async move { ok.then_some(()) }
+    })
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+}

