@@ -14,7 +14,10 @@
 //!   maxEndpoints: 5     # primary + fallbacks in the pick (1 for ORIGINAL_DST gateways)
 //!   allowTestEndpointSelection: false
 //!   maxBodyBytes: 16777216
-//!   responseTimeoutSeconds: 600
+//!   responseTimeoutSeconds: 600   # unobserved completions are dropped after this
+//!   scrapeIntervalSeconds: 1      # engine /metrics period (0 = off)
+//!   scrapeTimeoutSeconds: 0.5
+//!   scrapeConcurrency: 16
 //! ```
 //! Kthena's leniencies are kept and warned about: unknown top-level keys, unknown plugin names
 //! (`Failed to get plugin <name>.`), `disabled` lists (no effect), `random` next to other scorers
@@ -134,6 +137,10 @@ pub struct PickerConfig {
     pub allow_test_endpoint_selection: bool,
     pub max_body_bytes: usize,
     pub response_timeout_seconds: u64,
+    /// Engine metrics scrape period (0 disables scraping).
+    pub scrape_interval_seconds: f64,
+    pub scrape_timeout_seconds: f64,
+    pub scrape_concurrency: usize,
 }
 
 impl Default for PickerConfig {
@@ -144,6 +151,9 @@ impl Default for PickerConfig {
             allow_test_endpoint_selection: false,
             max_body_bytes: 16 << 20,
             response_timeout_seconds: 600,
+            scrape_interval_seconds: 1.0,
+            scrape_timeout_seconds: 0.5,
+            scrape_concurrency: 16,
         }
     }
 }
@@ -236,6 +246,15 @@ impl Config {
             errors.push(ConfigError::Picker(format!(
                 "maxEndpoints must be between 1 and 5, got {}",
                 config.picker.max_endpoints
+            )));
+        }
+        let p = &config.picker;
+        let interval_ok = p.scrape_interval_seconds.is_finite() && p.scrape_interval_seconds >= 0.0;
+        let timeout_ok = p.scrape_timeout_seconds.is_finite() && p.scrape_timeout_seconds > 0.0;
+        if !interval_ok || !timeout_ok {
+            errors.push(ConfigError::Picker(format!(
+                "scrapeIntervalSeconds must be >= 0 and scrapeTimeoutSeconds > 0, got {} and {}",
+                p.scrape_interval_seconds, p.scrape_timeout_seconds
             )));
         }
         if config.picker.max_body_bytes == 0 {

@@ -141,8 +141,18 @@ struct StreamState {
     /// Routed state when this stream observes the completion itself.
     route: Option<PendingRoute>,
     status: Option<u32>,
-    served: Option<Arc<Endpoint>>,
+    served: Served,
     completed: bool,
+}
+
+/// Who served the response, as far as Envoy told us.
+#[derive(Debug, Clone)]
+enum Served {
+    /// Envoy did not say (no attribute, no metadata): the primary pick is assumed.
+    NotReported,
+    Pod(Arc<Endpoint>),
+    /// Envoy named an address outside the endpoint set: nothing is recorded.
+    Unknown,
 }
 
 /// Counts an open stream in `prefix_picker_inflight_streams` until dropped.
@@ -179,7 +189,7 @@ impl StreamState {
             rejected: false,
             route: None,
             status: None,
-            served: None,
+            served: Served::NotReported,
             completed: false,
         }
     }
@@ -399,11 +409,7 @@ impl StreamState {
                 None => selection.clone(),
                 Some(r) => r
                     .into_iter()
-                    .filter(|a| {
-                        selection
-                            .iter()
-                            .any(|s| s == a || (s.port() == 0 && s.ip() == a.ip()))
-                    })
+                    .filter_map(|a| selection.iter().find_map(|s| narrower(&a, s)))
                     .collect(),
             });
         }
@@ -424,7 +430,7 @@ impl StreamState {
         self.served = self.served_endpoint(attributes);
         let mut response = HeadersResponse::default();
         if self.router.config.allow_test_endpoint_selection
-            && let Some(e) = &self.served
+            && let Served::Pod(e) = &self.served
         {
             response.response = Some(CommonResponse {
                 header_mutation: Some(HeaderMutation {
@@ -466,8 +472,9 @@ impl StreamState {
         replies
     }
 
-    fn served_endpoint(&self, attributes: &HashMap<String, Struct>) -> Option<Arc<Endpoint>> {
-        let set = self.router.endpoints.snapshot();
+    /// The pod Envoy says served: `upstream.address`, else the `-served` metadata key.
+    /// `Served::Unknown` when Envoy names an address that is not (or no longer) in the set.
+    fn served_endpoint(&self, attributes: &HashMap<String, Struct>) -> Served {
         let from_attribute = attributes
             .values()
             .filter_map(|s| s.fields.get("upstream.address"))
@@ -484,9 +491,13 @@ impl StreamState {
                     _ => None,
                 })
         };
-        from_attribute
-            .or_else(from_metadata)
-            .and_then(|a| set.by_address(&a).cloned())
+        match from_attribute.or_else(from_metadata) {
+            None => Served::NotReported,
+            Some(address) => match self.router.endpoints.snapshot().by_address(&address) {
+                Some(e) => Served::Pod(e.clone()),
+                None => Served::Unknown,
+            },
+        }
     }
 
     /// The response ended: record a 2xx for the serving pod, release the in-flight count.
@@ -513,10 +524,14 @@ impl StreamState {
             records.with_label_values(&["unscored"]).inc();
             return;
         }
-        let served = self
-            .served
-            .clone()
-            .unwrap_or_else(|| route.guard.endpoint().clone());
+        let served = match &self.served {
+            Served::Pod(e) => e.clone(),
+            Served::NotReported => route.guard.endpoint().clone(),
+            Served::Unknown => {
+                records.with_label_values(&["unknown_pod"]).inc();
+                return;
+            }
+        };
         self.router
             .scheduler
             .record(&route.model, &route.hashes, &served);
@@ -570,6 +585,19 @@ impl StreamState {
             details: format!("prefix_picker_{}", failure.status),
             grpc_status: None,
         }))
+    }
+}
+
+/// The intersection of two endpoint patterns (port 0 = any port of that IP), if any.
+fn narrower(a: &SocketAddr, b: &SocketAddr) -> Option<SocketAddr> {
+    if a.ip() != b.ip() {
+        return None;
+    }
+    match (a.port(), b.port()) {
+        (0, _) => Some(*b),
+        (_, 0) => Some(*a),
+        (x, y) if x == y => Some(*a),
+        _ => None,
     }
 }
 

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::prefix_index::ModelKey;
@@ -100,6 +100,8 @@ pub struct RouterMetrics {
     pub pod_inflight: IntGaugeVec,
     pub pod_picks: IntCounterVec,
     pub immediate_responses: IntCounterVec,
+    pub engine_scrapes: IntCounterVec,
+    pub engine_scrape_timestamp: GaugeVec,
 }
 
 impl RouterMetrics {
@@ -175,7 +177,25 @@ impl RouterMetrics {
                 &["status"],
             )
             .expect("valid metric"),
+            engine_scrapes: IntCounterVec::new(
+                Opts::new(
+                    "prefix_picker_engine_scrapes_total",
+                    "Engine /metrics scrapes, by pod and result (ok, error)",
+                ),
+                &["pod", "result"],
+            )
+            .expect("valid metric"),
+            engine_scrape_timestamp: GaugeVec::new(
+                Opts::new(
+                    "prefix_picker_engine_scrape_timestamp_seconds",
+                    "Unix time of the last successful engine scrape (staleness = time() - value)",
+                ),
+                &["pod"],
+            )
+            .expect("valid metric"),
         };
+        register(registry, m.engine_scrapes.clone());
+        register(registry, m.engine_scrape_timestamp.clone());
         register(registry, m.plugin_duration.clone());
         register(registry, m.decisions.clone());
         register(registry, m.decision_duration.clone());
@@ -192,6 +212,10 @@ impl RouterMetrics {
     pub fn forget_pod(&self, pod: &str) {
         let _ = self.pod_inflight.remove_label_values(&[pod]);
         let _ = self.pod_picks.remove_label_values(&[pod]);
+        let _ = self.engine_scrape_timestamp.remove_label_values(&[pod]);
+        for result in ["ok", "error"] {
+            let _ = self.engine_scrapes.remove_label_values(&[pod, result]);
+        }
     }
 }
 

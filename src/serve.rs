@@ -17,6 +17,7 @@ use crate::endpoints::{EndpointSpec, Endpoints, PodId, Update};
 use crate::extproc::ExtProc;
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
 use crate::pending::PendingRoutes;
+use crate::pod_metrics::{self, ScrapeConfig};
 use crate::routing::Router;
 use crate::scheduler::Scheduler;
 
@@ -134,6 +135,22 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
             axum::serve(admin_listener, app)
                 .with_graceful_shutdown(token.cancelled_owned())
                 .await?;
+            Ok(())
+        });
+    }
+    if config.picker.scrape_interval_seconds > 0.0 {
+        let scrape = ScrapeConfig {
+            interval: Duration::from_secs_f64(config.picker.scrape_interval_seconds),
+            timeout: Duration::from_secs_f64(config.picker.scrape_timeout_seconds),
+            concurrency: config.picker.scrape_concurrency,
+        };
+        let (endpoints, metrics, token) = (
+            router.endpoints.clone(),
+            router.metrics.clone(),
+            shutdown.clone(),
+        );
+        tasks.spawn(async move {
+            pod_metrics::run(endpoints, metrics, scrape, token).await;
             Ok(())
         });
     }

@@ -605,3 +605,120 @@ async fn verbose_four_prints_kthena_score_lines() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_plugins_concentrate_a_prefix_and_filter_an_overloaded_pod() {
+    use prefix_picker::sim::engine::EngineConfig;
+    use std::time::Duration;
+    let engine = EngineConfig {
+        max_num_seqs: 1,
+        time_scale: 100.0,
+        ..EngineConfig::default()
+    };
+    let mut sims = Vec::new();
+    for i in 0..4 {
+        sims.push(Sim::start(&format!("sim-{i}"), engine.clone()).await);
+    }
+    let picker = start_picker(sims_config(
+        &sims,
+        "picker: {scrapeIntervalSeconds: 0.05}\n",
+    ))
+    .await;
+    let envoy = start_envoy(render_envoy(
+        "envoy.yaml",
+        picker.grpc_addr.port(),
+        &sims.iter().map(|s| s.addr).collect::<Vec<_>>(),
+        |s| s,
+    ))
+    .await;
+    let system = format!("{SYSTEM} {}", "Here are the product docs. ".repeat(40));
+    let mut served = std::collections::HashMap::<String, usize>::new();
+    for i in 0..8 {
+        let r = send(
+            &envoy,
+            "/v1/chat/completions",
+            &chat(&system, &format!("question {i}")),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        *served.entry(r.served_by.clone()).or_default() += 1;
+        wait_metric(
+            &picker,
+            "prefix_picker_records_total{outcome=\"recorded\"}",
+            (i + 1) as f64,
+        )
+        .await;
+    }
+    let (holder, n) = served
+        .iter()
+        .max_by_key(|(_, n)| **n)
+        .map(|(k, v)| (k.clone(), *v))
+        .unwrap();
+    assert!(
+        n >= 7,
+        "one shared prefix should concentrate on one pod: {served:?}"
+    );
+
+    // The explain endpoint's totals are the weighted sums of the plugin scores.
+    let probe = chat(&system, "question 99");
+    let e = explain(&picker, &probe).await;
+    for pod in e["pods"].as_array().unwrap() {
+        let sum: u64 = [
+            "least-request",
+            "gpu-usage",
+            "least-latency",
+            "prefix-cache",
+        ]
+        .iter()
+        .map(|p| pod["scores"][p].as_u64().unwrap())
+        .sum();
+        assert_eq!(pod["total"].as_u64().unwrap(), sum, "{pod}");
+        let expect_prefix = if pod["pod"] == format!("default/{holder}") {
+            1
+        } else {
+            0
+        };
+        assert_eq!(
+            (pod["scores"]["prefix-cache"].as_u64().unwrap() > 0) as i32,
+            expect_prefix
+        );
+    }
+    assert_eq!(e["primary"], format!("default/{holder}"));
+
+    // Overload the holder: 1 running + 10 waiting >= maxWaitingRequests (10).
+    let holder_sim = sims.iter().find(|s| s.name == holder).unwrap();
+    let mut hogs = Vec::new();
+    for i in 0..11 {
+        let url = format!("http://{}/v1/completions", holder_sim.addr);
+        hogs.push(tokio::spawn(async move {
+            let _ = reqwest::Client::new()
+                .post(url)
+                .json(&json!({"model": "m", "prompt": format!("hog {i}"), "max_tokens": 100_000}))
+                .timeout(Duration::from_secs(120))
+                .send()
+                .await;
+        }));
+    }
+    poll("the overloaded pod to be filtered out", || async {
+        let e = explain(&picker, &probe).await;
+        let filtered = e["pods"]
+            .as_array()?
+            .iter()
+            .all(|p| p["pod"] != format!("default/{holder}"));
+        filtered.then_some(())
+    })
+    .await;
+    for i in 0..4 {
+        let r = send(
+            &envoy,
+            "/v1/chat/completions",
+            &chat(&system, &format!("while overloaded {i}")),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        assert_ne!(r.served_by, holder, "an overloaded pod must not be picked");
+    }
+    for h in hogs {
+        h.abort();
+    }
+}

@@ -12,15 +12,16 @@ pub mod gpu_usage;
 pub mod least_latency;
 pub mod least_request;
 pub mod prefix_cache;
+pub mod random;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
 use thiserror::Error;
 
 use crate::config::{FilterKind, SchedulerConfig, ScorerKind};
@@ -252,12 +253,7 @@ impl Scheduler {
                     &candidates,
                     self.config.ttft_tpot_weight_factor,
                 )),
-                ScorerKind::Random => Some(
-                    candidates
-                        .iter()
-                        .map(|_| rng.random_range(0..=100))
-                        .collect(),
-                ),
+                ScorerKind::Random => Some(random::score(&candidates, &mut rng)),
             };
             if observe {
                 self.plugin_time(model, kind.as_str(), "score", t);

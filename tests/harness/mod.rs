@@ -395,3 +395,51 @@ pub async fn start_envoy(config: String) -> Envoy {
 pub fn path_exists(p: &Path) -> bool {
     p.exists()
 }
+
+// ---------------------------------------------------------------- simulators
+
+/// A model-sim pod in-process (the same code as the `model-sim` binary).
+pub struct Sim {
+    pub name: String,
+    pub addr: SocketAddr,
+    pub engine: Arc<prefix_picker::sim::engine::Engine>,
+}
+
+impl Sim {
+    pub async fn start(name: &str, config: prefix_picker::sim::engine::EngineConfig) -> Sim {
+        use prefix_picker::sim::{engine::Engine, server};
+        let engine = Arc::new(Engine::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = server::app(
+            server::SimConfig {
+                name: name.to_string(),
+                model: None,
+                default_max_tokens: 1,
+                seed: 0,
+            },
+            engine.clone(),
+        );
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Sim {
+            name: name.to_string(),
+            addr,
+            engine,
+        }
+    }
+}
+
+pub fn sims_config(sims: &[Sim], extra: &str) -> Config {
+    let mut doc = String::from(include_str!("../../deploy/local/config.yaml"));
+    let cut = doc.find("endpoints:").unwrap();
+    doc.truncate(cut);
+    doc.push_str("endpoints:\n");
+    for s in sims {
+        doc.push_str(&format!(
+            "- {{name: {}, namespace: default, address: \"{}\"}}\n",
+            s.name, s.addr
+        ));
+    }
+    doc.push_str(extra);
+    Config::parse(&doc).unwrap()
+}

@@ -1,0 +1,100 @@
+//! `model-sim`: one simulated vLLM/SGLang pod (see `prefix_picker::sim`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use prefix_picker::sim::engine::{Engine, EngineConfig, EngineKind};
+use prefix_picker::sim::server::{SimConfig, app};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "model-sim",
+    version,
+    about = "GPU-free simulated LLM engine with a prefix KV cache"
+)]
+struct Args {
+    /// Port to listen on (0 = any; the bound address is printed on stdout).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Pod name, sent back in `x-served-by`.
+    #[arg(long, default_value = "model-sim")]
+    name: String,
+    /// Served model name (default: accept any model).
+    #[arg(long)]
+    model: Option<String>,
+    #[arg(long, value_enum, default_value_t = EngineKind::Vllm)]
+    engine: EngineKind,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    /// KV cache capacity in blocks.
+    #[arg(long, default_value_t = 32_768)]
+    kv_blocks: usize,
+    #[arg(long, default_value_t = 256)]
+    max_num_seqs: usize,
+    /// Fixed per-request overhead before the first token, ms.
+    #[arg(long, default_value_t = 30.0)]
+    overhead_ms: f64,
+    /// Prefill time per uncached prompt token, ms.
+    #[arg(long, default_value_t = 0.2)]
+    prefill_ms_per_token: f64,
+    /// Inter-token latency, ms.
+    #[arg(long, default_value_t = 12.0)]
+    itl_ms: f64,
+    /// Divides every delay (1000 = a thousand times faster).
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// Output tokens when the request sets no max_tokens.
+    #[arg(long, default_value_t = 16)]
+    default_max_tokens: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+fn ms(v: f64) -> Duration {
+    Duration::from_secs_f64(v.max(0.0) / 1000.0)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let a = Args::parse();
+    anyhow::ensure!(
+        a.time_scale > 0.0,
+        "--time-scale must be > 0, got {}",
+        a.time_scale
+    );
+    let engine = Arc::new(Engine::new(EngineConfig {
+        kind: a.engine,
+        block_tokens: a.block_size.max(1),
+        kv_blocks: a.kv_blocks,
+        max_num_seqs: a.max_num_seqs.max(1),
+        overhead: ms(a.overhead_ms),
+        prefill_per_token: ms(a.prefill_ms_per_token),
+        inter_token_latency: ms(a.itl_ms),
+        time_scale: a.time_scale,
+    }));
+    let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port)).await?;
+    println!(
+        "model-sim {} listening on {}",
+        a.name,
+        listener.local_addr()?
+    );
+    let app = app(
+        SimConfig {
+            name: a.name,
+            model: a.model,
+            default_max_tokens: a.default_max_tokens.max(1),
+            seed: a.seed,
+        },
+        engine,
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(())
+}

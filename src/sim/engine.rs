@@ -1,0 +1,263 @@
+//! The simulated engine: admission (at most `max_num_seqs` running, the rest queue FIFO), the
+//! prefix KV cache, the latency model and the engine's Prometheus metrics.
+//!
+//! Latency model (defaults: a 7-8B model on one H100): `TTFT = overhead + uncached_tokens *
+//! prefill_per_token`, then `(output_tokens - 1) * inter_token_latency`; both slowed by
+//! `1 + running / max_num_seqs` (linear in the batch). `time_scale` divides every delay; delays
+//! under 50 µs are not slept at all, so a large time scale makes the simulator instant.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use prometheus::{Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, Opts, Registry};
+use tokio::sync::Semaphore;
+
+use super::kv_cache::{Admission, KvCache};
+
+/// Which engine's metric names to expose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EngineKind {
+    Vllm,
+    Sglang,
+}
+
+/// Engine parameters (the `model-sim` flags).
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub kind: EngineKind,
+    pub block_tokens: usize,
+    pub kv_blocks: usize,
+    pub max_num_seqs: usize,
+    pub overhead: Duration,
+    pub prefill_per_token: Duration,
+    pub inter_token_latency: Duration,
+    pub time_scale: f64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            kind: EngineKind::Vllm,
+            block_tokens: 16,
+            kv_blocks: 32_768,
+            max_num_seqs: 256,
+            overhead: Duration::from_millis(30),
+            prefill_per_token: Duration::from_micros(200),
+            inter_token_latency: Duration::from_millis(12),
+            time_scale: 1.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct EngineMetrics {
+    running: Gauge,
+    waiting: Gauge,
+    kv_usage: Gauge,
+    queries: IntCounter,
+    hits: IntCounter,
+    ttft: Histogram,
+    itl: Histogram,
+}
+
+impl EngineMetrics {
+    fn register(registry: &Registry, c: &EngineConfig) -> EngineMetrics {
+        let vllm = c.kind == EngineKind::Vllm;
+        let name = |v: &str, s: &str| if vllm { v.to_string() } else { s.to_string() };
+        let gauge = |n: String, help: &str| {
+            let g = Gauge::new(n, help).expect("metric");
+            registry.register(Box::new(g.clone())).expect("unique");
+            g
+        };
+        let counter = |n: &str, help: &str| {
+            let g = IntCounter::new(n, help).expect("metric");
+            registry.register(Box::new(g.clone())).expect("unique");
+            g
+        };
+        let histogram = |n: String, help: &str, buckets: Vec<f64>| {
+            let h =
+                Histogram::with_opts(HistogramOpts::new(n, help).buckets(buckets)).expect("metric");
+            registry.register(Box::new(h.clone())).expect("unique");
+            h
+        };
+        let ttft_buckets = vec![
+            0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+            10.0, 20.0, 40.0, 80.0,
+        ];
+        let itl_buckets = vec![
+            0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+        ];
+        let info = GaugeVec::new(
+            Opts::new(
+                name("vllm:cache_config_info", "sglang:cache_config_info"),
+                "KV cache configuration",
+            ),
+            &["block_size", "num_gpu_blocks"],
+        )
+        .expect("metric");
+        registry.register(Box::new(info.clone())).expect("unique");
+        info.with_label_values(&[&c.block_tokens.to_string(), &c.kv_blocks.to_string()])
+            .set(1.0);
+        EngineMetrics {
+            running: gauge(
+                name("vllm:num_requests_running", "sglang:num_running_reqs"),
+                "Requests running",
+            ),
+            waiting: gauge(
+                name("vllm:num_requests_waiting", "sglang:num_queue_reqs"),
+                "Requests waiting",
+            ),
+            kv_usage: gauge(
+                name("vllm:kv_cache_usage_perc", "sglang:token_usage"),
+                "KV cache usage (1 = full)",
+            ),
+            queries: counter(
+                "vllm:prefix_cache_queries_total",
+                "Prompt tokens looked up in the prefix cache",
+            ),
+            hits: counter(
+                "vllm:prefix_cache_hits_total",
+                "Prompt tokens found in the prefix cache",
+            ),
+            ttft: histogram(
+                name(
+                    "vllm:time_to_first_token_seconds",
+                    "sglang:time_to_first_token_seconds",
+                ),
+                "Time to first token",
+                ttft_buckets,
+            ),
+            itl: histogram(
+                name(
+                    "vllm:inter_token_latency_seconds",
+                    "sglang:inter_token_latency_seconds",
+                ),
+                "Inter-token latency",
+                itl_buckets,
+            ),
+        }
+    }
+}
+
+/// One simulated engine (one pod).
+#[derive(Debug)]
+pub struct Engine {
+    config: EngineConfig,
+    kv: Mutex<KvCache>,
+    slots: Arc<Semaphore>,
+    metrics: EngineMetrics,
+    pub registry: Registry,
+}
+
+/// A request admitted to run; dropping it frees its slot and unpins its blocks.
+#[derive(Debug)]
+pub struct Running {
+    engine: Arc<Engine>,
+    admission: Admission,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Running {
+    pub fn admission(&self) -> &Admission {
+        &self.admission
+    }
+
+    /// Time to the first token, given the current batch.
+    pub fn ttft(&self) -> Duration {
+        let uncached = self
+            .admission
+            .prompt_tokens
+            .saturating_sub(self.admission.cached_tokens);
+        let base =
+            self.engine.config.overhead + self.engine.config.prefill_per_token * uncached as u32;
+        self.engine.scaled(base)
+    }
+
+    /// Time between output tokens, given the current batch.
+    pub fn inter_token(&self) -> Duration {
+        self.engine.scaled(self.engine.config.inter_token_latency)
+    }
+
+    pub fn observe_ttft(&self, d: Duration) {
+        self.engine.metrics.ttft.observe(d.as_secs_f64());
+    }
+
+    pub fn observe_itl(&self, d: Duration) {
+        self.engine.metrics.itl.observe(d.as_secs_f64());
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let mut kv = self.engine.kv.lock();
+        kv.release(&self.admission.pinned);
+        self.engine.metrics.kv_usage.set(kv.usage());
+        self.engine.metrics.running.dec();
+    }
+}
+
+impl Engine {
+    pub fn new(config: EngineConfig) -> Engine {
+        let registry = Registry::new();
+        let metrics = EngineMetrics::register(&registry, &config);
+        Engine {
+            kv: Mutex::new(KvCache::new(config.block_tokens, config.kv_blocks)),
+            slots: Arc::new(Semaphore::new(config.max_num_seqs.max(1))),
+            metrics,
+            registry,
+            config,
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Waits for a slot (queueing beyond `max_num_seqs`), then admits the prompt.
+    pub async fn admit(self: &Arc<Self>, model: &str, prompt: &[u8]) -> Running {
+        self.metrics.waiting.inc();
+        let slot = self
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("never closed");
+        self.metrics.waiting.dec();
+        self.metrics.running.inc();
+        let admission = {
+            let mut kv = self.kv.lock();
+            let a = kv.admit(model, prompt);
+            self.metrics.kv_usage.set(kv.usage());
+            a
+        };
+        self.metrics.queries.inc_by(admission.prompt_tokens as u64);
+        self.metrics.hits.inc_by(admission.cached_tokens as u64);
+        Running {
+            engine: self.clone(),
+            admission,
+            _slot: slot,
+        }
+    }
+
+    pub fn running(&self) -> usize {
+        self.metrics.running.get() as usize
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.metrics.waiting.get() as usize
+    }
+
+    /// `base * (1 + running / max_num_seqs) / time_scale`.
+    fn scaled(&self, base: Duration) -> Duration {
+        let batch = 1.0 + self.running() as f64 / self.config.max_num_seqs.max(1) as f64;
+        base.mul_f64(batch / self.config.time_scale.max(1e-9))
+    }
+}
+
+/// Sleeps `d`, unless it is too short to matter (under 50 µs).
+pub async fn pause(d: Duration) {
+    if d >= Duration::from_micros(50) {
+        tokio::time::sleep(d).await;
+    }
+}

@@ -1,0 +1,9 @@
+//! `model-sim`: a GPU-free stand-in for a vLLM (or SGLang) server, with a real prefix KV cache
+//! and a latency model, so routing quality can be measured. See [`engine`] for the model and
+//! [`server`] for the HTTP surface.
+
+pub mod engine;
+pub mod kv_cache;
+pub mod server;
+#[cfg(test)]
+mod tests;

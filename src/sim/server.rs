@@ -1,0 +1,253 @@
+//! The simulator's HTTP surface: OpenAI-style `POST /v1/completions`, `/v1/chat/completions`,
+//! `/v1/responses` (JSON, or SSE with `"stream": true`), `GET /health`, `/v1/models`, `/metrics`.
+//!
+//! Prompts are rendered with the router's own renderer. Output length = `max_tokens`
+//! (`max_completion_tokens`, `max_output_tokens`) or the default; output text is words drawn
+//! from an RNG seeded by `--seed` and the request number. Every response carries
+//! `x-served-by: <name>` and `usage.prompt_tokens_details.cached_tokens`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use axum::Router as Http;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+
+use super::engine::{Engine, Running, pause};
+use crate::request::{Api, InferenceRequest};
+
+const WORDS: [&str; 24] = [
+    "the", "model", "cache", "prefix", "token", "router", "request", "answer", "quick", "brown",
+    "system", "latency", "batch", "block", "engine", "serve", "kernel", "memory", "query", "reply",
+    "stream", "vector", "layer", "result",
+];
+
+/// Simulator settings beyond the engine's.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    pub name: String,
+    /// Served model name; `None` accepts any model.
+    pub model: Option<String>,
+    pub default_max_tokens: usize,
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Sim {
+    config: Arc<SimConfig>,
+    engine: Arc<Engine>,
+    requests: Arc<AtomicU64>,
+}
+
+pub fn app(config: SimConfig, engine: Arc<Engine>) -> Http {
+    let sim = Sim {
+        config: Arc::new(config),
+        engine,
+        requests: Arc::default(),
+    };
+    Http::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/v1/models", get(models))
+        .route("/metrics", get(metrics))
+        .fallback(infer)
+        .layer(axum::extract::DefaultBodyLimit::max(64 << 20))
+        .with_state(sim)
+}
+
+async fn models(State(s): State<Sim>) -> Response {
+    let id = s.config.model.clone().unwrap_or_else(|| "any".into());
+    axum::Json(
+        json!({"object": "list", "data": [{"id": id, "object": "model", "owned_by": "model-sim"}]}),
+    )
+    .into_response()
+}
+
+async fn metrics(State(s): State<Sim>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        crate::metrics::encode(&s.engine.registry),
+    )
+        .into_response()
+}
+
+fn error(status: StatusCode, message: String) -> Response {
+    (
+        status,
+        axum::Json(json!({"error": {"message": message, "type": "invalid_request_error", "code": status.as_u16()}})),
+    )
+        .into_response()
+}
+
+fn max_tokens(body: &Value, default: usize) -> usize {
+    ["max_tokens", "max_completion_tokens", "max_output_tokens"]
+        .iter()
+        .find_map(|k| body.get(*k).and_then(Value::as_u64))
+        .map_or(default, |n| n as usize)
+        .clamp(1, 1 << 20)
+}
+
+async fn infer(State(s): State<Sim>, uri: Uri, body: Bytes) -> Response {
+    let Some(api) = Api::from_path(uri.path()) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("no route for {}", uri.path()),
+        );
+    };
+    let request = match InferenceRequest::parse(&body) {
+        Ok(r) => r,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    if let Some(m) = &s.config.model
+        && *m != request.model
+    {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("The model `{}` does not exist.", request.model),
+        );
+    }
+    let value: Value = crate::lenient_json::parse_value(&body).unwrap_or(Value::Null);
+    let n_out = max_tokens(&value, s.config.default_max_tokens);
+    let prompt = request.prompt.as_deref().unwrap_or("");
+    let n = s.requests.fetch_add(1, Ordering::Relaxed);
+    let rng = SmallRng::seed_from_u64(s.config.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let started = Instant::now();
+    let running = s.engine.admit(&request.model, prompt.as_bytes()).await;
+    let generation = Generation {
+        api,
+        model: request.model.clone(),
+        id: format!("sim-{}-{n}", s.config.name),
+        running,
+        rng,
+        n_out,
+        started,
+    };
+    let served_by = [("x-served-by", s.config.name.clone())];
+    if request.stream {
+        let body = Body::from_stream(generation.sse());
+        return (
+            served_by,
+            [
+                (header::CONTENT_TYPE, "text/event-stream"),
+                (header::CACHE_CONTROL, "no-cache"),
+            ],
+            body,
+        )
+            .into_response();
+    }
+    let reply = generation.complete().await;
+    (served_by, axum::Json(reply)).into_response()
+}
+
+struct Generation {
+    api: Api,
+    model: String,
+    id: String,
+    running: Running,
+    rng: SmallRng,
+    n_out: usize,
+    started: Instant,
+}
+
+impl Generation {
+    fn word(&mut self) -> &'static str {
+        WORDS[self.rng.random_range(0..WORDS.len())]
+    }
+
+    fn usage(&self) -> Value {
+        let a = self.running.admission();
+        json!({
+            "prompt_tokens": a.prompt_tokens,
+            "completion_tokens": self.n_out,
+            "total_tokens": a.prompt_tokens + self.n_out,
+            "prompt_tokens_details": {"cached_tokens": a.cached_tokens},
+            "input_tokens": a.prompt_tokens,
+            "output_tokens": self.n_out,
+            "input_tokens_details": {"cached_tokens": a.cached_tokens},
+        })
+    }
+
+    async fn complete(mut self) -> Value {
+        let ttft = self.running.ttft();
+        pause(ttft).await;
+        self.running.observe_ttft(self.started.elapsed());
+        let itl = self.running.inter_token();
+        pause(itl * (self.n_out as u32 - 1)).await;
+        for _ in 1..self.n_out {
+            self.running.observe_itl(itl);
+        }
+        let text: Vec<&str> = (0..self.n_out).map(|_| self.word()).collect();
+        let text = text.join(" ");
+        let usage = self.usage();
+        let (id, model) = (&self.id, &self.model);
+        match self.api {
+            Api::Completions => json!({"id": id, "object": "text_completion", "model": model,
+                "choices": [{"index": 0, "text": text, "finish_reason": "length"}], "usage": usage}),
+            Api::ChatCompletions => json!({"id": id, "object": "chat.completion", "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
+                "usage": usage}),
+            Api::Responses => {
+                json!({"id": id, "object": "response", "model": model, "status": "completed",
+                "output": [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}],
+                "usage": usage})
+            }
+        }
+    }
+
+    fn chunk(&self, text: &str, last: bool) -> Value {
+        let (id, model) = (&self.id, &self.model);
+        let finish = if last { json!("length") } else { Value::Null };
+        let mut v = match self.api {
+            Api::Completions => json!({"id": id, "object": "text_completion", "model": model,
+                "choices": [{"index": 0, "text": text, "finish_reason": finish}]}),
+            Api::ChatCompletions => {
+                json!({"id": id, "object": "chat.completion.chunk", "model": model,
+                "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]})
+            }
+            Api::Responses => json!({"type": "response.output_text.delta", "delta": text}),
+        };
+        if last {
+            if self.api == Api::Responses {
+                v = json!({"type": "response.completed", "response": {"id": id, "model": model, "usage": self.usage()}});
+            } else {
+                v["usage"] = self.usage();
+            }
+        }
+        v
+    }
+
+    /// SSE events: the first token after TTFT, then one per inter-token latency, then `[DONE]`.
+    fn sse(self) -> impl futures_core::Stream<Item = Result<Bytes, std::io::Error>> + Send {
+        futures_util::stream::unfold((self, 0usize), |(mut g, i)| async move {
+            if i > g.n_out {
+                return None;
+            }
+            if i == g.n_out {
+                return Some((Ok(Bytes::from_static(b"data: [DONE]\n\n")), (g, i + 1)));
+            }
+            if i == 0 {
+                pause(g.running.ttft()).await;
+                g.running.observe_ttft(g.started.elapsed());
+            } else {
+                let itl = g.running.inter_token();
+                pause(itl).await;
+                g.running.observe_itl(itl);
+            }
+            let word = g.word();
+            let text = if i == 0 {
+                word.to_string()
+            } else {
+                format!(" {word}")
+            };
+            let event = g.chunk(&text, i + 1 == g.n_out);
+            let bytes = Bytes::from(format!("data: {event}\n\n"));
+            Some((Ok(bytes), (g, i + 1)))
+        })
+    }
+}
