@@ -63,12 +63,13 @@ for attempt in (1, 2):
     print(f"  -> served by {served}, cached tokens {reply['usage']['prompt_tokens_details']['cached_tokens']}")
     wait_records(attempt)
 
-print("\n== Shared-prefix workload: 6 groups x 8 questions, 4 at a time")
+print("\n== Shared-prefix workload: 6 documents x 8 questions (interleaved), 4 at a time")
 docs = ["policy", "manual", "faq", "contract", "codebase", "handbook"]
+systems = {doc: f"You answer questions about the {doc}. " + " ".join(f"{doc} section {k} says item {k * 7 % 13}." for k in range(120)) for doc in docs}
 requests = []
-for g, doc in enumerate(docs):
-    system = f"You answer questions about the {doc}. " + " ".join(f"{doc} section {k} says item {k * 7 % 13}." for k in range(120))
-    for q in range(8):
+for q in range(8):  # interleaved: each conversation's next question arrives after its last one
+    for doc in docs:
+        system = systems[doc]
         requests.append((doc, {"model": "my-model", "max_tokens": 16, "messages": [
             {"role": "system", "content": system}, {"role": "user", "content": f"Question {q} about the {doc}?"}]}))
 before = [get(s + "/metrics") for s in SIMS]
