@@ -4,6 +4,7 @@
 //! scheduler) knows nothing of Envoy; the ext_proc adapter ([`extproc`]) translates.
 
 pub mod admin;
+pub mod bench;
 pub mod config;
 pub mod endpoints;
 pub mod extproc;

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, Admin};
@@ -118,7 +117,11 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
                 .http2_keepalive_interval(Some(Duration::from_secs(30)))
                 .add_service(health_service)
                 .add_service(ExtProc::new(router).into_server())
-                .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), token.cancelled())
+                .serve_with_incoming_shutdown(
+                    // Envoy waits on every reply: never let Nagle + delayed ACK add 40 ms.
+                    tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true)),
+                    token.cancelled(),
+                )
                 .await?;
             Ok(())
         });

@@ -275,11 +275,12 @@ async fn bad_requests_get_openai_errors_from_the_picker() {
     // Unknown APIs go to some pod by load.
     let r = client.get(envoy.url("/v1/models")).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 200);
-    assert!(
-        backends
-            .iter()
-            .all(|b| b.served.load(std::sync::atomic::Ordering::Relaxed) <= 2)
-    );
+    // Only the two routable requests reached a backend: the picker answered the bad ones.
+    let served: Vec<usize> = backends
+        .iter()
+        .map(|b| b.served.load(std::sync::atomic::Ordering::Relaxed))
+        .collect();
+    assert_eq!(served.iter().sum::<usize>(), 2, "{served:?}");
 }
 
 async fn body_modes(file: &str, edit: fn(String) -> String) {

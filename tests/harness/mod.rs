@@ -6,7 +6,6 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -96,6 +95,8 @@ impl Backend {
             gate: Arc::new(Notify::new()),
         };
         let app = axum::Router::new()
+            // The picker scrapes engine metrics; these backends have none to report.
+            .route("/metrics", axum::routing::get(|| async { "" }))
             .fallback(handle)
             .layer(axum::extract::DefaultBodyLimit::disable())
             .with_state(state.clone());
@@ -274,17 +275,9 @@ pub async fn prefix_score(picker: &Running, body: &serde_json::Value, pod: &str)
 // ---------------------------------------------------------------- envoy
 
 pub struct Envoy {
-    child: Child,
+    pub process: prefix_picker::bench::cluster::EnvoyProcess,
     pub port: u16,
-    pub admin: u16,
     pub dir: tempfile::TempDir,
-}
-
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Envoy {
@@ -297,8 +290,7 @@ impl Envoy {
     }
 }
 
-/// Rewrites a shipped Envoy example for this test: ports 10000/9901 -> 0, the picker's 9002 ->
-/// `picker_port`, the model-server endpoints -> `backends`; `edit` may change anything else.
+/// A shipped Envoy example rendered for this test's ports; `edit` may change anything else.
 pub fn render_envoy(
     file: &str,
     picker_port: u16,
@@ -306,90 +298,23 @@ pub fn render_envoy(
     edit: impl Fn(String) -> String,
 ) -> String {
     let text = std::fs::read_to_string(root().join("envoy").join(file)).unwrap();
-    let mut out = String::new();
-    let mut wrote_backends = false;
-    for line in text.lines() {
-        let is_backend = line.contains(
-            "- endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 800",
-        );
-        if is_backend {
-            if !wrote_backends {
-                let indent = &line[..line.find('-').unwrap()];
-                for b in backends {
-                    out.push_str(&format!(
-                        "{indent}- endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}\n",
-                        b.ip(),
-                        b.port()
-                    ));
-                }
-                wrote_backends = true;
-            }
-            continue;
-        }
-        let line = line
-            .replace("port_value: 10000", "port_value: 0")
-            .replace("port_value: 9901", "port_value: 0")
-            .replace("port_value: 9002", &format!("port_value: {picker_port}"));
-        out.push_str(&line);
-        out.push('\n');
-    }
-    edit(out)
+    edit(prefix_picker::bench::cluster::render_envoy(
+        &text,
+        picker_port,
+        backends,
+    ))
 }
 
 pub async fn start_envoy(config: String) -> Envoy {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("envoy.yaml");
-    std::fs::write(&cfg, config).unwrap();
-    let admin_path = dir.path().join("admin.txt");
-    let log = std::fs::File::create(dir.path().join("envoy.log")).unwrap();
-    let child = Command::new(envoy_bin())
-        .arg("-c")
-        .arg(&cfg)
-        .arg("--use-dynamic-base-id")
-        .arg("--admin-address-path")
-        .arg(&admin_path)
-        .args(["-l", "warn", "--concurrency", "2", "--disable-hot-restart"])
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start envoy");
-    let mut envoy = Envoy {
-        child,
-        port: 0,
-        admin: 0,
-        dir,
-    };
-    let admin: SocketAddr = poll("envoy admin address", || {
-        let p = admin_path.clone();
-        async move { std::fs::read_to_string(p).ok()?.trim().parse().ok() }
-    })
-    .await;
-    envoy.admin = admin.port();
-    let client = reqwest::Client::new();
-    poll("envoy ready", || {
-        let client = client.clone();
-        async move {
-            let r = client
-                .get(format!("http://{admin}/ready"))
-                .send()
-                .await
-                .ok()?;
-            (r.text().await.ok()?.trim() == "LIVE").then_some(())
-        }
-    })
-    .await;
-    let listeners: serde_json::Value = client
-        .get(format!("http://{admin}/listeners?format=json"))
-        .send()
-        .await
-        .unwrap()
-        .json()
+    let process = prefix_picker::bench::cluster::start_envoy(&envoy_bin(), dir.path(), &config)
         .await
         .unwrap();
-    envoy.port = listeners["listener_statuses"][0]["local_address"]["socket_address"]["port_value"]
-        .as_u64()
-        .expect("listener port") as u16;
-    envoy
+    Envoy {
+        port: process.port,
+        process,
+        dir,
+    }
 }
 
 pub fn path_exists(p: &Path) -> bool {

@@ -1,0 +1,242 @@
+//! Starts a benchmark cluster as real processes: `model-sim` pods, optionally `prefix-picker`,
+//! and Envoy, all on port 0 (addresses are read back, never guessed), and stops them on drop.
+//! Also renders the shipped `envoy/` examples for arbitrary ports (shared with the e2e tests).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+/// Rewrites a shipped Envoy example: listener 10000 and admin 9901 -> port 0, the picker's 9002 ->
+/// `picker_port`, the model-server endpoints -> `backends`.
+pub fn render_envoy(text: &str, picker_port: u16, backends: &[SocketAddr]) -> String {
+    let mut out = String::new();
+    let mut wrote_backends = false;
+    for line in text.lines() {
+        if line
+            .contains("- endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 800")
+        {
+            if !wrote_backends {
+                let indent = &line[..line.find('-').unwrap_or(0)];
+                for b in backends {
+                    out.push_str(&format!(
+                        "{indent}- endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}\n",
+                        b.ip(),
+                        b.port()
+                    ));
+                }
+                wrote_backends = true;
+            }
+            continue;
+        }
+        let line = line
+            .replace("port_value: 10000", "port_value: 0")
+            .replace("port_value: 9901", "port_value: 0")
+            .replace("port_value: 9002", &format!("port_value: {picker_port}"));
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
+
+/// Polls `f` every 20 ms until it returns `Some`, for at most `limit`.
+pub fn wait_for<T>(
+    what: &str,
+    limit: Duration,
+    mut f: impl FnMut() -> Option<T>,
+) -> anyhow::Result<T> {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return Ok(v);
+        }
+        if start.elapsed() > limit {
+            bail!("timed out waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A running Envoy.
+#[derive(Debug)]
+pub struct EnvoyProcess {
+    child: Child,
+    pub port: u16,
+    pub admin: SocketAddr,
+    pub pid: u32,
+}
+
+impl Drop for EnvoyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts Envoy with `config` in `dir`; waits for LIVE and reads the listener port.
+pub async fn start_envoy(
+    envoy_bin: &Path,
+    dir: &Path,
+    config: &str,
+) -> anyhow::Result<EnvoyProcess> {
+    let cfg = dir.join("envoy.yaml");
+    std::fs::write(&cfg, config)?;
+    let admin_path = dir.join("envoy-admin.txt");
+    let _ = std::fs::remove_file(&admin_path);
+    let log = std::fs::File::create(dir.join("envoy.log"))?;
+    let child = Command::new(envoy_bin)
+        .arg("-c")
+        .arg(&cfg)
+        .arg("--use-dynamic-base-id")
+        .arg("--admin-address-path")
+        .arg(&admin_path)
+        .args(["-l", "warn", "--concurrency", "2", "--disable-hot-restart"])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting {}", envoy_bin.display()))?;
+    let pid = child.id();
+    let mut envoy = EnvoyProcess {
+        child,
+        port: 0,
+        admin: "127.0.0.1:0".parse()?,
+        pid,
+    };
+    envoy.admin = wait_for("envoy admin address", Duration::from_secs(30), || {
+        std::fs::read_to_string(&admin_path)
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    })?;
+    let client = reqwest::Client::new();
+    let start = Instant::now();
+    loop {
+        let ready = client
+            .get(format!("http://{}/ready", envoy.admin))
+            .send()
+            .await;
+        if let Ok(r) = ready
+            && r.text().await.unwrap_or_default().trim() == "LIVE"
+        {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            bail!("envoy did not become ready");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let listeners: serde_json::Value = client
+        .get(format!("http://{}/listeners?format=json", envoy.admin))
+        .send()
+        .await?
+        .json()
+        .await?;
+    envoy.port = listeners["listener_statuses"][0]["local_address"]["socket_address"]["port_value"]
+        .as_u64()
+        .context("envoy listener port")? as u16;
+    Ok(envoy)
+}
+
+/// A child process killed on drop.
+#[derive(Debug)]
+pub struct Process {
+    child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Process {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts a `model-sim` on port 0 and reads its address from its first stdout line.
+pub fn start_sim(bin: &Path, name: &str, args: &[String]) -> anyhow::Result<Process> {
+    use std::io::BufRead;
+    let mut child = Command::new(bin)
+        .args(["--port", "0", "--name", name])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
+    let addr = line
+        .rsplit(' ')
+        .next()
+        .and_then(|a| a.trim().parse().ok())
+        .with_context(|| format!("model-sim printed {line:?}"))?;
+    Ok(Process { child, addr })
+}
+
+/// Starts `prefix-picker serve` on port 0 with `config`; reads the bound addresses from its log.
+pub fn start_picker(bin: &Path, dir: &Path, config: &str) -> anyhow::Result<(Process, SocketAddr)> {
+    let cfg = dir.join("picker.yaml");
+    std::fs::write(&cfg, config)?;
+    let log_path = dir.join("picker.log");
+    let log = std::fs::File::create(&log_path)?;
+    let child = Command::new(bin)
+        .args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--admin-addr",
+            "127.0.0.1:0",
+            "--v",
+            "2",
+            "--config",
+        ])
+        .arg(&cfg)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let mut process = Process {
+        child,
+        addr: "127.0.0.1:0".parse()?,
+    };
+    let field = |text: &str, key: &str| -> Option<SocketAddr> {
+        text.split(key)
+            .nth(1)?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    let (grpc, admin) = wait_for("prefix-picker to listen", Duration::from_secs(30), || {
+        let text = std::fs::read_to_string(&log_path).ok()?;
+        Some((field(&text, "grpc_addr=")?, field(&text, "admin_addr=")?))
+    })?;
+    process.addr = grpc;
+    Ok((process, admin))
+}
+
+/// `utime + stime` of a process, in seconds (Linux `/proc/<pid>/stat`, 100 ticks/s).
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / 100.0)
+}
+
+/// The directory of the running executable (where the other binaries of the crate are).
+pub fn bin_dir() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .unwrap_or_else(|| PathBuf::from("."))
+}

@@ -1,0 +1,281 @@
+//! Sends a workload to one router and measures what clients and engines saw.
+//!
+//! Closed loop: `concurrency` workers; the turns of one conversation run in order on one worker.
+//! Open loop: arrivals at the trace's timestamps, or Poisson at `rate` requests/s (seeded);
+//! conversations still wait for their previous turn. Every request streams (SSE) so TTFT is the
+//! time to the first `data:` event. Engine hit rate = token-weighted delta of the sims'
+//! `vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total` over the run.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use parking_lot::Mutex;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use super::workload::BenchRequest;
+
+/// How requests arrive.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arrival {
+    Closed { concurrency: usize },
+    Poisson { rate: f64, seed: u64 },
+    Trace,
+}
+
+/// One request's measurements.
+#[derive(Debug, Clone, Default)]
+struct Sample {
+    ok: bool,
+    ttft: f64,
+    e2e: f64,
+    output_tokens: u64,
+    served_by: String,
+}
+
+/// Percentiles in milliseconds.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+}
+
+impl Percentiles {
+    fn of(mut v: Vec<f64>) -> Percentiles {
+        if v.is_empty() {
+            return Percentiles::default();
+        }
+        v.sort_by(|a, b| a.total_cmp(b));
+        let at = |q: f64| v[((v.len() as f64 - 1.0) * q).round() as usize] * 1000.0;
+        Percentiles {
+            p50: at(0.5),
+            p90: at(0.9),
+            p99: at(0.99),
+        }
+    }
+}
+
+/// The result of one run, as written to JSON.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RunResult {
+    pub router: String,
+    pub workload: String,
+    pub requests: usize,
+    pub errors: usize,
+    pub duration_s: f64,
+    pub requests_per_s: f64,
+    pub output_tokens_per_s: f64,
+    pub ttft_ms: Percentiles,
+    pub e2e_ms: Percentiles,
+    pub hit_rate: f64,
+    pub ceiling_hit_rate: f64,
+    /// Requests per pod (`x-served-by`).
+    pub pod_share: BTreeMap<String, usize>,
+    /// Busiest pod's share over the mean share (1.0 = perfectly even).
+    pub max_over_mean: f64,
+}
+
+async fn engine_counters(client: &reqwest::Client, sims: &[String]) -> (f64, f64) {
+    let mut hits = 0.0;
+    let mut queries = 0.0;
+    for s in sims {
+        let Ok(r) = client.get(format!("{s}/metrics")).send().await else {
+            continue;
+        };
+        let Ok(text) = r.text().await else { continue };
+        for line in text.lines() {
+            let mut parts = line.rsplitn(2, ' ');
+            let value: f64 = parts.next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+            match parts.next() {
+                Some("vllm:prefix_cache_hits_total") => hits += value,
+                Some("vllm:prefix_cache_queries_total") => queries += value,
+                _ => {}
+            }
+        }
+    }
+    (hits, queries)
+}
+
+async fn one(client: &reqwest::Client, base: &str, r: &BenchRequest) -> Sample {
+    let start = Instant::now();
+    let sent = client
+        .post(format!("{base}{}", r.path))
+        .json(&r.body)
+        .send()
+        .await;
+    let Ok(resp) = sent else {
+        return Sample::default();
+    };
+    if !resp.status().is_success() {
+        return Sample::default();
+    }
+    let served_by = resp
+        .headers()
+        .get("x-served-by")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("?")
+        .to_string();
+    let mut stream = resp.bytes_stream();
+    let mut ttft = None;
+    let mut events = 0u64;
+    while let Some(chunk) = stream.next().await {
+        let Ok(chunk) = chunk else {
+            return Sample::default();
+        };
+        if ttft.is_none() {
+            ttft = Some(start.elapsed().as_secs_f64());
+        }
+        events += chunk.windows(6).filter(|w| w == b"data: ").count() as u64;
+    }
+    Sample {
+        ok: true,
+        ttft: ttft.unwrap_or_else(|| start.elapsed().as_secs_f64()),
+        e2e: start.elapsed().as_secs_f64(),
+        output_tokens: events.saturating_sub(1),
+        served_by,
+    }
+}
+
+/// Queue of work: whole conversations, or single requests.
+fn units(requests: &[BenchRequest]) -> VecDeque<Vec<BenchRequest>> {
+    let mut by_conv: HashMap<u32, usize> = HashMap::new();
+    let mut out: Vec<Vec<BenchRequest>> = Vec::new();
+    for r in requests {
+        match r.conversation {
+            Some(c) => match by_conv.get(&c) {
+                Some(&i) => out[i].push(r.clone()),
+                None => {
+                    by_conv.insert(c, out.len());
+                    out.push(vec![r.clone()]);
+                }
+            },
+            None => out.push(vec![r.clone()]),
+        }
+    }
+    out.into()
+}
+
+/// Runs a workload against `base` (the router's URL); `sims` are the engines' URLs.
+pub async fn run(
+    router: &str,
+    workload: &str,
+    base: &str,
+    sims: &[String],
+    requests: &[BenchRequest],
+    arrival: Arrival,
+    ceiling: f64,
+) -> RunResult {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(1024)
+        .timeout(Duration::from_secs(600))
+        .build()
+        .expect("client");
+    let (h0, q0) = engine_counters(&client, sims).await;
+    let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
+    let total = requests.len();
+    let started = Instant::now();
+    let progress = {
+        let samples = samples.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let n = samples.lock().len();
+                eprint!("\r  {n}/{total} requests");
+                if n >= total {
+                    break;
+                }
+            }
+        })
+    };
+    match arrival {
+        Arrival::Closed { concurrency } => {
+            let queue = Arc::new(Mutex::new(units(requests)));
+            let mut workers = Vec::new();
+            for _ in 0..concurrency.max(1) {
+                let (queue, samples, client, base) = (
+                    queue.clone(),
+                    samples.clone(),
+                    client.clone(),
+                    base.to_string(),
+                );
+                workers.push(tokio::spawn(async move {
+                    loop {
+                        let Some(unit) = queue.lock().pop_front() else {
+                            break;
+                        };
+                        for r in unit {
+                            let s = one(&client, &base, &r).await;
+                            samples.lock().push(s);
+                        }
+                    }
+                }));
+            }
+            for w in workers {
+                let _ = w.await;
+            }
+        }
+        Arrival::Poisson { .. } | Arrival::Trace => {
+            let mut rng = match arrival {
+                Arrival::Poisson { seed, .. } => SmallRng::seed_from_u64(seed),
+                _ => SmallRng::seed_from_u64(0),
+            };
+            let mut at = 0.0f64;
+            let mut tasks = Vec::new();
+            for unit in units(requests) {
+                let offset = match (arrival, unit[0].at_ms) {
+                    (Arrival::Trace, Some(ms)) => ms / 1000.0,
+                    (Arrival::Poisson { rate, .. }, _) => {
+                        at += -(1.0 - rng.random::<f64>()).ln() / rate.max(1e-9);
+                        at
+                    }
+                    _ => 0.0,
+                };
+                let (samples, client, base) = (samples.clone(), client.clone(), base.to_string());
+                tasks.push(tokio::spawn(async move {
+                    tokio::time::sleep_until(
+                        tokio::time::Instant::from_std(started) + Duration::from_secs_f64(offset),
+                    )
+                    .await;
+                    for r in unit {
+                        let s = one(&client, &base, &r).await;
+                        samples.lock().push(s);
+                    }
+                }));
+            }
+            for t in tasks {
+                let _ = t.await;
+            }
+        }
+    }
+    let duration = started.elapsed().as_secs_f64();
+    progress.abort();
+    eprintln!();
+    let (h1, q1) = engine_counters(&client, sims).await;
+    let samples = std::mem::take(&mut *samples.lock());
+    let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok).collect();
+    let mut pod_share = BTreeMap::new();
+    for s in &ok {
+        *pod_share.entry(s.served_by.clone()).or_insert(0) += 1;
+    }
+    let mean = ok.len() as f64 / sims.len().max(1) as f64;
+    let max = pod_share.values().copied().max().unwrap_or(0) as f64;
+    RunResult {
+        router: router.to_string(),
+        workload: workload.to_string(),
+        requests: samples.len(),
+        errors: samples.len() - ok.len(),
+        duration_s: duration,
+        requests_per_s: ok.len() as f64 / duration,
+        output_tokens_per_s: ok.iter().map(|s| s.output_tokens).sum::<u64>() as f64 / duration,
+        ttft_ms: Percentiles::of(ok.iter().map(|s| s.ttft).collect()),
+        e2e_ms: Percentiles::of(ok.iter().map(|s| s.e2e).collect()),
+        hit_rate: if q1 > q0 { (h1 - h0) / (q1 - q0) } else { 0.0 },
+        ceiling_hit_rate: ceiling,
+        pod_share,
+        max_over_mean: if mean > 0.0 { max / mean } else { 0.0 },
+    }
+}

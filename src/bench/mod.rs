@@ -1,0 +1,6 @@
+//! `prefix-bench`: routing quality and overhead, measured against real processes.
+
+pub mod cluster;
+pub mod driver;
+pub mod report;
+pub mod workload;

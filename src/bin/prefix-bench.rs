@@ -1,0 +1,429 @@
+//! `prefix-bench`: the benchmark driver.
+//!
+//! - `suite [--quick]`: for each workload and router (Envoy round robin; Envoy + prefix-picker
+//!   with prefix-cache only; with Kthena's default plugins), starts fresh model-sims, the picker
+//!   and Envoy as processes, runs the workload and writes `results.json` + `results.md`.
+//! - `overhead`: instant backends, fixed concurrency: requests/s, p50/p99 latency and CPU per
+//!   request of Envoy alone vs Envoy + prefix-picker (both Envoy setups), in one run.
+//! - `run`: one workload against an existing router URL.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use prefix_picker::bench::cluster::{self, Process, bin_dir, cpu_seconds, render_envoy};
+use prefix_picker::bench::driver::{self, Arrival, RunResult};
+use prefix_picker::bench::report;
+use prefix_picker::bench::workload::{self, BenchRequest};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "prefix-bench",
+    version,
+    about = "Routing quality and overhead benchmarks for prefix-picker"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// The standard suite (or `--quick`), comparing routers on the same sims and workloads.
+    Suite {
+        #[arg(long)]
+        quick: bool,
+        #[arg(long, default_value = "bench/results")]
+        out: PathBuf,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Proxy overhead: Envoy alone vs Envoy + prefix-picker, instant backends.
+    Overhead {
+        #[arg(long, default_value_t = 2000)]
+        requests: usize,
+        #[arg(long, default_value = "1,16")]
+        concurrency: String,
+        #[arg(long, default_value = "bench/results")]
+        out: PathBuf,
+    },
+    /// One workload against a running router.
+    Run {
+        #[arg(long)]
+        url: String,
+        /// Comma-separated model-sim base URLs (for the engine hit rate).
+        #[arg(long, default_value = "")]
+        sims: String,
+        #[arg(long, default_value = "shared-prefix")]
+        workload: String,
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
+        /// Poisson arrivals at this rate (requests/s) instead of a closed loop.
+        #[arg(long)]
+        rate: Option<f64>,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+}
+
+/// Project root: `$PREFIX_PICKER_ROOT`, else the current directory.
+fn root() -> PathBuf {
+    std::env::var_os("PREFIX_PICKER_ROOT").map_or_else(|| PathBuf::from("."), PathBuf::from)
+}
+
+fn envoy_bin() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("ENVOY_BIN") {
+        return Ok(p.into());
+    }
+    let venv = root().join(".venv/bin/envoy");
+    anyhow::ensure!(
+        venv.exists(),
+        "Envoy not found: set ENVOY_BIN or run scripts/test once"
+    );
+    Ok(venv)
+}
+
+struct WorkloadSpec {
+    name: &'static str,
+    requests: Vec<BenchRequest>,
+    arrival: Arrival,
+}
+
+fn workloads(quick: bool, seed: u64) -> anyhow::Result<Vec<WorkloadSpec>> {
+    let m = "model";
+    let trace_path = root().join("../shared/data/mooncake/conversation_trace.jsonl");
+    let mut w = if quick {
+        vec![
+            WorkloadSpec {
+                name: "shared-prefix (16 groups x 8, system 1024 tok, question 64, out 32)",
+                requests: workload::shared_prefix(16, 8, 1024, 64, 32, seed, m),
+                arrival: Arrival::Closed { concurrency: 8 },
+            },
+            WorkloadSpec {
+                name: "multi-turn (16 conversations x 4 turns, user 128 tok, out 64)",
+                requests: workload::multi_turn(16, 4, 256, 128, 64, seed, m),
+                arrival: Arrival::Closed { concurrency: 8 },
+            },
+            WorkloadSpec {
+                name: "burst (8 new prefixes x 8 at once, 1024 tok)",
+                requests: workload::burst(8, 8, 1024, 16, seed, m),
+                arrival: Arrival::Closed { concurrency: 8 },
+            },
+        ]
+    } else {
+        vec![
+            WorkloadSpec {
+                name: "shared-prefix SGLang defaults (64 groups x 16, system 2048 tok, question 128, out 256)",
+                requests: workload::shared_prefix(64, 16, 2048, 128, 256, seed, m),
+                arrival: Arrival::Closed { concurrency: 32 },
+            },
+            WorkloadSpec {
+                name: "shared-prefix Kthena long system (64 groups x 8, system 4096 tok, question 256, out 128)",
+                requests: workload::shared_prefix(64, 8, 4096, 256, 128, seed, m),
+                arrival: Arrival::Poisson { rate: 40.0, seed },
+            },
+            WorkloadSpec {
+                name: "multi-turn (64 conversations x 6 turns, system 512, user 256 tok, out 128)",
+                requests: workload::multi_turn(64, 6, 512, 256, 128, seed, m),
+                arrival: Arrival::Closed { concurrency: 32 },
+            },
+            WorkloadSpec {
+                name: "burst (32 new prefixes x 16 at once, 2048 tok)",
+                requests: workload::burst(32, 16, 2048, 32, seed, m),
+                arrival: Arrival::Closed { concurrency: 16 },
+            },
+        ]
+    };
+    if trace_path.exists() {
+        let limit = if quick { 150 } else { 1000 };
+        w.push(WorkloadSpec {
+            name: if quick {
+                "trace (Mooncake conversation, first 150 requests, 20x speed-up)"
+            } else {
+                "trace (Mooncake conversation, first 1000 requests, 20x speed-up)"
+            },
+            requests: workload::trace(&trace_path, limit, 20.0, 64, m)
+                .with_context(|| format!("reading {}", trace_path.display()))?,
+            arrival: Arrival::Trace,
+        });
+    }
+    Ok(w)
+}
+
+const SIMS: usize = 4;
+/// Simulated engines: 7-8B on one H100 with a smaller KV cache (cache pressure), 10x faster.
+fn sim_args() -> Vec<String> {
+    [
+        "--time-scale",
+        "10",
+        "--kv-blocks",
+        "4096",
+        "--max-num-seqs",
+        "64",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// The routers of the suite: (name, Envoy example, scheduler YAML or none).
+fn routers() -> anyhow::Result<Vec<(&'static str, &'static str, Option<String>)>> {
+    let default = std::fs::read_to_string(root().join("deploy/local/config.yaml"))?;
+    let scheduler = default[..default
+        .find("endpoints:")
+        .context("endpoints in default config")?]
+        .to_string();
+    let prefix_only = "scheduler:\n  plugins:\n    Filter: {enabled: []}\n    Score:\n      enabled:\n      - {name: prefix-cache, weight: 1}\n".to_string();
+    Ok(vec![
+        ("envoy round-robin", "envoy-round-robin.yaml", None),
+        (
+            "prefix-picker: prefix-cache only",
+            "envoy.yaml",
+            Some(prefix_only),
+        ),
+        (
+            "prefix-picker: Kthena default plugins",
+            "envoy.yaml",
+            Some(scheduler),
+        ),
+    ])
+}
+
+struct Cluster {
+    _sims: Vec<Process>,
+    picker: Option<Process>,
+    envoy: cluster::EnvoyProcess,
+    sim_urls: Vec<String>,
+    _dir: tempfile::TempDir,
+}
+
+async fn start_cluster(
+    envoy_file: &str,
+    scheduler: Option<&str>,
+    sim_args: &[String],
+) -> anyhow::Result<Cluster> {
+    let dir = tempfile::tempdir()?;
+    let bins = bin_dir();
+    let mut sims = Vec::new();
+    for i in 0..SIMS {
+        let mut args = sim_args.to_vec();
+        args.extend(["--seed".to_string(), i.to_string()]);
+        sims.push(cluster::start_sim(
+            &bins.join("model-sim"),
+            &format!("sim-{i}"),
+            &args,
+        )?);
+    }
+    let backends: Vec<_> = sims.iter().map(|s| s.addr).collect();
+    let (picker, picker_port) = match scheduler {
+        None => (None, 9002),
+        Some(s) => {
+            let mut config = s.to_string();
+            config.push_str("endpoints:\n");
+            for (i, b) in backends.iter().enumerate() {
+                config.push_str(&format!(
+                    "- {{name: sim-{i}, namespace: default, address: \"{b}\"}}\n"
+                ));
+            }
+            config.push_str("picker: {scrapeIntervalSeconds: 0.1}\n");
+            let (p, _admin) =
+                cluster::start_picker(&bins.join("prefix-picker"), dir.path(), &config)?;
+            let port = p.addr.port();
+            (Some(p), port)
+        }
+    };
+    let text = std::fs::read_to_string(root().join("envoy").join(envoy_file))?;
+    let envoy = cluster::start_envoy(
+        &envoy_bin()?,
+        dir.path(),
+        &render_envoy(&text, picker_port, &backends),
+    )
+    .await?;
+    Ok(Cluster {
+        sim_urls: backends.iter().map(|b| format!("http://{b}")).collect(),
+        _sims: sims,
+        picker,
+        envoy,
+        _dir: dir,
+    })
+}
+
+fn write_results(out: &PathBuf, name: &str, results: &[RunResult], md: &str) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out)?;
+    std::fs::write(
+        out.join(format!("{name}.json")),
+        serde_json::to_string_pretty(results)?,
+    )?;
+    std::fs::write(out.join(format!("{name}.md")), md)?;
+    Ok(())
+}
+
+async fn suite(quick: bool, out: PathBuf, seed: u64) -> anyhow::Result<()> {
+    let mut results = Vec::new();
+    for w in workloads(quick, seed)? {
+        let ceiling = workload::ceiling_hit_rate(&w.requests, 16);
+        for (router, envoy_file, scheduler) in routers()? {
+            eprintln!("{} | {router}", w.name);
+            let c = start_cluster(envoy_file, scheduler.as_deref(), &sim_args()).await?;
+            let base = format!("http://127.0.0.1:{}", c.envoy.port);
+            let r = driver::run(
+                router,
+                w.name,
+                &base,
+                &c.sim_urls,
+                &w.requests,
+                w.arrival,
+                ceiling,
+            )
+            .await;
+            eprintln!(
+                "  hit rate {:.1}% (ceiling {:.1}%), TTFT p50 {:.0} ms, errors {}",
+                r.hit_rate * 100.0,
+                ceiling * 100.0,
+                r.ttft_ms.p50,
+                r.errors
+            );
+            results.push(r);
+        }
+    }
+    let md = report::markdown(&results);
+    println!("{md}");
+    write_results(
+        &out,
+        if quick { "suite-quick" } else { "suite" },
+        &results,
+        &md,
+    )
+}
+
+async fn overhead(requests: usize, concurrency: &str, out: PathBuf) -> anyhow::Result<()> {
+    let levels: Vec<usize> = concurrency
+        .split(',')
+        .filter_map(|c| c.trim().parse().ok())
+        .collect();
+    let instant: Vec<String> = ["--time-scale", "1000000000", "--default-max-tokens", "1"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let default = std::fs::read_to_string(root().join("deploy/local/config.yaml"))?;
+    let scheduler = default[..default.find("endpoints:").context("endpoints")?].to_string();
+    let setups: [(&str, &str, Option<&str>); 3] = [
+        ("Envoy alone (round robin)", "envoy-round-robin.yaml", None),
+        (
+            "Envoy + prefix-picker (envoy.yaml: BUFFERED + observer)",
+            "envoy.yaml",
+            Some(&scheduler),
+        ),
+        (
+            "Envoy + prefix-picker (envoy-full-duplex.yaml)",
+            "envoy-full-duplex.yaml",
+            Some(&scheduler),
+        ),
+    ];
+    let prompts: Vec<BenchRequest> = (0..requests)
+        .map(|i| BenchRequest {
+            path: "/v1/completions",
+            body: serde_json::json!({"model": "model", "prompt": workload::text(i as u64 + 11, 8192), "max_tokens": 1, "stream": true}),
+            conversation: None,
+            at_ms: None,
+        })
+        .collect();
+    let mut md = String::from(
+        "| setup | concurrency | req/s | p50 (ms) | p99 (ms) | p50 vs Envoy alone | Envoy CPU ms/req | picker CPU ms/req |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    let mut rows = Vec::new();
+    for &c in &levels {
+        let mut baseline_p50 = None;
+        for (name, file, scheduler) in setups {
+            let cluster = start_cluster(file, scheduler, &instant).await?;
+            let base = format!("http://127.0.0.1:{}", cluster.envoy.port);
+            // Warm up connections and caches.
+            let _ = driver::run(
+                name,
+                "warm-up",
+                &base,
+                &[],
+                &prompts[..50.min(prompts.len())],
+                Arrival::Closed { concurrency: c },
+                0.0,
+            )
+            .await;
+            let cpu = |p: Option<u32>| p.and_then(cpu_seconds).unwrap_or(0.0);
+            let picker_pid = cluster.picker.as_ref().map(Process::pid);
+            let (e0, p0) = (cpu(Some(cluster.envoy.pid)), cpu(picker_pid));
+            let r = driver::run(
+                name,
+                "overhead",
+                &base,
+                &cluster.sim_urls,
+                &prompts,
+                Arrival::Closed { concurrency: c },
+                0.0,
+            )
+            .await;
+            let (e1, p1) = (cpu(Some(cluster.envoy.pid)), cpu(picker_pid));
+            let n = (r.requests - r.errors).max(1) as f64;
+            let base_p50 = *baseline_p50.get_or_insert(r.e2e_ms.p50);
+            let line = format!(
+                "| {name} | {c} | {:.0} | {:.2} | {:.2} | {:+.2} ms ({:.2}x) | {:.3} | {} |\n",
+                r.requests_per_s,
+                r.e2e_ms.p50,
+                r.e2e_ms.p99,
+                r.e2e_ms.p50 - base_p50,
+                r.e2e_ms.p50 / base_p50.max(1e-9),
+                (e1 - e0) * 1000.0 / n,
+                if picker_pid.is_some() {
+                    format!("{:.3}", (p1 - p0) * 1000.0 / n)
+                } else {
+                    "-".into()
+                },
+            );
+            eprint!("{line}");
+            md.push_str(&line);
+            rows.push(r);
+            drop(cluster);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    println!("{md}");
+    write_results(&out, "overhead", &rows, &md)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Cmd::Suite { quick, out, seed } => suite(quick, out, seed).await,
+        Cmd::Overhead {
+            requests,
+            concurrency,
+            out,
+        } => overhead(requests, &concurrency, out).await,
+        Cmd::Run {
+            url,
+            sims,
+            workload: name,
+            concurrency,
+            rate,
+            seed,
+        } => {
+            let w = workloads(false, seed)?
+                .into_iter()
+                .find(|w| w.name.starts_with(&name))
+                .with_context(|| format!("unknown workload {name:?}"))?;
+            let arrival = match rate {
+                Some(rate) => Arrival::Poisson { rate, seed },
+                None => Arrival::Closed { concurrency },
+            };
+            let sims: Vec<String> = sims
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect();
+            let ceiling = workload::ceiling_hit_rate(&w.requests, 16);
+            let r = driver::run(&url, w.name, &url, &sims, &w.requests, arrival, ceiling).await;
+            println!("{}", serde_json::to_string_pretty(&r)?);
+            Ok(())
+        }
+    }
+}
