@@ -723,3 +723,38 @@ async fn default_plugins_concentrate_a_prefix_and_filter_an_overloaded_pod() {
         h.abort();
     }
 }
+
+#[test]
+fn benchmark_quick_suite_writes_a_well_formed_report() {
+    let out = tempfile::tempdir().unwrap();
+    let status = Command::new(env!("CARGO_BIN_EXE_prefix-bench"))
+        .args(["suite", "--quick", "--out"])
+        .arg(out.path())
+        .env("PREFIX_PICKER_ROOT", root())
+        .env("ENVOY_BIN", envoy_bin())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let results: Vec<prefix_picker::bench::driver::RunResult> =
+        serde_json::from_slice(&std::fs::read(out.path().join("suite-quick.json")).unwrap())
+            .unwrap();
+    let routers: std::collections::BTreeSet<&str> =
+        results.iter().map(|r| r.router.as_str()).collect();
+    assert_eq!(routers.len(), 3);
+    assert!(results.len() >= 9, "{} runs", results.len());
+    for r in &results {
+        assert_eq!(r.errors, 0, "{} / {}", r.workload, r.router);
+        assert!(r.requests > 0 && r.requests_per_s > 0.0);
+        assert!((0.0..=1.0).contains(&r.hit_rate) && (0.0..=1.0).contains(&r.ceiling_hit_rate));
+        assert!(
+            r.hit_rate <= r.ceiling_hit_rate + 1e-9,
+            "{} / {}: above the ceiling",
+            r.workload,
+            r.router
+        );
+        assert_eq!(r.pod_share.values().sum::<usize>(), r.requests);
+    }
+    let md = std::fs::read_to_string(out.path().join("suite-quick.md")).unwrap();
+    assert_eq!(md.matches("| router |").count(), results.len() / 3);
+}

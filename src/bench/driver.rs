@@ -140,23 +140,49 @@ async fn one(client: &reqwest::Client, base: &str, r: &BenchRequest) -> Sample {
     }
 }
 
-/// Queue of work: whole conversations, or single requests.
-fn units(requests: &[BenchRequest]) -> VecDeque<Vec<BenchRequest>> {
-    let mut by_conv: HashMap<u32, usize> = HashMap::new();
-    let mut out: Vec<Vec<BenchRequest>> = Vec::new();
+/// A unit of work: one request, a conversation (in order) or a burst (all at once).
+#[derive(Debug, Clone)]
+struct Unit {
+    requests: Vec<BenchRequest>,
+    together: bool,
+}
+
+fn units(requests: &[BenchRequest]) -> VecDeque<Unit> {
+    let mut by_key: HashMap<(bool, u32), usize> = HashMap::new();
+    let mut out: Vec<Unit> = Vec::new();
     for r in requests {
-        match r.conversation {
-            Some(c) => match by_conv.get(&c) {
-                Some(&i) => out[i].push(r.clone()),
-                None => {
-                    by_conv.insert(c, out.len());
-                    out.push(vec![r.clone()]);
+        let key = match (r.conversation, r.burst) {
+            (Some(c), _) => Some((false, c)),
+            (None, Some(b)) => Some((true, b)),
+            (None, None) => None,
+        };
+        match key.and_then(|k| by_key.get(&k).copied()) {
+            Some(i) => out[i].requests.push(r.clone()),
+            None => {
+                if let Some(k) = key {
+                    by_key.insert(k, out.len());
                 }
-            },
-            None => out.push(vec![r.clone()]),
+                out.push(Unit {
+                    requests: vec![r.clone()],
+                    together: key.is_some_and(|k| k.0),
+                });
+            }
         }
     }
     out.into()
+}
+
+async fn run_unit(client: &reqwest::Client, base: &str, unit: Unit, samples: &Mutex<Vec<Sample>>) {
+    if unit.together {
+        let all = unit.requests.iter().map(|r| one(client, base, r));
+        let results = futures_util::future::join_all(all).await;
+        samples.lock().extend(results);
+    } else {
+        for r in &unit.requests {
+            let s = one(client, base, r).await;
+            samples.lock().push(s);
+        }
+    }
 }
 
 /// Runs a workload against `base` (the router's URL); `sims` are the engines' URLs.
@@ -207,10 +233,7 @@ pub async fn run(
                         let Some(unit) = queue.lock().pop_front() else {
                             break;
                         };
-                        for r in unit {
-                            let s = one(&client, &base, &r).await;
-                            samples.lock().push(s);
-                        }
+                        run_unit(&client, &base, unit, &samples).await;
                     }
                 }));
             }
@@ -226,7 +249,7 @@ pub async fn run(
             let mut at = 0.0f64;
             let mut tasks = Vec::new();
             for unit in units(requests) {
-                let offset = match (arrival, unit[0].at_ms) {
+                let offset = match (arrival, unit.requests[0].at_ms) {
                     (Arrival::Trace, Some(ms)) => ms / 1000.0,
                     (Arrival::Poisson { rate, .. }, _) => {
                         at += -(1.0 - rng.random::<f64>()).ln() / rate.max(1e-9);
@@ -240,10 +263,7 @@ pub async fn run(
                         tokio::time::Instant::from_std(started) + Duration::from_secs_f64(offset),
                     )
                     .await;
-                    for r in unit {
-                        let s = one(&client, &base, &r).await;
-                        samples.lock().push(s);
-                    }
+                    run_unit(&client, &base, unit, &samples).await;
                 }));
             }
             for t in tasks {

@@ -47,6 +47,8 @@ pub struct BenchRequest {
     pub body: Value,
     /// Conversation id (turns of one conversation run in order).
     pub conversation: Option<u32>,
+    /// Burst id (the requests of one burst are sent at the same moment).
+    pub burst: Option<u32>,
     /// Arrival time (trace replay), ms from the start.
     pub at_ms: Option<f64>,
 }
@@ -83,6 +85,7 @@ pub fn shared_prefix(
                     model,
                 ),
                 conversation: None,
+                burst: None,
                 at_ms: None,
             });
         }
@@ -112,6 +115,7 @@ pub fn multi_turn(
                 path: "/v1/chat/completions",
                 body: chat(Value::Array(history.clone()), output_tokens, model),
                 conversation: Some(c as u32),
+                burst: None,
                 at_ms: None,
             });
             history.push(json!({"role": "assistant", "content": text(cs ^ (2 * t as u64 + 2), output_tokens * 4)}));
@@ -138,7 +142,8 @@ pub fn burst(
             out.push(BenchRequest {
                 path: "/v1/completions",
                 body: json!({"model": model, "prompt": format!("{prefix} request {i}"), "max_tokens": output_tokens, "stream": true}),
-                conversation: Some(b as u32),
+                conversation: None,
+                burst: Some(b as u32),
                 at_ms: None,
             });
         }
@@ -176,6 +181,7 @@ pub fn trace(
             path: "/v1/completions",
             body: json!({"model": model, "prompt": prompt, "max_tokens": t.output_length.clamp(1, output_cap), "stream": true}),
             conversation: None,
+            burst: None,
             at_ms: Some(t.timestamp / speedup.max(1e-9)),
         });
     }

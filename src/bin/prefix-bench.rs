@@ -92,7 +92,7 @@ struct WorkloadSpec {
 
 fn workloads(quick: bool, seed: u64) -> anyhow::Result<Vec<WorkloadSpec>> {
     let m = "model";
-    let trace_path = root().join("../shared/data/mooncake/conversation_trace.jsonl");
+    let trace_path = root().join("../shared/data/mooncake/synthetic_trace.jsonl");
     let mut w = if quick {
         vec![
             WorkloadSpec {
@@ -108,7 +108,7 @@ fn workloads(quick: bool, seed: u64) -> anyhow::Result<Vec<WorkloadSpec>> {
             WorkloadSpec {
                 name: "burst (8 new prefixes x 8 at once, 1024 tok)",
                 requests: workload::burst(8, 8, 1024, 16, seed, m),
-                arrival: Arrival::Closed { concurrency: 8 },
+                arrival: Arrival::Closed { concurrency: 1 },
             },
         ]
     } else {
@@ -131,17 +131,17 @@ fn workloads(quick: bool, seed: u64) -> anyhow::Result<Vec<WorkloadSpec>> {
             WorkloadSpec {
                 name: "burst (32 new prefixes x 16 at once, 2048 tok)",
                 requests: workload::burst(32, 16, 2048, 32, seed, m),
-                arrival: Arrival::Closed { concurrency: 16 },
+                arrival: Arrival::Closed { concurrency: 2 },
             },
         ]
     };
     if trace_path.exists() {
-        let limit = if quick { 150 } else { 1000 };
+        let limit = if quick { 200 } else { 1000 };
         w.push(WorkloadSpec {
             name: if quick {
-                "trace (Mooncake conversation, first 150 requests, 20x speed-up)"
+                "trace (Mooncake synthetic, first 200 requests, 20x speed-up)"
             } else {
-                "trace (Mooncake conversation, first 1000 requests, 20x speed-up)"
+                "trace (Mooncake synthetic, first 1000 requests, 20x speed-up)"
             },
             requests: workload::trace(&trace_path, limit, 20.0, 64, m)
                 .with_context(|| format!("reading {}", trace_path.display()))?,
@@ -326,6 +326,7 @@ async fn overhead(requests: usize, concurrency: &str, out: PathBuf) -> anyhow::R
             path: "/v1/completions",
             body: serde_json::json!({"model": "model", "prompt": workload::text(i as u64 + 11, 8192), "max_tokens": 1, "stream": true}),
             conversation: None,
+            burst: None,
             at_ms: None,
         })
         .collect();
