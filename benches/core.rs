@@ -9,9 +9,13 @@
 //!   entries); one score over all 64 candidates plus one record of a fresh 8 KiB prompt that shares
 //!   a 2 KiB system prefix with every pod; also score alone, record alone, and hash+score+record.
 //! - `record_throughput/*`: time per record with 1 thread, and with 2 OS threads recording into
-//!   two different pods or into the same pod (`iter_custom`: wall time / records).
-//! - bytes per entry (not timed): each index is built in a child process of this binary so the
-//!   RSS delta is not blurred by the benches' own memory; printed before and after the benches.
+//!   two different pods or into the same pod (`iter_custom`: wall time / records); as a control,
+//!   2 threads recording into two separate, equally full indexes (nothing shared but the machine).
+//! - bytes per entry (not timed): 64 pods x 50,000 entries with distinct prompts (`unshared`),
+//!   with half of each list shared by 4 pods (`shared4`), and `unshared` churned on to 3x the
+//!   capacity (`unshared_churned_3x`); each built in a child process of this binary so the RSS
+//!   delta is not blurred by the benches' own memory; printed before and after the benches,
+//!   together with the scheduler fixture's heap per entry after all the benches' records.
 //!
 //! Prompts are words drawn from a fixed vocabulary by seeded RNGs: deterministic, text-like.
 //! Under `cargo test --benches` (criterion's test mode) the fixtures are small and the
@@ -48,187 +52,30 @@ const POOL: usize = 600;
 /// Environment variable that turns this binary into a bytes-per-entry child.
 const BPE_ENV: &str = "PREFIX_PICKER_BENCH_BYTES_PER_ENTRY";
 
-const WORDS: &[&str] = &[
-    "the",
-    "of",
-    "and",
-    "to",
-    "in",
-    "is",
-    "that",
-    "for",
-    "it",
-    "as",
-    "was",
-    "with",
-    "be",
-    "by",
-    "on",
-    "not",
-    "he",
-    "this",
-    "are",
-    "or",
-    "his",
-    "from",
-    "at",
-    "which",
-    "but",
-    "have",
-    "an",
-    "had",
-    "they",
-    "you",
-    "were",
-    "their",
-    "one",
-    "all",
-    "we",
-    "can",
-    "her",
-    "has",
-    "there",
-    "been",
-    "if",
-    "more",
-    "when",
-    "will",
-    "would",
-    "who",
-    "so",
-    "no",
-    "she",
-    "other",
-    "its",
-    "may",
-    "these",
-    "what",
-    "them",
-    "than",
-    "some",
-    "him",
-    "time",
-    "into",
-    "only",
-    "do",
-    "out",
-    "could",
-    "about",
-    "two",
-    "first",
-    "then",
-    "any",
-    "like",
-    "should",
-    "over",
-    "such",
-    "our",
-    "also",
-    "model",
-    "request",
-    "server",
-    "cluster",
-    "latency",
-    "token",
-    "prompt",
-    "cache",
-    "prefix",
-    "block",
-    "memory",
-    "system",
-    "user",
-    "assistant",
-    "answer",
-    "question",
-    "document",
-    "function",
-    "value",
-    "return",
-    "result",
-    "error",
-    "example",
-    "explain",
-    "summarize",
-    "following",
-    "context",
-    "information",
-    "please",
-    "provide",
-    "detailed",
-    "response",
-    "data",
-    "table",
-    "query",
-    "customer",
-    "order",
-    "account",
-    "policy",
-    "report",
-    "analysis",
-    "code",
-    "python",
-    "rust",
-    "kubernetes",
-    "deployment",
-    "service",
-    "network",
-    "storage",
-    "database",
-    "performance",
-    "throughput",
-    "schedule",
-    "inference",
-    "gateway",
-    "endpoint",
-    "routing",
-    "weight",
-    "score",
-    "plugin",
-    "configuration",
-    "version",
-    "release",
-    "feature",
-    "support",
-    "because",
-    "however",
-    "therefore",
-    "between",
-    "through",
-    "during",
-    "without",
-    "within",
-    "important",
-    "different",
-    "possible",
-    "available",
-    "specific",
-    "general",
-    "several",
-    "number",
-    "people",
-    "world",
-    "year",
-    "state",
-    "company",
-    "program",
-    "problem",
-    "process",
-    "development",
-    "research",
-    "market",
-    "product",
-    "quality",
-    "history",
-    "language",
-    "reason",
-];
+/// The words prompts are made of (common English plus serving/infra vocabulary).
+const VOCABULARY: &str = "\
+    the of and to in is that for it as was with be by on not he this are or his from at \
+    which but have an had they you were their one all we can her has there been if more \
+    when will would who so no she other its may these what them than some him time into \
+    only do out could about two first then any like should over such our also model request \
+    server cluster latency token prompt cache prefix block memory system user assistant \
+    answer question document function value return result error example explain summarize \
+    following context information please provide detailed response data table query \
+    customer order account policy report analysis code python rust kubernetes deployment \
+    service network storage database performance throughput schedule inference gateway \
+    endpoint routing weight score plugin configuration version release feature support \
+    because however therefore between through during without within important different \
+    possible available specific general several number people world year state company \
+    program problem process development research market product quality history language \
+    reason";
 
 /// Appends seeded text-like words to `out` until it is exactly `len` bytes long.
 fn append_words(out: &mut Vec<u8>, seed: u64, len: usize) {
+    let vocabulary: Vec<&str> = VOCABULARY.split_whitespace().collect();
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut sentence_start = true;
     while out.len() < len {
-        let word = WORDS[rng.random_range(0..WORDS.len())].as_bytes();
+        let word = vocabulary[rng.random_range(0..vocabulary.len())].as_bytes();
         if sentence_start {
             out.push(word[0].to_ascii_uppercase());
             out.extend_from_slice(&word[1..]);
@@ -322,10 +169,11 @@ impl Scheduler {
             }
         }
         eprintln!(
-            "fixture: {} pods, {} entries ({} distinct), filled in {:.1?}",
+            "fixture: {} pods, {} entries ({} distinct), heap {:.1} B/entry, filled in {:.1?}",
             PODS,
             index.entries(),
             index.distinct_entries(),
+            index.heap_bytes() as f64 / index.entries() as f64,
             started.elapsed()
         );
         s
@@ -441,16 +289,17 @@ impl Pools {
     }
 }
 
-/// `iters` records split over `pods.len()` threads (thread `t` records pool `t` into `pods[t]`);
-/// returns the wall time from the common start to the last thread's end.
-fn run_records(s: &Scheduler, pools: &Pools, pods: &[usize], iters: u64) -> Duration {
-    let threads = pods.len() as u64;
-    let barrier = Barrier::new(pods.len() + 1);
+/// `iters` records split over `workers.len()` threads: thread `t` records pool `t` into pod
+/// `workers[t].1` of fixture `workers[t].0`. Returns the wall time from the common start to the
+/// last thread's end, so criterion reports wall time per record.
+fn run_records(workers: &[(&Scheduler, usize)], pools: &Pools, iters: u64) -> Duration {
+    let threads = workers.len() as u64;
+    let barrier = Barrier::new(workers.len() + 1);
     std::thread::scope(|scope| {
-        let workers: Vec<_> = pods
+        let handles: Vec<_> = workers
             .iter()
             .enumerate()
-            .map(|(t, &pod)| {
+            .map(|(t, &(s, pod))| {
                 let n = iters / threads + u64::from((t as u64) < iters % threads);
                 let barrier = &barrier;
                 scope.spawn(move || {
@@ -468,8 +317,8 @@ fn run_records(s: &Scheduler, pools: &Pools, pods: &[usize], iters: u64) -> Dura
             .collect();
         barrier.wait();
         let start = Instant::now();
-        for worker in workers {
-            worker.join().expect("record thread");
+        for handle in handles {
+            handle.join().expect("record thread");
         }
         start.elapsed()
     })
@@ -477,17 +326,27 @@ fn run_records(s: &Scheduler, pools: &Pools, pods: &[usize], iters: u64) -> Dura
 
 fn bench_record_throughput(c: &mut Criterion, sched: &OnceCell<Scheduler>, fill: usize) {
     let pools: OnceCell<Pools> = OnceCell::new();
+    // A second, independent filled index: the control for "is it the index or the machine?".
+    let other: OnceCell<Scheduler> = OnceCell::new();
     let mut g = c.benchmark_group("record_throughput");
     g.throughput(Throughput::Elements(1));
-    for (name, pods) in [
-        ("1_thread", &[PODS - 2][..]),
-        ("2_threads", &[PODS - 2, PODS - 1][..]),
-        ("2_threads_same_pod", &[PODS - 2, PODS - 2][..]),
+    let (a, b) = (PODS - 2, PODS - 1);
+    for name in [
+        "1_thread",
+        "2_threads",
+        "2_threads_same_pod",
+        "2_threads_separate_indexes",
     ] {
-        g.bench_function(name, |b| {
+        g.bench_function(name, |bencher| {
             let s = sched.get_or_init(|| Scheduler::build(fill));
             let pools = pools.get_or_init(|| Pools::new(s));
-            b.iter_custom(|iters| run_records(s, pools, pods, iters))
+            let workers: Vec<(&Scheduler, usize)> = match name {
+                "1_thread" => vec![(s, a)],
+                "2_threads" => vec![(s, a), (s, b)],
+                "2_threads_same_pod" => vec![(s, a), (s, a)],
+                _ => vec![(s, a), (other.get_or_init(|| Scheduler::build(fill)), a)],
+            };
+            bencher.iter_custom(|iters| run_records(&workers, pools, iters))
         });
     }
     g.finish();
@@ -505,6 +364,7 @@ fn rss_bytes() -> Option<u64> {
 /// Child mode: builds one 64 pods x 50,000 entries index and prints its cost per entry.
 /// `unshared`: every prompt distinct (every entry held by one pod). `shared4`: pods in groups of
 /// four get the same first 4 KiB and their own last 4 KiB, so half of each list is shared by 4.
+/// `unshared_churned`: `unshared`, then recorded on until each pod inserted 3x its capacity.
 fn bytes_per_entry_child(kind: &str) {
     let users: Vec<Vec<u8>> = (0..USER_TEXTS as u64)
         .map(|i| words(3000 + i, PROMPT_BYTES))
@@ -521,21 +381,41 @@ fn bytes_per_entry_child(kind: &str) {
         let room = len - prompt.len();
         prompt.extend_from_slice(&user[..room]);
     };
+    // `PREFIX_PICKER_BENCH_CHURN=10` churns longer (default 3 x capacity).
+    let churn = std::env::var("PREFIX_PICKER_BENCH_CHURN")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(3);
     let index = PrefixIndex::new(CAPACITY);
     let before = rss_bytes().unwrap_or(0);
     let started = Instant::now();
     let pods: Vec<PodHandle> = (0..PODS).map(|_| index.add_pod()).collect();
     match kind {
-        "unshared" => {
-            for (p, pod) in pods.iter().enumerate() {
-                let mut n = 0u64;
-                while index.pod_entries(pod.slot()) < CAPACITY {
+        "unshared" | "unshared_churned" => {
+            // `unshared_churned` keeps recording until each pod inserted `churn` x its capacity
+            // (most of it evicted again: closer to the steady state of a long-running server).
+            let inserts = if kind == "unshared" {
+                0
+            } else {
+                churn * CAPACITY
+            };
+            // Round-robin over the pods, as a server's traffic would interleave them.
+            let mut inserted = vec![0usize; PODS];
+            for n in 0u64.. {
+                let mut busy = false;
+                for (p, pod) in pods.iter().enumerate() {
+                    if index.pod_entries(pod.slot()) >= CAPACITY && inserted[p] >= inserts {
+                        continue;
+                    }
+                    busy = true;
                     prompt.clear();
                     writeln!(prompt, "Conversation {p}-{n}").expect("write to a Vec");
                     fill(&mut prompt, n + p as u64, PROMPT_BYTES);
                     chain.hash_into(MODEL, &prompt, &mut hashes);
-                    index.record(pod, model, &hashes);
-                    n += 1;
+                    inserted[p] += index.record(pod, model, &hashes).inserted;
+                }
+                if !busy {
+                    break;
                 }
             }
         }
@@ -565,6 +445,10 @@ fn bytes_per_entry_child(kind: &str) {
     let entries = index.entries();
     let distinct = index.distinct_entries();
     let heap = index.heap_bytes();
+    let kind = match kind {
+        "unshared_churned" => format!("unshared_churned_{churn}x"),
+        other => other.to_string(),
+    };
     println!(
         "bytes_per_entry {kind} heap={:.1} rss={:.1} (entries={entries} distinct={distinct} \
          heap_bytes={heap} rss_delta={} heap_per_distinct={:.1} built_in={:.1?})",
@@ -576,13 +460,13 @@ fn bytes_per_entry_child(kind: &str) {
     );
 }
 
-/// Runs both bytes-per-entry builds in child processes and returns their report lines.
+/// Runs the bytes-per-entry builds in child processes and returns their report lines.
 fn bytes_per_entry_report() -> Vec<String> {
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
         Err(e) => return vec![format!("bytes_per_entry skipped: no current_exe ({e})")],
     };
-    ["unshared", "shared4"]
+    ["unshared", "shared4", "unshared_churned"]
         .iter()
         .map(
             |kind| match Command::new(&exe).env(BPE_ENV, kind).output() {
@@ -647,13 +531,18 @@ fn print_summary(since: SystemTime) {
         "record_throughput/1_thread",
         "record_throughput/2_threads",
         "record_throughput/2_threads_same_pod",
+        "record_throughput/2_threads_separate_indexes",
     ] {
         if let Some(ns) = median_ns(id, since) {
             println!("{id:<45} {:>10.3} us  {:>8.0} /s", ns / 1e3, 1e9 / ns);
         }
     }
     let one = median_ns("record_throughput/1_thread", since);
-    for two in ["2_threads", "2_threads_same_pod"] {
+    for two in [
+        "2_threads",
+        "2_threads_same_pod",
+        "2_threads_separate_indexes",
+    ] {
         match (one, median_ns(&format!("record_throughput/{two}"), since)) {
             (Some(one), Some(t)) => println!(
                 "record_throughput ratio 1_thread/{two} = {:.2} (records per second with 2 threads \
@@ -698,6 +587,18 @@ fn main() {
     bench_record_throughput(&mut c, &sched, fill);
     c.final_summary();
 
+    if let Some(s) = sched.get() {
+        let index = s.cache.index();
+        println!(
+            "\nbytes_per_entry fixture_after_benches heap={:.1} (entries={} distinct={} \
+             heap_bytes={} prompts recorded since the start={})",
+            index.heap_bytes() as f64 / index.entries() as f64,
+            index.entries(),
+            index.distinct_entries(),
+            index.heap_bytes(),
+            s.next_tag.load(Ordering::Relaxed),
+        );
+    }
     if measuring {
         print_summary(since);
         println!();

@@ -65,7 +65,8 @@ impl PodLru {
         self.nodes.is_empty()
     }
 
-    /// Heap bytes held (capacity-based; excludes allocator overhead).
+    /// Heap bytes allocated (excludes allocator overhead; the unused tail of the node `Vec` is
+    /// allocated but never touched, so not resident).
     pub fn heap_bytes(&self) -> usize {
         self.nodes.capacity() * size_of::<Node>() + self.table.capacity() * (size_of::<u32>() + 1)
     }

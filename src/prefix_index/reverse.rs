@@ -37,9 +37,9 @@ impl ReverseShard {
         self.table.len()
     }
 
-    /// Heap bytes held (capacity-based; excludes allocator overhead).
+    /// Heap bytes allocated (excludes allocator overhead).
     pub fn heap_bytes(&self) -> usize {
-        self.table.capacity() * (size_of::<Entry>() + 1)
+        self.table.allocation_size()
             + self.overflow.capacity() * size_of::<Vec<PodSlot>>()
             + self
                 .overflow
