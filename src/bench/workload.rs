@@ -238,3 +238,30 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod trace_tests {
+    use super::*;
+
+    #[test]
+    fn trace_blocks_share_text_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.jsonl");
+        std::fs::write(
+            &path,
+            "{\"timestamp\": 0, \"input_length\": 1500, \"output_length\": 3, \"hash_ids\": [1, 2, 3]}\n{\"timestamp\": 5, \"input_length\": 1100, \"output_length\": 3, \"hash_ids\": [1, 2, 9]}\n",
+        )
+        .unwrap();
+        let w = trace(&path, 10, 1.0, 8, "m").unwrap();
+        assert_eq!(w.len(), 2);
+        let p0 = w[0].body["prompt"].as_str().unwrap();
+        let p1 = w[1].body["prompt"].as_str().unwrap();
+        assert_eq!(p0.len(), 6000);
+        assert_eq!(p0[..4096], p1[..4096]);
+        assert_ne!(p0[4096..4400], p1[4096..4400]);
+        // The second request can reuse its first two 512-token blocks: 1024 of 1100 tokens.
+        let c = ceiling_hit_rate(&w, 16);
+        let expected = 1024.0 / (1500.0 + 1100.0);
+        assert!((c - expected).abs() < 0.01, "{c} vs {expected}");
+    }
+}

@@ -45,6 +45,9 @@ enum Cmd {
         requests: usize,
         #[arg(long, default_value = "1,16")]
         concurrency: String,
+        /// Output tokens per response (SSE events); >1 measures the per-chunk cost.
+        #[arg(long, default_value_t = 1)]
+        output_tokens: usize,
         #[arg(long, default_value = "bench/results")]
         out: PathBuf,
     },
@@ -88,6 +91,8 @@ struct WorkloadSpec {
     name: &'static str,
     requests: Vec<BenchRequest>,
     arrival: Arrival,
+    /// KV cache blocks per sim (the shared-prefix workloads use a small cache for pressure).
+    kv_blocks: usize,
 }
 
 fn workloads(quick: bool, seed: u64) -> anyhow::Result<Vec<WorkloadSpec>> {
@@ -99,16 +104,19 @@ fn workloads(quick: bool, seed: u64) -> anyhow::Result<Vec<WorkloadSpec>> {
                 name: "shared-prefix (16 groups x 8, system 1024 tok, question 64, out 32)",
                 requests: workload::shared_prefix(16, 8, 1024, 64, 32, seed, m),
                 arrival: Arrival::Closed { concurrency: 8 },
+                kv_blocks: 4096,
             },
             WorkloadSpec {
                 name: "multi-turn (16 conversations x 4 turns, user 128 tok, out 64)",
                 requests: workload::multi_turn(16, 4, 256, 128, 64, seed, m),
                 arrival: Arrival::Closed { concurrency: 8 },
+                kv_blocks: 4096,
             },
             WorkloadSpec {
                 name: "burst (8 new prefixes x 8 at once, 1024 tok)",
                 requests: workload::burst(8, 8, 1024, 16, seed, m),
                 arrival: Arrival::Closed { concurrency: 1 },
+                kv_blocks: 4096,
             },
         ]
     } else {
@@ -117,21 +125,25 @@ fn workloads(quick: bool, seed: u64) -> anyhow::Result<Vec<WorkloadSpec>> {
                 name: "shared-prefix SGLang defaults (64 groups x 16, system 2048 tok, question 128, out 256)",
                 requests: workload::shared_prefix(64, 16, 2048, 128, 256, seed, m),
                 arrival: Arrival::Closed { concurrency: 32 },
+                kv_blocks: 4096,
             },
             WorkloadSpec {
                 name: "shared-prefix Kthena long system (64 groups x 8, system 4096 tok, question 256, out 128)",
                 requests: workload::shared_prefix(64, 8, 4096, 256, 128, seed, m),
                 arrival: Arrival::Poisson { rate: 40.0, seed },
+                kv_blocks: 4096,
             },
             WorkloadSpec {
                 name: "multi-turn (64 conversations x 6 turns, system 512, user 256 tok, out 128)",
                 requests: workload::multi_turn(64, 6, 512, 256, 128, seed, m),
                 arrival: Arrival::Closed { concurrency: 32 },
+                kv_blocks: 4096,
             },
             WorkloadSpec {
                 name: "burst (32 new prefixes x 16 at once, 2048 tok)",
                 requests: workload::burst(32, 16, 2048, 32, seed, m),
                 arrival: Arrival::Closed { concurrency: 2 },
+                kv_blocks: 4096,
             },
         ]
     };
@@ -146,19 +158,22 @@ fn workloads(quick: bool, seed: u64) -> anyhow::Result<Vec<WorkloadSpec>> {
             requests: workload::trace(&trace_path, limit, 20.0, 64, m)
                 .with_context(|| format!("reading {}", trace_path.display()))?,
             arrival: Arrival::Trace,
+            // Long reuse distances: a full H100-sized cache (32,768 blocks = 524k tokens).
+            kv_blocks: 32_768,
         });
     }
     Ok(w)
 }
 
 const SIMS: usize = 4;
-/// Simulated engines: 7-8B on one H100 with a smaller KV cache (cache pressure), 10x faster.
-fn sim_args() -> Vec<String> {
+/// Simulated engines: 7-8B on one H100, `kv_blocks` of cache, 10x faster.
+fn sim_args(kv_blocks: usize) -> Vec<String> {
+    let kv = kv_blocks.to_string();
     [
         "--time-scale",
         "10",
         "--kv-blocks",
-        "4096",
+        kv.as_str(),
         "--max-num-seqs",
         "64",
     ]
@@ -265,7 +280,7 @@ async fn suite(quick: bool, out: PathBuf, seed: u64) -> anyhow::Result<()> {
         let ceiling = workload::ceiling_hit_rate(&w.requests, 16);
         for (router, envoy_file, scheduler) in routers()? {
             eprintln!("{} | {router}", w.name);
-            let c = start_cluster(envoy_file, scheduler.as_deref(), &sim_args()).await?;
+            let c = start_cluster(envoy_file, scheduler.as_deref(), &sim_args(w.kv_blocks)).await?;
             let base = format!("http://127.0.0.1:{}", c.envoy.port);
             let r = driver::run(
                 router,
@@ -297,7 +312,12 @@ async fn suite(quick: bool, out: PathBuf, seed: u64) -> anyhow::Result<()> {
     )
 }
 
-async fn overhead(requests: usize, concurrency: &str, out: PathBuf) -> anyhow::Result<()> {
+async fn overhead(
+    requests: usize,
+    concurrency: &str,
+    output_tokens: usize,
+    out: PathBuf,
+) -> anyhow::Result<()> {
     let levels: Vec<usize> = concurrency
         .split(',')
         .filter_map(|c| c.trim().parse().ok())
@@ -324,13 +344,16 @@ async fn overhead(requests: usize, concurrency: &str, out: PathBuf) -> anyhow::R
     let prompts: Vec<BenchRequest> = (0..requests)
         .map(|i| BenchRequest {
             path: "/v1/completions",
-            body: serde_json::json!({"model": "model", "prompt": workload::text(i as u64 + 11, 8192), "max_tokens": 1, "stream": true}),
+            body: serde_json::json!({"model": "model", "prompt": workload::text(i as u64 + 11, 8192), "max_tokens": output_tokens.max(1), "stream": true}),
             conversation: None,
             burst: None,
             at_ms: None,
         })
         .collect();
-    let mut md = String::from(
+    let mut md = format!(
+        "8 KiB prompts, {output_tokens} output token(s) per streamed response, {requests} requests per row\n\n"
+    );
+    md.push_str(
         "| setup | concurrency | req/s | p50 (ms) | p99 (ms) | p50 vs Envoy alone | Envoy CPU ms/req | picker CPU ms/req |\n|---|---|---|---|---|---|---|---|\n",
     );
     let mut rows = Vec::new();
@@ -388,7 +411,7 @@ async fn overhead(requests: usize, concurrency: &str, out: PathBuf) -> anyhow::R
         }
     }
     println!("{md}");
-    write_results(&out, "overhead", &rows, &md)
+    write_results(&out, &format!("overhead-{output_tokens}tok"), &rows, &md)
 }
 
 #[tokio::main]
@@ -398,8 +421,9 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Overhead {
             requests,
             concurrency,
+            output_tokens,
             out,
-        } => overhead(requests, &concurrency, out).await,
+        } => overhead(requests, &concurrency, output_tokens, out).await,
         Cmd::Run {
             url,
             sims,
