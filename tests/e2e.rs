@@ -587,19 +587,34 @@ async fn verbose_four_prints_kthena_score_lines() {
     .await;
     let r = send(&envoy, "/v1/chat/completions", &chat(SYSTEM, "verbose")).await;
     assert_eq!(r.status, 200);
-    let want = [
-        "ScorePlugin: prefix-cache".to_string(),
-        "Pod: default/pod-a, Score: 0".to_string(),
-        "Final Pod Scores:".to_string(),
-        "  Pod: default/pod-a, Final Score: ".to_string(),
-    ];
+    // Hand-computed for the first request on an idle cluster without engine metrics:
+    // least-request 100 (nothing in flight), gpu-usage int((1 - 0) * 100) = 100, least-latency 50
+    // (no TTFT/TPOT yet), prefix-cache 0 (nothing recorded); total 100 + 100 + 50 + 0 = 250.
+    let mut want = Vec::new();
+    for (plugin, score) in [
+        ("least-request", 100),
+        ("gpu-usage", 100),
+        ("least-latency", 50),
+        ("prefix-cache", 0),
+    ] {
+        want.push(format!("ScorePlugin: {plugin}"));
+        for pod in ["pod-a", "pod-b", "pod-c"] {
+            want.push(format!("Pod: default/{pod}, Score: {score}"));
+        }
+    }
+    want.push("Final Pod Scores:".to_string());
+    for pod in ["pod-a", "pod-b", "pod-c"] {
+        want.push(format!("  Pod: default/{pod}, Final Score: 250"));
+    }
     poll("score lines", || {
         while let Ok(l) = rx.try_recv() {
             lines.push(l);
         }
-        let ok = want
+        let messages: Vec<&str> = lines
             .iter()
-            .all(|w| lines.iter().any(|l| l.contains(w.as_str())));
+            .filter_map(|l| l.split_once(" scores: ").map(|(_, m)| m))
+            .collect();
+        let ok = messages.len() >= want.len() && messages[..want.len()] == want[..];
         async move { ok.then_some(()) }
     })
     .await;
