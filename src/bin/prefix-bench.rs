@@ -6,6 +6,7 @@
 //! - `overhead`: instant backends, fixed concurrency: requests/s, p50/p99 latency and CPU per
 //!   request of Envoy alone vs Envoy + prefix-picker (both Envoy setups), in one run.
 //! - `run`: one workload against an existing router URL.
+//! - `report`: rewrite the markdown and PNG of a results file.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -51,6 +52,8 @@ enum Cmd {
         #[arg(long, default_value = "bench/results")]
         out: PathBuf,
     },
+    /// Rewrite the markdown and PNG of a results JSON file (next to it).
+    Report { results: PathBuf },
     /// One workload against a running router.
     Run {
         #[arg(long)]
@@ -424,6 +427,11 @@ async fn main() -> anyhow::Result<()> {
             output_tokens,
             out,
         } => overhead(requests, &concurrency, output_tokens, out).await,
+        Cmd::Report { results } => {
+            let runs: Vec<RunResult> = serde_json::from_slice(&std::fs::read(&results)?)?;
+            std::fs::write(results.with_extension("md"), report::markdown(&runs))?;
+            report::plot(&runs, &results.with_extension("png"))
+        }
         Cmd::Run {
             url,
             sims,
