@@ -773,3 +773,116 @@ fn benchmark_quick_suite_writes_a_well_formed_report() {
     let md = std::fs::read_to_string(out.path().join("suite-quick.md")).unwrap();
     assert_eq!(md.matches("| router |").count(), results.len() / 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_bodies_get_defined_outcomes_and_leak_nothing() {
+    let backends = three_backends().await;
+    let picker = start_picker(picker_config(
+        &backends.iter().collect::<Vec<_>>(),
+        "picker: {maxBodyBytes: 12582912}\n",
+    ))
+    .await;
+    let envoy = start_envoy(render_envoy(
+        "envoy.yaml",
+        picker.grpc_addr.port(),
+        &addrs(&backends),
+        |s| s,
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    let deep = |n: usize| {
+        format!(
+            "{{\"model\":\"m\",\"prompt\":\"x\",\"extra\":{}1{}}}",
+            "[".repeat(n),
+            "]".repeat(n)
+        )
+    };
+    let big = |bytes: usize| {
+        format!("{{\"model\":\"m\",\"prompt\":\"{}\"}}", "a".repeat(bytes)).into_bytes()
+    };
+    let cases: Vec<(&str, &str, Vec<u8>, u16)> = vec![
+        ("not JSON", "/v1/completions", b"{not json".to_vec(), 400),
+        ("truncated JSON", "/v1/completions", br#"{"model":"m","prompt":"abc"#.to_vec(), 400),
+        ("array body", "/v1/chat/completions", b"[]".to_vec(), 400),
+        ("string body", "/v1/chat/completions", br#""hello""#.to_vec(), 400),
+        ("number model", "/v1/completions", br#"{"model":7,"prompt":"x"}"#.to_vec(), 400),
+        ("empty body", "/v1/completions", Vec::new(), 400),
+        ("raw NUL in a string", "/v1/completions", b"{\"model\":\"m\",\"prompt\":\"a\0b\"}".to_vec(), 400),
+        ("number out of range", "/v1/completions", br#"{"model":"m","prompt":"x","max_tokens":1e400}"#.to_vec(), 400),
+        ("200-level nesting", "/v1/completions", deep(200).into_bytes(), 400),
+        ("50-level nesting", "/v1/completions", deep(50).into_bytes(), 200),
+        ("prompt of the wrong type", "/v1/completions", br#"{"model":"m","prompt":{"a":1}}"#.to_vec(), 200),
+        ("messages of the wrong type", "/v1/chat/completions", br#"{"model":"m","messages":{"role":"user"}}"#.to_vec(), 200),
+        ("messages with bad items", "/v1/chat/completions", br#"{"model":"m","messages":[5,null,{"role":1},{"role":"user","content":[{"type":"image_url"}]}]}"#.to_vec(), 200),
+        ("input of the wrong type", "/v1/responses", br#"{"model":"m","input":42}"#.to_vec(), 200),
+        ("invalid UTF-8", "/v1/completions", b"{\"model\":\"m\",\"prompt\":\"\xff\xfe\xe2\x82A\"}".to_vec(), 200),
+        ("lone surrogate escapes", "/v1/completions", br#"{"model":"m","prompt":"\ud800\udc00\udfff x"}"#.to_vec(), 200),
+        ("escaped NUL", "/v1/completions", br#"{"model":"m","prompt":"a\u0000b"}"#.to_vec(), 200),
+        ("duplicate keys", "/v1/completions", br#"{"model":"x","model":"m","prompt":"a","prompt":"b"}"#.to_vec(), 200),
+        ("unknown API path", "/v1/embeddings", br#"{"model":"m","input":"x"}"#.to_vec(), 200),
+        ("10 MB prompt", "/v1/completions", big(10 << 20), 200),
+        ("13 MB prompt (over maxBodyBytes)", "/v1/completions", big(13 << 20), 413),
+    ];
+    for (name, path, body, want) in cases {
+        let r = client
+            .post(envoy.url(path))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        assert_eq!(status, want, "{name}: {text}");
+        if status >= 400 {
+            let v: Value =
+                serde_json::from_str(&text).unwrap_or_else(|_| panic!("{name}: not JSON: {text}"));
+            assert!(v["error"]["message"].is_string(), "{name}: {v}");
+        }
+    }
+    // Wrong content type, GET without a body, a chunked upload.
+    let r = client
+        .post(envoy.url("/v1/completions"))
+        .header("content-type", "text/plain")
+        .body(r#"{"model":"m","prompt":"x"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let r = client
+        .get(envoy.url("/v1/chat/completions"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let chunks = futures::stream::iter(
+        [r#"{"model":"m","#, r#""prompt":"chunked "#, r#"upload"}"#]
+            .map(|s| Ok::<_, std::io::Error>(s.to_string())),
+    );
+    let r = client
+        .post(envoy.url("/v1/completions"))
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    // A client that disconnects mid-body.
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", envoy.port))
+            .await
+            .unwrap();
+        s.write_all(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"model\":\"m\",\"prompt\":\"abc").await.unwrap();
+        drop(s);
+    }
+    // Nothing leaked, and the picker still routes.
+    wait_metric_eq(&picker, "prefix_picker_inflight_streams", 0.0).await;
+    wait_metric_eq(&picker, "prefix_picker_pod_inflight_requests", 0.0).await;
+    assert_sticky(
+        &envoy,
+        &picker,
+        "/v1/chat/completions",
+        &chat(SYSTEM, "still alive"),
+    )
+    .await;
+}
