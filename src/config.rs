@@ -18,6 +18,8 @@
 //!   scrapeIntervalSeconds: 1      # engine /metrics period (0 = off)
 //!   scrapeTimeoutSeconds: 0.5
 //!   scrapeConcurrency: 16
+//!   shutdownDelaySeconds: 0       # SIGTERM: not-ready for this long before closing
+//!   shutdownGraceSeconds: 30      # SIGTERM: open streams get this long to finish
 //! ```
 //! Kthena's leniencies are kept and warned about: unknown top-level keys, unknown plugin names
 //! (`Failed to get plugin <name>.`), `disabled` lists (no effect), `random` next to other scorers
@@ -141,6 +143,10 @@ pub struct PickerConfig {
     pub scrape_interval_seconds: f64,
     pub scrape_timeout_seconds: f64,
     pub scrape_concurrency: usize,
+    /// On SIGTERM: seconds reported not-ready before streams stop being accepted.
+    pub shutdown_delay_seconds: f64,
+    /// On SIGTERM: seconds open streams get to finish.
+    pub shutdown_grace_seconds: f64,
 }
 
 impl Default for PickerConfig {
@@ -154,6 +160,8 @@ impl Default for PickerConfig {
             scrape_interval_seconds: 1.0,
             scrape_timeout_seconds: 0.5,
             scrape_concurrency: 16,
+            shutdown_delay_seconds: 0.0,
+            shutdown_grace_seconds: 30.0,
         }
     }
 }
@@ -251,6 +259,15 @@ impl Config {
         let p = &config.picker;
         let interval_ok = p.scrape_interval_seconds.is_finite() && p.scrape_interval_seconds >= 0.0;
         let timeout_ok = p.scrape_timeout_seconds.is_finite() && p.scrape_timeout_seconds > 0.0;
+        let shutdown_ok = [p.shutdown_delay_seconds, p.shutdown_grace_seconds]
+            .iter()
+            .all(|v| v.is_finite() && *v >= 0.0);
+        if !shutdown_ok {
+            errors.push(ConfigError::Picker(format!(
+                "shutdownDelaySeconds and shutdownGraceSeconds must be >= 0, got {} and {}",
+                p.shutdown_delay_seconds, p.shutdown_grace_seconds
+            )));
+        }
         if !interval_ok || !timeout_ok {
             errors.push(ConfigError::Picker(format!(
                 "scrapeIntervalSeconds must be >= 0 and scrapeTimeoutSeconds > 0, got {} and {}",

@@ -191,13 +191,15 @@ fn main() -> ExitCode {
             let result = runtime.block_on(async move {
                 let mut running =
                     prefix_picker::serve::start(config, &grpc_addr, &admin_addr).await?;
-                let token = running.shutdown.clone();
-                tokio::spawn(async move {
-                    shutdown_signal().await;
-                    tracing::info!("shutting down");
-                    token.cancel();
-                });
-                running.wait().await
+                let signalled = tokio::select! {
+                    _ = shutdown_signal() => true,
+                    r = running.wait() => { r?; false }
+                };
+                if !signalled {
+                    return Ok(());
+                }
+                tracing::info!("shutting down");
+                running.drain().await
             });
             match result {
                 Ok(()) => ExitCode::SUCCESS,

@@ -24,16 +24,56 @@ use crate::scheduler::Scheduler;
 pub const HEALTH_SERVICES: [&str; 3] = ["liveness", "readiness", ""];
 
 /// A running picker.
-#[derive(Debug)]
 pub struct Running {
     pub grpc_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub router: Arc<Router>,
     pub shutdown: CancellationToken,
     tasks: JoinSet<anyhow::Result<()>>,
+    ready: Arc<AtomicBool>,
+    health: tonic_health::server::HealthReporter,
+    drain_delay: Duration,
+    grace: Duration,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("grpc_addr", &self.grpc_addr)
+            .field("admin_addr", &self.admin_addr)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Running {
+    /// Graceful shutdown (SIGTERM): report not-ready first (`/readyz` 503, gRPC health
+    /// `readiness` and `""` NOT_SERVING; liveness stays up), wait `shutdownDelaySeconds` so load
+    /// balancers notice, then stop accepting streams and let open ones finish for up to
+    /// `shutdownGraceSeconds`; whatever is still open then is dropped.
+    pub async fn drain(mut self) -> anyhow::Result<()> {
+        self.ready.store(false, Ordering::Relaxed);
+        for name in ["readiness", ""] {
+            self.health
+                .set_service_status(name, tonic_health::ServingStatus::NotServing)
+                .await;
+        }
+        tracing::info!(delay = ?self.drain_delay, grace = ?self.grace, "draining: reported not ready");
+        tokio::time::sleep(self.drain_delay).await;
+        self.shutdown.cancel();
+        let grace = self.grace;
+        match tokio::time::timeout(grace, self.wait()).await {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::warn!(
+                    ?grace,
+                    "open streams did not finish within the grace period; dropping them"
+                );
+                self.tasks.abort_all();
+                Ok(())
+            }
+        }
+    }
+
     /// Cancels and waits for every task.
     pub async fn stop(mut self) -> anyhow::Result<()> {
         self.shutdown.cancel();
@@ -158,10 +198,9 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
         });
     }
     {
-        // Expire completions nobody observed; report not-ready first on shutdown.
+        // Expire completions nobody observed.
         let router = router.clone();
         let token = shutdown.clone();
-        let ready = ready.clone();
         tasks.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
@@ -175,12 +214,6 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
                     }
                 }
             }
-            ready.store(false, Ordering::Relaxed);
-            for name in HEALTH_SERVICES {
-                health
-                    .set_service_status(name, tonic_health::ServingStatus::NotServing)
-                    .await;
-            }
             Ok(())
         });
     }
@@ -192,5 +225,9 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
         router,
         shutdown,
         tasks,
+        ready,
+        health,
+        drain_delay: Duration::from_secs_f64(config.picker.shutdown_delay_seconds),
+        grace: Duration::from_secs_f64(config.picker.shutdown_grace_seconds),
     })
 }

@@ -886,3 +886,110 @@ async fn hostile_bodies_get_defined_outcomes_and_leak_nothing() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn picker_down_fails_open_or_closed_as_configured() {
+    let backends = three_backends().await;
+    // A port nobody listens on (bound, then released): the picker is down.
+    let dead_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let body = chat(SYSTEM, "is the picker there?");
+    let open = start_envoy(render_envoy(
+        "envoy-fail-open.yaml",
+        dead_port,
+        &addrs(&backends),
+        |s| s,
+    ))
+    .await;
+    let r = send(&open, "/v1/chat/completions", &body).await;
+    assert_eq!(
+        r.status,
+        200,
+        "fail-open still reaches a pod: {}",
+        open.log()
+    );
+    assert!(!r.served_by.is_empty());
+    let closed = start_envoy(render_envoy(
+        "envoy.yaml",
+        dead_port,
+        &addrs(&backends),
+        |s| s,
+    ))
+    .await;
+    let r = send(&closed, "/v1/chat/completions", &body).await;
+    assert_eq!(r.status, 500, "fail-closed answers 500 without the picker");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_reports_not_ready_first_and_lets_open_streams_finish() {
+    let backends = three_backends().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config =
+        String::from("picker: {shutdownDelaySeconds: 1, shutdownGraceSeconds: 20}\nendpoints:\n");
+    for b in &backends {
+        config.push_str(&format!(
+            "- {{name: {}, address: \"{}\"}}\n",
+            b.name, b.addr
+        ));
+    }
+    let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_prefix-picker"));
+    let (mut picker, admin) =
+        prefix_picker::bench::cluster::start_picker(&bin, dir.path(), &config).unwrap();
+    let envoy = start_envoy(render_envoy(
+        "envoy-full-duplex.yaml",
+        picker.addr.port(),
+        &addrs(&backends),
+        |s| s,
+    ))
+    .await;
+    // An SSE stream that the backend holds open until its gate opens. With the FULL_DUPLEX
+    // filter (failure_mode_allow: false) every response chunk passes through the picker, so the
+    // stream only completes if the draining picker keeps its ext_proc stream open.
+    let body = json!({"model": "m", "stream": true, "prompt": "GATED through a shutdown"});
+    let r = reqwest::Client::new()
+        .post(envoy.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let served = r.headers()["x-served-by"].to_str().unwrap().to_string();
+    let mut chunks = r.bytes_stream();
+    assert!(String::from_utf8_lossy(&chunks.next().await.unwrap().unwrap()).contains("\"n\":1"));
+
+    let status = Command::new("kill")
+        .args(["-TERM", &picker.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // Not ready first, while still serving.
+    poll("readyz to report 503", || async {
+        let r = reqwest::get(format!("http://{admin}/readyz")).await.ok()?;
+        (r.status().as_u16() == 503).then_some(())
+    })
+    .await;
+    assert!(
+        picker.try_wait().unwrap().is_none(),
+        "still running while draining"
+    );
+    // The open stream finishes normally.
+    backends
+        .iter()
+        .find(|b| b.name == served)
+        .unwrap()
+        .gate
+        .notify_one();
+    let mut rest = Vec::new();
+    while let Some(c) = chunks.next().await {
+        rest.extend_from_slice(&c.unwrap());
+    }
+    assert!(String::from_utf8_lossy(&rest).contains("[DONE]"));
+    let exit = poll("the picker to exit", || {
+        let s = picker.try_wait().unwrap();
+        async move { s }
+    })
+    .await;
+    assert!(exit.success(), "{exit:?}");
+}

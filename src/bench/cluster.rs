@@ -151,6 +151,11 @@ impl Process {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// The exit status, if the process has exited.
+    pub fn try_wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
+        self.child.try_wait()
+    }
 }
 
 impl Drop for Process {
