@@ -148,6 +148,11 @@ pub struct Process {
 }
 
 impl Process {
+    /// Wraps a spawned child that listens on `addr`.
+    pub fn new(child: Child, addr: SocketAddr) -> Process {
+        Process { child, addr }
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

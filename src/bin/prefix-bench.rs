@@ -137,6 +137,12 @@ fn workloads(quick: bool, seed: u64) -> anyhow::Result<Vec<WorkloadSpec>> {
                 kv_blocks: 4096,
             },
             WorkloadSpec {
+                name: "shared-prefix Kthena short system (64 groups x 8, system 256 tok, question 4096, out 128)",
+                requests: workload::shared_prefix(64, 8, 256, 4096, 128, seed, m),
+                arrival: Arrival::Poisson { rate: 40.0, seed },
+                kv_blocks: 4096,
+            },
+            WorkloadSpec {
                 name: "multi-turn (64 conversations x 6 turns, system 512, user 256 tok, out 128)",
                 requests: workload::multi_turn(64, 6, 512, 256, 128, seed, m),
                 arrival: Arrival::Closed { concurrency: 32 },
@@ -185,42 +191,153 @@ fn sim_args(kv_blocks: usize) -> Vec<String> {
     .collect()
 }
 
-/// The routers of the suite: (name, Envoy example, scheduler YAML or none).
-fn routers() -> anyhow::Result<Vec<(&'static str, &'static str, Option<String>)>> {
+/// How one router of the suite is deployed.
+enum Setup {
+    /// Envoy with one of the `envoy/` examples; with prefix-picker when a scheduler is given.
+    Envoy {
+        file: &'static str,
+        scheduler: Option<String>,
+    },
+    /// sglang-router (`python -m sglang_router.launch_router`, from its own virtualenv).
+    Sglang(PathBuf),
+    /// vllm-router (the `vllm-router` console script, from its own virtualenv).
+    Vllm(PathBuf),
+}
+
+/// The routers of the suite, in report order. The peers run only when `bench/run` installed
+/// them (`SGLANG_ROUTER_PYTHON`, `VLLM_ROUTER_BIN`).
+fn routers() -> anyhow::Result<Vec<(&'static str, Setup)>> {
     let default = std::fs::read_to_string(root().join("deploy/local/config.yaml"))?;
     let scheduler = default[..default
         .find("endpoints:")
         .context("endpoints in default config")?]
         .to_string();
     let prefix_only = "scheduler:\n  plugins:\n    Filter: {enabled: []}\n    Score:\n      enabled:\n      - {name: prefix-cache, weight: 1}\n".to_string();
-    Ok(vec![
-        ("envoy round-robin", "envoy-round-robin.yaml", None),
+    let mut out = vec![
+        (
+            "envoy round-robin",
+            Setup::Envoy {
+                file: "envoy-round-robin.yaml",
+                scheduler: None,
+            },
+        ),
         (
             "prefix-picker: prefix-cache only",
-            "envoy.yaml",
-            Some(prefix_only),
+            Setup::Envoy {
+                file: "envoy.yaml",
+                scheduler: Some(prefix_only),
+            },
         ),
         (
             "prefix-picker: Kthena default plugins",
-            "envoy.yaml",
-            Some(scheduler),
+            Setup::Envoy {
+                file: "envoy.yaml",
+                scheduler: Some(scheduler),
+            },
         ),
-    ])
+    ];
+    if let Some(p) = std::env::var_os("SGLANG_ROUTER_PYTHON") {
+        out.push(("sglang-router 0.3.2 cache_aware", Setup::Sglang(p.into())));
+    }
+    if let Some(p) = std::env::var_os("VLLM_ROUTER_BIN") {
+        out.push(("vllm-router 0.1.17 cache_aware", Setup::Vllm(p.into())));
+    }
+    Ok(out)
 }
 
 struct Cluster {
     _sims: Vec<Process>,
     picker: Option<Process>,
-    envoy: cluster::EnvoyProcess,
+    envoy: Option<cluster::EnvoyProcess>,
+    _peer: Option<Process>,
+    url: String,
     sim_urls: Vec<String>,
     _dir: tempfile::TempDir,
 }
 
-async fn start_cluster(
-    envoy_file: &str,
-    scheduler: Option<&str>,
-    sim_args: &[String],
-) -> anyhow::Result<Cluster> {
+/// A port that was free a moment ago. The peers cannot bind port 0 and report it, so this small
+/// race is accepted in the benchmark (never in tests).
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+async fn start_peer(
+    setup: &Setup,
+    dir: &std::path::Path,
+    sim_urls: &[String],
+) -> anyhow::Result<(Process, String)> {
+    let (port, prometheus) = (free_port()?, free_port()?);
+    let mut cmd = match setup {
+        Setup::Sglang(python) => {
+            let mut c = std::process::Command::new(python);
+            c.args([
+                "-m",
+                "sglang_router.launch_router",
+                "--prometheus-host",
+                "127.0.0.1",
+            ]);
+            c
+        }
+        Setup::Vllm(bin) => std::process::Command::new(bin),
+        Setup::Envoy { .. } => anyhow::bail!("not a peer"),
+    };
+    cmd.args([
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+        "--policy",
+        "cache_aware",
+    ])
+    .args([
+        "--prometheus-port",
+        &prometheus.to_string(),
+        "--worker-urls",
+    ])
+    .args(sim_urls)
+    .env("HF_HUB_OFFLINE", "1")
+    .stdout(std::fs::File::create(dir.join("peer.log"))?)
+    .stderr(std::fs::File::create(dir.join("peer.err"))?);
+    let child = cmd.spawn().context("starting the peer router")?;
+    let process = Process::new(child, format!("127.0.0.1:{port}").parse()?);
+    let url = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    let ready_path = if matches!(setup, Setup::Sglang(_)) {
+        "/readiness"
+    } else {
+        "/health"
+    };
+    let start = std::time::Instant::now();
+    loop {
+        if let Ok(r) = client.get(format!("{url}{ready_path}")).send().await
+            && r.status().is_success()
+        {
+            let text = r.text().await.unwrap_or_default();
+            let ready = match setup {
+                Setup::Sglang(_) => {
+                    serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|v| {
+                        v["status"] == "ready"
+                            && v["healthy_workers"].as_u64() == Some(sim_urls.len() as u64)
+                    })
+                }
+                _ => true,
+            };
+            if ready {
+                return Ok((process, url));
+            }
+        }
+        anyhow::ensure!(
+            start.elapsed() < Duration::from_secs(60),
+            "peer router did not become ready (see {})",
+            dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Cluster> {
     let dir = tempfile::tempdir()?;
     let bins = bin_dir();
     let mut sims = Vec::new();
@@ -234,6 +351,22 @@ async fn start_cluster(
         )?);
     }
     let backends: Vec<_> = sims.iter().map(|s| s.addr).collect();
+    let sim_urls: Vec<String> = backends.iter().map(|b| format!("http://{b}")).collect();
+    let (file, scheduler) = match setup {
+        Setup::Envoy { file, scheduler } => (*file, scheduler.as_deref()),
+        peer => {
+            let (process, url) = start_peer(peer, dir.path(), &sim_urls).await?;
+            return Ok(Cluster {
+                _sims: sims,
+                picker: None,
+                envoy: None,
+                _peer: Some(process),
+                url,
+                sim_urls,
+                _dir: dir,
+            });
+        }
+    };
     let (picker, picker_port) = match scheduler {
         None => (None, 9002),
         Some(s) => {
@@ -251,7 +384,7 @@ async fn start_cluster(
             (Some(p), port)
         }
     };
-    let text = std::fs::read_to_string(root().join("envoy").join(envoy_file))?;
+    let text = std::fs::read_to_string(root().join("envoy").join(file))?;
     let envoy = cluster::start_envoy(
         &envoy_bin()?,
         dir.path(),
@@ -259,10 +392,12 @@ async fn start_cluster(
     )
     .await?;
     Ok(Cluster {
-        sim_urls: backends.iter().map(|b| format!("http://{b}")).collect(),
+        url: format!("http://127.0.0.1:{}", envoy.port),
         _sims: sims,
         picker,
-        envoy,
+        envoy: Some(envoy),
+        _peer: None,
+        sim_urls,
         _dir: dir,
     })
 }
@@ -281,10 +416,10 @@ async fn suite(quick: bool, out: PathBuf, seed: u64) -> anyhow::Result<()> {
     let mut results = Vec::new();
     for w in workloads(quick, seed)? {
         let ceiling = workload::ceiling_hit_rate(&w.requests, 16);
-        for (router, envoy_file, scheduler) in routers()? {
+        for (router, setup) in routers()? {
             eprintln!("{} | {router}", w.name);
-            let c = start_cluster(envoy_file, scheduler.as_deref(), &sim_args(w.kv_blocks)).await?;
-            let base = format!("http://127.0.0.1:{}", c.envoy.port);
+            let c = start_cluster(&setup, &sim_args(w.kv_blocks)).await?;
+            let base = c.url.clone();
             let r = driver::run(
                 router,
                 w.name,
@@ -363,8 +498,13 @@ async fn overhead(
     for &c in &levels {
         let mut baseline_p50 = None;
         for (name, file, scheduler) in setups {
-            let cluster = start_cluster(file, scheduler, &instant).await?;
-            let base = format!("http://127.0.0.1:{}", cluster.envoy.port);
+            let setup = Setup::Envoy {
+                file,
+                scheduler: scheduler.map(str::to_string),
+            };
+            let cluster = start_cluster(&setup, &instant).await?;
+            let base = cluster.url.clone();
+            let envoy_pid = cluster.envoy.as_ref().map(|e| e.pid);
             // Warm up connections and caches.
             let _ = driver::run(
                 name,
@@ -378,7 +518,7 @@ async fn overhead(
             .await;
             let cpu = |p: Option<u32>| p.and_then(cpu_seconds).unwrap_or(0.0);
             let picker_pid = cluster.picker.as_ref().map(Process::pid);
-            let (e0, p0) = (cpu(Some(cluster.envoy.pid)), cpu(picker_pid));
+            let (e0, p0) = (cpu(envoy_pid), cpu(picker_pid));
             let r = driver::run(
                 name,
                 "overhead",
@@ -389,7 +529,7 @@ async fn overhead(
                 0.0,
             )
             .await;
-            let (e1, p1) = (cpu(Some(cluster.envoy.pid)), cpu(picker_pid));
+            let (e1, p1) = (cpu(envoy_pid), cpu(picker_pid));
             let n = (r.requests - r.errors).max(1) as f64;
             let base_p50 = *baseline_p50.get_or_insert(r.e2e_ms.p50);
             let line = format!(

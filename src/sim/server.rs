@@ -56,6 +56,10 @@ pub fn app(config: SimConfig, engine: Arc<Engine>) -> Http {
         .route("/health", get(|| async { "ok" }))
         .route("/v1/models", get(models))
         .route("/metrics", get(metrics))
+        .route("/v1/chat/completions/render", axum::routing::post(render))
+        .route("/v1/completions/render", axum::routing::post(render))
+        .route("/v1/responses/render", axum::routing::post(render))
+        .route("/tokenize", axum::routing::post(tokenize))
         .fallback(infer)
         .layer(axum::extract::DefaultBodyLimit::max(64 << 20))
         .with_state(sim)
@@ -75,6 +79,41 @@ async fn metrics(State(s): State<Sim>) -> Response {
         crate::metrics::encode(&s.engine.registry),
     )
         .into_response()
+}
+
+/// Token ids of a rendered prompt: one id per 4 bytes (the simulator's tokenizer), so equal
+/// prefixes give equal ids.
+pub fn token_ids(prompt: &str) -> Vec<u32> {
+    prompt
+        .as_bytes()
+        .chunks(super::kv_cache::BYTES_PER_TOKEN)
+        .map(|c| {
+            let mut b = [0u8; 4];
+            b[..c.len()].copy_from_slice(c);
+            u32::from_le_bytes(b) % 150_000
+        })
+        .collect()
+}
+
+/// vLLM's render endpoints (used by vllm-router's cache-aware policy): `{"token_ids": [...]}`.
+async fn render(body: Bytes) -> Response {
+    match InferenceRequest::parse(&body) {
+        Ok(r) => axum::Json(json!({"token_ids": token_ids(r.prompt.as_deref().unwrap_or(""))}))
+            .into_response(),
+        Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
+    }
+}
+
+/// vLLM's `/tokenize`: `{"count", "max_model_len", "tokens"}`.
+async fn tokenize(body: Bytes) -> Response {
+    match InferenceRequest::parse(&body) {
+        Ok(r) => {
+            let tokens = token_ids(r.prompt.as_deref().unwrap_or(""));
+            axum::Json(json!({"count": tokens.len(), "max_model_len": 131_072, "tokens": tokens}))
+                .into_response()
+        }
+        Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
+    }
 }
 
 fn error(status: StatusCode, message: String) -> Response {

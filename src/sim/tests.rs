@@ -179,3 +179,38 @@ async fn requests_beyond_max_num_seqs_wait() {
     }
     assert_eq!((engine.running(), engine.waiting()), (0, 0));
 }
+
+#[tokio::test]
+async fn render_and_tokenize_return_token_ids_for_peer_routers() {
+    let (base, _) = start(fast()).await;
+    let chat = json!({"model": "m", "messages": [{"role": "user", "content": "hello world"}]});
+    let v: Value = post(&format!("{base}/v1/chat/completions/render"), &chat)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let ids = v["token_ids"].as_array().unwrap();
+    // "<|im_start|>user\nhello world<|im_end|>\n" is 39 bytes: 10 tokens of 4 bytes.
+    assert_eq!(ids.len(), 10);
+    let longer = json!({"model": "m", "messages": [{"role": "user", "content": "hello world"}, {"role": "user", "content": "more"}]});
+    let v2: Value = post(&format!("{base}/v1/chat/completions/render"), &longer)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        &v2["token_ids"].as_array().unwrap()[..9],
+        &ids[..9],
+        "a shared prefix gives shared ids"
+    );
+    let t: Value = post(
+        &format!("{base}/tokenize"),
+        &json!({"model": "m", "prompt": "abcdefgh"}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(t["count"], 2);
+    assert_eq!(t["tokens"].as_array().unwrap().len(), 2);
+}
