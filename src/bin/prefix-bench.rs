@@ -249,7 +249,7 @@ struct Cluster {
     _sims: Vec<Process>,
     picker: Option<Process>,
     envoy: Option<cluster::EnvoyProcess>,
-    _peer: Option<Process>,
+    peer: Option<Process>,
     url: String,
     sim_urls: Vec<String>,
     _dir: tempfile::TempDir,
@@ -360,7 +360,7 @@ async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Clu
                 _sims: sims,
                 picker: None,
                 envoy: None,
-                _peer: Some(process),
+                peer: Some(process),
                 url,
                 sim_urls,
                 _dir: dir,
@@ -396,7 +396,7 @@ async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Clu
         _sims: sims,
         picker,
         envoy: Some(envoy),
-        _peer: None,
+        peer: None,
         sim_urls,
         _dir: dir,
     })
@@ -466,19 +466,34 @@ async fn overhead(
         .collect();
     let default = std::fs::read_to_string(root().join("deploy/local/config.yaml"))?;
     let scheduler = default[..default.find("endpoints:").context("endpoints")?].to_string();
-    let setups: [(&str, &str, Option<&str>); 3] = [
-        ("Envoy alone (round robin)", "envoy-round-robin.yaml", None),
+    let mut setups: Vec<(&str, Setup)> = vec![
+        (
+            "Envoy alone (round robin)",
+            Setup::Envoy {
+                file: "envoy-round-robin.yaml",
+                scheduler: None,
+            },
+        ),
         (
             "Envoy + prefix-picker (envoy.yaml: BUFFERED + observer)",
-            "envoy.yaml",
-            Some(&scheduler),
+            Setup::Envoy {
+                file: "envoy.yaml",
+                scheduler: Some(scheduler.clone()),
+            },
         ),
         (
             "Envoy + prefix-picker (envoy-full-duplex.yaml)",
-            "envoy-full-duplex.yaml",
-            Some(&scheduler),
+            Setup::Envoy {
+                file: "envoy-full-duplex.yaml",
+                scheduler: Some(scheduler.clone()),
+            },
         ),
     ];
+    for (name, setup) in routers()? {
+        if matches!(setup, Setup::Sglang(_) | Setup::Vllm(_)) {
+            setups.push((name, setup));
+        }
+    }
     let prompts: Vec<BenchRequest> = (0..requests)
         .map(|i| BenchRequest {
             path: "/v1/completions",
@@ -492,19 +507,21 @@ async fn overhead(
         "8 KiB prompts, {output_tokens} output token(s) per streamed response, {requests} requests per row\n\n"
     );
     md.push_str(
-        "| setup | concurrency | req/s | p50 (ms) | p99 (ms) | p50 vs Envoy alone | Envoy CPU ms/req | picker CPU ms/req |\n|---|---|---|---|---|---|---|---|\n",
+        "| setup | concurrency | req/s | p50 (ms) | p99 (ms) | p50 vs Envoy alone | proxy CPU ms/req (Envoy or peer) | picker CPU ms/req |\n|---|---|---|---|---|---|---|---|\n",
     );
     let mut rows = Vec::new();
     for &c in &levels {
         let mut baseline_p50 = None;
-        for (name, file, scheduler) in setups {
-            let setup = Setup::Envoy {
-                file,
-                scheduler: scheduler.map(str::to_string),
-            };
-            let cluster = start_cluster(&setup, &instant).await?;
+        for (name, setup) in &setups {
+            let name = *name;
+            let cluster = start_cluster(setup, &instant).await?;
             let base = cluster.url.clone();
-            let envoy_pid = cluster.envoy.as_ref().map(|e| e.pid);
+            // The proxy's CPU: Envoy's, or the peer router's own process.
+            let envoy_pid = cluster
+                .envoy
+                .as_ref()
+                .map(|e| e.pid)
+                .or_else(|| cluster.peer.as_ref().map(Process::pid));
             // Warm up connections and caches.
             let _ = driver::run(
                 name,
