@@ -51,6 +51,24 @@ async fn three_backends() -> Vec<Backend> {
     ]
 }
 
+/// Three backends, the picker in-process (with `extra` config) and Envoy with an `envoy/` example.
+async fn stack(
+    file: &str,
+    extra: &str,
+    edit: fn(String) -> String,
+) -> (Vec<Backend>, serve_alias::Running, Envoy) {
+    let backends = three_backends().await;
+    let picker = start_picker(picker_config(&backends.iter().collect::<Vec<_>>(), extra)).await;
+    let envoy = start_envoy(render_envoy(
+        file,
+        picker.grpc_addr.port(),
+        &addrs(&backends),
+        edit,
+    ))
+    .await;
+    (backends, picker, envoy)
+}
+
 fn addrs(b: &[Backend]) -> Vec<std::net::SocketAddr> {
     b.iter().map(|b| b.addr).collect()
 }
@@ -78,15 +96,7 @@ mod serve_alias {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_prefix_lands_on_the_same_pod_for_every_api() {
-    let backends = three_backends().await;
-    let picker = start_picker(picker_config(&backends.iter().collect::<Vec<_>>(), "")).await;
-    let envoy = start_envoy(render_envoy(
-        "envoy.yaml",
-        picker.grpc_addr.port(),
-        &addrs(&backends),
-        |s| s,
-    ))
-    .await;
+    let (_backends, picker, envoy) = stack("envoy.yaml", "", |s| s).await;
 
     assert_sticky(
         &envoy,
@@ -133,15 +143,7 @@ async fn same_prefix_lands_on_the_same_pod_for_every_api() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn different_prefixes_spread_over_pods() {
-    let backends = three_backends().await;
-    let picker = start_picker(picker_config(&backends.iter().collect::<Vec<_>>(), "")).await;
-    let envoy = start_envoy(render_envoy(
-        "envoy.yaml",
-        picker.grpc_addr.port(),
-        &addrs(&backends),
-        |s| s,
-    ))
-    .await;
+    let (_backends, _picker, envoy) = stack("envoy.yaml", "", |s| s).await;
     let mut pods = std::collections::HashSet::new();
     for i in 0..12 {
         let r = send(
@@ -161,15 +163,7 @@ async fn different_prefixes_spread_over_pods() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_primary_is_skipped_and_the_real_server_is_recorded() {
-    let backends = three_backends().await;
-    let picker = start_picker(picker_config(&backends.iter().collect::<Vec<_>>(), "")).await;
-    let envoy = start_envoy(render_envoy(
-        "envoy.yaml",
-        picker.grpc_addr.port(),
-        &addrs(&backends),
-        |s| s,
-    ))
-    .await;
+    let (backends, picker, envoy) = stack("envoy.yaml", "", |s| s).await;
     let body = chat(SYSTEM, "Which pod holds my cache?");
     let first = send(&envoy, "/v1/chat/completions", &body).await;
     wait_metric(
@@ -199,15 +193,7 @@ async fn dead_primary_is_skipped_and_the_real_server_is_recorded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_response_records_nothing() {
-    let backends = three_backends().await;
-    let picker = start_picker(picker_config(&backends.iter().collect::<Vec<_>>(), "")).await;
-    let envoy = start_envoy(render_envoy(
-        "envoy.yaml",
-        picker.grpc_addr.port(),
-        &addrs(&backends),
-        |s| s,
-    ))
-    .await;
+    let (_backends, picker, envoy) = stack("envoy.yaml", "", |s| s).await;
     let body = json!({"model": "m", "prompt": "FAIL-500 please"});
     let r = send(&envoy, "/v1/completions", &body).await;
     assert_eq!(r.status, 500);
@@ -227,15 +213,7 @@ async fn a_failed_response_records_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_openai_errors_from_the_picker() {
-    let backends = three_backends().await;
-    let picker = start_picker(picker_config(&backends.iter().collect::<Vec<_>>(), "")).await;
-    let envoy = start_envoy(render_envoy(
-        "envoy.yaml",
-        picker.grpc_addr.port(),
-        &addrs(&backends),
-        |s| s,
-    ))
-    .await;
+    let (backends, picker, envoy) = stack("envoy.yaml", "", |s| s).await;
     let client = reqwest::Client::new();
     let r = client
         .post(envoy.url("/v1/chat/completions"))
@@ -369,18 +347,11 @@ async fn full_duplex_request_with_streamed_response_on_one_filter() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn original_dst_cluster_with_one_endpoint_picks() {
-    let backends = three_backends().await;
-    let picker = start_picker(picker_config(
-        &backends.iter().collect::<Vec<_>>(),
-        "picker: {maxEndpoints: 1}\n",
-    ))
-    .await;
-    let envoy = start_envoy(render_envoy(
+    let (_backends, picker, envoy) = stack(
         "envoy-original-dst.yaml",
-        picker.grpc_addr.port(),
-        &addrs(&backends),
+        "picker: {maxEndpoints: 1}\n",
         |s| s,
-    ))
+    )
     .await;
     assert_sticky(
         &envoy,
@@ -521,63 +492,19 @@ fn render_and_hash_commands() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verbose_four_prints_kthena_score_lines() {
-    use std::io::{BufRead, BufReader};
     let backends = three_backends().await;
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("c.yaml");
-    let mut doc = String::from("endpoints:\n");
+    let mut config = String::from("endpoints:\n");
     for b in &backends {
-        doc.push_str(&format!(
+        config.push_str(&format!(
             "- {{name: {}, address: \"{}\"}}\n",
             b.name, b.addr
         ));
     }
-    std::fs::write(&cfg, doc).unwrap();
-    let mut child = bin()
-        .args([
-            "serve",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--admin-addr",
-            "127.0.0.1:0",
-            "--v",
-            "4",
-            "--config",
-        ])
-        .arg(&cfg)
-        .env_remove("RUST_LOG")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-    let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut lines = Vec::new();
-    let grpc_port: u16 = loop {
-        let line = tokio::time::timeout(DEADLINE, rx.recv())
-            .await
-            .unwrap()
-            .expect("picker output");
-        lines.push(line.clone());
-        if let Some(rest) = line.split("grpc_addr=").nth(1) {
-            break rest
-                .split_whitespace()
-                .next()
-                .unwrap()
-                .rsplit(':')
-                .next()
-                .unwrap()
-                .parse()
-                .unwrap();
-        }
-    };
+    let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_prefix-picker"));
+    let (picker, _admin) =
+        prefix_picker::bench::cluster::start_picker(&bin, dir.path(), &config, 4).unwrap();
+    let grpc_port = picker.addr.port();
     let envoy = start_envoy(render_envoy(
         "envoy.yaml",
         grpc_port,
@@ -607,19 +534,15 @@ async fn verbose_four_prints_kthena_score_lines() {
         want.push(format!("  Pod: default/{pod}, Final Score: 250"));
     }
     poll("score lines", || {
-        while let Ok(l) = rx.try_recv() {
-            lines.push(l);
-        }
-        let messages: Vec<&str> = lines
-            .iter()
+        let log = std::fs::read_to_string(dir.path().join("picker.log")).unwrap_or_default();
+        let messages: Vec<&str> = log
+            .lines()
             .filter_map(|l| l.split_once(" scores: ").map(|(_, m)| m))
             .collect();
         let ok = messages.len() >= want.len() && messages[..want.len()] == want[..];
         async move { ok.then_some(()) }
     })
     .await;
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -776,19 +699,8 @@ fn benchmark_quick_suite_writes_a_well_formed_report() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_bodies_get_defined_outcomes_and_leak_nothing() {
-    let backends = three_backends().await;
-    let picker = start_picker(picker_config(
-        &backends.iter().collect::<Vec<_>>(),
-        "picker: {maxBodyBytes: 12582912}\n",
-    ))
-    .await;
-    let envoy = start_envoy(render_envoy(
-        "envoy.yaml",
-        picker.grpc_addr.port(),
-        &addrs(&backends),
-        |s| s,
-    ))
-    .await;
+    let (_backends, picker, envoy) =
+        stack("envoy.yaml", "picker: {maxBodyBytes: 12582912}\n", |s| s).await;
     let client = reqwest::Client::new();
     let deep = |n: usize| {
         format!(
@@ -936,7 +848,7 @@ async fn sigterm_reports_not_ready_first_and_lets_open_streams_finish() {
     }
     let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_prefix-picker"));
     let (mut picker, admin) =
-        prefix_picker::bench::cluster::start_picker(&bin, dir.path(), &config).unwrap();
+        prefix_picker::bench::cluster::start_picker(&bin, dir.path(), &config, 2).unwrap();
     let envoy = start_envoy(render_envoy(
         "envoy-full-duplex.yaml",
         picker.addr.port(),

@@ -190,8 +190,14 @@ pub fn start_sim(bin: &Path, name: &str, args: &[String]) -> anyhow::Result<Proc
     Ok(Process { child, addr })
 }
 
-/// Starts `prefix-picker serve` on port 0 with `config`; reads the bound addresses from its log.
-pub fn start_picker(bin: &Path, dir: &Path, config: &str) -> anyhow::Result<(Process, SocketAddr)> {
+/// Starts `prefix-picker serve --v V` on port 0 with `config`, logging to `dir/picker.log`;
+/// reads the bound addresses from that log.
+pub fn start_picker(
+    bin: &Path,
+    dir: &Path,
+    config: &str,
+    v: u8,
+) -> anyhow::Result<(Process, SocketAddr)> {
     let cfg = dir.join("picker.yaml");
     std::fs::write(&cfg, config)?;
     let log_path = dir.join("picker.log");
@@ -203,12 +209,10 @@ pub fn start_picker(bin: &Path, dir: &Path, config: &str) -> anyhow::Result<(Pro
             "127.0.0.1:0",
             "--admin-addr",
             "127.0.0.1:0",
-            "--v",
-            "2",
-            "--config",
         ])
+        .args(["--v", &v.to_string(), "--config"])
         .arg(&cfg)
-        .env("RUST_LOG", "info")
+        .env_remove("RUST_LOG")
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()

@@ -379,7 +379,7 @@ async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Clu
             }
             config.push_str("picker: {scrapeIntervalSeconds: 0.1}\n");
             let (p, _admin) =
-                cluster::start_picker(&bins.join("prefix-picker"), dir.path(), &config)?;
+                cluster::start_picker(&bins.join("prefix-picker"), dir.path(), &config, 2)?;
             let port = p.addr.port();
             (Some(p), port)
         }
