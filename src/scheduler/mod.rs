@@ -222,7 +222,6 @@ impl Scheduler {
         let mut rng = SmallRng::seed_from_u64(self.seed ^ n.wrapping_mul(0xA076_1D64_78BD_642F));
         let mut hashes = Vec::new();
         let mut unscored = None;
-        let mut prefix_matched = None;
         let prompt_bytes = request.prompt.map_or(0, str::len);
         let mut plugins = Vec::with_capacity(self.config.scorers.len());
         let mut totals = vec![0u64; candidates.len()];
@@ -241,10 +240,7 @@ impl Scheduler {
                         if scored.is_none() {
                             unscored = Some("empty_prompt");
                         }
-                        scored.map(|s| {
-                            prefix_matched = Some(s.scores.clone());
-                            s.scores
-                        })
+                        scored.map(|s| s.scores)
                     }
                 },
                 ScorerKind::LeastRequest => Some(least_request::score(&candidates)),
@@ -283,7 +279,11 @@ impl Scheduler {
             .map(|&i| candidates[i].clone())
             .collect();
 
-        let reason = match &prefix_matched {
+        let prefix_scores = plugins
+            .iter()
+            .find(|p| p.plugin == ScorerKind::PrefixCache.as_str())
+            .and_then(|p| p.scores.as_ref());
+        let reason = match prefix_scores {
             None => DecisionReason::Unscored,
             Some(s) if s[order[0]] > 0 => DecisionReason::PrefixHit,
             Some(s) if s.iter().any(|&x| x > 0) => DecisionReason::PrefixOverruled,
