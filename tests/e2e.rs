@@ -69,6 +69,25 @@ async fn stack(
     (backends, picker, envoy)
 }
 
+/// Opens the gate of the backend that holds a GATED stream and reads the stream to `[DONE]`.
+async fn finish_gated_stream(
+    backends: &[Backend],
+    served: &str,
+    mut chunks: impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin,
+) {
+    backends
+        .iter()
+        .find(|b| b.name == served)
+        .unwrap()
+        .gate
+        .notify_one();
+    let mut rest = Vec::new();
+    while let Some(c) = chunks.next().await {
+        rest.extend_from_slice(&c.unwrap());
+    }
+    assert!(String::from_utf8_lossy(&rest).contains("[DONE]"));
+}
+
 fn addrs(b: &[Backend]) -> Vec<std::net::SocketAddr> {
     b.iter().map(|b| b.addr).collect()
 }
@@ -303,17 +322,7 @@ async fn body_modes(file: &str, edit: fn(String) -> String) {
         metric(&picker, "prefix_picker_records_total{outcome=\"recorded\"}").await,
         recorded
     );
-    backends
-        .iter()
-        .find(|b| b.name == served)
-        .unwrap()
-        .gate
-        .notify_one();
-    let mut rest = Vec::new();
-    while let Some(c) = chunks.next().await {
-        rest.extend_from_slice(&c.unwrap());
-    }
-    assert!(String::from_utf8_lossy(&rest).contains("[DONE]"));
+    finish_gated_stream(&backends, &served, chunks).await;
     wait_metric(
         &picker,
         "prefix_picker_records_total{outcome=\"recorded\"}",
@@ -494,13 +503,7 @@ fn render_and_hash_commands() {
 async fn verbose_four_prints_kthena_score_lines() {
     let backends = three_backends().await;
     let dir = tempfile::tempdir().unwrap();
-    let mut config = String::from("endpoints:\n");
-    for b in &backends {
-        config.push_str(&format!(
-            "- {{name: {}, address: \"{}\"}}\n",
-            b.name, b.addr
-        ));
-    }
+    let config = endpoints_yaml(&backends);
     let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_prefix-picker"));
     let (picker, _admin) =
         prefix_picker::bench::cluster::start_picker(&bin, dir.path(), &config, 4).unwrap();
@@ -838,14 +841,10 @@ async fn picker_down_fails_open_or_closed_as_configured() {
 async fn sigterm_reports_not_ready_first_and_lets_open_streams_finish() {
     let backends = three_backends().await;
     let dir = tempfile::tempdir().unwrap();
-    let mut config =
-        String::from("picker: {shutdownDelaySeconds: 1, shutdownGraceSeconds: 20}\nendpoints:\n");
-    for b in &backends {
-        config.push_str(&format!(
-            "- {{name: {}, address: \"{}\"}}\n",
-            b.name, b.addr
-        ));
-    }
+    let config = format!(
+        "picker: {{shutdownDelaySeconds: 1, shutdownGraceSeconds: 20}}\n{}",
+        endpoints_yaml(&backends)
+    );
     let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_prefix-picker"));
     let (mut picker, admin) =
         prefix_picker::bench::cluster::start_picker(&bin, dir.path(), &config, 2).unwrap();
@@ -887,17 +886,7 @@ async fn sigterm_reports_not_ready_first_and_lets_open_streams_finish() {
         "still running while draining"
     );
     // The open stream finishes normally.
-    backends
-        .iter()
-        .find(|b| b.name == served)
-        .unwrap()
-        .gate
-        .notify_one();
-    let mut rest = Vec::new();
-    while let Some(c) = chunks.next().await {
-        rest.extend_from_slice(&c.unwrap());
-    }
-    assert!(String::from_utf8_lossy(&rest).contains("[DONE]"));
+    finish_gated_stream(&backends, &served, chunks).await;
     let exit = poll("the picker to exit", || {
         let s = picker.try_wait().unwrap();
         async move { s }

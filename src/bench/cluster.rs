@@ -41,6 +41,22 @@ pub fn render_envoy(text: &str, picker_port: u16, backends: &[SocketAddr]) -> St
     out
 }
 
+/// A config's `endpoints:` section for pods in namespace `default`.
+pub fn endpoints_yaml<'a>(pods: impl IntoIterator<Item = (&'a str, SocketAddr)>) -> String {
+    let mut doc = String::from("endpoints:\n");
+    for (name, address) in pods {
+        doc.push_str(&format!(
+            "- {{name: {name}, namespace: default, address: \"{address}\"}}\n"
+        ));
+    }
+    doc
+}
+
+/// The `scheduler:` part of a config file (everything before its `endpoints:` section).
+pub fn scheduler_section(config: &str) -> &str {
+    config.find("endpoints:").map_or(config, |i| &config[..i])
+}
+
 /// Polls `f` every 20 ms until it returns `Some`, for at most `limit`.
 pub fn wait_for<T>(
     what: &str,

@@ -204,14 +204,16 @@ enum Setup {
     Vllm(PathBuf),
 }
 
+/// The scheduler of the shipped default config (Kthena's Helm `routerConfiguration`).
+fn default_scheduler() -> anyhow::Result<String> {
+    let default = std::fs::read_to_string(root().join("deploy/local/config.yaml"))?;
+    Ok(cluster::scheduler_section(&default).to_string())
+}
+
 /// The routers of the suite, in report order. The peers run only when `bench/run` installed
 /// them (`SGLANG_ROUTER_PYTHON`, `VLLM_ROUTER_BIN`).
 fn routers() -> anyhow::Result<Vec<(&'static str, Setup)>> {
-    let default = std::fs::read_to_string(root().join("deploy/local/config.yaml"))?;
-    let scheduler = default[..default
-        .find("endpoints:")
-        .context("endpoints in default config")?]
-        .to_string();
+    let scheduler = default_scheduler()?;
     let prefix_only = "scheduler:\n  plugins:\n    Filter: {enabled: []}\n    Score:\n      enabled:\n      - {name: prefix-cache, weight: 1}\n".to_string();
     let mut out = vec![
         (
@@ -371,12 +373,13 @@ async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Clu
         None => (None, 9002),
         Some(s) => {
             let mut config = s.to_string();
-            config.push_str("endpoints:\n");
-            for (i, b) in backends.iter().enumerate() {
-                config.push_str(&format!(
-                    "- {{name: sim-{i}, namespace: default, address: \"{b}\"}}\n"
-                ));
-            }
+            let names: Vec<String> = (0..backends.len()).map(|i| format!("sim-{i}")).collect();
+            config.push_str(&cluster::endpoints_yaml(
+                names
+                    .iter()
+                    .map(String::as_str)
+                    .zip(backends.iter().copied()),
+            ));
             config.push_str("picker: {scrapeIntervalSeconds: 0.1}\n");
             let (p, _admin) =
                 cluster::start_picker(&bins.join("prefix-picker"), dir.path(), &config, 2)?;
@@ -464,8 +467,7 @@ async fn overhead(
         .iter()
         .map(|s| s.to_string())
         .collect();
-    let default = std::fs::read_to_string(root().join("deploy/local/config.yaml"))?;
-    let scheduler = default[..default.find("endpoints:").context("endpoints")?].to_string();
+    let scheduler = default_scheduler()?;
     let mut setups: Vec<(&str, Setup)> = vec![
         (
             "Envoy alone (round robin)",

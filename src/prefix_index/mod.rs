@@ -59,6 +59,7 @@ pub struct EntryKey {
 }
 
 impl EntryKey {
+    #[cfg(test)]
     pub fn new(model: u64, hash: BlockHash) -> EntryKey {
         EntryKey {
             model: ModelKey(model),

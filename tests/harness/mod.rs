@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -196,14 +196,17 @@ fn async_stream(
 
 // ---------------------------------------------------------------- picker
 
+/// The `endpoints:` section for some backends.
+pub fn endpoints_yaml(backends: &[Backend]) -> String {
+    prefix_picker::bench::cluster::endpoints_yaml(
+        backends.iter().map(|b| (b.name.as_str(), b.addr)),
+    )
+}
+
 pub fn picker_config(backends: &[&Backend], extra: &str) -> Config {
-    let mut doc = String::from("endpoints:\n");
-    for b in backends {
-        doc.push_str(&format!(
-            "- {{name: {}, namespace: default, address: \"{}\"}}\n",
-            b.name, b.addr
-        ));
-    }
+    let mut doc = prefix_picker::bench::cluster::endpoints_yaml(
+        backends.iter().map(|b| (b.name.as_str(), b.addr)),
+    );
     doc.push_str(extra);
     Config::parse(&doc).unwrap()
 }
@@ -317,10 +320,6 @@ pub async fn start_envoy(config: String) -> Envoy {
     }
 }
 
-pub fn path_exists(p: &Path) -> bool {
-    p.exists()
-}
-
 // ---------------------------------------------------------------- simulators
 
 /// A model-sim pod in-process (the same code as the `model-sim` binary).
@@ -355,16 +354,11 @@ impl Sim {
 }
 
 pub fn sims_config(sims: &[Sim], extra: &str) -> Config {
-    let mut doc = String::from(include_str!("../../deploy/local/config.yaml"));
-    let cut = doc.find("endpoints:").unwrap();
-    doc.truncate(cut);
-    doc.push_str("endpoints:\n");
-    for s in sims {
-        doc.push_str(&format!(
-            "- {{name: {}, namespace: default, address: \"{}\"}}\n",
-            s.name, s.addr
-        ));
-    }
+    use prefix_picker::bench::cluster::{endpoints_yaml, scheduler_section};
+    let mut doc = scheduler_section(include_str!("../../deploy/local/config.yaml")).to_string();
+    doc.push_str(&endpoints_yaml(
+        sims.iter().map(|s| (s.name.as_str(), s.addr)),
+    ));
     doc.push_str(extra);
     Config::parse(&doc).unwrap()
 }
