@@ -20,6 +20,7 @@
 //!   scrapeConcurrency: 16
 //!   shutdownDelaySeconds: 0       # SIGTERM: not-ready for this long before closing
 //!   shutdownGraceSeconds: 30      # SIGTERM: open streams get this long to finish
+//!   tls: {mode: plaintext}        # gRPC port: plaintext | selfSigned | files (see `tls`)
 //! ```
 //! Kthena's leniencies are kept and warned about: unknown top-level keys, unknown plugin names
 //! (`Failed to get plugin <name>.`), `disabled` lists (no effect), `random` next to other scorers
@@ -34,6 +35,7 @@ use serde_yaml_ng::{Mapping, Value as Yaml};
 use thiserror::Error;
 
 use crate::scheduler::prefix_cache::PrefixCacheArgs;
+use crate::tls::TlsConfig;
 
 /// Plugins prefix-picker implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -147,6 +149,8 @@ pub struct PickerConfig {
     pub shutdown_delay_seconds: f64,
     /// On SIGTERM: seconds open streams get to finish.
     pub shutdown_grace_seconds: f64,
+    /// TLS on the gRPC port.
+    pub tls: TlsConfig,
 }
 
 impl Default for PickerConfig {
@@ -162,6 +166,7 @@ impl Default for PickerConfig {
             scrape_concurrency: 16,
             shutdown_delay_seconds: 0.0,
             shutdown_grace_seconds: 30.0,
+            tls: TlsConfig::default(),
         }
     }
 }
@@ -276,6 +281,9 @@ impl Config {
         }
         if config.picker.max_body_bytes == 0 {
             errors.push(ConfigError::Picker("maxBodyBytes must be > 0".into()));
+        }
+        for e in config.picker.tls.validate() {
+            errors.push(ConfigError::Picker(e.to_string()));
         }
         if errors.is_empty() {
             Ok(config)

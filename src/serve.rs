@@ -108,6 +108,8 @@ pub fn static_endpoints(config: &Config) -> Vec<EndpointSpec> {
 
 /// Binds both listeners and starts serving.
 pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Result<Running> {
+    // A bad certificate stops start-up before anything listens.
+    let identity = config.picker.tls.identity()?;
     let grpc = TcpListener::bind(grpc).await?;
     let admin_listener = TcpListener::bind(admin_addr).await?;
     let grpc_addr = grpc.local_addr()?;
@@ -152,8 +154,14 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
     {
         let router = router.clone();
         let token = shutdown.clone();
+        let mut server = tonic::transport::Server::builder();
+        if let Some(id) = &identity {
+            server = server.tls_config(tonic::transport::ServerTlsConfig::new().identity(
+                tonic::transport::Identity::from_pem(&id.cert_pem, &id.key_pem),
+            ))?;
+        }
         tasks.spawn(async move {
-            tonic::transport::Server::builder()
+            server
                 .http2_keepalive_interval(Some(Duration::from_secs(30)))
                 .add_service(health_service)
                 .add_service(ExtProc::new(router).into_server())
@@ -218,7 +226,13 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
         });
     }
     ready.store(true, Ordering::Relaxed);
-    tracing::info!(%grpc_addr, %admin_addr, endpoints = config.endpoints.len(), "prefix-picker serving");
+    tracing::info!(
+        %grpc_addr,
+        %admin_addr,
+        tls = config.picker.tls.mode.as_str(),
+        endpoints = config.endpoints.len(),
+        "prefix-picker serving"
+    );
     Ok(Running {
         grpc_addr,
         admin_addr,
