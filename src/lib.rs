@@ -9,6 +9,7 @@ pub mod config;
 pub mod endpoints;
 pub mod extproc;
 pub mod hashing;
+pub mod invariants;
 pub mod lenient_json;
 pub mod metrics;
 pub mod pending;

@@ -1,0 +1,103 @@
+//! What must hold for ANY request body, whatever bytes arrive: the property the fuzz target
+//! (`fuzz/fuzz_targets/request.rs`, libFuzzer) checks, and the regression test replays over every
+//! input in `fuzz/seeds/` and `fuzz/regressions/` (crashes the fuzzer found, kept forever).
+//!
+//! For a body of arbitrary bytes:
+//! 1. parsing + rendering never panics, and gives the same result twice;
+//! 2. where strict JSON (`serde_json`) accepts the body, the Go-lenient decoder gives the same value
+//!    (leniency only ever widens what is accepted);
+//! 3. a rendered prompt hashes to exactly `min(ceil(len / block), maxBlocks)` blocks, and the hashes
+//!    of a prefix of the prompt are a prefix of its hashes (the chain property the index relies on);
+//! 4. the hashing cost is bounded by the coverage: bytes past `block * maxBlocks` change nothing.
+
+use crate::hashing::BlockChain;
+use crate::lenient_json;
+use crate::request::InferenceRequest;
+
+/// Panics (with the broken property) if any invariant fails for `body`.
+pub fn check_request_body(body: &[u8]) {
+    let first = InferenceRequest::parse(body);
+    let again = InferenceRequest::parse(body);
+    assert_eq!(
+        first.as_ref().map_err(|e| e.to_string()),
+        again.as_ref().map_err(|e| e.to_string()),
+        "parsing is deterministic"
+    );
+
+    if let Ok(strict) = serde_json::from_slice::<serde_json::Value>(body) {
+        let lenient = lenient_json::parse_value(body)
+            .unwrap_or_else(|e| panic!("strict JSON accepted but the lenient decoder failed: {e}"));
+        assert_eq!(lenient, strict, "lenient decoding changed a valid document");
+    }
+
+    let Ok(request) = first else { return };
+    let Ok(prompt) = &request.prompt else { return };
+    for chain in [
+        BlockChain {
+            block_size: 64,
+            max_blocks: 128,
+        },
+        BlockChain {
+            block_size: 3,
+            max_blocks: 5,
+        },
+    ] {
+        check_chain(chain, &request.model, prompt.as_bytes());
+    }
+}
+
+fn check_chain(chain: BlockChain, model: &str, prompt: &[u8]) {
+    let hashes = chain.hash(model, prompt);
+    let expected = prompt.len().div_ceil(chain.block_size).min(chain.max_blocks);
+    assert_eq!(hashes.len(), expected, "block count");
+
+    // A prefix cut at a block boundary hashes to a prefix of the hashes.
+    let cut = (prompt.len() / 2) / chain.block_size * chain.block_size;
+    let prefix = chain.hash(model, &prompt[..cut]);
+    assert_eq!(
+        prefix[..],
+        hashes[..prefix.len()],
+        "chain property at {cut} bytes"
+    );
+
+    // Bytes past the coverage are never read.
+    if prompt.len() > chain.coverage() {
+        assert_eq!(chain.hash(model, &prompt[..chain.coverage()]), hashes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::check_request_body;
+
+    /// Every seed and every input the fuzzer ever crashed on.
+    #[test]
+    fn fuzz_seeds_and_regressions_hold() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
+        let mut n = 0;
+        for dir in ["seeds", "regressions"] {
+            let Ok(entries) = std::fs::read_dir(root.join(dir)) else {
+                continue;
+            };
+            for entry in entries {
+                let path = entry.unwrap().path();
+                let body = std::fs::read(&path).unwrap();
+                let result = std::panic::catch_unwind(|| check_request_body(&body));
+                assert!(result.is_ok(), "{} breaks an invariant", path.display());
+                n += 1;
+            }
+        }
+        assert!(n >= 10, "the seed corpus is missing ({n} files)");
+    }
+
+    #[test]
+    fn long_and_escaped_bodies_hold() {
+        // Past the coverage of both chains, and a valid surrogate pair next to plain text.
+        let body = format!(r#"{{"model":"m","prompt":"{}"}}"#, "x".repeat(9000));
+        check_request_body(body.as_bytes());
+        let strict_only = br#"{"model":"m","prompt":"\ud83d\ude00 ok"}"#;
+        check_request_body(strict_only);
+    }
+}
