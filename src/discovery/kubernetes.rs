@@ -15,6 +15,9 @@
 //!   the new selector, and its first `InitDone` re-targets the set. A missing or deleted pool
 //!   selects nothing.
 //!
+//! Own state rather than a reflector store: the per-pod view is needed anyway to turn each event
+//! into Add/Remove updates, and the relist buffer gives the Reset its exact contents.
+//!
 //! Static `endpoints:` from the config stay in the set next to discovered pods. Readiness: the
 //! `synced` flag turns true at the first complete pod list (or, with a pool, once the pool is
 //! known to be absent) and stays true across relists.
