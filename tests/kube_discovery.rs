@@ -11,13 +11,16 @@ use std::time::Duration;
 
 use fake_kube::{Cluster, FakeKube, Kind};
 use prefix_picker::discovery::{DiscoveryConfig, DiscoveryMetrics, KubernetesDiscovery};
-use prefix_picker::endpoints::Endpoints;
+use prefix_picker::endpoints::{EndpointSpec, Endpoints, PodId};
 use prefix_picker::hashing::BlockHash;
 use prefix_picker::metrics::RouterMetrics;
 use prefix_picker::prefix_index::{ModelKey, PrefixIndex};
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt;
 use tokio_util::sync::CancellationToken;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
 
 const NS: &str = "llm";
 
@@ -66,7 +69,8 @@ impl Drop for Stack {
 
 impl Stack {
     /// Starts discovery for `section` (the `discovery:` YAML) against the fake server.
-    async fn start(fake: &FakeKube, section: &str) -> Stack {
+    /// `statics`: configured endpoints that stay next to the discovered ones.
+    async fn start(fake: &FakeKube, section: &str, statics: Vec<EndpointSpec>) -> Stack {
         let config = DiscoveryConfig::parse(&serde_yaml_ng::from_str(section).unwrap())
             .unwrap()
             .kubernetes
@@ -84,7 +88,7 @@ impl Stack {
             client,
             NS.into(),
             config,
-            vec![],
+            statics,
             endpoints.clone(),
             metrics.clone(),
         );
@@ -151,6 +155,7 @@ async fn pods_follow_every_watch_event_and_leave_the_index_at_once() {
     let s = Stack::start(
         &fake,
         "kubernetes: {selector: app=vllm, targetPorts: [8000]}",
+        vec![],
     )
     .await;
     assert_eq!(s.set(), ["llm/a@10.0.0.1:8000/a1"]);
@@ -248,6 +253,7 @@ async fn a_broken_watch_resumes_and_410_gone_forces_a_relist() {
     let s = Stack::start(
         &fake,
         "kubernetes: {selector: app==vllm, targetPorts: [8000, 8001], roleLabel: role}",
+        vec![],
     )
     .await;
     let all = [
@@ -316,8 +322,19 @@ async fn an_inference_pool_selector_change_retargets_the_pods() {
         );
     });
     // No pool yet: listed, known empty, ready.
-    let s = Stack::start(&fake, "kubernetes: {inferencePool: llama}").await;
-    assert_eq!(s.set(), Vec::<String>::new());
+    let fixed = EndpointSpec {
+        id: PodId {
+            namespace: NS.into(),
+            name: "fixed".into(),
+        },
+        address: "10.9.9.9:8000".parse().unwrap(),
+        models: vec![],
+        generation: String::new(),
+        role: None,
+    };
+    let s = Stack::start(&fake, "kubernetes: {inferencePool: llama}", vec![fixed]).await;
+    const FIXED: &str = "llm/fixed@10.9.9.9:8000/";
+    assert_eq!(s.set(), [FIXED]);
 
     fake.change(|c| {
         c.put(
@@ -325,7 +342,7 @@ async fn an_inference_pool_selector_change_retargets_the_pods() {
             pool("llama", json!({"pool": "one"}), &[8000]),
         )
     });
-    s.wait_set(&["llm/one-0@10.0.1.1:8000/u1"]).await;
+    s.wait_set(&[FIXED, "llm/one-0@10.0.1.1:8000/u1"]).await;
     assert_eq!(s.record("llm/one-0"), 2);
 
     // The pool's selector and ports change: the pod watch restarts on the new selector.
@@ -336,6 +353,7 @@ async fn an_inference_pool_selector_change_retargets_the_pods() {
         )
     });
     s.wait_set(&[
+        FIXED,
         "llm/two-0:8000@10.0.2.1:8000/u2",
         "llm/two-0:8001@10.0.2.1:8001/u2",
     ])
@@ -350,11 +368,11 @@ async fn an_inference_pool_selector_change_retargets_the_pods() {
             pod("two-1", "u3", "10.0.2.2", true, json!({"pool": "two"})),
         )
     });
-    eventually("two-1 joins", || s.set().len() == 4).await;
+    eventually("two-1 joins", || s.set().len() == 5).await;
 
-    // The pool is deleted: nothing is selected.
+    // The pool is deleted: no pod is selected; the static endpoint stays.
     fake.change(|c| c.delete(Kind::InferencePool, NS, "llama"));
-    s.wait_set(&[]).await;
+    s.wait_set(&[FIXED]).await;
 }
 
 const BIN: &str = env!("CARGO_BIN_EXE_prefix-picker");
@@ -415,15 +433,32 @@ async fn serve_is_ready_only_after_the_first_pod_list() {
         .spawn()
         .unwrap();
     let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let admin = loop {
+    let field = |line: &str, key: &str| {
+        let rest = line.split(key).nth(1)?;
+        Some(rest.split_whitespace().next()?.to_string())
+    };
+    let (grpc, admin) = loop {
         let line = lines
             .next_line()
             .await
             .unwrap()
             .expect("serve exited early");
-        if let Some(rest) = line.split("admin_addr=").nth(1) {
-            break rest.split_whitespace().next().unwrap().to_string();
+        if let (Some(g), Some(a)) = (field(&line, "grpc_addr="), field(&line, "admin_addr=")) {
+            break (g, a);
         }
+    };
+    let mut health = HealthClient::new(
+        tonic::transport::Endpoint::from_shared(format!("http://{grpc}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let mut readiness = async || {
+        let request = HealthCheckRequest {
+            service: "readiness".into(),
+        };
+        health.check(request).await.unwrap().into_inner().status
     };
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     let http = reqwest::Client::new();
@@ -435,6 +470,7 @@ async fn serve_is_ready_only_after_the_first_pod_list() {
     // The list is held: the picker has asked and is not ready.
     eventually("the pod list is requested", || fake.requests().0 == 1).await;
     assert_eq!(get("/readyz").await.status(), 503);
+    assert_eq!(readiness().await, ServingStatus::NotServing as i32);
     fake.hold_lists(false);
     let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
     while get("/readyz").await.status() != 200 {
@@ -444,6 +480,7 @@ async fn serve_is_ready_only_after_the_first_pod_list() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    assert_eq!(readiness().await, ServingStatus::Serving as i32);
     let metrics = get("/metrics").await.text().await.unwrap();
     assert!(
         metrics.contains("prefix_picker_discovery_endpoints{role=\"none\"} 1"),
