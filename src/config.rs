@@ -9,6 +9,7 @@
 //! auth: {...}           # accepted and ignored (warning)
 //! endpoints:            # static discovery
 //! - {name: my-model-0, namespace: default, address: 127.0.0.1:8001, models: [m]}
+//! discovery: {kubernetes: {...}}   # Kubernetes pods, joining the static ones (crate::discovery)
 //! picker:               # prefix-picker's own knobs (strict: unknown keys are errors)
 //!   seed: 0             # tie-breaking RNG seed
 //!   maxEndpoints: 5     # primary + fallbacks in the pick (1 for ORIGINAL_DST gateways)
@@ -34,6 +35,7 @@ use serde::Deserialize;
 use serde_yaml_ng::{Mapping, Value as Yaml};
 use thiserror::Error;
 
+use crate::discovery::{DiscoveryConfig, DiscoveryError};
 use crate::scheduler::prefix_cache::PrefixCacheArgs;
 use crate::tls::TlsConfig;
 
@@ -177,6 +179,8 @@ pub struct Config {
     pub scheduler: SchedulerConfig,
     pub endpoints: Vec<StaticEndpoint>,
     pub picker: PickerConfig,
+    /// `discovery:` (Kubernetes), see [`crate::discovery`].
+    pub discovery: DiscoveryConfig,
     /// Leniencies applied while loading (log them).
     pub warnings: Vec<String>,
 }
@@ -203,6 +207,8 @@ pub enum ConfigError {
     Endpoints(String),
     #[error("picker: {0}")]
     Picker(String),
+    #[error("{0}")]
+    Discovery(#[from] DiscoveryError),
 }
 
 /// Every problem found in a config.
@@ -245,6 +251,10 @@ impl Config {
                     Ok(eps) => config.endpoints = eps,
                     Err(e) => errors.push(ConfigError::Endpoints(e.to_string())),
                 },
+                Some("discovery") => match DiscoveryConfig::parse(value) {
+                    Ok(d) => config.discovery = d,
+                    Err(e) => errors.push(e.into()),
+                },
                 Some("picker") => match serde_yaml_ng::from_value(value.clone()) {
                     Ok(p) => config.picker = p,
                     Err(e) => errors.push(ConfigError::Picker(e.to_string())),
@@ -254,7 +264,12 @@ impl Config {
                     .push(format!("unknown top-level key {} ignored", show(key))),
             }
         }
-        validate_endpoints(&config.endpoints, &mut config.warnings, &mut errors);
+        validate_endpoints(&config.endpoints, &mut errors);
+        if config.endpoints.is_empty() && config.discovery.kubernetes.is_none() {
+            config
+                .warnings
+                .push("no endpoints configured: every request will get 503".into());
+        }
         if !(1..=5).contains(&config.picker.max_endpoints) {
             errors.push(ConfigError::Picker(format!(
                 "maxEndpoints must be between 1 and 5, got {}",
@@ -440,11 +455,7 @@ fn lookup_ci<'a>(args: &'a Yaml, key: &str) -> Option<&'a Yaml> {
         .map(|(_, v)| v)
 }
 
-fn validate_endpoints(
-    endpoints: &[StaticEndpoint],
-    warnings: &mut Vec<String>,
-    errors: &mut Vec<ConfigError>,
-) {
+fn validate_endpoints(endpoints: &[StaticEndpoint], errors: &mut Vec<ConfigError>) {
     let mut names = std::collections::HashSet::new();
     let mut addresses = std::collections::HashSet::new();
     for e in endpoints {
@@ -466,9 +477,6 @@ fn validate_endpoints(
                 e.address
             )));
         }
-    }
-    if endpoints.is_empty() {
-        warnings.push("no endpoints configured: every request will get 503".into());
     }
 }
 

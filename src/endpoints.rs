@@ -41,6 +41,8 @@ pub struct EndpointSpec {
     pub models: Vec<String>,
     /// Changes when the pod restarts (Kubernetes UID); a new value starts the pod cold.
     pub generation: String,
+    /// Prefill/decode role (Kubernetes discovery's `roleLabel`); `None` = no role.
+    pub role: Option<String>,
 }
 
 /// Engine metrics last scraped from a pod (missing values are 0).
@@ -249,6 +251,7 @@ mod tests {
             address: SocketAddr::from(([127, 0, 0, 1], port)),
             models: vec![],
             generation: generation.into(),
+            role: None,
         }
     }
 

@@ -6,6 +6,7 @@
 pub mod admin;
 pub mod bench;
 pub mod config;
+pub mod discovery;
 pub mod endpoints;
 pub mod extproc;
 pub mod hashing;

@@ -152,6 +152,9 @@ fn main() -> ExitCode {
                     eprintln!("warning: {w}");
                 }
                 println!("{}: ok ({} endpoints)", config.display(), c.endpoints.len());
+                if let Some(k) = &c.discovery.kubernetes {
+                    println!("{}", k.describe(&k.process_namespace()));
+                }
                 ExitCode::SUCCESS
             }
             Err(errors) => {

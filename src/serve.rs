@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, Admin};
 use crate::config::Config;
+use crate::discovery::{DiscoveryMetrics, KubernetesDiscovery, kubernetes};
 use crate::endpoints::{EndpointSpec, Endpoints, PodId, Update};
 use crate::extproc::ExtProc;
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
@@ -34,6 +35,8 @@ pub struct Running {
     health: tonic_health::server::HealthReporter,
     drain_delay: Duration,
     grace: Duration,
+    /// Reports ready once Kubernetes discovery has listed the pods (see [`start`]).
+    ready_waiter: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Running {
@@ -51,6 +54,11 @@ impl Running {
     /// balancers notice, then stop accepting streams and let open ones finish for up to
     /// `shutdownGraceSeconds`; whatever is still open then is dropped.
     pub async fn drain(mut self) -> anyhow::Result<()> {
+        if let Some(waiter) = self.ready_waiter.take() {
+            // Finished or cancelled before readiness goes down, never after.
+            waiter.abort();
+            let _ = waiter.await;
+        }
         self.ready.store(false, Ordering::Relaxed);
         for name in ["readiness", ""] {
             self.health
@@ -102,6 +110,7 @@ pub fn static_endpoints(config: &Config) -> Vec<EndpointSpec> {
             address: e.address,
             models: e.models.clone(),
             generation: String::new(),
+            role: None,
         })
         .collect()
 }
@@ -130,6 +139,18 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
         metrics.clone(),
     ));
     endpoints.apply(Update::Reset(static_endpoints(&config)));
+    // Kubernetes discovery: not ready until the first full pod list is applied.
+    let discovery = match &config.discovery.kubernetes {
+        Some(k) => Some(KubernetesDiscovery::new(
+            kubernetes::infer_client().await?,
+            k.process_namespace(),
+            k.clone(),
+            static_endpoints(&config),
+            endpoints.clone(),
+            DiscoveryMetrics::register(&registry),
+        )),
+        None => None,
+    };
     let router = Arc::new(Router {
         scheduler,
         endpoints,
@@ -144,9 +165,11 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
 
     let (health, health_service) = tonic_health::server::health_reporter();
     for name in HEALTH_SERVICES {
-        health
-            .set_service_status(name, tonic_health::ServingStatus::Serving)
-            .await;
+        let status = match (&discovery, name) {
+            (Some(_), "readiness" | "") => tonic_health::ServingStatus::NotServing,
+            _ => tonic_health::ServingStatus::Serving,
+        };
+        health.set_service_status(name, status).await;
     }
     health
         .set_serving::<envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer<ExtProc>>()
@@ -225,7 +248,34 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
             Ok(())
         });
     }
-    ready.store(true, Ordering::Relaxed);
+    let mut ready_waiter = None;
+    match discovery {
+        None => ready.store(true, Ordering::Relaxed),
+        Some(discovery) => {
+            let mut synced = discovery.synced();
+            let token = shutdown.clone();
+            tasks.spawn(async move {
+                discovery.run(token).await;
+                Ok(())
+            });
+            let (ready, health, token) = (ready.clone(), health.clone(), shutdown.clone());
+            ready_waiter = Some(tokio::spawn(async move {
+                let listed = tokio::select! {
+                    _ = token.cancelled() => false,
+                    r = synced.wait_for(|s| *s) => r.is_ok(),
+                };
+                if listed {
+                    ready.store(true, Ordering::Relaxed);
+                    for name in ["readiness", ""] {
+                        health
+                            .set_service_status(name, tonic_health::ServingStatus::Serving)
+                            .await;
+                    }
+                    tracing::info!("ready: Kubernetes pods listed");
+                }
+            }));
+        }
+    }
     tracing::info!(
         %grpc_addr,
         %admin_addr,
@@ -243,5 +293,6 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
         health,
         drain_delay: Duration::from_secs_f64(config.picker.shutdown_delay_seconds),
         grace: Duration::from_secs_f64(config.picker.shutdown_grace_seconds),
+        ready_waiter,
     })
 }

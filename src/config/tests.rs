@@ -140,3 +140,25 @@ fn endpoints_and_picker_are_strict() {
     assert!(Config::parse("endpoints:\n- {name: a, address: nothost}\n").is_err());
     assert!(Config::parse("picker: {sede: 1}\n").is_err());
 }
+
+#[test]
+fn discovery_section_is_parsed_strictly_and_replaces_the_no_endpoints_warning() {
+    let c = Config::parse("discovery: {kubernetes: {selector: app=vllm, targetPorts: [8000]}}")
+        .unwrap();
+    assert!(c.discovery.kubernetes.is_some());
+    assert!(!c.warnings.iter().any(|w| w.contains("no endpoints")));
+    assert!(
+        Config::parse("")
+            .unwrap()
+            .warnings
+            .iter()
+            .any(|w| w.contains("no endpoints"))
+    );
+    let err = Config::parse("discovery: {kubernetes: {inferencePool: p, targetPort: [1]}}")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("discovery: ") && err.contains("targetPort"),
+        "{err}"
+    );
+}

@@ -38,6 +38,7 @@ fn spec(name: &str, port: u16, models: &[&str]) -> EndpointSpec {
         address: SocketAddr::from(([127, 0, 0, 1], port)),
         models: models.iter().map(|m| m.to_string()).collect(),
         generation: String::new(),
+        role: None,
     }
 }
 

@@ -27,6 +27,7 @@ fn setup(scorers: Vec<(ScorerKind, u32)>, pods: usize) -> (Scheduler, Endpoints)
             address: SocketAddr::from(([10, 0, 0, i as u8 + 1], 8000)),
             models: vec![],
             generation: String::new(),
+            role: None,
         })
         .collect();
     eps.apply(Update::Reset(specs));

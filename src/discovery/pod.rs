@@ -1,0 +1,178 @@
+//! One pod -> its endpoints.
+//!
+//! A pod counts only when its `Ready` condition is `True`, it has no `deletionTimestamp`
+//! (terminating pods leave at once, before their containers stop) and it has a `status.podIP`.
+//! A counted pod yields one endpoint per target port, at `podIP:port`. Endpoint names: the pod
+//! name when there is one target port, `pod-name:port` when there are several (so each
+//! `namespace/name` in logs and metrics stays unique). The generation is the pod UID, so a pod
+//! recreated under the same name starts cold. `roleLabel` and `modelLabel` name pod labels
+//! holding the prefill/decode role and the served model (an absent label: no role, any model).
+
+use std::net::{IpAddr, SocketAddr};
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::endpoints::{EndpointSpec, PodId};
+
+/// Why a pod does or does not count; `as_str()` is the `state` label of
+/// `prefix_picker_discovery_pods`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PodState {
+    Ready,
+    NotReady,
+    Terminating,
+    NoIp,
+}
+
+impl PodState {
+    pub const ALL: [PodState; 4] = [
+        PodState::Ready,
+        PodState::NotReady,
+        PodState::Terminating,
+        PodState::NoIp,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PodState::Ready => "ready",
+            PodState::NotReady => "not_ready",
+            PodState::Terminating => "terminating",
+            PodState::NoIp => "no_ip",
+        }
+    }
+}
+
+/// Labels read from pods.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodLabels {
+    pub role: Option<String>,
+    pub model: Option<String>,
+}
+
+/// A pod as discovery sees it: its state and, when ready, its endpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodEndpoints {
+    pub state: PodState,
+    pub endpoints: Vec<EndpointSpec>,
+}
+
+impl PodEndpoints {
+    pub fn of(pod: &Pod, namespace: &str, ports: &[u16], labels: &PodLabels) -> PodEndpoints {
+        let not = |state| PodEndpoints {
+            state,
+            endpoints: Vec::new(),
+        };
+        let meta = &pod.metadata;
+        if meta.deletion_timestamp.is_some() {
+            return not(PodState::Terminating);
+        }
+        let status = pod.status.as_ref();
+        let ready = status
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        if !ready {
+            return not(PodState::NotReady);
+        }
+        let Some(ip) = status
+            .and_then(|s| s.pod_ip.as_deref())
+            .and_then(|ip| ip.parse::<IpAddr>().ok())
+        else {
+            return not(PodState::NoIp);
+        };
+        let name = meta.name.clone().unwrap_or_default();
+        let namespace = meta.namespace.clone().unwrap_or_else(|| namespace.into());
+        let label = |key: &Option<String>| {
+            key.as_ref()
+                .and_then(|k| meta.labels.as_ref()?.get(k))
+                .filter(|v| !v.is_empty())
+                .cloned()
+        };
+        let role = label(&labels.role);
+        let models: Vec<String> = label(&labels.model).into_iter().collect();
+        let generation = meta.uid.clone().unwrap_or_default();
+        let endpoints = ports
+            .iter()
+            .map(|&port| EndpointSpec {
+                id: PodId {
+                    namespace: namespace.clone(),
+                    name: if ports.len() == 1 {
+                        name.clone()
+                    } else {
+                        format!("{name}:{port}")
+                    },
+                },
+                address: SocketAddr::new(ip, port),
+                models: models.clone(),
+                generation: generation.clone(),
+                role: role.clone(),
+            })
+            .collect();
+        PodEndpoints {
+            state: PodState::Ready,
+            endpoints,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(extra_meta: serde_json::Value, status: serde_json::Value) -> Pod {
+        let mut meta = json!({"name": "vllm-0", "namespace": "ns", "uid": "u1",
+            "labels": {"app": "vllm", "role": "decode", "model": "llama"}});
+        meta.as_object_mut()
+            .unwrap()
+            .extend(extra_meta.as_object().unwrap().clone());
+        serde_json::from_value(json!({"metadata": meta, "status": status})).unwrap()
+    }
+
+    fn ready(ip: &str) -> serde_json::Value {
+        json!({"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]})
+    }
+
+    const LABELS: PodLabels = PodLabels {
+        role: None,
+        model: None,
+    };
+
+    #[test]
+    fn only_ready_live_pods_with_an_ip_count() {
+        let of = |p: &Pod| PodEndpoints::of(p, "ns", &[8000], &LABELS).state;
+        assert_eq!(of(&pod(json!({}), ready("10.0.0.1"))), PodState::Ready);
+        let unready =
+            json!({"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "False"}]});
+        assert_eq!(of(&pod(json!({}), unready)), PodState::NotReady);
+        assert_eq!(of(&pod(json!({}), json!({}))), PodState::NotReady);
+        let gone = json!({"deletionTimestamp": "2026-01-01T00:00:00Z"});
+        assert_eq!(of(&pod(gone, ready("10.0.0.1"))), PodState::Terminating);
+        let no_ip = json!({"conditions": [{"type": "Ready", "status": "True"}]});
+        assert_eq!(of(&pod(json!({}), no_ip)), PodState::NoIp);
+    }
+
+    #[test]
+    fn one_endpoint_per_port_named_after_the_pod() {
+        let labels = PodLabels {
+            role: Some("role".into()),
+            model: Some("model".into()),
+        };
+        let one = PodEndpoints::of(&pod(json!({}), ready("10.0.0.1")), "x", &[8000], &labels);
+        let e = &one.endpoints[0];
+        assert_eq!(e.id.to_string(), "ns/vllm-0");
+        assert_eq!(e.address.to_string(), "10.0.0.1:8000");
+        assert_eq!(e.generation, "u1");
+        assert_eq!(e.role.as_deref(), Some("decode"));
+        assert_eq!(e.models, ["llama"]);
+        let two = PodEndpoints::of(
+            &pod(json!({}), ready("fd00::1")),
+            "x",
+            &[8000, 8001],
+            &LABELS,
+        );
+        let names: Vec<String> = two.endpoints.iter().map(|e| e.id.to_string()).collect();
+        assert_eq!(names, ["ns/vllm-0:8000", "ns/vllm-0:8001"]);
+        assert_eq!(two.endpoints[1].address.to_string(), "[fd00::1]:8001");
+        assert!(two.endpoints[0].models.is_empty() && two.endpoints[0].role.is_none());
+    }
+}
