@@ -257,6 +257,88 @@ fn chart_router_configuration_is_a_valid_config_with_the_contract_keys() {
     }
 }
 
+/// The chart's Envoy bootstrap, as rendered, in front of the picker and three backends: the
+/// headless-Service name is the only edit (it becomes `localhost`, resolved by STRICT_DNS like the
+/// Service), the ports are the test's. Repeats of a prompt stick to one pod through the
+/// override_host cluster, the health listener answers the readiness probe's path, and the
+/// picker's records show the observer filter completed the requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chart_envoy_bootstrap_routes_through_the_picker() {
+    let backends = [
+        Backend::start("pod-a").await,
+        Backend::start("pod-b").await,
+        Backend::start("pod-c").await,
+    ];
+    let ports: Vec<u16> = backends.iter().map(|b| b.addr.port()).collect();
+    let values = serde_json::json!({"discovery": {"kubernetes": {"targetPorts": ports}}});
+    let out = deploy_check(&["render-values", &values.to_string()]);
+    assert!(out.status.success(), "{}", show(&out));
+    let docs = documents(&String::from_utf8(out.stdout).unwrap());
+    let bootstrap = config_map_values(&docs, "envoy.yaml").pop().unwrap();
+    let host = "prefix-picker-models.default.svc.cluster.local";
+    assert_eq!(bootstrap.matches(host).count(), 3);
+    let picker = start_picker(picker_config(&backends.iter().collect::<Vec<_>>(), "")).await;
+    let config = prefix_picker::bench::cluster::render_envoy(
+        &bootstrap.replace(host, "localhost"),
+        picker.grpc_addr.port(),
+        &[],
+    )
+    .replace("port_value: 10001", "port_value: 0");
+    let envoy = start_envoy(config).await;
+    let client = reqwest::Client::new();
+    let body = serde_json::json!({"model": "m", "messages": [
+        {"role": "system", "content": "A system prompt long enough for a few blocks. ".repeat(8)},
+        {"role": "user", "content": "chart"}]});
+    let mut served = BTreeSet::new();
+    for i in 0..4 {
+        let r = client
+            .post(envoy.url("/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        served.insert(r.headers()["x-served-by"].to_str().unwrap().to_string());
+        wait_metric(&picker, "prefix_picker_records_total", f64::from(i + 1)).await;
+    }
+    assert_eq!(
+        served.len(),
+        1,
+        "a repeated prompt moved between pods: {served:?}"
+    );
+    assert!(
+        metric(
+            &picker,
+            "prefix_picker_decisions_total{reason=\"prefix_hit\"}"
+        )
+        .await
+            >= 3.0
+    );
+    let listeners: serde_json::Value = client
+        .get(format!(
+            "http://{}/listeners?format=json",
+            envoy.process.admin
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let health = listeners["listener_statuses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == "health")
+        .unwrap()["local_address"]["socket_address"]["port_value"]
+        .as_u64()
+        .unwrap();
+    let ready = reqwest::get(format!("http://127.0.0.1:{health}/ready"))
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+}
+
 // ---------------------------------------------------------------- gateway examples
 
 /// A bootstrap around xDS fragments taken from a gateway example: `filters` in an HTTP

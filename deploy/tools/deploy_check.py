@@ -4,6 +4,7 @@ Run by tests/deploy.rs with the pinned tools of .venv-deploy (scripts/tools.sh):
 
   deploy_check.py render OUT_DIR        lint the chart (strict) and render every scenario to
                                         OUT_DIR/<scenario>.yaml; bad values must fail to render
+  deploy_check.py render-values JSON    print the chart rendered with the values JSON
   deploy_check.py validate FILE...      schema-validate every document of every file
   deploy_check.py manifests --check|--write
                                         deploy/manifests/*.yaml == the chart rendered with the
@@ -226,6 +227,8 @@ def main(argv):
                 problems.append("values with {} rendered without an error".format(what))
             except helm.HelmError as e:
                 print("rejected as expected ({}): {}".format(what, str(e).splitlines()[0]))
+    elif cmd == "render-values" and len(args) == 1:
+        sys.stdout.write(render(json.loads(args[0])))
     elif cmd == "validate" and args:
         problems, count = validate_files(args)
         print("validated {} documents in {} files".format(count, len(args)))
