@@ -55,6 +55,7 @@ SCENARIOS = {
         "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
         "podDisruptionBudget": {"enabled": True},
         "picker": {"env": [{"name": "RUST_LOG", "value": "info"}]},
+        "extraConfig": {"auth": {}},
     },
 }
 
@@ -63,6 +64,7 @@ BAD_VALUES = {
     "unknown mode": {"mode": "gateway"},
     "no targetPorts": {"discovery": {"kubernetes": {"targetPorts": []}}},
     "no selector": {"modelServers": {"matchLabels": None}},
+    "extraConfig overriding a chart section": {"extraConfig": {"picker": {"seed": 1}}},
 }
 
 # Helm's install order, so the rendered files read top-down.
