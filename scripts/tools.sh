@@ -12,3 +12,19 @@ ensure_envoy() {
   export ENVOY_BIN
   "$ENVOY_BIN" --version >/dev/null
 }
+
+# Installs deploy/tools/requirements.txt (Helm renderer, Kubernetes schemas) into .venv-deploy
+# (again when the requirements change) and exports DEPLOY_PYTHON. Fails when installing fails.
+ensure_deploy_tools() {
+  local stamp=.venv-deploy/requirements.txt
+  if [ ! -x .venv-deploy/bin/python ] || ! cmp -s deploy/tools/requirements.txt "$stamp"; then
+    echo "installing deploy/tools/requirements.txt into .venv-deploy" >&2
+    rm -rf .venv-deploy
+    python3 -m venv .venv-deploy
+    .venv-deploy/bin/pip install --quiet --disable-pip-version-check -r deploy/tools/requirements.txt
+    cp deploy/tools/requirements.txt "$stamp"
+  fi
+  DEPLOY_PYTHON="$PWD/.venv-deploy/bin/python"
+  export DEPLOY_PYTHON
+  "$DEPLOY_PYTHON" -c "import helm_python, kubernetes_validate, cloudcoil.models.istio"
+}

@@ -1,0 +1,248 @@
+"""Renders the Helm chart and validates Kubernetes manifests without a cluster.
+
+Run by tests/deploy.rs with the pinned tools of .venv-deploy (scripts/tools.sh):
+
+  deploy_check.py render OUT_DIR        lint the chart (strict) and render every scenario to
+                                        OUT_DIR/<scenario>.yaml; bad values must fail to render
+  deploy_check.py render-values JSON    print the chart rendered with the values JSON
+  deploy_check.py validate FILE...      schema-validate every document of every file
+  deploy_check.py manifests --check|--write
+                                        deploy/manifests/*.yaml == the chart rendered with the
+                                        defaults (sidecar.yaml) and mode=standalone
+
+Validation per kind (each document must match one; an unknown kind is an error):
+- built-in kinds: kubernetes-validate, strict (unknown fields fail), against Kubernetes 1.30 (the
+  chart's minimum) and 1.37;
+- ServiceMonitor and EnvoyFilter: the Pydantic models generated from the prometheus-operator and
+  Istio CRDs (cloudcoil-models-*); a field the model does not know is dropped by Pydantic, so the
+  model's dump is compared with the input and any dropped key fails;
+- EnvoyExtensionPolicy and EnvoyPatchPolicy: hand-written structural JSON Schemas
+  (schemas/README.md says what they cover).
+"""
+
+import functools
+import json
+import pathlib
+import sys
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "prefix-picker"
+MANIFESTS = ROOT / "deploy" / "manifests"
+SCHEMAS = pathlib.Path(__file__).resolve().parent / "schemas"
+KUBE_VERSIONS = ["1.30.0", "1.37.0"]
+RELEASE, NAMESPACE = "prefix-picker", "default"
+
+# kubernetes-validate re-reads its multi-megabyte definitions file for every document; the
+# files never change, so read each once.
+kubernetes_validate.utils.schema_contents = functools.lru_cache(maxsize=None)(
+    kubernetes_validate.utils.schema_contents)
+
+# name -> values; each renders and validates.
+SCENARIOS = {
+    "sidecar": {},
+    "standalone": {"mode": "standalone"},
+    "full": {
+        "replicaCount": 2,
+        "discovery": {"kubernetes": {
+            "namespace": "models", "inferencePool": "llama-pool", "targetPorts": [8000, 8001],
+            "roleLabel": "llm-d.ai/role", "modelLabel": "app.kubernetes.io/model"}},
+        "envoy": {"failOpen": True},
+        "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+        "podDisruptionBudget": {"enabled": True},
+        "picker": {"env": [{"name": "RUST_LOG", "value": "info"}]},
+        "extraConfig": {"auth": {}},
+    },
+}
+
+# Values that must not render (the chart's `fail` checks).
+BAD_VALUES = {
+    "unknown mode": {"mode": "gateway"},
+    "no targetPorts": {"discovery": {"kubernetes": {"targetPorts": []}}},
+    "no selector": {"modelServers": {"matchLabels": None}},
+    "extraConfig overriding a chart section": {"extraConfig": {"picker": {"seed": 1}}},
+}
+
+# Helm's install order, so the rendered files read top-down.
+KIND_ORDER = ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Deployment",
+              "PodDisruptionBudget", "ServiceMonitor"]
+
+
+def render(values, release=RELEASE, namespace=NAMESPACE):
+    """One multi-document YAML text, documents in install order, with `# Source:` lines."""
+    with helm.Chart.load(str(CHART)) as chart:
+        files = chart.render(values, name=release, namespace=namespace, is_install=True)
+    docs = []
+    for path, text in files.items():
+        if path.endswith("NOTES.txt"):
+            continue
+        for part in text.split("\n---\n"):
+            if yaml.safe_load(part) is None:
+                continue
+            docs.append((path, part.strip("\n")))
+
+    def order(item):
+        kind = yaml.safe_load(item[1])["kind"]
+        rank = KIND_ORDER.index(kind) if kind in KIND_ORDER else len(KIND_ORDER)
+        return (rank, item[0])
+
+    docs.sort(key=order)
+    header = ("# Rendered from deploy/helm/prefix-picker by deploy/tools/deploy_check.py "
+              "(release {}, namespace {}); do not edit.\n").format(release, namespace)
+    return header + "".join("---\n# Source: {}\n{}\n".format(p, d) for p, d in docs)
+
+
+def lint():
+    report = helm.lint(str(CHART), strict=True, namespace=NAMESPACE)
+    problems = [m for m in report.get("messages", []) if m.get("severity", 0) >= 2]
+    problems += report.get("errors", [])
+    return ["helm lint: {}".format(p) for p in problems]
+
+
+def dropped_keys(given, kept, path=""):
+    """Keys of `given` that are missing from `kept` (fields a model ignored)."""
+    out = []
+    if isinstance(given, dict) and isinstance(kept, dict):
+        for k, v in given.items():
+            if k not in kept:
+                out.append("{}.{}".format(path, k))
+            else:
+                out += dropped_keys(v, kept[k], "{}.{}".format(path, k))
+    elif isinstance(given, list) and isinstance(kept, list):
+        for i, (g, k) in enumerate(zip(given, kept)):
+            out += dropped_keys(g, k, "{}[{}]".format(path, i))
+    return out
+
+
+def pydantic_validator(model):
+    def check(doc):
+        try:
+            parsed = model.model_validate(doc)
+        except Exception as e:  # pydantic.ValidationError names every bad field
+            return [str(e)]
+        kept = parsed.model_dump(by_alias=True, exclude_unset=True, mode="json")
+        return ["unknown field {}".format(p) for p in dropped_keys(doc, kept)]
+    return check
+
+
+def json_schema_validator(name):
+    schema = json.loads((SCHEMAS / name).read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+
+    def check(doc):
+        return ["{}: {}".format("/".join(map(str, e.absolute_path)) or "(root)", e.message)
+                for e in validator.iter_errors(doc)]
+    return check
+
+
+def service_monitor(doc):
+    from cloudcoil.models.prometheus_operator.v1 import ServiceMonitor  # slow import: lazy
+    return pydantic_validator(ServiceMonitor)(doc)
+
+
+def envoy_filter(doc):
+    from cloudcoil.models.istio.networking.v1alpha3 import EnvoyFilter  # slow import: lazy
+    return pydantic_validator(EnvoyFilter)(doc)
+
+
+def crd_validators():
+    return {
+        ("monitoring.coreos.com/v1", "ServiceMonitor"): service_monitor,
+        ("networking.istio.io/v1alpha3", "EnvoyFilter"): envoy_filter,
+        ("gateway.envoyproxy.io/v1alpha1", "EnvoyExtensionPolicy"):
+            json_schema_validator("envoyextensionpolicy.json"),
+        ("gateway.envoyproxy.io/v1alpha1", "EnvoyPatchPolicy"):
+            json_schema_validator("envoypatchpolicy.json"),
+    }
+
+
+def validate_doc(doc, crds):
+    if not isinstance(doc, dict) or "kind" not in doc or "apiVersion" not in doc:
+        return ["not a Kubernetes object (no apiVersion/kind)"]
+    key = (doc["apiVersion"], doc["kind"])
+    if key in crds:
+        return crds[key](doc)
+    errors = []
+    for version in KUBE_VERSIONS:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.SchemaNotFoundError:
+            return ["no schema for {} {} (not a built-in kind, no CRD validator)".format(*key)]
+        except kubernetes_validate.ValidationError as e:
+            where = "/".join(map(str, e.path)) or "(root)"
+            errors.append("Kubernetes {}: {}: {}".format(version, where, e.message))
+    return errors
+
+
+def validate_files(paths):
+    crds = crd_validators()
+    failures, count = [], 0
+    for path in paths:
+        for i, doc in enumerate(yaml.safe_load_all(pathlib.Path(path).read_text())):
+            if doc is None:
+                continue
+            count += 1
+            name = "{} #{} {} {}".format(path, i, doc.get("kind", "?") if isinstance(doc, dict)
+                                         else "?", (doc.get("metadata") or {}).get("name", "")
+                                         if isinstance(doc, dict) else "")
+            failures += ["{}: {}".format(name, e) for e in validate_doc(doc, crds)]
+    return failures, count
+
+
+def manifests(write):
+    expected = {"sidecar.yaml": render({}), "standalone.yaml": render({"mode": "standalone"})}
+    if write:
+        MANIFESTS.mkdir(parents=True, exist_ok=True)
+        for name, text in expected.items():
+            (MANIFESTS / name).write_text(text)
+        return []
+    stale = []
+    for name, text in expected.items():
+        path = MANIFESTS / name
+        if not path.exists() or path.read_text() != text:
+            stale.append("deploy/manifests/{} is not the chart's render: run "
+                         "`.venv-deploy/bin/python deploy/tools/deploy_check.py manifests "
+                         "--write`".format(name))
+    return stale
+
+
+def main(argv):
+    if len(argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    cmd, args = argv[1], argv[2:]
+    problems = []
+    if cmd == "render" and len(args) == 1:
+        out = pathlib.Path(args[0])
+        out.mkdir(parents=True, exist_ok=True)
+        problems += lint()
+        for name, values in SCENARIOS.items():
+            (out / "{}.yaml".format(name)).write_text(render(values))
+            print("rendered {}".format(name))
+        for what, values in BAD_VALUES.items():
+            try:
+                render(values)
+                problems.append("values with {} rendered without an error".format(what))
+            except helm.HelmError as e:
+                print("rejected as expected ({}): {}".format(what, str(e).splitlines()[0]))
+    elif cmd == "render-values" and len(args) == 1:
+        sys.stdout.write(render(json.loads(args[0])))
+    elif cmd == "validate" and args:
+        problems, count = validate_files(args)
+        print("validated {} documents in {} files".format(count, len(args)))
+    elif cmd == "manifests" and args in (["--check"], ["--write"]):
+        problems = manifests(args == ["--write"])
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    for p in problems:
+        print("FAIL " + p, file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

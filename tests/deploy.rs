@@ -1,0 +1,783 @@
+//! deploy/ and the gateway examples, checked without a cluster: the Helm chart rendered and linted
+//! by Helm's own Go SDK (PyPI `helm-python-sdk`), every manifest validated against the Kubernetes
+//! schemas and the CRD models (`deploy/tools/deploy_check.py`, tools in `.venv-deploy`, installed
+//! by `scripts/test`), the committed plain manifests compared with the chart, every Envoy config
+//! they carry validated by Envoy itself, the picker config they carry validated by the binary, and
+//! every metric the Grafana dashboard queries found in a real exposition after real traffic.
+
+mod harness;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use harness::*;
+use serde_yaml_ng::Value;
+
+/// The Python of `.venv-deploy` (`$DEPLOY_PYTHON` first). Missing tools are a failure, never a skip.
+fn deploy_python() -> PathBuf {
+    if let Ok(p) = std::env::var("DEPLOY_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let venv = root().join(".venv-deploy/bin/python");
+    assert!(
+        venv.exists(),
+        "{} missing: run scripts/test (it installs deploy/tools/requirements.txt)",
+        venv.display()
+    );
+    venv
+}
+
+fn deploy_check(args: &[&str]) -> Output {
+    Command::new(deploy_python())
+        .arg(root().join("deploy/tools/deploy_check.py"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn show(out: &Output) -> String {
+    format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Renders every scenario of deploy_check.py into a temp dir: `(dir, [(scenario, yaml text)])`.
+fn render_chart() -> (tempfile::TempDir, Vec<(String, String)>) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = deploy_check(&["render", dir.path().to_str().unwrap()]);
+    assert!(out.status.success(), "render failed:\n{}", show(&out));
+    let mut rendered = Vec::new();
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        rendered.push((name, std::fs::read_to_string(&path).unwrap()));
+    }
+    rendered.sort();
+    assert_eq!(
+        rendered.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        ["full", "sidecar", "standalone"]
+    );
+    (dir, rendered)
+}
+
+fn documents(text: &str) -> Vec<Value> {
+    use serde::Deserialize;
+    serde_yaml_ng::Deserializer::from_str(text)
+        .map(|d| Value::deserialize(d).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// `data[key]` of every ConfigMap that has it.
+fn config_map_values(docs: &[Value], key: &str) -> Vec<String> {
+    docs.iter()
+        .filter(|d| d["kind"] == "ConfigMap")
+        .filter_map(|d| d["data"][key].as_str().map(str::to_string))
+        .collect()
+}
+
+fn yaml_files(dir: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join(dir))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no YAML in {dir}");
+    files
+}
+
+fn envoy_validate(config: &str, what: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("envoy.yaml");
+    std::fs::write(&path, config).unwrap();
+    let out = Command::new(envoy_bin())
+        .args(["--mode", "validate", "-c"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{what}: envoy --mode validate failed:\n{}\n{config}",
+        show(&out)
+    );
+}
+
+// ---------------------------------------------------------------- chart and manifests
+
+/// One validator run (its CRD models take seconds to import) over every manifest we ship or
+/// render, which must pass, and a set of broken manifests, each of which must be rejected.
+#[test]
+fn every_manifest_passes_schema_validation_and_broken_ones_fail() {
+    let (dir, _) = render_chart();
+    let mut good: Vec<PathBuf> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    good.extend(yaml_files("deploy/manifests"));
+    good.extend(yaml_files("envoy/istio"));
+    good.extend(yaml_files("envoy/envoy-gateway"));
+    let bad_dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "probe port misspelled",
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec:\n  containers:\n  - name: c\n    image: i\n    readinessProbe: {httpGet: {path: /readyz, prot: 9090}}\n",
+        ),
+        (
+            "unknown Deployment field",
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec:\n  replica: 1\n  selector: {matchLabels: {a: b}}\n  template:\n    metadata: {labels: {a: b}}\n    spec: {containers: [{name: c, image: i}]}\n",
+        ),
+        (
+            "ServiceMonitor field misspelled",
+            "apiVersion: monitoring.coreos.com/v1\nkind: ServiceMonitor\nmetadata: {name: x}\nspec:\n  selector: {matchLabels: {a: b}}\n  endpoints: [{port: metrics, intervall: 15s}]\n",
+        ),
+        (
+            "EnvoyFilter applyTo unknown",
+            "apiVersion: networking.istio.io/v1alpha3\nkind: EnvoyFilter\nmetadata: {name: x}\nspec:\n  configPatches: [{applyTo: HTTP_FILTERS, patch: {operation: MERGE, value: {}}}]\n",
+        ),
+        (
+            "EnvoyExtensionPolicy body mode unknown",
+            "apiVersion: gateway.envoyproxy.io/v1alpha1\nkind: EnvoyExtensionPolicy\nmetadata: {name: x}\nspec:\n  extProc: [{backendRefs: [{name: p, port: 9002}], processingMode: {request: {body: Bufferd}}}]\n",
+        ),
+        (
+            "EnvoyPatchPolicy without patches",
+            "apiVersion: gateway.envoyproxy.io/v1alpha1\nkind: EnvoyPatchPolicy\nmetadata: {name: x}\nspec:\n  targetRef: {group: gateway.networking.k8s.io, kind: Gateway, name: eg}\n  type: JSONPatch\n  jsonPatches: []\n",
+        ),
+        (
+            "kind without a schema",
+            "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: x}\n",
+        ),
+    ];
+    let mut args = vec!["validate".to_string()];
+    args.extend(good.iter().map(|p| p.display().to_string()));
+    for (i, (_, doc)) in cases.iter().enumerate() {
+        let path = bad_dir.path().join(format!("{i}.yaml"));
+        std::fs::write(&path, doc).unwrap();
+        args.push(path.display().to_string());
+    }
+    let out = deploy_check(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for path in &good {
+        assert!(
+            !stderr.contains(&format!("{} #", path.display())),
+            "{} fails validation:\n{stderr}",
+            path.display()
+        );
+    }
+    for (i, (what, _)) in cases.iter().enumerate() {
+        let file = format!("{}.yaml #", bad_dir.path().join(i.to_string()).display());
+        assert!(stderr.contains(&file), "{what} was accepted:\n{stderr}");
+    }
+}
+
+#[test]
+fn plain_manifests_match_the_chart() {
+    let out = deploy_check(&["manifests", "--check"]);
+    assert!(out.status.success(), "{}", show(&out));
+}
+
+#[test]
+fn chart_envoy_bootstraps_pass_envoy_validate() {
+    let (_dir, rendered) = render_chart();
+    let mut n = 0;
+    for (scenario, text) in &rendered {
+        let docs = documents(text);
+        let bootstraps = config_map_values(&docs, "envoy.yaml");
+        assert_eq!(
+            bootstraps.len(),
+            usize::from(scenario != "standalone"),
+            "{scenario}: Envoy bootstrap ConfigMaps"
+        );
+        for config in bootstraps {
+            let parsed: Value = serde_yaml_ng::from_str(&config).unwrap();
+            let fail_open = parsed["static_resources"]["listeners"][0]["filter_chains"][0]["filters"]
+                [0]["typed_config"]["http_filters"][0]["typed_config"]["failure_mode_allow"]
+                .as_bool();
+            assert_eq!(fail_open, Some(scenario == "full"), "{scenario}");
+            envoy_validate(&config, scenario);
+            n += 1;
+        }
+    }
+    assert_eq!(n, 2);
+}
+
+#[test]
+fn chart_router_configuration_is_a_valid_config_with_the_contract_keys() {
+    let (_dir, rendered) = render_chart();
+    let local: Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(root().join("deploy/local/config.yaml")).unwrap(),
+    )
+    .unwrap();
+    let contract: BTreeSet<&str> = [
+        "namespace",
+        "selector",
+        "targetPorts",
+        "inferencePool",
+        "roleLabel",
+        "modelLabel",
+    ]
+    .into();
+    for (scenario, text) in &rendered {
+        let docs = documents(text);
+        let maps: Vec<&Value> = docs
+            .iter()
+            .filter(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "kthena-router-config")
+            .collect();
+        assert_eq!(maps.len(), 1, "{scenario}");
+        let config_text = maps[0]["data"]["routerConfiguration"].as_str().unwrap();
+        let config: Value = serde_yaml_ng::from_str(config_text).unwrap();
+        // Kthena's Helm defaults, exactly as the source document (and deploy/local) has them.
+        assert_eq!(config["scheduler"], local["scheduler"], "{scenario}");
+        let kube = config["discovery"]["kubernetes"].as_mapping().unwrap();
+        for key in kube.keys() {
+            assert!(
+                contract.contains(key.as_str().unwrap()),
+                "{scenario}: discovery.kubernetes.{key:?} is not in the config contract"
+            );
+        }
+        match scenario.as_str() {
+            "full" => {
+                assert_eq!(kube["namespace"], "models");
+                assert_eq!(kube["inferencePool"], "llama-pool");
+                assert!(kube.get("selector").is_none());
+            }
+            _ => {
+                assert_eq!(kube["namespace"], "default");
+                assert_eq!(kube["selector"], "app=vllm");
+                assert_eq!(kube["targetPorts"][0].as_u64(), Some(8000));
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("routerConfiguration");
+        std::fs::write(&path, config_text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_prefix-picker"))
+            .args(["validate", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{scenario}: {}", show(&out));
+    }
+}
+
+/// The chart's Envoy bootstrap, as rendered, in front of the picker and three backends: the
+/// headless-Service name is the only edit (it becomes `localhost`, resolved by STRICT_DNS like the
+/// Service), the ports are the test's. Repeats of a prompt stick to one pod through the
+/// override_host cluster, the health listener answers the readiness probe's path, and the
+/// picker's records show the observer filter completed the requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chart_envoy_bootstrap_routes_through_the_picker() {
+    let backends = [
+        Backend::start("pod-a").await,
+        Backend::start("pod-b").await,
+        Backend::start("pod-c").await,
+    ];
+    let ports: Vec<u16> = backends.iter().map(|b| b.addr.port()).collect();
+    let values = serde_json::json!({"discovery": {"kubernetes": {"targetPorts": ports}}});
+    let out = deploy_check(&["render-values", &values.to_string()]);
+    assert!(out.status.success(), "{}", show(&out));
+    let docs = documents(&String::from_utf8(out.stdout).unwrap());
+    let bootstrap = config_map_values(&docs, "envoy.yaml").pop().unwrap();
+    let host = "prefix-picker-models.default.svc.cluster.local";
+    assert_eq!(bootstrap.matches(host).count(), 3);
+    let picker = start_picker(picker_config(&backends.iter().collect::<Vec<_>>(), "")).await;
+    let config = prefix_picker::bench::cluster::render_envoy(
+        &bootstrap.replace(host, "localhost"),
+        picker.grpc_addr.port(),
+        &[],
+    )
+    .replace("port_value: 10001", "port_value: 0");
+    let envoy = start_envoy(config).await;
+    let client = reqwest::Client::new();
+    let body = serde_json::json!({"model": "m", "messages": [
+        {"role": "system", "content": "A system prompt long enough for a few blocks. ".repeat(8)},
+        {"role": "user", "content": "chart"}]});
+    let mut served = BTreeSet::new();
+    for i in 0..4 {
+        let r = client
+            .post(envoy.url("/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        served.insert(r.headers()["x-served-by"].to_str().unwrap().to_string());
+        wait_metric(&picker, "prefix_picker_records_total", f64::from(i + 1)).await;
+    }
+    assert_eq!(
+        served.len(),
+        1,
+        "a repeated prompt moved between pods: {served:?}"
+    );
+    assert!(
+        metric(
+            &picker,
+            "prefix_picker_decisions_total{reason=\"prefix_hit\"}"
+        )
+        .await
+            >= 3.0
+    );
+    let listeners: serde_json::Value = client
+        .get(format!(
+            "http://{}/listeners?format=json",
+            envoy.process.admin
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let health = listeners["listener_statuses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == "health")
+        .unwrap()["local_address"]["socket_address"]["port_value"]
+        .as_u64()
+        .unwrap();
+    let ready = reqwest::get(format!("http://127.0.0.1:{health}/ready"))
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+}
+
+// ---------------------------------------------------------------- gateway examples
+
+/// A bootstrap around xDS fragments taken from a gateway example: `filters` in an HTTP
+/// connection manager, `models` merged into a STATIC cluster named like the gateway's.
+fn fragment_bootstrap(filters: &[Value], grpc_cluster: &str, models: &Value) -> String {
+    let router: Value = serde_yaml_ng::from_str(
+        "{name: envoy.filters.http.router, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}",
+    )
+    .unwrap();
+    let mut chain = filters.to_vec();
+    chain.push(router);
+    let mut bootstrap: Value = serde_yaml_ng::from_str(&format!(
+        r#"
+static_resources:
+  listeners:
+  - name: gateway
+    address: {{socket_address: {{address: 127.0.0.1, port_value: 0}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: gateway
+          route_config:
+            virtual_hosts:
+            - {{name: models, domains: ["*"], routes: [{{match: {{prefix: /}}, route: {{cluster: models}}}}]}}
+          http_filters: []
+  clusters:
+  - name: models
+    connect_timeout: 1s
+    type: STATIC
+    lb_policy: LEAST_REQUEST
+    load_assignment: {{cluster_name: models, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: 8000}}}}}}}}]}}]}}
+  - name: "{grpc_cluster}"
+    connect_timeout: 1s
+    type: STATIC
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment: {{cluster_name: picker, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: 9002}}}}}}}}]}}]}}
+"#
+    ))
+    .unwrap();
+    bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        ["http_filters"] = Value::Sequence(chain);
+    let cluster = bootstrap["static_resources"]["clusters"][0]
+        .as_mapping_mut()
+        .unwrap();
+    for (k, v) in models.as_mapping().unwrap() {
+        cluster.insert(k.clone(), v.clone());
+    }
+    serde_yaml_ng::to_string(&bootstrap).unwrap()
+}
+
+#[test]
+fn istio_envoy_filter_patches_pass_envoy_validate() {
+    let text = std::fs::read_to_string(root().join("envoy/istio/envoyfilter.yaml")).unwrap();
+    let docs = documents(&text);
+    assert_eq!(docs.len(), 1);
+    let patches = docs[0]["spec"]["configPatches"].as_sequence().unwrap();
+    let filters: Vec<Value> = patches
+        .iter()
+        .filter(|p| p["applyTo"] == "HTTP_FILTER")
+        .map(|p| p["patch"]["value"].clone())
+        .collect();
+    assert_eq!(filters.len(), 2);
+    let grpc_cluster = filters[0]["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        grpc_cluster,
+        "outbound|9002||prefix-picker.default.svc.cluster.local"
+    );
+    let cluster_patch = patches
+        .iter()
+        .find(|p| p["applyTo"] == "CLUSTER")
+        .map(|p| p["patch"]["value"].clone())
+        .unwrap();
+    envoy_validate(
+        &fragment_bootstrap(&filters, &grpc_cluster, &cluster_patch),
+        "istio",
+    );
+}
+
+#[test]
+fn envoy_gateway_patch_policy_value_passes_envoy_validate() {
+    let text =
+        std::fs::read_to_string(root().join("envoy/envoy-gateway/prefix-picker.yaml")).unwrap();
+    let docs = documents(&text);
+    let patch = docs
+        .iter()
+        .find(|d| d["kind"] == "EnvoyPatchPolicy")
+        .unwrap();
+    let ops = patch["spec"]["jsonPatches"].as_sequence().unwrap();
+    assert_eq!(ops.len(), 1);
+    assert_eq!(ops[0]["operation"]["op"], "add");
+    assert_eq!(ops[0]["operation"]["path"], "/load_balancing_policy");
+    let mut merged = serde_yaml_ng::Mapping::new();
+    merged.insert(
+        "load_balancing_policy".into(),
+        ops[0]["operation"]["value"].clone(),
+    );
+    // Envoy Gateway's own ext_proc filter comes from the EnvoyExtensionPolicy (schema-checked).
+    envoy_validate(
+        &fragment_bootstrap(&[], "picker", &Value::Mapping(merged)),
+        "envoy-gateway",
+    );
+}
+
+// ---------------------------------------------------------------- Grafana dashboard
+
+const PROMQL_WORDS: &[&str] = &[
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "inf",
+    "nan",
+];
+
+/// Metric names in a PromQL expression: identifiers outside strings, label matchers, ranges and
+/// `by (...)` lists that are not functions (followed by `(`) or keywords. `label_values(m, l)`
+/// (a Grafana variable query) yields `m`.
+fn promql_metric_names(expr: &str) -> Vec<String> {
+    if let Some(rest) = expr.trim().strip_prefix("label_values(") {
+        let metric = rest.split([',', ')', '{']).next().unwrap().trim();
+        return vec![metric.to_string()];
+    }
+    // Blank out strings, {...} matchers, [...] ranges and by/without (...) label lists.
+    let mut clean = String::new();
+    let mut depth_brace = 0;
+    let mut depth_bracket = 0;
+    let mut in_string = false;
+    for c in expr.chars() {
+        match c {
+            '"' if depth_brace == 0 => in_string = !in_string,
+            _ if in_string => {}
+            '{' => depth_brace += 1,
+            '}' => depth_brace -= 1,
+            '[' => depth_bracket += 1,
+            ']' => depth_bracket -= 1,
+            _ if depth_brace > 0 || depth_bracket > 0 => {}
+            _ => {
+                clean.push(c);
+                continue;
+            }
+        }
+        clean.push(' ');
+    }
+    const LABEL_LISTS: &[&str] = &[
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+    ];
+    let words = |from: usize| -> (String, usize) {
+        let chars: Vec<char> = clean[from..].chars().collect();
+        let n = chars
+            .iter()
+            .take_while(|c| c.is_ascii_alphanumeric() || **c == '_' || **c == ':' || **c == '.')
+            .count();
+        (chars[..n].iter().collect(), n)
+    };
+    let mut names = Vec::new();
+    let mut i = 0;
+    let mut in_label_list = false;
+    while i < clean.len() {
+        let c = clean.as_bytes()[i] as char;
+        if c.is_ascii_alphanumeric() || c == '_' || c == ':' {
+            let (word, n) = words(i);
+            i += n;
+            let rest = clean[i..].trim_start();
+            let next_word = words(clean.len() - rest.len()).0;
+            let is_number = c.is_ascii_digit();
+            let is_call = rest.starts_with('(') || next_word == "by" || next_word == "without";
+            if LABEL_LISTS.contains(&word.as_str()) {
+                in_label_list = rest.starts_with('(');
+            } else if !(is_number
+                || is_call
+                || in_label_list
+                || PROMQL_WORDS.contains(&word.to_lowercase().as_str()))
+            {
+                names.push(word);
+            }
+        } else {
+            if c == ')' {
+                in_label_list = false;
+            }
+            i += 1;
+        }
+    }
+    names
+}
+
+/// Every PromQL expression of a Grafana dashboard (panel targets and variable queries).
+fn dashboard_queries(dashboard: &serde_json::Value) -> Vec<String> {
+    fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    match (k.as_str(), v) {
+                        ("expr" | "definition", serde_json::Value::String(s)) => {
+                            out.push(s.clone())
+                        }
+                        _ => walk(v, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(dashboard, &mut out);
+    out
+}
+
+/// `le` matchers (`le="x"` or `le=~"a|b"` with literal alternatives) and the metric they filter.
+fn le_matchers(expr: &str) -> Vec<(String, Vec<String>)> {
+    let mut out = Vec::new();
+    let mut rest = expr;
+    while let Some(open) = rest.find('{') {
+        let before = &rest[..open];
+        let metric: String = before
+            .chars()
+            .rev()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        let close = open + rest[open..].find('}').unwrap();
+        for m in rest[open + 1..close].split(',') {
+            let m = m.trim();
+            if let Some(v) = m.strip_prefix("le=~") {
+                let alts = v.trim_matches('"').split('|').map(str::to_string).collect();
+                out.push((metric.clone(), alts));
+            } else if let Some(v) = m.strip_prefix("le=") {
+                out.push((metric.clone(), vec![v.trim_matches('"').to_string()]));
+            }
+        }
+        rest = &rest[close + 1..];
+    }
+    out
+}
+
+/// Series names and `le` values of a Prometheus text exposition.
+fn exposition(text: &str) -> (BTreeSet<String>, Vec<(String, String)>) {
+    let mut names = BTreeSet::new();
+    let mut les = Vec::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let name = line.split(['{', ' ']).next().unwrap().to_string();
+        if let Some(i) = line.find("le=\"") {
+            let v = &line[i + 4..];
+            les.push((name.clone(), v[..v.find('"').unwrap()].to_string()));
+        }
+        names.insert(name);
+    }
+    (names, les)
+}
+
+/// Dashboard problems against an exposition: unknown metric names, `le` values never emitted.
+fn dashboard_problems(dashboard: &serde_json::Value, exposed: &str) -> Vec<String> {
+    // Series Prometheus itself generates for every target.
+    const PROMETHEUS_SERIES: &[&str] = &["up"];
+    let (names, les) = exposition(exposed);
+    let mut problems = Vec::new();
+    for expr in dashboard_queries(dashboard) {
+        for name in promql_metric_names(&expr) {
+            if !names.contains(&name) && !PROMETHEUS_SERIES.contains(&name.as_str()) {
+                problems.push(format!("{name} is not exported (in {expr})"));
+            }
+        }
+        for (metric, alts) in le_matchers(&expr) {
+            if !les.iter().any(|(m, le)| *m == metric && alts.contains(le)) {
+                problems.push(format!(
+                    "{metric}: no le in {alts:?} is emitted (in {expr})"
+                ));
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn promql_names_are_extracted() {
+    let e = r#"1 - sum by (model, le) (rate(kthena_router_prefix_cache_match_ratio_bucket{job=~"$job",le=~"0|0.0"}[$__rate_interval])) / sum without (pod) (vllm:num_requests_waiting offset 5m) + on (pod) group_left time() - x_total > bool 2"#;
+    assert_eq!(
+        promql_metric_names(e),
+        [
+            "kthena_router_prefix_cache_match_ratio_bucket",
+            "vllm:num_requests_waiting",
+            "x_total"
+        ]
+    );
+    assert_eq!(
+        le_matchers(e),
+        [(
+            "kthena_router_prefix_cache_match_ratio_bucket".to_string(),
+            vec!["0".to_string(), "0.0".to_string()]
+        )]
+    );
+    assert_eq!(
+        promql_metric_names("label_values(prefix_picker_decisions_total, job)"),
+        ["prefix_picker_decisions_total"]
+    );
+}
+
+#[test]
+fn dashboard_check_fails_on_unknown_names_and_le_formats() {
+    let exposed =
+        "# TYPE a histogram\na_bucket{le=\"0\"} 1\na_bucket{le=\"+Inf\"} 1\na_count 1\nb_total 2\n";
+    let good = serde_json::json!({"panels": [{"targets": [{"expr": "sum(rate(a_bucket{le=~\"0|0.0\"}[5m])) / sum(rate(a_count[5m])) + up + b_total"}]}]});
+    assert_eq!(dashboard_problems(&good, exposed), Vec::<String>::new());
+    let typo = serde_json::json!({"panels": [{"targets": [{"expr": "rate(b_totals[5m])"}]}]});
+    assert_eq!(dashboard_problems(&typo, exposed).len(), 1);
+    let le = serde_json::json!({"panels": [{"targets": [{"expr": "a_bucket{le=\"0.0\"}"}]}]});
+    assert_eq!(dashboard_problems(&le, exposed).len(), 1);
+}
+
+/// The dashboard against the real expositions: the picker's `/metrics` after traffic through
+/// Envoy that exercises every series (scored and unscored requests, an eviction, a 400 answered
+/// by the picker, engine scrapes), and a model-sim pod's `/metrics` (vLLM's names, which the
+/// engine panels query and the picker scrapes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_queries_only_exported_metrics() {
+    use prefix_picker::sim::engine::EngineConfig;
+    let engine = EngineConfig {
+        time_scale: 100.0,
+        ..EngineConfig::default()
+    };
+    let sims = [
+        Sim::start("sim-0", engine.clone()).await,
+        Sim::start("sim-1", engine).await,
+    ];
+    let local = std::fs::read_to_string(root().join("deploy/local/config.yaml")).unwrap();
+    let scheduler = prefix_picker::bench::cluster::scheduler_section(&local)
+        .replace("maxHashCacheSize: 50000", "maxHashCacheSize: 2");
+    let mut doc = scheduler;
+    doc.push_str(&prefix_picker::bench::cluster::endpoints_yaml(
+        sims.iter().map(|s| (s.name.as_str(), s.addr)),
+    ));
+    doc.push_str("picker: {scrapeIntervalSeconds: 0.05}\n");
+    let picker = start_picker(prefix_picker::config::Config::parse(&doc).unwrap()).await;
+    let envoy = start_envoy(render_envoy(
+        "envoy.yaml",
+        picker.grpc_addr.port(),
+        &sims.iter().map(|s| s.addr).collect::<Vec<_>>(),
+        |s| s,
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    let long = "The same long system prompt, block after block. ".repeat(10);
+    for body in [
+        serde_json::json!({"model": "m", "messages": [{"role": "system", "content": long}, {"role": "user", "content": "one"}]}),
+        serde_json::json!({"model": "m", "messages": [{"role": "system", "content": long}, {"role": "user", "content": "two"}]}),
+        serde_json::json!({"model": "m", "prompt": [1, 2, 3]}),
+    ] {
+        let path = if body.get("prompt").is_some() {
+            "/v1/completions"
+        } else {
+            "/v1/chat/completions"
+        };
+        let r = client
+            .post(envoy.url(path))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    }
+    let r = client
+        .post(envoy.url("/v1/chat/completions"))
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    wait_metric(&picker, "prefix_picker_records_total", 3.0).await;
+    wait_metric(&picker, "kthena_router_prefix_cache_evictions_total", 1.0).await;
+    wait_metric(&picker, "prefix_picker_engine_scrapes_total", 2.0).await;
+    let picker_text = reqwest::get(format!("http://{}/metrics", picker.admin_addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let engine_text = reqwest::get(format!("http://{}/metrics", sims[0].addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("deploy/grafana/prefix-picker.json")).unwrap(),
+    )
+    .unwrap();
+    let queries = dashboard_queries(&dashboard);
+    assert!(queries.len() >= 20, "{} queries", queries.len());
+    let problems = dashboard_problems(&dashboard, &format!("{picker_text}\n{engine_text}"));
+    assert!(
+        problems.is_empty(),
+        "{}\n--- picker exposition:\n{picker_text}",
+        problems.join("\n")
+    );
+    // Every picker metric family is on the dashboard somewhere.
+    let used: BTreeSet<String> = queries
+        .iter()
+        .flat_map(|q| promql_metric_names(q))
+        .collect();
+    let (families, _) = exposition(&picker_text);
+    for family in families {
+        let base = family
+            .trim_end_matches("_bucket")
+            .trim_end_matches("_count")
+            .trim_end_matches("_sum");
+        assert!(
+            used.iter().any(|u| u.starts_with(base)),
+            "{family} is exported but on no panel"
+        );
+    }
+}
