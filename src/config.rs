@@ -172,6 +172,8 @@ pub struct Config {
     pub scheduler: SchedulerConfig,
     pub endpoints: Vec<StaticEndpoint>,
     pub picker: PickerConfig,
+    /// `sync:` (Redis Streams sharing of the prefix index), when present.
+    pub sync: Option<crate::sync::SyncConfig>,
     /// Leniencies applied while loading (log them).
     pub warnings: Vec<String>,
 }
@@ -198,6 +200,8 @@ pub enum ConfigError {
     Endpoints(String),
     #[error("picker: {0}")]
     Picker(String),
+    #[error("sync: {0}")]
+    Sync(String),
 }
 
 /// Every problem found in a config.
@@ -243,6 +247,10 @@ impl Config {
                 Some("picker") => match serde_yaml_ng::from_value(value.clone()) {
                     Ok(p) => config.picker = p,
                     Err(e) => errors.push(ConfigError::Picker(e.to_string())),
+                },
+                Some("sync") => match crate::sync::SyncConfig::parse(value) {
+                    Ok(s) => config.sync = Some(s),
+                    Err(e) => errors.push(ConfigError::Sync(e)),
                 },
                 _ => config
                     .warnings

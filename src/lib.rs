@@ -20,3 +20,4 @@ pub mod routing;
 pub mod scheduler;
 pub mod serve;
 pub mod sim;
+pub mod sync;

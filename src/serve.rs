@@ -146,6 +146,14 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
             .set_service_status(name, tonic_health::ServingStatus::Serving)
             .await;
     }
+    if config.sync.is_some() {
+        // Not ready until the warm replay is done (or timed out); see below.
+        for name in ["readiness", ""] {
+            health
+                .set_service_status(name, tonic_health::ServingStatus::NotServing)
+                .await;
+        }
+    }
     health
         .set_serving::<envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer<ExtProc>>()
         .await;
@@ -169,7 +177,7 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
     {
         let app = admin::app(Admin {
             router: router.clone(),
-            registry,
+            registry: registry.clone(),
             prefix_metrics,
             ready: ready.clone(),
         });
@@ -216,6 +224,17 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
             }
             Ok(())
         });
+    }
+    if let Some(sync) = &config.sync {
+        let env = |name: &str| std::env::var(name).ok();
+        let sync =
+            crate::sync::start(&sync.redis, &router, &registry, &env, &shutdown, &mut tasks)?;
+        sync.warm().await;
+        for name in ["readiness", ""] {
+            health
+                .set_service_status(name, tonic_health::ServingStatus::Serving)
+                .await;
+        }
     }
     ready.store(true, Ordering::Relaxed);
     tracing::info!(%grpc_addr, %admin_addr, endpoints = config.endpoints.len(), "prefix-picker serving");
