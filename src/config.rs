@@ -20,6 +20,7 @@
 //!   scrapeConcurrency: 16
 //!   shutdownDelaySeconds: 0       # SIGTERM: not-ready for this long before closing
 //!   shutdownGraceSeconds: 30      # SIGTERM: open streams get this long to finish
+//! sync: {redis: {url: ...}}       # optional index sharing through Redis (crate::sync::config)
 //! ```
 //! Kthena's leniencies are kept and warned about: unknown top-level keys, unknown plugin names
 //! (`Failed to get plugin <name>.`), `disabled` lists (no effect), `random` next to other scorers

@@ -91,7 +91,11 @@ pub async fn run(
         if n == 0 {
             return;
         }
-        if !link.try_connect().await {
+        let connected = tokio::select! {
+            _ = token.cancelled() => return,
+            c = link.try_connect() => c,
+        };
+        if !connected {
             metrics.drop(DropReason::RedisError, n as u64);
             batch.clear();
             if !link.pause(&token).await {
@@ -112,7 +116,11 @@ pub async fn run(
                 .ignore();
         }
         let conn = link.get().expect("connected");
-        match pipe.query_async::<()>(conn).await {
+        let sent = tokio::select! {
+            _ = token.cancelled() => return,
+            r = pipe.query_async::<()>(conn) => r,
+        };
+        match sent {
             Ok(()) => metrics.published.inc_by(n as u64),
             Err(e) => {
                 metrics.drop(DropReason::RedisError, n as u64);
