@@ -76,6 +76,9 @@ enum Cmd {
     Replicas {
         #[arg(long)]
         quick: bool,
+        /// Score with prefix-cache alone (no load-aware plugins), like the suite's row.
+        #[arg(long)]
+        prefix_only: bool,
         #[arg(long, default_value = "bench/results")]
         out: PathBuf,
         #[arg(long, default_value_t = 1)]
@@ -233,11 +236,14 @@ fn default_scheduler() -> anyhow::Result<String> {
     Ok(cluster::scheduler_section(&default).to_string())
 }
 
+/// The scheduler section of the "prefix-cache only" rows.
+const PREFIX_ONLY: &str = "scheduler:\n  plugins:\n    Filter: {enabled: []}\n    Score:\n      enabled:\n      - {name: prefix-cache, weight: 1}\n";
+
 /// The routers of the suite, in report order. The peers run only when `bench/run` installed
 /// them (`SGLANG_ROUTER_PYTHON`, `VLLM_ROUTER_BIN`).
 fn routers() -> anyhow::Result<Vec<(&'static str, Setup)>> {
     let scheduler = default_scheduler()?;
-    let prefix_only = "scheduler:\n  plugins:\n    Filter: {enabled: []}\n    Score:\n      enabled:\n      - {name: prefix-cache, weight: 1}\n".to_string();
+    let prefix_only = PREFIX_ONLY.to_string();
     let mut out = vec![
         (
             "envoy round-robin",
@@ -476,7 +482,7 @@ async fn suite(quick: bool, out: PathBuf, seed: u64) -> anyhow::Result<()> {
     )
 }
 
-async fn replicas(quick: bool, out: PathBuf, seed: u64) -> anyhow::Result<()> {
+async fn replicas(quick: bool, prefix_only: bool, out: PathBuf, seed: u64) -> anyhow::Result<()> {
     let (name, requests, arrival) = if quick {
         (
             "shared-prefix (16 groups x 8, system 1024 tok, question 64, out 32)",
@@ -491,7 +497,11 @@ async fn replicas(quick: bool, out: PathBuf, seed: u64) -> anyhow::Result<()> {
         )
     };
     let ceiling = workload::ceiling_hit_rate(&requests, 16);
-    let scheduler = default_scheduler()?;
+    let scheduler = if prefix_only {
+        PREFIX_ONLY.to_string()
+    } else {
+        default_scheduler()?
+    };
     let envoy_yaml = std::fs::read_to_string(root().join("envoy/envoy.yaml"))?;
     let bins = bin_dir();
     let mut results = Vec::new();
@@ -709,7 +719,12 @@ async fn main() -> anyhow::Result<()> {
             output_tokens,
             out,
         } => overhead(requests, &concurrency, output_tokens, out).await,
-        Cmd::Replicas { quick, out, seed } => replicas(quick, out, seed).await,
+        Cmd::Replicas {
+            quick,
+            prefix_only,
+            out,
+            seed,
+        } => replicas(quick, prefix_only, out, seed).await,
         Cmd::SyncApply {
             rate,
             seconds,
