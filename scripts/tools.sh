@@ -28,3 +28,18 @@ ensure_deploy_tools() {
   export DEPLOY_PYTHON
   "$DEPLOY_PYTHON" -c "import helm_python, kubernetes_validate, cloudcoil.models.istio"
 }
+
+# Installs Debian's redis-server (the sync tests start their own) unless it is on PATH.
+ensure_redis() {
+  if ! command -v redis-server >/dev/null 2>&1; then
+    echo "installing redis-server (apt)" >&2
+    local sudo=""
+    if [ "$(id -u)" != 0 ]; then
+      command -v sudo >/dev/null 2>&1 || { echo "redis-server is missing and neither root nor sudo is available" >&2; return 1; }
+      sudo="sudo"
+    fi
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  fi
+  redis-server --version >/dev/null
+}

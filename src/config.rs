@@ -22,6 +22,7 @@
 //!   shutdownDelaySeconds: 0       # SIGTERM: not-ready for this long before closing
 //!   shutdownGraceSeconds: 30      # SIGTERM: open streams get this long to finish
 //!   tls: {mode: plaintext}        # gRPC port: plaintext | selfSigned | files (see `tls`)
+//! sync: {redis: {url: ...}}       # optional index sharing through Redis (crate::sync::config)
 //! ```
 //! Kthena's leniencies are kept and warned about: unknown top-level keys, unknown plugin names
 //! (`Failed to get plugin <name>.`), `disabled` lists (no effect), `random` next to other scorers
@@ -181,6 +182,8 @@ pub struct Config {
     pub picker: PickerConfig,
     /// `discovery:` (Kubernetes), see [`crate::discovery`].
     pub discovery: DiscoveryConfig,
+    /// `sync:` (Redis Streams sharing of the prefix index), when present.
+    pub sync: Option<crate::sync::SyncConfig>,
     /// Leniencies applied while loading (log them).
     pub warnings: Vec<String>,
 }
@@ -209,6 +212,8 @@ pub enum ConfigError {
     Picker(String),
     #[error("{0}")]
     Discovery(#[from] DiscoveryError),
+    #[error("sync: {0}")]
+    Sync(String),
 }
 
 /// Every problem found in a config.
@@ -258,6 +263,10 @@ impl Config {
                 Some("picker") => match serde_yaml_ng::from_value(value.clone()) {
                     Ok(p) => config.picker = p,
                     Err(e) => errors.push(ConfigError::Picker(e.to_string())),
+                },
+                Some("sync") => match crate::sync::SyncConfig::parse(value) {
+                    Ok(s) => config.sync = Some(s),
+                    Err(e) => errors.push(ConfigError::Sync(e)),
                 },
                 _ => config
                     .warnings

@@ -48,7 +48,10 @@ pub fn check_request_body(body: &[u8]) {
 
 fn check_chain(chain: BlockChain, model: &str, prompt: &[u8]) {
     let hashes = chain.hash(model, prompt);
-    let expected = prompt.len().div_ceil(chain.block_size).min(chain.max_blocks);
+    let expected = prompt
+        .len()
+        .div_ceil(chain.block_size)
+        .min(chain.max_blocks);
     assert_eq!(hashes.len(), expected, "block count");
 
     // A prefix cut at a block boundary hashes to a prefix of the hashes.

@@ -22,4 +22,5 @@ pub mod routing;
 pub mod scheduler;
 pub mod serve;
 pub mod sim;
+pub mod sync;
 pub mod tls;

@@ -164,9 +164,12 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
     let mut tasks = JoinSet::new();
 
     let (health, health_service) = tonic_health::server::health_reporter();
+    // Not ready until the sync warm replay is done (or timed out) and discovery has listed the
+    // pods; see below.
+    let wait_before_ready = discovery.is_some() || config.sync.is_some();
     for name in HEALTH_SERVICES {
-        let status = match (&discovery, name) {
-            (Some(_), "readiness" | "") => tonic_health::ServingStatus::NotServing,
+        let status = match (wait_before_ready, name) {
+            (true, "readiness" | "") => tonic_health::ServingStatus::NotServing,
             _ => tonic_health::ServingStatus::Serving,
         };
         health.set_service_status(name, status).await;
@@ -200,7 +203,7 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
     {
         let app = admin::app(Admin {
             router: router.clone(),
-            registry,
+            registry: registry.clone(),
             prefix_metrics,
             ready: ready.clone(),
         });
@@ -248,11 +251,26 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
             Ok(())
         });
     }
+    let pods_listed = discovery.as_ref().map(|d| d.synced());
+    let sync = match &config.sync {
+        Some(sync) => {
+            let env = |name: &str| std::env::var(name).ok();
+            Some(crate::sync::start(
+                &sync.redis,
+                &router,
+                &registry,
+                &env,
+                pods_listed.clone(),
+                &shutdown,
+                &mut tasks,
+            )?)
+        }
+        None => None,
+    };
     let mut ready_waiter = None;
-    match discovery {
-        None => ready.store(true, Ordering::Relaxed),
-        Some(discovery) => {
-            let mut synced = discovery.synced();
+    match (discovery, pods_listed) {
+        (Some(discovery), Some(mut listed)) => {
+            // Ready after the first pod list, then the warm replay (which needs the pods).
             let token = shutdown.clone();
             tasks.spawn(async move {
                 discovery.run(token).await;
@@ -260,20 +278,41 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
             });
             let (ready, health, token) = (ready.clone(), health.clone(), shutdown.clone());
             ready_waiter = Some(tokio::spawn(async move {
-                let listed = tokio::select! {
-                    _ = token.cancelled() => false,
-                    r = synced.wait_for(|s| *s) => r.is_ok(),
+                let warmed = async {
+                    if listed.wait_for(|l| *l).await.is_err() {
+                        return false;
+                    }
+                    tracing::info!("Kubernetes pods listed");
+                    if let Some(sync) = sync {
+                        sync.warm().await;
+                    }
+                    true
                 };
-                if listed {
+                let warmed = tokio::select! {
+                    _ = token.cancelled() => false,
+                    w = warmed => w,
+                };
+                if warmed {
                     ready.store(true, Ordering::Relaxed);
                     for name in ["readiness", ""] {
                         health
                             .set_service_status(name, tonic_health::ServingStatus::Serving)
                             .await;
                     }
-                    tracing::info!("ready: Kubernetes pods listed");
+                    tracing::info!("ready");
                 }
             }));
+        }
+        _ => {
+            if let Some(sync) = sync {
+                sync.warm().await;
+            }
+            ready.store(true, Ordering::Relaxed);
+            for name in ["readiness", ""] {
+                health
+                    .set_service_status(name, tonic_health::ServingStatus::Serving)
+                    .await;
+            }
         }
     }
     tracing::info!(

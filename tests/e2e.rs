@@ -2,6 +2,7 @@
 //! metrics, logs and the CLI. One binary; the harness is in `harness/`.
 
 mod harness;
+mod sync;
 
 use std::process::Command;
 

@@ -5,9 +5,12 @@
 //! conversations still wait for their previous turn. Every request streams (SSE) so TTFT is the
 //! time to the first `data:` event. Engine hit rate = token-weighted delta of the sims'
 //! `vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total` over the run.
+//! `base` may list several routers (comma-separated): requests go to them round-robin, as a
+//! load balancer in front of gateway replicas would send them.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -172,20 +175,39 @@ fn units(requests: &[BenchRequest]) -> VecDeque<Unit> {
     out.into()
 }
 
-async fn run_unit(client: &reqwest::Client, base: &str, unit: Unit, samples: &Mutex<Vec<Sample>>) {
+/// Router URLs, taken round-robin per request.
+#[derive(Debug)]
+struct Bases {
+    urls: Vec<String>,
+    next: AtomicUsize,
+}
+
+impl Bases {
+    fn pick(&self) -> &str {
+        &self.urls[self.next.fetch_add(1, Ordering::Relaxed) % self.urls.len()]
+    }
+}
+
+async fn run_unit(
+    client: &reqwest::Client,
+    base: &Bases,
+    unit: Unit,
+    samples: &Mutex<Vec<Sample>>,
+) {
     if unit.together {
-        let all = unit.requests.iter().map(|r| one(client, base, r));
+        let all = unit.requests.iter().map(|r| one(client, base.pick(), r));
         let results = futures_util::future::join_all(all).await;
         samples.lock().extend(results);
     } else {
         for r in &unit.requests {
-            let s = one(client, base, r).await;
+            let s = one(client, base.pick(), r).await;
             samples.lock().push(s);
         }
     }
 }
 
-/// Runs a workload against `base` (the router's URL); `sims` are the engines' URLs.
+/// Runs a workload against `base` (the router's URL, or several, comma-separated, taken
+/// round-robin); `sims` are the engines' URLs.
 pub async fn run(
     router: &str,
     workload: &str,
@@ -200,6 +222,10 @@ pub async fn run(
         .timeout(Duration::from_secs(600))
         .build()
         .expect("client");
+    let base = Arc::new(Bases {
+        urls: base.split(',').map(str::to_string).collect(),
+        next: AtomicUsize::new(0),
+    });
     let (h0, q0) = engine_counters(&client, sims).await;
     let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
     let total = requests.len();
@@ -222,12 +248,8 @@ pub async fn run(
             let queue = Arc::new(Mutex::new(units(requests)));
             let mut workers = Vec::new();
             for _ in 0..concurrency.max(1) {
-                let (queue, samples, client, base) = (
-                    queue.clone(),
-                    samples.clone(),
-                    client.clone(),
-                    base.to_string(),
-                );
+                let (queue, samples, client, base) =
+                    (queue.clone(), samples.clone(), client.clone(), base.clone());
                 workers.push(tokio::spawn(async move {
                     loop {
                         let Some(unit) = queue.lock().pop_front() else {
@@ -257,7 +279,7 @@ pub async fn run(
                     }
                     _ => 0.0,
                 };
-                let (samples, client, base) = (samples.clone(), client.clone(), base.to_string());
+                let (samples, client, base) = (samples.clone(), client.clone(), base.clone());
                 tasks.push(tokio::spawn(async move {
                     tokio::time::sleep_until(
                         tokio::time::Instant::from_std(started) + Duration::from_secs_f64(offset),

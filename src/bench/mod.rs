@@ -3,4 +3,5 @@
 pub mod cluster;
 pub mod driver;
 pub mod report;
+pub mod sync_cost;
 pub mod workload;

@@ -71,6 +71,32 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// 1 replica vs 3 replicas without sync vs 3 with Redis sync, requests round-robin over
+    /// the replicas (each a prefix-picker + Envoy over the same sims), shared-prefix workload.
+    Replicas {
+        #[arg(long)]
+        quick: bool,
+        /// Score with prefix-cache alone (no load-aware plugins), like the suite's row.
+        #[arg(long)]
+        prefix_only: bool,
+        #[arg(long, default_value = "bench/results")]
+        out: PathBuf,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// The cost for a picker of applying another replica's records from Redis (sync).
+    SyncApply {
+        /// Records per second published by the simulated remote replica.
+        #[arg(long, default_value_t = 10_000)]
+        rate: u64,
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// Block hashes per record.
+        #[arg(long, default_value_t = 64)]
+        blocks: usize,
+        #[arg(long, default_value_t = 64)]
+        pods: usize,
+    },
 }
 
 /// Project root: `$PREFIX_PICKER_ROOT`, else the current directory.
@@ -210,11 +236,14 @@ fn default_scheduler() -> anyhow::Result<String> {
     Ok(cluster::scheduler_section(&default).to_string())
 }
 
+/// The scheduler section of the "prefix-cache only" rows.
+const PREFIX_ONLY: &str = "scheduler:\n  plugins:\n    Filter: {enabled: []}\n    Score:\n      enabled:\n      - {name: prefix-cache, weight: 1}\n";
+
 /// The routers of the suite, in report order. The peers run only when `bench/run` installed
 /// them (`SGLANG_ROUTER_PYTHON`, `VLLM_ROUTER_BIN`).
 fn routers() -> anyhow::Result<Vec<(&'static str, Setup)>> {
     let scheduler = default_scheduler()?;
-    let prefix_only = "scheduler:\n  plugins:\n    Filter: {enabled: []}\n    Score:\n      enabled:\n      - {name: prefix-cache, weight: 1}\n".to_string();
+    let prefix_only = PREFIX_ONLY.to_string();
     let mut out = vec![
         (
             "envoy round-robin",
@@ -453,6 +482,110 @@ async fn suite(quick: bool, out: PathBuf, seed: u64) -> anyhow::Result<()> {
     )
 }
 
+async fn replicas(quick: bool, prefix_only: bool, out: PathBuf, seed: u64) -> anyhow::Result<()> {
+    let (name, requests, arrival) = if quick {
+        (
+            "shared-prefix (16 groups x 8, system 1024 tok, question 64, out 32)",
+            workload::shared_prefix(16, 8, 1024, 64, 32, seed, "model"),
+            Arrival::Closed { concurrency: 8 },
+        )
+    } else {
+        (
+            "shared-prefix (64 groups x 16, system 2048 tok, question 128, out 64)",
+            workload::shared_prefix(64, 16, 2048, 128, 64, seed, "model"),
+            Arrival::Closed { concurrency: 32 },
+        )
+    };
+    let ceiling = workload::ceiling_hit_rate(&requests, 16);
+    let scheduler = if prefix_only {
+        PREFIX_ONLY.to_string()
+    } else {
+        default_scheduler()?
+    };
+    let envoy_yaml = std::fs::read_to_string(root().join("envoy/envoy.yaml"))?;
+    let bins = bin_dir();
+    let mut results = Vec::new();
+    for (label, n, sync) in [
+        ("1 replica", 1, false),
+        ("3 replicas, no sync", 3, false),
+        ("3 replicas, Redis sync", 3, true),
+    ] {
+        eprintln!("{name} | {label}");
+        let dir = tempfile::tempdir()?;
+        let mut sims = Vec::new();
+        for i in 0..SIMS {
+            let mut args = sim_args(4096);
+            args.extend(["--seed".to_string(), i.to_string()]);
+            sims.push(cluster::start_sim(
+                &bins.join("model-sim"),
+                &format!("sim-{i}"),
+                &args,
+            )?);
+        }
+        let backends: Vec<_> = sims.iter().map(|s| s.addr).collect();
+        let sim_urls: Vec<String> = backends.iter().map(|b| format!("http://{b}")).collect();
+        let redis = if sync {
+            Some(prefix_picker::bench::sync_cost::start_redis(dir.path())?)
+        } else {
+            None
+        };
+        let mut replicas = Vec::new();
+        let mut urls = Vec::new();
+        for i in 0..n {
+            let rdir = dir.path().join(format!("replica-{i}"));
+            std::fs::create_dir_all(&rdir)?;
+            let mut config = scheduler.clone();
+            let names: Vec<String> = (0..SIMS).map(|i| format!("sim-{i}")).collect();
+            config.push_str(&cluster::endpoints_yaml(
+                names
+                    .iter()
+                    .map(String::as_str)
+                    .zip(backends.iter().copied()),
+            ));
+            config.push_str("picker: {scrapeIntervalSeconds: 0.1}\n");
+            if let Some((_, url)) = &redis {
+                config.push_str(&format!("sync:\n  redis:\n    url: \"{url}\"\n"));
+            }
+            let (picker, _admin) =
+                cluster::start_picker(&bins.join("prefix-picker"), &rdir, &config, 2)?;
+            let envoy = cluster::start_envoy(
+                &envoy_bin()?,
+                &rdir,
+                &render_envoy(&envoy_yaml, picker.addr.port(), &backends),
+            )
+            .await?;
+            urls.push(format!("http://127.0.0.1:{}", envoy.port));
+            replicas.push((picker, envoy));
+        }
+        let r = driver::run(
+            label,
+            name,
+            &urls.join(","),
+            &sim_urls,
+            &requests,
+            arrival,
+            ceiling,
+        )
+        .await;
+        eprintln!(
+            "  hit rate {:.1}% (ceiling {:.1}%), TTFT p50 {:.0} ms, errors {}",
+            r.hit_rate * 100.0,
+            ceiling * 100.0,
+            r.ttft_ms.p50,
+            r.errors
+        );
+        results.push(r);
+    }
+    let md = report::markdown(&results);
+    println!("{md}");
+    write_results(
+        &out,
+        if quick { "replicas-quick" } else { "replicas" },
+        &results,
+        &md,
+    )
+}
+
 async fn overhead(
     requests: usize,
     concurrency: &str,
@@ -586,6 +719,24 @@ async fn main() -> anyhow::Result<()> {
             output_tokens,
             out,
         } => overhead(requests, &concurrency, output_tokens, out).await,
+        Cmd::Replicas {
+            quick,
+            prefix_only,
+            out,
+            seed,
+        } => replicas(quick, prefix_only, out, seed).await,
+        Cmd::SyncApply {
+            rate,
+            seconds,
+            blocks,
+            pods,
+        } => {
+            let bin = bin_dir().join("prefix-picker");
+            let cost =
+                prefix_picker::bench::sync_cost::run(&bin, rate, seconds, blocks, pods).await?;
+            println!("{}", serde_json::to_string_pretty(&cost)?);
+            Ok(())
+        }
         Cmd::Report { results } => {
             let runs: Vec<RunResult> = serde_json::from_slice(&std::fs::read(&results)?)?;
             std::fs::write(results.with_extension("md"), report::markdown(&runs))?;

@@ -15,8 +15,8 @@ pub mod prefix_cache;
 pub mod random;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use rand::SeedableRng;
@@ -117,6 +117,12 @@ pub struct RouteRequest<'a> {
     pub prompt: Result<&'a str, &'static str>,
 }
 
+/// Receives every local record (after a served request), e.g. to share it with other replicas.
+/// Called on the routing path: it must not block.
+pub trait RecordSink: Send + Sync + std::fmt::Debug {
+    fn recorded(&self, model: &str, hashes: &[BlockHash], endpoint: &Endpoint);
+}
+
 /// The scheduler. Shared by all streams (`Arc`); holds the prefix index.
 #[derive(Debug)]
 pub struct Scheduler {
@@ -127,6 +133,7 @@ pub struct Scheduler {
     seed: u64,
     decisions: AtomicU64,
     metrics: RouterMetrics,
+    sink: OnceLock<Arc<dyn RecordSink>>,
 }
 
 impl Scheduler {
@@ -149,6 +156,7 @@ impl Scheduler {
             seed,
             decisions: AtomicU64::new(0),
             metrics,
+            sink: OnceLock::new(),
         }
     }
 
@@ -320,7 +328,23 @@ impl Scheduler {
         if !self.prefix_enabled {
             return 0;
         }
+        if let Some(sink) = self.sink.get() {
+            sink.recorded(model, hashes, endpoint);
+        }
         self.prefix.record(model, hashes, &endpoint.index)
+    }
+
+    /// Applies a record another replica made (same LRU semantics; not passed to the sink).
+    pub fn record_remote(&self, model: &str, hashes: &[BlockHash], endpoint: &Endpoint) -> usize {
+        if !self.prefix_enabled {
+            return 0;
+        }
+        self.prefix.record(model, hashes, &endpoint.index)
+    }
+
+    /// Installs the record sink (once); `false` if one was already set.
+    pub fn set_record_sink(&self, sink: Arc<dyn RecordSink>) -> bool {
+        self.sink.set(sink).is_ok()
     }
 
     fn plugin_time(&self, model: &str, plugin: &str, kind: &str, started: Instant) {

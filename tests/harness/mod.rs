@@ -19,6 +19,8 @@ use prefix_picker::serve::{self, Running};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+pub mod redis_server;
+
 pub const DEADLINE: Duration = Duration::from_secs(30);
 
 /// The project root (for `envoy/` and `.venv`).

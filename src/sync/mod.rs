@@ -1,0 +1,181 @@
+//! Sharing the prefix index across replicas through a Redis Stream, and warm start.
+//!
+//! Each replica keeps routing from its local index; Redis is never called on the decision path.
+//! - [`publisher`]: every local record (model, pod, block hashes) is encoded ([`record`]) and
+//!   queued without waiting; a task sends batches with `XADD ... MAXLEN ~`. Full queue or Redis
+//!   down: records are dropped and counted, routing goes on.
+//! - [`tailer`]: a task tails the stream (`XREAD BLOCK` from the last id seen) and applies other
+//!   replicas' records ([`apply`]) with the same LRU semantics as a local record.
+//! - Warm start: at start-up the tailer replays the retained stream (this replica's earlier
+//!   incarnation included, since the replica id is new per process) before the picker reports
+//!   ready, for at most `replayTimeoutSeconds`; after a reconnect it reads on from the last id.
+//!
+//! Knobs: the `sync.redis` section ([`config`]). Metrics: `prefix_picker_sync_*` ([`metrics`]).
+
+pub mod apply;
+pub mod config;
+pub mod connection;
+pub mod metrics;
+pub mod publisher;
+pub mod record;
+pub mod tailer;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::routing::Router;
+use apply::Applier;
+use config::{RedisSync, SyncConfigError};
+use connection::Link;
+use metrics::{Role, SyncMetrics};
+use publisher::{Publisher, Target};
+use record::HashParams;
+use tailer::Tailer;
+
+pub use config::SyncConfig;
+
+/// Why sync could not start.
+#[derive(Debug, Error)]
+pub enum SyncError {
+    #[error(transparent)]
+    Config(#[from] SyncConfigError),
+    #[error("sync.redis.url {url}: {source}")]
+    Client {
+        url: String,
+        source: redis::RedisError,
+    },
+}
+
+/// A started sync; await [`Sync::warm`] before reporting ready.
+#[derive(Debug)]
+pub struct Sync {
+    pub replica: u64,
+    /// `None` when `replayOnStart` is off.
+    replayed: Option<oneshot::Receiver<()>>,
+    timeout: Duration,
+}
+
+impl Sync {
+    /// Waits for the start-up replay, at most `replayTimeoutSeconds`; `true` if it finished.
+    pub async fn warm(self) -> bool {
+        let Some(replayed) = self.replayed else {
+            return true;
+        };
+        let started = Instant::now();
+        match tokio::time::timeout(self.timeout, replayed).await {
+            Ok(Ok(())) => true,
+            Ok(Err(_)) => false,
+            Err(_) => {
+                tracing::warn!(
+                    waited = ?started.elapsed(),
+                    "sync: warm replay did not finish in time; serving with a partial index"
+                );
+                false
+            }
+        }
+    }
+}
+
+/// The hashing parameters of this replica (records hashed otherwise are not applied).
+pub fn hash_params(router: &Router) -> HashParams {
+    let args = router.scheduler.prefix_cache().args();
+    HashParams {
+        block_size_to_hash: args.block_size_to_hash as u32,
+        max_blocks_to_match: args.max_blocks_to_match as u32,
+    }
+}
+
+/// Starts the publisher and tailer tasks and hooks the publisher into the scheduler.
+/// `env` looks up environment variables (for `passwordEnv`). With `pods_listed` (Kubernetes
+/// discovery), the tailer starts once the first pod list is applied: records name pods, and a
+/// replay before the pods are known would drop them all.
+pub fn start(
+    config: &RedisSync,
+    router: &Arc<Router>,
+    registry: &prometheus::Registry,
+    env: &dyn Fn(&str) -> Option<String>,
+    pods_listed: Option<watch::Receiver<bool>>,
+    shutdown: &CancellationToken,
+    tasks: &mut JoinSet<anyhow::Result<()>>,
+) -> Result<Sync, SyncError> {
+    // rustls needs one process-wide crypto provider for rediss://; ring is the one linked in.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let metrics = SyncMetrics::register(registry);
+    let info = config.connection_info(env)?;
+    let shown = config.shown_url();
+    let link = |role, timeout| {
+        Link::new(info.clone(), shown.clone(), role, timeout, metrics.clone()).map_err(|source| {
+            SyncError::Client {
+                url: shown.clone(),
+                source,
+            }
+        })
+    };
+    let publish_link = link(Role::Publisher, Duration::from_secs(2))?;
+    let tail_link = link(Role::Tailer, tailer::BLOCK + Duration::from_secs(4))?;
+
+    let replica: u64 = rand::random();
+    let params = hash_params(router);
+    let (publisher, rx) = Publisher::new(config.queue_capacity, replica, params, metrics.clone());
+    router.scheduler.set_record_sink(publisher);
+    let target = Target {
+        stream: config.stream.clone(),
+        max_len: config.max_len,
+        batch_max_records: config.batch_max_records,
+    };
+    {
+        let (metrics, token) = (metrics.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            publisher::run(rx, publish_link, target, metrics, token).await;
+            Ok(())
+        });
+    }
+    let (tx, replayed) = oneshot::channel();
+    let applier = Applier::new(
+        router.scheduler.clone(),
+        router.endpoints.clone(),
+        replica,
+        params,
+        metrics.clone(),
+    );
+    let tailer = Tailer::new(
+        tail_link,
+        config.stream.clone(),
+        applier,
+        metrics,
+        config.replay_on_start,
+        tx,
+    );
+    let token = shutdown.clone();
+    tasks.spawn(async move {
+        if let Some(mut listed) = pods_listed {
+            let listed = tokio::select! {
+                _ = token.cancelled() => false,
+                r = listed.wait_for(|l| *l) => r.is_ok(),
+            };
+            if !listed {
+                return Ok(());
+            }
+        }
+        tailer.run(token).await;
+        Ok(())
+    });
+    tracing::info!(
+        url = %shown,
+        stream = %config.stream,
+        replica = format!("{replica:016x}"),
+        "sync: sharing the prefix index through Redis"
+    );
+    Ok(Sync {
+        replica,
+        replayed: config.replay_on_start.then_some(replayed),
+        timeout: config.replay_timeout,
+    })
+}

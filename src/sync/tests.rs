@@ -1,0 +1,324 @@
+use super::config::{PasswordSource, SyncConfig, SyncConfigError};
+use super::record::{self, DecodeError, HashParams};
+use super::tailer::{EntryId, parse_info, stream_entries};
+use crate::config::Config;
+use crate::hashing::BlockHash;
+use redis::Value;
+
+const PARAMS: HashParams = HashParams {
+    block_size_to_hash: 64,
+    max_blocks_to_match: 128,
+};
+
+fn parse(yaml: &str) -> Result<SyncConfig, String> {
+    SyncConfig::parse(&serde_yaml_ng::from_str(yaml).unwrap())
+}
+
+#[test]
+fn defaults_and_full_section() {
+    let c = parse("redis: {url: 'redis://127.0.0.1:6379/0'}")
+        .unwrap()
+        .redis;
+    assert_eq!(c.stream, "prefix-picker:{default}");
+    assert_eq!(c.max_len, 1_000_000);
+    assert!(c.replay_on_start);
+    assert_eq!(c.replay_timeout.as_secs(), 10);
+    assert_eq!((c.batch_max_records, c.queue_capacity), (256, 10_000));
+    assert_eq!(c.password, PasswordSource::Url);
+
+    let c = parse(
+        "redis: {url: 'rediss://h:6380', passwordEnv: PW, stream: 'pp:{pool}', maxLen: 5, \
+         replayOnStart: false, replayTimeoutSeconds: 0.5, batchMaxRecords: 2, queueCapacity: 3}",
+    )
+    .unwrap()
+    .redis;
+    assert_eq!(c.password, PasswordSource::Env("PW".into()));
+    assert_eq!(
+        (c.max_len, c.batch_max_records, c.queue_capacity),
+        (5, 2, 3)
+    );
+    assert!(!c.replay_on_start);
+    assert_eq!(c.replay_timeout.as_millis(), 500);
+    parse("redis: {url: 'redis+unix:///tmp/r.sock'}").unwrap();
+}
+
+#[test]
+fn strict_errors_name_the_key_and_value() {
+    let e = parse("redis: {url: 'redis://h', maxlen: 5}").unwrap_err();
+    assert!(e.contains("unknown field `maxlen`"), "{e}");
+    let e = parse("redis: {url: 'redis://h'}\nkafka: {}").unwrap_err();
+    assert!(e.contains("unknown field `kafka`"), "{e}");
+    let e = parse("redis: {url: 'http://h'}").unwrap_err();
+    assert!(e.contains("sync.redis.url \"http://h\""), "{e}");
+    let e = parse("redis: {url: 'redis://h', queueCapacity: 0}").unwrap_err();
+    assert!(
+        e.contains("queueCapacity must be greater than 0, got 0"),
+        "{e}"
+    );
+    let e = parse("redis: {url: 'redis://h', replayTimeoutSeconds: -1}").unwrap_err();
+    assert!(e.contains("replayTimeoutSeconds"), "{e}");
+    let e = parse("redis: {url: 'redis://h', passwordEnv: A, passwordFile: /b}").unwrap_err();
+    assert!(e.contains("at most one of passwordEnv"), "{e}");
+    // Through the whole config: one error line per problem, prefixed with the section.
+    let e = Config::parse("sync: {redis: {url: 'redis://h', batchMaxRecords: 0}}").unwrap_err();
+    assert!(e.to_string().starts_with("sync: "), "{e}");
+    assert!(Config::parse("{}").unwrap().sync.is_none());
+}
+
+#[test]
+fn passwords_come_from_env_or_file_and_urls_are_redacted() {
+    let c = parse("redis: {url: 'redis://user:s3cret@h:1/2', passwordEnv: PW}")
+        .unwrap()
+        .redis;
+    assert_eq!(c.shown_url(), "redis://user:***@h:1/2");
+    let info = c
+        .connection_info(&|k| (k == "PW").then(|| "from-env".into()))
+        .unwrap();
+    assert_eq!(info.redis_settings().password(), Some("from-env"));
+    assert_eq!(
+        c.connection_info(&|_| None).unwrap_err(),
+        SyncConfigError::PasswordEnvUnset("PW".into())
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pw");
+    std::fs::write(&file, "from-file\n").unwrap();
+    let c = parse(&format!(
+        "redis: {{url: 'redis://h', passwordFile: '{}'}}",
+        file.display()
+    ))
+    .unwrap()
+    .redis;
+    let info = c.connection_info(&|_| None).unwrap();
+    assert_eq!(info.redis_settings().password(), Some("from-file"));
+}
+
+#[test]
+fn records_round_trip() {
+    let hashes: Vec<BlockHash> = [1u64, u64::MAX, 0x0102_0304_0506_0708]
+        .into_iter()
+        .map(BlockHash)
+        .collect();
+    let bytes = record::encode(42, PARAMS, "llama", "default/pod-a", "uid-1", &hashes);
+    assert_eq!(bytes.len(), 17 + 2 + 5 + 2 + 13 + 2 + 5 + 24);
+    // Hashes are little-endian u64s at the end.
+    assert_eq!(&bytes[bytes.len() - 8..], &[8, 7, 6, 5, 4, 3, 2, 1]);
+    let mut out = vec![BlockHash(9)];
+    let r = record::decode(&bytes, &mut out).unwrap();
+    assert_eq!(r.replica, 42);
+    assert_eq!(r.params, PARAMS);
+    assert_eq!(
+        (r.model, r.pod, r.generation),
+        ("llama", "default/pod-a", "uid-1")
+    );
+    assert_eq!(out, hashes);
+}
+
+#[test]
+fn bad_payloads_are_errors_not_panics() {
+    let good = record::encode(1, PARAMS, "m", "default/p", "", &[BlockHash(3)]);
+    let mut buf = Vec::new();
+    assert_eq!(
+        record::decode(&[], &mut buf),
+        Err(DecodeError::Truncated(0))
+    );
+    let mut v2 = good.clone();
+    v2[0] = 2;
+    assert_eq!(record::decode(&v2, &mut buf), Err(DecodeError::Version(2)));
+    assert_eq!(
+        record::decode(&good[..good.len() - 1], &mut buf),
+        Err(DecodeError::Hashes(7))
+    );
+    for cut in 1..good.len() - 8 {
+        assert!(
+            record::decode(&good[..cut], &mut buf).is_err(),
+            "cut at {cut}"
+        );
+    }
+    let mut bad_utf8 = record::encode(1, PARAMS, "m", "default/p", "", &[]);
+    bad_utf8[19] = 0xFF;
+    assert_eq!(
+        record::decode(&bad_utf8, &mut buf),
+        Err(DecodeError::Utf8(19))
+    );
+}
+
+proptest::proptest! {
+    #[test]
+    fn any_record_round_trips(replica: u64, model in ".{0,40}", pod in ".{0,40}",
+                              generation in ".{0,40}", hashes in proptest::collection::vec(proptest::num::u64::ANY, 0..200)) {
+        let hashes: Vec<BlockHash> = hashes.into_iter().map(BlockHash).collect();
+        let bytes = record::encode(replica, PARAMS, &model, &pod, &generation, &hashes);
+        let mut out = Vec::new();
+        let r = record::decode(&bytes, &mut out).unwrap();
+        proptest::prop_assert_eq!((r.replica, r.model, r.pod, r.generation), (replica, model.as_str(), pod.as_str(), generation.as_str()));
+        proptest::prop_assert_eq!(out, hashes);
+    }
+}
+
+fn bulk(s: &str) -> Value {
+    Value::BulkString(s.as_bytes().to_vec())
+}
+
+#[test]
+fn entry_ids_order_and_print() {
+    let a = EntryId::parse("1700000000000-5").unwrap();
+    assert!(a < EntryId::parse("1700000000000-6").unwrap());
+    assert!(a < EntryId::parse("1700000000001-0").unwrap());
+    assert_eq!(a.to_string(), "1700000000000-5");
+    assert_eq!(EntryId::parse("x-1"), None);
+}
+
+#[test]
+fn xinfo_and_xread_replies_parse() {
+    let info = parse_info(Value::Array(vec![
+        bulk("length"),
+        Value::Int(3),
+        bulk("last-generated-id"),
+        bulk("10-2"),
+        bulk("entries-added"),
+        Value::Int(7),
+        bulk("first-entry"),
+        Value::Array(vec![bulk("10-0"), Value::Array(vec![])]),
+    ]));
+    assert_eq!((info.length, info.added), (3, 7));
+    assert_eq!(info.first, EntryId::parse("10-0"));
+    assert_eq!(info.last_generated, EntryId::parse("10-2").unwrap());
+
+    let reply = Value::Array(vec![Value::Array(vec![
+        bulk("s"),
+        Value::Array(vec![
+            Value::Array(vec![
+                bulk("10-0"),
+                Value::Array(vec![bulk("r"), bulk("xy")]),
+            ]),
+            Value::Array(vec![
+                bulk("10-1"),
+                Value::Array(vec![bulk("other"), bulk("z")]),
+            ]),
+        ]),
+    ])]);
+    let entries = stream_entries(reply);
+    assert_eq!(
+        entries,
+        vec![
+            (EntryId::parse("10-0").unwrap(), Some(b"xy".to_vec())),
+            (EntryId::parse("10-1").unwrap(), None)
+        ]
+    );
+    assert!(stream_entries(Value::Nil).is_empty());
+}
+
+mod applier {
+    use std::sync::Arc;
+
+    use super::PARAMS;
+    use crate::config::SchedulerConfig;
+    use crate::endpoints::{EndpointSpec, Endpoints, PodId, Update};
+    use crate::hashing::BlockHash;
+    use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
+    use crate::prefix_index::ModelKey;
+    use crate::scheduler::Scheduler;
+    use crate::sync::apply::{Applied, Applier};
+    use crate::sync::metrics::{DropReason, SyncMetrics};
+    use crate::sync::record::{self, HashParams};
+
+    const ME: u64 = 7;
+
+    fn spec(name: &str, port: u16, generation: &str) -> EndpointSpec {
+        EndpointSpec {
+            id: PodId {
+                namespace: "default".into(),
+                name: name.into(),
+            },
+            address: ([127, 0, 0, 1], port).into(),
+            models: vec![],
+            generation: generation.into(),
+            role: None,
+        }
+    }
+
+    #[test]
+    fn applies_known_pods_and_counts_the_rest() {
+        let registry = prometheus::Registry::new();
+        let metrics = RouterMetrics::register(&registry);
+        let scheduler = Arc::new(Scheduler::new(
+            SchedulerConfig::default(),
+            5,
+            0,
+            PrefixCacheMetrics::register(&registry),
+            metrics.clone(),
+        ));
+        let index = scheduler.prefix_cache().index().clone();
+        let endpoints = Arc::new(Endpoints::new(index.clone(), metrics));
+        endpoints.apply(Update::Reset(vec![spec("a", 1, "uid-a"), spec("b", 2, "")]));
+        let sync_metrics = SyncMetrics::register(&registry);
+        let mut applier = Applier::new(
+            scheduler,
+            endpoints.clone(),
+            ME,
+            PARAMS,
+            sync_metrics.clone(),
+        );
+        let h = [BlockHash(11), BlockHash(12)];
+        let enc = |replica, params, pod: &str, generation: &str| {
+            record::encode(replica, params, "m", pod, generation, &h)
+        };
+
+        assert_eq!(
+            applier.apply(&enc(1, PARAMS, "default/a", "uid-a")),
+            Applied::Recorded
+        );
+        let a = endpoints.snapshot().all()[0].index.slot();
+        assert_eq!(index.pods_holding(ModelKey::of("m"), BlockHash(12)), [a]);
+        // Static pods have no generation: any generation applies.
+        assert_eq!(
+            applier.apply(&enc(1, PARAMS, "default/b", "x")),
+            Applied::Recorded
+        );
+        assert_eq!(
+            applier.apply(&enc(ME, PARAMS, "default/a", "")),
+            Applied::Own
+        );
+        let other = HashParams {
+            block_size_to_hash: 32,
+            ..PARAMS
+        };
+        assert_eq!(
+            applier.apply(&enc(1, other, "default/a", "")),
+            Applied::Dropped(DropReason::ParamsMismatch)
+        );
+        assert_eq!(
+            applier.apply(&enc(1, PARAMS, "default/zz", "")),
+            Applied::Dropped(DropReason::UnknownPod)
+        );
+        assert_eq!(
+            applier.apply(&enc(1, PARAMS, "default/a", "uid-old")),
+            Applied::Dropped(DropReason::StaleGeneration)
+        );
+        assert_eq!(
+            applier.apply(b"junk"),
+            Applied::Dropped(DropReason::Malformed)
+        );
+        // A pod that appears later is found (the lookup map follows the snapshot).
+        endpoints.apply(Update::Add(spec("c", 3, "")));
+        assert_eq!(
+            applier.apply(&enc(1, PARAMS, "default/c", "")),
+            Applied::Recorded
+        );
+        assert_eq!(sync_metrics.applied.get(), 3);
+        for reason in [
+            DropReason::ParamsMismatch,
+            DropReason::UnknownPod,
+            DropReason::StaleGeneration,
+            DropReason::Malformed,
+        ] {
+            assert_eq!(
+                sync_metrics
+                    .dropped
+                    .with_label_values(&[reason.as_str()])
+                    .get(),
+                1
+            );
+        }
+    }
+}
