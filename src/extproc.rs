@@ -14,9 +14,11 @@
 //! response headers (so aborted streams are then recorded too). A 2xx completion records the
 //! prompt for the serving pod; anything else, or a stream that ends first, records nothing.
 //! `FULL_DUPLEX_STREAMED` response chunks are echoed back at once; streams in
-//! `observability_mode` are never answered. When this stream will not see the response (response
-//! body mode `NONE` or unknown), the routed state waits in [`PendingRoutes`] under the request id
-//! for an observer stream (a second ext_proc filter) to claim it.
+//! `observability_mode` are never answered. Once the response has completed the picker ends the
+//! stream itself (Envoy would hold an observability-mode stream open for 5 s more). When this
+//! stream will not see the response (response body mode `NONE` or unknown), the routed state
+//! waits in [`PendingRoutes`] under the request id for an observer stream (a second ext_proc
+//! filter) to claim it.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -115,6 +117,13 @@ impl ExternalProcessor for ExtProc {
                     if tx.send(Ok(reply)).await.is_err() {
                         break;
                     }
+                }
+                if stream.completed {
+                    // Nothing more to learn: end our side now. Envoy keeps an observability-mode
+                    // stream open for `deferred_close_timeout` (5 s) after the request unless the
+                    // server closes it, and every open stream counts against the picker
+                    // cluster's `max_requests` circuit breaker.
+                    break;
                 }
             }
             stream.finish();

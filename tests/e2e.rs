@@ -212,6 +212,39 @@ async fn dead_primary_is_skipped_and_the_real_server_is_recorded() {
     wait_metric_eq(&picker, "prefix_picker_pod_inflight_requests", 0.0).await;
 }
 
+/// The picker ends each stream once the response is complete, so Envoy does not hold the
+/// observability-mode stream open for `deferred_close_timeout` (5 s): with the picker cluster
+/// limited to 5 concurrent streams, 12 requests in a row (2 streams each) all succeed and are all
+/// recorded. Before the fix the held streams overflowed the breaker within a few requests: the
+/// (fail-open) observer streams were refused, so completions went unrecorded, and under more load
+/// the routing streams too (500s, seen in the soak test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_streams_are_closed_by_the_picker() {
+    let (_backends, picker, envoy) = stack("envoy.yaml", "", |s| {
+        assert!(
+            s.contains("max_requests: 40000"),
+            "the example lifts the breaker"
+        );
+        s.replace("max_requests: 40000", "max_requests: 5")
+    })
+    .await;
+    for i in 0..12 {
+        let r = send(
+            &envoy,
+            "/v1/chat/completions",
+            &chat(SYSTEM, &format!("question {i}")),
+        )
+        .await;
+        assert_eq!(r.status, 200, "request {i}: {:?}\n{}", r.body, envoy.log());
+    }
+    wait_metric(
+        &picker,
+        "prefix_picker_records_total{outcome=\"recorded\"}",
+        12.0,
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_response_records_nothing() {
     let (_backends, picker, envoy) = stack("envoy.yaml", "", |s| s).await;
