@@ -48,7 +48,7 @@ use rand::seq::index::sample;
 use crate::hashing::BlockHash;
 use models::{ModelId, ModelIds};
 use pod_lru::{NIL, Placed, PodLru};
-use reverse::{ReverseShard, SHARED};
+use reverse::{PodSet, ReverseShard, SHARED};
 use shard_batch::ShardBatch;
 
 /// Number of reverse-map shards (a power of two).
@@ -339,27 +339,24 @@ impl PrefixIndex {
         let mut rng_slot = None;
         let mut tie_rng = Some(tie_rng);
         let mut pods: Vec<PodSlot> = Vec::new();
-        let mut ends: Vec<usize> = Vec::new();
+        let mut sets: Vec<PodSet> = Vec::new();
         let (mut end, mut batch_len) = (hashes.len(), FIRST_BATCH);
         while end > 0 && found < limit {
-            // Look up hashes[start..end] (grouped by shard), then walk them from the last.
+            // Look up hashes[start..end] (grouped by shard), then walk them from the last. A set
+            // of several pods is read again when the walk reaches it, so hashes the walk never
+            // reaches cost one probe, not a copy of their sets.
             let start = end.saturating_sub(batch_len);
             let keys: Vec<Hashed> = hashes[start..end]
                 .iter()
                 .map(|h| Hashed::new(Key { hash: h.0, model }, self.seed))
                 .collect();
             let batch = ShardBatch::new(keys.iter().map(|k| k.shard()));
-            pods.clear();
-            ends.clear();
-            ends.resize(keys.len(), 0);
-            let mut starts = vec![0usize; keys.len()];
+            sets.clear();
+            sets.resize(keys.len(), PodSet::Empty);
             for (s, group) in batch.groups() {
                 let shard = self.shards[s].read();
                 for &p in group {
-                    let p = p as usize;
-                    starts[p] = pods.len();
-                    shard.push_pods(keys[p], &mut pods);
-                    ends[p] = pods.len();
+                    sets[p as usize] = shard.pod_set(keys[p as usize]);
                 }
             }
             for p in (0..keys.len()).rev() {
@@ -367,8 +364,17 @@ impl PrefixIndex {
                     break;
                 }
                 let i = start + p;
+                pods.clear();
+                match sets[p] {
+                    PodSet::Empty => continue,
+                    PodSet::One(pod) => pods.push(pod),
+                    PodSet::Several => {
+                        let key = keys[p];
+                        self.shards[key.shard()].read().push_pods(key, &mut pods);
+                    }
+                }
                 fresh.clear();
-                for pod in &pods[starts[p]..ends[p]] {
+                for pod in &pods {
                     if let Ok(pos) = by_slot.binary_search_by_key(pod, |&(s, _)| s) {
                         let ci = by_slot[pos].1;
                         if matched[ci] == 0 {

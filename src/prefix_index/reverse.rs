@@ -38,6 +38,14 @@ const VACANT: Slot = Slot {
     node: 0,
 };
 
+/// The holders of an entry, as far as one slot tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodSet {
+    Empty,
+    One(PodSlot),
+    Several,
+}
+
 /// A pod holding an entry, and the node of its list that holds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Holder {
@@ -93,6 +101,15 @@ impl ReverseShard {
                 .iter()
                 .find(|h| h.pod == pod)
                 .map(|h| h.node)
+        }
+    }
+
+    /// Who holds `key`: nobody, one pod, or several (read them with [`ReverseShard::push_pods`]).
+    pub fn pod_set(&self, key: Hashed) -> PodSet {
+        match self.find(key).map(|i| self.slots[i].pod) {
+            None => PodSet::Empty,
+            Some(pod) if pod & SHARED == 0 => PodSet::One(PodSlot(pod)),
+            Some(_) => PodSet::Several,
         }
     }
 
