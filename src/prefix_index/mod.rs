@@ -9,7 +9,7 @@
 //!   lists need no lookup table of their own.
 //!
 //! Models are interned to `u32` ids ([`models`]); an entry costs a 20-byte list node plus a
-//! 20-byte reverse slot (shared by the pods holding it) at 44-88 % table load.
+//! 20-byte reverse slot and its 2-byte tag (shared by the pods holding it) at 44-88 % table load.
 //!
 //! Recording for a pod takes that pod's mutex and, while holding it, shard locks (lock order:
 //! pod, then shard; never two shards at once), so the reverse map equals the union of the lists

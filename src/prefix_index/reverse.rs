@@ -1,12 +1,15 @@
 //! One shard of the reverse map: entry -> the pods whose list holds it, and for each such pod the
 //! node of its list that holds the entry.
 //!
-//! The table is open addressing with Robin Hood linear probing and backward-shift deletion: an
-//! entry sits at or after its home slot (`mix & mask`), entries are ordered by home along a run,
-//! a lookup stops at the first slot whose entry is closer to its own home than the probe is, and
-//! a delete shifts the rest of the run back by one. Deletes therefore leave no tombstones, so a
-//! table under eviction churn stays the size of a freshly filled one. Slots are 20 bytes (hash,
-//! model id, pod, node); the table doubles when it would pass 7/8 full.
+//! The table is open addressing with linear probing and backward-shift deletion (Knuth's
+//! algorithm R): an entry sits in the first free slot at or after its home (`mix & mask`), and a
+//! delete moves later entries of the run back into the hole, so deletes leave no tombstones and a
+//! table under eviction churn stays the size of a freshly filled one. Beside the 20-byte slots
+//! (hash, model id, pod, node) runs an array of 2-byte tags (an 8-bit fingerprint and the
+//! distance from home), so a lookup scans a few contiguous tags and reads a slot only when the
+//! fingerprint matches (about 1 in 256 misses), and inserts and deletes read no slot to find
+//! homes. The table doubles when it would pass 7/8 full: 22 bytes per slot, 25-50 bytes per
+//! distinct entry.
 //!
 //! The common set (one pod) lives in the slot. A set of two or more pods is an overflow list of
 //! `(pod, node)` in a shard-local slab: the slot's `pod` then carries the [`SHARED`] flag and its
@@ -16,11 +19,15 @@
 use super::models::ModelId;
 use super::{Hashed, Key, PodSlot};
 
-/// Model id of an empty slot.
+/// Model id written to empty slots (the tags say which slots are empty).
 const EMPTY: ModelId = ModelId::MAX;
 /// Flag in a slot's `pod`: the set is the overflow list numbered by the slot's `node`.
 pub const SHARED: u32 = 1 << 31;
 const MIN_SLOTS: usize = 16;
+/// Low byte of a tag: 0 for an empty slot, else the distance from home plus one.
+const DIST: u16 = 0xFF;
+/// Distance byte of an entry 254 or more slots from home (its distance is computed from its key).
+const FAR: u16 = 0xFF;
 
 #[derive(Debug, Clone, Copy)]
 #[repr(C, packed(4))]
@@ -57,6 +64,9 @@ struct Holder {
 pub struct ReverseShard {
     /// Empty, or a power of two long.
     slots: Vec<Slot>,
+    /// One per slot: fingerprint (high byte) and distance from home plus one (low byte; 0 =
+    /// empty). Lookups scan these 2-byte tags and read a 20-byte slot only on a fingerprint match.
+    tags: Vec<u16>,
     len: usize,
     overflow: Vec<Vec<Holder>>,
     free: Vec<u32>,
@@ -67,6 +77,7 @@ impl ReverseShard {
     pub fn new(seed: u64) -> ReverseShard {
         ReverseShard {
             slots: Vec::new(),
+            tags: Vec::new(),
             len: 0,
             overflow: Vec::new(),
             free: Vec::new(),
@@ -82,6 +93,7 @@ impl ReverseShard {
     /// Heap bytes allocated (capacity-based, excluding allocator overhead).
     pub fn heap_bytes(&self) -> usize {
         self.slots.capacity() * size_of::<Slot>()
+            + self.tags.capacity() * size_of::<u16>()
             + self.overflow.capacity() * size_of::<Vec<Holder>>()
             + self
                 .overflow
@@ -197,40 +209,46 @@ impl ReverseShard {
         self.slots.len() - 1
     }
 
-    /// How far slot `i` (occupied) is from its entry's home.
-    fn distance(&self, i: usize, slot: Slot) -> usize {
-        let key = Key {
-            hash: slot.hash,
-            model: slot.model,
-        };
-        i.wrapping_sub(key.mix(self.seed) as usize) & self.mask()
+    /// How far occupied slot `i` is from its entry's home.
+    fn distance(&self, i: usize) -> usize {
+        match self.tags[i] & DIST {
+            FAR => {
+                let slot = self.slots[i];
+                let key = Key {
+                    hash: slot.hash,
+                    model: slot.model,
+                };
+                i.wrapping_sub(key.mix(self.seed) as usize) & self.mask()
+            }
+            d => usize::from(d) - 1,
+        }
     }
 
+    /// Scans the tags from the home slot to the first empty one; a slot is read only when its
+    /// fingerprint matches.
     fn find(&self, key: Hashed) -> Option<usize> {
         if self.len == 0 {
             return None;
         }
         let mask = self.mask();
+        let fingerprint = tag(key.mix, 0) & !DIST;
         let mut i = key.mix as usize & mask;
-        let mut probe = 0;
         loop {
-            let slot = self.slots[i];
-            if slot.model == EMPTY {
+            let t = self.tags[i];
+            if t & DIST == 0 {
                 return None;
             }
-            if slot.hash == key.key.hash && slot.model == key.key.model {
-                return Some(i);
-            }
-            if self.distance(i, slot) < probe {
-                return None;
+            if t & !DIST == fingerprint {
+                let slot = self.slots[i];
+                if slot.hash == key.key.hash && slot.model == key.key.model {
+                    return Some(i);
+                }
             }
             i = (i + 1) & mask;
-            probe += 1;
         }
     }
 
-    /// Inserts an entry known to be absent (Robin Hood: a probe that travelled further than the
-    /// resident takes its slot, and the resident moves on).
+    /// Inserts an entry known to be absent.
     fn insert(&mut self, key: Hashed, slot: Slot) {
         if (self.len + 1) * 8 > self.slots.len() * 7 {
             self.grow();
@@ -239,48 +257,48 @@ impl ReverseShard {
         self.len += 1;
     }
 
-    fn place(&mut self, mix: u64, mut carried: Slot) {
+    /// Puts `slot` in the first empty slot from its home.
+    fn place(&mut self, mix: u64, slot: Slot) {
         let mask = self.mask();
         let mut i = mix as usize & mask;
-        let mut probe = 0;
-        loop {
-            let resident = self.slots[i];
-            if resident.model == EMPTY {
-                self.slots[i] = carried;
-                return;
-            }
-            let distance = self.distance(i, resident);
-            if distance < probe {
-                self.slots[i] = carried;
-                carried = resident;
-                probe = distance;
-            }
+        let mut distance = 0;
+        while self.tags[i] & DIST != 0 {
             i = (i + 1) & mask;
-            probe += 1;
+            distance += 1;
         }
+        self.slots[i] = slot;
+        self.tags[i] = tag(mix, distance);
     }
 
-    /// Backward-shift delete: pull the rest of the run one slot closer to home.
-    fn delete_at(&mut self, mut i: usize) {
+    /// Backward-shift delete (Knuth's algorithm R): each later entry of the run that may sit
+    /// in the hole (its home is not between the hole and itself) moves there, leaving a new hole.
+    fn delete_at(&mut self, i: usize) {
         let mask = self.mask();
+        let (mut hole, mut j) = (i, i);
         loop {
-            let j = (i + 1) & mask;
-            let next = self.slots[j];
-            if next.model == EMPTY || self.distance(j, next) == 0 {
-                self.slots[i] = VACANT;
+            j = (j + 1) & mask;
+            if self.tags[j] & DIST == 0 {
                 break;
             }
-            self.slots[i] = next;
-            i = j;
+            let distance = self.distance(j);
+            let gap = j.wrapping_sub(hole) & mask;
+            if distance >= gap {
+                self.slots[hole] = self.slots[j];
+                self.tags[hole] = (self.tags[j] & !DIST) | dist_bits(distance - gap);
+                hole = j;
+            }
         }
+        self.slots[hole] = VACANT;
+        self.tags[hole] = 0;
         self.len -= 1;
     }
 
     fn grow(&mut self) {
         let size = (self.slots.len() * 2).max(MIN_SLOTS);
         let old = std::mem::replace(&mut self.slots, vec![VACANT; size]);
-        for slot in old {
-            if slot.model != EMPTY {
+        let old_tags = std::mem::replace(&mut self.tags, vec![0; size]);
+        for (slot, t) in old.into_iter().zip(old_tags) {
+            if t & DIST != 0 {
                 let key = Key {
                     hash: slot.hash,
                     model: slot.model,
@@ -289,6 +307,16 @@ impl ReverseShard {
             }
         }
     }
+}
+
+/// The tag of an entry `distance` slots from its home: fingerprint byte, distance byte.
+fn tag(mix: u64, distance: usize) -> u16 {
+    (((mix >> 56) as u16) << 8) | dist_bits(distance)
+}
+
+/// `distance + 1`, or [`FAR`] when that does not fit (the distance is then computed).
+fn dist_bits(distance: usize) -> u16 {
+    u16::try_from(distance + 1).map_or(FAR, |d| d.min(FAR))
 }
 
 #[cfg(test)]
@@ -349,5 +377,29 @@ mod tests {
             );
         }
         assert!(shard.slots.len() <= 4096, "{} slots", shard.slots.len());
+    }
+
+    /// 300 entries with one home slot: distances past the tag's byte are computed, and deletes
+    /// from the middle of the run keep every other entry findable.
+    #[test]
+    fn long_runs_past_the_distance_byte() {
+        let mut shard = ReverseShard::new(5);
+        let same_home: Vec<Hashed> = (0u64..)
+            .map(|x| h(x, 0))
+            .filter(|k| k.mix & 511 == 7)
+            .take(300)
+            .collect();
+        for (n, &key) in same_home.iter().enumerate() {
+            shard.add(key, PodSlot(1), n as u32);
+        }
+        assert_eq!(shard.slots.len(), 512);
+        for n in (0..300).step_by(3) {
+            shard.remove(same_home[n], PodSlot(1));
+        }
+        for (n, &key) in same_home.iter().enumerate() {
+            let want = (n % 3 != 0).then_some(n as u32);
+            assert_eq!(shard.holder_node(key, PodSlot(1)), want, "entry {n}");
+        }
+        assert_eq!(shard.len(), 200);
     }
 }
