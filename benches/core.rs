@@ -17,6 +17,10 @@
 //!   delta is not blurred by the benches' own memory; printed before and after the benches,
 //!   together with the scheduler fixture's heap per entry after all the benches' records.
 //!
+//! - callgrind mode (not criterion): `PREFIX_PICKER_BENCH_CALLGRIND=200` runs 200 score + record
+//!   rounds on the churned fixture inside one function, for
+//!   `valgrind --tool=callgrind --toggle-collect='*callgrind_score_record*'` (see RESULTS.md).
+//!
 //! Prompts are words drawn from a fixed vocabulary by seeded RNGs: deterministic, text-like.
 //! Under `cargo test --benches` (criterion's test mode) the fixtures are small and the
 //! bytes-per-entry pass is skipped.
