@@ -17,6 +17,10 @@
 //!   delta is not blurred by the benches' own memory; printed before and after the benches,
 //!   together with the scheduler fixture's heap per entry after all the benches' records.
 //!
+//! - callgrind mode (not criterion): `PREFIX_PICKER_BENCH_CALLGRIND=200` runs 200 score + record
+//!   rounds on the churned fixture inside one function, for
+//!   `valgrind --tool=callgrind --toggle-collect='*callgrind_score_record*'` (see RESULTS.md).
+//!
 //! Prompts are words drawn from a fixed vocabulary by seeded RNGs: deterministic, text-like.
 //! Under `cargo test --benches` (criterion's test mode) the fixtures are small and the
 //! bytes-per-entry pass is skipped.
@@ -51,6 +55,9 @@ const USER_TEXTS: usize = 64;
 const POOL: usize = 600;
 /// Environment variable that turns this binary into a bytes-per-entry child.
 const BPE_ENV: &str = "PREFIX_PICKER_BENCH_BYTES_PER_ENTRY";
+/// Environment variable that turns this binary into a callgrind driver running that many
+/// score + record iterations (see [`callgrind_driver`]).
+const CALLGRIND_ENV: &str = "PREFIX_PICKER_BENCH_CALLGRIND";
 
 /// The words prompts are made of (common English plus serving/infra vocabulary).
 const VOCABULARY: &str = "\
@@ -554,9 +561,39 @@ fn print_summary(since: SystemTime) {
     }
 }
 
+// ---- callgrind ---------------------------------------------------------------------------------
+
+/// Callgrind mode: builds the full `score_record` fixture, churns it with 2,000 score + record
+/// rounds (its steady state), then runs `iterations` more inside [`callgrind_score_record`], the
+/// only function counted with
+/// `valgrind --tool=callgrind --toggle-collect='*callgrind_score_record*'`. Instruction counts
+/// (and simulated cache misses) are repeatable where wall time on a shared machine is not.
+fn callgrind_driver(iterations: usize) {
+    let s = Scheduler::build(CAPACITY);
+    let warm: Vec<Vec<BlockHash>> = (0..2_000).map(|_| s.fresh_hashes()).collect();
+    for hashes in &warm {
+        s.score_then_record(hashes);
+    }
+    let work: Vec<Vec<BlockHash>> = (0..iterations).map(|_| s.fresh_hashes()).collect();
+    let inserted = callgrind_score_record(&s, &work);
+    println!("callgrind: {iterations} score + record rounds, {inserted} entries inserted");
+}
+
+#[inline(never)]
+fn callgrind_score_record(s: &Scheduler, work: &[Vec<BlockHash>]) -> usize {
+    work.iter().map(|hashes| s.score_then_record(hashes)).sum()
+}
+
 fn main() {
     if let Ok(kind) = std::env::var(BPE_ENV) {
         bytes_per_entry_child(&kind);
+        return;
+    }
+    if let Some(n) = std::env::var(CALLGRIND_ENV)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        callgrind_driver(n);
         return;
     }
     let args: Vec<String> = std::env::args().collect();

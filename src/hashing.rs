@@ -56,16 +56,42 @@ impl BlockChain {
     }
 }
 
-fn push_decimal(buf: &mut Vec<u8>, mut n: u64) {
+/// "00" to "99": two decimal digits per table lookup.
+const DIGIT_PAIRS: &[u8; 200] = b"\
+    0001020304050607080910111213141516171819\
+    2021222324252627282930313233343536373839\
+    4041424344454647484950515253545556575859\
+    6061626364656667686970717273747576777879\
+    8081828384858687888990919293949596979899";
+
+/// Appends the base-10 text of `n` (four digits per division, two per table lookup).
+fn push_decimal(buf: &mut Vec<u8>, n: u64) {
     let mut digits = [0u8; 20];
     let mut i = digits.len();
-    loop {
+    let mut n = n;
+    /// Writes the two digits of `v` (< 100) to `digits[i - 2..i]`.
+    fn pair(i: usize, v: usize, digits: &mut [u8; 20]) {
+        digits[i - 2..i].copy_from_slice(&DIGIT_PAIRS[2 * v..2 * v + 2]);
+    }
+    while n >= 10_000 {
+        let rem = (n % 10_000) as usize;
+        n /= 10_000;
+        pair(i, rem % 100, &mut digits);
+        pair(i - 2, rem / 100, &mut digits);
+        i -= 4;
+    }
+    let mut n = n as usize;
+    if n >= 100 {
+        pair(i, n % 100, &mut digits);
+        n /= 100;
+        i -= 2;
+    }
+    if n >= 10 {
+        pair(i, n, &mut digits);
+        i -= 2;
+    } else {
         i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+        digits[i] = b'0' + n as u8;
     }
     buf.extend_from_slice(&digits[i..]);
 }
@@ -126,7 +152,19 @@ mod tests {
 
     #[test]
     fn decimal_is_unpadded() {
-        for n in [0u64, 7, 10, 12345, u64::MAX] {
+        let mut values = vec![0u64, 7, 10, 12345, u64::MAX, u64::MAX - 1];
+        for p in 1..20 {
+            let ten = 10u64.pow(p);
+            values.extend([ten - 1, ten, ten + 1, ten.saturating_mul(9)]);
+        }
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..10_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            values.extend([x, x >> (x % 64)]);
+        }
+        for n in values {
             let mut buf = Vec::new();
             push_decimal(&mut buf, n);
             assert_eq!(buf, n.to_string().as_bytes());

@@ -1,24 +1,39 @@
 //! The prefix index: which pods were recently sent which prompt blocks (semantics doc §3).
 //!
 //! Two structures kept exactly in step:
-//! - per pod, a bounded LRU ([`pod_lru`]) of `(model, block hash)` entries, `maxHashCacheSize` long;
-//! - a reverse map ([`reverse`]) from entry to the set of pods holding it, split into
-//!   [`SHARDS`] shards by key so scoring and recording from many tasks rarely meet.
+//! - per pod, a bounded recency list ([`pod_lru`]) of `(model, block hash)` entries,
+//!   `maxHashCacheSize` long;
+//! - a reverse map ([`reverse`]) from entry to the pods holding it and, per pod, the list node
+//!   that holds it. It is split into [`SHARDS`] shards by key so scoring and recording from many
+//!   tasks rarely meet. "Does this pod hold the entry, and where" is a reverse-map lookup, so the
+//!   lists need no lookup table of their own.
 //!
-//! Recording for a pod takes that pod's mutex and, while holding it, the write lock of each shard
-//! it changes (lock order: pod, then shard), so the reverse map always equals the union of the
-//! LRUs. Scoring takes only shard read locks and never touches an LRU, so lookups never refresh
-//! recency. No lock spans the whole index on the hot path; the pod table behind an `RwLock` is
-//! used only to add, remove and count pods.
+//! Models are interned to `u32` ids ([`models`]); an entry costs a 20-byte list node plus a
+//! 20-byte reverse slot and its 2-byte tag (shared by the pods holding it) at 44-88 % table load.
+//!
+//! Recording for a pod takes that pod's mutex and, while holding it, shard locks (lock order:
+//! pod, then shard; never two shards at once), so the reverse map equals the union of the lists
+//! whenever no record is in progress. It runs in three steps, each shard lock taken at most once
+//! per step ([`shard_batch`]): (1) under read locks, find which of the prompt's entries the pod
+//! already holds and in which node (only this pod's recorder, which holds the pod mutex, changes
+//! that); (2) without shard locks, apply the inserts to the pod's list deepest first, refreshing
+//! held entries and reusing the least recent node when full; (3) under write locks, apply the
+//! resulting reverse-map changes (evicted entries lose the pod, new ones gain it), in the order
+//! they were made for each entry. Scoring takes only shard read locks and never touches a list,
+//! so lookups never refresh recency. No lock spans the whole index on the hot path; the pod table
+//! behind an `RwLock` is used only to add, remove and count pods.
 //!
 //! Record inserts a prompt's hashes deepest first, so its first blocks are the most recent and a
 //! full list drops the deepest blocks of old prompts first. Longest match walks hashes from the
 //! last to the first; each candidate in a hash's pod set without a match yet gets `index + 1`,
 //! until `top_k` candidates have matched. When a set holds more unmatched candidates than slots
-//! remain, the winners are drawn with the caller's seeded RNG.
+//! remain, the winners are drawn with the caller's seeded RNG. The walk looks hashes up in
+//! batches (the last [`FIRST_BATCH`], then doubling), each batch grouped by shard.
 
+mod models;
 mod pod_lru;
 mod reverse;
+mod shard_batch;
 #[cfg(test)]
 mod tests;
 
@@ -31,13 +46,18 @@ use rand::Rng;
 use rand::seq::index::sample;
 
 use crate::hashing::BlockHash;
-use pod_lru::{PodLru, Touch};
-use reverse::ReverseShard;
+use models::{ModelId, ModelIds};
+use pod_lru::{NIL, Placed, PodLru};
+use reverse::{PodSet, ReverseShard, SHARED};
+use shard_batch::ShardBatch;
 
 /// Number of reverse-map shards (a power of two).
-pub const SHARDS: usize = 64;
+pub const SHARDS: usize = 16;
 
-/// A pod's dense identity inside the index (never reused within a process).
+/// Hashes the longest-match walk looks up in its first batch (then 2x, 4x, ... as many).
+const FIRST_BATCH: usize = 8;
+
+/// A pod's dense identity inside the index (never reused within a process; below 2^31).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PodSlot(pub u32);
 
@@ -58,28 +78,41 @@ pub struct EntryKey {
     pub hash: BlockHash,
 }
 
-impl EntryKey {
-    #[cfg(test)]
-    pub fn new(model: u64, hash: BlockHash) -> EntryKey {
-        EntryKey {
-            model: ModelKey(model),
-            hash,
-        }
-    }
+/// An entry as stored: the block hash and the interned model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Key {
+    hash: u64,
+    model: ModelId,
+}
 
-    /// Keyed 64-bit mix for hash tables (folded multiply; the seed is random per index so
-    /// crafted prompts cannot aim at one bucket).
+impl Key {
+    /// Keyed 64-bit mix for the tables (folded multiply; the seed is random per index so
+    /// crafted prompts cannot aim at one slot).
     fn mix(self, seed: u64) -> u64 {
-        let x = self.hash.0 ^ self.model.0.rotate_left(29) ^ seed;
+        let x = self.hash ^ u64::from(self.model).rotate_left(29) ^ seed;
         let p = u128::from(x) * 0x9E37_79B9_7F4A_7C15_u128;
         (p as u64) ^ ((p >> 64) as u64)
     }
+}
 
-    /// Shard from bits 32..38 of the mix: hashbrown uses the top 7 bits as slot tags and the low
-    /// bits as the bucket index, so the shard must come from neither (taking the top bits left
-    /// only 2 tag values per shard and tripled the cost of a lookup).
-    fn shard(self, seed: u64) -> usize {
-        (self.mix(seed) >> 32) as usize & (SHARDS - 1)
+/// A key with its mix computed once: tables take their slot from the low bits, the shard comes
+/// from bits 32.. (independent of any table size below 2^32 slots).
+#[derive(Debug, Clone, Copy)]
+struct Hashed {
+    key: Key,
+    mix: u64,
+}
+
+impl Hashed {
+    fn new(key: Key, seed: u64) -> Hashed {
+        Hashed {
+            key,
+            mix: key.mix(seed),
+        }
+    }
+
+    fn shard(self) -> usize {
+        (self.mix >> 32) as usize & (SHARDS - 1)
     }
 }
 
@@ -114,11 +147,19 @@ pub struct RecordOutcome {
     pub evicted: Vec<(ModelKey, u64)>,
 }
 
+/// A reverse-map change made by a record: `key` gains the pod in `node`, or loses it (`NIL`).
+#[derive(Debug, Clone, Copy)]
+struct Change {
+    key: Hashed,
+    node: u32,
+}
+
 /// The index. Cheap to share (`Arc`); all methods take `&self`.
 #[derive(Debug)]
 pub struct PrefixIndex {
     capacity: usize,
     seed: u64,
+    models: ModelIds,
     shards: Box<[RwLock<ReverseShard>]>,
     pods: RwLock<HashMap<PodSlot, Arc<PodEntry>>>,
     next_slot: AtomicU32,
@@ -127,11 +168,12 @@ pub struct PrefixIndex {
 impl PrefixIndex {
     /// An empty index holding up to `capacity` entries per pod (`maxHashCacheSize`).
     pub fn new(capacity: usize) -> PrefixIndex {
-        let capacity = capacity.clamp(1, u32::MAX as usize - 1);
+        let capacity = capacity.clamp(1, NIL as usize - 1);
         let seed = rand::rng().random::<u64>();
         PrefixIndex {
             capacity,
             seed,
+            models: ModelIds::default(),
             shards: (0..SHARDS)
                 .map(|_| RwLock::new(ReverseShard::new(seed)))
                 .collect(),
@@ -147,10 +189,11 @@ impl PrefixIndex {
     /// Registers a new pod with an empty list.
     pub fn add_pod(&self) -> PodHandle {
         let slot = PodSlot(self.next_slot.fetch_add(1, Ordering::Relaxed));
+        assert!(slot.0 & SHARED == 0, "more than 2^31 pods added");
         let entry = Arc::new(PodEntry {
             slot,
             state: Mutex::new(PodState {
-                lru: PodLru::new(self.capacity, self.seed),
+                lru: PodLru::new(self.capacity),
                 removed: false,
             }),
         });
@@ -166,9 +209,18 @@ impl PrefixIndex {
         };
         let mut state = entry.state.lock();
         state.removed = true;
-        let keys = state.lru.drain();
-        for &key in &keys {
-            self.shards[key.shard(self.seed)].write().remove(key, slot);
+        let keys: Vec<Hashed> = state
+            .lru
+            .drain()
+            .into_iter()
+            .map(|k| Hashed::new(k, self.seed))
+            .collect();
+        let batch = ShardBatch::new(keys.iter().map(|k| k.shard()));
+        for (s, group) in batch.groups() {
+            let mut shard = self.shards[s].write();
+            for &j in group {
+                shard.remove(keys[j as usize], slot);
+            }
         }
         keys.len()
     }
@@ -176,29 +228,87 @@ impl PrefixIndex {
     /// Records a prompt's hashes for a pod, deepest first.
     pub fn record(&self, pod: &PodHandle, model: ModelKey, hashes: &[BlockHash]) -> RecordOutcome {
         let mut outcome = RecordOutcome::default();
+        if hashes.is_empty() {
+            return outcome;
+        }
+        let model = self.models.intern(model);
         let slot = pod.slot();
         let mut state = pod.0.state.lock();
         if state.removed {
             return outcome;
         }
-        for &hash in hashes.iter().rev() {
-            let key = EntryKey { model, hash };
-            match state.lru.touch(key) {
-                Touch::Refreshed => {}
-                Touch::Inserted => {
-                    outcome.inserted += 1;
-                    self.shards[key.shard(self.seed)].write().add(key, slot);
-                }
-                Touch::Evicted(old) => {
-                    outcome.inserted += 1;
-                    self.shards[old.shard(self.seed)].write().remove(old, slot);
-                    self.shards[key.shard(self.seed)].write().add(key, slot);
-                    match outcome.evicted.iter_mut().find(|(m, _)| *m == old.model) {
+        // Processing order: deepest first.
+        let keys: Vec<Hashed> = hashes
+            .iter()
+            .rev()
+            .map(|h| Hashed::new(Key { hash: h.0, model }, self.seed))
+            .collect();
+
+        // 1. Which entries the pod holds now, and in which node.
+        let mut held = vec![NIL; keys.len()];
+        let batch = ShardBatch::new(keys.iter().map(|k| k.shard()));
+        for (s, group) in batch.groups() {
+            let shard = self.shards[s].read();
+            for &j in group {
+                let j = j as usize;
+                held[j] = shard.holder_node(keys[j], slot).unwrap_or(NIL);
+            }
+        }
+
+        // 2. The pod's list. A node found in step 1 may have been reused by an eviction earlier
+        // in this record (its key then differs); a key seen earlier in this record is where that
+        // occurrence left it.
+        let earlier = earlier_occurrences(&keys);
+        let mut at = vec![NIL; keys.len()];
+        let mut changes: Vec<Change> = Vec::with_capacity(2 * keys.len());
+        let mut evicted: Vec<(ModelId, u64)> = Vec::new();
+        for (j, k) in keys.iter().enumerate() {
+            let known = match earlier[j] {
+                NIL => held[j],
+                e => at[e as usize],
+            };
+            if known != NIL && state.lru.key(known) == k.key {
+                state.lru.move_to_front(known);
+                at[j] = known;
+                continue;
+            }
+            outcome.inserted += 1;
+            let node = match state.lru.insert_front(k.key) {
+                Placed::Fresh(node) => node,
+                Placed::Replaced(node, old) => {
+                    changes.push(Change {
+                        key: Hashed::new(old, self.seed),
+                        node: NIL,
+                    });
+                    match evicted.iter_mut().find(|(m, _)| *m == old.model) {
                         Some((_, n)) => *n += 1,
-                        None => outcome.evicted.push((old.model, 1)),
+                        None => evicted.push((old.model, 1)),
                     }
+                    node
+                }
+            };
+            changes.push(Change { key: *k, node });
+            at[j] = node;
+        }
+
+        // 3. The reverse map, each entry's changes in the order they were made.
+        let batch = ShardBatch::new(changes.iter().map(|c| c.key.shard()));
+        for (s, group) in batch.groups() {
+            let mut shard = self.shards[s].write();
+            for &c in group {
+                let Change { key, node } = changes[c as usize];
+                if node == NIL {
+                    shard.remove(key, slot);
+                } else {
+                    shard.add(key, slot, node);
                 }
             }
+        }
+        drop(state);
+        if !evicted.is_empty() {
+            outcome.evicted = self
+                .models
+                .keys(|key| evicted.iter().map(|&(m, n)| (key(m), n)).collect());
         }
         outcome
     }
@@ -214,47 +324,81 @@ impl PrefixIndex {
         tie_rng: impl FnOnce() -> R,
     ) -> Vec<usize> {
         let mut matched = vec![0usize; candidates.len()];
+        let limit = top_k.min(candidates.len());
+        let Some(model) = self.models.get(model) else {
+            return matched;
+        };
         let mut by_slot: Vec<(PodSlot, usize)> = candidates
             .iter()
             .enumerate()
             .map(|(i, &s)| (s, i))
             .collect();
         by_slot.sort_unstable();
-        let limit = top_k.min(candidates.len());
         let mut found = 0;
         let mut fresh: Vec<usize> = Vec::new();
         let mut rng_slot = None;
         let mut tie_rng = Some(tie_rng);
-        for (i, &hash) in hashes.iter().enumerate().rev() {
-            if found >= limit {
-                break;
+        let mut pods: Vec<PodSlot> = Vec::new();
+        let mut sets: Vec<PodSet> = Vec::new();
+        let (mut end, mut batch_len) = (hashes.len(), FIRST_BATCH);
+        while end > 0 && found < limit {
+            // Look up hashes[start..end] (grouped by shard), then walk them from the last. A set
+            // of several pods is read again when the walk reaches it, so hashes the walk never
+            // reaches cost one probe, not a copy of their sets.
+            let start = end.saturating_sub(batch_len);
+            let keys: Vec<Hashed> = hashes[start..end]
+                .iter()
+                .map(|h| Hashed::new(Key { hash: h.0, model }, self.seed))
+                .collect();
+            let batch = ShardBatch::new(keys.iter().map(|k| k.shard()));
+            sets.clear();
+            sets.resize(keys.len(), PodSet::Empty);
+            for (s, group) in batch.groups() {
+                let shard = self.shards[s].read();
+                for &p in group {
+                    sets[p as usize] = shard.pod_set(keys[p as usize]);
+                }
             }
-            let key = EntryKey { model, hash };
-            fresh.clear();
-            self.shards[key.shard(self.seed)]
-                .read()
-                .for_each_pod(key, |pod| {
-                    if let Ok(pos) = by_slot.binary_search_by_key(&pod, |&(s, _)| s) {
+            for p in (0..keys.len()).rev() {
+                if found >= limit {
+                    break;
+                }
+                let i = start + p;
+                pods.clear();
+                match sets[p] {
+                    PodSet::Empty => continue,
+                    PodSet::One(pod) => pods.push(pod),
+                    PodSet::Several => {
+                        let key = keys[p];
+                        self.shards[key.shard()].read().push_pods(key, &mut pods);
+                    }
+                }
+                fresh.clear();
+                for pod in &pods {
+                    if let Ok(pos) = by_slot.binary_search_by_key(pod, |&(s, _)| s) {
                         let ci = by_slot[pos].1;
                         if matched[ci] == 0 {
                             fresh.push(ci);
                         }
                     }
-                });
-            let room = limit - found;
-            if fresh.len() > room {
-                fresh.sort_unstable();
-                let rng = rng_slot.get_or_insert_with(|| (tie_rng.take().expect("once"))());
-                let chosen: Vec<usize> = sample(rng, fresh.len(), room)
-                    .into_iter()
-                    .map(|j| fresh[j])
-                    .collect();
-                fresh = chosen;
+                }
+                let room = limit - found;
+                if fresh.len() > room {
+                    fresh.sort_unstable();
+                    let rng = rng_slot.get_or_insert_with(|| (tie_rng.take().expect("once"))());
+                    let chosen: Vec<usize> = sample(rng, fresh.len(), room)
+                        .into_iter()
+                        .map(|j| fresh[j])
+                        .collect();
+                    fresh = chosen;
+                }
+                for &ci in &fresh {
+                    matched[ci] = i + 1;
+                }
+                found += fresh.len();
             }
-            for &ci in &fresh {
-                matched[ci] = i + 1;
-            }
-            found += fresh.len();
+            end = start;
+            batch_len = batch_len.saturating_mul(2);
         }
         matched
     }
@@ -281,7 +425,7 @@ impl PrefixIndex {
         self.shards.iter().map(|s| s.read().len()).sum()
     }
 
-    /// Heap bytes held by all lists and shards (capacity-based).
+    /// Heap bytes held by all lists, shards and the model table (capacity-based).
     pub fn heap_bytes(&self) -> usize {
         let pods: usize = self
             .pods
@@ -289,30 +433,72 @@ impl PrefixIndex {
             .values()
             .map(|p| p.state.lock().lru.heap_bytes())
             .sum();
-        pods + self
-            .shards
-            .iter()
-            .map(|s| s.read().heap_bytes())
-            .sum::<usize>()
+        pods + self.models.heap_bytes()
+            + self
+                .shards
+                .iter()
+                .map(|s| s.read().heap_bytes())
+                .sum::<usize>()
     }
 
     /// The pods holding `key` (sorted; for tests and inspection).
     pub fn pods_holding(&self, model: ModelKey, hash: BlockHash) -> Vec<PodSlot> {
-        let key = EntryKey { model, hash };
         let mut out = Vec::new();
-        self.shards[key.shard(self.seed)]
-            .read()
-            .for_each_pod(key, |p| out.push(p));
+        if let Some(model) = self.models.get(model) {
+            let key = Hashed::new(
+                Key {
+                    hash: hash.0,
+                    model,
+                },
+                self.seed,
+            );
+            self.shards[key.shard()].read().push_pods(key, &mut out);
+        }
         out.sort_unstable();
         out
     }
 
     /// A pod's entries from most to least recent (for tests and inspection).
     pub fn pod_keys_by_recency(&self, slot: PodSlot) -> Vec<EntryKey> {
-        self.pods
+        let keys = self
+            .pods
             .read()
             .get(&slot)
             .map(|p| p.state.lock().lru.keys_by_recency())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        self.models.keys(|model| {
+            keys.iter()
+                .map(|k| EntryKey {
+                    model: model(k.model),
+                    hash: BlockHash(k.hash),
+                })
+                .collect()
+        })
     }
+}
+
+/// For each position, the latest earlier position with the same key (`NIL` if none), found with
+/// a small linear-probing table of positions (at most half full).
+fn earlier_occurrences(keys: &[Hashed]) -> Vec<u32> {
+    let size = (keys.len() * 2).next_power_of_two().max(16);
+    let mask = size - 1;
+    let mut latest = vec![NIL; size];
+    let mut out = vec![NIL; keys.len()];
+    for (j, k) in keys.iter().enumerate() {
+        let mut i = k.mix.rotate_left(24) as usize & mask;
+        loop {
+            let e = latest[i];
+            if e == NIL {
+                latest[i] = j as u32;
+                break;
+            }
+            if keys[e as usize].key == k.key {
+                out[j] = e;
+                latest[i] = j as u32;
+                break;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+    out
 }

@@ -1,47 +1,47 @@
-//! One pod's bounded LRU of block entries, in a slab with `u32` links (24 bytes per node).
+//! One pod's bounded recency list of block entries: a slab of 20-byte nodes with `u32` links.
 //!
-//! Nodes live in a `Vec` and are linked into a doubly linked recency list by index; a
-//! `hashbrown::HashTable<u32>` maps an entry key to its node. Touching an entry moves it to the
-//! front (most recent); inserting into a full list reuses the least recent node and reports the
-//! entry it evicted. Lookups are not offered: the reverse map answers "who has this block", so
-//! scoring never touches (and never refreshes) a pod's list.
+//! Nodes live in a `Vec` (grown by doubling, capped at the capacity, so a full list allocates
+//! exactly `capacity` nodes) and form a doubly linked list from most to least recent. There is
+//! no per-pod lookup table: the reverse map stores, for each pod holding an entry, the node that
+//! holds it, so "does this pod hold it, and where" is one reverse-map lookup. Inserting into a
+//! full list reuses the least recent node and returns the entry it held (the eviction). A node
+//! keeps its index while the entry stays, so the reverse map's node numbers stay valid.
 
-use hashbrown::HashTable;
+use super::Key;
+use super::models::ModelId;
 
-use super::EntryKey;
+/// "No node" in links and lookups.
+pub const NIL: u32 = u32::MAX;
 
-const NIL: u32 = u32::MAX;
-
+/// 20 bytes: the 8-byte hash is stored at 4-byte alignment.
 #[derive(Debug, Clone, Copy)]
+#[repr(C, packed(4))]
 struct Node {
-    key: EntryKey,
+    hash: u64,
+    model: ModelId,
     prev: u32,
     next: u32,
 }
 
-/// What [`PodLru::touch`] did.
+/// Where [`PodLru::insert_front`] put a new entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Touch {
-    /// The entry was present and is now the most recent.
-    Refreshed,
-    /// The entry was added; the list had room.
-    Inserted,
-    /// The entry was added in place of the least recent entry, which is returned.
-    Evicted(EntryKey),
+pub enum Placed {
+    /// A new node; the list had room.
+    Fresh(u32),
+    /// The least recent node, whose entry (returned) was evicted.
+    Replaced(u32, Key),
 }
 
 #[derive(Debug)]
 pub struct PodLru {
     capacity: usize,
     nodes: Vec<Node>,
-    table: HashTable<u32>,
     head: u32,
     tail: u32,
-    seed: u64,
 }
 
 impl PodLru {
-    pub fn new(capacity: usize, seed: u64) -> PodLru {
+    pub fn new(capacity: usize) -> PodLru {
         assert!(
             capacity > 0 && capacity < NIL as usize,
             "capacity out of range"
@@ -49,10 +49,8 @@ impl PodLru {
         PodLru {
             capacity,
             nodes: Vec::new(),
-            table: HashTable::new(),
             head: NIL,
             tail: NIL,
-            seed,
         }
     }
 
@@ -60,82 +58,73 @@ impl PodLru {
         self.nodes.len()
     }
 
-    #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
-        self.nodes.is_empty()
-    }
-
-    /// Heap bytes allocated (excludes allocator overhead; the unused tail of the node `Vec` is
-    /// allocated but never touched, so not resident).
+    /// Heap bytes allocated.
     pub fn heap_bytes(&self) -> usize {
-        self.nodes.capacity() * size_of::<Node>() + self.table.capacity() * (size_of::<u32>() + 1)
+        self.nodes.capacity() * size_of::<Node>()
     }
 
-    /// Makes `key` the most recent entry, inserting it (and evicting the least recent) if needed.
-    pub fn touch(&mut self, key: EntryKey) -> Touch {
-        let hash = key.mix(self.seed);
-        let nodes = &self.nodes;
-        if let Some(&idx) = self.table.find(hash, |&i| nodes[i as usize].key == key) {
-            self.move_to_front(idx);
-            return Touch::Refreshed;
+    /// The entry held by node `idx` (a node of this list).
+    pub fn key(&self, idx: u32) -> Key {
+        let node = self.nodes[idx as usize];
+        Key {
+            hash: node.hash,
+            model: node.model,
         }
+    }
+
+    /// Makes node `idx` the most recent.
+    pub fn move_to_front(&mut self, idx: u32) {
+        if self.head != idx {
+            self.unlink(idx);
+            self.link_front(idx);
+        }
+    }
+
+    /// Adds `key` (not in the list) as the most recent entry, evicting the least recent if full.
+    pub fn insert_front(&mut self, key: Key) -> Placed {
         if self.nodes.len() < self.capacity {
+            if self.nodes.len() == self.nodes.capacity() {
+                let target = (self.nodes.len() * 2).max(16).min(self.capacity);
+                self.nodes.reserve_exact(target - self.nodes.len());
+            }
             let idx = self.nodes.len() as u32;
             self.nodes.push(Node {
-                key,
+                hash: key.hash,
+                model: key.model,
                 prev: NIL,
                 next: NIL,
             });
             self.link_front(idx);
-            let (nodes, seed) = (&self.nodes, self.seed);
-            self.table
-                .insert_unique(hash, idx, |&i| nodes[i as usize].key.mix(seed));
-            return Touch::Inserted;
+            return Placed::Fresh(idx);
         }
         let idx = self.tail;
-        let old = self.nodes[idx as usize].key;
-        let old_hash = old.mix(self.seed);
-        match self.table.find_entry(old_hash, |&i| i == idx) {
-            Ok(entry) => {
-                entry.remove();
-            }
-            Err(_) => unreachable!("every node is in the table"),
-        }
+        let old = self.key(idx);
         self.unlink(idx);
-        self.nodes[idx as usize].key = key;
+        let node = &mut self.nodes[idx as usize];
+        node.hash = key.hash;
+        node.model = key.model;
         self.link_front(idx);
-        let (nodes, seed) = (&self.nodes, self.seed);
-        self.table
-            .insert_unique(hash, idx, |&i| nodes[i as usize].key.mix(seed));
-        Touch::Evicted(old)
+        Placed::Replaced(idx, old)
     }
 
-    /// Removes every entry, returning their keys (least recent last is not guaranteed).
-    pub fn drain(&mut self) -> Vec<EntryKey> {
-        let keys = self.nodes.iter().map(|n| n.key).collect();
+    /// Removes every entry, returning their keys (in no particular order).
+    pub fn drain(&mut self) -> Vec<Key> {
+        let keys = (0..self.nodes.len() as u32).map(|i| self.key(i)).collect();
         self.nodes = Vec::new();
-        self.table = HashTable::new();
         self.head = NIL;
         self.tail = NIL;
         keys
     }
 
     /// Keys from most to least recent (for tests and inspection).
-    pub fn keys_by_recency(&self) -> Vec<EntryKey> {
+    pub fn keys_by_recency(&self) -> Vec<Key> {
         let mut out = Vec::with_capacity(self.nodes.len());
         let mut i = self.head;
         while i != NIL {
-            out.push(self.nodes[i as usize].key);
+            out.push(self.key(i));
             i = self.nodes[i as usize].next;
         }
         out
-    }
-
-    fn move_to_front(&mut self, idx: u32) {
-        if self.head != idx {
-            self.unlink(idx);
-            self.link_front(idx);
-        }
     }
 
     fn unlink(&mut self, idx: u32) {
@@ -172,34 +161,47 @@ impl PodLru {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hashing::BlockHash;
 
-    fn k(h: u64) -> EntryKey {
-        EntryKey::new(0, BlockHash(h))
+    fn k(h: u64) -> Key {
+        Key { hash: h, model: 0 }
+    }
+
+    #[test]
+    fn node_is_20_bytes() {
+        assert_eq!(size_of::<Node>(), 20);
     }
 
     #[test]
     fn evicts_least_recent() {
-        let mut lru = PodLru::new(2, 1);
-        assert_eq!(lru.touch(k(1)), Touch::Inserted);
-        assert_eq!(lru.touch(k(2)), Touch::Inserted);
-        assert_eq!(lru.touch(k(1)), Touch::Refreshed);
-        assert_eq!(lru.touch(k(3)), Touch::Evicted(k(2)));
+        let mut lru = PodLru::new(2);
+        assert_eq!(lru.insert_front(k(1)), Placed::Fresh(0));
+        assert_eq!(lru.insert_front(k(2)), Placed::Fresh(1));
+        lru.move_to_front(0);
+        assert_eq!(lru.insert_front(k(3)), Placed::Replaced(1, k(2)));
         assert_eq!(lru.keys_by_recency(), [k(3), k(1)]);
         assert_eq!(lru.len(), 2);
-        assert_eq!(lru.touch(k(4)), Touch::Evicted(k(1)));
-        assert_eq!(lru.touch(k(3)), Touch::Refreshed);
+        assert_eq!(lru.insert_front(k(4)), Placed::Replaced(0, k(1)));
+        lru.move_to_front(1);
         assert_eq!(lru.keys_by_recency(), [k(3), k(4)]);
+        assert_eq!(lru.key(1), k(3));
     }
 
     #[test]
-    fn capacity_one() {
-        let mut lru = PodLru::new(1, 1);
-        assert_eq!(lru.touch(k(1)), Touch::Inserted);
-        assert_eq!(lru.touch(k(2)), Touch::Evicted(k(1)));
-        assert_eq!(lru.touch(k(2)), Touch::Refreshed);
+    fn capacity_one_and_drain() {
+        let mut lru = PodLru::new(1);
+        assert_eq!(lru.insert_front(k(1)), Placed::Fresh(0));
+        assert_eq!(lru.insert_front(k(2)), Placed::Replaced(0, k(1)));
         assert_eq!(lru.drain(), [k(2)]);
-        assert!(lru.is_empty());
-        assert_eq!(lru.touch(k(5)), Touch::Inserted);
+        assert_eq!(lru.len(), 0);
+        assert_eq!(lru.insert_front(k(5)), Placed::Fresh(0));
+    }
+
+    #[test]
+    fn full_list_allocates_exactly_its_capacity() {
+        let mut lru = PodLru::new(100);
+        for h in 0..250 {
+            lru.insert_front(k(h));
+        }
+        assert_eq!(lru.heap_bytes(), 100 * 20);
     }
 }

@@ -193,7 +193,7 @@ enum Op {
 }
 
 fn op() -> impl Strategy<Value = Op> {
-    let hs = prop::collection::vec(0u64..12, 0..8);
+    let hs = prop::collection::vec(0u64..12, 0..24);
     prop_oneof![
         6 => (0usize..4, 0u64..2, hs.clone()).prop_map(|(pod, model, hs)| Op::Record { pod, model, hs }),
         1 => (0usize..4).prop_map(|pod| Op::Remove { pod }),
