@@ -8,6 +8,8 @@
 //!   whose server exits before answering is started again on fresh ports. The nodes are joined
 //!   with `CLUSTER MEET`, the 16384 slots split into contiguous ranges (`CLUSTER ADDSLOTSRANGE`),
 //!   and every node is polled until `CLUSTER INFO` says `cluster_state:ok` with all of them known.
+//!   A replica can be added to a primary, and a node killed (a failover, with the node timeout
+//!   lowered to 2 s so it completes within a test's deadline).
 
 use std::ffi::OsString;
 use std::net::TcpListener;
@@ -194,8 +196,17 @@ impl RedisCluster {
                 .await
                 .unwrap();
         }
-        for i in 0..primaries {
-            let url = cluster.url_with_password(i);
+        cluster.wait_ok(primaries).await;
+        cluster
+    }
+
+    /// Waits until every running node says `cluster_state:ok` and knows `known` nodes.
+    async fn wait_ok(&self, known: usize) {
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].child.is_none() {
+                continue;
+            }
+            let url = self.url_with_password(i);
             poll("the Redis Cluster to be ok on every node", || {
                 let url = url.clone();
                 async move {
@@ -206,13 +217,114 @@ impl RedisCluster {
                         .query_async(&mut c)
                         .await
                         .ok()?;
-                    let known = format!("cluster_known_nodes:{primaries}");
+                    let known = format!("cluster_known_nodes:{known}");
                     (info.contains("cluster_state:ok") && info.contains(&known)).then_some(())
                 }
             })
             .await;
         }
-        cluster
+    }
+
+    /// Starts a replica of node `of` and waits until it is in sync; returns its index.
+    pub async fn add_replica(&mut self, of: usize) -> usize {
+        let i = self.nodes.len();
+        let node = self.start_node(i, self.nodes[of].slots).await;
+        let (port, bus_port) = (node.port, node.bus_port);
+        self.nodes.push(node);
+        let () = redis::cmd("CLUSTER")
+            .arg("MEET")
+            .arg("127.0.0.1")
+            .arg(port)
+            .arg(bus_port)
+            .query_async(&mut self.connection(0).await)
+            .await
+            .unwrap();
+        let master: String = redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query_async(&mut self.connection(of).await)
+            .await
+            .unwrap();
+        // REPLICATE needs the primary to be known to the new node first.
+        let url = self.url_with_password(i);
+        poll(
+            "the new node to learn its primary, then replicate it",
+            || {
+                let (url, master) = (url.clone(), master.clone());
+                async move {
+                    let client = redis::Client::open(url).ok()?;
+                    let mut c = client.get_multiplexed_async_connection().await.ok()?;
+                    redis::cmd("CLUSTER")
+                        .arg("REPLICATE")
+                        .arg(&master)
+                        .query_async::<()>(&mut c)
+                        .await
+                        .ok()
+                }
+            },
+        )
+        .await;
+        poll("the replica to be in sync", || {
+            let url = url.clone();
+            async move {
+                let client = redis::Client::open(url).ok()?;
+                let mut c = client.get_multiplexed_async_connection().await.ok()?;
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query_async(&mut c)
+                    .await
+                    .ok()?;
+                info.contains("master_link_status:up").then_some(())
+            }
+        })
+        .await;
+        self.wait_ok(self.nodes.len()).await;
+        i
+    }
+
+    /// SIGKILL node `i` (its replica, if any, takes over after the node timeout).
+    pub fn kill(&mut self, i: usize) {
+        stop(&mut self.nodes[i].child);
+    }
+
+    /// Waits until node `i` is a primary serving `slot` (after a failover), as the first other
+    /// running node sees it.
+    pub async fn wait_serves(&self, i: usize, slot: u16) {
+        let id: String = redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query_async(&mut self.connection(i).await)
+            .await
+            .unwrap();
+        let witness = (0..self.nodes.len())
+            .find(|&n| n != i && self.nodes[n].child.is_some())
+            .expect("another running node");
+        let url = self.url_with_password(witness);
+        poll("the replica to be promoted", || {
+            let (url, id) = (url.clone(), id.clone());
+            async move {
+                let client = redis::Client::open(url).ok()?;
+                let mut c = client.get_multiplexed_async_connection().await.ok()?;
+                let nodes: String = redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query_async(&mut c)
+                    .await
+                    .ok()?;
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query_async(&mut c)
+                    .await
+                    .ok()?;
+                // <id> <addr> <flags> <master> <ping> <pong> <epoch> <link> <slot ranges...>
+                let line = nodes.lines().find(|l| l.starts_with(&id))?;
+                let fields: Vec<&str> = line.split(' ').collect();
+                let serves = fields.get(2)?.contains("master")
+                    && fields.get(8..).unwrap_or(&[]).iter().any(|r| {
+                        let (a, b) = r.split_once('-').unwrap_or((r, r));
+                        matches!((a.parse::<u16>(), b.parse::<u16>()), (Ok(a), Ok(b)) if (a..=b).contains(&slot))
+                    });
+                (serves && info.contains("cluster_state:ok")).then_some(())
+            }
+        })
+        .await;
     }
 
     /// Starts node `i` on fresh ports, again on others if the server exits before answering.
@@ -233,6 +345,8 @@ impl RedisCluster {
                 bus_port.to_string().into(),
                 "--cluster-config-file".into(),
                 dir.join("nodes.conf").into(),
+                "--cluster-node-timeout".into(),
+                "2000".into(),
             ];
             if let Some(pw) = &self.password {
                 args.extend(["--requirepass".into(), pw.into()]);

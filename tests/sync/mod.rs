@@ -285,3 +285,79 @@ async fn two_replicas_share_prefixes_through_a_redis_cluster() {
     a.picker.stop().await.unwrap();
     b.picker.stop().await.unwrap();
 }
+
+/// The primary holding the stream dies: no request fails, records meanwhile are dropped and
+/// counted, and once its replica is promoted both replicas publish and apply again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_follows_a_redis_cluster_failover() {
+    let mut cluster = RedisCluster::start(3, None).await;
+    let stream = "pp:{failover}";
+    let slot = cluster.key_slot(stream).await;
+    let owner = cluster.owner(slot);
+    let replica_node = cluster.add_replica(owner).await;
+    // Seeds: every primary but the one that will die (a list that survives losing any one node).
+    let seeds: Vec<String> = (0..3)
+        .filter(|&i| i != owner)
+        .map(|i| format!("\"{}\"", cluster.url(i)))
+        .collect();
+    let sync = format!(
+        "sync:\n  redis:\n    urls: [{}]\n    cluster: true\n    stream: \"{stream}\"\n    \
+         batchMaxRecords: 8\n",
+        seeds.join(", ")
+    );
+    let backends = three_backends().await;
+    let a = replica(&backends, &sync).await;
+    let b = replica(&backends, &sync).await;
+    propagates(&a, &[&b], &chat(SYSTEM, "before the failover")).await;
+
+    cluster.kill(owner);
+    for i in 0..10 {
+        for r in [&a, &b] {
+            let reply = send(
+                &r.envoy,
+                "/v1/chat/completions",
+                &chat(SYSTEM, &format!("during the failover {i}")),
+            )
+            .await;
+            assert_eq!(reply.status, 200, "routing goes on during the failover");
+        }
+    }
+    cluster.wait_serves(replica_node, slot).await;
+    let dropped = metric(
+        &a.picker,
+        "prefix_picker_sync_dropped_total{reason=\"redis_error\"}",
+    )
+    .await
+        + metric(
+            &b.picker,
+            "prefix_picker_sync_dropped_total{reason=\"redis_error\"}",
+        )
+        .await;
+    assert!(
+        dropped >= 1.0,
+        "records sent while the primary was down are counted"
+    );
+    // Publishing resumes on the promoted replica: keep sending until a record gets through.
+    for r in [&a, &b] {
+        let before = metric(&r.picker, "prefix_picker_sync_published_total").await;
+        let mut i = 0;
+        poll("records to be published again after the failover", || {
+            i += 1;
+            let body = chat(SYSTEM, &format!("after the failover {i}"));
+            async move {
+                let reply = send(&r.envoy, "/v1/chat/completions", &body).await;
+                assert_eq!(reply.status, 200);
+                (metric(&r.picker, "prefix_picker_sync_published_total").await > before)
+                    .then_some(())
+            }
+        })
+        .await;
+    }
+    for r in [&a, &b] {
+        wait_metric_eq(&r.picker, "prefix_picker_sync_redis_connected", 2.0).await;
+    }
+    propagates(&a, &[&b], &chat(SYSTEM, "after the failover via A")).await;
+    propagates(&b, &[&a], &chat(SYSTEM, "after the failover via B")).await;
+    a.picker.stop().await.unwrap();
+    b.picker.stop().await.unwrap();
+}
