@@ -4,15 +4,25 @@
 //! sync:
 //!   redis:
 //!     url: "redis://host:6379/0"          # rediss:// for TLS; redis+unix:///path for a socket
+//!     cluster: false                      # true: Redis Cluster, `url` is a seed node
+//!     urls: []                            # cluster: several seed nodes (instead of url)
 //!     passwordEnv: ""                     # env var holding the password (or)
 //!     passwordFile: ""                    # file holding the password (trailing newline dropped)
-//!     stream: "prefix-picker:{default}"   # {..} hash tag keeps it on one Redis Cluster shard
+//!     stream: "prefix-picker:{default}"   # cluster: must hold a {hash tag}, which picks the slot
 //!     maxLen: 1000000                     # XADD MAXLEN ~ (entries = records)
 //!     replayOnStart: true                 # replay the retained tail before reporting ready
 //!     replayTimeoutSeconds: 10            # ... for at most this long
 //!     batchMaxRecords: 256                # records per pipelined XADD batch
 //!     queueCapacity: 10000                # records waiting to be published; more are dropped
 //! ```
+//! Exactly one of `url` and `urls` is set; `urls` needs `cluster: true`. With `cluster: true`
+//! every seed is a TCP URL (`redis://` or `rediss://`, all alike) of database 0, the password
+//! (`passwordEnv`/`passwordFile`, else the first seed's URL) is used for every node of the
+//! cluster, and `stream` must contain a non-empty hash tag (`{...}`, Redis's rule: the text
+//! between the first `{` and the next `}`): the tag alone picks the stream's hash slot, so the
+//! shard that carries the sync traffic is chosen on purpose (`CLUSTER KEYSLOT <tag>`), and the
+//! streams of several pools can be kept together or apart. A name without one is a config error.
+//!
 //! Parsed once into [`RedisSync`] (via `try_from`), which cannot hold an invalid value; the
 //! password is resolved at start-up through a lookup function, so tests never touch the process
 //! environment.
@@ -20,15 +30,42 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use redis::{ConnectionInfo, IntoConnectionInfo};
+use redis::cluster::ClusterClient;
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
 use serde::Deserialize;
 use thiserror::Error;
 
 /// A problem in the `sync:` section, naming the key and the value.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum SyncConfigError {
-    #[error("sync.redis.url {url:?} is not a Redis URL: {reason}")]
-    Url { url: String, reason: String },
+    #[error("sync.redis.{key} {url:?} is not a Redis URL: {reason}")]
+    Url {
+        key: String,
+        url: String,
+        reason: String,
+    },
+    #[error("sync.redis: set url (one node, or a cluster seed) or urls (cluster seeds)")]
+    NoUrl,
+    #[error("sync.redis: set url ({url:?}) or urls, not both")]
+    UrlAndUrls { url: String },
+    #[error(
+        "sync.redis.urls {0:?} lists cluster seed nodes and needs cluster: true (one node takes url)"
+    )]
+    UrlsWithoutCluster(Vec<String>),
+    #[error(
+        "sync.redis.{key} {url:?}: Redis Cluster is reached over TCP (redis:// or rediss://), not a unix socket"
+    )]
+    ClusterUnix { key: String, url: String },
+    #[error("sync.redis.{key} {url:?} selects database {db}; Redis Cluster has only database 0")]
+    ClusterDb { key: String, url: String, db: i64 },
+    #[error("sync.redis.urls {0:?} mixes redis:// and rediss:// seeds")]
+    ClusterMixedTls(Vec<String>),
+    #[error("sync.redis.urls {urls:?}: {reason}")]
+    ClusterSeeds { urls: Vec<String>, reason: String },
+    #[error(
+        "sync.redis.stream {0:?} has no hash tag: with cluster: true it must contain a non-empty {{tag}}, e.g. \"prefix-picker:{{my-pool}}\""
+    )]
+    NoHashTag(String),
     #[error("sync.redis.{key} must be greater than 0, got {value}")]
     Zero { key: &'static str, value: String },
     #[error("sync.redis.replayTimeoutSeconds must be a finite number >= 0, got {0}")]
@@ -66,12 +103,23 @@ pub enum PasswordSource {
     File(PathBuf),
 }
 
+/// What the links connect to, with the password applied.
+#[derive(Debug, Clone)]
+pub enum Topology {
+    /// One Redis server (or a proxy in front of several).
+    Node(Box<ConnectionInfo>),
+    /// A Redis Cluster, discovered from these seed nodes (at least one).
+    Cluster(Vec<ConnectionInfo>),
+}
+
 /// Validated `sync.redis` settings.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(try_from = "RawRedis")]
 pub struct RedisSync {
-    /// The URL as written (may hold a password: never log it, use [`RedisSync::shown_url`]).
-    pub url: String,
+    /// The URLs as written: one node, or (with `cluster`) one or more seed nodes. They may hold a
+    /// password: never log them, use [`RedisSync::shown_urls`].
+    pub urls: Vec<String>,
+    pub cluster: bool,
     pub password: PasswordSource,
     pub stream: String,
     pub max_len: u64,
@@ -84,7 +132,12 @@ pub struct RedisSync {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct RawRedis {
+    #[serde(default)]
     url: String,
+    #[serde(default)]
+    urls: Vec<String>,
+    #[serde(default)]
+    cluster: bool,
     #[serde(default)]
     password_env: String,
     #[serde(default)]
@@ -122,15 +175,93 @@ fn default_queue() -> usize {
     10_000
 }
 
+/// The key a URL came from, for errors: `url` or `urls[i]`.
+fn url_key(from_list: bool, i: usize) -> String {
+    if from_list {
+        format!("urls[{i}]")
+    } else {
+        "url".into()
+    }
+}
+
+/// The `{hash tag}` of a key, by Redis's rule (first `{`, next `}`, non-empty in between).
+pub fn hash_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let rest = &key[open + 1..];
+    let close = rest.find('}')?;
+    (close > 0).then(|| &rest[..close])
+}
+
+/// Checks the seed URLs of a cluster (already parsed one by one).
+fn check_cluster(
+    urls: &[String],
+    infos: &[ConnectionInfo],
+    from_list: bool,
+) -> Result<(), SyncConfigError> {
+    for (i, (url, info)) in urls.iter().zip(infos).enumerate() {
+        if matches!(info.addr(), ConnectionAddr::Unix(_)) {
+            return Err(SyncConfigError::ClusterUnix {
+                key: url_key(from_list, i),
+                url: redact(url),
+            });
+        }
+        if info.redis_settings().db() != 0 {
+            return Err(SyncConfigError::ClusterDb {
+                key: url_key(from_list, i),
+                url: redact(url),
+                db: info.redis_settings().db(),
+            });
+        }
+    }
+    let tls = |info: &ConnectionInfo| matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+    if infos.iter().any(|i| tls(i) != tls(&infos[0])) {
+        return Err(SyncConfigError::ClusterMixedTls(
+            urls.iter().map(|u| redact(u)).collect(),
+        ));
+    }
+    // The client's own checks (e.g. different passwords in the seeds' URLs); no connection yet.
+    ClusterClient::new(infos.to_vec()).map_err(|e| SyncConfigError::ClusterSeeds {
+        urls: urls.iter().map(|u| redact(u)).collect(),
+        reason: e.to_string(),
+    })?;
+    Ok(())
+}
+
 impl TryFrom<RawRedis> for RedisSync {
     type Error = SyncConfigError;
 
     fn try_from(raw: RawRedis) -> Result<Self, Self::Error> {
-        if let Err(e) = raw.url.as_str().into_connection_info() {
-            return Err(SyncConfigError::Url {
-                url: redact(&raw.url),
-                reason: e.to_string(),
-            });
+        let from_list = !raw.urls.is_empty();
+        let urls = match (raw.url.is_empty(), from_list) {
+            (true, false) => return Err(SyncConfigError::NoUrl),
+            (false, true) => {
+                return Err(SyncConfigError::UrlAndUrls {
+                    url: redact(&raw.url),
+                });
+            }
+            (false, false) => vec![raw.url],
+            (true, true) if !raw.cluster => {
+                return Err(SyncConfigError::UrlsWithoutCluster(
+                    raw.urls.iter().map(|u| redact(u)).collect(),
+                ));
+            }
+            (true, true) => raw.urls,
+        };
+        let mut infos = Vec::with_capacity(urls.len());
+        for (i, url) in urls.iter().enumerate() {
+            match url.as_str().into_connection_info() {
+                Ok(info) => infos.push(info),
+                Err(e) => {
+                    return Err(SyncConfigError::Url {
+                        key: url_key(from_list, i),
+                        url: redact(url),
+                        reason: e.to_string(),
+                    });
+                }
+            }
+        }
+        if raw.cluster {
+            check_cluster(&urls, &infos, from_list)?;
         }
         for (key, value) in [
             ("maxLen", raw.max_len as usize),
@@ -152,6 +283,9 @@ impl TryFrom<RawRedis> for RedisSync {
         if raw.stream.is_empty() {
             return Err(SyncConfigError::EmptyStream);
         }
+        if raw.cluster && hash_tag(&raw.stream).is_none() {
+            return Err(SyncConfigError::NoHashTag(raw.stream));
+        }
         let password = match (raw.password_env.is_empty(), raw.password_file.is_empty()) {
             (true, true) => PasswordSource::Url,
             (false, true) => PasswordSource::Env(raw.password_env),
@@ -164,7 +298,8 @@ impl TryFrom<RawRedis> for RedisSync {
             }
         };
         Ok(RedisSync {
-            url: raw.url,
+            urls,
+            cluster: raw.cluster,
             password,
             stream: raw.stream,
             max_len: raw.max_len,
@@ -177,40 +312,59 @@ impl TryFrom<RawRedis> for RedisSync {
 }
 
 impl RedisSync {
-    /// The URL with any password replaced by `***` (for logs and errors).
-    pub fn shown_url(&self) -> String {
-        redact(&self.url)
+    /// The URLs with any password replaced by `***`, comma-separated (for logs and errors).
+    pub fn shown_urls(&self) -> String {
+        self.urls
+            .iter()
+            .map(|u| redact(u))
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
-    /// The connection parameters, with the password from `passwordEnv`/`passwordFile` applied.
-    /// `env` looks up an environment variable.
-    pub fn connection_info(
+    /// The nodes to connect to, with the password from `passwordEnv`/`passwordFile` applied to
+    /// each. `env` looks up an environment variable.
+    pub fn topology(
         &self,
         env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<ConnectionInfo, SyncConfigError> {
-        let info = self
-            .url
-            .as_str()
-            .into_connection_info()
-            .map_err(|e| SyncConfigError::Url {
-                url: self.shown_url(),
-                reason: e.to_string(),
-            })?;
+    ) -> Result<Topology, SyncConfigError> {
         let password = match &self.password {
-            PasswordSource::Url => return Ok(info),
+            PasswordSource::Url => None,
             PasswordSource::Env(name) => {
-                env(name).ok_or_else(|| SyncConfigError::PasswordEnvUnset(name.clone()))?
+                Some(env(name).ok_or_else(|| SyncConfigError::PasswordEnvUnset(name.clone()))?)
             }
-            PasswordSource::File(path) => std::fs::read_to_string(path)
-                .map_err(|e| SyncConfigError::PasswordFile {
-                    path: path.display().to_string(),
-                    message: e.to_string(),
-                })?
-                .trim_end_matches(['\r', '\n'])
-                .to_string(),
+            PasswordSource::File(path) => Some(
+                std::fs::read_to_string(path)
+                    .map_err(|e| SyncConfigError::PasswordFile {
+                        path: path.display().to_string(),
+                        message: e.to_string(),
+                    })?
+                    .trim_end_matches(['\r', '\n'])
+                    .to_string(),
+            ),
         };
-        let settings = info.redis_settings().clone().set_password(password);
-        Ok(info.set_redis_settings(settings))
+        let mut infos = Vec::with_capacity(self.urls.len());
+        for (i, url) in self.urls.iter().enumerate() {
+            let info = url
+                .as_str()
+                .into_connection_info()
+                .map_err(|e| SyncConfigError::Url {
+                    key: url_key(self.urls.len() > 1, i),
+                    url: redact(url),
+                    reason: e.to_string(),
+                })?;
+            infos.push(match &password {
+                None => info,
+                Some(p) => {
+                    let settings = info.redis_settings().clone().set_password(p);
+                    info.set_redis_settings(settings)
+                }
+            });
+        }
+        Ok(if self.cluster {
+            Topology::Cluster(infos)
+        } else {
+            Topology::Node(Box::new(infos.swap_remove(0)))
+        })
     }
 }
 

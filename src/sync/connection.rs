@@ -1,17 +1,36 @@
-//! Connecting to Redis: one multiplexed connection per role, re-established with capped
-//! exponential backoff (100 ms doubling to 5 s, reset after a success).
+//! Connecting to Redis: one connection per role, re-established with capped exponential backoff
+//! (100 ms doubling to 5 s, reset after a success).
 //!
-//! The publisher and the tailer each own a connection, because the tailer's `XREAD BLOCK` would
-//! hold up the publisher's batches on a shared one. Connect and disconnect are logged once per
-//! transition and mirrored in `prefix_picker_sync_redis_connected{role}`.
+//! A [`Connection`] is either a multiplexed connection to one node or, with `cluster: true`, the
+//! redis crate's async cluster connection. The cluster connection learns the slot map from the
+//! seed nodes (`CLUSTER SLOTS`), keeps a multiplexed connection per primary, routes each command
+//! by its key (`XADD`/`EXISTS`/`XINFO STREAM` by the key, `XREAD` by the key after `STREAMS`, a
+//! pipeline by its first command), follows `MOVED` (refreshing the slot map) and `ASK`, and
+//! retries within the response timeout while a failover settles. Both kinds implement
+//! `redis::aio::ConnectionLike`, so the publisher and the tailer run one code path over either.
+//!
+//! The publisher and the tailer each own a connection (for a cluster: a cluster connection with
+//! its own node connections), because the tailer's `XREAD BLOCK` would hold up the publisher's
+//! batches on a shared one; each role's response timeout exceeds any `BLOCK` it uses. A command
+//! that fails after the cluster connection's own retries drops the whole connection like a
+//! node's: the next one is built from the seeds again, so a seed list that survives the loss of
+//! any one node (several `urls`, or a name that resolves to live nodes) keeps reconnection
+//! possible. Connect and disconnect are logged once per transition and mirrored in
+//! `prefix_picker_sync_redis_connected{role}`.
 
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, ConnectionInfo};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisFuture, Value};
 use tokio_util::sync::CancellationToken;
 
+use super::config::Topology;
 use super::metrics::{Role, SyncMetrics};
+
+/// How long to wait for a TCP (and TLS) connection to one node.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Capped exponential backoff.
 #[derive(Debug, Clone)]
@@ -45,14 +64,67 @@ impl Default for Backoff {
     }
 }
 
+/// A live connection to one node or to a cluster.
+pub enum Connection {
+    Node(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Node(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Node(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Node(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Makes connections of one kind.
+enum Connector {
+    Node(Client, AsyncConnectionConfig),
+    Cluster(ClusterClient),
+}
+
+impl Connector {
+    async fn connect(&self) -> redis::RedisResult<Connection> {
+        match self {
+            Connector::Node(client, config) => client
+                .get_multiplexed_async_connection_with_config(config)
+                .await
+                .map(Connection::Node),
+            Connector::Cluster(client) => {
+                client.get_async_connection().await.map(Connection::Cluster)
+            }
+        }
+    }
+}
+
 /// One role's connection to Redis.
 pub struct Link {
-    client: Client,
-    config: AsyncConnectionConfig,
+    connector: Connector,
     role: Role,
     shown: String,
     metrics: SyncMetrics,
-    conn: Option<MultiplexedConnection>,
+    conn: Option<Connection>,
     backoff: Backoff,
     failures: u64,
 }
@@ -62,25 +134,40 @@ impl std::fmt::Debug for Link {
         f.debug_struct("Link")
             .field("role", &self.role)
             .field("url", &self.shown)
+            .field("cluster", &matches!(self.connector, Connector::Cluster(_)))
             .field("connected", &self.conn.is_some())
             .finish_non_exhaustive()
     }
 }
 
 impl Link {
-    /// `response_timeout` bounds every command (it must exceed any `BLOCK` the role uses).
+    /// `response_timeout` bounds every command, for a cluster including its redirections and
+    /// retries (it must exceed any `BLOCK` the role uses).
     pub fn new(
-        info: ConnectionInfo,
+        topology: Topology,
         shown: String,
         role: Role,
         response_timeout: Duration,
         metrics: SyncMetrics,
     ) -> redis::RedisResult<Link> {
+        let connector = match topology {
+            Topology::Node(info) => Connector::Node(
+                Client::open(*info)?,
+                AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                    .set_response_timeout(Some(response_timeout)),
+            ),
+            // Password, username and TLS come from the seeds' connection info (the password is
+            // already applied to each) and are used for every node the cluster reports.
+            Topology::Cluster(seeds) => Connector::Cluster(
+                ClusterClient::builder(seeds)
+                    .connection_timeout(CONNECT_TIMEOUT)
+                    .response_timeout(response_timeout)
+                    .build()?,
+            ),
+        };
         Ok(Link {
-            client: Client::open(info)?,
-            config: AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(Duration::from_secs(2)))
-                .set_response_timeout(Some(response_timeout)),
+            connector,
             role,
             shown,
             metrics,
@@ -91,7 +178,7 @@ impl Link {
     }
 
     /// The live connection, if any.
-    pub fn get(&mut self) -> Option<&mut MultiplexedConnection> {
+    pub fn get(&mut self) -> Option<&mut Connection> {
         self.conn.as_mut()
     }
 
@@ -100,11 +187,7 @@ impl Link {
         if self.conn.is_some() {
             return true;
         }
-        match self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await
-        {
+        match self.connector.connect().await {
             Ok(c) => {
                 tracing::info!(role = self.role.as_str(), url = %self.shown, "sync: connected to Redis");
                 self.conn = Some(c);

@@ -10,6 +10,10 @@
 //!   incarnation included, since the replica id is new per process) before the picker reports
 //!   ready, for at most `replayTimeoutSeconds`; after a reconnect it reads on from the last id.
 //!
+//! - Redis Cluster (`cluster: true`): the stream is one key, so it lives on the shard owning its
+//!   hash tag's slot; the cluster client ([`connection`]) follows redirections and failovers, and
+//!   the publisher and tailer run unchanged over it.
+//!
 //! Knobs: the `sync.redis` section ([`config`]). Metrics: `prefix_picker_sync_*` ([`metrics`]).
 
 pub mod apply;
@@ -46,7 +50,7 @@ pub use config::SyncConfig;
 pub enum SyncError {
     #[error(transparent)]
     Config(#[from] SyncConfigError),
-    #[error("sync.redis.url {url}: {source}")]
+    #[error("sync.redis {url}: {source}")]
     Client {
         url: String,
         source: redis::RedisError,
@@ -108,16 +112,23 @@ pub fn start(
     // rustls needs one process-wide crypto provider for rediss://; ring is the one linked in.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let metrics = SyncMetrics::register(registry);
-    let info = config.connection_info(env)?;
-    let shown = config.shown_url();
+    let topology = config.topology(env)?;
+    let shown = config.shown_urls();
     let link = |role, timeout| {
-        Link::new(info.clone(), shown.clone(), role, timeout, metrics.clone()).map_err(|source| {
-            SyncError::Client {
-                url: shown.clone(),
-                source,
-            }
+        Link::new(
+            topology.clone(),
+            shown.clone(),
+            role,
+            timeout,
+            metrics.clone(),
+        )
+        .map_err(|source| SyncError::Client {
+            url: shown.clone(),
+            source,
         })
     };
+    // Separate connections: the tailer's XREAD BLOCK never holds up a publish, and its response
+    // timeout (per command, for a cluster including redirections) leaves room for the BLOCK.
     let publish_link = link(Role::Publisher, Duration::from_secs(2))?;
     let tail_link = link(Role::Tailer, tailer::BLOCK + Duration::from_secs(4))?;
 
@@ -169,6 +180,7 @@ pub fn start(
     });
     tracing::info!(
         url = %shown,
+        cluster = config.cluster,
         stream = %config.stream,
         replica = format!("{replica:016x}"),
         "sync: sharing the prefix index through Redis"

@@ -1,4 +1,4 @@
-use super::config::{PasswordSource, SyncConfig, SyncConfigError};
+use super::config::{PasswordSource, SyncConfig, SyncConfigError, Topology, hash_tag};
 use super::record::{self, DecodeError, HashParams};
 use super::tailer::{EntryId, parse_info, stream_entries};
 use crate::config::Config;
@@ -65,18 +65,27 @@ fn strict_errors_name_the_key_and_value() {
     assert!(Config::parse("{}").unwrap().sync.is_none());
 }
 
+/// The single node of a non-cluster topology.
+fn node(t: Topology) -> redis::ConnectionInfo {
+    match t {
+        Topology::Node(info) => *info,
+        Topology::Cluster(_) => panic!("expected one node"),
+    }
+}
+
 #[test]
 fn passwords_come_from_env_or_file_and_urls_are_redacted() {
     let c = parse("redis: {url: 'redis://user:s3cret@h:1/2', passwordEnv: PW}")
         .unwrap()
         .redis;
-    assert_eq!(c.shown_url(), "redis://user:***@h:1/2");
-    let info = c
-        .connection_info(&|k| (k == "PW").then(|| "from-env".into()))
-        .unwrap();
+    assert_eq!(c.shown_urls(), "redis://user:***@h:1/2");
+    let info = node(
+        c.topology(&|k| (k == "PW").then(|| "from-env".into()))
+            .unwrap(),
+    );
     assert_eq!(info.redis_settings().password(), Some("from-env"));
     assert_eq!(
-        c.connection_info(&|_| None).unwrap_err(),
+        c.topology(&|_| None).unwrap_err(),
         SyncConfigError::PasswordEnvUnset("PW".into())
     );
     let dir = tempfile::tempdir().unwrap();
@@ -88,8 +97,101 @@ fn passwords_come_from_env_or_file_and_urls_are_redacted() {
     ))
     .unwrap()
     .redis;
-    let info = c.connection_info(&|_| None).unwrap();
+    let info = node(c.topology(&|_| None).unwrap());
     assert_eq!(info.redis_settings().password(), Some("from-file"));
+}
+
+#[test]
+fn hash_tags_follow_the_redis_rule() {
+    assert_eq!(hash_tag("prefix-picker:{pool}"), Some("pool"));
+    assert_eq!(hash_tag("{a}{b}"), Some("a"));
+    assert_eq!(hash_tag("x{a}b}"), Some("a"));
+    // Empty or unclosed: Redis hashes the whole key.
+    assert_eq!(hash_tag("x{}y{z}"), None);
+    assert_eq!(hash_tag("x{abc"), None);
+    assert_eq!(hash_tag("x}a{"), None);
+    assert_eq!(hash_tag("plain"), None);
+}
+
+#[test]
+fn cluster_mode_takes_seed_urls_and_applies_the_password_to_each() {
+    let c = parse("redis: {url: 'redis://seed:7000', cluster: true}")
+        .unwrap()
+        .redis;
+    assert!(c.cluster);
+    assert_eq!(c.urls, ["redis://seed:7000"]);
+    assert!(matches!(c.topology(&|_| None).unwrap(), Topology::Cluster(s) if s.len() == 1));
+
+    let c = parse(
+        "redis: {urls: ['rediss://:old@a:7000', 'rediss://:old@b:7001'], cluster: true, \
+         passwordEnv: PW, stream: 'pp:{pool}'}",
+    )
+    .unwrap()
+    .redis;
+    assert_eq!(c.shown_urls(), "rediss://:***@a:7000,rediss://:***@b:7001");
+    let Topology::Cluster(seeds) = c.topology(&|_| Some("new".into())).unwrap() else {
+        panic!("expected a cluster");
+    };
+    assert_eq!(seeds.len(), 2);
+    for s in &seeds {
+        assert_eq!(s.redis_settings().password(), Some("new"));
+        assert!(matches!(s.addr(), redis::ConnectionAddr::TcpTls { .. }));
+    }
+    // Without cluster: true a single url is one node, whatever the stream is called.
+    let c = parse("redis: {url: 'redis://h', stream: 'no-tag'}")
+        .unwrap()
+        .redis;
+    assert!(!c.cluster);
+    node(c.topology(&|_| None).unwrap());
+}
+
+#[test]
+fn cluster_errors_name_the_key_and_value() {
+    let err = |yaml: &str| parse(yaml).unwrap_err();
+    let e = err("redis: {url: 'redis://h', cluster: true, stream: 'prefix-picker:pool'}");
+    assert!(
+        e.contains("sync.redis.stream \"prefix-picker:pool\" has no hash tag"),
+        "{e}"
+    );
+    let e = err("redis: {url: 'redis://h', cluster: true, stream: 'pp:{}'}");
+    assert!(e.contains("\"pp:{}\" has no hash tag"), "{e}");
+    let e = err("redis: {url: 'redis+unix:///tmp/r.sock', cluster: true}");
+    assert!(
+        e.contains(
+            "sync.redis.url \"redis+unix:///tmp/r.sock\": Redis Cluster is reached over TCP"
+        ),
+        "{e}"
+    );
+    let e = err("redis: {urls: ['redis://a', 'redis://b:1/3'], cluster: true}");
+    assert!(
+        e.contains("sync.redis.urls[1] \"redis://b:1/3\" selects database 3"),
+        "{e}"
+    );
+    let e = err("redis: {urls: ['redis://a', 'rediss://b'], cluster: true}");
+    assert!(e.contains("mixes redis:// and rediss://"), "{e}");
+    let e = err("redis: {urls: ['redis://:x@a', 'redis://:y@b'], cluster: true}");
+    assert!(
+        e.contains("sync.redis.urls [\"redis://:***@a\", \"redis://:***@b\"]: ")
+            && e.contains("different password"),
+        "{e}"
+    );
+    let e = err("redis: {urls: ['redis://a', 'http://b'], cluster: true}");
+    assert!(
+        e.contains("sync.redis.urls[1] \"http://b\" is not a Redis URL"),
+        "{e}"
+    );
+    let e = err("redis: {urls: ['redis://a', 'redis://b']}");
+    assert!(e.contains("needs cluster: true"), "{e}");
+    let e = err("redis: {url: 'redis://:pw@a', urls: ['redis://b'], cluster: true}");
+    assert!(
+        e.contains("set url (\"redis://:***@a\") or urls, not both"),
+        "{e}"
+    );
+    let e = err("redis: {cluster: true}");
+    assert!(
+        e.contains("set url (one node, or a cluster seed) or urls"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -1,9 +1,11 @@
-//! Index sharing through a real Redis: replicas (picker + own Envoy) over the same backends.
+//! Index sharing through a real Redis: replicas (picker + own Envoy) over the same backends, with
+//! one `redis-server`, or a Redis Cluster of three primaries whose stream lives on a shard other
+//! than the seed node and then moves to another one.
 
 use prefix_picker::serve::Running;
 use serde_json::Value;
 
-use super::harness::redis_server::RedisServer;
+use super::harness::redis_server::{RedisCluster, RedisServer};
 use super::harness::*;
 use super::{SYSTEM, addrs, chat, send, three_backends};
 
@@ -20,12 +22,8 @@ fn sync_section(redis: &RedisServer) -> String {
     )
 }
 
-async fn replica(backends: &[Backend], redis: &RedisServer) -> Replica {
-    let picker = start_picker(picker_config(
-        &backends.iter().collect::<Vec<_>>(),
-        &sync_section(redis),
-    ))
-    .await;
+async fn replica(backends: &[Backend], sync: &str) -> Replica {
+    let picker = start_picker(picker_config(&backends.iter().collect::<Vec<_>>(), sync)).await;
     let envoy = start_envoy(render_envoy(
         "envoy.yaml",
         picker.grpc_addr.port(),
@@ -58,7 +56,7 @@ async fn replicas_share_prefixes(n: usize) {
     let backends = three_backends().await;
     let mut rs = Vec::new();
     for _ in 0..n {
-        rs.push(replica(&backends, &redis).await);
+        rs.push(replica(&backends, &sync_section(&redis)).await);
     }
     for (i, from) in rs.iter().enumerate() {
         let others: Vec<&Replica> = rs.iter().filter(|r| !std::ptr::eq(*r, from)).collect();
@@ -107,7 +105,7 @@ async fn three_replicas_route_a_prefix_to_the_same_pod() {
 async fn a_restarted_replica_routes_warm_from_its_first_request() {
     let redis = RedisServer::start().await;
     let backends = three_backends().await;
-    let a = replica(&backends, &redis).await;
+    let a = replica(&backends, &sync_section(&redis)).await;
     let prompts: Vec<Value> = (0..6)
         .map(|i| chat(SYSTEM, &format!("warm start question {i}")))
         .collect();
@@ -122,7 +120,7 @@ async fn a_restarted_replica_routes_warm_from_its_first_request() {
     drop(a.envoy);
 
     // A new process (new replica id): start() returns once the warm replay is applied.
-    let b = replica(&backends, &redis).await;
+    let b = replica(&backends, &sync_section(&redis)).await;
     assert_eq!(
         metric(&b.picker, "prefix_picker_sync_replayed_total").await,
         6.0
@@ -151,8 +149,8 @@ async fn a_restarted_replica_routes_warm_from_its_first_request() {
 async fn redis_outage_fails_no_request_and_sync_resumes() {
     let mut redis = RedisServer::start().await;
     let backends = three_backends().await;
-    let a = replica(&backends, &redis).await;
-    let b = replica(&backends, &redis).await;
+    let a = replica(&backends, &sync_section(&redis)).await;
+    let b = replica(&backends, &sync_section(&redis)).await;
     propagates(&a, &[&b], &chat(SYSTEM, "before the outage")).await;
 
     redis.kill();
@@ -184,6 +182,182 @@ async fn redis_outage_fails_no_request_and_sync_resumes() {
     let pod = propagates(&a, &[&b], &chat(SYSTEM, "after the outage")).await;
     assert!(!pod.is_empty());
     propagates(&b, &[&a], &chat(SYSTEM, "after the outage, the other way")).await;
+    a.picker.stop().await.unwrap();
+    b.picker.stop().await.unwrap();
+}
+
+/// Records published through A reach B through a Redis Cluster (password required, one seed):
+/// the stream's slot is served by another node than the seed, then moves to a third node, and the
+/// replicas go on sharing without a dropped record (MOVED/ASK followed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_share_prefixes_through_a_redis_cluster() {
+    let cluster = RedisCluster::start(3, Some("cluster-secret")).await;
+    let mut stream = String::new();
+    let mut slot = 0;
+    for i in 0.. {
+        stream = format!("pp:{{cluster-{i}}}");
+        slot = cluster.key_slot(&stream).await;
+        if cluster.owner(slot) != 0 {
+            break;
+        }
+    }
+    let owner = cluster.owner(slot);
+    let password = cluster.dir.path().join("password");
+    std::fs::write(&password, "cluster-secret\n").unwrap();
+    let sync = format!(
+        "sync:\n  redis:\n    url: \"{}\"\n    cluster: true\n    passwordFile: \"{}\"\n    \
+         stream: \"{stream}\"\n    batchMaxRecords: 8\n",
+        cluster.url(0),
+        password.display()
+    );
+    let backends = three_backends().await;
+    let a = replica(&backends, &sync).await;
+    let b = replica(&backends, &sync).await;
+    propagates(&a, &[&b], &chat(SYSTEM, "cluster question via A")).await;
+    propagates(&b, &[&a], &chat(SYSTEM, "cluster question via B")).await;
+
+    // The stream is one key on the shard owning its tag's slot; the seed holds nothing.
+    let xlen = |node: usize| {
+        let (cluster, stream) = (&cluster, &stream);
+        async move {
+            let n: u64 = redis::cmd("XLEN")
+                .arg(stream)
+                .query_async(&mut cluster.connection(node).await)
+                .await
+                .unwrap();
+            n
+        }
+    };
+    let dbsize = |node: usize| {
+        let cluster = &cluster;
+        async move {
+            let n: u64 = redis::cmd("DBSIZE")
+                .query_async(&mut cluster.connection(node).await)
+                .await
+                .unwrap();
+            n
+        }
+    };
+    // Each round publishes two records (the request through one replica, then the same request
+    // through the other, which checks the routing).
+    for r in [&a, &b] {
+        wait_metric_eq(&r.picker, "prefix_picker_sync_published_total", 2.0).await;
+    }
+    assert_eq!(xlen(owner).await, 4);
+    assert_eq!(dbsize(0).await, 0, "the seed node holds no key");
+
+    // Reshard: the pickers' slot maps are now stale, so their next commands are redirected.
+    let to = if owner == 1 { 2 } else { 1 };
+    cluster.move_slot(slot, owner, to).await;
+    assert_eq!(dbsize(owner).await, 0);
+    propagates(&a, &[&b], &chat(SYSTEM, "after the reshard via A")).await;
+    propagates(&b, &[&a], &chat(SYSTEM, "after the reshard via B")).await;
+    for r in [&a, &b] {
+        wait_metric_eq(&r.picker, "prefix_picker_sync_published_total", 4.0).await;
+    }
+    assert_eq!(xlen(to).await, 8, "new records landed on the new owner");
+    assert_eq!(dbsize(owner).await, 0);
+    assert_eq!(dbsize(0).await, 0);
+    // The old owner redirected the pickers (its error stats count the MOVED replies it sent), and
+    // they followed within their connections: one connect per role, none lost.
+    let errorstats: String = redis::cmd("INFO")
+        .arg("errorstats")
+        .query_async(&mut cluster.connection(owner).await)
+        .await
+        .unwrap();
+    assert!(
+        errorstats.contains("errorstat_MOVED:count="),
+        "{errorstats}"
+    );
+
+    for r in [&a, &b] {
+        wait_metric_eq(&r.picker, "prefix_picker_sync_applied_total", 4.0).await;
+        assert_eq!(
+            metric(&r.picker, "prefix_picker_sync_dropped_total").await,
+            0.0
+        );
+        wait_metric_eq(&r.picker, "prefix_picker_sync_redis_connected", 2.0).await;
+        assert_eq!(
+            metric(&r.picker, "prefix_picker_sync_redis_connects_total").await,
+            2.0
+        );
+    }
+    a.picker.stop().await.unwrap();
+    b.picker.stop().await.unwrap();
+}
+
+/// The primary holding the stream dies: no request fails, records meanwhile are dropped and
+/// counted, and once its replica is promoted both replicas publish and apply again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_follows_a_redis_cluster_failover() {
+    let mut cluster = RedisCluster::start(3, None).await;
+    let stream = "pp:{failover}";
+    let slot = cluster.key_slot(stream).await;
+    let owner = cluster.owner(slot);
+    let replica_node = cluster.add_replica(owner).await;
+    // Seeds: every primary but the one that will die (a list that survives losing any one node).
+    let seeds: Vec<String> = (0..3)
+        .filter(|&i| i != owner)
+        .map(|i| format!("\"{}\"", cluster.url(i)))
+        .collect();
+    let sync = format!(
+        "sync:\n  redis:\n    urls: [{}]\n    cluster: true\n    stream: \"{stream}\"\n    \
+         batchMaxRecords: 8\n",
+        seeds.join(", ")
+    );
+    let backends = three_backends().await;
+    let a = replica(&backends, &sync).await;
+    let b = replica(&backends, &sync).await;
+    propagates(&a, &[&b], &chat(SYSTEM, "before the failover")).await;
+
+    cluster.kill(owner);
+    for i in 0..10 {
+        for r in [&a, &b] {
+            let reply = send(
+                &r.envoy,
+                "/v1/chat/completions",
+                &chat(SYSTEM, &format!("during the failover {i}")),
+            )
+            .await;
+            assert_eq!(reply.status, 200, "routing goes on during the failover");
+        }
+    }
+    cluster.wait_serves(replica_node, slot).await;
+    let dropped = metric(
+        &a.picker,
+        "prefix_picker_sync_dropped_total{reason=\"redis_error\"}",
+    )
+    .await
+        + metric(
+            &b.picker,
+            "prefix_picker_sync_dropped_total{reason=\"redis_error\"}",
+        )
+        .await;
+    assert!(
+        dropped >= 1.0,
+        "records sent while the primary was down are counted"
+    );
+    // Publishing resumes on the promoted replica: keep sending until a record gets through.
+    for r in [&a, &b] {
+        let before = metric(&r.picker, "prefix_picker_sync_published_total").await;
+        let mut i = 0;
+        poll("records to be published again after the failover", || {
+            i += 1;
+            let body = chat(SYSTEM, &format!("after the failover {i}"));
+            async move {
+                let reply = send(&r.envoy, "/v1/chat/completions", &body).await;
+                assert_eq!(reply.status, 200);
+                (metric(&r.picker, "prefix_picker_sync_published_total").await > before)
+                    .then_some(())
+            }
+        })
+        .await;
+    }
+    for r in [&a, &b] {
+        wait_metric_eq(&r.picker, "prefix_picker_sync_redis_connected", 2.0).await;
+    }
+    propagates(&a, &[&b], &chat(SYSTEM, "after the failover via A")).await;
+    propagates(&b, &[&a], &chat(SYSTEM, "after the failover via B")).await;
     a.picker.stop().await.unwrap();
     b.picker.stop().await.unwrap();
 }
