@@ -193,12 +193,23 @@ async fn run(duration: Duration, churn_every: Duration) {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let set = router.endpoints.snapshot();
         let bound = set.all().len() * CACHE;
-        let held: usize = set
-            .all()
-            .iter()
-            .map(|e| index.pod_entries(e.index.slot()))
-            .sum();
-        let entries = index.entries();
+        // Records land while we count: retry until a count is not straddled by one. Entries
+        // left for a removed pod would make every attempt disagree.
+        let mut counts = (0, 0);
+        for _ in 0..200 {
+            let before = index.entries();
+            let held: usize = set
+                .all()
+                .iter()
+                .map(|e| index.pod_entries(e.index.slot()))
+                .sum();
+            counts = (held, index.entries());
+            if counts == (before, before) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let (held, entries) = counts;
         assert!(entries <= bound, "{entries} entries > {bound}");
         assert_eq!(held, entries, "entries held for pods outside the set");
 
