@@ -79,6 +79,12 @@ enum Cmd {
         /// Score with prefix-cache alone (no load-aware plugins), like the suite's row.
         #[arg(long)]
         prefix_only: bool,
+        /// Use the `scheduler:` section of this config file instead (to compare plugin sets).
+        #[arg(long, conflicts_with = "prefix_only")]
+        scheduler: Option<PathBuf>,
+        /// Run the pickers with `--v 4` (score lines) and copy their logs into this directory.
+        #[arg(long)]
+        logs: Option<PathBuf>,
         #[arg(long, default_value = "bench/results")]
         out: PathBuf,
         #[arg(long, default_value_t = 1)]
@@ -482,7 +488,25 @@ async fn suite(quick: bool, out: PathBuf, seed: u64) -> anyhow::Result<()> {
     )
 }
 
-async fn replicas(quick: bool, prefix_only: bool, out: PathBuf, seed: u64) -> anyhow::Result<()> {
+/// Options of `prefix-bench replicas`.
+struct ReplicasOpts {
+    quick: bool,
+    prefix_only: bool,
+    scheduler: Option<PathBuf>,
+    logs: Option<PathBuf>,
+    out: PathBuf,
+    seed: u64,
+}
+
+async fn replicas(opts: ReplicasOpts) -> anyhow::Result<()> {
+    let ReplicasOpts {
+        quick,
+        prefix_only,
+        scheduler,
+        logs,
+        out,
+        seed,
+    } = opts;
     let (name, requests, arrival) = if quick {
         (
             "shared-prefix (16 groups x 8, system 1024 tok, question 64, out 32)",
@@ -497,11 +521,16 @@ async fn replicas(quick: bool, prefix_only: bool, out: PathBuf, seed: u64) -> an
         )
     };
     let ceiling = workload::ceiling_hit_rate(&requests, 16);
-    let scheduler = if prefix_only {
-        PREFIX_ONLY.to_string()
-    } else {
-        default_scheduler()?
+    let scheduler = match scheduler {
+        Some(path) => {
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            cluster::scheduler_section(&text).to_string()
+        }
+        None if prefix_only => PREFIX_ONLY.to_string(),
+        None => default_scheduler()?,
     };
+    let verbosity = if logs.is_some() { 4 } else { 2 };
     let envoy_yaml = std::fs::read_to_string(root().join("envoy/envoy.yaml"))?;
     let bins = bin_dir();
     let mut results = Vec::new();
@@ -531,6 +560,7 @@ async fn replicas(quick: bool, prefix_only: bool, out: PathBuf, seed: u64) -> an
         };
         let mut replicas = Vec::new();
         let mut urls = Vec::new();
+        let mut admins = Vec::new();
         for i in 0..n {
             let rdir = dir.path().join(format!("replica-{i}"));
             std::fs::create_dir_all(&rdir)?;
@@ -546,8 +576,9 @@ async fn replicas(quick: bool, prefix_only: bool, out: PathBuf, seed: u64) -> an
             if let Some((_, url)) = &redis {
                 config.push_str(&format!("sync:\n  redis:\n    url: \"{url}\"\n"));
             }
-            let (picker, _admin) =
-                cluster::start_picker(&bins.join("prefix-picker"), &rdir, &config, 2)?;
+            let (picker, admin) =
+                cluster::start_picker(&bins.join("prefix-picker"), &rdir, &config, verbosity)?;
+            admins.push(admin);
             let envoy = cluster::start_envoy(
                 &envoy_bin()?,
                 &rdir,
@@ -568,12 +599,23 @@ async fn replicas(quick: bool, prefix_only: bool, out: PathBuf, seed: u64) -> an
         )
         .await;
         eprintln!(
-            "  hit rate {:.1}% (ceiling {:.1}%), TTFT p50 {:.0} ms, errors {}",
+            "  hit rate {:.1}% (ceiling {:.1}%), TTFT p50 {:.0} ms, errors {}, decisions {:?}",
             r.hit_rate * 100.0,
             ceiling * 100.0,
             r.ttft_ms.p50,
-            r.errors
+            r.errors,
+            cluster::decision_reasons(&admins).await,
         );
+        if let Some(logs) = &logs {
+            for i in 0..n {
+                let to = logs.join(format!(
+                    "{}-replica-{i}.log",
+                    label.replace([' ', ','], "_")
+                ));
+                std::fs::create_dir_all(logs)?;
+                std::fs::copy(dir.path().join(format!("replica-{i}/picker.log")), to)?;
+            }
+        }
         results.push(r);
     }
     let md = report::markdown(&results);
@@ -722,9 +764,21 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Replicas {
             quick,
             prefix_only,
+            scheduler,
+            logs,
             out,
             seed,
-        } => replicas(quick, prefix_only, out, seed).await,
+        } => {
+            replicas(ReplicasOpts {
+                quick,
+                prefix_only,
+                scheduler,
+                logs,
+                out,
+                seed,
+            })
+            .await
+        }
         Cmd::SyncApply {
             rate,
             seconds,
