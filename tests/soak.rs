@@ -142,8 +142,11 @@ async fn client(id: usize, url: String, load: Arc<Load>, until: Instant) {
 }
 
 async fn run(duration: Duration, churn_every: Duration) {
+    // A KV cache small enough to fill during warm-up (each request adds a few blocks), so the
+    // simulators' memory is flat afterwards and what grows would be the picker's.
     let engine = EngineConfig {
         time_scale: 50.0,
+        kv_blocks: 4_096,
         ..EngineConfig::default()
     };
     let mut sims = Vec::new();
