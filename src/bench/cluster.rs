@@ -188,6 +188,17 @@ impl Drop for Process {
 }
 
 /// Starts a `model-sim` on port 0 and reads its address from its first stdout line.
+/// Starts `n` model-sims `sim-0..n` with `args`, each seeded with its number.
+pub fn start_sims(bin: &Path, n: usize, args: &[String]) -> anyhow::Result<Vec<Process>> {
+    (0..n)
+        .map(|i| {
+            let mut args = args.to_vec();
+            args.extend(["--seed".to_string(), i.to_string()]);
+            start_sim(bin, &format!("sim-{i}"), &args)
+        })
+        .collect()
+}
+
 pub fn start_sim(bin: &Path, name: &str, args: &[String]) -> anyhow::Result<Process> {
     use std::io::BufRead;
     let mut child = Command::new(bin)

@@ -377,16 +377,7 @@ async fn start_peer(
 async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Cluster> {
     let dir = tempfile::tempdir()?;
     let bins = bin_dir();
-    let mut sims = Vec::new();
-    for i in 0..SIMS {
-        let mut args = sim_args.to_vec();
-        args.extend(["--seed".to_string(), i.to_string()]);
-        sims.push(cluster::start_sim(
-            &bins.join("model-sim"),
-            &format!("sim-{i}"),
-            &args,
-        )?);
-    }
+    let sims = cluster::start_sims(&bins.join("model-sim"), SIMS, sim_args)?;
     let backends: Vec<_> = sims.iter().map(|s| s.addr).collect();
     let sim_urls: Vec<String> = backends.iter().map(|b| format!("http://{b}")).collect();
     let (file, scheduler) = match setup {
@@ -541,16 +532,7 @@ async fn replicas(opts: ReplicasOpts) -> anyhow::Result<()> {
     ] {
         eprintln!("{name} | {label}");
         let dir = tempfile::tempdir()?;
-        let mut sims = Vec::new();
-        for i in 0..SIMS {
-            let mut args = sim_args(4096);
-            args.extend(["--seed".to_string(), i.to_string()]);
-            sims.push(cluster::start_sim(
-                &bins.join("model-sim"),
-                &format!("sim-{i}"),
-                &args,
-            )?);
-        }
+        let sims = cluster::start_sims(&bins.join("model-sim"), SIMS, &sim_args(4096))?;
         let backends: Vec<_> = sims.iter().map(|s| s.addr).collect();
         let sim_urls: Vec<String> = backends.iter().map(|b| format!("http://{b}")).collect();
         let redis = if sync {
