@@ -6,7 +6,8 @@
 //! `batchMaxRecords` queued records at a time and sends them as one pipeline of
 //! `XADD <stream> MAXLEN ~ <maxLen> * r <payload>` (one round trip per batch). A batch that fails
 //! (Redis down, timeout) is dropped and counted (`reason="redis_error"`), the connection is
-//! re-established with backoff, and batches arriving meanwhile are dropped the same way.
+//! re-established with backoff (at once, not on the next record), and batches arriving
+//! meanwhile are dropped the same way.
 
 use std::sync::Arc;
 
@@ -84,9 +85,25 @@ pub async fn run(
 ) {
     let mut batch = Vec::with_capacity(target.batch_max_records);
     loop {
-        let n = tokio::select! {
-            _ = token.cancelled() => return,
-            n = rx.recv_many(&mut batch, target.batch_max_records) => n,
+        let n = if link.get().is_some() {
+            tokio::select! {
+                _ = token.cancelled() => return,
+                n = rx.recv_many(&mut batch, target.batch_max_records) => n,
+            }
+        } else {
+            // Disconnected: reconnect (with backoff) without waiting for traffic, so the
+            // connection gauge tells the truth while idle; records arriving meanwhile go the
+            // usual way below.
+            tokio::select! {
+                _ = token.cancelled() => return,
+                n = rx.recv_many(&mut batch, target.batch_max_records) => n,
+                connected = link.connect(&token) => {
+                    if !connected {
+                        return;
+                    }
+                    continue;
+                }
+            }
         };
         if n == 0 {
             return;
