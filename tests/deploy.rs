@@ -94,16 +94,9 @@ fn envoy_validate(config: &str, what: &str) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("envoy.yaml");
     std::fs::write(&path, config).unwrap();
-    let out = Command::new(envoy_bin())
-        .args(["--mode", "validate", "-c"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{what}: envoy --mode validate failed:\n{}\n{config}",
-        show(&out)
-    );
+    if let Err(output) = envoy_validate_file(&path) {
+        panic!("{what}: envoy --mode validate failed:\n{output}\n{config}");
+    }
 }
 
 // ---------------------------------------------------------------- chart and manifests

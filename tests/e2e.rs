@@ -412,17 +412,9 @@ fn every_envoy_example_validates() {
     for entry in std::fs::read_dir(root().join("envoy")).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "yaml") {
-            let out = Command::new(envoy_bin())
-                .args(["--mode", "validate", "-c"])
-                .arg(&path)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}: {}",
-                path.display(),
-                String::from_utf8_lossy(&out.stderr)
-            );
+            if let Err(output) = envoy_validate_file(&path) {
+                panic!("{}: {output}", path.display());
+            }
             n += 1;
         }
     }

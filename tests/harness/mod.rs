@@ -48,6 +48,23 @@ pub fn envoy_bin() -> PathBuf {
     )
 }
 
+/// Runs `envoy --mode validate` on a config file; `Err` carries Envoy's output.
+pub fn envoy_validate_file(path: &std::path::Path) -> Result<(), String> {
+    let out = std::process::Command::new(envoy_bin())
+        .args(["--mode", "validate", "-c"])
+        .arg(path)
+        .output()
+        .unwrap();
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    ))
+}
+
 /// Polls `check` until it returns `Some`, or panics after [`DEADLINE`].
 pub async fn poll<T, F, Fut>(what: &str, mut check: F) -> T
 where
