@@ -9,7 +9,7 @@
 //!   lists need no lookup table of their own.
 //!
 //! Models are interned to `u32` ids ([`models`]); an entry costs a 20-byte list node plus a
-//! 20-byte reverse slot and its 2-byte tag (shared by the pods holding it) at 44-88 % table load.
+//! 20-byte reverse slot and its 1-byte tag (shared by the pods holding it) at 47-94 % table load.
 //!
 //! Recording for a pod takes that pod's mutex and, while holding it, shard locks (lock order:
 //! pod, then shard; never two shards at once), so the reverse map equals the union of the lists
@@ -29,6 +29,12 @@
 //! until `top_k` candidates have matched. When a set holds more unmatched candidates than slots
 //! remain, the winners are drawn with the caller's seeded RNG. The walk looks hashes up in
 //! batches (the last [`FIRST_BATCH`], then doubling), each batch grouped by shard.
+//!
+//! The index is far larger than the CPU caches, so nearly every entry a call reads is a cache
+//! (and TLB) miss. Before each shard's group of lookups or changes, and before refreshing held
+//! list nodes, a branch-free pass touches the lines they will read ([`touch_all`]): the misses
+//! of a group then overlap instead of each waiting behind the mispredicted branches of the one
+//! before (the same effect as prefetching, in safe code).
 
 mod models;
 mod pod_lru;
@@ -38,6 +44,7 @@ mod shard_batch;
 mod tests;
 
 use std::collections::HashMap;
+use std::hint::black_box;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -249,11 +256,17 @@ impl PrefixIndex {
         let batch = ShardBatch::new(keys.iter().map(|k| k.shard()));
         for (s, group) in batch.groups() {
             let shard = self.shards[s].read();
+            touch_all(&shard, group.iter().map(|&j| keys[j as usize]));
             for &j in group {
                 let j = j as usize;
                 held[j] = shard.holder_node(keys[j], slot).unwrap_or(NIL);
             }
         }
+        black_box(
+            held.iter()
+                .filter(|&&node| node != NIL)
+                .fold(0, |acc, &node| acc ^ state.lru.touch(node)),
+        );
 
         // 2. The pod's list. A node found in step 1 may have been reused by an eviction earlier
         // in this record (its key then differs); a key seen earlier in this record is where that
@@ -295,6 +308,7 @@ impl PrefixIndex {
         let batch = ShardBatch::new(changes.iter().map(|c| c.key.shard()));
         for (s, group) in batch.groups() {
             let mut shard = self.shards[s].write();
+            touch_all(&shard, group.iter().map(|&c| changes[c as usize].key));
             for &c in group {
                 let Change { key, node } = changes[c as usize];
                 if node == NIL {
@@ -335,26 +349,30 @@ impl PrefixIndex {
             .collect();
         by_slot.sort_unstable();
         let mut found = 0;
-        let mut fresh: Vec<usize> = Vec::new();
+        let mut fresh: Vec<usize> = Vec::with_capacity(candidates.len());
         let mut rng_slot = None;
         let mut tie_rng = Some(tie_rng);
-        let mut pods: Vec<PodSlot> = Vec::new();
-        let mut sets: Vec<PodSet> = Vec::new();
+        let mut pods: Vec<PodSlot> = Vec::with_capacity(candidates.len());
+        let mut keys: Vec<Hashed> = Vec::with_capacity(hashes.len());
+        let mut sets: Vec<PodSet> = Vec::with_capacity(hashes.len());
         let (mut end, mut batch_len) = (hashes.len(), FIRST_BATCH);
         while end > 0 && found < limit {
             // Look up hashes[start..end] (grouped by shard), then walk them from the last. A set
             // of several pods is read again when the walk reaches it, so hashes the walk never
             // reaches cost one probe, not a copy of their sets.
             let start = end.saturating_sub(batch_len);
-            let keys: Vec<Hashed> = hashes[start..end]
-                .iter()
-                .map(|h| Hashed::new(Key { hash: h.0, model }, self.seed))
-                .collect();
+            keys.clear();
+            keys.extend(
+                hashes[start..end]
+                    .iter()
+                    .map(|h| Hashed::new(Key { hash: h.0, model }, self.seed)),
+            );
             let batch = ShardBatch::new(keys.iter().map(|k| k.shard()));
             sets.clear();
             sets.resize(keys.len(), PodSet::Empty);
             for (s, group) in batch.groups() {
                 let shard = self.shards[s].read();
+                touch_all(&shard, group.iter().map(|&p| keys[p as usize]));
                 for &p in group {
                     sets[p as usize] = shard.pod_set(keys[p as usize]);
                 }
@@ -475,6 +493,14 @@ impl PrefixIndex {
                 .collect()
         })
     }
+}
+
+/// Touches the tag words of every key of a batch (see [`ReverseShard::touch`]): one loop of
+/// independent loads, so their cache misses overlap. (Touching the slots too, in a second pass,
+/// measured slower: the slot lines are spread over many more pages than the tag words, and on
+/// this machine the page walks, not the cache misses, were the limit.)
+fn touch_all(shard: &ReverseShard, keys: impl Iterator<Item = Hashed>) {
+    black_box(keys.fold(0, |acc, key| acc ^ shard.touch(key)));
 }
 
 /// For each position, the latest earlier position with the same key (`NIL` if none), found with

@@ -72,6 +72,12 @@ impl PodLru {
         }
     }
 
+    /// Reads node `idx` and returns bits of it (for a batch of touches whose cache misses
+    /// overlap, ahead of the dependent list updates; see [`super::touch_all`]).
+    pub fn touch(&self, idx: u32) -> u32 {
+        self.nodes[idx as usize].prev
+    }
+
     /// Makes node `idx` the most recent.
     pub fn move_to_front(&mut self, idx: u32) {
         if self.head != idx {

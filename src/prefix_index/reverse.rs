@@ -1,33 +1,44 @@
 //! One shard of the reverse map: entry -> the pods whose list holds it, and for each such pod the
 //! node of its list that holds the entry.
 //!
-//! The table is open addressing with linear probing and backward-shift deletion (Knuth's
-//! algorithm R): an entry sits in the first free slot at or after its home (`mix & mask`), and a
-//! delete moves later entries of the run back into the hole, so deletes leave no tombstones and a
-//! table under eviction churn stays the size of a freshly filled one. Beside the 20-byte slots
-//! (hash, model id, pod, node) runs an array of 2-byte tags (an 8-bit fingerprint and the
-//! distance from home), so a lookup scans a few contiguous tags and reads a slot only when the
-//! fingerprint matches (about 1 in 256 misses), and inserts and deletes read no slot to find
-//! homes. The table doubles when it would pass 7/8 full: 22 bytes per slot, 25-50 bytes per
-//! distinct entry.
+//! The table is a bucketed cuckoo hash: slots come in buckets of [`WAYS`], and an entry lives in
+//! one of two buckets chosen by independent bits of its mix (`b1`, `b2`). Beside the 20-byte slots
+//! (hash, model id, pod, node) each bucket has one 64-bit word of 1-byte tags (0 = empty, else an
+//! 8-bit fingerprint of the key, never 0), compared eight at a time with word arithmetic, so a
+//! lookup reads at most two tag words and reads a slot only on a fingerprint match (about 1 in
+//! 32 misses). A delete clears one slot: no shifting and no tombstones, so a table under eviction
+//! churn stays the size of a freshly filled one. An insert takes a free slot of the emptier of
+//! its two buckets; when both are full it moves a resident to that resident's other bucket (a
+//! random walk of at most [`MAX_KICKS`] moves, each keeping every entry in one of its buckets).
+//! The table doubles when it would pass 15/16 full, or if a walk fails: 21 bytes per slot, 22-45
+//! bytes per distinct entry. Every operation costs a bounded, small number of probes whatever
+//! the load, where linear probing at this load scanned runs of tens of slots per insert and
+//! delete.
 //!
 //! The common set (one pod) lives in the slot. A set of two or more pods is an overflow list of
 //! `(pod, node)` in a shard-local slab: the slot's `pod` then carries the [`SHARED`] flag and its
 //! `node` the list's index. Pod order inside a set carries no meaning (ties are broken by the
 //! caller's seeded RNG).
+//!
+//! [`ReverseShard::touch`] reads a key's two tag words without branching on them; the index calls
+//! it for a whole batch before the batch's real operations so their cache misses overlap instead
+//! of waiting one after another behind mispredicted branches. The tag words are 1/21 of the
+//! table, so they also stay within far fewer pages (TLB entries) than the slots.
 
 use super::models::ModelId;
 use super::{Hashed, Key, PodSlot};
 
+/// Slots per bucket (one tag byte each, one tag word per bucket).
+pub const WAYS: usize = 8;
+/// Moves an insert may make before the table grows instead.
+const MAX_KICKS: usize = 256;
 /// Model id written to empty slots (the tags say which slots are empty).
 const EMPTY: ModelId = ModelId::MAX;
 /// Flag in a slot's `pod`: the set is the overflow list numbered by the slot's `node`.
 pub const SHARED: u32 = 1 << 31;
-const MIN_SLOTS: usize = 16;
-/// Low byte of a tag: 0 for an empty slot, else the distance from home plus one.
-const DIST: u16 = 0xFF;
-/// Distance byte of an entry 254 or more slots from home (its distance is computed from its key).
-const FAR: u16 = 0xFF;
+const MIN_BUCKETS: usize = 2;
+const LOW_BITS: u64 = 0x0101_0101_0101_0101;
+const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
 
 #[derive(Debug, Clone, Copy)]
 #[repr(C, packed(4))]
@@ -60,17 +71,39 @@ struct Holder {
     node: u32,
 }
 
+/// A key's place in a table: its two buckets and its tag byte.
+#[derive(Debug, Clone, Copy)]
+struct Home {
+    b1: usize,
+    b2: usize,
+    tag: u8,
+}
+
+impl Home {
+    /// Bits of the mix: `b1` from the lowest, the shard is 32..36, the tag 36..44, `b2` from 44
+    /// up (rotated, so tables of more than 2^20 buckets still get all their bits).
+    fn of(mix: u64, buckets: usize) -> Home {
+        let mask = buckets - 1;
+        Home {
+            b1: mix as usize & mask,
+            b2: mix.rotate_right(44) as usize & mask,
+            tag: ((mix >> 36) as u8).max(1),
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct ReverseShard {
-    /// Empty, or a power of two long.
+    /// `WAYS` per bucket; empty, or a power of two of buckets.
     slots: Vec<Slot>,
-    /// One per slot: fingerprint (high byte) and distance from home plus one (low byte; 0 =
-    /// empty). Lookups scan these 2-byte tags and read a 20-byte slot only on a fingerprint match.
-    tags: Vec<u16>,
+    /// One word per bucket: the tag byte of each of its slots (0 = empty).
+    tags: Vec<u64>,
     len: usize,
     overflow: Vec<Vec<Holder>>,
     free: Vec<u32>,
     seed: u64,
+    /// State of the xorshift that picks which resident an insert moves.
+    kick_rng: u64,
 }
 
 impl ReverseShard {
@@ -82,6 +115,7 @@ impl ReverseShard {
             overflow: Vec::new(),
             free: Vec::new(),
             seed,
+            kick_rng: seed | 1,
         }
     }
 
@@ -93,7 +127,7 @@ impl ReverseShard {
     /// Heap bytes allocated (capacity-based, excluding allocator overhead).
     pub fn heap_bytes(&self) -> usize {
         self.slots.capacity() * size_of::<Slot>()
-            + self.tags.capacity() * size_of::<u16>()
+            + self.tags.capacity() * size_of::<u64>()
             + self.overflow.capacity() * size_of::<Vec<Holder>>()
             + self
                 .overflow
@@ -205,118 +239,155 @@ impl ReverseShard {
         }
     }
 
-    fn mask(&self) -> usize {
-        self.slots.len() - 1
+    fn buckets(&self) -> usize {
+        self.tags.len()
     }
 
-    /// How far occupied slot `i` is from its entry's home.
-    fn distance(&self, i: usize) -> usize {
-        match self.tags[i] & DIST {
-            FAR => {
-                let slot = self.slots[i];
-                let key = Key {
-                    hash: slot.hash,
-                    model: slot.model,
-                };
-                i.wrapping_sub(key.mix(self.seed) as usize) & self.mask()
-            }
-            d => usize::from(d) - 1,
-        }
-    }
-
-    /// Scans the tags from the home slot to the first empty one; a slot is read only when its
-    /// fingerprint matches.
+    /// The slot holding `key`: its two buckets' tag words are compared with its tag, and a slot
+    /// is read only where the tag matches.
     fn find(&self, key: Hashed) -> Option<usize> {
         if self.len == 0 {
             return None;
         }
-        let mask = self.mask();
-        let fingerprint = tag(key.mix, 0) & !DIST;
-        let mut i = key.mix as usize & mask;
-        loop {
-            let t = self.tags[i];
-            if t & DIST == 0 {
-                return None;
+        let home = Home::of(key.mix, self.buckets());
+        self.find_in(home.b1, home.tag, key.key)
+            .or_else(|| self.find_in(home.b2, home.tag, key.key))
+    }
+
+    fn find_in(&self, bucket: usize, tag: u8, key: Key) -> Option<usize> {
+        let mut hits = zero_bytes(self.tags[bucket] ^ (LOW_BITS * u64::from(tag)));
+        while hits != 0 {
+            let i = bucket * WAYS + (hits.trailing_zeros() / 8) as usize;
+            let slot = self.slots[i];
+            if slot.hash == key.hash && slot.model == key.model {
+                return Some(i);
             }
-            if t & !DIST == fingerprint {
-                let slot = self.slots[i];
-                if slot.hash == key.key.hash && slot.model == key.key.model {
-                    return Some(i);
-                }
-            }
-            i = (i + 1) & mask;
+            hits &= hits - 1;
         }
+        None
+    }
+
+    /// Reads the two tag words of `key` (the lines any lookup, insert or delete of the key
+    /// reads first) and returns bits of them, so a loop of touches over a batch issues all the
+    /// batch's cache misses at once. The caller passes the result to `black_box`.
+    pub fn touch(&self, key: Hashed) -> u64 {
+        if self.tags.is_empty() {
+            return 0;
+        }
+        let home = Home::of(key.mix, self.buckets());
+        self.tags[home.b1] ^ self.tags[home.b2]
     }
 
     /// Inserts an entry known to be absent.
     fn insert(&mut self, key: Hashed, slot: Slot) {
-        if (self.len + 1) * 8 > self.slots.len() * 7 {
+        if (self.len + 1) * 16 > self.slots.len() * 15 {
             self.grow();
         }
-        self.place(key.mix, slot);
+        let mut walker = (key.mix, slot);
+        while let Err(homeless) = self.place(walker.0, walker.1) {
+            // The walk ended with a resident that has no room: a bigger table has.
+            self.grow();
+            walker = homeless;
+        }
         self.len += 1;
     }
 
-    /// Puts `slot` in the first empty slot from its home.
-    fn place(&mut self, mix: u64, slot: Slot) {
-        let mask = self.mask();
-        let mut i = mix as usize & mask;
-        let mut distance = 0;
-        while self.tags[i] & DIST != 0 {
-            i = (i + 1) & mask;
-            distance += 1;
+    /// Puts an entry in a free slot of the emptier of its buckets; if both are full, moves a
+    /// resident of one of them (chosen by `kick_rng`) to make room and carries on placing that
+    /// resident, at most [`MAX_KICKS`] times. On failure, returns the entry left without a slot
+    /// (every other entry is in one of its buckets).
+    fn place(&mut self, mix: u64, slot: Slot) -> Result<(), (u64, Slot)> {
+        let buckets = self.buckets();
+        let (mut mix, mut slot) = (mix, slot);
+        let mut came_from = usize::MAX;
+        for _ in 0..MAX_KICKS {
+            let home = Home::of(mix, buckets);
+            let free1 = zero_bytes(self.tags[home.b1]);
+            let free2 = zero_bytes(self.tags[home.b2]);
+            let (bucket, free) = if free2.count_ones() > free1.count_ones() {
+                (home.b2, free2)
+            } else {
+                (home.b1, free1)
+            };
+            if free != 0 {
+                let way = (free.trailing_zeros() / 8) as usize;
+                self.put(bucket, way, home.tag, slot);
+                return Ok(());
+            }
+            // Both full: move a resident out of the bucket this walker did not come from.
+            let bucket = if home.b1 == came_from {
+                home.b2
+            } else {
+                home.b1
+            };
+            let way = (self.next_kick() % WAYS as u64) as usize;
+            let i = bucket * WAYS + way;
+            let evicted = self.slots[i];
+            self.put(bucket, way, home.tag, slot);
+            slot = evicted;
+            mix = Key {
+                hash: evicted.hash,
+                model: evicted.model,
+            }
+            .mix(self.seed);
+            came_from = bucket;
         }
-        self.slots[i] = slot;
-        self.tags[i] = tag(mix, distance);
+        Err((mix, slot))
     }
 
-    /// Backward-shift delete (Knuth's algorithm R): each later entry of the run that may sit
-    /// in the hole (its home is not between the hole and itself) moves there, leaving a new hole.
+    fn put(&mut self, bucket: usize, way: usize, tag: u8, slot: Slot) {
+        self.slots[bucket * WAYS + way] = slot;
+        let shift = 8 * way;
+        self.tags[bucket] = (self.tags[bucket] & !(0xFF << shift)) | (u64::from(tag) << shift);
+    }
+
     fn delete_at(&mut self, i: usize) {
-        let mask = self.mask();
-        let (mut hole, mut j) = (i, i);
-        loop {
-            j = (j + 1) & mask;
-            if self.tags[j] & DIST == 0 {
-                break;
-            }
-            let distance = self.distance(j);
-            let gap = j.wrapping_sub(hole) & mask;
-            if distance >= gap {
-                self.slots[hole] = self.slots[j];
-                self.tags[hole] = (self.tags[j] & !DIST) | dist_bits(distance - gap);
-                hole = j;
-            }
-        }
-        self.slots[hole] = VACANT;
-        self.tags[hole] = 0;
+        let (bucket, way) = (i / WAYS, i % WAYS);
+        self.slots[i] = VACANT;
+        self.tags[bucket] &= !(0xFF << (8 * way));
         self.len -= 1;
     }
 
+    fn next_kick(&mut self) -> u64 {
+        let mut x = self.kick_rng;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.kick_rng = x;
+        x
+    }
+
+    /// Doubles the table (or more, in the unheard-of case that a walk fails while refilling).
     fn grow(&mut self) {
-        let size = (self.slots.len() * 2).max(MIN_SLOTS);
-        let old = std::mem::replace(&mut self.slots, vec![VACANT; size]);
-        let old_tags = std::mem::replace(&mut self.tags, vec![0; size]);
-        for (slot, t) in old.into_iter().zip(old_tags) {
-            if t & DIST != 0 {
-                let key = Key {
+        let mut buckets = (self.buckets() * 2).max(MIN_BUCKETS);
+        let old_slots = std::mem::take(&mut self.slots);
+        let old_tags = std::mem::take(&mut self.tags);
+        'sizes: loop {
+            self.slots = vec![VACANT; buckets * WAYS];
+            self.tags = vec![0; buckets];
+            for (i, slot) in old_slots.iter().enumerate() {
+                if (old_tags[i / WAYS] >> (8 * (i % WAYS))) & 0xFF == 0 {
+                    continue;
+                }
+                let mix = Key {
                     hash: slot.hash,
                     model: slot.model,
-                };
-                self.place(key.mix(self.seed), slot);
+                }
+                .mix(self.seed);
+                if self.place(mix, *slot).is_err() {
+                    buckets *= 2;
+                    continue 'sizes;
+                }
             }
+            return;
         }
     }
 }
 
-/// The tag of an entry `distance` slots from its home: fingerprint byte, distance byte.
-fn tag(mix: u64, distance: usize) -> u16 {
-    (((mix >> 56) as u16) << 8) | dist_bits(distance)
-}
-
-/// `distance + 1`, or [`FAR`] when that does not fit (the distance is then computed).
-fn dist_bits(distance: usize) -> u16 {
-    u16::try_from(distance + 1).map_or(FAR, |d| d.min(FAR))
+/// A word with the high bit set in each byte of `word` that is zero, and no other bit (exact:
+/// the per-byte sums cannot carry into the next byte).
+fn zero_bytes(word: u64) -> u64 {
+    !(((word & !HIGH_BITS) + !HIGH_BITS) | word) & HIGH_BITS
 }
 
 #[cfg(test)]
@@ -330,6 +401,38 @@ mod tests {
     #[test]
     fn slot_is_20_bytes() {
         assert_eq!(size_of::<Slot>(), 20);
+    }
+
+    #[test]
+    fn zero_bytes_is_exact() {
+        assert_eq!(zero_bytes(0), HIGH_BITS);
+        assert_eq!(zero_bytes(u64::MAX), 0);
+        assert_eq!(zero_bytes(0x0100_8000_0001_FF00), 0x0080_0080_8000_0080);
+        // A zero byte below bytes of 0x01 flags nothing above it (no borrow).
+        assert_eq!(zero_bytes(0x0101_0101_0101_0100), 0x80);
+    }
+
+    /// Every occupied slot is in one of its key's buckets, under its key's tag; empty slots are
+    /// vacant; the count matches.
+    fn assert_consistent(shard: &ReverseShard) {
+        let mut occupied = 0;
+        for (i, slot) in shard.slots.iter().enumerate() {
+            let (bucket, way) = (i / WAYS, i % WAYS);
+            let tag = (shard.tags[bucket] >> (8 * way)) as u8;
+            if tag == 0 {
+                assert_eq!({ slot.model }, EMPTY, "slot {i}");
+                continue;
+            }
+            occupied += 1;
+            let key = Key {
+                hash: slot.hash,
+                model: slot.model,
+            };
+            let home = Home::of(key.mix(shard.seed), shard.buckets());
+            assert!(bucket == home.b1 || bucket == home.b2, "slot {i}");
+            assert_eq!(tag, home.tag, "slot {i}");
+        }
+        assert_eq!(occupied, shard.len);
     }
 
     #[test]
@@ -350,7 +453,8 @@ mod tests {
         assert_eq!(shard.holder_node(h(9, 0), b), None);
     }
 
-    /// Many inserts and deletes against a `HashMap`: every entry stays findable, no tombstones.
+    /// Many inserts and deletes against a `HashMap`: every entry stays findable, absent keys
+    /// are not found, and churn does not grow the table.
     #[test]
     fn churn_keeps_size_and_contents() {
         let mut shard = ReverseShard::new(5);
@@ -362,6 +466,7 @@ mod tests {
             x ^= x << 17;
             let key = h(x % 2000, (x >> 60) as ModelId % 2);
             if let std::collections::hash_map::Entry::Vacant(v) = model.entry(key.key) {
+                assert_eq!(shard.holder_node(key, PodSlot(1)), None);
                 shard.add(key, PodSlot(1), round);
                 v.insert(round);
             } else {
@@ -369,7 +474,11 @@ mod tests {
                 model.remove(&key.key);
             }
             assert_eq!(shard.len(), model.len());
+            if round % 1000 == 0 {
+                assert_consistent(&shard);
+            }
         }
+        assert_consistent(&shard);
         for (&key, &node) in &model {
             assert_eq!(
                 shard.holder_node(Hashed::new(key, 5), PodSlot(1)),
@@ -379,27 +488,57 @@ mod tests {
         assert!(shard.slots.len() <= 4096, "{} slots", shard.slots.len());
     }
 
-    /// 300 entries with one home slot: distances past the tag's byte are computed, and deletes
-    /// from the middle of the run keep every other entry findable.
+    /// Filling to the grow threshold: the walks place every entry, the table grows only when
+    /// it passes 15/16, and everything stays findable.
     #[test]
-    fn long_runs_past_the_distance_byte() {
+    fn fills_to_fifteen_sixteenths() {
         let mut shard = ReverseShard::new(5);
-        let same_home: Vec<Hashed> = (0u64..)
+        let keys: Vec<Hashed> = (0..15 * 4096 / 16).map(|x| h(x, 3)).collect();
+        for (n, &key) in keys.iter().enumerate() {
+            shard.add(key, PodSlot(2), n as u32);
+        }
+        assert_eq!(shard.slots.len(), 4096);
+        assert_consistent(&shard);
+        for (n, &key) in keys.iter().enumerate() {
+            assert_eq!(shard.holder_node(key, PodSlot(2)), Some(n as u32));
+        }
+        shard.add(h(1 << 40, 3), PodSlot(2), 0);
+        assert_eq!(shard.slots.len(), 8192);
+        assert_consistent(&shard);
+    }
+
+    /// 40 entries whose two buckets are the same two buckets (room for 16): the walk fails, the
+    /// table grows until they fit, and deletes keep every other entry findable.
+    #[test]
+    fn crowded_buckets_grow_the_table() {
+        let mut shard = ReverseShard::new(5);
+        shard.add(h(u64::MAX, 0), PodSlot(1), 0);
+        let buckets = shard.buckets();
+        let crowded: Vec<Hashed> = (0u64..)
             .map(|x| h(x, 0))
-            .filter(|k| k.mix & 511 == 7)
-            .take(300)
+            .filter(|k| {
+                let home = Home::of(k.mix, 64);
+                home.b1 == 3 && home.b2 == 7
+            })
+            .take(40)
             .collect();
-        for (n, &key) in same_home.iter().enumerate() {
+        for (n, &key) in crowded.iter().enumerate() {
             shard.add(key, PodSlot(1), n as u32);
         }
-        assert_eq!(shard.slots.len(), 512);
-        for n in (0..300).step_by(3) {
-            shard.remove(same_home[n], PodSlot(1));
+        assert!(
+            shard.buckets() >= 8 * buckets,
+            "{} buckets",
+            shard.buckets()
+        );
+        assert_consistent(&shard);
+        for n in (0..40).step_by(3) {
+            shard.remove(crowded[n], PodSlot(1));
         }
-        for (n, &key) in same_home.iter().enumerate() {
+        assert_consistent(&shard);
+        for (n, &key) in crowded.iter().enumerate() {
             let want = (n % 3 != 0).then_some(n as u32);
             assert_eq!(shard.holder_node(key, PodSlot(1)), want, "entry {n}");
         }
-        assert_eq!(shard.len(), 200);
+        assert_eq!(shard.len(), 1 + 40 - 14);
     }
 }
