@@ -3,11 +3,14 @@
 //!
 //! The table is a bucketed cuckoo hash: slots come in buckets of [`WAYS`], and an entry lives in
 //! one of two buckets chosen by independent bits of its mix (`b1`, `b2`). Beside the 20-byte slots
-//! (hash, model id, pod, node) each bucket has one 64-bit word of 1-byte tags (0 = empty, else an
-//! 8-bit fingerprint of the key, never 0), compared eight at a time with word arithmetic, so a
-//! lookup reads at most two tag words and reads a slot only on a fingerprint match (about 1 in
-//! 32 misses). A delete clears one slot: no shifting and no tombstones, so a table under eviction
-//! churn stays the size of a freshly filled one. An insert takes a free slot of the emptier of
+//! (hash, model id, pod, node) each bucket has one 64-bit word of 1-byte tags (0 = empty, else a
+//! 7-bit fingerprint of the key, never 0, and a flag for "held by several pods"), compared eight
+//! at a time with word arithmetic, so a lookup reads at most two tag words and reads a slot only
+//! on a fingerprint match (1 in 127 per occupied slot). A delete clears one tag: no shifting and
+//! no tombstones, so a table under eviction churn stays the size of a freshly filled one. The
+//! index only removes a pod from entries that pod holds, so when exactly one slot of the two
+//! buckets matches the fingerprint and its flag says one holder, that slot is the entry and its
+//! holder the pod: the delete then reads and writes no slot at all (the common eviction). An insert takes a free slot of the emptier of
 //! its two buckets; when both are full it moves a resident to that resident's other bucket (a
 //! random walk of at most [`MAX_KICKS`] moves, each keeping every entry in one of its buckets).
 //! The table doubles when it would pass 15/16 full, or if a walk fails: 21 bytes per slot, 22-45
@@ -32,13 +35,17 @@ use super::{Hashed, Key, PodSlot};
 pub const WAYS: usize = 8;
 /// Moves an insert may make before the table grows instead.
 const MAX_KICKS: usize = 256;
-/// Model id written to empty slots (the tags say which slots are empty).
+/// Model id of a never-used slot (the tags say which slots are empty).
 const EMPTY: ModelId = ModelId::MAX;
 /// Flag in a slot's `pod`: the set is the overflow list numbered by the slot's `node`.
 pub const SHARED: u32 = 1 << 31;
 const MIN_BUCKETS: usize = 2;
 const LOW_BITS: u64 = 0x0101_0101_0101_0101;
 const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
+/// The fingerprint bits of every tag of a word (the high bit of a tag is [`SHARED_TAG`]).
+const FINGERPRINTS: u64 = !HIGH_BITS;
+/// Tag bit set while the slot's set holds several pods (its `pod` carries [`SHARED`]).
+const SHARED_TAG: u8 = 0x80;
 
 #[derive(Debug, Clone, Copy)]
 #[repr(C, packed(4))]
@@ -80,14 +87,14 @@ struct Home {
 }
 
 impl Home {
-    /// Bits of the mix: `b1` from the lowest, the shard is 32..36, the tag 36..44, `b2` from 44
+    /// Bits of the mix: `b1` from the lowest, the shard is 32..36, the tag 36..43, `b2` from 44
     /// up (rotated, so tables of more than 2^20 buckets still get all their bits).
     fn of(mix: u64, buckets: usize) -> Home {
         let mask = buckets - 1;
         Home {
             b1: mix as usize & mask,
             b2: mix.rotate_right(44) as usize & mask,
-            tag: ((mix >> 36) as u8).max(1),
+            tag: ((mix >> 36) as u8 & !SHARED_TAG).max(1),
         }
     }
 }
@@ -96,7 +103,8 @@ impl Home {
 pub struct ReverseShard {
     /// `WAYS` per bucket; empty, or a power of two of buckets.
     slots: Vec<Slot>,
-    /// One word per bucket: the tag byte of each of its slots (0 = empty).
+    /// One word per bucket: the tag byte of each of its slots (0 = empty; the contents of an
+    /// empty slot are stale and never read).
     tags: Vec<u64>,
     len: usize,
     overflow: Vec<Vec<Holder>>,
@@ -211,10 +219,23 @@ impl ReverseShard {
         let slot = &mut self.slots[i];
         slot.pod = SHARED;
         slot.node = list;
+        self.set_shared_tag(i, true);
     }
 
-    /// Removes `pod` from the set of `key`; the entry disappears with its last pod.
+    /// Removes `pod` from the set of `key`, which the caller guarantees `pod` holds; the entry
+    /// disappears with its last pod.
     pub fn remove(&mut self, key: Hashed, pod: PodSlot) {
+        if let Some(i) = self.sole_candidate(key) {
+            debug_assert!(
+                {
+                    let slot = self.slots[i];
+                    slot.hash == key.key.hash && slot.model == key.key.model && slot.pod == pod.0
+                },
+                "remove of an entry the pod does not hold"
+            );
+            self.delete_at(i);
+            return;
+        }
         let Some(i) = self.find(key) else {
             return;
         };
@@ -236,6 +257,7 @@ impl ReverseShard {
             let slot = &mut self.slots[i];
             slot.pod = last.pod.0;
             slot.node = last.node;
+            self.set_shared_tag(i, false);
         }
     }
 
@@ -255,7 +277,7 @@ impl ReverseShard {
     }
 
     fn find_in(&self, bucket: usize, tag: u8, key: Key) -> Option<usize> {
-        let mut hits = zero_bytes(self.tags[bucket] ^ (LOW_BITS * u64::from(tag)));
+        let mut hits = tag_hits(self.tags[bucket], tag);
         while hits != 0 {
             let i = bucket * WAYS + (hits.trailing_zeros() / 8) as usize;
             let slot = self.slots[i];
@@ -265,6 +287,36 @@ impl ReverseShard {
             hits &= hits - 1;
         }
         None
+    }
+
+    /// The slot of `key` if the tags alone prove it and prove it has one holder: exactly one
+    /// slot of its two buckets carries its fingerprint, without the shared flag. Valid only for
+    /// a key known to be present (then that slot must be it).
+    fn sole_candidate(&self, key: Hashed) -> Option<usize> {
+        let home = Home::of(key.mix, self.buckets());
+        let hits1 = tag_hits(self.tags[home.b1], home.tag);
+        let hits2 = if home.b2 == home.b1 {
+            0
+        } else {
+            tag_hits(self.tags[home.b2], home.tag)
+        };
+        let (bucket, hits) = match (hits1.count_ones(), hits2.count_ones()) {
+            (1, 0) => (home.b1, hits1),
+            (0, 1) => (home.b2, hits2),
+            _ => return None,
+        };
+        let way = (hits.trailing_zeros() / 8) as usize;
+        let tag = (self.tags[bucket] >> (8 * way)) as u8;
+        (tag & SHARED_TAG == 0).then_some(bucket * WAYS + way)
+    }
+
+    fn set_shared_tag(&mut self, i: usize, shared: bool) {
+        let bit = u64::from(SHARED_TAG) << (8 * (i % WAYS));
+        if shared {
+            self.tags[i / WAYS] |= bit;
+        } else {
+            self.tags[i / WAYS] &= !bit;
+        }
     }
 
     /// Reads the two tag words of `key` (the lines any lookup, insert or delete of the key
@@ -335,16 +387,22 @@ impl ReverseShard {
         Err((mix, slot))
     }
 
+    /// Writes `slot` at `bucket`/`way` under fingerprint `tag` (the shared flag follows the slot).
     fn put(&mut self, bucket: usize, way: usize, tag: u8, slot: Slot) {
         self.slots[bucket * WAYS + way] = slot;
+        let tag = if slot.pod & SHARED != 0 {
+            tag | SHARED_TAG
+        } else {
+            tag
+        };
         let shift = 8 * way;
         self.tags[bucket] = (self.tags[bucket] & !(0xFF << shift)) | (u64::from(tag) << shift);
     }
 
+    /// Empties slot `i` by clearing its tag (the slot itself is left as it was: not reading or
+    /// writing it is what makes the common delete cheap).
     fn delete_at(&mut self, i: usize) {
-        let (bucket, way) = (i / WAYS, i % WAYS);
-        self.slots[i] = VACANT;
-        self.tags[bucket] &= !(0xFF << (8 * way));
+        self.tags[i / WAYS] &= !(0xFF << (8 * (i % WAYS)));
         self.len -= 1;
     }
 
@@ -384,6 +442,12 @@ impl ReverseShard {
     }
 }
 
+/// The high bit of each tag of `word` whose fingerprint is `tag` (empty tags never match: their
+/// fingerprint is 0 and `tag`'s is not).
+fn tag_hits(word: u64, tag: u8) -> u64 {
+    zero_bytes((word & FINGERPRINTS) ^ (LOW_BITS * u64::from(tag)))
+}
+
 /// A word with the high bit set in each byte of `word` that is zero, and no other bit (exact:
 /// the per-byte sums cannot carry into the next byte).
 fn zero_bytes(word: u64) -> u64 {
@@ -412,15 +476,14 @@ mod tests {
         assert_eq!(zero_bytes(0x0101_0101_0101_0100), 0x80);
     }
 
-    /// Every occupied slot is in one of its key's buckets, under its key's tag; empty slots are
-    /// vacant; the count matches.
+    /// Every occupied slot is in one of its key's buckets, under its key's fingerprint, flagged
+    /// shared exactly when its set is an overflow list; the count matches.
     fn assert_consistent(shard: &ReverseShard) {
         let mut occupied = 0;
         for (i, slot) in shard.slots.iter().enumerate() {
             let (bucket, way) = (i / WAYS, i % WAYS);
             let tag = (shard.tags[bucket] >> (8 * way)) as u8;
             if tag == 0 {
-                assert_eq!({ slot.model }, EMPTY, "slot {i}");
                 continue;
             }
             occupied += 1;
@@ -430,7 +493,8 @@ mod tests {
             };
             let home = Home::of(key.mix(shard.seed), shard.buckets());
             assert!(bucket == home.b1 || bucket == home.b2, "slot {i}");
-            assert_eq!(tag, home.tag, "slot {i}");
+            assert_eq!(tag & !SHARED_TAG, home.tag, "slot {i}");
+            assert_eq!(tag & SHARED_TAG != 0, slot.pod & SHARED != 0, "slot {i}");
         }
         assert_eq!(occupied, shard.len);
     }
@@ -444,13 +508,43 @@ mod tests {
         shard.add(h(9, 0), c, 30);
         assert_eq!(shard.holder_node(h(9, 0), b), Some(20));
         assert_eq!(shard.holder_node(h(9, 1), b), None);
+        assert_consistent(&shard);
         shard.remove(h(9, 0), a);
         shard.remove(h(9, 0), c);
+        assert_consistent(&shard);
         assert_eq!(shard.holder_node(h(9, 0), b), Some(20));
         assert_eq!(shard.free, [0]);
         shard.remove(h(9, 0), b);
         assert_eq!(shard.len(), 0);
         assert_eq!(shard.holder_node(h(9, 0), b), None);
+    }
+
+    /// Two entries with the same buckets and fingerprint: a delete cannot tell them apart by
+    /// tags, reads the slots, and removes the right one.
+    #[test]
+    fn fingerprint_twins_are_told_apart() {
+        let mut shard = ReverseShard::new(5);
+        shard.add(h(u64::MAX, 0), PodSlot(1), 0);
+        let buckets = shard.buckets();
+        let first = h(0, 0);
+        let home = Home::of(first.mix, buckets);
+        let twin = (1u64..)
+            .map(|x| h(x, 0))
+            .find(|k| {
+                let other = Home::of(k.mix, buckets);
+                other.b1 == home.b1 && other.b2 == home.b2 && other.tag == home.tag
+            })
+            .expect("a twin exists");
+        shard.add(first, PodSlot(1), 1);
+        shard.add(twin, PodSlot(2), 2);
+        assert_eq!(shard.sole_candidate(first), None);
+        shard.remove(first, PodSlot(1));
+        assert_consistent(&shard);
+        assert_eq!(shard.holder_node(first, PodSlot(1)), None);
+        assert_eq!(shard.holder_node(twin, PodSlot(2)), Some(2));
+        assert!(shard.sole_candidate(twin).is_some());
+        shard.remove(twin, PodSlot(2));
+        assert_eq!(shard.len(), 1);
     }
 
     /// Many inserts and deletes against a `HashMap`: every entry stays findable, absent keys
