@@ -10,9 +10,10 @@
 //! no tombstones, so a table under eviction churn stays the size of a freshly filled one. The
 //! index only removes a pod from entries that pod holds, so when exactly one slot of the two
 //! buckets matches the fingerprint and its flag says one holder, that slot is the entry and its
-//! holder the pod: the delete then reads and writes no slot at all (the common eviction). An insert takes a free slot of the emptier of
-//! its two buckets; when both are full it moves a resident to that resident's other bucket (a
-//! random walk of at most [`MAX_KICKS`] moves, each keeping every entry in one of its buckets).
+//! holder the pod: the delete then reads and writes no slot at all (the common eviction). An
+//! insert takes a free slot of the emptier of its two buckets; when both are full it moves a
+//! resident to that resident's other bucket (a random walk of at most [`MAX_KICKS`] moves, each
+//! keeping every entry in one of its buckets).
 //! The table doubles when it would pass 15/16 full, or if a walk fails: 21 bytes per slot, 22-45
 //! bytes per distinct entry. Every operation costs a bounded, small number of probes whatever
 //! the load, where linear probing at this load scanned runs of tens of slots per insert and
@@ -225,6 +226,9 @@ impl ReverseShard {
     /// Removes `pod` from the set of `key`, which the caller guarantees `pod` holds; the entry
     /// disappears with its last pod.
     pub fn remove(&mut self, key: Hashed, pod: PodSlot) {
+        if self.len == 0 {
+            return;
+        }
         if let Some(i) = self.sole_candidate(key) {
             debug_assert!(
                 {
@@ -502,6 +506,8 @@ mod tests {
     #[test]
     fn sets_grow_and_shrink_back_inline() {
         let mut shard = ReverseShard::new(5);
+        shard.remove(h(9, 0), PodSlot(1));
+        assert_eq!(shard.len(), 0);
         let (a, b, c) = (PodSlot(1), PodSlot(2), PodSlot(3));
         shard.add(h(9, 0), a, 10);
         shard.add(h(9, 0), b, 20);
