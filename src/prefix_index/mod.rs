@@ -31,10 +31,11 @@
 //! batches (the last [`FIRST_BATCH`], then doubling), each batch grouped by shard.
 //!
 //! The index is far larger than the CPU caches, so nearly every entry a call reads is a cache
-//! (and TLB) miss. Before each shard's group of lookups or changes, and before refreshing held
-//! list nodes, a branch-free pass touches the lines they will read ([`touch_all`]): the misses
-//! of a group then overlap instead of each waiting behind the mispredicted branches of the one
-//! before (the same effect as prefetching, in safe code).
+//! (and TLB) miss. Before each shard's group of lookups or changes, a branch-free pass reads the
+//! group's tag words ([`touch_all`]), and before refreshing held list nodes one reads those
+//! nodes: the misses of a group then overlap instead of each waiting behind the mispredicted
+//! branches of the one before (the same effect as prefetching, in safe code). Touching the slots
+//! as well measured slower (`benches/RESULTS.md`).
 
 mod models;
 mod pod_lru;
