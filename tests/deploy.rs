@@ -696,13 +696,7 @@ async fn dashboard_queries_only_exported_metrics() {
     ));
     doc.push_str("picker: {scrapeIntervalSeconds: 0.05}\n");
     let picker = start_picker(prefix_picker::config::Config::parse(&doc).unwrap()).await;
-    let envoy = start_envoy(render_envoy(
-        "envoy.yaml",
-        picker.grpc_addr.port(),
-        &sims.iter().map(|s| s.addr).collect::<Vec<_>>(),
-        |s| s,
-    ))
-    .await;
+    let envoy = start_envoy_for_sims(&picker, &sims).await;
     let client = reqwest::Client::new();
     let long = "The same long system prompt, block after block. ".repeat(10);
     for body in [

@@ -593,13 +593,7 @@ async fn default_plugins_concentrate_a_prefix_and_filter_an_overloaded_pod() {
         "picker: {scrapeIntervalSeconds: 0.05}\n",
     ))
     .await;
-    let envoy = start_envoy(render_envoy(
-        "envoy.yaml",
-        picker.grpc_addr.port(),
-        &sims.iter().map(|s| s.addr).collect::<Vec<_>>(),
-        |s| s,
-    ))
-    .await;
+    let envoy = start_envoy_for_sims(&picker, &sims).await;
     let system = format!("{SYSTEM} {}", "Here are the product docs. ".repeat(40));
     let mut served = std::collections::HashMap::<String, usize>::new();
     for i in 0..8 {

@@ -157,13 +157,7 @@ async fn run(duration: Duration, churn_every: Duration) {
     config.scheduler.prefix_cache.max_hash_cache_size = CACHE;
     let all_specs = static_endpoints(&config);
     let picker = start_picker(config).await;
-    let envoy = start_envoy(render_envoy(
-        "envoy.yaml",
-        picker.grpc_addr.port(),
-        &sims.iter().map(|s| s.addr).collect::<Vec<_>>(),
-        |s| s,
-    ))
-    .await;
+    let envoy = start_envoy_for_sims(&picker, &sims).await;
 
     let start = Instant::now();
     let until = start + duration;

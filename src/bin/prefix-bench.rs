@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use prefix_picker::bench::cluster::{self, Process, bin_dir, cpu_seconds, render_envoy};
 use prefix_picker::bench::driver::{self, Arrival, RunResult};
 use prefix_picker::bench::report;
@@ -73,23 +73,7 @@ enum Cmd {
     },
     /// 1 replica vs 3 replicas without sync vs 3 with Redis sync, requests round-robin over
     /// the replicas (each a prefix-picker + Envoy over the same sims), shared-prefix workload.
-    Replicas {
-        #[arg(long)]
-        quick: bool,
-        /// Score with prefix-cache alone (no load-aware plugins), like the suite's row.
-        #[arg(long)]
-        prefix_only: bool,
-        /// Use the `scheduler:` section of this config file instead (to compare plugin sets).
-        #[arg(long, conflicts_with = "prefix_only")]
-        scheduler: Option<PathBuf>,
-        /// Run the pickers with `--v 4` (score lines) and copy their logs into this directory.
-        #[arg(long)]
-        logs: Option<PathBuf>,
-        #[arg(long, default_value = "bench/results")]
-        out: PathBuf,
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-    },
+    Replicas(ReplicasOpts),
     /// The cost for a picker of applying another replica's records from Redis (sync).
     SyncApply {
         /// Records per second published by the simulated remote replica.
@@ -479,13 +463,23 @@ async fn suite(quick: bool, out: PathBuf, seed: u64) -> anyhow::Result<()> {
     )
 }
 
-/// Options of `prefix-bench replicas`.
+// Options of `prefix-bench replicas` (help text: the `Cmd::Replicas` doc comment).
+#[derive(Debug, Args)]
 struct ReplicasOpts {
+    #[arg(long)]
     quick: bool,
+    /// Score with prefix-cache alone (no load-aware plugins), like the suite's row.
+    #[arg(long)]
     prefix_only: bool,
+    /// Use the `scheduler:` section of this config file instead (to compare plugin sets).
+    #[arg(long, conflicts_with = "prefix_only")]
     scheduler: Option<PathBuf>,
+    /// Run the pickers with `--v 4` (score lines) and copy their logs into this directory.
+    #[arg(long)]
     logs: Option<PathBuf>,
+    #[arg(long, default_value = "bench/results")]
     out: PathBuf,
+    #[arg(long, default_value_t = 1)]
     seed: u64,
 }
 
@@ -743,24 +737,7 @@ async fn main() -> anyhow::Result<()> {
             output_tokens,
             out,
         } => overhead(requests, &concurrency, output_tokens, out).await,
-        Cmd::Replicas {
-            quick,
-            prefix_only,
-            scheduler,
-            logs,
-            out,
-            seed,
-        } => {
-            replicas(ReplicasOpts {
-                quick,
-                prefix_only,
-                scheduler,
-                logs,
-                out,
-                seed,
-            })
-            .await
-        }
+        Cmd::Replicas(opts) => replicas(opts).await,
         Cmd::SyncApply {
             rate,
             seconds,

@@ -498,8 +498,7 @@ impl PrefixIndex {
 
 /// Touches the tag words of every key of a batch (see [`ReverseShard::touch`]): one loop of
 /// independent loads, so their cache misses overlap. (Touching the slots too, in a second pass,
-/// measured slower: the slot lines are spread over many more pages than the tag words, and on
-/// this machine the page walks, not the cache misses, were the limit.)
+/// measured slower; see `benches/RESULTS.md`.)
 fn touch_all(shard: &ReverseShard, keys: impl Iterator<Item = Hashed>) {
     black_box(keys.fold(0, |acc, key| acc ^ shard.touch(key)));
 }

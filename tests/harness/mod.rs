@@ -381,3 +381,16 @@ pub fn sims_config(sims: &[Sim], extra: &str) -> Config {
     doc.push_str(extra);
     Config::parse(&doc).unwrap()
 }
+
+/// Envoy with the recommended `envoy/envoy.yaml` (router + observer filters), routing to `sims`
+/// through `picker`.
+pub async fn start_envoy_for_sims(picker: &Running, sims: &[Sim]) -> Envoy {
+    let addrs: Vec<SocketAddr> = sims.iter().map(|s| s.addr).collect();
+    start_envoy(render_envoy(
+        "envoy.yaml",
+        picker.grpc_addr.port(),
+        &addrs,
+        |s| s,
+    ))
+    .await
+}
