@@ -154,7 +154,10 @@ impl Scheduler {
     fn build(fill: usize) -> Scheduler {
         let started = Instant::now();
         let cache = PrefixCache::new(
-            PrefixCacheArgs::default(),
+            PrefixCacheArgs {
+                max_hash_cache_size: fill,
+                ..PrefixCacheArgs::default()
+            },
             42,
             PrefixCacheMetrics::unregistered(),
         );
@@ -602,7 +605,9 @@ fn main() {
     let measuring = has("--bench") && !has("--test") && !has("--list");
     let since = SystemTime::now();
 
-    let bpe = if measuring {
+    // A filter argument (`cargo bench --bench core -- score_record`) runs only those benches.
+    let filtered = args.iter().skip(1).any(|a| !a.starts_with('-'));
+    let bpe = if measuring && !filtered {
         let lines = bytes_per_entry_report();
         for line in &lines {
             println!("{line}");
@@ -617,7 +622,15 @@ fn main() {
         .measurement_time(Duration::from_secs(3))
         .sample_size(20)
         .configure_from_args();
-    let fill = if measuring { CAPACITY } else { 1_000 };
+    // `PREFIX_PICKER_BENCH_LIST_LEN=1000` shrinks the fixture's lists (and their capacity) so the
+    // index fits in the CPU caches: the same benches then measure compute without memory misses.
+    let fill = match std::env::var("PREFIX_PICKER_BENCH_LIST_LEN") {
+        Ok(len) => len
+            .parse()
+            .expect("PREFIX_PICKER_BENCH_LIST_LEN: a number of entries"),
+        Err(_) if measuring => CAPACITY,
+        Err(_) => 1_000,
+    };
     let sched: OnceCell<Scheduler> = OnceCell::new();
     bench_hash(&mut c);
     bench_score_record(&mut c, &sched, fill);

@@ -28,7 +28,11 @@
 //! last to the first; each candidate in a hash's pod set without a match yet gets `index + 1`,
 //! until `top_k` candidates have matched. When a set holds more unmatched candidates than slots
 //! remain, the winners are drawn with the caller's seeded RNG. The walk looks hashes up in
-//! batches (the last [`FIRST_BATCH`], then doubling), each batch grouped by shard.
+//! batches (the last [`FIRST_BATCH`], then doubling), each batch grouped by shard; candidates
+//! are found by pod slot in a small hash table ([`candidates`]).
+//!
+//! Neither call allocates on its hot path except for its result: a record reuses buffers kept
+//! with the pod (under its mutex), a score a per-thread set of buffers.
 //!
 //! The index is far larger than the CPU caches, so nearly every entry a call reads is a cache
 //! (and TLB) miss. Before each shard's group of lookups or changes, a branch-free pass reads the
@@ -37,6 +41,7 @@
 //! branches of the one before (the same effect as prefetching, in safe code). Touching the slots
 //! as well measured slower (`benches/RESULTS.md`).
 
+mod candidates;
 mod models;
 mod pod_lru;
 mod reverse;
@@ -44,6 +49,7 @@ mod shard_batch;
 #[cfg(test)]
 mod tests;
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::sync::Arc;
@@ -54,6 +60,7 @@ use rand::Rng;
 use rand::seq::index::sample;
 
 use crate::hashing::BlockHash;
+use candidates::CandidatePositions;
 use models::{ModelId, ModelIds};
 use pod_lru::{NIL, Placed, PodLru};
 use reverse::{PodSet, ReverseShard, SHARED};
@@ -128,6 +135,21 @@ impl Hashed {
 struct PodState {
     lru: PodLru,
     removed: bool,
+    scratch: RecordScratch,
+}
+
+/// Buffers of one record, kept with the pod (recording holds its mutex) so a record allocates
+/// nothing but its outcome: about 120 bytes per block of the longest prompt recorded (15 KiB
+/// at 128 blocks).
+#[derive(Debug, Default)]
+struct RecordScratch {
+    keys: Vec<Hashed>,
+    held: Vec<u32>,
+    earlier: Vec<u32>,
+    latest: Vec<u32>,
+    at: Vec<u32>,
+    changes: Vec<Change>,
+    batch: ShardBatch,
 }
 
 #[derive(Debug)]
@@ -153,6 +175,21 @@ pub struct RecordOutcome {
     pub inserted: usize,
     /// Entries evicted, counted per model of the evicted entry.
     pub evicted: Vec<(ModelKey, u64)>,
+}
+
+/// Buffers of one longest-match walk, one set per thread (scoring runs on many threads at once).
+#[derive(Debug, Default)]
+struct ScoreScratch {
+    positions: CandidatePositions,
+    fresh: Vec<usize>,
+    pods: Vec<PodSlot>,
+    keys: Vec<Hashed>,
+    sets: Vec<PodSet>,
+    batch: ShardBatch,
+}
+
+thread_local! {
+    static SCORE_SCRATCH: RefCell<ScoreScratch> = RefCell::new(ScoreScratch::default());
 }
 
 /// A reverse-map change made by a record: `key` gains the pod in `node`, or loses it (`NIL`).
@@ -203,6 +240,7 @@ impl PrefixIndex {
             state: Mutex::new(PodState {
                 lru: PodLru::new(self.capacity),
                 removed: false,
+                scratch: RecordScratch::default(),
             }),
         });
         self.pods.write().insert(slot, entry.clone());
@@ -217,6 +255,7 @@ impl PrefixIndex {
         };
         let mut state = entry.state.lock();
         state.removed = true;
+        state.scratch = RecordScratch::default();
         let keys: Vec<Hashed> = state
             .lru
             .drain()
@@ -241,20 +280,37 @@ impl PrefixIndex {
         }
         let model = self.models.intern(model);
         let slot = pod.slot();
-        let mut state = pod.0.state.lock();
-        if state.removed {
+        let mut guard = pod.0.state.lock();
+        let PodState {
+            lru,
+            removed,
+            scratch,
+        } = &mut *guard;
+        if *removed {
             return outcome;
         }
+        let RecordScratch {
+            keys,
+            held,
+            earlier,
+            latest,
+            at,
+            changes,
+            batch,
+        } = scratch;
         // Processing order: deepest first.
-        let keys: Vec<Hashed> = hashes
-            .iter()
-            .rev()
-            .map(|h| Hashed::new(Key { hash: h.0, model }, self.seed))
-            .collect();
+        keys.clear();
+        keys.extend(
+            hashes
+                .iter()
+                .rev()
+                .map(|h| Hashed::new(Key { hash: h.0, model }, self.seed)),
+        );
 
         // 1. Which entries the pod holds now, and in which node.
-        let mut held = vec![NIL; keys.len()];
-        let batch = ShardBatch::new(keys.iter().map(|k| k.shard()));
+        held.clear();
+        held.resize(keys.len(), NIL);
+        batch.regroup(keys.iter().map(|k| k.shard()));
         for (s, group) in batch.groups() {
             let shard = self.shards[s].read();
             touch_all(&shard, group.iter().map(|&j| keys[j as usize]));
@@ -266,28 +322,29 @@ impl PrefixIndex {
         black_box(
             held.iter()
                 .filter(|&&node| node != NIL)
-                .fold(0, |acc, &node| acc ^ state.lru.touch(node)),
+                .fold(0, |acc, &node| acc ^ lru.touch(node)),
         );
 
         // 2. The pod's list. A node found in step 1 may have been reused by an eviction earlier
         // in this record (its key then differs); a key seen earlier in this record is where that
         // occurrence left it.
-        let earlier = earlier_occurrences(&keys);
-        let mut at = vec![NIL; keys.len()];
-        let mut changes: Vec<Change> = Vec::with_capacity(2 * keys.len());
+        earlier_occurrences(keys, latest, earlier);
+        at.clear();
+        at.resize(keys.len(), NIL);
+        changes.clear();
         let mut evicted: Vec<(ModelId, u64)> = Vec::new();
         for (j, k) in keys.iter().enumerate() {
             let known = match earlier[j] {
                 NIL => held[j],
                 e => at[e as usize],
             };
-            if known != NIL && state.lru.key(known) == k.key {
-                state.lru.move_to_front(known);
+            if known != NIL && lru.key(known) == k.key {
+                lru.move_to_front(known);
                 at[j] = known;
                 continue;
             }
             outcome.inserted += 1;
-            let node = match state.lru.insert_front(k.key) {
+            let node = match lru.insert_front(k.key) {
                 Placed::Fresh(node) => node,
                 Placed::Replaced(node, old) => {
                     changes.push(Change {
@@ -306,7 +363,7 @@ impl PrefixIndex {
         }
 
         // 3. The reverse map, each entry's changes in the order they were made.
-        let batch = ShardBatch::new(changes.iter().map(|c| c.key.shard()));
+        batch.regroup(changes.iter().map(|c| c.key.shard()));
         for (s, group) in batch.groups() {
             let mut shard = self.shards[s].write();
             touch_all(&shard, group.iter().map(|&c| changes[c as usize].key));
@@ -319,7 +376,7 @@ impl PrefixIndex {
                 }
             }
         }
-        drop(state);
+        drop(guard);
         if !evicted.is_empty() {
             outcome.evicted = self
                 .models
@@ -343,19 +400,54 @@ impl PrefixIndex {
         let Some(model) = self.models.get(model) else {
             return matched;
         };
-        let mut by_slot: Vec<(PodSlot, usize)> = candidates
-            .iter()
-            .enumerate()
-            .map(|(i, &s)| (s, i))
-            .collect();
-        by_slot.sort_unstable();
+        SCORE_SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut scratch) => self.walk(
+                model,
+                hashes,
+                candidates,
+                limit,
+                tie_rng,
+                &mut scratch,
+                &mut matched,
+            ),
+            // Only if `tie_rng` itself scored on this thread: use fresh buffers.
+            Err(_) => self.walk(
+                model,
+                hashes,
+                candidates,
+                limit,
+                tie_rng,
+                &mut ScoreScratch::default(),
+                &mut matched,
+            ),
+        });
+        matched
+    }
+
+    /// The longest-match walk of [`PrefixIndex::longest_matches`], writing into `matched`.
+    #[allow(clippy::too_many_arguments)]
+    fn walk<R: Rng>(
+        &self,
+        model: ModelId,
+        hashes: &[BlockHash],
+        candidates: &[PodSlot],
+        limit: usize,
+        tie_rng: impl FnOnce() -> R,
+        scratch: &mut ScoreScratch,
+        matched: &mut [usize],
+    ) {
+        let ScoreScratch {
+            positions,
+            fresh,
+            pods,
+            keys,
+            sets,
+            batch,
+        } = scratch;
+        positions.rebuild(candidates);
         let mut found = 0;
-        let mut fresh: Vec<usize> = Vec::with_capacity(candidates.len());
         let mut rng_slot = None;
         let mut tie_rng = Some(tie_rng);
-        let mut pods: Vec<PodSlot> = Vec::with_capacity(candidates.len());
-        let mut keys: Vec<Hashed> = Vec::with_capacity(hashes.len());
-        let mut sets: Vec<PodSet> = Vec::with_capacity(hashes.len());
         let (mut end, mut batch_len) = (hashes.len(), FIRST_BATCH);
         while end > 0 && found < limit {
             // Look up hashes[start..end] (grouped by shard), then walk them from the last. A set
@@ -368,7 +460,7 @@ impl PrefixIndex {
                     .iter()
                     .map(|h| Hashed::new(Key { hash: h.0, model }, self.seed)),
             );
-            let batch = ShardBatch::new(keys.iter().map(|k| k.shard()));
+            batch.regroup(keys.iter().map(|k| k.shard()));
             sets.clear();
             sets.resize(keys.len(), PodSet::Empty);
             for (s, group) in batch.groups() {
@@ -389,37 +481,33 @@ impl PrefixIndex {
                     PodSet::One(pod) => pods.push(pod),
                     PodSet::Several => {
                         let key = keys[p];
-                        self.shards[key.shard()].read().push_pods(key, &mut pods);
+                        self.shards[key.shard()].read().push_pods(key, pods);
                     }
                 }
                 fresh.clear();
-                for pod in &pods {
-                    if let Ok(pos) = by_slot.binary_search_by_key(pod, |&(s, _)| s) {
-                        let ci = by_slot[pos].1;
-                        if matched[ci] == 0 {
-                            fresh.push(ci);
-                        }
-                    }
-                }
+                fresh.extend(
+                    pods.iter()
+                        .filter_map(|&pod| positions.position(pod))
+                        .filter(|&ci| matched[ci] == 0),
+                );
                 let room = limit - found;
                 if fresh.len() > room {
                     fresh.sort_unstable();
                     let rng = rng_slot.get_or_insert_with(|| (tie_rng.take().expect("once"))());
-                    let chosen: Vec<usize> = sample(rng, fresh.len(), room)
-                        .into_iter()
-                        .map(|j| fresh[j])
-                        .collect();
-                    fresh = chosen;
+                    for j in sample(rng, fresh.len(), room) {
+                        matched[fresh[j]] = i + 1;
+                    }
+                    found += room;
+                } else {
+                    for &ci in fresh.iter() {
+                        matched[ci] = i + 1;
+                    }
+                    found += fresh.len();
                 }
-                for &ci in &fresh {
-                    matched[ci] = i + 1;
-                }
-                found += fresh.len();
             }
             end = start;
             batch_len = batch_len.saturating_mul(2);
         }
-        matched
     }
 
     /// Entries across all pods (a block held by three pods counts three).
@@ -503,13 +591,16 @@ fn touch_all(shard: &ReverseShard, keys: impl Iterator<Item = Hashed>) {
     black_box(keys.fold(0, |acc, key| acc ^ shard.touch(key)));
 }
 
-/// For each position, the latest earlier position with the same key (`NIL` if none), found with
-/// a small linear-probing table of positions (at most half full).
-fn earlier_occurrences(keys: &[Hashed]) -> Vec<u32> {
+/// For each position of `keys`, the latest earlier position with the same key (`NIL` if none),
+/// written to `out`; found with a small linear-probing table of positions (`latest`, at most
+/// half full).
+fn earlier_occurrences(keys: &[Hashed], latest: &mut Vec<u32>, out: &mut Vec<u32>) {
     let size = (keys.len() * 2).next_power_of_two().max(16);
     let mask = size - 1;
-    let mut latest = vec![NIL; size];
-    let mut out = vec![NIL; keys.len()];
+    latest.clear();
+    latest.resize(size, NIL);
+    out.clear();
+    out.resize(keys.len(), NIL);
     for (j, k) in keys.iter().enumerate() {
         let mut i = k.mix.rotate_left(24) as usize & mask;
         loop {
@@ -526,5 +617,4 @@ fn earlier_occurrences(keys: &[Hashed]) -> Vec<u32> {
             i = (i + 1) & mask;
         }
     }
-    out
 }

@@ -304,10 +304,12 @@ impl ReverseShard {
         } else {
             tag_hits(self.tags[home.b2], home.tag)
         };
-        let (bucket, hits) = match (hits1.count_ones(), hits2.count_ones()) {
-            (1, 0) => (home.b1, hits1),
-            (0, 1) => (home.b2, hits2),
-            _ => return None,
+        let (bucket, hits) = if hits2 == 0 && one_bit(hits1) {
+            (home.b1, hits1)
+        } else if hits1 == 0 && one_bit(hits2) {
+            (home.b2, hits2)
+        } else {
+            return None;
         };
         let way = (hits.trailing_zeros() / 8) as usize;
         let tag = (self.tags[bucket] >> (8 * way)) as u8;
@@ -360,7 +362,7 @@ impl ReverseShard {
             let home = Home::of(mix, buckets);
             let free1 = zero_bytes(self.tags[home.b1]);
             let free2 = zero_bytes(self.tags[home.b2]);
-            let (bucket, free) = if free2.count_ones() > free1.count_ones() {
+            let (bucket, free) = if marked_bytes(free2) > marked_bytes(free1) {
                 (home.b2, free2)
             } else {
                 (home.b1, free1)
@@ -452,6 +454,18 @@ fn tag_hits(word: u64, tag: u8) -> u64 {
     zero_bytes((word & FINGERPRINTS) ^ (LOW_BITS * u64::from(tag)))
 }
 
+/// Whether exactly one bit of `x` is set (`count_ones` is a long bit-twiddling sequence on
+/// x86-64 CPUs without POPCNT, the default target).
+fn one_bit(x: u64) -> bool {
+    x != 0 && x & (x - 1) == 0
+}
+
+/// How many bytes of `marks` (a [`zero_bytes`] or [`tag_hits`] result: only high bits set) are
+/// marked: the marks moved to each byte's low bit, summed into the top byte by one multiply.
+fn marked_bytes(marks: u64) -> u64 {
+    ((marks >> 7).wrapping_mul(LOW_BITS)) >> 56
+}
+
 /// A word with the high bit set in each byte of `word` that is zero, and no other bit (exact:
 /// the per-byte sums cannot carry into the next byte).
 fn zero_bytes(word: u64) -> u64 {
@@ -478,6 +492,24 @@ mod tests {
         assert_eq!(zero_bytes(0x0100_8000_0001_FF00), 0x0080_0080_8000_0080);
         // A zero byte below bytes of 0x01 flags nothing above it (no borrow).
         assert_eq!(zero_bytes(0x0101_0101_0101_0100), 0x80);
+    }
+
+    #[test]
+    fn bit_and_byte_counts_agree_with_count_ones() {
+        let mut x = 0x9E37_79B9_7F4A_7C15_u64;
+        for _ in 0..10_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let marks = zero_bytes(x & 0x0F0F_0F0F_0F0F_0F0F);
+            assert_eq!(marked_bytes(marks), u64::from(marks.count_ones()));
+            let bit = 1u64 << (x % 64);
+            assert!(one_bit(bit));
+            assert_eq!(one_bit(x), x.count_ones() == 1);
+        }
+        assert_eq!(marked_bytes(HIGH_BITS), 8);
+        assert_eq!(marked_bytes(0), 0);
+        assert!(!one_bit(0));
     }
 
     /// Every occupied slot is in one of its key's buckets, under its key's fingerprint, flagged

@@ -9,7 +9,7 @@
 
 use super::SHARDS;
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct ShardBatch {
     order: Vec<u32>,
     starts: [u32; SHARDS + 1],
@@ -18,6 +18,13 @@ pub struct ShardBatch {
 impl ShardBatch {
     /// Groups positions `0..n` given the shard of each position.
     pub fn new(shards: impl ExactSizeIterator<Item = usize> + Clone) -> ShardBatch {
+        let mut batch = ShardBatch::default();
+        batch.regroup(shards);
+        batch
+    }
+
+    /// Like [`ShardBatch::new`], reusing this batch's buffer (hot paths keep one per caller).
+    pub fn regroup(&mut self, shards: impl ExactSizeIterator<Item = usize> + Clone) {
         let mut starts = [0u32; SHARDS + 1];
         for s in shards.clone() {
             starts[s + 1] += 1;
@@ -26,12 +33,13 @@ impl ShardBatch {
             starts[s + 1] += starts[s];
         }
         let mut next = starts;
-        let mut order = vec![0u32; shards.len()];
+        self.order.clear();
+        self.order.resize(shards.len(), 0);
         for (pos, s) in shards.enumerate() {
-            order[next[s] as usize] = pos as u32;
+            self.order[next[s] as usize] = pos as u32;
             next[s] += 1;
         }
-        ShardBatch { order, starts }
+        self.starts = starts;
     }
 
     /// Each shard that has positions, with its positions in their original order.
@@ -53,5 +61,13 @@ mod tests {
         let batch = ShardBatch::new(shards.iter().copied());
         let groups: Vec<(usize, Vec<u32>)> = batch.groups().map(|(s, g)| (s, g.to_vec())).collect();
         assert_eq!(groups, [(0, vec![3]), (1, vec![1, 4]), (3, vec![0, 2, 5])]);
+    }
+
+    #[test]
+    fn regroup_forgets_the_previous_batch() {
+        let mut batch = ShardBatch::new([5usize, 5, 5, 2].iter().copied());
+        batch.regroup([1usize, 0].iter().copied());
+        let groups: Vec<(usize, Vec<u32>)> = batch.groups().map(|(s, g)| (s, g.to_vec())).collect();
+        assert_eq!(groups, [(0, vec![1]), (1, vec![0])]);
     }
 }
