@@ -721,6 +721,60 @@ fn benchmark_quick_suite_writes_a_well_formed_report() {
     assert_eq!(md.matches("| router |").count(), results.len() / 3);
 }
 
+/// The overhead baseline's processor, as `prefix-bench overhead` starts it: each phase gets its
+/// own empty reply, in order, on one stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn noop_ext_proc_answers_each_phase_with_an_empty_reply() {
+    use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
+    use ep::processing_request::Request as In;
+    use ep::processing_response::Response as Out;
+
+    let dir = tempfile::tempdir().unwrap();
+    let noop = prefix_picker::bench::cluster::start_noop_ext_proc(
+        std::path::Path::new(env!("CARGO_BIN_EXE_prefix-bench")),
+        dir.path(),
+    )
+    .unwrap();
+    let mut client = ep::external_processor_client::ExternalProcessorClient::connect(format!(
+        "http://{}",
+        noop.addr
+    ))
+    .await
+    .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let mut replies = client
+        .process(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let message = |r: In| ep::ProcessingRequest {
+        request: Some(r),
+        ..ep::ProcessingRequest::default()
+    };
+    tx.send(message(In::RequestHeaders(ep::HttpHeaders::default())))
+        .await
+        .unwrap();
+    let reply = replies.message().await.unwrap().unwrap();
+    assert_eq!(
+        reply.response,
+        Some(Out::RequestHeaders(ep::HeadersResponse::default()))
+    );
+    tx.send(message(In::RequestBody(ep::HttpBody {
+        body: b"{\"model\":\"m\",\"prompt\":\"x\"}".to_vec(),
+        end_of_stream: true,
+        ..ep::HttpBody::default()
+    })))
+    .await
+    .unwrap();
+    let reply = replies.message().await.unwrap().unwrap();
+    assert_eq!(
+        reply.response,
+        Some(Out::RequestBody(ep::BodyResponse::default()))
+    );
+    drop(tx);
+    assert!(replies.message().await.unwrap().is_none());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_bodies_get_defined_outcomes_and_leak_nothing() {
     let (_backends, picker, envoy) =

@@ -1,5 +1,6 @@
-//! Starts a benchmark cluster as real processes: `model-sim` pods, optionally `prefix-picker`,
-//! and Envoy, all on port 0 (addresses are read back, never guessed), and stops them on drop.
+//! Starts a benchmark cluster as real processes: `model-sim` pods, optionally `prefix-picker`
+//! (or the no-op ext_proc of [`super::noop_ext_proc`]), and Envoy, all on port 0 (addresses are
+//! read back, never guessed), and stops them on drop.
 //! Also renders the shipped `envoy/` examples for arbitrary ports (shared with the e2e tests).
 
 use std::collections::BTreeMap;
@@ -249,20 +250,46 @@ pub fn start_picker(
         child,
         addr: "127.0.0.1:0".parse()?,
     };
-    let field = |text: &str, key: &str| -> Option<SocketAddr> {
-        text.split(key)
-            .nth(1)?
-            .split_whitespace()
-            .next()?
-            .parse()
-            .ok()
-    };
     let (grpc, admin) = wait_for("prefix-picker to listen", Duration::from_secs(30), || {
         let text = std::fs::read_to_string(&log_path).ok()?;
-        Some((field(&text, "grpc_addr=")?, field(&text, "admin_addr=")?))
+        Some((
+            logged_addr(&text, "grpc_addr=")?,
+            logged_addr(&text, "admin_addr=")?,
+        ))
     })?;
     process.addr = grpc;
     Ok((process, admin))
+}
+
+/// The address after `key` (`grpc_addr=`) in a log, once the process has written it.
+fn logged_addr(text: &str, key: &str) -> Option<SocketAddr> {
+    text.split(key)
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Starts `prefix-bench noop-ext-proc` (`bench_bin`) on port 0, logging to
+/// `dir/noop-ext-proc.log`; reads the bound address from that log, as [`start_picker`].
+pub fn start_noop_ext_proc(bench_bin: &Path, dir: &Path) -> anyhow::Result<Process> {
+    let log_path = dir.join("noop-ext-proc.log");
+    let log = std::fs::File::create(&log_path)?;
+    let child = Command::new(bench_bin)
+        .args(["noop-ext-proc", "--grpc-addr", "127.0.0.1:0"])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting {}", bench_bin.display()))?;
+    let mut process = Process {
+        child,
+        addr: "127.0.0.1:0".parse()?,
+    };
+    process.addr = wait_for("noop-ext-proc to listen", Duration::from_secs(30), || {
+        logged_addr(&std::fs::read_to_string(&log_path).ok()?, "grpc_addr=")
+    })?;
+    Ok(process)
 }
 
 /// `prefix_picker_decisions_total` by reason, summed over pickers' admin endpoints (a picker

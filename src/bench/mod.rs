@@ -2,6 +2,7 @@
 
 pub mod cluster;
 pub mod driver;
+pub mod noop_ext_proc;
 pub mod report;
 pub mod sync_cost;
 pub mod workload;

@@ -4,9 +4,12 @@
 //!   with prefix-cache only; with Kthena's default plugins), starts fresh model-sims, the picker
 //!   and Envoy as processes, runs the workload and writes `results.json` + `results.md`.
 //! - `overhead`: instant backends, fixed concurrency: requests/s, p50/p99 latency and CPU per
-//!   request of Envoy alone vs Envoy + prefix-picker (both Envoy setups), in one run.
+//!   request of Envoy alone vs Envoy + a no-op ext_proc vs Envoy + prefix-picker (both Envoy
+//!   setups), in one run.
 //! - `run`: one workload against an existing router URL.
 //! - `report`: rewrite the markdown and PNG of a results file.
+//! - `noop-ext-proc` (hidden): the no-op external processor of the overhead baseline, run as its
+//!   own process by `overhead`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -40,7 +43,8 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
-    /// Proxy overhead: Envoy alone vs Envoy + prefix-picker, instant backends.
+    /// Proxy overhead: Envoy alone vs Envoy + a no-op ext_proc vs Envoy + prefix-picker, instant
+    /// backends.
     Overhead {
         #[arg(long, default_value_t = 2000)]
         requests: usize,
@@ -74,6 +78,12 @@ enum Cmd {
     /// 1 replica vs 3 replicas without sync vs 3 with Redis sync, requests round-robin over
     /// the replicas (each a prefix-picker + Envoy over the same sims), shared-prefix workload.
     Replicas(ReplicasOpts),
+    /// Serve the no-op ext_proc (`prefix_picker::bench::noop_ext_proc`); `overhead` runs it.
+    #[command(hide = true)]
+    NoopExtProc {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        grpc_addr: String,
+    },
     /// The cost for a picker of applying another replica's records from Redis (sync).
     SyncApply {
         /// Records per second published by the simulated remote replica.
@@ -214,6 +224,9 @@ enum Setup {
         file: &'static str,
         scheduler: Option<String>,
     },
+    /// Envoy with one of the `envoy/` examples, its ext_proc cluster pointing at the no-op
+    /// processor (`prefix-bench noop-ext-proc`) instead of the picker.
+    NoopExtProc { file: &'static str },
     /// sglang-router (`python -m sglang_router.launch_router`, from its own virtualenv).
     Sglang(PathBuf),
     /// vllm-router (the `vllm-router` console script, from its own virtualenv).
@@ -268,7 +281,8 @@ fn routers() -> anyhow::Result<Vec<(&'static str, Setup)>> {
 
 struct Cluster {
     _sims: Vec<Process>,
-    picker: Option<Process>,
+    /// The process behind Envoy's ext_proc cluster: prefix-picker or the no-op processor.
+    ext_proc: Option<Process>,
     envoy: Option<cluster::EnvoyProcess>,
     peer: Option<Process>,
     url: String,
@@ -302,7 +316,7 @@ async fn start_peer(
             c
         }
         Setup::Vllm(bin) => std::process::Command::new(bin),
-        Setup::Envoy { .. } => anyhow::bail!("not a peer"),
+        Setup::Envoy { .. } | Setup::NoopExtProc { .. } => anyhow::bail!("not a peer"),
     };
     cmd.args([
         "--host",
@@ -364,24 +378,15 @@ async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Clu
     let sims = cluster::start_sims(&bins.join("model-sim"), SIMS, sim_args)?;
     let backends: Vec<_> = sims.iter().map(|s| s.addr).collect();
     let sim_urls: Vec<String> = backends.iter().map(|b| format!("http://{b}")).collect();
-    let (file, scheduler) = match setup {
-        Setup::Envoy { file, scheduler } => (*file, scheduler.as_deref()),
-        peer => {
-            let (process, url) = start_peer(peer, dir.path(), &sim_urls).await?;
-            return Ok(Cluster {
-                _sims: sims,
-                picker: None,
-                envoy: None,
-                peer: Some(process),
-                url,
-                sim_urls,
-                _dir: dir,
-            });
-        }
-    };
-    let (picker, picker_port) = match scheduler {
-        None => (None, 9002),
-        Some(s) => {
+    let (file, ext_proc) = match setup {
+        Setup::Envoy {
+            file,
+            scheduler: None,
+        } => (*file, None),
+        Setup::Envoy {
+            file,
+            scheduler: Some(s),
+        } => {
             let mut config = s.to_string();
             let names: Vec<String> = (0..backends.len()).map(|i| format!("sim-{i}")).collect();
             config.push_str(&cluster::endpoints_yaml(
@@ -393,21 +398,38 @@ async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Clu
             config.push_str("picker: {scrapeIntervalSeconds: 0.1}\n");
             let (p, _admin) =
                 cluster::start_picker(&bins.join("prefix-picker"), dir.path(), &config, 2)?;
-            let port = p.addr.port();
-            (Some(p), port)
+            (*file, Some(p))
+        }
+        Setup::NoopExtProc { file } => {
+            let p = cluster::start_noop_ext_proc(&std::env::current_exe()?, dir.path())?;
+            (*file, Some(p))
+        }
+        peer => {
+            let (process, url) = start_peer(peer, dir.path(), &sim_urls).await?;
+            return Ok(Cluster {
+                _sims: sims,
+                ext_proc: None,
+                envoy: None,
+                peer: Some(process),
+                url,
+                sim_urls,
+                _dir: dir,
+            });
         }
     };
+    // Without an ext_proc (round robin) the example's port 9002 is never dialled.
+    let ext_proc_port = ext_proc.as_ref().map_or(9002, |p| p.addr.port());
     let text = std::fs::read_to_string(root().join("envoy").join(file))?;
     let envoy = cluster::start_envoy(
         &envoy_bin()?,
         dir.path(),
-        &render_envoy(&text, picker_port, &backends),
+        &render_envoy(&text, ext_proc_port, &backends),
     )
     .await?;
     Ok(Cluster {
         url: format!("http://127.0.0.1:{}", envoy.port),
         _sims: sims,
-        picker,
+        ext_proc,
         envoy: Some(envoy),
         peer: None,
         sim_urls,
@@ -628,6 +650,10 @@ async fn overhead(
             },
         ),
         (
+            "Envoy + no-op ext_proc (envoy.yaml filters)",
+            Setup::NoopExtProc { file: "envoy.yaml" },
+        ),
+        (
             "Envoy + prefix-picker (envoy.yaml: BUFFERED + observer)",
             Setup::Envoy {
                 file: "envoy.yaml",
@@ -660,7 +686,7 @@ async fn overhead(
         "8 KiB prompts, {output_tokens} output token(s) per streamed response, {requests} requests per row\n\n"
     );
     md.push_str(
-        "| setup | concurrency | req/s | p50 (ms) | p99 (ms) | p50 vs Envoy alone | proxy CPU ms/req (Envoy or peer) | picker CPU ms/req |\n|---|---|---|---|---|---|---|---|\n",
+        "| setup | concurrency | req/s | p50 (ms) | p99 (ms) | p50 vs Envoy alone | proxy CPU ms/req (Envoy or peer) | ext_proc CPU ms/req (picker or no-op) |\n|---|---|---|---|---|---|---|---|\n",
     );
     let mut rows = Vec::new();
     for &c in &levels {
@@ -687,8 +713,8 @@ async fn overhead(
             )
             .await;
             let cpu = |p: Option<u32>| p.and_then(cpu_seconds).unwrap_or(0.0);
-            let picker_pid = cluster.picker.as_ref().map(Process::pid);
-            let (e0, p0) = (cpu(envoy_pid), cpu(picker_pid));
+            let ext_proc_pid = cluster.ext_proc.as_ref().map(Process::pid);
+            let (e0, p0) = (cpu(envoy_pid), cpu(ext_proc_pid));
             let r = driver::run(
                 name,
                 "overhead",
@@ -699,7 +725,7 @@ async fn overhead(
                 0.0,
             )
             .await;
-            let (e1, p1) = (cpu(envoy_pid), cpu(picker_pid));
+            let (e1, p1) = (cpu(envoy_pid), cpu(ext_proc_pid));
             let n = (r.requests - r.errors).max(1) as f64;
             let base_p50 = *baseline_p50.get_or_insert(r.e2e_ms.p50);
             let line = format!(
@@ -710,7 +736,7 @@ async fn overhead(
                 r.e2e_ms.p50 - base_p50,
                 r.e2e_ms.p50 / base_p50.max(1e-9),
                 (e1 - e0) * 1000.0 / n,
-                if picker_pid.is_some() {
+                if ext_proc_pid.is_some() {
                     format!("{:.3}", (p1 - p0) * 1000.0 / n)
                 } else {
                     "-".into()
@@ -738,6 +764,14 @@ async fn main() -> anyhow::Result<()> {
             out,
         } => overhead(requests, &concurrency, output_tokens, out).await,
         Cmd::Replicas(opts) => replicas(opts).await,
+        Cmd::NoopExtProc { grpc_addr } => {
+            let listener = tokio::net::TcpListener::bind(&grpc_addr)
+                .await
+                .with_context(|| format!("binding {grpc_addr}"))?;
+            // `cluster::start_noop_ext_proc` reads this line.
+            eprintln!("noop-ext-proc serving grpc_addr={}", listener.local_addr()?);
+            prefix_picker::bench::noop_ext_proc::serve(listener).await
+        }
         Cmd::SyncApply {
             rate,
             seconds,
