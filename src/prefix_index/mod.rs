@@ -308,6 +308,37 @@ impl PrefixIndex {
         );
 
         // 1. Which entries the pod holds now, and in which node.
+        self.find_held(slot, keys, held, batch);
+        black_box(
+            held.iter()
+                .filter(|&&node| node != NIL)
+                .fold(0, |acc, &node| acc ^ lru.touch(node)),
+        );
+        // 2. The pod's list.
+        earlier_occurrences(keys, latest, earlier);
+        let evicted = self.update_list(lru, keys, held, earlier, at, changes, &mut outcome);
+        // 3. The reverse map.
+        self.apply_changes(slot, changes, batch);
+        drop(guard);
+        if !evicted.is_empty() {
+            outcome.evicted = self
+                .models
+                .keys(|key| evicted.iter().map(|&(m, n)| (key(m), n)).collect());
+        }
+        outcome
+    }
+
+    /// Record step 1: `held[j]` = the node of `slot`'s list holding `keys[j]`, else `NIL`
+    /// (under shard read locks; only the pod's own recorder, which holds its mutex, changes it).
+    /// The three steps stay out of line so profiles (callgrind, perf) show each one's cost.
+    #[inline(never)]
+    fn find_held(
+        &self,
+        slot: PodSlot,
+        keys: &[Hashed],
+        held: &mut Vec<u32>,
+        batch: &mut ShardBatch,
+    ) {
         held.clear();
         held.resize(keys.len(), NIL);
         batch.regroup(keys.iter().map(|k| k.shard()));
@@ -319,16 +350,24 @@ impl PrefixIndex {
                 held[j] = shard.holder_node(keys[j], slot).unwrap_or(NIL);
             }
         }
-        black_box(
-            held.iter()
-                .filter(|&&node| node != NIL)
-                .fold(0, |acc, &node| acc ^ lru.touch(node)),
-        );
+    }
 
-        // 2. The pod's list. A node found in step 1 may have been reused by an eviction earlier
-        // in this record (its key then differs); a key seen earlier in this record is where that
-        // occurrence left it.
-        earlier_occurrences(keys, latest, earlier);
+    /// Record step 2: applies the inserts to the pod's list deepest first and lists the
+    /// reverse-map changes they make (in `changes`, in order). A node found in step 1 may have
+    /// been reused by an eviction earlier in this record (its key then differs); a key seen
+    /// earlier in this record is where that occurrence left it. Returns evictions per model.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn update_list(
+        &self,
+        lru: &mut PodLru,
+        keys: &[Hashed],
+        held: &[u32],
+        earlier: &[u32],
+        at: &mut Vec<u32>,
+        changes: &mut Vec<Change>,
+        outcome: &mut RecordOutcome,
+    ) -> Vec<(ModelId, u64)> {
         at.clear();
         at.resize(keys.len(), NIL);
         changes.clear();
@@ -361,8 +400,13 @@ impl PrefixIndex {
             changes.push(Change { key: *k, node });
             at[j] = node;
         }
+        evicted
+    }
 
-        // 3. The reverse map, each entry's changes in the order they were made.
+    /// Record step 3: applies `changes` to the reverse map under shard write locks, each entry's
+    /// changes in the order they were made (evicted entries lose the pod, new ones gain it).
+    #[inline(never)]
+    fn apply_changes(&self, slot: PodSlot, changes: &[Change], batch: &mut ShardBatch) {
         batch.regroup(changes.iter().map(|c| c.key.shard()));
         for (s, group) in batch.groups() {
             let mut shard = self.shards[s].write();
@@ -376,13 +420,6 @@ impl PrefixIndex {
                 }
             }
         }
-        drop(guard);
-        if !evicted.is_empty() {
-            outcome.evicted = self
-                .models
-                .keys(|key| evicted.iter().map(|&(m, n)| (key(m), n)).collect());
-        }
-        outcome
     }
 
     /// Longest match per candidate (blocks matched, 0 for none), in candidate order. At most

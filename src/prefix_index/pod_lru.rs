@@ -103,13 +103,22 @@ impl PodLru {
             self.link_front(idx);
             return Placed::Fresh(idx);
         }
+        // Full: the least recent node becomes the most recent, holding `key`.
         let idx = self.tail;
         let old = self.key(idx);
-        self.unlink(idx);
-        let node = &mut self.nodes[idx as usize];
-        node.hash = key.hash;
-        node.model = key.model;
-        self.link_front(idx);
+        if idx != self.head {
+            let prev = self.nodes[idx as usize].prev;
+            self.nodes[prev as usize].next = NIL;
+            self.tail = prev;
+            self.nodes[self.head as usize].prev = idx;
+        }
+        self.nodes[idx as usize] = Node {
+            hash: key.hash,
+            model: key.model,
+            prev: NIL,
+            next: if idx == self.head { NIL } else { self.head },
+        };
+        self.head = idx;
         Placed::Replaced(idx, old)
     }
 

@@ -341,6 +341,20 @@ impl ReverseShard {
         if (self.len + 1) * 16 > self.slots.len() * 15 {
             self.grow();
         }
+        // The common case, inline: a free slot in one of its buckets (the emptier one).
+        let home = Home::of(key.mix, self.buckets());
+        let free1 = zero_bytes(self.tags[home.b1]);
+        let free2 = zero_bytes(self.tags[home.b2]);
+        if free1 | free2 != 0 {
+            let (bucket, free) = if marked_bytes(free2) > marked_bytes(free1) {
+                (home.b2, free2)
+            } else {
+                (home.b1, free1)
+            };
+            self.put(bucket, (free.trailing_zeros() / 8) as usize, home.tag, slot);
+            self.len += 1;
+            return;
+        }
         let mut walker = (key.mix, slot);
         while let Err(homeless) = self.place(walker.0, walker.1) {
             // The walk ended with a resident that has no room: a bigger table has.
