@@ -21,6 +21,10 @@
 //!   rounds on the churned fixture inside one function, for
 //!   `valgrind --tool=callgrind --toggle-collect='*callgrind_score_record*'` (see RESULTS.md).
 //!
+//! - `PREFIX_PICKER_BENCH_LIST_LEN=1000` gives the fixture 1,000-entry lists (capacity too), so
+//!   the index fits in the CPU caches and the benches measure compute without memory misses. A
+//!   filter argument (`cargo bench --bench core -- score_record`) skips the bytes-per-entry pass.
+//!
 //! Prompts are words drawn from a fixed vocabulary by seeded RNGs: deterministic, text-like.
 //! Under `cargo test --benches` (criterion's test mode) the fixtures are small and the
 //! bytes-per-entry pass is skipped.
