@@ -31,8 +31,8 @@
 //! batches (the last [`FIRST_BATCH`], then doubling), each batch grouped by shard; candidates
 //! are found by pod slot in a small hash table ([`candidates`]).
 //!
-//! Neither call allocates on its hot path except for its result: a record reuses buffers kept
-//! with the pod (under its mutex), a score a per-thread set of buffers.
+//! Neither call allocates on its hot path except for its result: each reuses a per-thread set of
+//! buffers.
 //!
 //! The index is far larger than the CPU caches, so nearly every entry a call reads is a cache
 //! (and TLB) miss. Before each shard's group of lookups or changes, a branch-free pass reads the
@@ -135,12 +135,10 @@ impl Hashed {
 struct PodState {
     lru: PodLru,
     removed: bool,
-    scratch: RecordScratch,
 }
 
-/// Buffers of one record, kept with the pod (recording holds its mutex) so a record allocates
-/// nothing but its outcome: about 120 bytes per block of the longest prompt recorded (15 KiB
-/// at 128 blocks).
+/// Buffers of one record, one set per thread, so a record allocates nothing but its outcome:
+/// about 120 bytes per block of the longest prompt the thread recorded (15 KiB at 128 blocks).
 #[derive(Debug, Default)]
 struct RecordScratch {
     keys: Vec<Hashed>,
@@ -190,6 +188,7 @@ struct ScoreScratch {
 
 thread_local! {
     static SCORE_SCRATCH: RefCell<ScoreScratch> = RefCell::new(ScoreScratch::default());
+    static RECORD_SCRATCH: RefCell<RecordScratch> = RefCell::new(RecordScratch::default());
 }
 
 /// A reverse-map change made by a record: `key` gains the pod in `node`, or loses it (`NIL`).
@@ -240,7 +239,6 @@ impl PrefixIndex {
             state: Mutex::new(PodState {
                 lru: PodLru::new(self.capacity),
                 removed: false,
-                scratch: RecordScratch::default(),
             }),
         });
         self.pods.write().insert(slot, entry.clone());
@@ -255,7 +253,6 @@ impl PrefixIndex {
         };
         let mut state = entry.state.lock();
         state.removed = true;
-        state.scratch = RecordScratch::default();
         let keys: Vec<Hashed> = state
             .lru
             .drain()
@@ -274,18 +271,29 @@ impl PrefixIndex {
 
     /// Records a prompt's hashes for a pod, deepest first.
     pub fn record(&self, pod: &PodHandle, model: ModelKey, hashes: &[BlockHash]) -> RecordOutcome {
-        let mut outcome = RecordOutcome::default();
         if hashes.is_empty() {
-            return outcome;
+            return RecordOutcome::default();
         }
         let model = self.models.intern(model);
+        RECORD_SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut scratch) => self.record_with(pod, model, hashes, &mut scratch),
+            // Not expected (a record calls no outside code), but never a panic.
+            Err(_) => self.record_with(pod, model, hashes, &mut RecordScratch::default()),
+        })
+    }
+
+    /// [`PrefixIndex::record`] with its buffers.
+    fn record_with(
+        &self,
+        pod: &PodHandle,
+        model: ModelId,
+        hashes: &[BlockHash],
+        scratch: &mut RecordScratch,
+    ) -> RecordOutcome {
+        let mut outcome = RecordOutcome::default();
         let slot = pod.slot();
         let mut guard = pod.0.state.lock();
-        let PodState {
-            lru,
-            removed,
-            scratch,
-        } = &mut *guard;
+        let PodState { lru, removed } = &mut *guard;
         if *removed {
             return outcome;
         }
