@@ -61,8 +61,9 @@ fn replace_invalid_utf8(body: &[u8]) -> Cow<'_, [u8]> {
 }
 
 fn has_surrogate_escape(text: &[u8]) -> bool {
-    text.windows(3)
-        .any(|w| w[0] == b'\\' && w[1] == b'u' && (w[2] | 0x20) == b'd')
+    // `\u` cannot overlap itself, so the non-overlapping matches are all of them.
+    memchr::memmem::find_iter(text, b"\\u")
+        .any(|i| text.get(i + 2).is_some_and(|&c| (c | 0x20) == b'd'))
 }
 
 fn hex4(bytes: &[u8]) -> Option<u16> {
@@ -150,6 +151,26 @@ mod tests {
         assert_eq!(decode(br#""\ud800\ud800\udc00""#), "\u{FFFD}\u{10000}");
         assert_eq!(decode(br#""\ud83d\ude00""#), "\u{1F600}");
         assert_eq!(decode(br#""\\ud800""#), "\\ud800");
+    }
+
+    #[test]
+    fn surrogate_escape_search_matches_a_byte_scan() {
+        let reference = |t: &[u8]| {
+            t.windows(3)
+                .any(|w| w[0] == b'\\' && w[1] == b'u' && (w[2] | 0x20) == b'd')
+        };
+        for t in [
+            &br"\u"[..],
+            br"\ud",
+            br"x\uD8",
+            br"\\ud800",
+            br"\u00e9\n\uDc00",
+            br"\u\ud",
+            br"\uu\u0d",
+            b"",
+        ] {
+            assert_eq!(has_surrogate_escape(t), reference(t), "{t:?}");
+        }
     }
 
     #[test]
