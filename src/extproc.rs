@@ -276,10 +276,23 @@ impl StreamState {
                 ),
             ))];
         }
+        if b.end_of_stream {
+            // The usual BUFFERED case is one message with the whole body: route it in place.
+            let body = if self.body.is_empty() {
+                b.body
+            } else {
+                let mut body = std::mem::take(&mut self.body);
+                body.extend_from_slice(&b.body);
+                body
+            };
+            let replies = self.route_now(Some(&body));
+            self.body = body;
+            return replies;
+        }
         self.body.extend_from_slice(&b.body);
-        match (self.request_mode, b.end_of_stream) {
-            (Some(BodyMode::FullDuplex), false) => vec![],
-            (Some(BodyMode::BufferedPartial), false) => {
+        match self.request_mode {
+            Some(BodyMode::FullDuplex) => vec![],
+            Some(BodyMode::BufferedPartial) => {
                 self.rejected = true;
                 vec![self.immediate(&RouteFailure::new(
                     413,
@@ -287,13 +300,7 @@ impl StreamState {
                     "request body exceeds Envoy's buffer limit",
                 ))]
             }
-            (_, false) => vec![reply(Out::RequestBody(BodyResponse::default()))],
-            (_, true) => {
-                let body = std::mem::take(&mut self.body);
-                let replies = self.route_now(Some(&body));
-                self.body = body;
-                replies
-            }
+            _ => vec![reply(Out::RequestBody(BodyResponse::default()))],
         }
     }
 

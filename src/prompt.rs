@@ -62,6 +62,14 @@ pub fn render(body: &Map<String, Value>) -> Result<String, NoPrompt> {
     Err(NoPrompt::NoPromptField)
 }
 
+/// [`render`] of a body the caller no longer needs: a string `prompt` is moved out, not copied.
+pub fn render_owned(mut body: Map<String, Value>) -> Result<String, NoPrompt> {
+    if let Some(Value::String(prompt)) = body.get_mut("prompt") {
+        return Ok(std::mem::take(prompt));
+    }
+    render(&body)
+}
+
 fn render_chat(system: Option<&Value>, messages: &[Value]) -> String {
     let mut out = String::new();
     if let Some(content) = system.and_then(parse_content) {

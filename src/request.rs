@@ -91,7 +91,7 @@ impl InferenceRequest {
             Some(other) => return Err(RequestError::ModelNotString(json_kind(other))),
         };
         let stream = matches!(map.get("stream"), Some(Value::Bool(true)));
-        let prompt = prompt::render(&map);
+        let prompt = prompt::render_owned(map);
         Ok(InferenceRequest {
             model,
             prompt,
