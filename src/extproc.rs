@@ -90,14 +90,55 @@ impl ExtProc {
     }
 
     pub fn into_server(self) -> ExternalProcessorServer<ExtProc> {
-        ExternalProcessorServer::new(self)
-            .max_decoding_message_size(64 << 20)
-            .max_encoding_message_size(64 << 20)
+        ext_proc_server(self)
     }
 }
 
-type ReplyStream =
+/// An ext_proc service with the message limits Envoy's bodies need (64 MiB each way).
+pub fn ext_proc_server<T: ExternalProcessor>(service: T) -> ExternalProcessorServer<T> {
+    ExternalProcessorServer::new(service)
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20)
+}
+
+pub type ReplyStream =
     Pin<Box<dyn tokio_stream::Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
+
+/// What one ext_proc stream does with its messages (see [`drive_stream`]).
+pub trait StreamHandler: Send + 'static {
+    /// The replies to one message, in order.
+    fn replies(&mut self, message: ProcessingRequest) -> Vec<ProcessingResponse>;
+    /// Nothing more to learn: end our side of the stream now. Envoy keeps an
+    /// observability-mode stream open for `deferred_close_timeout` (5 s) after the request
+    /// unless the server closes it, and every open stream counts against the processor
+    /// cluster's `max_requests` circuit breaker.
+    fn done(&self) -> bool;
+    /// The stream ended (normally or not).
+    fn finish(&mut self) {}
+}
+
+/// Serves one stream on its own task: each message's replies are sent in order until the
+/// handler is done, Envoy ends the stream, or nobody reads the replies any more.
+pub fn drive_stream<H: StreamHandler>(
+    mut inbound: Streaming<ProcessingRequest>,
+    mut handler: H,
+) -> ReplyStream {
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(async move {
+        'stream: while let Ok(Some(message)) = inbound.message().await {
+            for reply in handler.replies(message) {
+                if tx.send(Ok(reply)).await.is_err() {
+                    break 'stream;
+                }
+            }
+            if handler.done() {
+                break;
+            }
+        }
+        handler.finish();
+    });
+    Box::pin(ReceiverStream::new(rx))
+}
 
 #[tonic::async_trait]
 impl ExternalProcessor for ExtProc {
@@ -107,28 +148,22 @@ impl ExternalProcessor for ExtProc {
         &self,
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<Self::ProcessStream>, Status> {
-        let mut inbound = request.into_inner();
-        let (tx, rx) = mpsc::channel(16);
-        let router = self.router.clone();
-        tokio::spawn(async move {
-            let mut stream = StreamState::new(router);
-            while let Ok(Some(message)) = inbound.message().await {
-                for reply in stream.handle(message) {
-                    if tx.send(Ok(reply)).await.is_err() {
-                        break;
-                    }
-                }
-                if stream.completed {
-                    // Nothing more to learn: end our side now. Envoy keeps an observability-mode
-                    // stream open for `deferred_close_timeout` (5 s) after the request unless the
-                    // server closes it, and every open stream counts against the picker
-                    // cluster's `max_requests` circuit breaker.
-                    break;
-                }
-            }
-            stream.finish();
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let stream = StreamState::new(self.router.clone());
+        Ok(Response::new(drive_stream(request.into_inner(), stream)))
+    }
+}
+
+impl StreamHandler for StreamState {
+    fn replies(&mut self, message: ProcessingRequest) -> Vec<ProcessingResponse> {
+        self.handle(message)
+    }
+
+    fn done(&self) -> bool {
+        self.completed
+    }
+
+    fn finish(&mut self) {
+        StreamState::finish(self);
     }
 }
 

@@ -230,8 +230,8 @@ pub fn start_picker(
     let cfg = dir.join("picker.yaml");
     std::fs::write(&cfg, config)?;
     let log_path = dir.join("picker.log");
-    let log = std::fs::File::create(&log_path)?;
-    let child = Command::new(bin)
+    let mut command = Command::new(bin);
+    command
         .args([
             "serve",
             "--grpc-addr",
@@ -241,15 +241,8 @@ pub fn start_picker(
         ])
         .args(["--v", &v.to_string(), "--config"])
         .arg(&cfg)
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
-    let mut process = Process {
-        child,
-        addr: "127.0.0.1:0".parse()?,
-    };
+        .env_remove("RUST_LOG");
+    let mut process = spawn_logging(command, &log_path)?;
     let (grpc, admin) = wait_for("prefix-picker to listen", Duration::from_secs(30), || {
         let text = std::fs::read_to_string(&log_path).ok()?;
         Some((
@@ -259,6 +252,21 @@ pub fn start_picker(
     })?;
     process.addr = grpc;
     Ok((process, admin))
+}
+
+/// Spawns `command` with its stderr in `log_path` (where it logs its bound addresses); the
+/// process's address is a placeholder until read from that log.
+fn spawn_logging(mut command: Command, log_path: &Path) -> anyhow::Result<Process> {
+    let log = std::fs::File::create(log_path)?;
+    let child = command
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting {}", command.get_program().to_string_lossy()))?;
+    Ok(Process {
+        child,
+        addr: "127.0.0.1:0".parse()?,
+    })
 }
 
 /// The address after `key` (`grpc_addr=`) in a log, once the process has written it.
@@ -275,17 +283,9 @@ fn logged_addr(text: &str, key: &str) -> Option<SocketAddr> {
 /// `dir/noop-ext-proc.log`; reads the bound address from that log, as [`start_picker`].
 pub fn start_noop_ext_proc(bench_bin: &Path, dir: &Path) -> anyhow::Result<Process> {
     let log_path = dir.join("noop-ext-proc.log");
-    let log = std::fs::File::create(&log_path)?;
-    let child = Command::new(bench_bin)
-        .args(["noop-ext-proc", "--grpc-addr", "127.0.0.1:0"])
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .with_context(|| format!("starting {}", bench_bin.display()))?;
-    let mut process = Process {
-        child,
-        addr: "127.0.0.1:0".parse()?,
-    };
+    let mut command = Command::new(bench_bin);
+    command.args(["noop-ext-proc", "--grpc-addr", "127.0.0.1:0"]);
+    let mut process = spawn_logging(command, &log_path)?;
     process.addr = wait_for("noop-ext-proc to listen", Duration::from_secs(30), || {
         logged_addr(&std::fs::read_to_string(&log_path).ok()?, "grpc_addr=")
     })?;

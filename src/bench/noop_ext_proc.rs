@@ -13,17 +13,15 @@
 //! Runs as `prefix-bench noop-ext-proc --grpc-addr 127.0.0.1:0` (its own process, like the
 //! picker) and logs `grpc_addr=<bound address>` to stderr once it accepts streams.
 
-use std::pin::Pin;
-
 use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
-use ep::external_processor_server::{ExternalProcessor, ExternalProcessorServer};
+use ep::external_processor_server::ExternalProcessor;
 use ep::processing_request::Request as In;
 use ep::processing_response::Response as Out;
 use ep::{BodyResponse, HeadersResponse, ProcessingRequest, ProcessingResponse, TrailersResponse};
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
+
+use crate::extproc::{ReplyStream, StreamHandler, drive_stream, ext_proc_server};
 
 /// The no-op ext_proc service.
 #[derive(Debug, Clone, Copy, Default)]
@@ -63,8 +61,23 @@ fn step(message: ProcessingRequest) -> Step {
     Step { reply, last }
 }
 
-type ReplyStream =
-    Pin<Box<dyn tokio_stream::Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
+/// One stream of the no-op processor: answers each phase, done once the response has ended.
+#[derive(Debug, Default)]
+struct NoopStream {
+    ended: bool,
+}
+
+impl StreamHandler for NoopStream {
+    fn replies(&mut self, message: ProcessingRequest) -> Vec<ProcessingResponse> {
+        let Step { reply, last } = step(message);
+        self.ended |= last;
+        reply.into_iter().collect()
+    }
+
+    fn done(&self) -> bool {
+        self.ended
+    }
+}
 
 #[tonic::async_trait]
 impl ExternalProcessor for NoopExtProc {
@@ -74,34 +87,18 @@ impl ExternalProcessor for NoopExtProc {
         &self,
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<Self::ProcessStream>, Status> {
-        let mut inbound = request.into_inner();
-        // A task and a channel per stream, as the picker's adapter.
-        let (tx, rx) = mpsc::channel(16);
-        tokio::spawn(async move {
-            while let Ok(Some(message)) = inbound.message().await {
-                let Step { reply, last } = step(message);
-                if let Some(reply) = reply
-                    && tx.send(Ok(reply)).await.is_err()
-                {
-                    break;
-                }
-                if last {
-                    break;
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        // The picker's own stream driver: the same task and channel per stream.
+        Ok(Response::new(drive_stream(
+            request.into_inner(),
+            NoopStream::default(),
+        )))
     }
 }
 
 /// Serves the no-op processor on `listener` until the process ends.
 pub async fn serve(listener: TcpListener) -> anyhow::Result<()> {
     tonic::transport::Server::builder()
-        .add_service(
-            ExternalProcessorServer::new(NoopExtProc)
-                .max_decoding_message_size(64 << 20)
-                .max_encoding_message_size(64 << 20),
-        )
+        .add_service(ext_proc_server(NoopExtProc))
         // Envoy waits on every reply: never let Nagle + delayed ACK add 40 ms.
         .serve_with_incoming(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
