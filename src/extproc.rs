@@ -42,12 +42,18 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::endpoints::{Endpoint, InflightGuard};
+use crate::completion::{Ending, Served, finish_route};
+use crate::endpoints::InflightGuard;
 use crate::pending::PendingRoute;
 use crate::routing::{RouteFailure, Routed, Router, parse_endpoint, parse_endpoint_list};
 
 pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
 pub const SERVED_KEY: &str = "x-gateway-destination-endpoint-served";
+/// `envoy.lb` metadata key naming a routed request waiting in [`PendingRoutes`] (its request
+/// id): an observer filter that skips request headers finds its request by it.
+///
+/// [`PendingRoutes`]: crate::pending::PendingRoutes
+pub const ROUTE_KEY: &str = "x-prefix-picker-route";
 pub const LB_NAMESPACE: &str = "envoy.lb";
 pub const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
 pub const SUBSET_KEY: &str = "x-gateway-destination-endpoint-subset";
@@ -187,16 +193,6 @@ struct StreamState {
     status: Option<u32>,
     served: Served,
     completed: bool,
-}
-
-/// Who served the response, as far as Envoy told us.
-#[derive(Debug, Clone)]
-enum Served {
-    /// Envoy did not say (no attribute, no metadata): the primary pick is assumed.
-    NotReported,
-    Pod(Arc<Endpoint>),
-    /// Envoy named an address outside the endpoint set: nothing is recorded.
-    Unknown,
 }
 
 /// Counts an open stream in `prefix_picker_inflight_streams` until dropped.
@@ -371,7 +367,7 @@ impl StreamState {
             reason = routed.decision.reason.as_str(),
             "picked"
         );
-        self.keep_route(routed);
+        let pending = self.keep_route(routed);
         let mut set_headers = vec![set_header(DESTINATION_HEADER, &destination)];
         if self.set_request_id {
             set_headers.push(set_header(
@@ -387,7 +383,12 @@ impl StreamState {
             clear_route_cache: true,
             ..CommonResponse::default()
         };
-        let metadata = Some(lb_metadata(&destination));
+        let route_key = if pending {
+            self.request_id.as_deref()
+        } else {
+            None
+        };
+        let metadata = Some(lb_metadata(&destination, route_key));
         let full_duplex_body = self.holding_headers && body.is_some();
         if body.is_none() || self.holding_headers {
             self.holding_headers = false;
@@ -412,7 +413,11 @@ impl StreamState {
         }]
     }
 
-    fn keep_route(&mut self, routed: Routed) {
+    /// Keeps the routed state for completion: on this stream, or (when this stream will not
+    /// see the response) in [`PendingRoutes`] under the request id, returning true.
+    ///
+    /// [`PendingRoutes`]: crate::pending::PendingRoutes
+    fn keep_route(&mut self, routed: Routed) -> bool {
         let route = PendingRoute {
             guard: InflightGuard::new(routed.decision.primary().clone(), &self.router.metrics),
             model: routed.model,
@@ -421,9 +426,22 @@ impl StreamState {
         match (self.response_mode, &self.request_id) {
             (Some(BodyMode::None) | None, Some(id)) => {
                 self.router.pending.insert(id.clone(), route);
+                true
             }
-            _ => self.route = Some(route),
+            _ => {
+                self.route = Some(route);
+                false
+            }
         }
+    }
+
+    /// The request id an observer stream claims its pending route by: the `x-request-id`
+    /// header when the observer saw the request headers, else the [`ROUTE_KEY`] the routing
+    /// stream put in `envoy.lb` metadata.
+    fn pending_key(&self) -> Option<&str> {
+        self.request_id
+            .as_deref()
+            .or_else(|| route_key_from_metadata(&self.metadata))
     }
 
     /// Candidate restriction from the subset hint and (when enabled) the conformance header.
@@ -533,22 +551,8 @@ impl StreamState {
                 Some(Kind::StringValue(s)) => parse_endpoint(s),
                 _ => None,
             });
-        let from_metadata = || {
-            self.metadata
-                .get(LB_NAMESPACE)
-                .and_then(|s| s.fields.get(SERVED_KEY))
-                .and_then(|v| match &v.kind {
-                    Some(Kind::StringValue(s)) => parse_endpoint(s),
-                    _ => None,
-                })
-        };
-        match from_attribute.or_else(from_metadata) {
-            None => Served::NotReported,
-            Some(address) => match self.router.endpoints.snapshot().by_address(&address) {
-                Some(e) => Served::Pod(e.clone()),
-                None => Served::Unknown,
-            },
-        }
+        let address = from_attribute.or_else(|| served_from_metadata(&self.metadata));
+        Served::at(&self.router, address)
     }
 
     /// The response ended: record a 2xx for the serving pod, release the in-flight count.
@@ -558,35 +562,16 @@ impl StreamState {
         }
         self.completed = true;
         let route = self.route.take().or_else(|| {
-            self.request_id
-                .as_deref()
+            self.pending_key()
                 .and_then(|id| self.router.pending.take(id))
         });
-        let Some(route) = route else {
-            return;
-        };
-        let records = &self.router.metrics.records;
-        let ok = self.status.is_some_and(|s| (200..300).contains(&s));
-        if !ok {
-            records.with_label_values(&["failed"]).inc();
-            return;
+        if let Some(route) = route {
+            let ending = Ending::Completed {
+                status: self.status,
+                served: std::mem::replace(&mut self.served, Served::NotReported),
+            };
+            finish_route(&self.router, route, ending);
         }
-        if route.hashes.is_empty() {
-            records.with_label_values(&["unscored"]).inc();
-            return;
-        }
-        let served = match &self.served {
-            Served::Pod(e) => e.clone(),
-            Served::NotReported => route.guard.endpoint().clone(),
-            Served::Unknown => {
-                records.with_label_values(&["unknown_pod"]).inc();
-                return;
-            }
-        };
-        self.router
-            .scheduler
-            .record(&route.model, &route.hashes, &served);
-        records.with_label_values(&["recorded"]).inc();
     }
 
     /// The stream ended (normally or not).
@@ -594,22 +579,15 @@ impl StreamState {
         if self.completed {
             return;
         }
-        if self.route.take().is_some() {
-            self.router
-                .metrics
-                .records
-                .with_label_values(&["aborted"])
-                .inc();
+        if let Some(route) = self.route.take() {
+            finish_route(&self.router, route, Ending::Aborted);
         }
         if self.observer
-            && let Some(id) = &self.request_id
-            && self.router.pending.take(id).is_some()
+            && let Some(route) = self
+                .pending_key()
+                .and_then(|id| self.router.pending.take(id))
         {
-            self.router
-                .metrics
-                .records
-                .with_label_values(&["aborted"])
-                .inc();
+            finish_route(&self.router, route, Ending::Aborted);
         }
     }
 
@@ -685,11 +663,14 @@ fn string_value(s: &str) -> Value {
     }
 }
 
-/// `{"envoy.lb": {"x-gateway-destination-endpoint": destination}}`.
-fn lb_metadata(destination: &str) -> Struct {
-    let inner = Struct {
-        fields: HashMap::from([(DESTINATION_HEADER.to_string(), string_value(destination))]),
-    };
+/// `{"envoy.lb": {"x-gateway-destination-endpoint": destination}}`, plus the [`ROUTE_KEY`] of
+/// a route left for an observer stream.
+fn lb_metadata(destination: &str, route_key: Option<&str>) -> Struct {
+    let mut fields = HashMap::from([(DESTINATION_HEADER.to_string(), string_value(destination))]);
+    if let Some(id) = route_key {
+        fields.insert(ROUTE_KEY.to_string(), string_value(id));
+    }
+    let inner = Struct { fields };
     Struct {
         fields: HashMap::from([(
             LB_NAMESPACE.to_string(),
@@ -728,6 +709,34 @@ fn body_chunks(body: &[u8]) -> Vec<ProcessingResponse> {
         .collect()
 }
 
+/// The `-served` key Envoy's `override_host` policy writes in `envoy.lb` metadata.
+pub fn served_from_metadata(metadata: &HashMap<String, Struct>) -> Option<SocketAddr> {
+    match metadata
+        .get(LB_NAMESPACE)?
+        .fields
+        .get(SERVED_KEY)?
+        .kind
+        .as_ref()?
+    {
+        Kind::StringValue(s) => parse_endpoint(s),
+        _ => None,
+    }
+}
+
+/// The [`ROUTE_KEY`] in `envoy.lb` metadata.
+pub fn route_key_from_metadata(metadata: &HashMap<String, Struct>) -> Option<&str> {
+    match metadata
+        .get(LB_NAMESPACE)?
+        .fields
+        .get(ROUTE_KEY)?
+        .kind
+        .as_ref()?
+    {
+        Kind::StringValue(id) => Some(id.as_str()),
+        _ => None,
+    }
+}
+
 /// Merges a message's metadata into the stream's (fields of later messages win).
 fn merge_metadata(into: &mut HashMap<String, Struct>, md: Metadata) {
     for (namespace, fields) in md.filter_metadata {
@@ -739,4 +748,4 @@ fn merge_metadata(into: &mut HashMap<String, Struct>, md: Metadata) {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

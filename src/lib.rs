@@ -3,8 +3,10 @@
 //! The pure core (request parsing, prompt rendering, block hashing, the prefix index and the
 //! scheduler) knows nothing of Envoy; the ext_proc adapter ([`extproc`]) translates.
 
+pub mod access_log;
 pub mod admin;
 pub mod bench;
+pub mod completion;
 pub mod config;
 pub mod discovery;
 pub mod endpoints;

@@ -96,6 +96,7 @@ pub struct RouterMetrics {
     pub decision_duration: Histogram,
     pub unscored: IntCounterVec,
     pub records: IntCounterVec,
+    pub access_log_entries: IntCounterVec,
     pub inflight_streams: IntGauge,
     pub pod_inflight: IntGaugeVec,
     pub pod_picks: IntCounterVec,
@@ -146,6 +147,14 @@ impl RouterMetrics {
                     "Request completions, by outcome (recorded, failed, aborted, unknown_pod, unscored)",
                 ),
                 &["outcome"],
+            )
+            .expect("valid metric"),
+            access_log_entries: IntCounterVec::new(
+                Opts::new(
+                    "prefix_picker_access_log_entries_total",
+                    "Envoy access-log entries received, by result (claimed a routed request, unclaimed, intermediate)",
+                ),
+                &["result"],
             )
             .expect("valid metric"),
             inflight_streams: IntGauge::new(
@@ -201,6 +210,7 @@ impl RouterMetrics {
         register(registry, m.decision_duration.clone());
         register(registry, m.unscored.clone());
         register(registry, m.records.clone());
+        register(registry, m.access_log_entries.clone());
         register(registry, m.inflight_streams.clone());
         register(registry, m.pod_inflight.clone());
         register(registry, m.pod_picks.clone());

@@ -7,12 +7,13 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::json;
 
-use crate::config::PickerConfig;
+use crate::config::{PickerConfig, SchedulerConfig};
 use crate::endpoints::Endpoints;
-use crate::metrics::RouterMetrics;
+use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
 use crate::pending::PendingRoutes;
 use crate::request::{Api, InferenceRequest};
 use crate::scheduler::{Decision, PickError, RouteRequest, Scheduler};
@@ -81,6 +82,34 @@ pub struct Router {
 }
 
 impl Router {
+    /// A router over an empty endpoint set: the scheduler from `scheduler`, the picker's
+    /// knobs from `picker`, metrics into the given families.
+    pub fn assemble(
+        scheduler: SchedulerConfig,
+        picker: PickerConfig,
+        prefix_metrics: PrefixCacheMetrics,
+        metrics: RouterMetrics,
+    ) -> Router {
+        let scheduler = Arc::new(Scheduler::new(
+            scheduler,
+            picker.max_endpoints,
+            picker.seed,
+            prefix_metrics,
+            metrics.clone(),
+        ));
+        let endpoints = Arc::new(Endpoints::new(
+            scheduler.prefix_cache().index().clone(),
+            metrics.clone(),
+        ));
+        Router {
+            scheduler,
+            endpoints,
+            metrics,
+            pending: PendingRoutes::new(Duration::from_secs(picker.response_timeout_seconds)),
+            config: picker,
+        }
+    }
+
     /// Routes one request. `body` is `None` for a request without a body.
     pub fn route(
         &self,

@@ -10,16 +10,15 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::access_log::AccessLogSink;
 use crate::admin::{self, Admin};
 use crate::config::Config;
 use crate::discovery::{DiscoveryMetrics, KubernetesDiscovery, kubernetes};
-use crate::endpoints::{EndpointSpec, Endpoints, PodId, Update};
+use crate::endpoints::{EndpointSpec, PodId, Update};
 use crate::extproc::ExtProc;
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
-use crate::pending::PendingRoutes;
 use crate::pod_metrics::{self, ScrapeConfig};
 use crate::routing::Router;
-use crate::scheduler::Scheduler;
 
 /// Health service names served on the gRPC port.
 pub const HEALTH_SERVICES: [&str; 3] = ["liveness", "readiness", ""];
@@ -127,17 +126,13 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
     let registry = prometheus::Registry::new();
     let prefix_metrics = PrefixCacheMetrics::register(&registry);
     let metrics = RouterMetrics::register(&registry);
-    let scheduler = Arc::new(Scheduler::new(
+    let router = Arc::new(Router::assemble(
         config.scheduler.clone(),
-        config.picker.max_endpoints,
-        config.picker.seed,
+        config.picker.clone(),
         prefix_metrics.clone(),
-        metrics.clone(),
+        metrics,
     ));
-    let endpoints = Arc::new(Endpoints::new(
-        scheduler.prefix_cache().index().clone(),
-        metrics.clone(),
-    ));
+    let endpoints = router.endpoints.clone();
     endpoints.apply(Update::Reset(static_endpoints(&config)));
     // Kubernetes discovery: not ready until the first full pod list is applied.
     let discovery = match &config.discovery.kubernetes {
@@ -151,13 +146,6 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
         )),
         None => None,
     };
-    let router = Arc::new(Router {
-        scheduler,
-        endpoints,
-        metrics,
-        pending: PendingRoutes::new(Duration::from_secs(config.picker.response_timeout_seconds)),
-        config: config.picker.clone(),
-    });
 
     let shutdown = CancellationToken::new();
     let ready = Arc::new(AtomicBool::new(false));
@@ -180,6 +168,7 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
     {
         let router = router.clone();
         let token = shutdown.clone();
+        let grace = Duration::from_secs_f64(config.picker.shutdown_grace_seconds);
         let mut server = tonic::transport::Server::builder();
         if let Some(id) = &identity {
             server = server.tls_config(tonic::transport::ServerTlsConfig::new().identity(
@@ -190,6 +179,7 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
             server
                 .http2_keepalive_interval(Some(Duration::from_secs(30)))
                 .add_service(health_service)
+                .add_service(AccessLogSink::new(router.clone(), token.clone(), grace).into_server())
                 .add_service(ExtProc::new(router).into_server())
                 .serve_with_incoming_shutdown(
                     // Envoy waits on every reply: never let Nagle + delayed ACK add 40 ms.

@@ -220,7 +220,7 @@ async fn dead_primary_is_skipped_and_the_real_server_is_recorded() {
 /// the routing streams too (500s, seen in the soak test).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finished_streams_are_closed_by_the_picker() {
-    let (_backends, picker, envoy) = stack("envoy.yaml", "", |s| {
+    let (_backends, picker, envoy) = stack("envoy-observer.yaml", "", |s| {
         assert!(
             s.contains("max_requests: 40000"),
             "the example lifts the breaker"
@@ -338,6 +338,14 @@ async fn body_modes(file: &str, edit: fn(String) -> String) {
     let r = send(&envoy, "/v1/completions", &big).await;
     assert_eq!(r.status, 200, "{}", envoy.log());
     assert_eq!(r.body["body_len"].as_u64().unwrap() as usize, sent);
+    // Both sticky requests and the 2 MB one are recorded (completions may land just after the
+    // client has its response: the access log is sent when Envoy finishes the stream).
+    wait_metric(
+        &picker,
+        "prefix_picker_records_total{outcome=\"recorded\"}",
+        3.0,
+    )
+    .await;
     // SSE: the first event reaches the client while the backend still holds the stream open.
     let recorded = metric(&picker, "prefix_picker_records_total{outcome=\"recorded\"}").await;
     let body = json!({"model": "m", "stream": true, "prompt": "GATED stream please"});
@@ -369,7 +377,61 @@ async fn body_modes(file: &str, edit: fn(String) -> String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buffered_request_body_with_observer_filter() {
+    body_modes("envoy-observer.yaml", |s| s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_duplex_request_body_with_access_log_completions() {
     body_modes("envoy.yaml", |s| s).await;
+}
+
+/// A client that goes away mid-stream: the completion source (access log or observer filter)
+/// reports an abort, nothing is recorded and the pod's in-flight count is released.
+async fn client_abort_records_nothing(file: &str) {
+    let (backends, picker, envoy) = stack(file, "", |s| s).await;
+    let body = json!({"model": "m", "stream": true, "prompt": "GATED and then the client leaves"});
+    let client = reqwest::Client::new();
+    let r = client
+        .post(envoy.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let served = r.headers()["x-served-by"].to_str().unwrap().to_string();
+    let mut chunks = r.bytes_stream();
+    assert!(String::from_utf8_lossy(&chunks.next().await.unwrap().unwrap()).contains("\"n\":1"));
+    drop(chunks);
+    drop(client);
+    wait_metric(
+        &picker,
+        "prefix_picker_records_total{outcome=\"aborted\"}",
+        1.0,
+    )
+    .await;
+    wait_metric_eq(&picker, "prefix_picker_pod_inflight_requests", 0.0).await;
+    assert_eq!(
+        metric(&picker, "prefix_picker_records_total{outcome=\"recorded\"}").await,
+        0.0
+    );
+    assert_eq!(prefix_score(&picker, &body, &served).await, 0);
+    // Let the backend finish its side.
+    backends
+        .iter()
+        .find(|b| b.name == served)
+        .unwrap()
+        .gate
+        .notify_one();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_abort_seen_in_the_access_log_records_nothing() {
+    client_abort_records_nothing("envoy.yaml").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_abort_seen_by_the_observer_records_nothing() {
+    client_abort_records_nothing("envoy-observer.yaml").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,21 +3,36 @@
 //!
 //! Every message is answered at once with the empty (CONTINUE, no mutation) response of its phase:
 //! request/response headers -> `HeadersResponse`, bodies -> `BodyResponse`, trailers ->
-//! `TrailersResponse`. A message without a phase gets no answer. It mirrors the picker's protocol
-//! shape and nothing else: streams in `observability_mode` (the observer filter of
+//! `TrailersResponse`. A message without a phase gets no answer. In `FULL_DUPLEX_STREAMED` body
+//! modes, where Envoy waits for the processor to send the body back, the request headers'
+//! reply is held until the request body ends and then sent with the whole body as one
+//! `streamed_response` (as the picker does, which needs the body to pick), and each response
+//! body chunk is echoed at once. It mirrors the picker's protocol shape and nothing else: streams in `observability_mode` (the observer filter of
 //! `envoy/envoy.yaml`) are never answered, since Envoy discards those replies, and a stream ends
 //! from this side once the response has ended (body `end_of_stream` or response trailers), since
 //! Envoy would otherwise hold an observer stream open for 5 s more. Without the picker's
 //! `envoy.lb` metadata, the `override_host` policy falls back to round robin.
 //!
+//! It also serves Envoy's gRPC access-log service, reading and dropping every entry, so setups
+//! that learn completions from the access log (`envoy/envoy.yaml`) have their baseline too.
+//!
 //! Runs as `prefix-bench noop-ext-proc --grpc-addr 127.0.0.1:0` (its own process, like the
 //! picker) and logs `grpc_addr=<bound address>` to stderr once it accepts streams.
 
+use envoy_types::pb::envoy::service::accesslog::v3::access_log_service_server::{
+    AccessLogService, AccessLogServiceServer,
+};
+use envoy_types::pb::envoy::service::accesslog::v3::{
+    StreamAccessLogsMessage, StreamAccessLogsResponse,
+};
 use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
 use ep::external_processor_server::ExternalProcessor;
 use ep::processing_request::Request as In;
 use ep::processing_response::Response as Out;
-use ep::{BodyResponse, HeadersResponse, ProcessingRequest, ProcessingResponse, TrailersResponse};
+use ep::{
+    BodyMutation, BodyResponse, CommonResponse, HeadersResponse, ProcessingRequest,
+    ProcessingResponse, StreamedBodyResponse, TrailersResponse, body_mutation,
+};
 use tokio::net::TcpListener;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -61,14 +76,97 @@ fn step(message: ProcessingRequest) -> Step {
     Step { reply, last }
 }
 
+/// `ProcessingMode.BodySendMode.FULL_DUPLEX_STREAMED`.
+const FULL_DUPLEX_STREAMED: i32 = 4;
+
 /// One stream of the no-op processor: answers each phase, done once the response has ended.
 #[derive(Debug, Default)]
 struct NoopStream {
     ended: bool,
+    request_full_duplex: bool,
+    response_full_duplex: bool,
+    /// FULL_DUPLEX request: the headers are not answered yet; the body so far.
+    held_body: Option<Vec<u8>>,
+}
+
+impl NoopStream {
+    /// The FULL_DUPLEX exchanges; `None` for messages answered as in the other modes.
+    fn full_duplex(&mut self, message: &mut ProcessingRequest) -> Option<Vec<ProcessingResponse>> {
+        match message.request.as_mut()? {
+            In::RequestHeaders(h) if self.request_full_duplex && !h.end_of_stream => {
+                self.held_body = Some(Vec::new());
+                Some(vec![])
+            }
+            In::RequestBody(b) if self.held_body.is_some() => {
+                let held = self.held_body.as_mut()?;
+                held.append(&mut b.body);
+                if !b.end_of_stream {
+                    return Some(vec![]);
+                }
+                let body = self.held_body.take().unwrap_or_default();
+                Some(vec![
+                    reply(Out::RequestHeaders(HeadersResponse::default())),
+                    reply(Out::RequestBody(streamed(body, true))),
+                ])
+            }
+            In::RequestTrailers(_) if self.held_body.is_some() => {
+                // The body ended with trailers instead of `end_of_stream`.
+                let body = self.held_body.take().unwrap_or_default();
+                Some(vec![
+                    reply(Out::RequestHeaders(HeadersResponse::default())),
+                    reply(Out::RequestBody(streamed(body, false))),
+                    reply(Out::RequestTrailers(TrailersResponse::default())),
+                ])
+            }
+            In::ResponseBody(b) if self.response_full_duplex => {
+                self.ended |= b.end_of_stream;
+                let body = std::mem::take(&mut b.body);
+                Some(vec![reply(Out::ResponseBody(streamed(
+                    body,
+                    b.end_of_stream,
+                )))])
+            }
+            _ => None,
+        }
+    }
+}
+
+fn reply(out: Out) -> ProcessingResponse {
+    ProcessingResponse {
+        response: Some(out),
+        ..ProcessingResponse::default()
+    }
+}
+
+/// A body reply that sends `body` on in FULL_DUPLEX_STREAMED mode.
+fn streamed(body: Vec<u8>, end_of_stream: bool) -> BodyResponse {
+    BodyResponse {
+        response: Some(CommonResponse {
+            body_mutation: Some(BodyMutation {
+                mutation: Some(body_mutation::Mutation::StreamedResponse(
+                    StreamedBodyResponse {
+                        body,
+                        end_of_stream,
+                        ..StreamedBodyResponse::default()
+                    },
+                )),
+            }),
+            ..CommonResponse::default()
+        }),
+    }
 }
 
 impl StreamHandler for NoopStream {
-    fn replies(&mut self, message: ProcessingRequest) -> Vec<ProcessingResponse> {
+    fn replies(&mut self, mut message: ProcessingRequest) -> Vec<ProcessingResponse> {
+        if let Some(pc) = &message.protocol_config {
+            self.request_full_duplex = pc.request_body_mode == FULL_DUPLEX_STREAMED;
+            self.response_full_duplex = pc.response_body_mode == FULL_DUPLEX_STREAMED;
+        }
+        if !message.observability_mode
+            && let Some(replies) = self.full_duplex(&mut message)
+        {
+            return replies;
+        }
         let Step { reply, last } = step(message);
         self.ended |= last;
         reply.into_iter().collect()
@@ -95,10 +193,27 @@ impl ExternalProcessor for NoopExtProc {
     }
 }
 
+/// The access-log service of the baseline: reads every message, keeps nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoopAccessLog;
+
+#[tonic::async_trait]
+impl AccessLogService for NoopAccessLog {
+    async fn stream_access_logs(
+        &self,
+        request: Request<Streaming<StreamAccessLogsMessage>>,
+    ) -> Result<Response<StreamAccessLogsResponse>, Status> {
+        let mut stream = request.into_inner();
+        while stream.message().await?.is_some() {}
+        Ok(Response::new(StreamAccessLogsResponse {}))
+    }
+}
+
 /// Serves the no-op processor on `listener` until the process ends.
 pub async fn serve(listener: TcpListener) -> anyhow::Result<()> {
     tonic::transport::Server::builder()
         .add_service(ext_proc_server(NoopExtProc))
+        .add_service(AccessLogServiceServer::new(NoopAccessLog))
         // Envoy waits on every reply: never let Nagle + delayed ACK add 40 ms.
         .serve_with_incoming(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
@@ -180,6 +295,94 @@ mod tests {
             let s = step(request(phase, true));
             assert_eq!((s.reply, s.last), (None, last));
         }
+    }
+
+    fn full_duplex(mut r: ProcessingRequest) -> ProcessingRequest {
+        r.protocol_config = Some(ep::ProtocolConfiguration {
+            request_body_mode: FULL_DUPLEX_STREAMED,
+            response_body_mode: FULL_DUPLEX_STREAMED,
+            ..ep::ProtocolConfiguration::default()
+        });
+        r
+    }
+
+    fn body(bytes: &[u8], end_of_stream: bool) -> HttpBody {
+        HttpBody {
+            body: bytes.to_vec(),
+            end_of_stream,
+            ..HttpBody::default()
+        }
+    }
+
+    fn streamed_of(r: &ProcessingResponse) -> (&[u8], bool) {
+        let (Some(Out::RequestBody(b)) | Some(Out::ResponseBody(b))) = &r.response else {
+            panic!("not a body reply: {r:?}");
+        };
+        match b.response.as_ref().and_then(|c| c.body_mutation.as_ref()) {
+            Some(BodyMutation {
+                mutation: Some(body_mutation::Mutation::StreamedResponse(s)),
+            }) => (&s.body, s.end_of_stream),
+            other => panic!("not a streamed response: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn full_duplex_request_is_answered_at_its_end_with_the_body_sent_back() {
+        let mut s = NoopStream::default();
+        let headers = In::RequestHeaders(HttpHeaders::default());
+        assert!(s.replies(full_duplex(request(headers, false))).is_empty());
+        assert!(
+            s.replies(request(In::RequestBody(body(b"abc", false)), false))
+                .is_empty()
+        );
+        let r = s.replies(request(In::RequestBody(body(b"def", true)), false));
+        assert_eq!(r.len(), 2);
+        assert_eq!(
+            r[0].response,
+            Some(Out::RequestHeaders(HeadersResponse::default()))
+        );
+        assert_eq!(streamed_of(&r[1]), (&b"abcdef"[..], true));
+        // Response chunks are echoed at once; the last one ends the stream.
+        let r = s.replies(request(
+            In::ResponseBody(body(b"data: x\n\n", false)),
+            false,
+        ));
+        assert_eq!(streamed_of(&r[0]), (&b"data: x\n\n"[..], false));
+        assert!(!s.done());
+        let r = s.replies(request(In::ResponseBody(body(b"", true)), false));
+        assert_eq!(streamed_of(&r[0]), (&b""[..], true));
+        assert!(s.done());
+    }
+
+    #[test]
+    fn full_duplex_request_ended_by_trailers() {
+        let mut s = NoopStream::default();
+        s.replies(full_duplex(request(
+            In::RequestHeaders(HttpHeaders::default()),
+            false,
+        )));
+        s.replies(request(In::RequestBody(body(b"abc", false)), false));
+        let r = s.replies(request(In::RequestTrailers(HttpTrailers::default()), false));
+        assert_eq!(r.len(), 3);
+        assert_eq!(streamed_of(&r[1]), (&b"abc"[..], false));
+        assert_eq!(
+            r[2].response,
+            Some(Out::RequestTrailers(TrailersResponse::default()))
+        );
+    }
+
+    #[test]
+    fn full_duplex_header_only_request_is_answered_at_once() {
+        let mut s = NoopStream::default();
+        let headers = In::RequestHeaders(HttpHeaders {
+            end_of_stream: true,
+            ..HttpHeaders::default()
+        });
+        let r = s.replies(full_duplex(request(headers, false)));
+        assert_eq!(
+            r[0].response,
+            Some(Out::RequestHeaders(HeadersResponse::default()))
+        );
     }
 
     #[test]

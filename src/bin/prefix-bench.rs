@@ -53,6 +53,14 @@ enum Cmd {
         /// Output tokens per response (SSE events); >1 measures the per-chunk cost.
         #[arg(long, default_value_t = 1)]
         output_tokens: usize,
+        /// Envoy bootstraps under `envoy/` to compare: each gets a no-op ext_proc row and a
+        /// prefix-picker row.
+        #[arg(
+            long,
+            default_value = "envoy.yaml,envoy-observer.yaml,envoy-full-duplex.yaml",
+            value_delimiter = ','
+        )]
+        envoy_files: Vec<String>,
         #[arg(long, default_value = "bench/results")]
         out: PathBuf,
     },
@@ -221,12 +229,12 @@ fn sim_args(kv_blocks: usize) -> Vec<String> {
 enum Setup {
     /// Envoy with one of the `envoy/` examples; with prefix-picker when a scheduler is given.
     Envoy {
-        file: &'static str,
+        file: String,
         scheduler: Option<String>,
     },
     /// Envoy with one of the `envoy/` examples, its ext_proc cluster pointing at the no-op
     /// processor (`prefix-bench noop-ext-proc`) instead of the picker.
-    NoopExtProc { file: &'static str },
+    NoopExtProc { file: String },
     /// sglang-router (`python -m sglang_router.launch_router`, from its own virtualenv).
     Sglang(PathBuf),
     /// vllm-router (the `vllm-router` console script, from its own virtualenv).
@@ -251,21 +259,21 @@ fn routers() -> anyhow::Result<Vec<(&'static str, Setup)>> {
         (
             "envoy round-robin",
             Setup::Envoy {
-                file: "envoy-round-robin.yaml",
+                file: "envoy-round-robin.yaml".into(),
                 scheduler: None,
             },
         ),
         (
             "prefix-picker: prefix-cache only",
             Setup::Envoy {
-                file: "envoy.yaml",
+                file: "envoy.yaml".into(),
                 scheduler: Some(prefix_only),
             },
         ),
         (
             "prefix-picker: Kthena default plugins",
             Setup::Envoy {
-                file: "envoy.yaml",
+                file: "envoy.yaml".into(),
                 scheduler: Some(scheduler),
             },
         ),
@@ -382,7 +390,7 @@ async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Clu
         Setup::Envoy {
             file,
             scheduler: None,
-        } => (*file, None),
+        } => (file.as_str(), None),
         Setup::Envoy {
             file,
             scheduler: Some(s),
@@ -398,11 +406,11 @@ async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Clu
             config.push_str("picker: {scrapeIntervalSeconds: 0.1}\n");
             let (p, _admin) =
                 cluster::start_picker(&bins.join("prefix-picker"), dir.path(), &config, 2)?;
-            (*file, Some(p))
+            (file.as_str(), Some(p))
         }
         Setup::NoopExtProc { file } => {
             let p = cluster::start_noop_ext_proc(&std::env::current_exe()?, dir.path())?;
-            (*file, Some(p))
+            (file.as_str(), Some(p))
         }
         peer => {
             let (process, url) = start_peer(peer, dir.path(), &sim_urls).await?;
@@ -630,6 +638,7 @@ async fn overhead(
     requests: usize,
     concurrency: &str,
     output_tokens: usize,
+    envoy_files: &[String],
     out: PathBuf,
 ) -> anyhow::Result<()> {
     let levels: Vec<usize> = concurrency
@@ -641,36 +650,29 @@ async fn overhead(
         .map(|s| s.to_string())
         .collect();
     let scheduler = default_scheduler()?;
-    let mut setups: Vec<(&str, Setup)> = vec![
-        (
-            "Envoy alone (round robin)",
+    let mut setups: Vec<(String, Setup)> = vec![(
+        "Envoy alone (round robin)".into(),
+        Setup::Envoy {
+            file: "envoy-round-robin.yaml".into(),
+            scheduler: None,
+        },
+    )];
+    for file in envoy_files {
+        setups.push((
+            format!("Envoy + no-op ext_proc ({file})"),
+            Setup::NoopExtProc { file: file.clone() },
+        ));
+        setups.push((
+            format!("Envoy + prefix-picker ({file})"),
             Setup::Envoy {
-                file: "envoy-round-robin.yaml",
-                scheduler: None,
-            },
-        ),
-        (
-            "Envoy + no-op ext_proc (envoy.yaml filters)",
-            Setup::NoopExtProc { file: "envoy.yaml" },
-        ),
-        (
-            "Envoy + prefix-picker (envoy.yaml: BUFFERED + observer)",
-            Setup::Envoy {
-                file: "envoy.yaml",
+                file: file.clone(),
                 scheduler: Some(scheduler.clone()),
             },
-        ),
-        (
-            "Envoy + prefix-picker (envoy-full-duplex.yaml)",
-            Setup::Envoy {
-                file: "envoy-full-duplex.yaml",
-                scheduler: Some(scheduler.clone()),
-            },
-        ),
-    ];
+        ));
+    }
     for (name, setup) in routers()? {
         if matches!(setup, Setup::Sglang(_) | Setup::Vllm(_)) {
-            setups.push((name, setup));
+            setups.push((name.into(), setup));
         }
     }
     let prompts: Vec<BenchRequest> = (0..requests)
@@ -692,7 +694,7 @@ async fn overhead(
     for &c in &levels {
         let mut baseline_p50 = None;
         for (name, setup) in &setups {
-            let name = *name;
+            let name = name.as_str();
             let cluster = start_cluster(setup, &instant).await?;
             let base = cluster.url.clone();
             // The proxy's CPU: Envoy's, or the peer router's own process.
@@ -761,8 +763,9 @@ async fn main() -> anyhow::Result<()> {
             requests,
             concurrency,
             output_tokens,
+            envoy_files,
             out,
-        } => overhead(requests, &concurrency, output_tokens, out).await,
+        } => overhead(requests, &concurrency, output_tokens, &envoy_files, out).await,
         Cmd::Replicas(opts) => replicas(opts).await,
         Cmd::NoopExtProc { grpc_addr } => {
             let listener = tokio::net::TcpListener::bind(&grpc_addr)

@@ -2,7 +2,6 @@
 //! static endpoints on 127.0.0.1.
 
 use std::collections::HashSet;
-use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderMap;
 use envoy_types::pb::google::protobuf::ListValue;
@@ -11,10 +10,8 @@ use serde_json::json;
 
 use super::*;
 use crate::config::{PickerConfig, SchedulerConfig};
-use crate::endpoints::{EndpointSpec, Endpoints, PodId, Update};
+use crate::endpoints::{Endpoint, EndpointSpec, PodId, Update};
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
-use crate::pending::PendingRoutes;
-use crate::scheduler::Scheduler;
 
 // Envoy's BodySendMode values.
 const NONE: i32 = 0;
@@ -51,27 +48,15 @@ fn three() -> Vec<EndpointSpec> {
 }
 
 /// Assembled as `serve::start` does, with default scheduler config.
-fn router_with(picker: PickerConfig, specs: Vec<EndpointSpec>) -> Arc<Router> {
-    let metrics = RouterMetrics::register(&prometheus::Registry::new());
-    let scheduler = Arc::new(Scheduler::new(
+pub(crate) fn router_with(picker: PickerConfig, specs: Vec<EndpointSpec>) -> Arc<Router> {
+    let router = Router::assemble(
         SchedulerConfig::default(),
-        picker.max_endpoints,
-        picker.seed,
+        picker,
         PrefixCacheMetrics::unregistered(),
-        metrics.clone(),
-    ));
-    let endpoints = Arc::new(Endpoints::new(
-        scheduler.prefix_cache().index().clone(),
-        metrics.clone(),
-    ));
-    endpoints.apply(Update::Reset(specs));
-    Arc::new(Router {
-        scheduler,
-        endpoints,
-        metrics,
-        pending: PendingRoutes::new(Duration::from_secs(picker.response_timeout_seconds)),
-        config: picker,
-    })
+        RouterMetrics::register(&prometheus::Registry::new()),
+    );
+    router.endpoints.apply(Update::Reset(specs));
+    Arc::new(router)
 }
 
 fn router() -> Arc<Router> {
@@ -1507,6 +1492,86 @@ fn observer_for_another_request_id_does_not_claim() {
     assert_eq!(router.pending.len(), 1);
     assert_eq!(total_entries(&router), 0);
     assert_eq!(inflight(&router).iter().sum::<i64>(), 1);
+}
+
+/// `dynamic_metadata["envoy.lb"]["x-prefix-picker-route"]`.
+fn route_key_of(r: &ProcessingResponse) -> Option<String> {
+    let md = r.dynamic_metadata.as_ref()?;
+    let Some(Kind::StructValue(lb)) = md.fields.get(LB_NAMESPACE)?.kind.as_ref() else {
+        panic!("envoy.lb is not a struct");
+    };
+    match lb.fields.get(ROUTE_KEY)?.kind.as_ref() {
+        Some(Kind::StringValue(s)) => Some(s.clone()),
+        other => panic!("route key is not a string: {other:?}"),
+    }
+}
+
+#[test]
+fn route_key_is_in_the_metadata_only_when_an_observer_must_claim_the_route() {
+    let router = router();
+    let prompt = completion("m", &long_prompt("rk"));
+    for (response_mode, expected) in [(NONE, Some("rk-1")), (STREAMED, None)] {
+        let mut s = StreamState::new(router.clone());
+        s.handle(modes(
+            headers("/v1/completions", false, &[("x-request-id", "rk-1")]),
+            BUFFERED,
+            response_mode,
+        ));
+        let r = s.handle(body(&prompt, true));
+        assert_eq!(route_key_of(&r[0]).as_deref(), expected, "{response_mode}");
+        router.pending.take("rk-1");
+    }
+    // A generated request id is the key too.
+    let mut s = StreamState::new(router.clone());
+    let r = s.handle(modes(
+        headers("/v1/completions", false, &[]),
+        BUFFERED,
+        NONE,
+    ));
+    assert_continue_headers(&r[0]);
+    let r = s.handle(body(&prompt, true));
+    let (generated, _) = set_header_of(&r[0], "x-request-id").expect("request id generated");
+    assert_eq!(route_key_of(&r[0]), Some(generated.clone()));
+    assert!(router.pending.take(&generated).is_some());
+}
+
+#[test]
+fn observer_without_request_headers_claims_by_the_route_key() {
+    let router = router();
+    let prompt = completion("m", &long_prompt("skip"));
+    let (routing, pick) = route_buffered(&router, "skip-1", &prompt, NONE);
+    drop(routing);
+    let served = pick[1];
+    let key = metadata(LB_NAMESPACE, ROUTE_KEY, string_value("skip-1"));
+    let mut obs = StreamState::new(router.clone());
+    let first = with_metadata(
+        response_headers(200, Some(&served.to_string())),
+        key.clone(),
+    );
+    assert!(
+        obs.handle(observed(modes(first, NONE, STREAMED)))
+            .is_empty()
+    );
+    assert!(
+        obs.handle(observed(with_metadata(response_body(b"", true), key)))
+            .is_empty()
+    );
+    assert!(router.pending.is_empty());
+    assert!(entries(&router, served) > 0);
+    assert_eq!(records(&router, "recorded"), 1);
+    assert_eq!(inflight(&router), [0, 0, 0]);
+
+    // Aborted before the end: the route is dropped, nothing recorded.
+    let (routing, pick) = route_buffered(&router, "skip-2", &prompt, NONE);
+    drop(routing);
+    let key = metadata(LB_NAMESPACE, ROUTE_KEY, string_value("skip-2"));
+    let mut obs = StreamState::new(router.clone());
+    let first = with_metadata(response_headers(200, Some(&pick[0].to_string())), key);
+    obs.handle(observed(modes(first, NONE, STREAMED)));
+    obs.finish();
+    assert!(router.pending.is_empty());
+    assert_eq!(records(&router, "aborted"), 1);
+    assert_eq!(records(&router, "recorded"), 1);
 }
 
 // ---------------------------------------------------------------------------------------------

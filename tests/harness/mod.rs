@@ -382,7 +382,7 @@ pub fn sims_config(sims: &[Sim], extra: &str) -> Config {
     Config::parse(&doc).unwrap()
 }
 
-/// Envoy with the recommended `envoy/envoy.yaml` (router + observer filters), routing to `sims`
+/// Envoy with the recommended `envoy/envoy.yaml` (routing filter + access log), routing to `sims`
 /// through `picker`.
 pub async fn start_envoy_for_sims(picker: &Running, sims: &[Sim]) -> Envoy {
     let addrs: Vec<SocketAddr> = sims.iter().map(|s| s.addr).collect();

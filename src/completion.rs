@@ -1,0 +1,84 @@
+//! What happens when a routed request ends: the prompt is recorded for the pod that served it,
+//! on a 2xx completion only.
+//!
+//! Two sources report endings: an ext_proc stream that sees the response (its own routing
+//! stream, or an observer filter's stream), and Envoy's gRPC access log ([`crate::access_log`]).
+//! Both hand over the [`PendingRoute`], the response status and [`Served`]; the outcome is
+//! counted in `prefix_picker_records_total{outcome}`:
+//! - `aborted`: the response did not complete (client gone, upstream reset, timeout);
+//! - `failed`: completed with a non-2xx status (or none);
+//! - `unscored`: 2xx, but the request had no prompt blocks to record;
+//! - `unknown_pod`: 2xx, but Envoy named a serving address outside the endpoint set;
+//! - `recorded`: 2xx, the blocks recorded for the serving pod (Envoy's report, else the
+//!   primary pick). Dropping the route releases the primary pod's in-flight count.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use crate::endpoints::Endpoint;
+use crate::pending::PendingRoute;
+use crate::routing::Router;
+
+/// Who served the response, as far as Envoy told.
+#[derive(Debug, Clone)]
+pub enum Served {
+    /// Envoy did not say (no attribute, no metadata): the primary pick is assumed.
+    NotReported,
+    Pod(Arc<Endpoint>),
+    /// Envoy named an address outside the endpoint set: nothing is recorded.
+    Unknown,
+}
+
+impl Served {
+    /// The endpoint at `address` (None: not reported).
+    pub fn at(router: &Router, address: Option<SocketAddr>) -> Served {
+        match address {
+            None => Served::NotReported,
+            Some(address) => match router.endpoints.snapshot().by_address(&address) {
+                Some(e) => Served::Pod(e.clone()),
+                None => Served::Unknown,
+            },
+        }
+    }
+}
+
+/// How a routed request ended.
+#[derive(Debug, Clone)]
+pub enum Ending {
+    /// The response ended normally with this status (None: no status seen).
+    Completed { status: Option<u32>, served: Served },
+    /// It did not complete.
+    Aborted,
+}
+
+/// Records `route` as `ending` says and counts the outcome.
+pub fn finish_route(router: &Router, route: PendingRoute, ending: Ending) {
+    let outcome = match ending {
+        Ending::Aborted => "aborted",
+        Ending::Completed { status, served } => {
+            if !status.is_some_and(|s| (200..300).contains(&s)) {
+                "failed"
+            } else if route.hashes.is_empty() {
+                "unscored"
+            } else {
+                let served = match served {
+                    Served::Pod(e) => e,
+                    Served::NotReported => route.guard.endpoint().clone(),
+                    Served::Unknown => {
+                        router
+                            .metrics
+                            .records
+                            .with_label_values(&["unknown_pod"])
+                            .inc();
+                        return;
+                    }
+                };
+                router
+                    .scheduler
+                    .record(&route.model, &route.hashes, &served);
+                "recorded"
+            }
+        }
+    };
+    router.metrics.records.with_label_values(&[outcome]).inc();
+}
