@@ -17,8 +17,11 @@
 //! `observability_mode` are never answered. Once the response has completed the picker ends the
 //! stream itself (Envoy would hold an observability-mode stream open for 5 s more). When this
 //! stream will not see the response (response body mode `NONE` or unknown), the routed state
-//! waits in [`PendingRoutes`] under the request id for an observer stream (a second ext_proc
-//! filter) to claim it.
+//! waits in [`PendingRoutes`] under the request id (also sent as [`ROUTE_KEY`] in `envoy.lb`
+//! metadata) for Envoy's access log ([`crate::access_log`]) or an observer stream (a second
+//! ext_proc filter) to claim it; [`crate::completion`] decides what is recorded.
+//!
+//! [`PendingRoutes`]: crate::pending::PendingRoutes
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

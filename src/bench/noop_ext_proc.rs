@@ -8,7 +8,7 @@
 //! reply is held until the request body ends and then sent with the whole body as one
 //! `streamed_response` (as the picker does, which needs the body to pick), and each response
 //! body chunk is echoed at once. It mirrors the picker's protocol shape and nothing else: streams in `observability_mode` (the observer filter of
-//! `envoy/envoy.yaml`) are never answered, since Envoy discards those replies, and a stream ends
+//! `envoy/envoy-observer.yaml`) are never answered, since Envoy discards those replies, and a stream ends
 //! from this side once the response has ended (body `end_of_stream` or response trailers), since
 //! Envoy would otherwise hold an observer stream open for 5 s more. Without the picker's
 //! `envoy.lb` metadata, the `override_host` policy falls back to round robin.
