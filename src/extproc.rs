@@ -53,7 +53,8 @@ use crate::routing::{RouteFailure, Routed, Router, parse_endpoint, parse_endpoin
 pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
 pub const SERVED_KEY: &str = "x-gateway-destination-endpoint-served";
 /// `envoy.lb` metadata key naming a routed request waiting in [`PendingRoutes`] (its request
-/// id): an observer filter that skips request headers finds its request by it.
+/// id): an observer filter that skips request headers, or an access-log entry without a
+/// request id, finds its request by it.
 ///
 /// [`PendingRoutes`]: crate::pending::PendingRoutes
 pub const ROUTE_KEY: &str = "x-prefix-picker-route";
