@@ -5,6 +5,7 @@ mod harness;
 mod sync;
 
 use std::process::Command;
+use std::time::Duration;
 
 use futures::StreamExt;
 use harness::*;
@@ -640,7 +641,6 @@ async fn verbose_four_prints_kthena_score_lines() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_plugins_concentrate_a_prefix_and_filter_an_overloaded_pod() {
     use prefix_picker::sim::engine::EngineConfig;
-    use std::time::Duration;
     let engine = EngineConfig {
         max_num_seqs: 1,
         time_scale: 100.0,
@@ -972,6 +972,33 @@ async fn picker_down_fails_open_or_closed_as_configured() {
     .await;
     let r = send(&closed, "/v1/chat/completions", &body).await;
     assert_eq!(r.status, 500, "fail-closed answers 500 without the picker");
+
+    // A frozen picker: connections are accepted, nothing is ever answered. Envoy applies no
+    // message_timeout while the FULL_DUPLEX body is with the processor; envoy.yaml's HTTP/2
+    // keepalive cuts the connection off and the request fails closed instead of hanging.
+    let frozen = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let frozen_port = frozen.local_addr().unwrap().port();
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = frozen.accept().await {
+            held.push(socket);
+        }
+    });
+    let stuck = start_envoy(render_envoy(
+        "envoy.yaml",
+        frozen_port,
+        &addrs(&backends),
+        |s| s,
+    ))
+    .await;
+    let r = tokio::time::timeout(
+        Duration::from_secs(60),
+        send(&stuck, "/v1/chat/completions", &body),
+    )
+    .await
+    .expect("a frozen picker must not hold the request for a minute");
+    assert_eq!(r.status, 500, "fail-closed answers 500 for a frozen picker");
+    holder.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
