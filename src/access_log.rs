@@ -99,12 +99,17 @@ impl AccessLogSink {
     }
 }
 
+/// What one entry did.
 enum Claim {
+    /// Not a stream's last entry: ignored.
     Intermediate,
+    /// No route waits under its request id or route key.
     Unclaimed,
+    /// It ended a waiting route.
     Claimed,
 }
 
+/// Takes the route `entry` ends, if one waits, and finishes it as the entry says.
 fn claim(router: &Router, entry: HttpAccessLogEntry) -> Claim {
     let common = entry.common_properties.unwrap_or_default();
     if !is_final(common.access_log_type) {
