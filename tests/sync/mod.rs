@@ -110,10 +110,18 @@ async fn a_restarted_replica_routes_warm_from_its_first_request() {
         .map(|i| chat(SYSTEM, &format!("warm start question {i}")))
         .collect();
     let mut served = Vec::new();
-    for p in &prompts {
+    for (i, p) in prompts.iter().enumerate() {
         let r = send(&a.envoy, "/v1/chat/completions", p).await;
         assert_eq!(r.status, 200);
         served.push(r.served_by);
+        // The prompts share their blocks: each routes by the records of those before it, which
+        // land just after the client has its response (the access log follows the stream's end).
+        wait_metric(
+            &a.picker,
+            "prefix_picker_records_total{outcome=\"recorded\"}",
+            i as f64 + 1.0,
+        )
+        .await;
     }
     wait_metric(&a.picker, "prefix_picker_sync_published_total", 6.0).await;
     a.picker.stop().await.unwrap();
