@@ -72,6 +72,30 @@ async fn stack(
     (backends, picker, envoy)
 }
 
+/// Sends a streamed completion whose backend holds the stream open after its first event (the
+/// prompt must contain `GATED`); returns the serving pod and the rest of the stream, once the
+/// first event has reached the client.
+async fn open_gated_stream(
+    envoy: &Envoy,
+    body: &Value,
+) -> (
+    String,
+    impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin + use<>,
+) {
+    let r = reqwest::Client::new()
+        .post(envoy.url("/v1/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let served = r.headers()["x-served-by"].to_str().unwrap().to_string();
+    let mut chunks = r.bytes_stream();
+    let first = chunks.next().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("\"n\":1"));
+    (served, chunks)
+}
+
 /// Opens the gate of the backend that holds a GATED stream and reads the stream to `[DONE]`.
 async fn finish_gated_stream(
     backends: &[Backend],
@@ -350,17 +374,7 @@ async fn body_modes(file: &str, edit: fn(String) -> String) {
     // SSE: the first event reaches the client while the backend still holds the stream open.
     let recorded = metric(&picker, "prefix_picker_records_total{outcome=\"recorded\"}").await;
     let body = json!({"model": "m", "stream": true, "prompt": "GATED stream please"});
-    let r = reqwest::Client::new()
-        .post(envoy.url("/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
-    let served = r.headers()["x-served-by"].to_str().unwrap().to_string();
-    let mut chunks = r.bytes_stream();
-    let first = chunks.next().await.unwrap().unwrap();
-    assert!(String::from_utf8_lossy(&first).contains("\"n\":1"));
+    let (served, chunks) = open_gated_stream(&envoy, &body).await;
     // Not recorded yet: the stream has not ended.
     assert_eq!(
         metric(&picker, "prefix_picker_records_total{outcome=\"recorded\"}").await,
@@ -391,19 +405,8 @@ async fn full_duplex_request_body_with_access_log_completions() {
 async fn client_abort_records_nothing(file: &str) {
     let (backends, picker, envoy) = stack(file, "", |s| s).await;
     let body = json!({"model": "m", "stream": true, "prompt": "GATED and then the client leaves"});
-    let client = reqwest::Client::new();
-    let r = client
-        .post(envoy.url("/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
-    let served = r.headers()["x-served-by"].to_str().unwrap().to_string();
-    let mut chunks = r.bytes_stream();
-    assert!(String::from_utf8_lossy(&chunks.next().await.unwrap().unwrap()).contains("\"n\":1"));
+    let (served, chunks) = open_gated_stream(&envoy, &body).await;
     drop(chunks);
-    drop(client);
     wait_metric(
         &picker,
         "prefix_picker_records_total{outcome=\"aborted\"}",
@@ -1023,16 +1026,7 @@ async fn sigterm_reports_not_ready_first_and_lets_open_streams_finish() {
     // filter (failure_mode_allow: false) every response chunk passes through the picker, so the
     // stream only completes if the draining picker keeps its ext_proc stream open.
     let body = json!({"model": "m", "stream": true, "prompt": "GATED through a shutdown"});
-    let r = reqwest::Client::new()
-        .post(envoy.url("/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
-    let served = r.headers()["x-served-by"].to_str().unwrap().to_string();
-    let mut chunks = r.bytes_stream();
-    assert!(String::from_utf8_lossy(&chunks.next().await.unwrap().unwrap()).contains("\"n\":1"));
+    let (served, chunks) = open_gated_stream(&envoy, &body).await;
 
     let status = Command::new("kill")
         .args(["-TERM", &picker.pid().to_string()])

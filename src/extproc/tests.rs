@@ -305,16 +305,21 @@ fn set_header_of(r: &ProcessingResponse, key: &str) -> Option<(String, i32)> {
     ))
 }
 
-/// `dynamic_metadata["envoy.lb"]["x-gateway-destination-endpoint"]`.
-fn lb_value(r: &ProcessingResponse) -> Option<String> {
+/// `dynamic_metadata["envoy.lb"][key]`, a string.
+fn lb_string(r: &ProcessingResponse, key: &str) -> Option<String> {
     let md = r.dynamic_metadata.as_ref()?;
     let Some(Kind::StructValue(lb)) = md.fields.get(LB_NAMESPACE)?.kind.as_ref() else {
         panic!("envoy.lb is not a struct");
     };
-    match lb.fields.get(DESTINATION_HEADER)?.kind.as_ref() {
+    match lb.fields.get(key)?.kind.as_ref() {
         Some(Kind::StringValue(s)) => Some(s.clone()),
-        other => panic!("destination metadata is not a string: {other:?}"),
+        other => panic!("envoy.lb {key} is not a string: {other:?}"),
     }
+}
+
+/// `dynamic_metadata["envoy.lb"]["x-gateway-destination-endpoint"]`.
+fn lb_value(r: &ProcessingResponse) -> Option<String> {
+    lb_string(r, DESTINATION_HEADER)
 }
 
 /// The pick of a reply: checks header and metadata agree, the header overwrites, and the list
@@ -1496,14 +1501,7 @@ fn observer_for_another_request_id_does_not_claim() {
 
 /// `dynamic_metadata["envoy.lb"]["x-prefix-picker-route"]`.
 fn route_key_of(r: &ProcessingResponse) -> Option<String> {
-    let md = r.dynamic_metadata.as_ref()?;
-    let Some(Kind::StructValue(lb)) = md.fields.get(LB_NAMESPACE)?.kind.as_ref() else {
-        panic!("envoy.lb is not a struct");
-    };
-    match lb.fields.get(ROUTE_KEY)?.kind.as_ref() {
-        Some(Kind::StringValue(s)) => Some(s.clone()),
-        other => panic!("route key is not a string: {other:?}"),
-    }
+    lb_string(r, ROUTE_KEY)
 }
 
 #[test]
