@@ -114,8 +114,9 @@ async fn a_restarted_replica_routes_warm_from_its_first_request() {
         let r = send(&a.envoy, "/v1/chat/completions", p).await;
         assert_eq!(r.status, 200);
         served.push(r.served_by);
-        // The prompts share their blocks: each routes by the records of those before it, which
-        // land just after the client has its response (the access log follows the stream's end).
+        // The prompts share their blocks: each routes by the records (and in-flight counts) of
+        // those before it, which land just after the client has its response (the access log
+        // follows the stream's end).
         wait_metric(
             &a.picker,
             "prefix_picker_records_total{outcome=\"recorded\"}",
@@ -142,13 +143,20 @@ async fn a_restarted_replica_routes_warm_from_its_first_request() {
         .await
         .unwrap();
     assert_eq!(ready.status(), 200);
-    for (p, pod) in prompts.iter().zip(&served) {
+    for (i, (p, pod)) in prompts.iter().zip(&served).enumerate() {
         let r = send(&b.envoy, "/v1/chat/completions", p).await;
         assert_eq!(r.status, 200);
         assert_eq!(
             &r.served_by, pod,
             "first request after restart goes to the warm pod"
         );
+        // Its completion releases the pod's in-flight count (least-request) before the next.
+        wait_metric(
+            &b.picker,
+            "prefix_picker_records_total{outcome=\"recorded\"}",
+            i as f64 + 1.0,
+        )
+        .await;
     }
     b.picker.stop().await.unwrap();
 }
