@@ -55,29 +55,21 @@ pub enum Ending {
 pub fn finish_route(router: &Router, route: PendingRoute, ending: Ending) {
     let outcome = match ending {
         Ending::Aborted => "aborted",
-        Ending::Completed { status, served } => {
-            if !status.is_some_and(|s| (200..300).contains(&s)) {
-                "failed"
-            } else if route.hashes.is_empty() {
-                "unscored"
-            } else {
-                let served = match served {
-                    Served::Pod(e) => e,
-                    Served::NotReported => route.guard.endpoint().clone(),
-                    Served::Unknown => {
-                        router
-                            .metrics
-                            .records
-                            .with_label_values(&["unknown_pod"])
-                            .inc();
-                        return;
-                    }
-                };
-                router
-                    .scheduler
-                    .record(&route.model, &route.hashes, &served);
-                "recorded"
-            }
+        Ending::Completed { status, .. } if !status.is_some_and(|s| (200..300).contains(&s)) => {
+            "failed"
+        }
+        Ending::Completed { .. } if route.hashes.is_empty() => "unscored",
+        Ending::Completed {
+            served: Served::Unknown,
+            ..
+        } => "unknown_pod",
+        Ending::Completed { served, .. } => {
+            let pod = match served {
+                Served::Pod(e) => e,
+                _ => route.guard.endpoint().clone(),
+            };
+            router.scheduler.record(&route.model, &route.hashes, &pod);
+            "recorded"
         }
     };
     router.metrics.records.with_label_values(&[outcome]).inc();

@@ -522,20 +522,7 @@ impl StreamState {
     fn on_response_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
         let eos = b.end_of_stream;
         let replies = if self.response_mode == Some(BodyMode::FullDuplex) {
-            vec![reply(Out::ResponseBody(BodyResponse {
-                response: Some(CommonResponse {
-                    body_mutation: Some(BodyMutation {
-                        mutation: Some(body_mutation::Mutation::StreamedResponse(
-                            StreamedBodyResponse {
-                                body: b.body,
-                                end_of_stream: eos,
-                                ..StreamedBodyResponse::default()
-                            },
-                        )),
-                    }),
-                    ..CommonResponse::default()
-                }),
-            }))]
+            vec![reply(Out::ResponseBody(streamed_body(b.body, eos)))]
         } else {
             vec![reply(Out::ResponseBody(BodyResponse::default()))]
         };
@@ -634,7 +621,27 @@ fn narrower(a: &SocketAddr, b: &SocketAddr) -> Option<SocketAddr> {
     }
 }
 
-fn reply(response: Out) -> ProcessingResponse {
+/// A body reply that sends `body` on (FULL_DUPLEX_STREAMED mode: Envoy forwards what the
+/// processor sends back).
+pub fn streamed_body(body: Vec<u8>, end_of_stream: bool) -> BodyResponse {
+    BodyResponse {
+        response: Some(CommonResponse {
+            body_mutation: Some(BodyMutation {
+                mutation: Some(body_mutation::Mutation::StreamedResponse(
+                    StreamedBodyResponse {
+                        body,
+                        end_of_stream,
+                        ..StreamedBodyResponse::default()
+                    },
+                )),
+            }),
+            ..CommonResponse::default()
+        }),
+    }
+}
+
+/// A reply carrying `response` and nothing else.
+pub fn reply(response: Out) -> ProcessingResponse {
     ProcessingResponse {
         response: Some(response),
         ..ProcessingResponse::default()
@@ -694,51 +701,26 @@ fn body_chunks(body: &[u8]) -> Vec<ProcessingResponse> {
     chunks
         .into_iter()
         .enumerate()
-        .map(|(i, chunk)| {
-            reply(Out::RequestBody(BodyResponse {
-                response: Some(CommonResponse {
-                    body_mutation: Some(BodyMutation {
-                        mutation: Some(body_mutation::Mutation::StreamedResponse(
-                            StreamedBodyResponse {
-                                body: chunk.to_vec(),
-                                end_of_stream: i == last,
-                                ..StreamedBodyResponse::default()
-                            },
-                        )),
-                    }),
-                    ..CommonResponse::default()
-                }),
-            }))
-        })
+        .map(|(i, chunk)| reply(Out::RequestBody(streamed_body(chunk.to_vec(), i == last))))
         .collect()
+}
+
+/// The string at `key` in the `envoy.lb` namespace of `metadata`.
+fn lb_string<'a>(metadata: &'a HashMap<String, Struct>, key: &str) -> Option<&'a str> {
+    match metadata.get(LB_NAMESPACE)?.fields.get(key)?.kind.as_ref()? {
+        Kind::StringValue(s) => Some(s.as_str()),
+        _ => None,
+    }
 }
 
 /// The `-served` key Envoy's `override_host` policy writes in `envoy.lb` metadata.
 pub fn served_from_metadata(metadata: &HashMap<String, Struct>) -> Option<SocketAddr> {
-    match metadata
-        .get(LB_NAMESPACE)?
-        .fields
-        .get(SERVED_KEY)?
-        .kind
-        .as_ref()?
-    {
-        Kind::StringValue(s) => parse_endpoint(s),
-        _ => None,
-    }
+    lb_string(metadata, SERVED_KEY).and_then(parse_endpoint)
 }
 
 /// The [`ROUTE_KEY`] in `envoy.lb` metadata.
 pub fn route_key_from_metadata(metadata: &HashMap<String, Struct>) -> Option<&str> {
-    match metadata
-        .get(LB_NAMESPACE)?
-        .fields
-        .get(ROUTE_KEY)?
-        .kind
-        .as_ref()?
-    {
-        Kind::StringValue(id) => Some(id.as_str()),
-        _ => None,
-    }
+    lb_string(metadata, ROUTE_KEY)
 }
 
 /// Merges a message's metadata into the stream's (fields of later messages win).

@@ -1,11 +1,12 @@
-//! Routed requests waiting for their completion to be observed by another ext_proc stream.
+//! Routed requests waiting for their completion to be reported by another source.
 //!
 //! When the routing ext_proc stream ends after the request phase, the response is seen by
 //! another source: Envoy's access log (the recommended `envoy/envoy.yaml`) or a second filter in
 //! `observability_mode` (`envoy/envoy-observer.yaml`), neither delaying it. They find the route
 //! by the request's `x-request-id`: the routing stream deposits its [`PendingRoute`] here and
-//! the other source claims it when the response ends (or drops it on abort). Unclaimed entries expire after `picker.responseTimeoutSeconds`, which releases their
-//! in-flight count without recording anything. Sharded by request id; no lock spans all shards.
+//! the other source claims it when the response ends (or drops it on abort). Unclaimed entries
+//! expire after `picker.responseTimeoutSeconds`, which releases their in-flight count without
+//! recording anything. Sharded by request id; no lock spans all shards.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};

@@ -1,5 +1,5 @@
-//! Access-log entries claiming routed requests of a real [`Router`] (static endpoints on
-//! 127.0.0.1), as Envoy's `http_grpc` logger would send them.
+//! Access-log entries claiming routed requests of a real [`Router`] (the ext_proc tests' three
+//! static endpoints on 127.0.0.1), as Envoy's `http_grpc` logger would send them.
 
 use envoy_types::pb::envoy::config::core::v3::{Metadata, SocketAddress};
 use envoy_types::pb::envoy::data::accesslog::v3::{
@@ -8,35 +8,11 @@ use envoy_types::pb::envoy::data::accesslog::v3::{
 use envoy_types::pb::google::protobuf::{UInt32Value, Value, value::Kind};
 
 use super::*;
-use crate::config::PickerConfig;
-use crate::endpoints::{EndpointSpec, InflightGuard, PodId};
+use crate::endpoints::InflightGuard;
+use crate::extproc::tests::{PORTS, addr, entries, router, total_entries};
 use crate::extproc::{LB_NAMESPACE, ROUTE_KEY, SERVED_KEY};
 use crate::pending::PendingRoute;
 use tokio_util::sync::CancellationToken;
-
-const PORTS: [u16; 3] = [19001, 19002, 19003];
-
-fn addr(port: u16) -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], port))
-}
-
-fn router() -> Arc<Router> {
-    let specs = PORTS
-        .iter()
-        .enumerate()
-        .map(|(i, &port)| EndpointSpec {
-            id: PodId {
-                namespace: "default".into(),
-                name: format!("pod-{i}"),
-            },
-            address: addr(port),
-            models: vec![],
-            generation: String::new(),
-            role: None,
-        })
-        .collect();
-    crate::extproc::tests::router_with(PickerConfig::default(), specs)
-}
 
 fn sink(router: &Arc<Router>) -> AccessLogSink {
     AccessLogSink::new(
@@ -135,19 +111,6 @@ fn ok(request_id: &str, upstream: Option<SocketAddr>) -> HttpAccessLogEntry {
     )
 }
 
-fn entries(router: &Router, a: SocketAddr) -> usize {
-    let e = router.endpoints.snapshot().by_address(&a).cloned().unwrap();
-    router
-        .scheduler
-        .prefix_cache()
-        .index()
-        .pod_entries(e.index.slot())
-}
-
-fn total_entries(router: &Router) -> usize {
-    PORTS.iter().map(|&p| entries(router, addr(p))).sum()
-}
-
 fn count(router: &Router, family: &str, label: &str) -> u64 {
     match family {
         "records" => router.metrics.records.with_label_values(&[label]).get(),
@@ -159,14 +122,9 @@ fn count(router: &Router, family: &str, label: &str) -> u64 {
     }
 }
 
+/// In-flight requests over all pods.
 fn inflight(router: &Router) -> i64 {
-    router
-        .endpoints
-        .snapshot()
-        .all()
-        .iter()
-        .map(|e| e.inflight())
-        .sum()
+    crate::extproc::tests::inflight(router).iter().sum()
 }
 
 #[test]

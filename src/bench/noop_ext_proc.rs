@@ -7,10 +7,11 @@
 //! modes, where Envoy waits for the processor to send the body back, the request headers'
 //! reply is held until the request body ends and then sent with the whole body as one
 //! `streamed_response` (as the picker does, which needs the body to pick), and each response
-//! body chunk is echoed at once. It mirrors the picker's protocol shape and nothing else: streams in `observability_mode` (the observer filter of
-//! `envoy/envoy-observer.yaml`) are never answered, since Envoy discards those replies, and a stream ends
-//! from this side once the response has ended (body `end_of_stream` or response trailers), since
-//! Envoy would otherwise hold an observer stream open for 5 s more. Without the picker's
+//! body chunk is echoed at once. It mirrors the picker's protocol shape and nothing else:
+//! streams in `observability_mode` (the observer filter of `envoy/envoy-observer.yaml`) are
+//! never answered, since Envoy discards those replies, and a stream ends from this side once
+//! the response has ended (body `end_of_stream` or response trailers), since Envoy would
+//! otherwise hold an observer stream open for 5 s more. Without the picker's
 //! `envoy.lb` metadata, the `override_host` policy falls back to round robin.
 //!
 //! It also serves Envoy's gRPC access-log service, reading and dropping every entry, so setups
@@ -29,14 +30,13 @@ use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
 use ep::external_processor_server::ExternalProcessor;
 use ep::processing_request::Request as In;
 use ep::processing_response::Response as Out;
-use ep::{
-    BodyMutation, BodyResponse, CommonResponse, HeadersResponse, ProcessingRequest,
-    ProcessingResponse, StreamedBodyResponse, TrailersResponse, body_mutation,
-};
+use ep::{BodyResponse, HeadersResponse, ProcessingRequest, ProcessingResponse, TrailersResponse};
 use tokio::net::TcpListener;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::extproc::{ReplyStream, StreamHandler, drive_stream, ext_proc_server};
+use crate::extproc::{
+    ReplyStream, StreamHandler, drive_stream, ext_proc_server, reply, streamed_body,
+};
 
 /// The no-op ext_proc service.
 #[derive(Debug, Clone, Copy, Default)]
@@ -106,7 +106,7 @@ impl NoopStream {
                 let body = self.held_body.take().unwrap_or_default();
                 Some(vec![
                     reply(Out::RequestHeaders(HeadersResponse::default())),
-                    reply(Out::RequestBody(streamed(body, true))),
+                    reply(Out::RequestBody(streamed_body(body, true))),
                 ])
             }
             In::RequestTrailers(_) if self.held_body.is_some() => {
@@ -114,45 +114,20 @@ impl NoopStream {
                 let body = self.held_body.take().unwrap_or_default();
                 Some(vec![
                     reply(Out::RequestHeaders(HeadersResponse::default())),
-                    reply(Out::RequestBody(streamed(body, false))),
+                    reply(Out::RequestBody(streamed_body(body, false))),
                     reply(Out::RequestTrailers(TrailersResponse::default())),
                 ])
             }
             In::ResponseBody(b) if self.response_full_duplex => {
                 self.ended |= b.end_of_stream;
                 let body = std::mem::take(&mut b.body);
-                Some(vec![reply(Out::ResponseBody(streamed(
+                Some(vec![reply(Out::ResponseBody(streamed_body(
                     body,
                     b.end_of_stream,
                 )))])
             }
             _ => None,
         }
-    }
-}
-
-fn reply(out: Out) -> ProcessingResponse {
-    ProcessingResponse {
-        response: Some(out),
-        ..ProcessingResponse::default()
-    }
-}
-
-/// A body reply that sends `body` on in FULL_DUPLEX_STREAMED mode.
-fn streamed(body: Vec<u8>, end_of_stream: bool) -> BodyResponse {
-    BodyResponse {
-        response: Some(CommonResponse {
-            body_mutation: Some(BodyMutation {
-                mutation: Some(body_mutation::Mutation::StreamedResponse(
-                    StreamedBodyResponse {
-                        body,
-                        end_of_stream,
-                        ..StreamedBodyResponse::default()
-                    },
-                )),
-            }),
-            ..CommonResponse::default()
-        }),
     }
 }
 
@@ -225,7 +200,7 @@ pub async fn serve(listener: TcpListener) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ep::{HttpBody, HttpHeaders, HttpTrailers};
+    use ep::{BodyMutation, HttpBody, HttpHeaders, HttpTrailers, body_mutation};
 
     fn request(r: In, observability_mode: bool) -> ProcessingRequest {
         ProcessingRequest {

@@ -20,7 +20,7 @@ const BUFFERED: i32 = 2;
 const BUFFERED_PARTIAL: i32 = 3;
 const FULL_DUPLEX: i32 = 4;
 
-const PORTS: [u16; 3] = [18001, 18002, 18003];
+pub(crate) const PORTS: [u16; 3] = [18001, 18002, 18003];
 
 // ---------------------------------------------------------------------------------------------
 // Router construction
@@ -59,7 +59,7 @@ pub(crate) fn router_with(picker: PickerConfig, specs: Vec<EndpointSpec>) -> Arc
     Arc::new(router)
 }
 
-fn router() -> Arc<Router> {
+pub(crate) fn router() -> Arc<Router> {
     router_with(PickerConfig::default(), three())
 }
 
@@ -73,11 +73,11 @@ fn test_selection_router() -> Arc<Router> {
     )
 }
 
-fn addr(port: u16) -> SocketAddr {
+pub(crate) fn addr(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
-fn endpoint(router: &Router, a: SocketAddr) -> Arc<Endpoint> {
+pub(crate) fn endpoint(router: &Router, a: SocketAddr) -> Arc<Endpoint> {
     router
         .endpoints
         .snapshot()
@@ -86,7 +86,7 @@ fn endpoint(router: &Router, a: SocketAddr) -> Arc<Endpoint> {
         .expect("known endpoint")
 }
 
-fn entries(router: &Router, a: SocketAddr) -> usize {
+pub(crate) fn entries(router: &Router, a: SocketAddr) -> usize {
     router
         .scheduler
         .prefix_cache()
@@ -94,11 +94,11 @@ fn entries(router: &Router, a: SocketAddr) -> usize {
         .pod_entries(endpoint(router, a).index.slot())
 }
 
-fn total_entries(router: &Router) -> usize {
+pub(crate) fn total_entries(router: &Router) -> usize {
     router.scheduler.prefix_cache().index().entries()
 }
 
-fn inflight(router: &Router) -> Vec<i64> {
+pub(crate) fn inflight(router: &Router) -> Vec<i64> {
     PORTS
         .iter()
         .map(|&p| endpoint(router, addr(p)).inflight())
