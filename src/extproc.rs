@@ -300,6 +300,9 @@ impl StreamState {
         if self.observer || self.rejected {
             return vec![];
         }
+        if self.path.is_empty() && self.body.is_empty() {
+            warn_request_headers_skipped();
+        }
         if self.body.len() + b.body.len() > self.router.config.max_body_bytes {
             self.rejected = true;
             return vec![self.immediate(&RouteFailure::new(
@@ -721,6 +724,21 @@ pub fn served_from_metadata(metadata: &HashMap<String, Struct>) -> Option<Socket
 /// The [`ROUTE_KEY`] in `envoy.lb` metadata.
 pub fn route_key_from_metadata(metadata: &HashMap<String, Struct>) -> Option<&str> {
     lb_string(metadata, ROUTE_KEY)
+}
+
+/// A routing stream whose first message is the request body: the filter skips request headers,
+/// so Envoy has already sent the request on (to a host of its own choosing) and will ignore the
+/// pick. Such requests are routed by load and counted as unscored (`no_request_path`); this
+/// says why, once per process.
+fn warn_request_headers_skipped() {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            "a request body arrived without its request headers: the ext_proc filter skips them \
+             (request_header_mode: SKIP), so Envoy forwards each request before the pick and \
+             ignores it; set processing_mode.request_header_mode: SEND"
+        );
+    }
 }
 
 /// Merges a message's metadata into the stream's (fields of later messages win).

@@ -122,6 +122,8 @@ impl Router {
         let set = self.endpoints.snapshot();
         let parsed;
         let (model, prompt) = match (api, body) {
+            // No path at all: the ext_proc filter skips request headers (see extproc).
+            (None, _) if path.is_empty() => ("", Err("no_request_path")),
             (None, _) => ("", Err("unknown_api")),
             (Some(_), None) => {
                 return Err(RouteFailure::new(

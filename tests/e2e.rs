@@ -400,6 +400,35 @@ async fn full_duplex_request_body_with_access_log_completions() {
     body_modes("envoy.yaml", |s| s).await;
 }
 
+/// A routing filter that skips request headers (a misconfiguration): Envoy forwards the request
+/// before the picker has seen the body, so the pick cannot steer it. The request still goes
+/// through (the picker answers the body at once) and the picker says why it could not score.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skipped_request_headers_are_answered_and_counted() {
+    fn skip_headers(config: String) -> String {
+        let edited = config.replace(
+            "request_header_mode: SEND\n                request_body_mode: FULL_DUPLEX_STREAMED\n                request_trailer_mode: SEND",
+            "request_header_mode: SKIP\n                request_body_mode: BUFFERED\n                request_trailer_mode: SKIP",
+        );
+        assert!(
+            edited.contains("request_header_mode: SKIP"),
+            "envoy.yaml changed"
+        );
+        edited
+    }
+    let (_backends, picker, envoy) = stack("envoy.yaml", "", skip_headers).await;
+    let r = send(&envoy, "/v1/chat/completions", &chat(SYSTEM, "headless")).await;
+    assert_eq!(r.status, 200, "{}", envoy.log());
+    assert_eq!(
+        metric(
+            &picker,
+            "prefix_picker_unscored_requests_total{reason=\"no_request_path\"}"
+        )
+        .await,
+        1.0
+    );
+}
+
 /// A client that goes away mid-stream: the completion source (access log or observer filter)
 /// reports an abort, nothing is recorded and the pod's in-flight count is released.
 async fn client_abort_records_nothing(file: &str) {

@@ -579,6 +579,27 @@ fn buffered_partial_body_that_did_not_fit_is_413() {
     assert_eq!(inflight(&router), [0, 0, 0]);
 }
 
+/// A filter that skips request headers: Envoy sends the body first and has already forwarded
+/// the request. The body is still answered (never a stuck stream), routed by load and counted.
+#[test]
+fn body_without_request_headers_is_routed_by_load_and_counted() {
+    let router = router();
+    let mut s = StreamState::new(router.clone());
+    let r = s.handle(modes(
+        body(&completion("m", &long_prompt("headless")), true),
+        BUFFERED,
+        NONE,
+    ));
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert!(is_request_body(&r[0]), "{r:?}");
+    assert_eq!(pick_of(&r[0]).len(), 3);
+    let unscored = |reason: &str| router.metrics.unscored.with_label_values(&[reason]).get();
+    assert_eq!(unscored("no_request_path"), 1);
+    assert_eq!(unscored("unknown_api"), 0);
+    s.finish();
+    assert_eq!(inflight(&router), [0, 0, 0]);
+}
+
 #[test]
 fn missing_protocol_config_behaves_as_buffered() {
     let router = router();
