@@ -6,7 +6,10 @@
 //! `streamed_response` chunks of at most 62,000 bytes. A request without a body is answered at
 //! once. The pick goes in the `x-gateway-destination-endpoint` header (overwriting any
 //! client-supplied one) and in `envoy.lb` dynamic metadata, with identical values; `x-request-id`
-//! is generated when missing. Failures are immediate responses with OpenAI-style JSON errors.
+//! is generated when missing. Failures are immediate responses with OpenAI-style JSON errors. A
+//! body that arrives without request headers (a filter with `request_header_mode: SKIP`, whose
+//! requests Envoy forwards before any pick) is answered, routed by load, counted as unscored
+//! `no_request_path`, and warned about once.
 //!
 //! Response phase: the pod that served is `upstream.address` (response attribute), else the
 //! `x-gateway-destination-endpoint-served` metadata key, else the primary pick. Completion is the
