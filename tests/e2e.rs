@@ -72,6 +72,12 @@ async fn stack(
     (backends, picker, envoy)
 }
 
+/// Envoy with `file` from `envoy/` as shipped, routing to `backends` through the picker on
+/// `picker_port`.
+async fn envoy_for(file: &str, picker_port: u16, backends: &[Backend]) -> Envoy {
+    start_envoy(render_envoy(file, picker_port, &addrs(backends), |s| s)).await
+}
+
 /// Sends a streamed completion whose backend holds the stream open after its first event (the
 /// prompt must contain `GATED`); returns the serving pod and the rest of the stream, once the
 /// first event has reached the client.
@@ -341,15 +347,7 @@ async fn bad_requests_get_openai_errors_from_the_picker() {
 }
 
 async fn body_modes(file: &str, edit: fn(String) -> String) {
-    let backends = three_backends().await;
-    let picker = start_picker(picker_config(&backends.iter().collect::<Vec<_>>(), "")).await;
-    let envoy = start_envoy(render_envoy(
-        file,
-        picker.grpc_addr.port(),
-        &addrs(&backends),
-        edit,
-    ))
-    .await;
+    let (backends, picker, envoy) = stack(file, "", edit).await;
     assert_sticky(
         &envoy,
         &picker,
@@ -630,13 +628,7 @@ async fn verbose_four_prints_kthena_score_lines() {
     let (picker, _admin) =
         prefix_picker::bench::cluster::start_picker(&bin, dir.path(), &config, 4).unwrap();
     let grpc_port = picker.addr.port();
-    let envoy = start_envoy(render_envoy(
-        "envoy.yaml",
-        grpc_port,
-        &addrs(&backends),
-        |s| s,
-    ))
-    .await;
+    let envoy = envoy_for("envoy.yaml", grpc_port, &backends).await;
     let r = send(&envoy, "/v1/chat/completions", &chat(SYSTEM, "verbose")).await;
     assert_eq!(r.status, 200);
     // Hand-computed for the first request on an idle cluster without engine metrics:
@@ -980,13 +972,7 @@ async fn picker_down_fails_open_or_closed_as_configured() {
         l.local_addr().unwrap().port()
     };
     let body = chat(SYSTEM, "is the picker there?");
-    let open = start_envoy(render_envoy(
-        "envoy-fail-open.yaml",
-        dead_port,
-        &addrs(&backends),
-        |s| s,
-    ))
-    .await;
+    let open = envoy_for("envoy-fail-open.yaml", dead_port, &backends).await;
     let r = send(&open, "/v1/chat/completions", &body).await;
     assert_eq!(
         r.status,
@@ -995,13 +981,7 @@ async fn picker_down_fails_open_or_closed_as_configured() {
         open.log()
     );
     assert!(!r.served_by.is_empty());
-    let closed = start_envoy(render_envoy(
-        "envoy.yaml",
-        dead_port,
-        &addrs(&backends),
-        |s| s,
-    ))
-    .await;
+    let closed = envoy_for("envoy.yaml", dead_port, &backends).await;
     let r = send(&closed, "/v1/chat/completions", &body).await;
     assert_eq!(r.status, 500, "fail-closed answers 500 without the picker");
 
@@ -1016,13 +996,7 @@ async fn picker_down_fails_open_or_closed_as_configured() {
             held.push(socket);
         }
     });
-    let stuck = start_envoy(render_envoy(
-        "envoy.yaml",
-        frozen_port,
-        &addrs(&backends),
-        |s| s,
-    ))
-    .await;
+    let stuck = envoy_for("envoy.yaml", frozen_port, &backends).await;
     let r = tokio::time::timeout(
         Duration::from_secs(60),
         send(&stuck, "/v1/chat/completions", &body),
@@ -1044,13 +1018,7 @@ async fn sigterm_reports_not_ready_first_and_lets_open_streams_finish() {
     let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_prefix-picker"));
     let (mut picker, admin) =
         prefix_picker::bench::cluster::start_picker(&bin, dir.path(), &config, 2).unwrap();
-    let envoy = start_envoy(render_envoy(
-        "envoy-full-duplex.yaml",
-        picker.addr.port(),
-        &addrs(&backends),
-        |s| s,
-    ))
-    .await;
+    let envoy = envoy_for("envoy-full-duplex.yaml", picker.addr.port(), &backends).await;
     // An SSE stream that the backend holds open until its gate opens. With the FULL_DUPLEX
     // filter (failure_mode_allow: false) every response chunk passes through the picker, so the
     // stream only completes if the draining picker keeps its ext_proc stream open.
@@ -1099,13 +1067,7 @@ async fn self_signed_tls_picker_routes_behind_envoy_and_refuses_plaintext() {
     // The same picker behind a plaintext Envoy: the picker cannot be reached, and the
     // fail-closed filter answers with an error rather than routing blind.
     let backends = three_backends().await;
-    let plain = start_envoy(render_envoy(
-        "envoy.yaml",
-        picker.grpc_addr.port(),
-        &addrs(&backends),
-        |s| s,
-    ))
-    .await;
+    let plain = envoy_for("envoy.yaml", picker.grpc_addr.port(), &backends).await;
     let reply = send(&plain, "/v1/chat/completions", &chat(SYSTEM, "plaintext?")).await;
     assert!(reply.status >= 500, "{reply:?}");
     assert!(reply.served_by.is_empty(), "{reply:?}");
