@@ -1,5 +1,6 @@
-//! The LRU facts of the semantics doc §3, and a property test of the index against a simple,
-//! obviously correct reference model.
+//! The LRU facts of the semantics doc §3, a property test of the index against a simple,
+//! obviously correct reference model, and a stress test of concurrent records, scores and pod
+//! removals that checks the reverse map against the lists afterwards.
 
 use std::collections::VecDeque;
 
@@ -263,4 +264,118 @@ proptest! {
             if m == 0 { prop_assert!(full[i] <= min_chosen); } else { prop_assert_eq!(m, full[i]); }
         }
     }
+}
+
+/// Several threads record, score, remove and add pods at once over a small key space (so pods
+/// share entries and sets keep changing between one holder and several), with lists small
+/// enough that most inserts evict. Whatever the interleaving, once they are done the reverse
+/// map must be exactly the union of the live pods' lists, each list at most `CAP` long without
+/// repeats, and removed pods nowhere; every score seen on the way must be well formed.
+#[test]
+fn concurrent_records_scores_and_removals_keep_the_reverse_map_exact() {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::sync::Mutex as StdMutex;
+
+    const CAP: usize = 48;
+    const PODS: usize = 6;
+    const THREADS: u64 = 4;
+    const ROUNDS: usize = 1_500;
+    const KEYS: u64 = 160;
+    const MODELS: [ModelKey; 2] = [ModelKey(11), ModelKey(12)];
+    let index = PrefixIndex::new(CAP);
+    let live = StdMutex::new((0..PODS).map(|_| index.add_pod()).collect::<Vec<_>>());
+    let removed = StdMutex::new(Vec::new());
+
+    std::thread::scope(|scope| {
+        for t in 0..THREADS {
+            let (index, live, removed) = (&index, &live, &removed);
+            scope.spawn(move || {
+                let mut rng = SmallRng::seed_from_u64(t);
+                for _ in 0..ROUNDS {
+                    let model = MODELS[rng.random_range(0..MODELS.len())];
+                    // A chain of a shared start and a random tail, as prompts look.
+                    let start = rng.random_range(0..KEYS);
+                    let len = rng.random_range(1..40);
+                    let chain: Vec<BlockHash> = (0..len)
+                        .map(|i| BlockHash((start + i * rng.random_range(1..3)) % KEYS))
+                        .collect();
+                    let handles = live.lock().unwrap().clone();
+                    match rng.random_range(0..20) {
+                        // Thread 0 now and then replaces a pod; the others may still be
+                        // recording through the old handle, which must then record nothing.
+                        0 if t == 0 => {
+                            let mut pods = live.lock().unwrap();
+                            let i = rng.random_range(0..pods.len());
+                            let victim = pods.swap_remove(i);
+                            index.remove_pod(victim.slot());
+                            removed.lock().unwrap().push(victim.slot());
+                            pods.push(index.add_pod());
+                        }
+                        0..=11 => {
+                            let pod = &handles[rng.random_range(0..handles.len())];
+                            let out = index.record(pod, model, &chain);
+                            assert!(out.inserted <= chain.len());
+                        }
+                        _ => {
+                            let slots: Vec<PodSlot> = handles.iter().map(PodHandle::slot).collect();
+                            let top_k = rng.random_range(1..=PODS);
+                            let got =
+                                index.longest_matches(model, &chain, &slots, top_k, rng_for_ties);
+                            assert_eq!(got.len(), slots.len());
+                            assert!(got.iter().all(|&m| m <= chain.len()), "{got:?}");
+                            assert!(got.iter().filter(|&&m| m > 0).count() <= top_k, "{got:?}");
+                        }
+                    }
+                }
+            });
+        }
+    });
+
+    let live: Vec<PodSlot> = live
+        .into_inner()
+        .unwrap()
+        .iter()
+        .map(PodHandle::slot)
+        .collect();
+    let removed = removed.into_inner().unwrap();
+    assert!(!removed.is_empty(), "the run removed pods");
+    let mut holders: BTreeMap<(ModelKey, BlockHash), BTreeSet<PodSlot>> = BTreeMap::new();
+    let mut total = 0;
+    for &slot in &live {
+        let keys = index.pod_keys_by_recency(slot);
+        assert!(
+            keys.len() <= CAP,
+            "pod {slot:?} holds {} entries",
+            keys.len()
+        );
+        assert_eq!(keys.len(), index.pod_entries(slot));
+        total += keys.len();
+        for k in keys {
+            assert!(
+                holders.entry((k.model, k.hash)).or_default().insert(slot),
+                "pod {slot:?} lists {k:?} twice"
+            );
+        }
+    }
+    assert_eq!(index.entries(), total);
+    assert_eq!(index.distinct_entries(), holders.len());
+    for &model in &MODELS {
+        for h in 0..KEYS {
+            let want: Vec<PodSlot> = holders
+                .get(&(model, BlockHash(h)))
+                .map(|s| s.iter().copied().collect())
+                .unwrap_or_default();
+            assert_eq!(
+                index.pods_holding(model, BlockHash(h)),
+                want,
+                "{model:?} {h}"
+            );
+        }
+    }
+    // `want` above holds live pods only: removed pods are in no set.
+    assert!(removed.iter().all(|slot| !live.contains(slot)));
+}
+
+fn rng_for_ties() -> SmallRng {
+    SmallRng::seed_from_u64(3)
 }
