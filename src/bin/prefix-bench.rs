@@ -18,6 +18,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use prefix_picker::bench::cluster::{self, Process, bin_dir, cpu_seconds, render_envoy};
 use prefix_picker::bench::driver::{self, Arrival, RunResult};
+use prefix_picker::bench::overhead::{self, OverheadRow, RowKind};
 use prefix_picker::bench::report;
 use prefix_picker::bench::workload::{self, BenchRequest};
 
@@ -63,6 +64,10 @@ enum Cmd {
         envoy_files: Vec<String>,
         #[arg(long, default_value = "bench/results")]
         out: PathBuf,
+        /// Run every setup this many times, in alternation, and add a summary of medians of
+        /// the in-round comparisons (`prefix_picker::bench::overhead`).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        rounds: u32,
     },
     /// Rewrite the markdown and PNG of a results JSON file (next to it).
     Report { results: PathBuf },
@@ -640,6 +645,7 @@ async fn overhead(
     output_tokens: usize,
     envoy_files: &[String],
     out: PathBuf,
+    rounds: usize,
 ) -> anyhow::Result<()> {
     let levels: Vec<usize> = concurrency
         .split(',')
@@ -650,20 +656,16 @@ async fn overhead(
         .map(|s| s.to_string())
         .collect();
     let scheduler = default_scheduler()?;
-    let mut setups: Vec<(String, Setup)> = vec![(
-        "Envoy alone (round robin)".into(),
-        Setup::Envoy {
-            file: "envoy-round-robin.yaml".into(),
-            scheduler: None,
-        },
-    )];
+    let mut setups: Vec<(String, RowKind, Setup)> = Vec::new();
     for file in envoy_files {
         setups.push((
             format!("Envoy + no-op ext_proc ({file})"),
+            RowKind::Noop { file: file.clone() },
             Setup::NoopExtProc { file: file.clone() },
         ));
         setups.push((
             format!("Envoy + prefix-picker ({file})"),
+            RowKind::Picker { file: file.clone() },
             Setup::Envoy {
                 file: file.clone(),
                 scheduler: Some(scheduler.clone()),
@@ -672,9 +674,17 @@ async fn overhead(
     }
     for (name, setup) in routers()? {
         if matches!(setup, Setup::Sglang(_) | Setup::Vllm(_)) {
-            setups.push((name.into(), setup));
+            setups.push((name.into(), RowKind::Peer, setup));
         }
     }
+    let baseline = (
+        "Envoy alone (round robin)".to_string(),
+        RowKind::Alone,
+        Setup::Envoy {
+            file: "envoy-round-robin.yaml".into(),
+            scheduler: None,
+        },
+    );
     let prompts: Vec<BenchRequest> = (0..requests)
         .map(|i| BenchRequest {
             path: "/v1/completions",
@@ -688,71 +698,125 @@ async fn overhead(
         "8 KiB prompts, {output_tokens} output token(s) per streamed response, {requests} requests per row\n\n"
     );
     md.push_str(
-        "| setup | concurrency | req/s | p50 (ms) | p99 (ms) | p50 vs Envoy alone | proxy CPU ms/req (Envoy or peer) | ext_proc CPU ms/req (picker or no-op) |\n|---|---|---|---|---|---|---|---|\n",
+        "| setup | concurrency | round | req/s | p50 (ms) | p99 (ms) | p50 vs Envoy alone | proxy CPU ms/req (Envoy or peer) | ext_proc CPU ms/req (picker or no-op) |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     let mut rows = Vec::new();
+    let mut summary_rows = Vec::new();
     for &c in &levels {
-        let mut baseline_p50 = None;
-        for (name, setup) in &setups {
-            let name = name.as_str();
-            let cluster = start_cluster(setup, &instant).await?;
-            let base = cluster.url.clone();
-            // The proxy's CPU: Envoy's, or the peer router's own process.
-            let envoy_pid = cluster
-                .envoy
-                .as_ref()
-                .map(|e| e.pid)
-                .or_else(|| cluster.peer.as_ref().map(Process::pid));
-            // Warm up connections and caches.
-            let _ = driver::run(
-                name,
-                "warm-up",
-                &base,
-                &[],
-                &prompts[..50.min(prompts.len())],
-                Arrival::Closed { concurrency: c },
-                0.0,
-            )
-            .await;
-            let cpu = |p: Option<u32>| p.and_then(cpu_seconds).unwrap_or(0.0);
-            let ext_proc_pid = cluster.ext_proc.as_ref().map(Process::pid);
-            let (e0, p0) = (cpu(envoy_pid), cpu(ext_proc_pid));
-            let r = driver::run(
-                name,
-                "overhead",
-                &base,
-                &cluster.sim_urls,
-                &prompts,
-                Arrival::Closed { concurrency: c },
-                0.0,
-            )
-            .await;
-            let (e1, p1) = (cpu(envoy_pid), cpu(ext_proc_pid));
-            let n = (r.requests - r.errors).max(1) as f64;
-            let base_p50 = *baseline_p50.get_or_insert(r.e2e_ms.p50);
-            let line = format!(
-                "| {name} | {c} | {:.0} | {:.2} | {:.2} | {:+.2} ms ({:.2}x) | {:.3} | {} |\n",
-                r.requests_per_s,
-                r.e2e_ms.p50,
-                r.e2e_ms.p99,
-                r.e2e_ms.p50 - base_p50,
-                r.e2e_ms.p50 / base_p50.max(1e-9),
-                (e1 - e0) * 1000.0 / n,
-                if ext_proc_pid.is_some() {
-                    format!("{:.3}", (p1 - p0) * 1000.0 / n)
-                } else {
-                    "-".into()
-                },
-            );
-            eprint!("{line}");
-            md.push_str(&line);
-            rows.push(r);
-            drop(cluster);
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        for round in 1..=rounds {
+            // The baseline first (the live lines compare with it); the others in turn reversed
+            // every other round, so no setup always runs right after the baseline.
+            let mut order: Vec<&(String, RowKind, Setup)> = setups.iter().collect();
+            if round % 2 == 0 {
+                order.reverse();
+            }
+            order.insert(0, &baseline);
+            let mut baseline_p50 = None;
+            for (name, kind, setup) in order {
+                let row = measure_overhead(name, setup, c, &prompts, &instant).await?;
+                let base_p50 = *baseline_p50.get_or_insert(row.result.e2e_ms.p50);
+                let line = row.markdown(name, c, round, base_p50);
+                eprint!("{line}");
+                md.push_str(&line);
+                summary_rows.push(row.summary(name, kind, c, round));
+                rows.push(row.result);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
         }
+    }
+    if rounds > 1 {
+        md.push('\n');
+        md.push_str(&overhead::summary_markdown(&summary_rows));
     }
     println!("{md}");
     write_results(&out, &format!("overhead-{output_tokens}tok"), &rows, &md)
+}
+
+/// One overhead row: the run's result and the CPU per request of the proxy and processor.
+struct OverheadMeasurement {
+    result: RunResult,
+    proxy_cpu_ms: f64,
+    ext_proc_cpu_ms: Option<f64>,
+}
+
+impl OverheadMeasurement {
+    fn markdown(&self, name: &str, c: usize, round: usize, base_p50: f64) -> String {
+        let r = &self.result;
+        format!(
+            "| {name} | {c} | {round} | {:.0} | {:.2} | {:.2} | {:+.2} ms ({:.2}x) | {:.3} | {} |\n",
+            r.requests_per_s,
+            r.e2e_ms.p50,
+            r.e2e_ms.p99,
+            r.e2e_ms.p50 - base_p50,
+            r.e2e_ms.p50 / base_p50.max(1e-9),
+            self.proxy_cpu_ms,
+            self.ext_proc_cpu_ms
+                .map_or("-".into(), |ms| format!("{ms:.3}")),
+        )
+    }
+
+    fn summary(&self, name: &str, kind: &RowKind, c: usize, round: usize) -> OverheadRow {
+        OverheadRow {
+            setup: name.to_string(),
+            kind: kind.clone(),
+            concurrency: c,
+            round,
+            requests_per_s: self.result.requests_per_s,
+            p50_ms: self.result.e2e_ms.p50,
+            p99_ms: self.result.e2e_ms.p99,
+            proxy_cpu_ms: self.proxy_cpu_ms,
+            ext_proc_cpu_ms: self.ext_proc_cpu_ms,
+        }
+    }
+}
+
+/// Starts `setup`, warms it up, runs `prompts` through it at concurrency `c` and stops it.
+async fn measure_overhead(
+    name: &str,
+    setup: &Setup,
+    c: usize,
+    prompts: &[BenchRequest],
+    instant: &[String],
+) -> anyhow::Result<OverheadMeasurement> {
+    let cluster = start_cluster(setup, instant).await?;
+    let base = cluster.url.clone();
+    // The proxy's CPU: Envoy's, or the peer router's own process.
+    let envoy_pid = cluster
+        .envoy
+        .as_ref()
+        .map(|e| e.pid)
+        .or_else(|| cluster.peer.as_ref().map(Process::pid));
+    // Warm up connections and caches.
+    let _ = driver::run(
+        name,
+        "warm-up",
+        &base,
+        &[],
+        &prompts[..50.min(prompts.len())],
+        Arrival::Closed { concurrency: c },
+        0.0,
+    )
+    .await;
+    let cpu = |p: Option<u32>| p.and_then(cpu_seconds).unwrap_or(0.0);
+    let ext_proc_pid = cluster.ext_proc.as_ref().map(Process::pid);
+    let (e0, p0) = (cpu(envoy_pid), cpu(ext_proc_pid));
+    let result = driver::run(
+        name,
+        "overhead",
+        &base,
+        &cluster.sim_urls,
+        prompts,
+        Arrival::Closed { concurrency: c },
+        0.0,
+    )
+    .await;
+    let (e1, p1) = (cpu(envoy_pid), cpu(ext_proc_pid));
+    let n = (result.requests - result.errors).max(1) as f64;
+    Ok(OverheadMeasurement {
+        proxy_cpu_ms: (e1 - e0) * 1000.0 / n,
+        ext_proc_cpu_ms: ext_proc_pid.map(|_| (p1 - p0) * 1000.0 / n),
+        result,
+    })
 }
 
 #[tokio::main]
@@ -765,7 +829,18 @@ async fn main() -> anyhow::Result<()> {
             output_tokens,
             envoy_files,
             out,
-        } => overhead(requests, &concurrency, output_tokens, &envoy_files, out).await,
+            rounds,
+        } => {
+            overhead(
+                requests,
+                &concurrency,
+                output_tokens,
+                &envoy_files,
+                out,
+                rounds as usize,
+            )
+            .await
+        }
         Cmd::Replicas(opts) => replicas(opts).await,
         Cmd::NoopExtProc { grpc_addr } => {
             let listener = tokio::net::TcpListener::bind(&grpc_addr)
