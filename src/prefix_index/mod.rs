@@ -9,7 +9,9 @@
 //!   lists need no lookup table of their own.
 //!
 //! Models are interned to `u32` ids ([`models`]); an entry costs a 20-byte list node plus a
-//! 20-byte reverse slot and its 1-byte tag (shared by the pods holding it) at 47-94 % table load.
+//! 16-byte reverse slot and its 1-byte tag (shared by the pods holding it) at 47-94 % table load.
+//! The slot stores the key as one word, the block hash xor a keyed salt of the model
+//! ([`model_salt`]), instead of hash and model id.
 //!
 //! Recording for a pod takes that pod's mutex and, while holding it, shard locks (lock order:
 //! pod, then shard; never two shards at once), so the reverse map equals the union of the lists
@@ -100,29 +102,50 @@ struct Key {
     model: ModelId,
 }
 
-impl Key {
-    /// Keyed 64-bit mix for the tables (folded multiply; the seed is random per index so
-    /// crafted prompts cannot aim at one slot).
-    fn mix(self, seed: u64) -> u64 {
-        let x = self.hash ^ u64::from(self.model).rotate_left(29) ^ seed;
-        let p = u128::from(x) * 0x9E37_79B9_7F4A_7C15_u128;
-        (p as u64) ^ ((p >> 64) as u64)
-    }
+/// The salt of a model's key words. The reverse map stores and compares a key as one word,
+/// its block hash xor the salt of its model, drawn from the model id and the index seed, which
+/// keeps its slots at 16 bytes. For one model the word is the hash xored with one constant, so no
+/// two keys of a model ever share a word; keys of two models share one only if their hashes
+/// differ by exactly the xor of the two (secret) salts: odds of 2^-64 per pair, the same as two
+/// block hashes colliding, which the chain already accepts.
+fn model_salt(model: ModelId, seed: u64) -> u64 {
+    fold(u64::from(model) ^ seed)
 }
 
-/// A key with its mix computed once: tables take their slot from the low bits, the shard comes
-/// from bits 32.. (independent of any table size below 2^32 slots).
+/// Keyed 64-bit mix of a key word for the tables (the seed is random per index, so crafted
+/// prompts cannot aim at one slot).
+fn mix_word(word: u64, seed: u64) -> u64 {
+    fold(word ^ seed.rotate_left(32))
+}
+
+/// Folded multiply: the two halves of a 64 x 64-bit product, xored.
+fn fold(x: u64) -> u64 {
+    let p = u128::from(x) * 0x9E37_79B9_7F4A_7C15_u128;
+    (p as u64) ^ ((p >> 64) as u64)
+}
+
+/// A key with its word and mix computed once: tables take their slot from the low bits of the
+/// mix, the shard comes from bits 32.. (independent of any table size below 2^32 slots).
 #[derive(Debug, Clone, Copy)]
 struct Hashed {
     key: Key,
+    /// The block hash xor the model's salt ([`model_salt`]).
+    word: u64,
     mix: u64,
 }
 
 impl Hashed {
     fn new(key: Key, seed: u64) -> Hashed {
+        Hashed::salted(key, model_salt(key.model, seed), seed)
+    }
+
+    /// [`Hashed::new`] with the model's salt computed once for many keys of one model.
+    fn salted(key: Key, salt: u64, seed: u64) -> Hashed {
+        let word = key.hash ^ salt;
         Hashed {
             key,
-            mix: key.mix(seed),
+            word,
+            mix: mix_word(word, seed),
         }
     }
 
@@ -308,11 +331,12 @@ impl PrefixIndex {
         } = scratch;
         // Processing order: deepest first.
         keys.clear();
+        let salt = model_salt(model, self.seed);
         keys.extend(
             hashes
                 .iter()
                 .rev()
-                .map(|h| Hashed::new(Key { hash: h.0, model }, self.seed)),
+                .map(|h| Hashed::salted(Key { hash: h.0, model }, salt, self.seed)),
         );
 
         // 1. Which entries the pod holds now, and in which node.
@@ -380,6 +404,8 @@ impl PrefixIndex {
         at.resize(keys.len(), NIL);
         changes.clear();
         let mut evicted: Vec<(ModelId, u64)> = Vec::new();
+        // The salt of the last evicted entry's model (evictions mostly share one model).
+        let mut last_salt: Option<(ModelId, u64)> = None;
         for (j, k) in keys.iter().enumerate() {
             let known = match earlier[j] {
                 NIL => held[j],
@@ -394,8 +420,16 @@ impl PrefixIndex {
             let node = match lru.insert_front(k.key) {
                 Placed::Fresh(node) => node,
                 Placed::Replaced(node, old) => {
+                    let salt = match last_salt {
+                        Some((m, salt)) if m == old.model => salt,
+                        _ => {
+                            let salt = model_salt(old.model, self.seed);
+                            last_salt = Some((old.model, salt));
+                            salt
+                        }
+                    };
                     changes.push(Change {
-                        key: Hashed::new(old, self.seed),
+                        key: Hashed::salted(old, salt, self.seed),
                         node: NIL,
                     });
                     match evicted.iter_mut().find(|(m, _)| *m == old.model) {
@@ -490,6 +524,7 @@ impl PrefixIndex {
             batch,
         } = scratch;
         positions.rebuild(candidates);
+        let salt = model_salt(model, self.seed);
         let mut found = 0;
         let mut rng_slot = None;
         let mut tie_rng = Some(tie_rng);
@@ -503,7 +538,7 @@ impl PrefixIndex {
             keys.extend(
                 hashes[start..end]
                     .iter()
-                    .map(|h| Hashed::new(Key { hash: h.0, model }, self.seed)),
+                    .map(|h| Hashed::salted(Key { hash: h.0, model }, salt, self.seed)),
             );
             batch.regroup(keys.iter().map(|k| k.shard()));
             sets.clear();

@@ -2,8 +2,10 @@
 //! node of its list that holds the entry.
 //!
 //! The table is a bucketed cuckoo hash: slots come in buckets of [`WAYS`], and an entry lives in
-//! one of two buckets chosen by independent bits of its mix (`b1`, `b2`). Beside the 20-byte slots
-//! (hash, model id, pod, node) each bucket has one 64-bit word of 1-byte tags (0 = empty, else a
+//! one of two buckets chosen by independent bits of its mix (`b1`, `b2`). Beside the 16-byte slots
+//! (the key's word, pod, node; the word is the block hash xor a keyed salt of the model, see
+//! [`super::model_salt`], so a slot never straddles two cache lines) each bucket has one 64-bit
+//! word of 1-byte tags (0 = empty, else a
 //! 7-bit fingerprint of the key, never 0, and a flag for "held by several pods"), compared eight
 //! at a time with word arithmetic, so a lookup reads at most two tag words and reads a slot only
 //! on a fingerprint match (1 in 127 per occupied slot). A delete clears one tag: no shifting and
@@ -14,7 +16,7 @@
 //! insert takes a free slot of the emptier of its two buckets; when both are full it moves a
 //! resident to that resident's other bucket (a random walk of at most [`MAX_KICKS`] moves, each
 //! keeping every entry in one of its buckets).
-//! The table doubles when it would pass 15/16 full, or if a walk fails: 21 bytes per slot, 22-45
+//! The table doubles when it would pass 15/16 full, or if a walk fails: 17 bytes per slot, 18-36
 //! bytes per distinct entry. Every operation costs a bounded, small number of probes whatever
 //! the load, where linear probing at this load scanned runs of tens of slots per insert and
 //! delete.
@@ -29,15 +31,12 @@
 //! of waiting one after another behind mispredicted branches. The tag words are 1/21 of the
 //! table, so they also stay within far fewer pages (TLB entries) than the slots.
 
-use super::models::ModelId;
-use super::{Hashed, Key, PodSlot};
+use super::{Hashed, PodSlot, mix_word};
 
 /// Slots per bucket (one tag byte each, one tag word per bucket).
 pub const WAYS: usize = 8;
 /// Moves an insert may make before the table grows instead.
 const MAX_KICKS: usize = 256;
-/// Model id of a never-used slot (the tags say which slots are empty).
-const EMPTY: ModelId = ModelId::MAX;
 /// Flag in a slot's `pod`: the set is the overflow list numbered by the slot's `node`.
 pub const SHARED: u32 = 1 << 31;
 const MIN_BUCKETS: usize = 2;
@@ -48,18 +47,18 @@ const FINGERPRINTS: u64 = !HIGH_BITS;
 /// Tag bit set while the slot's set holds several pods (its `pod` carries [`SHARED`]).
 const SHARED_TAG: u8 = 0x80;
 
+/// 16 bytes: a slot never straddles two cache lines.
 #[derive(Debug, Clone, Copy)]
-#[repr(C, packed(4))]
+#[repr(C)]
 struct Slot {
-    hash: u64,
-    model: ModelId,
+    /// The key's word ([`super::model_salt`]).
+    word: u64,
     pod: u32,
     node: u32,
 }
 
 const VACANT: Slot = Slot {
-    hash: 0,
-    model: EMPTY,
+    word: 0,
     pod: 0,
     node: 0,
 };
@@ -183,14 +182,14 @@ impl ReverseShard {
 
     /// Adds `pod` (holding `key` in `node`) to the set of `key`; the caller guarantees `pod` is
     /// not in it yet.
+    #[inline]
     pub fn add(&mut self, key: Hashed, pod: PodSlot, node: u32) {
         debug_assert!(pod.0 & SHARED == 0, "pod slots stay below 2^31");
         let Some(i) = self.find(key) else {
             self.insert(
                 key,
                 Slot {
-                    hash: key.key.hash,
-                    model: key.key.model,
+                    word: key.word,
                     pod: pod.0,
                     node,
                 },
@@ -233,7 +232,7 @@ impl ReverseShard {
             debug_assert!(
                 {
                     let slot = self.slots[i];
-                    slot.hash == key.key.hash && slot.model == key.key.model && slot.pod == pod.0
+                    slot.word == key.word && slot.pod == pod.0
                 },
                 "remove of an entry the pod does not hold"
             );
@@ -271,21 +270,23 @@ impl ReverseShard {
 
     /// The slot holding `key`: its two buckets' tag words are compared with its tag, and a slot
     /// is read only where the tag matches.
+    #[inline]
     fn find(&self, key: Hashed) -> Option<usize> {
         if self.len == 0 {
             return None;
         }
         let home = Home::of(key.mix, self.buckets());
-        self.find_in(home.b1, home.tag, key.key)
-            .or_else(|| self.find_in(home.b2, home.tag, key.key))
+        self.find_in(home.b1, home.tag, key.word)
+            .or_else(|| self.find_in(home.b2, home.tag, key.word))
     }
 
-    fn find_in(&self, bucket: usize, tag: u8, key: Key) -> Option<usize> {
+    #[inline]
+    fn find_in(&self, bucket: usize, tag: u8, word: u64) -> Option<usize> {
         let mut hits = tag_hits(self.tags[bucket], tag);
         while hits != 0 {
             let i = bucket * WAYS + (hits.trailing_zeros() / 8) as usize;
             let slot = self.slots[i];
-            if slot.hash == key.hash && slot.model == key.model {
+            if slot.word == word {
                 return Some(i);
             }
             hits &= hits - 1;
@@ -397,11 +398,7 @@ impl ReverseShard {
             let evicted = self.slots[i];
             self.put(bucket, way, home.tag, slot);
             slot = evicted;
-            mix = Key {
-                hash: evicted.hash,
-                model: evicted.model,
-            }
-            .mix(self.seed);
+            mix = mix_word(evicted.word, self.seed);
             came_from = bucket;
         }
         Err((mix, slot))
@@ -447,11 +444,7 @@ impl ReverseShard {
                 if (old_tags[i / WAYS] >> (8 * (i % WAYS))) & 0xFF == 0 {
                     continue;
                 }
-                let mix = Key {
-                    hash: slot.hash,
-                    model: slot.model,
-                }
-                .mix(self.seed);
+                let mix = mix_word(slot.word, self.seed);
                 if self.place(mix, *slot).is_err() {
                     buckets *= 2;
                     continue 'sizes;
@@ -489,14 +482,16 @@ fn zero_bytes(word: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::prefix_index::Key;
+    use crate::prefix_index::models::ModelId;
 
     fn h(hash: u64, model: ModelId) -> Hashed {
         Hashed::new(Key { hash, model }, 5)
     }
 
     #[test]
-    fn slot_is_20_bytes() {
-        assert_eq!(size_of::<Slot>(), 20);
+    fn slot_is_16_bytes() {
+        assert_eq!(size_of::<Slot>(), 16);
     }
 
     #[test]
@@ -537,11 +532,7 @@ mod tests {
                 continue;
             }
             occupied += 1;
-            let key = Key {
-                hash: slot.hash,
-                model: slot.model,
-            };
-            let home = Home::of(key.mix(shard.seed), shard.buckets());
+            let home = Home::of(mix_word(slot.word, shard.seed), shard.buckets());
             assert!(bucket == home.b1 || bucket == home.b2, "slot {i}");
             assert_eq!(tag & !SHARED_TAG, home.tag, "slot {i}");
             assert_eq!(tag & SHARED_TAG != 0, slot.pod & SHARED != 0, "slot {i}");
