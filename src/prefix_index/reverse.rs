@@ -5,10 +5,9 @@
 //! one of two buckets chosen by independent bits of its mix (`b1`, `b2`). Beside the 16-byte slots
 //! (the key's word, pod, node; the word is the block hash xor a keyed salt of the model, see
 //! [`super::model_salt`], so a slot never straddles two cache lines) each bucket has one 64-bit
-//! word of 1-byte tags (0 = empty, else a
-//! 7-bit fingerprint of the key, never 0, and a flag for "held by several pods"), compared eight
-//! at a time with word arithmetic, so a lookup reads at most two tag words and reads a slot only
-//! on a fingerprint match (1 in 127 per occupied slot). A delete clears one tag: no shifting and
+//! word of 1-byte tags (0 = empty, else a 7-bit fingerprint of the key, never 0, and a flag for
+//! "held by several pods"), compared eight at a time with word arithmetic, so a lookup reads at
+//! most two tag words and reads a slot only on a fingerprint match (1 in 127 per occupied slot). A delete clears one tag: no shifting and
 //! no tombstones, so a table under eviction churn stays the size of a freshly filled one. The
 //! index only removes a pod from entries that pod holds, so when exactly one slot of the two
 //! buckets matches the fingerprint and its flag says one holder, that slot is the entry and its
@@ -28,7 +27,7 @@
 //!
 //! [`ReverseShard::touch`] reads a key's two tag words without branching on them; the index calls
 //! it for a whole batch before the batch's real operations so their cache misses overlap instead
-//! of waiting one after another behind mispredicted branches. The tag words are 1/21 of the
+//! of waiting one after another behind mispredicted branches. The tag words are 1/17 of the
 //! table, so they also stay within far fewer pages (TLB entries) than the slots.
 
 use super::{Hashed, PodSlot, mix_word};
