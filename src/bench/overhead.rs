@@ -84,8 +84,8 @@ pub fn summary_markdown(rows: &[OverheadRow]) -> String {
          and \"vs no-op\" compare each row with the baseline row of the same round.\n\n"
     );
     md.push_str(
-        "| setup | concurrency | p50 (ms) | p50 vs Envoy alone | prefix-picker's own (vs no-op, same bootstrap) | req/s | proxy CPU ms/req | ext_proc CPU ms/req |\n\
-         |---|---|---|---|---|---|---|---|\n",
+        "| setup | concurrency | p50 (ms) | p50 vs Envoy alone | prefix-picker's own (vs no-op, same bootstrap) | p99 (ms) | req/s | proxy CPU ms/req | ext_proc CPU ms/req |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
     );
     let mut order: Vec<(usize, &str)> = Vec::new();
     for r in rows {
@@ -124,12 +124,13 @@ pub fn summary_markdown(rows: &[OverheadRow]) -> String {
             }
             _ => None,
         });
+        let p99 = column(&|r| Some(r.p99_ms));
         let rps = column(&|r| Some(r.requests_per_s));
         let proxy_cpu = column(&|r| Some(r.proxy_cpu_ms));
         let ext_proc_cpu = column(&|r| r.ext_proc_cpu_ms);
         let is_alone = mine.iter().any(|r| r.kind == RowKind::Alone);
         md.push_str(&format!(
-            "| {setup} | {c} | {} | {} | {} | {} | {} | {} |\n",
+            "| {setup} | {c} | {} | {} | {} | {} | {} | {} | {} |\n",
             p50.map_or("-".into(), |s| format!(
                 "{:.2} ({:.2}-{:.2})",
                 s.median, s.min, s.max
@@ -140,6 +141,7 @@ pub fn summary_markdown(rows: &[OverheadRow]) -> String {
                 None => "-".into(),
             },
             own.map_or("-".into(), Spread::signed),
+            p99.map_or("-".into(), |s| format!("{:.2}", s.median)),
             rps.map_or("-".into(), |s| format!("{:.0}", s.median)),
             proxy_cpu.map_or("-".into(), |s| format!("{:.3}", s.median)),
             ext_proc_cpu.map_or("-".into(), |s| format!("{:.3}", s.median)),
@@ -205,15 +207,15 @@ mod tests {
         assert_eq!(lines.len(), 4, "{md}");
         assert_eq!(
             lines[1],
-            "| Envoy alone | 1 | 0.50 (0.40-1.50) | baseline | - | 2000 | 0.200 | - |"
+            "| Envoy alone | 1 | 0.50 (0.40-1.50) | baseline | - | 1.00 | 2000 | 0.200 | - |"
         );
         assert_eq!(
             lines[2],
-            "| no-op (a.yaml) | 1 | 1.00 (1.00-2.00) | +0.50 ms (+0.50 to +0.60) | - | 1000 | 0.200 | 0.200 |"
+            "| no-op (a.yaml) | 1 | 1.00 (1.00-2.00) | +0.50 ms (+0.50 to +0.60) | - | 2.00 | 1000 | 0.200 | 0.200 |"
         );
         assert_eq!(
             lines[3],
-            "| picker (a.yaml) | 1 | 1.20 (1.10-2.10) | +0.60 ms (+0.60 to +0.80) | +0.10 ms (+0.10 to +0.20) | 833 | 0.200 | 0.200 |"
+            "| picker (a.yaml) | 1 | 1.20 (1.10-2.10) | +0.60 ms (+0.60 to +0.80) | +0.10 ms (+0.10 to +0.20) | 2.40 | 833 | 0.200 | 0.200 |"
         );
     }
 
@@ -247,8 +249,8 @@ mod tests {
         assert_eq!(
             lines,
             [
-                "| picker (a.yaml) | 1 | 1.00 (1.00-1.00) | - | - | 1000 | 0.200 | 0.100 |",
-                "| picker (a.yaml) | 16 | 3.00 (3.00-3.00) | - | - | 333 | 0.200 | 0.100 |",
+                "| picker (a.yaml) | 1 | 1.00 (1.00-1.00) | - | - | 2.00 | 1000 | 0.200 | 0.100 |",
+                "| picker (a.yaml) | 16 | 3.00 (3.00-3.00) | - | - | 6.00 | 333 | 0.200 | 0.100 |",
             ]
         );
         assert_eq!(Spread::of(Vec::new()), None);
