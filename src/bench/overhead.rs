@@ -40,6 +40,29 @@ pub struct OverheadRow {
     pub ext_proc_cpu_ms: Option<f64>,
 }
 
+/// The header of the per-round table ([`OverheadRow::markdown`]).
+pub const ROUND_TABLE_HEADER: &str = "| setup | concurrency | round | req/s | p50 (ms) | p99 (ms) | p50 vs Envoy alone | proxy CPU ms/req (Envoy or peer) | ext_proc CPU ms/req (picker or no-op) |\n|---|---|---|---|---|---|---|---|---|\n";
+
+impl OverheadRow {
+    /// The row's line in the per-round table, compared with its round's baseline p50.
+    pub fn markdown(&self, baseline_p50_ms: f64) -> String {
+        format!(
+            "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {:+.2} ms ({:.2}x) | {:.3} | {} |\n",
+            self.setup,
+            self.concurrency,
+            self.round,
+            self.requests_per_s,
+            self.p50_ms,
+            self.p99_ms,
+            self.p50_ms - baseline_p50_ms,
+            self.p50_ms / baseline_p50_ms.max(1e-9),
+            self.proxy_cpu_ms,
+            self.ext_proc_cpu_ms
+                .map_or("-".into(), |ms| format!("{ms:.3}")),
+        )
+    }
+}
+
 /// Median and range of a set of values.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Spread {
@@ -65,6 +88,11 @@ impl Spread {
             min: values[0],
             max: values[n - 1],
         })
+    }
+
+    /// The median alone, with `decimals` decimals ("-" without values).
+    fn median_of(spread: Option<Spread>, decimals: usize) -> String {
+        spread.map_or("-".into(), |s| format!("{:.*}", decimals, s.median))
     }
 
     fn signed(self) -> String {
@@ -141,10 +169,10 @@ pub fn summary_markdown(rows: &[OverheadRow]) -> String {
                 None => "-".into(),
             },
             own.map_or("-".into(), Spread::signed),
-            p99.map_or("-".into(), |s| format!("{:.2}", s.median)),
-            rps.map_or("-".into(), |s| format!("{:.0}", s.median)),
-            proxy_cpu.map_or("-".into(), |s| format!("{:.3}", s.median)),
-            ext_proc_cpu.map_or("-".into(), |s| format!("{:.3}", s.median)),
+            Spread::median_of(p99, 2),
+            Spread::median_of(rps, 0),
+            Spread::median_of(proxy_cpu, 3),
+            Spread::median_of(ext_proc_cpu, 3),
         ));
     }
     md
@@ -217,6 +245,15 @@ mod tests {
             lines[3],
             "| picker (a.yaml) | 1 | 1.20 (1.10-2.10) | +0.60 ms (+0.60 to +0.80) | +0.10 ms (+0.10 to +0.20) | 2.40 | 833 | 0.200 | 0.200 |"
         );
+    }
+
+    #[test]
+    fn a_round_line_compares_with_its_baseline() {
+        assert_eq!(
+            row(picker("a.yaml"), 2, 1.5).markdown(0.5),
+            "| picker (a.yaml) | 1 | 2 | 667 | 1.50 | 3.00 | +1.00 ms (3.00x) | 0.200 | 0.200 |\n"
+        );
+        assert!(ROUND_TABLE_HEADER.starts_with("| setup | concurrency | round |"));
     }
 
     #[test]

@@ -697,9 +697,7 @@ async fn overhead(
     let mut md = format!(
         "8 KiB prompts, {output_tokens} output token(s) per streamed response, {requests} requests per row\n\n"
     );
-    md.push_str(
-        "| setup | concurrency | round | req/s | p50 (ms) | p99 (ms) | p50 vs Envoy alone | proxy CPU ms/req (Envoy or peer) | ext_proc CPU ms/req (picker or no-op) |\n|---|---|---|---|---|---|---|---|---|\n",
-    );
+    md.push_str(overhead::ROUND_TABLE_HEADER);
     let mut rows = Vec::new();
     let mut summary_rows = Vec::new();
     for &c in &levels {
@@ -713,13 +711,24 @@ async fn overhead(
             order.insert(0, &baseline);
             let mut baseline_p50 = None;
             for (name, kind, setup) in order {
-                let row = measure_overhead(name, setup, c, &prompts, &instant).await?;
-                let base_p50 = *baseline_p50.get_or_insert(row.result.e2e_ms.p50);
-                let line = row.markdown(name, c, round, base_p50);
+                let (result, proxy_cpu_ms, ext_proc_cpu_ms) =
+                    measure_overhead(name, setup, c, &prompts, &instant).await?;
+                let row = OverheadRow {
+                    setup: name.clone(),
+                    kind: kind.clone(),
+                    concurrency: c,
+                    round,
+                    requests_per_s: result.requests_per_s,
+                    p50_ms: result.e2e_ms.p50,
+                    p99_ms: result.e2e_ms.p99,
+                    proxy_cpu_ms,
+                    ext_proc_cpu_ms,
+                };
+                let line = row.markdown(*baseline_p50.get_or_insert(row.p50_ms));
                 eprint!("{line}");
                 md.push_str(&line);
-                summary_rows.push(row.summary(name, kind, c, round));
-                rows.push(row.result);
+                summary_rows.push(row);
+                rows.push(result);
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
@@ -732,52 +741,15 @@ async fn overhead(
     write_results(&out, &format!("overhead-{output_tokens}tok"), &rows, &md)
 }
 
-/// One overhead row: the run's result and the CPU per request of the proxy and processor.
-struct OverheadMeasurement {
-    result: RunResult,
-    proxy_cpu_ms: f64,
-    ext_proc_cpu_ms: Option<f64>,
-}
-
-impl OverheadMeasurement {
-    fn markdown(&self, name: &str, c: usize, round: usize, base_p50: f64) -> String {
-        let r = &self.result;
-        format!(
-            "| {name} | {c} | {round} | {:.0} | {:.2} | {:.2} | {:+.2} ms ({:.2}x) | {:.3} | {} |\n",
-            r.requests_per_s,
-            r.e2e_ms.p50,
-            r.e2e_ms.p99,
-            r.e2e_ms.p50 - base_p50,
-            r.e2e_ms.p50 / base_p50.max(1e-9),
-            self.proxy_cpu_ms,
-            self.ext_proc_cpu_ms
-                .map_or("-".into(), |ms| format!("{ms:.3}")),
-        )
-    }
-
-    fn summary(&self, name: &str, kind: &RowKind, c: usize, round: usize) -> OverheadRow {
-        OverheadRow {
-            setup: name.to_string(),
-            kind: kind.clone(),
-            concurrency: c,
-            round,
-            requests_per_s: self.result.requests_per_s,
-            p50_ms: self.result.e2e_ms.p50,
-            p99_ms: self.result.e2e_ms.p99,
-            proxy_cpu_ms: self.proxy_cpu_ms,
-            ext_proc_cpu_ms: self.ext_proc_cpu_ms,
-        }
-    }
-}
-
 /// Starts `setup`, warms it up, runs `prompts` through it at concurrency `c` and stops it.
+/// Returns the run and the CPU per request of the proxy and of the external processor (if any).
 async fn measure_overhead(
     name: &str,
     setup: &Setup,
     c: usize,
     prompts: &[BenchRequest],
     instant: &[String],
-) -> anyhow::Result<OverheadMeasurement> {
+) -> anyhow::Result<(RunResult, f64, Option<f64>)> {
     let cluster = start_cluster(setup, instant).await?;
     let base = cluster.url.clone();
     // The proxy's CPU: Envoy's, or the peer router's own process.
@@ -812,11 +784,11 @@ async fn measure_overhead(
     .await;
     let (e1, p1) = (cpu(envoy_pid), cpu(ext_proc_pid));
     let n = (result.requests - result.errors).max(1) as f64;
-    Ok(OverheadMeasurement {
-        proxy_cpu_ms: (e1 - e0) * 1000.0 / n,
-        ext_proc_cpu_ms: ext_proc_pid.map(|_| (p1 - p0) * 1000.0 / n),
+    Ok((
         result,
-    })
+        (e1 - e0) * 1000.0 / n,
+        ext_proc_pid.map(|_| (p1 - p0) * 1000.0 / n),
+    ))
 }
 
 #[tokio::main]
