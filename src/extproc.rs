@@ -1,15 +1,19 @@
 //! The Envoy adapter: one ext_proc stream per HTTP request, translated to [`Router`] calls.
 //!
 //! Request phase (protocol.md §2): with `BUFFERED` bodies the headers are answered CONTINUE and
-//! the pick rides on the body reply; with `FULL_DUPLEX_STREAMED` the headers reply is held until
-//! the body's end, then sent with the pick and `clear_route_cache`, followed by the body itself as
-//! `streamed_response` chunks of at most 62,000 bytes. A request without a body is answered at
-//! once. The pick goes in the `x-gateway-destination-endpoint` header (overwriting any
+//! the pick rides on the body reply (Envoy sends the whole body in one message; `end_of_stream`
+//! is false only when request trailers follow); with `FULL_DUPLEX_STREAMED` the headers reply is
+//! held until the body's end (`end_of_stream` or the request trailers), then sent with the pick
+//! and `clear_route_cache`, followed by the body itself as `streamed_response` chunks of at most
+//! 62,000 bytes (the last one ends the stream unless trailers do). A request without a body is
+//! answered at once. The pick goes in the `x-gateway-destination-endpoint` header (overwriting any
 //! client-supplied one) and in `envoy.lb` dynamic metadata, with identical values; `x-request-id`
 //! is generated when missing. Failures are immediate responses with OpenAI-style JSON errors. A
 //! body that arrives without request headers (a filter with `request_header_mode: SKIP`, whose
 //! requests Envoy forwards before any pick) is answered, routed by load, counted as unscored
-//! `no_request_path`, and warned about once.
+//! `no_request_path`, and warned about once. A stream decides once: after an immediate response
+//! it answers nothing more of the request, and after a pick any further request message (Envoy
+//! sends none) gets a plain reply of its kind (FULL_DUPLEX body bytes are still sent back).
 //!
 //! Response phase: the pod that served is `upstream.address` (response attribute), else the
 //! `x-gateway-destination-endpoint-served` metadata key, else the primary pick. Completion is the
@@ -89,6 +93,14 @@ impl BodyMode {
             _ => BodyMode::None,
         }
     }
+}
+
+/// How the request body ended: with `end_of_stream` on its last message, or with request
+/// trailers after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BodyEnd {
+    EndOfStream,
+    Trailers,
 }
 
 /// The ext_proc gRPC service.
@@ -194,7 +206,12 @@ struct StreamState {
     metadata: HashMap<String, Struct>,
     body: Vec<u8>,
     holding_headers: bool,
+    /// The request was refused with an immediate response: Envoy ends the stream, so later
+    /// messages of the request are not answered.
     rejected: bool,
+    /// The request was routed: later request messages (which Envoy does not send) get a plain
+    /// reply of their kind and never a second pick.
+    routed: bool,
     /// Routed state when this stream observes the completion itself.
     route: Option<PendingRoute>,
     status: Option<u32>,
@@ -234,6 +251,7 @@ impl StreamState {
             body: Vec::new(),
             holding_headers: false,
             rejected: false,
+            routed: false,
             route: None,
             status: None,
             served: Served::NotReported,
@@ -279,22 +297,25 @@ impl StreamState {
                 _ => {}
             }
         }
-        if self.observer {
+        if self.observer || self.rejected {
             return vec![];
+        }
+        if self.routed {
+            return vec![reply(Out::RequestHeaders(HeadersResponse::default()))];
         }
         if self.request_id.is_none() {
             self.request_id = Some(uuid::Uuid::new_v4().to_string());
             self.set_request_id = true;
         }
         if h.end_of_stream {
-            return self.route_now(None);
+            return self.route_now(None, BodyEnd::EndOfStream);
         }
         match self.request_mode {
             Some(BodyMode::FullDuplex) => {
                 self.holding_headers = true;
                 vec![]
             }
-            Some(BodyMode::None) => self.route_now(None),
+            Some(BodyMode::None) => self.route_now(None, BodyEnd::EndOfStream),
             _ => vec![reply(Out::RequestHeaders(HeadersResponse::default()))],
         }
     }
@@ -303,11 +324,19 @@ impl StreamState {
         if self.observer || self.rejected {
             return vec![];
         }
+        if self.routed {
+            return match self.request_mode {
+                Some(BodyMode::FullDuplex) => vec![reply(Out::RequestBody(streamed_body(
+                    b.body,
+                    b.end_of_stream,
+                )))],
+                _ => vec![reply(Out::RequestBody(BodyResponse::default()))],
+            };
+        }
         if self.path.is_empty() && self.body.is_empty() {
             warn_request_headers_skipped();
         }
         if self.body.len() + b.body.len() > self.router.config.max_body_bytes {
-            self.rejected = true;
             return vec![self.immediate(&RouteFailure::new(
                 413,
                 "invalid_request_error",
@@ -317,8 +346,11 @@ impl StreamState {
                 ),
             ))];
         }
-        if b.end_of_stream {
-            // The usual BUFFERED case is one message with the whole body: route it in place.
+        // BUFFERED: Envoy sends the whole body in one message, with `end_of_stream` false only
+        // when request trailers follow it (its ext_proc filter sends the buffered body when the
+        // trailers arrive, headers still held), so that message is the body's end too.
+        if b.end_of_stream || self.request_mode == Some(BodyMode::Buffered) {
+            // The usual case is one message with the whole body: route it in place.
             let body = if self.body.is_empty() {
                 b.body
             } else {
@@ -326,7 +358,12 @@ impl StreamState {
                 body.extend_from_slice(&b.body);
                 body
             };
-            let replies = self.route_now(Some(&body));
+            let end = if b.end_of_stream {
+                BodyEnd::EndOfStream
+            } else {
+                BodyEnd::Trailers
+            };
+            let replies = self.route_now(Some(&body), end);
             self.body = body;
             return replies;
         }
@@ -334,7 +371,6 @@ impl StreamState {
         match self.request_mode {
             Some(BodyMode::FullDuplex) => vec![],
             Some(BodyMode::BufferedPartial) => {
-                self.rejected = true;
                 vec![self.immediate(&RouteFailure::new(
                     413,
                     "invalid_request_error",
@@ -346,18 +382,23 @@ impl StreamState {
     }
 
     fn on_request_trailers(&mut self) -> Vec<ProcessingResponse> {
+        if self.rejected {
+            return vec![];
+        }
         if self.holding_headers {
             // FULL_DUPLEX body ended with trailers instead of end_of_stream.
             let body = std::mem::take(&mut self.body);
-            let mut replies = self.route_now(Some(&body));
-            replies.push(reply(Out::RequestTrailers(TrailersResponse::default())));
+            let mut replies = self.route_now(Some(&body), BodyEnd::Trailers);
+            if !self.rejected {
+                replies.push(reply(Out::RequestTrailers(TrailersResponse::default())));
+            }
             return replies;
         }
         vec![reply(Out::RequestTrailers(TrailersResponse::default()))]
     }
 
     /// Routes and builds the replies that carry the pick (or the immediate error).
-    fn route_now(&mut self, body: Option<&[u8]>) -> Vec<ProcessingResponse> {
+    fn route_now(&mut self, body: Option<&[u8]>, end: BodyEnd) -> Vec<ProcessingResponse> {
         let restrict = match self.restriction() {
             Ok(r) => r,
             Err(f) => return vec![self.immediate(&f)],
@@ -377,6 +418,7 @@ impl StreamState {
             reason = routed.decision.reason.as_str(),
             "picked"
         );
+        self.routed = true;
         let pending = self.keep_route(routed);
         let mut set_headers = vec![set_header(DESTINATION_HEADER, &destination)];
         if self.set_request_id {
@@ -410,7 +452,7 @@ impl StreamState {
                 ..ProcessingResponse::default()
             }];
             if full_duplex_body {
-                replies.extend(body_chunks(body.unwrap_or_default()));
+                replies.extend(body_chunks(body.unwrap_or_default(), end));
             }
             return replies;
         }
@@ -588,7 +630,9 @@ impl StreamState {
         }
     }
 
-    fn immediate(&self, failure: &RouteFailure) -> ProcessingResponse {
+    /// The immediate response refusing the request (the stream answers nothing more).
+    fn immediate(&mut self, failure: &RouteFailure) -> ProcessingResponse {
+        self.rejected = true;
         self.router
             .metrics
             .immediate_responses
@@ -698,16 +742,23 @@ fn lb_metadata(destination: &str, route_key: Option<&str>) -> Struct {
     }
 }
 
-fn body_chunks(body: &[u8]) -> Vec<ProcessingResponse> {
+/// A FULL_DUPLEX_STREAMED request body sent back as `streamed_response` chunks. Only a body that
+/// ended the stream is sent with `end_of_stream` on its last chunk (an empty one if need be);
+/// when trailers follow, Envoy ends the stream with them (a body ending with `end_of_stream`
+/// before the trailers left Envoy waiting for the request until `stream_idle_timeout`).
+fn body_chunks(body: &[u8], end: BodyEnd) -> Vec<ProcessingResponse> {
     let mut chunks: Vec<&[u8]> = body.chunks(BODY_CHUNK).collect();
-    if chunks.is_empty() {
+    if chunks.is_empty() && end == BodyEnd::EndOfStream {
         chunks.push(&[]);
     }
-    let last = chunks.len() - 1;
+    let last = chunks.len().saturating_sub(1);
     chunks
         .into_iter()
         .enumerate()
-        .map(|(i, chunk)| reply(Out::RequestBody(streamed_body(chunk.to_vec(), i == last))))
+        .map(|(i, chunk)| {
+            let ends_stream = i == last && end == BodyEnd::EndOfStream;
+            reply(Out::RequestBody(streamed_body(chunk.to_vec(), ends_stream)))
+        })
         .collect()
 }
 
@@ -754,5 +805,7 @@ fn merge_metadata(into: &mut HashMap<String, Struct>, md: Metadata) {
     }
 }
 
+#[cfg(test)]
+mod sequence_props;
 #[cfg(test)]
 pub(crate) mod tests;

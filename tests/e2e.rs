@@ -398,6 +398,85 @@ async fn full_duplex_request_body_with_access_log_completions() {
     body_modes("envoy.yaml", |s| s).await;
 }
 
+/// Sends `body` as an HTTP/1.1 chunked upload that ends with a trailer (`connection: close`);
+/// returns the status and `x-served-by`.
+async fn send_with_trailer(envoy: &Envoy, path: &str, body: &Value) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = serde_json::to_vec(body).unwrap();
+    let mut request = format!(
+        "POST {path} HTTP/1.1\r\nhost: gateway.local\r\ncontent-type: application/json\r\n\
+         transfer-encoding: chunked\r\ntrailer: x-client-checksum\r\nconnection: close\r\n\r\n\
+         {:x}\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(&body);
+    request.extend_from_slice(b"\r\n0\r\nx-client-checksum: 1234\r\n\r\n");
+    let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", envoy.port))
+        .await
+        .unwrap();
+    socket.write_all(&request).await.unwrap();
+    let mut response = Vec::new();
+    // Far above any healthy answer; a stuck request would otherwise wait for Envoy's 300 s
+    // stream_idle_timeout.
+    tokio::time::timeout(Duration::from_secs(30), socket.read_to_end(&mut response))
+        .await
+        .unwrap_or_else(|_| panic!("no response within 30 s: {}", envoy.log()))
+        .unwrap();
+    let text = String::from_utf8_lossy(&response);
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {text:?}"));
+    let served_by = text
+        .lines()
+        .find_map(|l| l.strip_prefix("x-served-by: "))
+        .unwrap_or_default()
+        .to_string();
+    (status, served_by)
+}
+
+/// A request that ends with trailers is routed and recorded like any other: with a BUFFERED
+/// body (Envoy then sends the whole body with `end_of_stream` false, trailers skipped) and with
+/// FULL_DUPLEX_STREAMED (the body ends at the trailers message).
+async fn request_trailers(file: &str) {
+    let (_backends, picker, envoy) = stack(file, "", |s| {
+        s.replace(
+            "          stat_prefix: ingress\n",
+            "          stat_prefix: ingress\n          http_protocol_options: {enable_trailers: true}\n",
+        )
+    })
+    .await;
+    let recorded = "prefix_picker_records_total{outcome=\"recorded\"}";
+    let body = chat(SYSTEM, "a request with trailers");
+    let (status, first) = send_with_trailer(&envoy, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{}", envoy.log());
+    wait_metric(&picker, recorded, 1.0).await;
+    assert_eq!(prefix_score(&picker, &body, &first).await, 100);
+    for _ in 0..3 {
+        let (status, again) = send_with_trailer(&envoy, "/v1/chat/completions", &body).await;
+        assert_eq!(status, 200);
+        assert_eq!(again, first, "same prefix, same pod");
+    }
+    wait_metric(&picker, recorded, 4.0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buffered_request_with_trailers_is_routed() {
+    request_trailers("envoy-observer.yaml").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_duplex_request_with_trailers_is_routed() {
+    request_trailers("envoy.yaml").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gie_shaped_filter_routes_a_request_with_trailers() {
+    request_trailers("envoy-full-duplex.yaml").await;
+}
+
 /// A routing filter that skips request headers (a misconfiguration): Envoy forwards the request
 /// before the picker has seen the body, so the pick cannot steer it. The request still goes
 /// through (the picker answers the body at once) and the picker says why it could not score.

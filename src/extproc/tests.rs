@@ -39,7 +39,7 @@ fn spec(name: &str, port: u16, models: &[&str]) -> EndpointSpec {
     }
 }
 
-fn three() -> Vec<EndpointSpec> {
+pub(crate) fn three() -> Vec<EndpointSpec> {
     PORTS
         .iter()
         .enumerate()
@@ -131,7 +131,7 @@ fn http_headers(list: Vec<HeaderValue>, eos: bool) -> HttpHeaders {
 }
 
 /// Request headers for a POST to `path`, plus `extra` headers.
-fn headers(path: &str, eos: bool, extra: &[(&str, &str)]) -> ProcessingRequest {
+pub(crate) fn headers(path: &str, eos: bool, extra: &[(&str, &str)]) -> ProcessingRequest {
     let mut list = vec![
         hv(":method", if eos { "GET" } else { "POST" }),
         hv(":scheme", "http"),
@@ -147,7 +147,7 @@ fn headers(path: &str, eos: bool, extra: &[(&str, &str)]) -> ProcessingRequest {
 }
 
 /// Sets `protocol_config` (as Envoy does on the first message of a stream).
-fn modes(mut req: ProcessingRequest, request: i32, response: i32) -> ProcessingRequest {
+pub(crate) fn modes(mut req: ProcessingRequest, request: i32, response: i32) -> ProcessingRequest {
     req.protocol_config = Some(ProtocolConfiguration {
         request_body_mode: request,
         response_body_mode: response,
@@ -156,7 +156,7 @@ fn modes(mut req: ProcessingRequest, request: i32, response: i32) -> ProcessingR
     req
 }
 
-fn body(bytes: &[u8], eos: bool) -> ProcessingRequest {
+pub(crate) fn body(bytes: &[u8], eos: bool) -> ProcessingRequest {
     ProcessingRequest {
         request: Some(In::RequestBody(HttpBody {
             body: bytes.to_vec(),
@@ -167,7 +167,7 @@ fn body(bytes: &[u8], eos: bool) -> ProcessingRequest {
     }
 }
 
-fn request_trailers() -> ProcessingRequest {
+pub(crate) fn request_trailers() -> ProcessingRequest {
     ProcessingRequest {
         request: Some(In::RequestTrailers(HttpTrailers::default())),
         ..ProcessingRequest::default()
@@ -179,7 +179,7 @@ fn response_headers(status: u32, upstream_address: Option<&str>) -> ProcessingRe
     response_headers_eos(status, upstream_address, false)
 }
 
-fn response_headers_eos(
+pub(crate) fn response_headers_eos(
     status: u32,
     upstream_address: Option<&str>,
     eos: bool,
@@ -214,7 +214,7 @@ fn response_headers_eos(
     }
 }
 
-fn response_body(bytes: &[u8], eos: bool) -> ProcessingRequest {
+pub(crate) fn response_body(bytes: &[u8], eos: bool) -> ProcessingRequest {
     ProcessingRequest {
         request: Some(In::ResponseBody(HttpBody {
             body: bytes.to_vec(),
@@ -225,19 +225,19 @@ fn response_body(bytes: &[u8], eos: bool) -> ProcessingRequest {
     }
 }
 
-fn response_trailers() -> ProcessingRequest {
+pub(crate) fn response_trailers() -> ProcessingRequest {
     ProcessingRequest {
         request: Some(In::ResponseTrailers(HttpTrailers::default())),
         ..ProcessingRequest::default()
     }
 }
 
-fn observed(mut req: ProcessingRequest) -> ProcessingRequest {
+pub(crate) fn observed(mut req: ProcessingRequest) -> ProcessingRequest {
     req.observability_mode = true;
     req
 }
 
-fn list_value(items: &[&str]) -> Value {
+pub(crate) fn list_value(items: &[&str]) -> Value {
     Value {
         kind: Some(Kind::ListValue(ListValue {
             values: items.iter().map(|s| string_value(s)).collect(),
@@ -258,20 +258,20 @@ fn metadata(namespace: &str, key: &str, value: Value) -> Metadata {
     }
 }
 
-fn with_metadata(mut req: ProcessingRequest, md: Metadata) -> ProcessingRequest {
+pub(crate) fn with_metadata(mut req: ProcessingRequest, md: Metadata) -> ProcessingRequest {
     req.metadata_context = Some(md);
     req
 }
 
-fn subset_hint(value: Value) -> Metadata {
+pub(crate) fn subset_hint(value: Value) -> Metadata {
     metadata(SUBSET_NAMESPACE, SUBSET_KEY, value)
 }
 
-fn completion(model: &str, prompt: &str) -> Vec<u8> {
+pub(crate) fn completion(model: &str, prompt: &str) -> Vec<u8> {
     serde_json::to_vec(&json!({"model": model, "prompt": prompt, "stream": true})).unwrap()
 }
 
-fn long_prompt(tag: &str) -> String {
+pub(crate) fn long_prompt(tag: &str) -> String {
     format!("{tag}: ") + &"You are a helpful assistant. ".repeat(20)
 }
 
@@ -279,7 +279,7 @@ fn long_prompt(tag: &str) -> String {
 // Reply inspection
 // ---------------------------------------------------------------------------------------------
 
-fn common(r: &ProcessingResponse) -> Option<&CommonResponse> {
+pub(crate) fn common(r: &ProcessingResponse) -> Option<&CommonResponse> {
     match r.response.as_ref()? {
         Out::RequestHeaders(h) | Out::ResponseHeaders(h) => h.response.as_ref(),
         Out::RequestBody(b) | Out::ResponseBody(b) => b.response.as_ref(),
@@ -288,7 +288,7 @@ fn common(r: &ProcessingResponse) -> Option<&CommonResponse> {
 }
 
 /// A header set by the reply's mutation: (value, append_action). Asserts `value` is empty.
-fn set_header_of(r: &ProcessingResponse, key: &str) -> Option<(String, i32)> {
+pub(crate) fn set_header_of(r: &ProcessingResponse, key: &str) -> Option<(String, i32)> {
     let mutation = common(r)?.header_mutation.as_ref()?;
     let found: Vec<_> = mutation
         .set_headers
@@ -318,13 +318,13 @@ fn lb_string(r: &ProcessingResponse, key: &str) -> Option<String> {
 }
 
 /// `dynamic_metadata["envoy.lb"]["x-gateway-destination-endpoint"]`.
-fn lb_value(r: &ProcessingResponse) -> Option<String> {
+pub(crate) fn lb_value(r: &ProcessingResponse) -> Option<String> {
     lb_string(r, DESTINATION_HEADER)
 }
 
 /// The pick of a reply: checks header and metadata agree, the header overwrites, and the list
 /// is well-formed (1..=5 distinct `ip:port`); returns it, primary first.
-fn pick_of(r: &ProcessingResponse) -> Vec<SocketAddr> {
+pub(crate) fn pick_of(r: &ProcessingResponse) -> Vec<SocketAddr> {
     let (header, action) = set_header_of(r, DESTINATION_HEADER).expect("destination header set");
     assert_eq!(
         action,
@@ -369,7 +369,7 @@ fn assert_continue_headers(r: &ProcessingResponse) {
 }
 
 /// `streamed_response` chunk of a body reply: (bytes, end_of_stream).
-fn streamed(r: &ProcessingResponse) -> Option<(&[u8], bool)> {
+pub(crate) fn streamed(r: &ProcessingResponse) -> Option<(&[u8], bool)> {
     match common(r)?.body_mutation.as_ref()?.mutation.as_ref()? {
         body_mutation::Mutation::StreamedResponse(s) => Some((&s.body, s.end_of_stream)),
         _ => None,
@@ -377,7 +377,9 @@ fn streamed(r: &ProcessingResponse) -> Option<(&[u8], bool)> {
 }
 
 /// An immediate response: (status, JSON body, headers set).
-fn immediate_of(r: &ProcessingResponse) -> (i32, serde_json::Value, HashMap<String, String>) {
+pub(crate) fn immediate_of(
+    r: &ProcessingResponse,
+) -> (i32, serde_json::Value, HashMap<String, String>) {
     let Some(Out::ImmediateResponse(i)) = &r.response else {
         panic!("expected an ImmediateResponse, got {:?}", r.response);
     };
@@ -440,11 +442,11 @@ fn route_buffered(
 #[test]
 fn chunks_are_bounded_and_last_ends_stream() {
     let body = vec![b'x'; BODY_CHUNK * 2 + 5];
-    let chunks = body_chunks(&body);
+    let chunks = body_chunks(&body, BodyEnd::EndOfStream);
     assert_eq!(chunks.len(), 3);
-    assert_eq!(body_chunks(&[]).len(), 1);
+    assert_eq!(body_chunks(&[], BodyEnd::EndOfStream).len(), 1);
     assert_eq!(
-        streamed(&body_chunks(&[]).remove(0)),
+        streamed(&body_chunks(&[], BodyEnd::EndOfStream).remove(0)),
         Some((&b""[..], true))
     );
 }
@@ -615,8 +617,13 @@ fn missing_protocol_config_behaves_as_buffered() {
 // 2. FULL_DUPLEX_STREAMED
 // ---------------------------------------------------------------------------------------------
 
-/// Checks the FULL_DUPLEX answer to the body's end: headers reply with the pick, then the body.
-fn assert_full_duplex_answer(r: &[ProcessingResponse], original: &[u8]) -> Vec<SocketAddr> {
+/// Checks the FULL_DUPLEX answer to the body's end: headers reply with the pick, then the body,
+/// with `end_of_stream` on its last chunk unless the body ended with trailers.
+fn assert_full_duplex_answer(
+    r: &[ProcessingResponse],
+    original: &[u8],
+    end: BodyEnd,
+) -> Vec<SocketAddr> {
     assert!(r.len() >= 2, "{r:?}");
     assert!(is_request_headers(&r[0]), "{:?}", r[0]);
     let c = common(&r[0]).unwrap();
@@ -624,7 +631,12 @@ fn assert_full_duplex_answer(r: &[ProcessingResponse], original: &[u8]) -> Vec<S
     assert!(c.body_mutation.is_none());
     let pick = pick_of(&r[0]);
     let chunks = &r[1..];
-    assert_eq!(chunks.len(), original.len().div_ceil(BODY_CHUNK).max(1));
+    let ends_stream = end == BodyEnd::EndOfStream;
+    let min_chunks = usize::from(ends_stream);
+    assert_eq!(
+        chunks.len(),
+        original.len().div_ceil(BODY_CHUNK).max(min_chunks)
+    );
     let mut resent = Vec::new();
     for (i, chunk) in chunks.iter().enumerate() {
         assert!(is_request_body(chunk), "{chunk:?}");
@@ -635,8 +647,8 @@ fn assert_full_duplex_answer(r: &[ProcessingResponse], original: &[u8]) -> Vec<S
         assert!(bytes.len() <= BODY_CHUNK);
         assert_eq!(
             eos,
-            i == chunks.len() - 1,
-            "end_of_stream only on the last chunk"
+            ends_stream && i == chunks.len() - 1,
+            "end_of_stream only on the last chunk, and only if the body ended the stream"
         );
         resent.extend_from_slice(bytes);
     }
@@ -669,7 +681,7 @@ fn full_duplex_holds_headers_and_resends_a_200kb_body() {
         }
     }
     assert_eq!(answer.len(), 1 + original.len().div_ceil(BODY_CHUNK));
-    let pick = assert_full_duplex_answer(&answer, &original);
+    let pick = assert_full_duplex_answer(&answer, &original, BodyEnd::EndOfStream);
     assert_eq!(pick.len(), 3);
     assert_eq!(set_header_of(&answer[0], "x-request-id"), None);
     assert_eq!(endpoint(&router, pick[0]).inflight(), 1);
@@ -692,7 +704,7 @@ fn full_duplex_small_body_in_one_chunk() {
     let original = completion("m", "hi");
     let r = s.handle(body(&original, true));
     assert_eq!(r.len(), 2);
-    assert_full_duplex_answer(&r, &original);
+    assert_full_duplex_answer(&r, &original, BodyEnd::EndOfStream);
     // The generated request id is part of the held headers' mutation.
     assert!(set_header_of(&r[0], "x-request-id").is_some());
 }
@@ -718,7 +730,7 @@ fn full_duplex_body_ended_by_trailers() {
         r.last().unwrap().response,
         Some(Out::RequestTrailers(_))
     ));
-    assert_full_duplex_answer(&r[..r.len() - 1], &original);
+    assert_full_duplex_answer(&r[..r.len() - 1], &original, BodyEnd::Trailers);
 }
 
 #[test]
@@ -736,7 +748,10 @@ fn full_duplex_unknown_api_body_is_routed_by_load_and_resent() {
     );
     let original = b"\x00\x01 not json".to_vec();
     let r = s.handle(body(&original, true));
-    assert_eq!(assert_full_duplex_answer(&r, &original).len(), 3);
+    assert_eq!(
+        assert_full_duplex_answer(&r, &original, BodyEnd::EndOfStream).len(),
+        3
+    );
 }
 
 #[test]
