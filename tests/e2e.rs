@@ -398,30 +398,37 @@ async fn full_duplex_request_body_with_access_log_completions() {
     body_modes("envoy.yaml", |s| s).await;
 }
 
-/// Sends `body` as an HTTP/1.1 chunked upload that ends with a trailer (`connection: close`);
-/// returns the status and `x-served-by`.
-async fn send_with_trailer(envoy: &Envoy, path: &str, body: &Value) -> (u16, String) {
+/// One HTTP/1.1 exchange written by hand on a fresh connection (`connection: close` in `head`):
+/// sends `head`; then, if `after_continue` is given, waits for Envoy's `100 Continue` before
+/// sending it. Returns the final status and `x-served-by`.
+async fn send_raw(envoy: &Envoy, head: &[u8], after_continue: Option<&[u8]>) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let body = serde_json::to_vec(body).unwrap();
-    let mut request = format!(
-        "POST {path} HTTP/1.1\r\nhost: gateway.local\r\ncontent-type: application/json\r\n\
-         transfer-encoding: chunked\r\ntrailer: x-client-checksum\r\nconnection: close\r\n\r\n\
-         {:x}\r\n",
-        body.len()
-    )
-    .into_bytes();
-    request.extend_from_slice(&body);
-    request.extend_from_slice(b"\r\n0\r\nx-client-checksum: 1234\r\n\r\n");
+    // Far above any healthy answer; a stuck request would otherwise wait for Envoy's 300 s
+    // stream_idle_timeout.
+    let limit = Duration::from_secs(30);
+    let stuck = || panic!("no response within 30 s: {}", envoy.log());
     let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", envoy.port))
         .await
         .unwrap();
-    socket.write_all(&request).await.unwrap();
+    socket.write_all(head).await.unwrap();
+    if let Some(body) = after_continue {
+        let mut interim = Vec::new();
+        while !interim.ends_with(b"\r\n\r\n") {
+            let mut byte = [0u8; 1];
+            tokio::time::timeout(limit, socket.read_exact(&mut byte))
+                .await
+                .unwrap_or_else(|_| stuck())
+                .unwrap();
+            interim.push(byte[0]);
+        }
+        let interim = String::from_utf8_lossy(&interim);
+        assert!(interim.starts_with("HTTP/1.1 100"), "{interim}");
+        socket.write_all(body).await.unwrap();
+    }
     let mut response = Vec::new();
-    // Far above any healthy answer; a stuck request would otherwise wait for Envoy's 300 s
-    // stream_idle_timeout.
-    tokio::time::timeout(Duration::from_secs(30), socket.read_to_end(&mut response))
+    tokio::time::timeout(limit, socket.read_to_end(&mut response))
         .await
-        .unwrap_or_else(|_| panic!("no response within 30 s: {}", envoy.log()))
+        .unwrap_or_else(|_| stuck())
         .unwrap();
     let text = String::from_utf8_lossy(&response);
     let status = text
@@ -435,6 +442,33 @@ async fn send_with_trailer(envoy: &Envoy, path: &str, body: &Value) -> (u16, Str
         .unwrap_or_default()
         .to_string();
     (status, served_by)
+}
+
+/// Sends `body` as a chunked upload that ends with a trailer.
+async fn send_with_trailer(envoy: &Envoy, path: &str, body: &Value) -> (u16, String) {
+    let body = serde_json::to_vec(body).unwrap();
+    let mut request = format!(
+        "POST {path} HTTP/1.1\r\nhost: gateway.local\r\ncontent-type: application/json\r\n\
+         transfer-encoding: chunked\r\ntrailer: x-client-checksum\r\nconnection: close\r\n\r\n\
+         {:x}\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(&body);
+    request.extend_from_slice(b"\r\n0\r\nx-client-checksum: 1234\r\n\r\n");
+    send_raw(envoy, &request, None).await
+}
+
+/// Sends `body` the way curl uploads more than 1 KiB: `expect: 100-continue`, and the body only
+/// after the interim response.
+async fn send_expecting_continue(envoy: &Envoy, path: &str, body: &Value) -> (u16, String) {
+    let body = serde_json::to_vec(body).unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: gateway.local\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nexpect: 100-continue\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    send_raw(envoy, head.as_bytes(), Some(&body)).await
 }
 
 /// A request that ends with trailers is routed and recorded like any other: with a BUFFERED
@@ -475,6 +509,33 @@ async fn full_duplex_request_with_trailers_is_routed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gie_shaped_filter_routes_a_request_with_trailers() {
     request_trailers("envoy-full-duplex.yaml").await;
+}
+
+/// curl sends `expect: 100-continue` before a body over 1 KiB and waits for the interim
+/// response: Envoy answers it itself, and the request is routed and recorded as usual.
+async fn expect_continue(file: &str) {
+    let (_backends, picker, envoy) = stack(file, "", |s| s).await;
+    let recorded = "prefix_picker_records_total{outcome=\"recorded\"}";
+    let body = chat(
+        SYSTEM,
+        &"an upload that waits for 100 Continue. ".repeat(64),
+    );
+    let (status, first) = send_expecting_continue(&envoy, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{}", envoy.log());
+    wait_metric(&picker, recorded, 1.0).await;
+    assert_eq!(prefix_score(&picker, &body, &first).await, 100);
+    let (status, again) = send_expecting_continue(&envoy, "/v1/chat/completions", &body).await;
+    assert_eq!((status, again), (200, first), "same prefix, same pod");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expect_continue_upload_is_routed_with_a_full_duplex_body() {
+    expect_continue("envoy.yaml").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expect_continue_upload_is_routed_with_a_buffered_body() {
+    expect_continue("envoy-observer.yaml").await;
 }
 
 /// A routing filter that skips request headers (a misconfiguration): Envoy forwards the request
