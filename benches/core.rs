@@ -7,7 +7,9 @@
 //!   bytes are covered, so both cost the same), plus `220KB_full_coverage` which hashes it all.
 //! - `score_record/*`: a default-args `PrefixCache` with 64 pods, each pod's list full (50,000
 //!   entries); one score over all 64 candidates plus one record of a fresh 8 KiB prompt that shares
-//!   a 2 KiB system prefix with every pod; also score alone, record alone, and hash+score+record.
+//!   a 2 KiB system prefix with every pod; also score alone, record alone, hash+score+record,
+//!   and `next_turn`: a prompt whose first 6 KiB one pod was sent 1,024 prompts earlier (the
+//!   router's common case: a 96-block match, 96 entries refreshed and 32 added).
 //! - `record_throughput/*`: time per record with 1 thread, and with 2 OS threads recording into
 //!   two different pods or into the same pod (`iter_custom`: wall time / records); as a control,
 //!   2 threads recording into two separate, equally full indexes (nothing shared but the machine).
@@ -57,6 +59,10 @@ const USER_TEXTS: usize = 64;
 /// Prompts per thread in `record_throughput`: 600 x 96 fresh blocks > 50,000, so a prompt's
 /// blocks have left the pod's list before the pool comes round to it again.
 const POOL: usize = 600;
+/// Prompts recorded between a conversation's turn and its next one in `next_turn` (1,024 x
+/// 128 blocks of other work touch far more memory than the CPU caches hold; 16 prompts per pod
+/// leave the earlier turn in its pod's list).
+const NEXT_TURN_LAG: usize = 1024;
 /// Environment variable that turns this binary into a bytes-per-entry child.
 const BPE_ENV: &str = "PREFIX_PICKER_BENCH_BYTES_PER_ENTRY";
 /// Environment variable that turns this binary into a callgrind driver running that many
@@ -273,6 +279,35 @@ fn bench_score_record(c: &mut Criterion, sched: &OnceCell<Scheduler>, fill: usiz
                 next = (next + 1) % PODS;
                 s.cache.record(MODEL, &hashes, &s.pods[next])
             },
+            BatchSize::SmallInput,
+        )
+    });
+    g.bench_function("8KiB_64pods_next_turn", |b| {
+        // A conversation's next turn: the first 6 KiB of the prompt were sent to one pod
+        // NEXT_TURN_LAG prompts ago (so they have left the CPU caches since), the last 2 KiB are
+        // new. The score finds a 96-block match; the record refreshes 96 entries and adds 32.
+        let s = sched.get_or_init(|| Scheduler::build(fill));
+        let mut earlier = std::collections::VecDeque::with_capacity(NEXT_TURN_LAG);
+        let mut pod = 0usize;
+        let mut send_earlier = |earlier: &mut std::collections::VecDeque<Vec<u8>>| {
+            let prompt = s.fresh_prompt();
+            pod = (pod + 1) % PODS;
+            s.cache
+                .record(MODEL, &s.cache.hash(MODEL, &prompt), &s.pods[pod]);
+            earlier.push_back(prompt);
+        };
+        while earlier.len() < NEXT_TURN_LAG {
+            send_earlier(&mut earlier);
+        }
+        b.iter_batched(
+            || {
+                send_earlier(&mut earlier);
+                let mut prompt = earlier.pop_front().expect("earlier prompts");
+                prompt.truncate(PROMPT_BYTES * 3 / 4);
+                prompt.extend_from_slice(&s.fresh_prompt()[PROMPT_BYTES * 3 / 4..]);
+                s.cache.hash(MODEL, &prompt)
+            },
+            |hashes| s.score_then_record(&hashes),
             BatchSize::SmallInput,
         )
     });
@@ -541,6 +576,7 @@ fn print_summary(since: SystemTime) {
         "score_record/8KiB_64pods",
         "score_record/8KiB_64pods_score_only",
         "score_record/8KiB_64pods_record_only",
+        "score_record/8KiB_64pods_next_turn",
         "score_record/8KiB_64pods_hash_score_record",
         "record_throughput/1_thread",
         "record_throughput/2_threads",
