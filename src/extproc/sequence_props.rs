@@ -20,13 +20,6 @@ use super::tests::*;
 use super::*;
 use crate::config::PickerConfig;
 
-// Envoy's BodySendMode values.
-const NONE: i32 = 0;
-const STREAMED: i32 = 1;
-const BUFFERED: i32 = 2;
-const BUFFERED_PARTIAL: i32 = 3;
-const FULL_DUPLEX: i32 = 4;
-
 /// `picker.maxBodyBytes` of the routers here, small enough for bodies to exceed it.
 const LIMIT: usize = 2048;
 

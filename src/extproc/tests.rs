@@ -14,11 +14,11 @@ use crate::endpoints::{Endpoint, EndpointSpec, PodId, Update};
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
 
 // Envoy's BodySendMode values.
-const NONE: i32 = 0;
-const STREAMED: i32 = 1;
-const BUFFERED: i32 = 2;
-const BUFFERED_PARTIAL: i32 = 3;
-const FULL_DUPLEX: i32 = 4;
+pub(crate) const NONE: i32 = 0;
+pub(crate) const STREAMED: i32 = 1;
+pub(crate) const BUFFERED: i32 = 2;
+pub(crate) const BUFFERED_PARTIAL: i32 = 3;
+pub(crate) const FULL_DUPLEX: i32 = 4;
 
 pub(crate) const PORTS: [u16; 3] = [18001, 18002, 18003];
 
