@@ -471,6 +471,97 @@ async fn send_expecting_continue(envoy: &Envoy, path: &str, body: &Value) -> (u1
     send_raw(envoy, head.as_bytes(), Some(&body)).await
 }
 
+/// Sends `body` over HTTP/2 without TLS (prior knowledge), in `pieces` DATA frames, ending the
+/// stream with a trailers frame or with an empty DATA frame; returns the status and
+/// `x-served-by` after reading the whole response.
+async fn send_h2(
+    envoy: &Envoy,
+    path: &str,
+    body: &Value,
+    pieces: usize,
+    trailers: bool,
+) -> (u16, String) {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", envoy.port))
+        .await
+        .unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let request = http::Request::post(format!("http://gateway.local{path}"))
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap();
+    let (response, mut upload) = client.send_request(request, false).unwrap();
+    let body = serde_json::to_vec(body).unwrap();
+    for piece in body.chunks(body.len().div_ceil(pieces)) {
+        upload
+            .send_data(bytes::Bytes::copy_from_slice(piece), false)
+            .unwrap();
+    }
+    if trailers {
+        let mut map = http::HeaderMap::new();
+        map.insert("x-client-checksum", http::HeaderValue::from_static("1234"));
+        upload.send_trailers(map).unwrap();
+    } else {
+        upload.send_data(bytes::Bytes::new(), true).unwrap();
+    }
+    let response = tokio::time::timeout(Duration::from_secs(30), response)
+        .await
+        .unwrap_or_else(|_| panic!("no response within 30 s: {}", envoy.log()))
+        .unwrap();
+    let status = response.status().as_u16();
+    let served_by = response
+        .headers()
+        .get("x-served-by")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    let mut reply = response.into_body();
+    while let Some(data) = reply.data().await {
+        let data = data.unwrap();
+        let _ = reply.flow_control().release_capacity(data.len());
+    }
+    (status, served_by)
+}
+
+/// HTTP/2 clients (several DATA frames, the end on an empty frame or on trailers) are routed
+/// and recorded like HTTP/1.1 ones.
+async fn http2_clients(file: &str) {
+    let (_backends, picker, envoy) = stack(file, "", |s| s).await;
+    let recorded = "prefix_picker_records_total{outcome=\"recorded\"}";
+    let body = chat(SYSTEM, &"an HTTP/2 upload in several frames. ".repeat(40));
+    let (status, first) = send_h2(&envoy, "/v1/chat/completions", &body, 3, false).await;
+    assert_eq!(status, 200, "{}", envoy.log());
+    wait_metric(&picker, recorded, 1.0).await;
+    assert_eq!(prefix_score(&picker, &body, &first).await, 100);
+    for (pieces, trailers) in [(1, true), (4, true), (2, false)] {
+        let again = send_h2(&envoy, "/v1/chat/completions", &body, pieces, trailers).await;
+        assert_eq!(
+            again,
+            (200, first.clone()),
+            "{pieces} frames, trailers {trailers}"
+        );
+    }
+    wait_metric(&picker, recorded, 4.0).await;
+    // A bad body is refused by the picker over HTTP/2 too.
+    let (status, _) = send_h2(&envoy, "/v1/completions", &json!({"model": 7}), 1, true).await;
+    assert_eq!(status, 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_are_routed_with_a_full_duplex_body() {
+    http2_clients("envoy.yaml").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_are_routed_with_a_buffered_body() {
+    http2_clients("envoy-observer.yaml").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_are_routed_by_the_gie_shaped_filter() {
+    http2_clients("envoy-full-duplex.yaml").await;
+}
+
 /// A request that ends with trailers is routed and recorded like any other: with a BUFFERED
 /// body (Envoy then sends the whole body with `end_of_stream` false, trailers skipped) and with
 /// FULL_DUPLEX_STREAMED (the body ends at the trailers message).
