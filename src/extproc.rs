@@ -6,14 +6,17 @@
 //! held until the body's end (`end_of_stream` or the request trailers), then sent with the pick
 //! and `clear_route_cache`, followed by the body itself as `streamed_response` chunks of at most
 //! 62,000 bytes (the last one ends the stream unless trailers do). A request without a body is
-//! answered at once. The pick goes in the `x-gateway-destination-endpoint` header (overwriting any
-//! client-supplied one) and in `envoy.lb` dynamic metadata, with identical values; `x-request-id`
-//! is generated when missing. Failures are immediate responses with OpenAI-style JSON errors. A
-//! body that arrives without request headers (a filter with `request_header_mode: SKIP`, whose
-//! requests Envoy forwards before any pick) is answered, routed by load, counted as unscored
-//! `no_request_path`, and warned about once. A stream decides once: after an immediate response
-//! it answers nothing more of the request, and after a pick any further request message (Envoy
-//! sends none) gets a plain reply of its kind (FULL_DUPLEX body bytes are still sent back).
+//! answered at once. `BUFFERED_PARTIAL` is `BUFFERED` until Envoy's buffer fills: a body cut
+//! there arrives without `end_of_stream`, like a whole body that trailers follow, and is told
+//! apart by not parsing whole (then 413). The pick goes in the `x-gateway-destination-endpoint`
+//! header (overwriting any client-supplied one) and in `envoy.lb` dynamic metadata, with
+//! identical values; `x-request-id` is generated when missing. Failures are immediate responses
+//! with OpenAI-style JSON errors. A body that arrives without request headers (a filter with
+//! `request_header_mode: SKIP`, whose requests Envoy forwards before any pick) is answered,
+//! routed by load, counted as unscored `no_request_path`, and warned about once. A stream decides
+//! once: after an immediate response it answers nothing more of the request, and after a pick
+//! any further request message (Envoy sends none) gets a plain reply of its kind (FULL_DUPLEX
+//! body bytes are still sent back).
 //!
 //! Response phase: the pod that served is `upstream.address` (response attribute), else the
 //! `x-gateway-destination-endpoint-served` metadata key, else the primary pick. Completion is the
@@ -371,6 +374,15 @@ impl StreamState {
         match self.request_mode {
             Some(BodyMode::FullDuplex) => vec![],
             Some(BodyMode::BufferedPartial) => {
+                // Envoy sends `end_of_stream` false both for a body cut at its buffer limit and
+                // for a whole body that request trailers follow: one that parses whole is the
+                // latter.
+                if crate::lenient_json::parse_value(&self.body).is_ok() {
+                    let body = std::mem::take(&mut self.body);
+                    let replies = self.route_now(Some(&body), BodyEnd::Trailers);
+                    self.body = body;
+                    return replies;
+                }
                 vec![self.immediate(&RouteFailure::new(
                     413,
                     "invalid_request_error",

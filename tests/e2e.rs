@@ -525,8 +525,8 @@ async fn send_h2(
 
 /// HTTP/2 clients (several DATA frames, the end on an empty frame or on trailers) are routed
 /// and recorded like HTTP/1.1 ones.
-async fn http2_clients(file: &str) {
-    let (_backends, picker, envoy) = stack(file, "", |s| s).await;
+async fn http2_clients(file: &str, edit: fn(String) -> String) {
+    let (_backends, picker, envoy) = stack(file, "", edit).await;
     let recorded = "prefix_picker_records_total{outcome=\"recorded\"}";
     let body = chat(SYSTEM, &"an HTTP/2 upload in several frames. ".repeat(40));
     let (status, first) = send_h2(&envoy, "/v1/chat/completions", &body, 3, false).await;
@@ -549,17 +549,30 @@ async fn http2_clients(file: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_clients_are_routed_with_a_full_duplex_body() {
-    http2_clients("envoy.yaml").await;
+    http2_clients("envoy.yaml", |s| s).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_clients_are_routed_with_a_buffered_body() {
-    http2_clients("envoy-observer.yaml").await;
+    http2_clients("envoy-observer.yaml", |s| s).await;
+}
+
+/// BUFFERED_PARTIAL: a whole body that trailers follow arrives without `end_of_stream`, like a
+/// body cut at Envoy's buffer limit; the picker routes the one that parses whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_are_routed_with_a_buffered_partial_body() {
+    http2_clients("envoy-observer.yaml", |s| {
+        s.replace(
+            "request_body_mode: BUFFERED\n",
+            "request_body_mode: BUFFERED_PARTIAL\n",
+        )
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_clients_are_routed_by_the_gie_shaped_filter() {
-    http2_clients("envoy-full-duplex.yaml").await;
+    http2_clients("envoy-full-duplex.yaml", |s| s).await;
 }
 
 /// A request that ends with trailers is routed and recorded like any other: with a BUFFERED

@@ -263,7 +263,12 @@ struct Exchange {
 
 fn exchange() -> impl Strategy<Value = Exchange> {
     (
-        prop_oneof![Just(BUFFERED), Just(STREAMED), Just(FULL_DUPLEX)],
+        prop_oneof![
+            Just(BUFFERED),
+            Just(BUFFERED_PARTIAL),
+            Just(STREAMED),
+            Just(FULL_DUPLEX)
+        ],
         prop_oneof![Just(NONE), Just(STREAMED), Just(FULL_DUPLEX)],
         prop_oneof![4 => Just(0usize), 1 => 0..PATHS.len()],
         request_body(),
@@ -314,8 +319,8 @@ fn request_messages(x: &Exchange) -> Vec<ProcessingRequest> {
     if no_body {
         return out;
     }
-    let parts = if x.request_mode == BUFFERED {
-        // Envoy buffers the whole body and sends it in one message.
+    let parts = if x.request_mode == BUFFERED || x.request_mode == BUFFERED_PARTIAL {
+        // Envoy buffers the whole body (it fits Envoy's buffer) and sends it in one message.
         vec![x.body.clone()]
     } else {
         chunks(&x.body, &x.cuts)

@@ -581,6 +581,30 @@ fn buffered_partial_body_that_did_not_fit_is_413() {
     assert_eq!(inflight(&router), [0, 0, 0]);
 }
 
+#[test]
+fn buffered_partial_whole_body_before_trailers_is_routed() {
+    // Envoy sends a BUFFERED_PARTIAL body that request trailers follow with end_of_stream false,
+    // as it does a body cut at its buffer limit: a body that parses whole is routed.
+    let router = router();
+    let mut s = StreamState::new(router.clone());
+    s.handle(modes(
+        headers("/v1/completions", false, &[]),
+        BUFFERED_PARTIAL,
+        STREAMED,
+    ));
+    let r = s.handle(body(&completion("m", &long_prompt("partial")), false));
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert!(is_request_body(&r[0]));
+    assert_eq!(pick_of(&r[0]).len(), 3);
+    assert!(matches!(
+        s.handle(request_trailers())[..],
+        [ProcessingResponse {
+            response: Some(Out::RequestTrailers(_)),
+            ..
+        }]
+    ));
+}
+
 /// A filter that skips request headers: Envoy sends the body first and has already forwarded
 /// the request. The body is still answered (never a stuck stream), routed by load and counted.
 #[test]
