@@ -8,8 +8,9 @@
 //! three or more messages. prefix-picker serves the `AccessLogService` on its gRPC port.
 //!
 //! Each final HTTP entry (`DownstreamEnd`; start and periodic entries are skipped) claims the routed
-//! request waiting in [`PendingRoutes`]: by `request.request_id` (`x-request-id`), else by the
-//! [`ROUTE_KEY`] of the `envoy.lb` metadata. Its ending ([`completion`]):
+//! request waiting in [`PendingRoutes`]: by the [`ROUTE_KEY`] of the `envoy.lb` metadata (which
+//! tells apart two requests whose client reused an `x-request-id`), else by
+//! `request.request_id`. Its ending ([`completion`]):
 //! - aborted when a response flag says the stream was cut (downstream or upstream reset or
 //!   termination, local reset, idle, request or duration timeout, protocol errors, overload);
 //! - otherwise completed with `response.response_code`, served by
@@ -124,9 +125,10 @@ fn claim(router: &Router, entry: HttpAccessLogEntry) -> Claim {
         .as_ref()
         .map(|r| r.request_id.as_str())
         .filter(|id| !id.is_empty());
-    let route = request_id
-        .and_then(|id| router.pending.take(id))
-        .or_else(|| route_key_from_metadata(&metadata).and_then(|id| router.pending.take(id)));
+    // The route key first: unlike the request id, it tells apart two requests with one id.
+    let route = route_key_from_metadata(&metadata)
+        .and_then(|key| router.pending.take(key))
+        .or_else(|| request_id.and_then(|id| router.pending.take(id)));
     let Some(route) = route else {
         return Claim::Unclaimed;
     };

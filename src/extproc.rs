@@ -27,9 +27,10 @@
 //! `observability_mode` are never answered. Once the response has completed the picker ends the
 //! stream itself (Envoy would hold an observability-mode stream open for 5 s more). When this
 //! stream will not see the response (response body mode `NONE` or unknown), the routed state
-//! waits in [`PendingRoutes`] under the request id (also sent as [`ROUTE_KEY`] in `envoy.lb`
-//! metadata) for Envoy's access log ([`crate::access_log`]) or an observer stream (a second
-//! ext_proc filter) to claim it; [`crate::completion`] decides what is recorded.
+//! waits in [`PendingRoutes`] under a route key (the request id, made unique if a client reused
+//! it; also sent as [`ROUTE_KEY`] in `envoy.lb` metadata) for Envoy's access log
+//! ([`crate::access_log`]) or an observer stream (a second ext_proc filter) to claim it;
+//! [`crate::completion`] decides what is recorded.
 //!
 //! [`PendingRoutes`]: crate::pending::PendingRoutes
 
@@ -217,6 +218,11 @@ struct StreamState {
     routed: bool,
     /// Routed state when this stream observes the completion itself.
     route: Option<PendingRoute>,
+    /// The key this stream's route waits under in [`PendingRoutes`] when another source will
+    /// see the response.
+    ///
+    /// [`PendingRoutes`]: crate::pending::PendingRoutes
+    route_key: Option<String>,
     status: Option<u32>,
     served: Served,
     completed: bool,
@@ -256,6 +262,7 @@ impl StreamState {
             rejected: false,
             routed: false,
             route: None,
+            route_key: None,
             status: None,
             served: Served::NotReported,
             completed: false,
@@ -431,7 +438,7 @@ impl StreamState {
             "picked"
         );
         self.routed = true;
-        let pending = self.keep_route(routed);
+        self.route_key = self.keep_route(routed);
         let mut set_headers = vec![set_header(DESTINATION_HEADER, &destination)];
         if self.set_request_id {
             set_headers.push(set_header(
@@ -447,12 +454,7 @@ impl StreamState {
             clear_route_cache: true,
             ..CommonResponse::default()
         };
-        let route_key = if pending {
-            self.request_id.as_deref()
-        } else {
-            None
-        };
-        let metadata = Some(lb_metadata(&destination, route_key));
+        let metadata = Some(lb_metadata(&destination, self.route_key.as_deref()));
         let full_duplex_body = self.holding_headers && body.is_some();
         if body.is_none() || self.holding_headers {
             self.holding_headers = false;
@@ -478,34 +480,33 @@ impl StreamState {
     }
 
     /// Keeps the routed state for completion: on this stream, or (when this stream will not
-    /// see the response) in [`PendingRoutes`] under the request id, returning true.
+    /// see the response) in [`PendingRoutes`], returning the route key it waits under (the
+    /// request id, unless a route with that id already waits).
     ///
     /// [`PendingRoutes`]: crate::pending::PendingRoutes
-    fn keep_route(&mut self, routed: Routed) -> bool {
+    fn keep_route(&mut self, routed: Routed) -> Option<String> {
         let route = PendingRoute {
             guard: InflightGuard::new(routed.decision.primary().clone(), &self.router.metrics),
             model: routed.model,
             hashes: routed.decision.hashes,
         };
         match (self.response_mode, &self.request_id) {
-            (Some(BodyMode::None) | None, Some(id)) => {
-                self.router.pending.insert(id.clone(), route);
-                true
-            }
+            (Some(BodyMode::None) | None, Some(id)) => Some(self.router.pending.insert(id, route)),
             _ => {
                 self.route = Some(route);
-                false
+                None
             }
         }
     }
 
-    /// The request id an observer stream claims its pending route by: the `x-request-id`
-    /// header when the observer saw the request headers, else the [`ROUTE_KEY`] the routing
-    /// stream put in `envoy.lb` metadata.
+    /// The key a pending route is claimed by: this stream's own route key if it routed; for an
+    /// observer, the [`ROUTE_KEY`] the routing stream put in `envoy.lb` metadata (exact even when
+    /// a client reused its request id), else the `x-request-id` header it saw.
     fn pending_key(&self) -> Option<&str> {
-        self.request_id
+        self.route_key
             .as_deref()
             .or_else(|| route_key_from_metadata(&self.metadata))
+            .or(self.request_id.as_deref())
     }
 
     /// Candidate restriction from the subset hint and (when enabled) the conformance header.

@@ -2,14 +2,19 @@
 //!
 //! When the routing ext_proc stream ends after the request phase, the response is seen by
 //! another source: Envoy's access log (the recommended `envoy/envoy.yaml`) or a second filter in
-//! `observability_mode` (`envoy/envoy-observer.yaml`), neither delaying it. They find the route
-//! by the request's `x-request-id`: the routing stream deposits its [`PendingRoute`] here and
-//! the other source claims it when the response ends (or drops it on abort). Unclaimed entries
-//! expire after `picker.responseTimeoutSeconds`, which releases their in-flight count without
-//! recording anything. Sharded by request id; no lock spans all shards.
+//! `observability_mode` (`envoy/envoy-observer.yaml`), neither delaying it. The routing stream
+//! deposits its [`PendingRoute`] here under a route key, which it also puts in the request's
+//! `envoy.lb` metadata; the other source claims the route by that key (else by the request's
+//! `x-request-id`) when the response ends, or drops it on abort. The key is the request id,
+//! unless a route already waits under that id (a client that reuses its ids): then it is the id
+//! with `~N` appended, N from a process-wide counter, so two requests with one id are still told
+//! apart by their metadata. Unclaimed entries expire after `picker.responseTimeoutSeconds`,
+//! which releases their in-flight count without recording anything. Sharded by key; no lock
+//! spans all shards.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -33,6 +38,8 @@ pub struct PendingRoutes {
     shards: Vec<Mutex<HashMap<String, (Instant, PendingRoute)>>>,
     hasher: RandomState,
     ttl: Duration,
+    /// Numbers the keys of routes whose request id was already waiting.
+    repeats: AtomicU64,
 }
 
 impl PendingRoutes {
@@ -41,6 +48,7 @@ impl PendingRoutes {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: RandomState::new(),
             ttl,
+            repeats: AtomicU64::new(0),
         }
     }
 
@@ -48,11 +56,21 @@ impl PendingRoutes {
         &self.shards[self.hasher.hash_one(id) as usize % SHARDS]
     }
 
-    pub fn insert(&self, request_id: String, route: PendingRoute) {
+    /// Keeps `route` until claimed or expired; returns its key: `request_id`, or, when a route
+    /// already waits under it, `request_id~N` (never replacing a waiting route).
+    pub fn insert(&self, request_id: &str, route: PendingRoute) -> String {
         let deadline = Instant::now() + self.ttl;
-        self.shard(&request_id)
-            .lock()
-            .insert(request_id, (deadline, route));
+        let mut key = request_id.to_string();
+        loop {
+            let mut shard = self.shard(&key).lock();
+            if !shard.contains_key(&key) {
+                shard.insert(key.clone(), (deadline, route));
+                return key;
+            }
+            drop(shard);
+            let n = self.repeats.fetch_add(1, Ordering::Relaxed);
+            key = format!("{request_id}~{n}");
+        }
     }
 
     pub fn take(&self, request_id: &str) -> Option<PendingRoute> {
@@ -80,5 +98,35 @@ impl PendingRoutes {
             n += before - shard.len();
         }
         n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::extproc::tests::{PORTS, addr, endpoint, router};
+
+    #[test]
+    fn a_reused_request_id_gets_its_own_key_and_replaces_nothing() {
+        let router = router();
+        let pod = endpoint(&router, addr(PORTS[0]));
+        let route = |tag: u64| PendingRoute {
+            model: "m".to_string(),
+            hashes: vec![BlockHash(tag)],
+            guard: InflightGuard::new(pod.clone(), &router.metrics),
+        };
+        let pending = PendingRoutes::new(Duration::from_secs(60));
+        assert_eq!(pending.insert("req", route(1)), "req");
+        let second = pending.insert("req", route(2));
+        let third = pending.insert("req", route(3));
+        assert!(second.starts_with("req~") && third.starts_with("req~"));
+        assert_ne!(second, third);
+        assert_eq!(pending.len(), 3);
+        assert_eq!(pod.inflight(), 3, "no waiting route was dropped");
+        assert_eq!(pending.take(&third).unwrap().hashes, [BlockHash(3)]);
+        assert_eq!(pending.take("req").unwrap().hashes, [BlockHash(1)]);
+        assert_eq!(pending.take(&second).unwrap().hashes, [BlockHash(2)]);
+        assert!(pending.is_empty());
+        assert_eq!(pod.inflight(), 0);
     }
 }

@@ -88,12 +88,25 @@ async fn open_gated_stream(
     String,
     impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin + use<>,
 ) {
-    let r = reqwest::Client::new()
+    open_gated_stream_with(envoy, body, &[]).await
+}
+
+/// [`open_gated_stream`] with extra request headers.
+async fn open_gated_stream_with(
+    envoy: &Envoy,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> (
+    String,
+    impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin + use<>,
+) {
+    let mut request = reqwest::Client::new()
         .post(envoy.url("/v1/completions"))
-        .json(body)
-        .send()
-        .await
-        .unwrap();
+        .json(body);
+    for &(name, value) in headers {
+        request = request.header(name, value);
+    }
+    let r = request.send().await.unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let served = r.headers()["x-served-by"].to_str().unwrap().to_string();
     let mut chunks = r.bytes_stream();
@@ -669,6 +682,50 @@ async fn skipped_request_headers_are_answered_and_counted() {
         .await,
         1.0
     );
+}
+
+/// Two requests in flight with the same client-supplied `x-request-id`: each completion is
+/// recorded for its own prompt and pod (the picker tells them apart by the route key it puts in
+/// the `envoy.lb` metadata, which Envoy logs and forwards to the observer filter).
+async fn reused_request_ids(file: &str) {
+    let (backends, picker, envoy) = stack(file, "", |s| s).await;
+    let recorded = "prefix_picker_records_total{outcome=\"recorded\"}";
+    let id = [("x-request-id", "client-reuses-this-id")];
+    let first =
+        json!({"model": "m", "stream": true, "prompt": "GATED first request with a reused id"});
+    let (first_pod, chunks) = open_gated_stream_with(&envoy, &first, &id).await;
+    let second =
+        json!({"model": "m", "prompt": "second request with the same id, and its own prompt"});
+    let r = reqwest::Client::new()
+        .post(envoy.url("/v1/completions"))
+        .header(id[0].0, id[0].1)
+        .json(&second)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let second_pod = r.headers()["x-served-by"].to_str().unwrap().to_string();
+    wait_metric(&picker, recorded, 1.0).await;
+    assert_eq!(prefix_score(&picker, &second, &second_pod).await, 100);
+    assert_eq!(
+        prefix_score(&picker, &first, &first_pod).await,
+        0,
+        "still streaming"
+    );
+    finish_gated_stream(&backends, &first_pod, chunks).await;
+    wait_metric(&picker, recorded, 2.0).await;
+    assert_eq!(prefix_score(&picker, &first, &first_pod).await, 100);
+    wait_metric_eq(&picker, "prefix_picker_pod_inflight_requests", 0.0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reused_request_ids_are_told_apart_in_the_access_log() {
+    reused_request_ids("envoy.yaml").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reused_request_ids_are_told_apart_by_the_observer() {
+    reused_request_ids("envoy-observer.yaml").await;
 }
 
 /// A client that goes away mid-stream: the completion source (access log or observer filter)

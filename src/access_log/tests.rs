@@ -28,21 +28,27 @@ fn prompt(tag: &str) -> Vec<u8> {
 }
 
 /// Routes `body` as the routing ext_proc stream would with response body mode NONE: the
-/// route waits under `id`. Returns the primary pick.
-fn route(router: &Arc<Router>, id: &str, body: &[u8]) -> SocketAddr {
+/// route waits under `id` (or under `id~N` if a route with that id already waits). Returns the
+/// primary pick and the route key.
+fn route_keyed(router: &Arc<Router>, id: &str, body: &[u8]) -> (SocketAddr, String) {
     let routed = router
         .route("/v1/completions", Some(body), None, true)
         .expect("routed");
     let primary = routed.decision.primary().clone();
-    router.pending.insert(
-        id.to_string(),
+    let key = router.pending.insert(
+        id,
         PendingRoute {
             guard: InflightGuard::new(primary.clone(), &router.metrics),
             model: routed.model,
             hashes: routed.decision.hashes,
         },
     );
-    primary.spec.address
+    (primary.spec.address, key)
+}
+
+/// [`route_keyed`], returning the primary pick.
+fn route(router: &Arc<Router>, id: &str, body: &[u8]) -> SocketAddr {
+    route_keyed(router, id, body).0
 }
 
 fn socket(a: SocketAddr) -> Address {
@@ -168,6 +174,35 @@ fn served_falls_back_to_the_metadata_then_the_primary() {
     sink.on_entry(ok("m-2", None));
     assert!(entries(&router, primary) > before);
     assert_eq!(count(&router, "records", "recorded"), 2);
+}
+
+#[test]
+fn two_requests_with_one_request_id_are_told_apart_by_their_route_keys() {
+    let router = router();
+    let sink = sink(&router);
+    let (_, first) = route_keyed(&router, "dup", &prompt("e"));
+    let (_, second) = route_keyed(&router, "dup", &prompt("f"));
+    assert_eq!(first, "dup");
+    assert_ne!(second, first);
+    assert_eq!(inflight(&router), 2);
+    // The second request ends first, served by pod 0; then the first, served by pod 1.
+    let [pod0, pod1, _] = PORTS.map(addr);
+    for (key, served) in [(&second, pod0), (&first, pod1)] {
+        let md = lb(&[(ROUTE_KEY, key)]);
+        sink.on_entry(entry(
+            "dup",
+            Some(200),
+            Some(served),
+            ResponseFlags::default(),
+            Some(md),
+        ));
+    }
+    assert!(router.pending.is_empty());
+    assert_eq!(inflight(&router), 0);
+    assert_eq!(count(&router, "records", "recorded"), 2);
+    // Each prompt was recorded for the pod that served it.
+    assert_eq!(route(&router, "next-f", &prompt("f")), pod0);
+    assert_eq!(route(&router, "next-e", &prompt("e")), pod1);
 }
 
 #[test]

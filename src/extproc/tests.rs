@@ -1594,6 +1594,44 @@ fn route_key_is_in_the_metadata_only_when_an_observer_must_claim_the_route() {
 }
 
 #[test]
+fn a_reused_request_id_gets_its_own_route_key_and_the_observer_claims_by_it() {
+    let router = router();
+    let (a, b) = (
+        completion("m", &long_prompt("reuse a")),
+        completion("m", &long_prompt("reuse b")),
+    );
+    let (_routing_a, _) = route_buffered(&router, "same-id", &a, NONE);
+    let mut routing_b = StreamState::new(router.clone());
+    routing_b.handle(modes(
+        headers("/v1/completions", false, &[("x-request-id", "same-id")]),
+        BUFFERED,
+        NONE,
+    ));
+    let r = routing_b.handle(body(&b, true));
+    let key_b = route_key_of(&r[0]).expect("route key");
+    assert_ne!(key_b, "same-id");
+    assert_eq!(router.pending.len(), 2, "the first route still waits");
+    // B's observer sees the request id and B's route key: it claims B's route, not A's.
+    let mut observer = StreamState::new(router.clone());
+    observer.handle(observed(with_metadata(
+        observer_headers("same-id"),
+        metadata(LB_NAMESPACE, ROUTE_KEY, string_value(&key_b)),
+    )));
+    let served = pick_of(&r[0])[0];
+    observer.handle(observed(response_headers(200, Some(&served.to_string()))));
+    observer.handle(observed(response_body(b"data: [DONE]\n\n", true)));
+    assert_eq!(records(&router, "recorded"), 1);
+    assert!(
+        router.pending.take(&key_b).is_none(),
+        "B's route was claimed"
+    );
+    assert!(
+        router.pending.take("same-id").is_some(),
+        "A's route still waits"
+    );
+}
+
+#[test]
 fn observer_without_request_headers_claims_by_the_route_key() {
     let router = router();
     let prompt = completion("m", &long_prompt("skip"));
