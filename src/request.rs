@@ -21,16 +21,20 @@ pub enum Api {
 }
 
 impl Api {
-    /// Maps a request path (query string ignored) to its API, if it is one of ours.
+    /// Maps a request path (query string and a trailing `/` ignored) to its API, if it is one
+    /// of ours: `/v1/completions`, `/v1/chat/completions`, `/v1/responses`, also under a prefix
+    /// (`/openai/v1/chat/completions`), since gateways often publish the API under one and
+    /// rewrite it after the picker has seen the path.
     pub fn from_path(path: &str) -> Option<Api> {
         let path = path.split(['?', '#']).next().unwrap_or(path);
         let path = path.trim_end_matches('/');
-        match path {
-            "/v1/completions" => Some(Api::Completions),
-            "/v1/chat/completions" => Some(Api::ChatCompletions),
-            "/v1/responses" => Some(Api::Responses),
-            _ => None,
-        }
+        [
+            ("/v1/completions", Api::Completions),
+            ("/v1/chat/completions", Api::ChatCompletions),
+            ("/v1/responses", Api::Responses),
+        ]
+        .into_iter()
+        .find_map(|(suffix, api)| path.ends_with(suffix).then_some(api))
     }
 
     pub fn as_str(self) -> &'static str {
@@ -113,6 +117,21 @@ mod tests {
         );
         assert_eq!(Api::from_path("/v1/responses/"), Some(Api::Responses));
         assert_eq!(Api::from_path("/v1/embeddings"), None);
+        // Under a prefix a gateway rewrites away later.
+        assert_eq!(
+            Api::from_path("/openai/v1/chat/completions"),
+            Some(Api::ChatCompletions)
+        );
+        assert_eq!(
+            Api::from_path("/llm/team-a/v1/completions?stream=1"),
+            Some(Api::Completions)
+        );
+        // Not the inference calls themselves.
+        assert_eq!(Api::from_path("/v1/responses/resp_123"), None);
+        assert_eq!(Api::from_path("/v1/chat/completions/chatcmpl-1"), None);
+        assert_eq!(Api::from_path("/xv1/completions"), None);
+        assert_eq!(Api::from_path("/v2/completions"), None);
+        assert_eq!(Api::from_path(""), None);
     }
 
     #[test]

@@ -206,6 +206,28 @@ async fn same_prefix_lands_on_the_same_pod_for_every_api() {
     picker.stop().await.unwrap();
 }
 
+/// Gateways often publish the API under a prefix and rewrite it after the filters have run:
+/// the picker still recognises the API and scores the prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_published_under_a_path_prefix_is_scored() {
+    let (_backends, picker, envoy) = stack("envoy.yaml", "", |s| s).await;
+    assert_sticky(
+        &envoy,
+        &picker,
+        "/openai/v1/chat/completions",
+        &chat(SYSTEM, "Published under a prefix."),
+    )
+    .await;
+    assert_eq!(
+        metric(
+            &picker,
+            "prefix_picker_unscored_requests_total{reason=\"unknown_api\"}"
+        )
+        .await,
+        0.0
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn different_prefixes_spread_over_pods() {
     let (_backends, _picker, envoy) = stack("envoy.yaml", "", |s| s).await;
