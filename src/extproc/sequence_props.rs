@@ -7,10 +7,12 @@
 //!   identical header and `envoy.lb` values naming known pods; an observability-mode stream never
 //!   replies; once the stream is gone and unclaimed routes have expired, no in-flight count is
 //!   left behind.
-//! - A well-formed exchange: exactly one routing outcome (a pick or an immediate error); in
-//!   FULL_DUPLEX_STREAMED every request and response byte comes back, in order; each response
-//!   message gets exactly one reply; a completed 2xx response of a routable prompt is recorded
-//!   for the primary pick once, and no other status ever records.
+//! - A well-formed exchange (request trailers or not, response body or not): exactly one routing
+//!   outcome (a pick or an immediate error); in FULL_DUPLEX_STREAMED every request and response
+//!   byte comes back, in order, and the request body ends the stream only if it ended it; each
+//!   response message gets exactly one reply; a completed 2xx response of a routable prompt is
+//!   recorded once, for the pod Envoy names if it is one of ours (the primary pick if Envoy names
+//!   none), and no other status ever records.
 
 use std::time::{Duration, Instant};
 
