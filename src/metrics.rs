@@ -98,6 +98,7 @@ pub struct RouterMetrics {
     pub records: IntCounterVec,
     pub access_log_entries: IntCounterVec,
     pub inflight_streams: IntGauge,
+    pub pending_routes: IntGauge,
     pub pod_inflight: IntGaugeVec,
     pub pod_picks: IntCounterVec,
     pub immediate_responses: IntCounterVec,
@@ -162,6 +163,12 @@ impl RouterMetrics {
                 "Open ext_proc streams",
             )
             .expect("valid metric"),
+            pending_routes: IntGauge::new(
+                "prefix_picker_pending_routes",
+                "Routed requests waiting for their completion from Envoy's access log or an \
+                 observer filter (sampled every second)",
+            )
+            .expect("valid metric"),
             pod_inflight: IntGaugeVec::new(
                 Opts::new(
                     "prefix_picker_pod_inflight_requests",
@@ -212,6 +219,7 @@ impl RouterMetrics {
         register(registry, m.records.clone());
         register(registry, m.access_log_entries.clone());
         register(registry, m.inflight_streams.clone());
+        register(registry, m.pending_routes.clone());
         register(registry, m.pod_inflight.clone());
         register(registry, m.pod_picks.clone());
         register(registry, m.immediate_responses.clone());

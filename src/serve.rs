@@ -222,7 +222,7 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
         });
     }
     {
-        // Expire completions nobody observed.
+        // Expire completions nobody observed; sample how many still wait.
         let router = router.clone();
         let token = shutdown.clone();
         tasks.spawn(async move {
@@ -235,6 +235,8 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
                         if n > 0 {
                             router.metrics.records.with_label_values(&["expired"]).inc_by(n as u64);
                         }
+                        let waiting = i64::try_from(router.pending.len()).unwrap_or(i64::MAX);
+                        router.metrics.pending_routes.set(waiting);
                     }
                 }
             }

@@ -408,12 +408,15 @@ async fn body_modes(file: &str, edit: fn(String) -> String) {
     let recorded = metric(&picker, "prefix_picker_records_total{outcome=\"recorded\"}").await;
     let body = json!({"model": "m", "stream": true, "prompt": "GATED stream please"});
     let (served, chunks) = open_gated_stream(&envoy, &body).await;
-    // Not recorded yet: the stream has not ended.
+    // Not recorded yet: the stream has not ended. Its route waits for the access log or the
+    // observer filter.
     assert_eq!(
         metric(&picker, "prefix_picker_records_total{outcome=\"recorded\"}").await,
         recorded
     );
+    wait_metric_eq(&picker, "prefix_picker_pending_routes", 1.0).await;
     finish_gated_stream(&backends, &served, chunks).await;
+    wait_metric_eq(&picker, "prefix_picker_pending_routes", 0.0).await;
     wait_metric(
         &picker,
         "prefix_picker_records_total{outcome=\"recorded\"}",
