@@ -259,8 +259,11 @@ async fn run(duration: Duration, churn_every: Duration) {
     for e in picker.router.endpoints.snapshot().all() {
         assert_eq!(e.inflight(), 0, "{} in flight", e.label);
     }
-    if duration >= Duration::from_secs(60) {
+    if duration >= Duration::from_secs(300) {
         // Flat: the bounded index and caches fluctuate, a leak makes the later window higher.
+        // Judged from 300 s on: the churned index is still filling towards its bound for the
+        // first ~180 s on a 2-vCPU machine, so a 120 s run's later window is higher without a
+        // leak (measured: +6.9 % heap at 120 s; +1.4 % at 300 s, flat from 180 s).
         // Live heap is exact (5% slack); RSS also carries the allocator's arenas (10%).
         assert!(
             heap.1 as f64 <= heap.0 as f64 * 1.05,
