@@ -52,8 +52,8 @@ impl PendingRoutes {
         }
     }
 
-    fn shard(&self, id: &str) -> &Mutex<HashMap<String, (Instant, PendingRoute)>> {
-        &self.shards[self.hasher.hash_one(id) as usize % SHARDS]
+    fn shard(&self, key: &str) -> &Mutex<HashMap<String, (Instant, PendingRoute)>> {
+        &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
     }
 
     /// Keeps `route` until claimed or expired; returns its key: `request_id`, or, when a route
@@ -73,11 +73,10 @@ impl PendingRoutes {
         }
     }
 
-    pub fn take(&self, request_id: &str) -> Option<PendingRoute> {
-        self.shard(request_id)
-            .lock()
-            .remove(request_id)
-            .map(|(_, r)| r)
+    /// Claims the route waiting under `key` (a route key, or a request id, which is the key of
+    /// the first route with that id).
+    pub fn take(&self, key: &str) -> Option<PendingRoute> {
+        self.shard(key).lock().remove(key).map(|(_, r)| r)
     }
 
     pub fn len(&self) -> usize {
