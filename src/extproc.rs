@@ -360,22 +360,18 @@ impl StreamState {
         // when request trailers follow it (its ext_proc filter sends the buffered body when the
         // trailers arrive, headers still held), so that message is the body's end too.
         if b.end_of_stream || self.request_mode == Some(BodyMode::Buffered) {
-            // The usual case is one message with the whole body: route it in place.
-            let body = if self.body.is_empty() {
-                b.body
+            // The usual case is one message with the whole body: route it without a copy.
+            if self.body.is_empty() {
+                self.body = b.body;
             } else {
-                let mut body = std::mem::take(&mut self.body);
-                body.extend_from_slice(&b.body);
-                body
-            };
+                self.body.extend_from_slice(&b.body);
+            }
             let end = if b.end_of_stream {
                 BodyEnd::EndOfStream
             } else {
                 BodyEnd::Trailers
             };
-            let replies = self.route_now(Some(&body), end);
-            self.body = body;
-            return replies;
+            return self.route_body(end);
         }
         self.body.extend_from_slice(&b.body);
         match self.request_mode {
@@ -385,10 +381,7 @@ impl StreamState {
                 // for a whole body that request trailers follow: one that parses whole is the
                 // latter.
                 if crate::lenient_json::parse_value(&self.body).is_ok() {
-                    let body = std::mem::take(&mut self.body);
-                    let replies = self.route_now(Some(&body), BodyEnd::Trailers);
-                    self.body = body;
-                    return replies;
+                    return self.route_body(BodyEnd::Trailers);
                 }
                 vec![self.immediate(&RouteFailure::new(
                     413,
@@ -406,14 +399,21 @@ impl StreamState {
         }
         if self.holding_headers {
             // FULL_DUPLEX body ended with trailers instead of end_of_stream.
-            let body = std::mem::take(&mut self.body);
-            let mut replies = self.route_now(Some(&body), BodyEnd::Trailers);
+            let mut replies = self.route_body(BodyEnd::Trailers);
             if !self.rejected {
                 replies.push(reply(Out::RequestTrailers(TrailersResponse::default())));
             }
             return replies;
         }
         vec![reply(Out::RequestTrailers(TrailersResponse::default()))]
+    }
+
+    /// Routes on the whole body gathered so far ([`StreamState::route_now`]).
+    fn route_body(&mut self, end: BodyEnd) -> Vec<ProcessingResponse> {
+        let body = std::mem::take(&mut self.body);
+        let replies = self.route_now(Some(&body), end);
+        self.body = body;
+        replies
     }
 
     /// Routes and builds the replies that carry the pick (or the immediate error).
