@@ -576,15 +576,17 @@ async fn http2_clients(file: &str, edit: fn(String) -> String) {
     assert_eq!(status, 200, "{}", envoy.log());
     wait_metric(&picker, recorded, 1.0).await;
     assert_eq!(prefix_score(&picker, &body, &first).await, 100);
-    for (pieces, trailers) in [(1, true), (4, true), (2, false)] {
+    // Each completion (and the release of its pod's in-flight count) is awaited before the next
+    // request: the access log lands just after the client has its answer.
+    for (n, (pieces, trailers)) in [(1, true), (4, true), (2, false)].into_iter().enumerate() {
         let again = send_h2(&envoy, "/v1/chat/completions", &body, pieces, trailers).await;
         assert_eq!(
             again,
             (200, first.clone()),
             "{pieces} frames, trailers {trailers}"
         );
+        wait_metric(&picker, recorded, 2.0 + n as f64).await;
     }
-    wait_metric(&picker, recorded, 4.0).await;
     // A bad body is refused by the picker over HTTP/2 too.
     let (status, _) = send_h2(&envoy, "/v1/completions", &json!({"model": 7}), 1, true).await;
     assert_eq!(status, 400);
@@ -635,12 +637,14 @@ async fn request_trailers(file: &str) {
     assert_eq!(status, 200, "{}", envoy.log());
     wait_metric(&picker, recorded, 1.0).await;
     assert_eq!(prefix_score(&picker, &body, &first).await, 100);
-    for _ in 0..3 {
+    // Each completion (and the release of its pod's in-flight count) is awaited before the next
+    // request: the access log lands just after the client has its answer.
+    for n in 2..=4 {
         let (status, again) = send_with_trailer(&envoy, "/v1/chat/completions", &body).await;
         assert_eq!(status, 200);
         assert_eq!(again, first, "same prefix, same pod");
+        wait_metric(&picker, recorded, f64::from(n)).await;
     }
-    wait_metric(&picker, recorded, 4.0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
