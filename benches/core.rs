@@ -13,6 +13,12 @@
 //! - `record_throughput/*`: time per record with 1 thread, and with 2 OS threads recording into
 //!   two different pods or into the same pod (`iter_custom`: wall time / records); as a control,
 //!   2 threads recording into two separate, equally full indexes (nothing shared but the machine).
+//! - `memory_floor/*`: what the record's unavoidable memory traffic costs on this machine, as
+//!   a yardstick for `score_record` in the same run. An array as large as the fixture's index
+//!   heap; per iteration 256 random 8-byte read-modify-writes (a fresh prompt's record must write
+//!   at least one random line per new entry and one per evicted entry: 128 + 128), either with
+//!   every address known up front (`independent`: the misses overlap as far as the CPU allows)
+//!   or each address computed from the value read before it (`dependent`: one miss at a time).
 //! - bytes per entry (not timed): 64 pods x 50,000 entries with distinct prompts (`unshared`),
 //!   with half of each list shared by 4 pods (`shared4`), and `unshared` churned on to 3x the
 //!   capacity (`unshared_churned_3x`); each built in a child process of this binary so the RSS
@@ -322,6 +328,49 @@ fn bench_score_record(c: &mut Criterion, sched: &OnceCell<Scheduler>, fill: usiz
     g.finish();
 }
 
+/// Random lines touched per `memory_floor` iteration: one per new and one per evicted entry of a
+/// fresh 128-block record.
+const FLOOR_LINES: usize = 256;
+
+/// `memory_floor/*`: random read-modify-writes over an array the size of the fixture's index.
+fn bench_memory_floor(c: &mut Criterion, sched: &OnceCell<Scheduler>, fill: usize) {
+    let s = sched.get_or_init(|| Scheduler::build(fill));
+    let words = (s.cache.index().heap_bytes() / 8).max(FLOOR_LINES * 8);
+    let mut array = vec![1u64; words];
+    let mut rng = SmallRng::seed_from_u64(7);
+    // Enough addresses that the pool itself is not what the CPU caches keep.
+    let pool: Vec<u32> = (0..(1 << 20))
+        .map(|_| rng.random_range(0..words as u32))
+        .collect();
+    let mut g = c.benchmark_group("memory_floor");
+    g.throughput(Throughput::Elements(1));
+    let mut at = 0usize;
+    g.bench_function("independent", |b| {
+        b.iter(|| {
+            at = (at + FLOOR_LINES) % (pool.len() - FLOOR_LINES);
+            for &i in &pool[at..at + FLOOR_LINES] {
+                let w = &mut array[i as usize];
+                *w = w.wrapping_add(1);
+            }
+        })
+    });
+    let mut next = 0u64;
+    g.bench_function("dependent", |b| {
+        b.iter(|| {
+            for _ in 0..FLOOR_LINES {
+                let i = (next % words as u64) as usize;
+                let w = &mut array[i];
+                *w = w.wrapping_add(1);
+                // The next address depends on the value just read.
+                next = (next ^ *w)
+                    .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                    .rotate_left(29);
+            }
+        })
+    });
+    g.finish();
+}
+
 /// Per-thread prompt pools and cursors for `record_throughput`.
 struct Pools {
     hashes: [Vec<Vec<BlockHash>>; 2],
@@ -582,6 +631,8 @@ fn print_summary(since: SystemTime) {
         "record_throughput/2_threads",
         "record_throughput/2_threads_same_pod",
         "record_throughput/2_threads_separate_indexes",
+        "memory_floor/independent",
+        "memory_floor/dependent",
     ] {
         if let Some(ns) = median_ns(id, since) {
             println!("{id:<45} {:>10.3} us  {:>8.0} /s", ns / 1e3, 1e9 / ns);
@@ -600,6 +651,18 @@ fn print_summary(since: SystemTime) {
                 one / t
             ),
             _ => println!("record_throughput ratio 1_thread/{two}: not measured in this run"),
+        }
+    }
+    for floor in ["independent", "dependent"] {
+        if let (Some(work), Some(f)) = (
+            median_ns("score_record/8KiB_64pods", since),
+            median_ns(&format!("memory_floor/{floor}"), since),
+        ) {
+            println!(
+                "score_record/8KiB_64pods ratio to memory_floor/{floor} = {:.2} ({FLOOR_LINES} \
+                 random read-modify-writes over an index-sized array)",
+                work / f
+            );
         }
     }
 }
@@ -675,6 +738,7 @@ fn main() {
     bench_hash(&mut c);
     bench_score_record(&mut c, &sched, fill);
     bench_record_throughput(&mut c, &sched, fill);
+    bench_memory_floor(&mut c, &sched, fill);
     c.final_summary();
 
     if let Some(s) = sched.get() {
