@@ -37,11 +37,14 @@
 //! buffers.
 //!
 //! The index is far larger than the CPU caches, so nearly every entry a call reads is a cache
-//! (and TLB) miss. Before each shard's group of lookups or changes, a branch-free pass reads the
-//! group's tag words ([`touch_all`]), and before refreshing held list nodes one reads those
-//! nodes: the misses of a group then overlap instead of each waiting behind the mispredicted
-//! branches of the one before (the same effect as prefetching, in safe code). Touching the slots
-//! as well measured slower (`benches/RESULTS.md`).
+//! (and TLB) miss. Before a batch's lookups, a branch-free pass reads the tag words of all its
+//! keys, and before refreshing held list nodes one reads those nodes: the misses then overlap
+//! instead of each waiting behind the mispredicted branches of the one before (the same effect
+//! as prefetching, in safe code). Lookups first read-lock every shard of the batch
+//! ([`PrefixIndex::read_batch`]), so the whole batch's misses form one wave; a lock taken between
+//! shard groups would end the wave, since its atomic waits for the loads before it. Writes lock
+//! one shard at a time and touch that shard's group first ([`touch_all`]); a read-locked warm-up
+//! wave before them, and touching the slots as well, measured slower (`benches/RESULTS.md`).
 
 mod candidates;
 mod models;
@@ -57,7 +60,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use rand::Rng;
 use rand::seq::index::sample;
 
@@ -212,6 +215,18 @@ struct ScoreScratch {
 thread_local! {
     static SCORE_SCRATCH: RefCell<ScoreScratch> = RefCell::new(ScoreScratch::default());
     static RECORD_SCRATCH: RefCell<RecordScratch> = RefCell::new(RecordScratch::default());
+}
+
+/// The read locks of a batch's shards ([`PrefixIndex::read_batch`]).
+struct BatchGuards<'a>([Option<RwLockReadGuard<'a, ReverseShard>>; SHARDS]);
+
+impl BatchGuards<'_> {
+    /// The shard `s`, which the batch has a group in.
+    fn get(&self, s: usize) -> &ReverseShard {
+        self.0[s]
+            .as_deref()
+            .expect("a shard of the batch is locked")
+    }
 }
 
 /// A reverse-map change made by a record: `key` gains the pod in `node`, or loses it (`NIL`).
@@ -374,14 +389,36 @@ impl PrefixIndex {
         held.clear();
         held.resize(keys.len(), NIL);
         batch.regroup(keys.iter().map(|k| k.shard()));
+        let shards = self.read_batch(batch, keys);
         for (s, group) in batch.groups() {
-            let shard = self.shards[s].read();
-            touch_all(&shard, group.iter().map(|&j| keys[j as usize]));
+            let shard = shards.get(s);
             for &j in group {
                 let j = j as usize;
                 held[j] = shard.holder_node(keys[j], slot).unwrap_or(NIL);
             }
         }
+    }
+
+    /// Read-locks every shard `batch` has a group in, in ascending order, then touches the tag
+    /// words of all of `keys` ([`ReverseShard::touch`]) in one loop, so the batch's misses overlap
+    /// in one wave. A lock operation is an atomic read-modify-write, which waits for every
+    /// earlier load: taking each shard's lock just before its group would cut the misses into a
+    /// wave per shard. Holding several read locks cannot deadlock: writers hold one shard at a
+    /// time and wait for nothing while they hold it.
+    fn read_batch<'a>(&'a self, batch: &ShardBatch, keys: &[Hashed]) -> BatchGuards<'a> {
+        let mut guards = BatchGuards(std::array::from_fn(|_| None));
+        for (s, _) in batch.groups() {
+            guards.0[s] = Some(self.shards[s].read());
+        }
+        let mut acc = 0;
+        for (s, group) in batch.groups() {
+            let shard = guards.get(s);
+            for &j in group {
+                acc ^= shard.touch(keys[j as usize]);
+            }
+        }
+        black_box(acc);
+        guards
     }
 
     /// Record step 2: applies the inserts to the pod's list deepest first and lists the
@@ -543,13 +580,14 @@ impl PrefixIndex {
             batch.regroup(keys.iter().map(|k| k.shard()));
             sets.clear();
             sets.resize(keys.len(), PodSet::Empty);
+            let shards = self.read_batch(batch, keys);
             for (s, group) in batch.groups() {
-                let shard = self.shards[s].read();
-                touch_all(&shard, group.iter().map(|&p| keys[p as usize]));
+                let shard = shards.get(s);
                 for &p in group {
                     sets[p as usize] = shard.pod_set(keys[p as usize]);
                 }
             }
+            drop(shards);
             for p in (0..keys.len()).rev() {
                 if found >= limit {
                     break;
