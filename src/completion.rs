@@ -114,3 +114,6 @@ pub fn finish_route(router: &Router, mut route: PendingRoute, ending: Ending) {
             .inc();
     }
 }
+
+#[cfg(test)]
+mod tests;

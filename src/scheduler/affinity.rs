@@ -15,10 +15,11 @@
 //! - nothing is available: the least-loaded pod that is not saturated, else the least-loaded
 //!   pod (`affinity_saturated`).
 //!
-//! Ties (equal longest match) are broken by rendezvous hashing of the first block past the
-//! match over the tied pods' addresses (`consolidateTies`): every request with that prefix, on
-//! every replica, picks the same pod, while prompts that diverge after a shared head (agent
-//! sessions after a common tool preamble) spread evenly. Without it, a seeded random pick.
+//! Ties (equal longest match) are broken by rendezvous hashing of the deepest block the tied
+//! pods hold (the first block when none holds any) over their addresses (`consolidateTies`):
+//! every request with that prefix, on every replica, picks the same pod, so a prefix that
+//! spilled to a second pod returns to one when the load drops. Without it, a seeded random
+//! pick.
 //! Scraped gauges never outweigh a match while the pod is available.
 //!
 //! Knobs (defaults): `podCapacity` 64, `maxQueue` 0, `shareHeadroom` 0.3, `shareWindow` 64
@@ -189,8 +190,8 @@ pub fn pick<R: Rng>(
 
     let best_all = matched.iter().copied().max().unwrap_or(0);
     let best_available = (0..n).filter(|&i| available(i)).map(|i| matched[i]).max();
-    // The tie key: the first block past the match (the last block on a full match).
-    let tie_key = |m: usize| hashes.get(m.min(hashes.len().saturating_sub(1))).map(|h| h.0);
+    // The tie key: the deepest block the tied pods hold (the first block without a match).
+    let tie_key = |m: usize| hashes.get(m.saturating_sub(1)).map(|h| h.0);
     let load = |i: usize| loads[i].inflight as f64 + loads[i].waiting;
     match best_available {
         Some(best) if best == best_all => {

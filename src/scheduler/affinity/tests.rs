@@ -92,22 +92,22 @@ fn everything_saturated_goes_to_the_least_loaded() {
 }
 
 #[test]
-fn ties_consolidate_on_the_first_block_past_the_match() {
+fn ties_consolidate_on_the_deepest_block_held() {
     let c = AffinityConfig::default();
     let l = loads(8);
-    let h = hashes(16);
-    // Same prompt, any rng: the same pod.
-    let picks: Vec<_> = (0..20)
-        .map(|s| pick(&c, &[4, 4, 4, 0, 4, 4, 4, 4], &l, &h, &mut SmallRng::seed_from_u64(s)).0)
+    // Any rng, any continuation past the shared 4 blocks: the same pod.
+    let picks: Vec<_> = (0..20u64)
+        .map(|s| {
+            let mut h = hashes(4);
+            h.extend((0..4).map(|j| BlockHash(1000 + s * 10 + j)));
+            pick(&c, &[4, 4, 4, 0, 4, 4, 4, 4], &l, &h, &mut SmallRng::seed_from_u64(s)).0
+        })
         .collect();
     assert!(picks.iter().all(|&p| p == picks[0] && p != 3), "{picks:?}");
-    // Prompts that diverge after the shared head spread over the tied pods.
-    let mut seen = std::collections::HashSet::new();
-    for k in 0..64u64 {
-        let mut h = hashes(4);
-        h.extend((0..4).map(|j| BlockHash(1000 + k * 10 + j)));
-        seen.insert(pick_one(&c, &[4; 8], &l, &h).0);
-    }
+    // Different prefixes spread over the pods.
+    let seen: std::collections::HashSet<_> = (0..64u64)
+        .map(|k| pick_one(&c, &[0; 8], &l, &[BlockHash(k * 77 + 5)]).0)
+        .collect();
     assert!(seen.len() >= 6, "{seen:?}");
 }
 
