@@ -270,13 +270,21 @@ impl AffinitySection {
             return bad("podCapacity", "0".into(), "> 0");
         }
         if !(self.share_headroom.is_finite() && self.share_headroom >= 0.0) {
-            return bad("shareHeadroom", self.share_headroom.to_string(), "a number >= 0");
+            return bad(
+                "shareHeadroom",
+                self.share_headroom.to_string(),
+                "a number >= 0",
+            );
         }
         if self.share_window == 0 {
             return bad("shareWindow", "0".into(), "> 0");
         }
         if !(16..=1 << 20).contains(&self.block_bytes) {
-            return bad("blockBytes", self.block_bytes.to_string(), "in 16..=1048576");
+            return bad(
+                "blockBytes",
+                self.block_bytes.to_string(),
+                "in 16..=1048576",
+            );
         }
         if self.max_prompt_bytes < self.block_bytes
             || self.max_prompt_bytes / self.block_bytes > 1 << 16

@@ -58,7 +58,9 @@ fn body(prefix: &str, question: &str) -> Vec<u8> {
 }
 
 fn prefix(seed: usize) -> String {
-    (0..300).map(|i| format!("w{} ", (i * 7 + seed * 13) % 97)).collect()
+    (0..300)
+        .map(|i| format!("w{} ", (i * 7 + seed * 13) % 97))
+        .collect()
 }
 
 /// Routes as the ext_proc stream does and returns the ticket.
@@ -150,7 +152,10 @@ fn a_failed_or_cut_request_leaves_nothing_behind() {
         assert_eq!(holds(&router), 0);
         assert_eq!(router.scheduler.tentative().entries(), 0);
         assert_eq!(router.scheduler.prefix_cache().index().entries(), 0);
-        assert_eq!(tentative(&router, TentativeOutcome::RolledBack), n as u64 + 1);
+        assert_eq!(
+            tentative(&router, TentativeOutcome::RolledBack),
+            n as u64 + 1
+        );
     }
 }
 
@@ -165,7 +170,10 @@ fn a_fallback_moves_the_record_to_the_pod_that_served() {
     assert_eq!(tentative(&router, TentativeOutcome::Moved), 1);
     let index = router.scheduler.prefix_cache().index();
     let set = router.endpoints.snapshot();
-    assert_eq!(index.pod_entries(set.by_address(&picked).unwrap().index.slot()), 0);
+    assert_eq!(
+        index.pod_entries(set.by_address(&picked).unwrap().index.slot()),
+        0
+    );
     assert!(index.pod_entries(set.by_address(&other).unwrap().index.slot()) > 0);
     // The next request with that prefix follows the record.
     let next = route(&router, &body(&prefix(3), "another"));
@@ -212,7 +220,9 @@ fn a_hot_prefix_spreads_to_a_second_pod_under_load_and_returns_to_one() {
     assert_ne!(second, home);
     finish_route(&router, spilled, ok(Served::NotReported));
     // Load gone: both hold the prefix, and the tie rule sends every request to one of them.
-    set.by_address(&home).unwrap().set_stats(EngineStats::default());
+    set.by_address(&home)
+        .unwrap()
+        .set_stats(EngineStats::default());
     let picks: std::collections::HashSet<SocketAddr> = (2..10)
         .map(|q| {
             let t = route(&router, &body(&p, &format!("q{q}")));

@@ -156,7 +156,13 @@ impl TentativeEntries {
     }
 
     /// Appends the positions of the candidates holding `hash` to `out`.
-    fn probe(&self, model: ModelKey, hash: BlockHash, candidates: &[PodSlot], out: &mut Vec<usize>) {
+    fn probe(
+        &self,
+        model: ModelKey,
+        hash: BlockHash,
+        candidates: &[PodSlot],
+        out: &mut Vec<usize>,
+    ) {
         let shard = self.shards[shard_of(model, hash)].lock();
         if let Some(holders) = shard.get(&(model.0, hash.0)) {
             for (pod, _) in holders {

@@ -127,11 +127,13 @@ impl RecentPicks {
 
     /// Counts pick number `now` for this pod.
     pub fn add(&self, now: u32, keep: f64) {
-        let _ = self.0.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-            // Picks before `now` decay the stored share; this one adds its weight.
-            let share = Self::decayed(v, now, keep) * keep + (1.0 - keep);
-            Some(Self::pack(now.wrapping_add(1), share as f32))
-        });
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                // Picks before `now` decay the stored share; this one adds its weight.
+                let share = Self::decayed(v, now, keep) * keep + (1.0 - keep);
+                Some(Self::pack(now.wrapping_add(1), share as f32))
+            });
     }
 }
 
@@ -195,11 +197,30 @@ pub fn pick<R: Rng>(
     let load = |i: usize| loads[i].inflight as f64 + loads[i].waiting;
     match best_available {
         Some(best) if best == best_all => {
-            let i = tie_break(config, (0..n).filter(|&i| available(i) && matched[i] == best), loads, tie_key(best), rng);
-            (i, if best > 0 { AffinityReason::Hit } else { AffinityReason::Miss })
+            let i = tie_break(
+                config,
+                (0..n).filter(|&i| available(i) && matched[i] == best),
+                loads,
+                tie_key(best),
+                rng,
+            );
+            (
+                i,
+                if best > 0 {
+                    AffinityReason::Hit
+                } else {
+                    AffinityReason::Miss
+                },
+            )
         }
         Some(best) if best > 0 => {
-            let i = tie_break(config, (0..n).filter(|&i| available(i) && matched[i] == best), loads, tie_key(best), rng);
+            let i = tie_break(
+                config,
+                (0..n).filter(|&i| available(i) && matched[i] == best),
+                loads,
+                tie_key(best),
+                rng,
+            );
             (i, AffinityReason::Spill)
         }
         Some(_) => {
@@ -207,17 +228,35 @@ pub fn pick<R: Rng>(
                 .filter(|&i| available(i))
                 .map(load)
                 .fold(f64::INFINITY, f64::min);
-            let i = tie_break(config, (0..n).filter(|&i| available(i) && load(i) == least), loads, tie_key(0), rng);
+            let i = tie_break(
+                config,
+                (0..n).filter(|&i| available(i) && load(i) == least),
+                loads,
+                tie_key(0),
+                rng,
+            );
             (i, AffinityReason::Spill)
         }
         None => {
             // Nothing available: the best match among pods with room, else the least loaded.
             let roomy = (0..n).filter(|&i| !saturated(i)).map(|i| matched[i]).max();
             let i = match roomy {
-                Some(best) => tie_break(config, (0..n).filter(|&i| !saturated(i) && matched[i] == best), loads, tie_key(best), rng),
+                Some(best) => tie_break(
+                    config,
+                    (0..n).filter(|&i| !saturated(i) && matched[i] == best),
+                    loads,
+                    tie_key(best),
+                    rng,
+                ),
                 None => {
                     let least = (0..n).map(load).fold(f64::INFINITY, f64::min);
-                    tie_break(config, (0..n).filter(|&i| load(i) == least), loads, tie_key(0), rng)
+                    tie_break(
+                        config,
+                        (0..n).filter(|&i| load(i) == least),
+                        loads,
+                        tie_key(0),
+                        rng,
+                    )
                 }
             };
             (i, AffinityReason::Saturated)

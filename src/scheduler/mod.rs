@@ -292,9 +292,9 @@ impl Scheduler {
         {
             hashes = self.prefix.hash(model, prompt.as_bytes());
             let slots: Vec<_> = candidates.iter().map(|e| e.index.slot()).collect();
-            affinity_scores = self
-                .prefix
-                .score_chained(model, &hashes, &slots, &self.tentative, observe);
+            affinity_scores =
+                self.prefix
+                    .score_chained(model, &hashes, &slots, &self.tentative, observe);
         }
         let prompt_bytes = request.prompt.map_or(0, str::len);
         let mut plugins = Vec::with_capacity(self.config.scorers.len());
@@ -366,7 +366,14 @@ impl Scheduler {
         };
         if let (Some(config), Some(scored)) = (&self.config.affinity, &affinity_scores) {
             // The affinity pick leads; the weighted order gives the fallbacks.
-            let (primary, why) = self.affinity_pick(config, &candidates, &scored.matched_blocks, &hashes, &mut rng, observe);
+            let (primary, why) = self.affinity_pick(
+                config,
+                &candidates,
+                &scored.matched_blocks,
+                &hashes,
+                &mut rng,
+                observe,
+            );
             order.retain(|&i| i != primary);
             order.insert(0, primary);
             reason = why.into();
@@ -434,7 +441,12 @@ impl Scheduler {
 
     /// Holds `hashes` tentatively for `endpoint` until the request completes (affinity mode with
     /// `tentative`); `None` when there is nothing to hold.
-    pub fn hold_tentative(&self, model: &str, hashes: &[BlockHash], endpoint: &Endpoint) -> Option<TentativeHold> {
+    pub fn hold_tentative(
+        &self,
+        model: &str,
+        hashes: &[BlockHash],
+        endpoint: &Endpoint,
+    ) -> Option<TentativeHold> {
         let config = self.config.affinity.as_ref()?;
         if !config.tentative || hashes.is_empty() {
             return None;

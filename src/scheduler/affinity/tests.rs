@@ -18,7 +18,12 @@ fn hashes(n: u64) -> Vec<BlockHash> {
     (1..=n).map(BlockHash).collect()
 }
 
-fn pick_one(config: &AffinityConfig, matched: &[usize], loads: &[PodLoad], h: &[BlockHash]) -> (usize, AffinityReason) {
+fn pick_one(
+    config: &AffinityConfig,
+    matched: &[usize],
+    loads: &[PodLoad],
+    h: &[BlockHash],
+) -> (usize, AffinityReason) {
     pick(config, matched, loads, h, &mut SmallRng::seed_from_u64(7))
 }
 
@@ -33,7 +38,10 @@ fn the_longest_match_wins_whatever_the_load_while_the_pod_has_room() {
             p.share = 0.23;
         }
     }
-    assert_eq!(pick_one(&c, &[1, 0, 8, 3], &l, &hashes(8)), (2, AffinityReason::Hit));
+    assert_eq!(
+        pick_one(&c, &[1, 0, 8, 3], &l, &hashes(8)),
+        (2, AffinityReason::Hit)
+    );
 }
 
 #[test]
@@ -43,7 +51,10 @@ fn a_saturated_pod_loses_affinity_and_the_prefix_spills() {
     l[2].waiting = 1.0;
     l[1].inflight = 3;
     // Pod 0 holds part of the prompt: the spill goes there.
-    assert_eq!(pick_one(&c, &[2, 0, 8, 0], &l, &hashes(8)), (0, AffinityReason::Spill));
+    assert_eq!(
+        pick_one(&c, &[2, 0, 8, 0], &l, &hashes(8)),
+        (0, AffinityReason::Spill)
+    );
     // Nobody else holds any of it: the least-loaded available pod (0 and 3 tie on load).
     let (i, why) = pick_one(&c, &[0, 0, 8, 0], &l, &hashes(8));
     assert!(i == 0 || i == 3, "{i}");
@@ -51,7 +62,10 @@ fn a_saturated_pod_loses_affinity_and_the_prefix_spills() {
     // At capacity counts as saturated too.
     let mut l = loads(2);
     l[0].inflight = i64::from(c.pod_capacity);
-    assert_eq!(pick_one(&c, &[8, 0], &l, &hashes(8)).1, AffinityReason::Spill);
+    assert_eq!(
+        pick_one(&c, &[8, 0], &l, &hashes(8)).1,
+        AffinityReason::Spill
+    );
 }
 
 #[test]
@@ -62,11 +76,17 @@ fn an_over_share_pod_spills_and_the_mean_has_a_floor() {
     l[1].share = 0.1;
     l[2].share = 0.1;
     l[3].share = 0.1;
-    assert_eq!(pick_one(&c, &[8, 0, 0, 0], &l, &hashes(8)).1, AffinityReason::Spill);
+    assert_eq!(
+        pick_one(&c, &[8, 0, 0, 0], &l, &hashes(8)).1,
+        AffinityReason::Spill
+    );
     // Early on (shares far below 1/n) a pod with a few picks is not over its share.
     let mut l = loads(4);
     l[0].share = 0.06;
-    assert_eq!(pick_one(&c, &[8, 0, 0, 0], &l, &hashes(8)), (0, AffinityReason::Hit));
+    assert_eq!(
+        pick_one(&c, &[8, 0, 0, 0], &l, &hashes(8)),
+        (0, AffinityReason::Hit)
+    );
 }
 
 #[test]
@@ -78,7 +98,10 @@ fn without_the_load_gate_the_match_always_wins() {
     let mut l = loads(3);
     l[1].waiting = 50.0;
     l[1].share = 0.9;
-    assert_eq!(pick_one(&c, &[0, 5, 1], &l, &hashes(8)), (1, AffinityReason::Hit));
+    assert_eq!(
+        pick_one(&c, &[0, 5, 1], &l, &hashes(8)),
+        (1, AffinityReason::Hit)
+    );
 }
 
 #[test]
@@ -88,7 +111,10 @@ fn everything_saturated_goes_to_the_least_loaded() {
     for (i, p) in l.iter_mut().enumerate() {
         p.waiting = 5.0 - i as f64;
     }
-    assert_eq!(pick_one(&c, &[4, 0, 0], &l, &hashes(8)), (2, AffinityReason::Saturated));
+    assert_eq!(
+        pick_one(&c, &[4, 0, 0], &l, &hashes(8)),
+        (2, AffinityReason::Saturated)
+    );
 }
 
 #[test]
@@ -100,7 +126,14 @@ fn ties_consolidate_on_the_deepest_block_held() {
         .map(|s| {
             let mut h = hashes(4);
             h.extend((0..4).map(|j| BlockHash(1000 + s * 10 + j)));
-            pick(&c, &[4, 4, 4, 0, 4, 4, 4, 4], &l, &h, &mut SmallRng::seed_from_u64(s)).0
+            pick(
+                &c,
+                &[4, 4, 4, 0, 4, 4, 4, 4],
+                &l,
+                &h,
+                &mut SmallRng::seed_from_u64(s),
+            )
+            .0
         })
         .collect();
     assert!(picks.iter().all(|&p| p == picks[0] && p != 3), "{picks:?}");
@@ -119,7 +152,16 @@ fn without_consolidation_ties_are_random() {
     };
     let l = loads(4);
     let seen: std::collections::HashSet<_> = (0..64)
-        .map(|s| pick(&c, &[2, 2, 2, 2], &l, &hashes(4), &mut SmallRng::seed_from_u64(s)).0)
+        .map(|s| {
+            pick(
+                &c,
+                &[2, 2, 2, 2],
+                &l,
+                &hashes(4),
+                &mut SmallRng::seed_from_u64(s),
+            )
+            .0
+        })
         .collect();
     assert_eq!(seen.len(), 4);
 }
