@@ -55,8 +55,9 @@ use prefix_picker::config::Config;
 use prefix_picker::endpoints::{EndpointSpec, PodId, Update};
 use prefix_picker::hashing::{BlockChain, BlockHash};
 use prefix_picker::metrics::{PrefixCacheMetrics, RouterMetrics};
-use prefix_picker::routing::Router;
 use prefix_picker::prefix_index::{ModelKey, PodHandle, PodSlot, PrefixIndex};
+use prefix_picker::routing::Router;
+use prefix_picker::scheduler::RecordOrigin;
 use prefix_picker::scheduler::prefix_cache::{PrefixCache, PrefixCacheArgs};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -282,7 +283,11 @@ fn shipped_router() -> Router {
     let mut doc = local[..local.find("endpoints:").expect("endpoints")].to_string();
     doc.push_str("endpoints:\n");
     for i in 0..PODS {
-        doc.push_str(&format!("- {{name: pod-{i}, address: 10.0.{}.{}:8000}}\n", i / 200, i % 200 + 1));
+        doc.push_str(&format!(
+            "- {{name: pod-{i}, address: 10.0.{}.{}:8000}}\n",
+            i / 200,
+            i % 200 + 1
+        ));
     }
     doc.push_str(&local[local.find("\npicker:").expect("picker section")..]);
     let config = Config::parse(&doc).expect("valid");
@@ -296,7 +301,10 @@ fn shipped_router() -> Router {
         .endpoints
         .iter()
         .map(|e| EndpointSpec {
-            id: PodId { namespace: e.namespace.clone(), name: e.name.clone() },
+            id: PodId {
+                namespace: e.namespace.clone(),
+                name: e.name.clone(),
+            },
             address: e.address,
             models: vec![],
             generation: String::new(),
@@ -306,10 +314,17 @@ fn shipped_router() -> Router {
     router.endpoints.apply(Update::Reset(specs));
     for i in 0..(PODS * 16) as u64 {
         let routed = router
-            .route("/v1/chat/completions", Some(&chat_body(1000 + i, PROMPT_BYTES)), None, true)
+            .route(
+                "/v1/chat/completions",
+                Some(&chat_body(1000 + i, PROMPT_BYTES)),
+                None,
+                true,
+            )
             .expect("routed");
         let d = routed.decision;
-        router.scheduler.record(&routed.model, &d.hashes, d.primary());
+        router
+            .scheduler
+            .record(&routed.model, &d.hashes, d.primary(), RecordOrigin::Local);
     }
     router
 }
@@ -320,7 +335,10 @@ fn shipped_router() -> Router {
 fn bench_request_path(c: &mut Criterion) {
     let router = shipped_router();
     let mut g = c.benchmark_group("request_path");
-    for (name, bytes) in [("8KiB_64pods", PROMPT_BYTES), ("220KB_64pods", LONG_PROMPT_BYTES)] {
+    for (name, bytes) in [
+        ("8KiB_64pods", PROMPT_BYTES),
+        ("220KB_64pods", LONG_PROMPT_BYTES),
+    ] {
         let body = chat_body(9, bytes);
         g.throughput(Throughput::Bytes(body.len() as u64));
         g.bench_function(name, |b| {

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use crate::endpoints::Endpoint;
 use crate::pending::PendingRoute;
 use crate::routing::Router;
+use crate::scheduler::RecordOrigin;
 
 /// Who served the response, as far as Envoy told.
 #[derive(Debug, Clone)]
@@ -94,7 +95,9 @@ pub fn finish_route(router: &Router, mut route: PendingRoute, ending: Ending) {
                 Served::Pod(e) => e,
                 _ => route.guard.endpoint().clone(),
             };
-            router.scheduler.record(&route.model, &route.hashes, &pod);
+            router
+                .scheduler
+                .record(&route.model, &route.hashes, &pod, RecordOrigin::Local);
             served_slot = Some(pod.index.slot());
             "recorded"
         }

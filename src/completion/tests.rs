@@ -312,7 +312,7 @@ proptest! {
             prop_assert!(a.tentative.is_none() && b.tentative.is_none());
             if complete {
                 for (r, d) in [(&kthena, a), (&off, b)] {
-                    r.scheduler.record(&d.model, &d.decision.hashes, d.decision.primary());
+                    r.scheduler.record(&d.model, &d.decision.hashes, d.decision.primary(), RecordOrigin::Local);
                 }
             }
         }

@@ -155,6 +155,15 @@ pub struct RouteRequest<'a> {
     pub prompt: Result<&'a str, &'static str>,
 }
 
+/// Where a record comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordOrigin {
+    /// A completion this replica saw (published to the record sink).
+    Local,
+    /// A record another replica made (never published again).
+    Replica,
+}
+
 /// Receives every local record (after a served request), e.g. to share it with other replicas.
 /// Called on the routing path: it must not block.
 pub trait RecordSink: Send + Sync + std::fmt::Debug {
@@ -461,21 +470,23 @@ impl Scheduler {
         Some(hold)
     }
 
-    /// Records a served request's prompt for the pod that served it.
-    pub fn record(&self, model: &str, hashes: &[BlockHash], endpoint: &Endpoint) -> usize {
+    /// Records a served request's prompt for the pod that served it: the one record path,
+    /// for this replica's completions ([`RecordOrigin::Local`], shared with the other replicas
+    /// through the sink) and for theirs ([`RecordOrigin::Replica`], applied as they made them).
+    pub fn record(
+        &self,
+        model: &str,
+        hashes: &[BlockHash],
+        endpoint: &Endpoint,
+        origin: RecordOrigin,
+    ) -> usize {
         if !self.prefix_enabled {
             return 0;
         }
-        if let Some(sink) = self.sink.get() {
+        if origin == RecordOrigin::Local
+            && let Some(sink) = self.sink.get()
+        {
             sink.recorded(model, hashes, endpoint);
-        }
-        self.prefix.record(model, hashes, &endpoint.index)
-    }
-
-    /// Applies a record another replica made (same LRU semantics; not passed to the sink).
-    pub fn record_remote(&self, model: &str, hashes: &[BlockHash], endpoint: &Endpoint) -> usize {
-        if !self.prefix_enabled {
-            return 0;
         }
         self.prefix.record(model, hashes, &endpoint.index)
     }
