@@ -146,6 +146,8 @@ fn claim(router: &Router, entry: HttpAccessLogEntry) -> Claim {
                 .and_then(|r| r.response_code)
                 .map(|c| c.value),
             served: Served::at(router, address),
+            // The access log carries no response body: no engine report.
+            cached_tokens: None,
         }
     };
     finish_route(router, route, ending);

@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use crate::endpoints::Endpoint;
 use crate::pending::PendingRoute;
+use crate::prefix_index::ModelKey;
 use crate::routing::Router;
 use crate::scheduler::RecordOrigin;
 
@@ -46,10 +47,45 @@ impl Served {
 /// How a routed request ended.
 #[derive(Debug, Clone)]
 pub enum Ending {
-    /// The response ended normally with this status (None: no status seen).
-    Completed { status: Option<u32>, served: Served },
+    /// The response ended normally with this status (None: no status seen), and the
+    /// `cached_tokens` the engine reported in it, when the source saw the response body.
+    Completed {
+        status: Option<u32>,
+        served: Served,
+        cached_tokens: Option<u64>,
+    },
     /// It did not complete.
     Aborted,
+}
+
+/// Checks the engine's `cached_tokens` report against the blocks the pod was predicted to
+/// hold (affinity mode with `engineBudget`): when it reports under half of the prediction, the
+/// first block it missed and every entry older than it leave the pod's list, before the prompt
+/// is recorded again (the engine holds it now, having computed it).
+fn correct_estimate(router: &Router, route: &PendingRoute, pod: &Endpoint, reported: u64) {
+    let Some(a) = router.scheduler.affinity().filter(|a| a.engine_budget) else {
+        return;
+    };
+    let block = router.scheduler.prefix_cache().args().block_size_to_hash as u64;
+    let per_token = u64::from(a.bytes_per_token);
+    let predicted = route.predicted_blocks as u64 * block / per_token;
+    let m = &router.metrics.cached_tokens;
+    m.with_label_values(&["predicted"]).inc_by(predicted);
+    m.with_label_values(&["reported"]).inc_by(reported);
+    if reported.saturating_mul(2) >= predicted {
+        return;
+    }
+    let held = usize::try_from(reported * per_token / block).unwrap_or(usize::MAX);
+    let Some(&missing) = route.hashes.get(held) else {
+        return;
+    };
+    let dropped = router.scheduler.prefix_cache().index().drop_older(
+        &pod.index,
+        ModelKey::of(&route.model),
+        missing,
+    );
+    router.metrics.estimate_dropped.inc_by(dropped as u64);
+    tracing::debug!(pod = %pod.label, predicted, reported, dropped, "engine holds less than predicted");
 }
 
 /// How a decision-time record ended (`prefix_picker_tentative_records_total{outcome}`).
@@ -90,11 +126,20 @@ pub fn finish_route(router: &Router, mut route: PendingRoute, ending: Ending) {
             served: Served::Unknown,
             ..
         } => "unknown_pod",
-        Ending::Completed { served, .. } => {
+        Ending::Completed {
+            served,
+            cached_tokens,
+            ..
+        } => {
             let pod = match served {
                 Served::Pod(e) => e,
                 _ => route.guard.endpoint().clone(),
             };
+            if Arc::ptr_eq(&pod, route.guard.endpoint())
+                && let Some(reported) = cached_tokens
+            {
+                correct_estimate(router, &route, &pod, reported);
+            }
             router
                 .scheduler
                 .record(&route.model, &route.hashes, &pod, RecordOrigin::Local);

@@ -56,8 +56,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::cached_tokens::CachedTokensScan;
 use crate::completion::{Ending, Served, finish_route};
-use crate::endpoints::InflightGuard;
 use crate::pending::PendingRoute;
 use crate::routing::{RouteFailure, Routed, Router, parse_endpoint, parse_endpoint_list};
 
@@ -226,6 +226,9 @@ struct StreamState {
     status: Option<u32>,
     served: Served,
     completed: bool,
+    /// The engine's `cached_tokens` in the response body (affinity mode with `engineBudget`,
+    /// when this stream sees the response body).
+    usage: Option<CachedTokensScan>,
 }
 
 /// Counts an open stream in `prefix_picker_inflight_streams` until dropped.
@@ -246,6 +249,11 @@ impl Drop for OpenStream {
 
 impl StreamState {
     fn new(router: Arc<Router>) -> StreamState {
+        let usage = router
+            .scheduler
+            .affinity()
+            .filter(|a| a.engine_budget)
+            .map(|_| CachedTokensScan::default());
         StreamState {
             _open: OpenStream::new(&router.metrics.inflight_streams),
             router,
@@ -266,6 +274,7 @@ impl StreamState {
             status: None,
             served: Served::NotReported,
             completed: false,
+            usage,
         }
     }
 
@@ -485,12 +494,7 @@ impl StreamState {
     ///
     /// [`PendingRoutes`]: crate::pending::PendingRoutes
     fn keep_route(&mut self, routed: Routed) -> Option<String> {
-        let route = PendingRoute {
-            guard: InflightGuard::new(routed.decision.primary().clone(), &self.router.metrics),
-            model: routed.model,
-            hashes: routed.decision.hashes,
-            tentative: routed.tentative,
-        };
+        let route = PendingRoute::new(routed, &self.router.metrics);
         match (self.response_mode, &self.request_id) {
             (Some(BodyMode::None) | None, Some(id)) => Some(self.router.pending.insert(id, route)),
             _ => {
@@ -583,6 +587,9 @@ impl StreamState {
 
     fn on_response_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
         let eos = b.end_of_stream;
+        if let Some(scan) = &mut self.usage {
+            scan.feed(&b.body);
+        }
         let replies = if self.response_mode == Some(BodyMode::FullDuplex) {
             vec![reply(Out::ResponseBody(streamed_body(b.body, eos)))]
         } else {
@@ -622,6 +629,7 @@ impl StreamState {
             let ending = Ending::Completed {
                 status: self.status,
                 served: std::mem::replace(&mut self.served, Served::NotReported),
+                cached_tokens: self.usage.as_ref().and_then(CachedTokensScan::value),
             };
             finish_route(&self.router, route, ending);
         }

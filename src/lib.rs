@@ -6,6 +6,7 @@
 pub mod access_log;
 pub mod admin;
 pub mod bench;
+pub mod cached_tokens;
 pub mod completion;
 pub mod config;
 pub mod discovery;

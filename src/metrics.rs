@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
@@ -107,6 +107,8 @@ pub struct RouterMetrics {
     pub tentative: IntCounterVec,
     pub tentative_holds: IntGauge,
     pub pod_budget: IntGaugeVec,
+    pub cached_tokens: IntCounterVec,
+    pub estimate_dropped: IntCounter,
 }
 
 impl RouterMetrics {
@@ -229,6 +231,22 @@ impl RouterMetrics {
                  every second)",
             )
             .expect("valid metric"),
+            cached_tokens: IntCounterVec::new(
+                Opts::new(
+                    "prefix_picker_cached_tokens_total",
+                    "Affinity mode: prompt tokens the picker predicted the serving engine held \
+                     (source=predicted) and the engine reported as cached (source=reported), \
+                     over completions whose response carried usage.prompt_tokens_details",
+                ),
+                &["source"],
+            )
+            .expect("valid metric"),
+            estimate_dropped: IntCounter::new(
+                "prefix_picker_estimate_dropped_entries_total",
+                "Affinity mode: index entries dropped because an engine reported far fewer \
+                 cached tokens than predicted (the missing block and everything older)",
+            )
+            .expect("valid metric"),
             pod_budget: IntGaugeVec::new(
                 Opts::new(
                     "prefix_picker_pod_index_budget_entries",
@@ -239,6 +257,8 @@ impl RouterMetrics {
             )
             .expect("valid metric"),
         };
+        register(registry, m.cached_tokens.clone());
+        register(registry, m.estimate_dropped.clone());
         register(registry, m.tentative.clone());
         register(registry, m.tentative_holds.clone());
         register(registry, m.pod_budget.clone());

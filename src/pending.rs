@@ -21,6 +21,8 @@ use parking_lot::Mutex;
 
 use crate::endpoints::InflightGuard;
 use crate::hashing::BlockHash;
+use crate::metrics::RouterMetrics;
+use crate::routing::Routed;
 use crate::scheduler::TentativeHold;
 
 const SHARDS: usize = 16;
@@ -34,6 +36,25 @@ pub struct PendingRoute {
     pub guard: InflightGuard,
     /// The affinity mode's decision-time record, held until completion, rollback or expiry.
     pub tentative: Option<TentativeHold>,
+    /// Affinity mode: blocks the primary pick held at the decision ([`Decision`]), checked
+    /// against its engine's `cached_tokens` report.
+    ///
+    /// [`Decision`]: crate::scheduler::Decision
+    pub predicted_blocks: usize,
+}
+
+impl PendingRoute {
+    /// The ticket of a routed request: holds the primary pod's in-flight count (and, in the
+    /// affinity mode, the prompt) until the request ends.
+    pub fn new(routed: Routed, metrics: &RouterMetrics) -> PendingRoute {
+        PendingRoute {
+            guard: InflightGuard::new(routed.decision.primary().clone(), metrics),
+            predicted_blocks: routed.decision.predicted_blocks,
+            model: routed.model,
+            hashes: routed.decision.hashes,
+            tentative: routed.tentative,
+        }
+    }
 }
 
 /// What [`PendingRoutes::expire`] dropped.
@@ -131,6 +152,7 @@ mod tests {
             hashes: vec![BlockHash(tag)],
             guard: InflightGuard::new(pod.clone(), &router.metrics),
             tentative: None,
+            predicted_blocks: 0,
         };
         let pending = PendingRoutes::new(Duration::from_secs(60));
         assert_eq!(pending.insert("req", route(1)), "req");

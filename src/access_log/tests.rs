@@ -8,7 +8,6 @@ use envoy_types::pb::envoy::data::accesslog::v3::{
 use envoy_types::pb::google::protobuf::{UInt32Value, Value, value::Kind};
 
 use super::*;
-use crate::endpoints::InflightGuard;
 use crate::extproc::tests::{PORTS, addr, entries, router, total_entries};
 use crate::extproc::{LB_NAMESPACE, ROUTE_KEY, SERVED_KEY};
 use crate::pending::PendingRoute;
@@ -35,15 +34,9 @@ fn route_keyed(router: &Arc<Router>, id: &str, body: &[u8]) -> (SocketAddr, Stri
         .route("/v1/completions", Some(body), None, true)
         .expect("routed");
     let primary = routed.decision.primary().clone();
-    let key = router.pending.insert(
-        id,
-        PendingRoute {
-            guard: InflightGuard::new(primary.clone(), &router.metrics),
-            model: routed.model,
-            hashes: routed.decision.hashes,
-            tentative: routed.tentative,
-        },
-    );
+    let key = router
+        .pending
+        .insert(id, PendingRoute::new(routed, &router.metrics));
     (primary.spec.address, key)
 }
 

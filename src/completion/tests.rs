@@ -9,7 +9,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::config::Config;
-use crate::endpoints::{EndpointSpec, EngineStats, InflightGuard, PodId, Update};
+use crate::endpoints::{EndpointSpec, EngineStats, PodId, Update};
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
 use crate::pending::PendingRoutes;
 
@@ -68,12 +68,7 @@ fn route(router: &Router, body: &[u8]) -> PendingRoute {
     let routed = router
         .route("/v1/completions", Some(body), None, true)
         .expect("routed");
-    PendingRoute {
-        guard: InflightGuard::new(routed.decision.primary().clone(), &router.metrics),
-        model: routed.model,
-        hashes: routed.decision.hashes,
-        tentative: routed.tentative,
-    }
+    PendingRoute::new(routed, &router.metrics)
 }
 
 fn primary(route: &PendingRoute) -> SocketAddr {
@@ -84,6 +79,7 @@ fn ok(served: Served) -> Ending {
     Ending::Completed {
         status: Some(200),
         served,
+        cached_tokens: None,
     }
 }
 
@@ -136,11 +132,13 @@ fn a_failed_or_cut_request_leaves_nothing_behind() {
         Ending::Completed {
             status: Some(503),
             served: Served::NotReported,
+            cached_tokens: None,
         },
         Ending::Aborted,
         Ending::Completed {
             status: Some(200),
             served: Served::Unknown,
+            cached_tokens: None,
         },
     ]
     .into_iter()
@@ -273,7 +271,7 @@ proptest! {
                     let key = live.swap_remove(ticket % live.len());
                     let t = pending.take(&key).unwrap();
                     served_ok += usize::from(status == 200);
-                    finish_route(&router, t, Ending::Completed { status: Some(u32::from(status)), served: Served::NotReported });
+                    finish_route(&router, t, Ending::Completed { status: Some(u32::from(status)), served: Served::NotReported, cached_tokens: None });
                 }
                 Step::Abort { ticket } if !live.is_empty() => {
                     let key = live.swap_remove(ticket % live.len());
@@ -332,4 +330,83 @@ fn long_prompts_are_told_apart_past_8_kib() {
     let ka = route(&kthena, &body(&head, &"alpha ".repeat(300))).hashes;
     let kb = route(&kthena, &body(&head, &"omega ".repeat(300))).hashes;
     assert_eq!(ka, kb, "Kthena's 8 KiB coverage cannot tell them apart");
+}
+
+/// Routes to pod 0 only (a subset hint).
+fn route_to_first(router: &Router, body: &[u8]) -> PendingRoute {
+    let routed = router
+        .route("/v1/completions", Some(body), Some(&[addr(0)]), true)
+        .expect("routed");
+    PendingRoute::new(routed, &router.metrics)
+}
+
+fn reported(cached_tokens: u64) -> Ending {
+    Ending::Completed {
+        status: Some(200),
+        served: Served::NotReported,
+        cached_tokens: Some(cached_tokens),
+    }
+}
+
+#[test]
+fn an_engine_reporting_far_fewer_cached_tokens_loses_what_it_no_longer_holds() {
+    let router = affinity_router();
+    let index = router.scheduler.prefix_cache().index();
+    let pod = router
+        .endpoints
+        .snapshot()
+        .by_address(&addr(0))
+        .unwrap()
+        .clone();
+    let score = |b: &[u8]| {
+        let routed = router
+            .route("/v1/completions", Some(b), Some(&[addr(0)]), false)
+            .unwrap();
+        routed.decision.predicted_blocks
+    };
+    let (old, a, new) = (
+        body(&prefix(10), "old"),
+        body(&prefix(11), "a"),
+        body(&prefix(12), "new"),
+    );
+    for b in [&old, &a, &new] {
+        finish_route(&router, route_to_first(&router, b), ok(Served::NotReported));
+    }
+    assert!(score(&old) > 0 && score(&a) > 0 && score(&new) > 0);
+    // The engine confirms what was predicted: nothing changes.
+    let t = route_to_first(&router, &a);
+    let predicted = t.predicted_blocks as u64 * 256 / 4;
+    assert!(predicted > 0);
+    let before = index.pod_entries(pod.index.slot());
+    finish_route(&router, t, reported(predicted));
+    assert_eq!(index.pod_entries(pod.index.slot()), before);
+    assert_eq!(router.metrics.estimate_dropped.get(), 0);
+    // It reports nothing cached for `old` (its oldest prompt): it lost it, and nothing newer.
+    let t = route_to_first(&router, &old);
+    finish_route(&router, t, reported(0));
+    assert!(router.metrics.estimate_dropped.get() > 0);
+    assert!(score(&new) > 0 && score(&a) > 0, "newer prompts are kept");
+    assert!(
+        score(&old) > 0,
+        "and the prompt just served is recorded again"
+    );
+    // Recency is now old, a, new (a was served again before). The engine reports nothing
+    // cached for `a`: `a` and everything older (`new`) leave the list; `old` stays; `a` is
+    // recorded again. `new` no longer attracts requests to this pod.
+    let t = route_to_first(&router, &a);
+    finish_route(&router, t, reported(0));
+    assert_eq!(
+        score(&new),
+        0,
+        "an evicted prompt stops attracting requests"
+    );
+    assert!(score(&old) > 0 && score(&a) > 0);
+    assert_eq!(
+        router
+            .metrics
+            .cached_tokens
+            .with_label_values(&["reported"])
+            .get(),
+        predicted
+    );
 }

@@ -322,7 +322,7 @@ impl PrefixIndex {
         if state.removed {
             return Vec::new();
         }
-        if capacity >= state.lru.len() {
+        if capacity >= state.lru.slab_len() {
             state.lru.grow(capacity);
             return Vec::new();
         }
@@ -362,6 +362,62 @@ impl PrefixIndex {
         drop(state);
         self.models
             .keys(|key| evicted.iter().map(|&(m, n)| (key(m), n)).collect())
+    }
+
+    /// Removes `hashes` of `model` from one pod's list (the entries it holds; the others are
+    /// ignored): the engine reported that it no longer holds them. Returns how many it removed.
+    pub fn forget(&self, pod: &PodHandle, model: ModelKey, hashes: &[BlockHash]) -> usize {
+        let Some(model) = self.models.get(model) else {
+            return 0;
+        };
+        let slot = pod.slot();
+        let mut state = pod.0.state.lock();
+        if state.removed {
+            return 0;
+        }
+        let salt = model_salt(model, self.seed);
+        let mut removed = 0;
+        for h in hashes {
+            let key = Hashed::salted(Key { hash: h.0, model }, salt, self.seed);
+            let mut shard = self.shards[key.shard()].write();
+            if let Some(node) = shard.holder_node(key, slot) {
+                shard.remove(key, slot);
+                state.lru.remove(node);
+                removed += 1;
+            }
+        }
+        removed
+    }
+
+    /// Drops from one pod's list the entry `hash` of `model` and every entry less recent than
+    /// it: the engine reported that it no longer holds that block, so it holds nothing older
+    /// either (its cache is LRU too). Returns how many entries were dropped.
+    pub fn drop_older(&self, pod: &PodHandle, model: ModelKey, hash: BlockHash) -> usize {
+        let Some(model) = self.models.get(model) else {
+            return 0;
+        };
+        let slot = pod.slot();
+        let mut state = pod.0.state.lock();
+        if state.removed {
+            return 0;
+        }
+        let key = Hashed::new(
+            Key {
+                hash: hash.0,
+                model,
+            },
+            self.seed,
+        );
+        let Some(node) = self.shards[key.shard()].read().holder_node(key, slot) else {
+            return 0;
+        };
+        let older = state.lru.node_and_older(node);
+        for &(idx, k) in &older {
+            let key = Hashed::new(k, self.seed);
+            self.shards[key.shard()].write().remove(key, slot);
+            state.lru.remove(idx);
+        }
+        older.len()
     }
 
     /// One pod's list capacity (0 for an unknown pod).

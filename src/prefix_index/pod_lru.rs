@@ -38,6 +38,9 @@ pub struct PodLru {
     nodes: Vec<Node>,
     head: u32,
     tail: u32,
+    /// Nodes unlinked by [`PodLru::remove`], reused before the slab grows (empty unless the
+    /// affinity mode corrects its estimate from the engine's reports).
+    free: Vec<u32>,
 }
 
 impl PodLru {
@@ -51,18 +54,24 @@ impl PodLru {
             nodes: Vec::new(),
             head: NIL,
             tail: NIL,
+            free: Vec::new(),
         }
     }
 
     pub fn len(&self) -> usize {
-        self.nodes.len()
+        self.nodes.len() - self.free.len()
     }
 
     pub fn capacity(&self) -> usize {
         self.capacity
     }
 
-    /// Raises the capacity (never below the current length: shrinking means rebuilding).
+    /// Nodes allocated, held or free (a capacity below it needs a rebuild).
+    pub fn slab_len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Raises the capacity (never below the slab's length: shrinking means rebuilding).
     pub fn grow(&mut self, capacity: usize) {
         assert!(
             capacity >= self.nodes.len() && capacity < NIL as usize,
@@ -99,8 +108,35 @@ impl PodLru {
         }
     }
 
+    /// Node `idx` and every node less recent than it, with their keys.
+    pub fn node_and_older(&self, idx: u32) -> Vec<(u32, Key)> {
+        let mut out = Vec::new();
+        let mut i = idx;
+        while i != NIL {
+            out.push((i, self.key(i)));
+            i = self.nodes[i as usize].next;
+        }
+        out
+    }
+
+    /// Unlinks node `idx` (a node of this list) and keeps it for reuse.
+    pub fn remove(&mut self, idx: u32) {
+        self.unlink(idx);
+        self.free.push(idx);
+    }
+
     /// Adds `key` (not in the list) as the most recent entry, evicting the least recent if full.
     pub fn insert_front(&mut self, key: Key) -> Placed {
+        if let Some(idx) = self.free.pop() {
+            self.nodes[idx as usize] = Node {
+                hash: key.hash,
+                model: key.model,
+                prev: NIL,
+                next: NIL,
+            };
+            self.link_front(idx);
+            return Placed::Fresh(idx);
+        }
         if self.nodes.len() < self.capacity {
             if self.nodes.len() == self.nodes.capacity() {
                 let target = (self.nodes.len() * 2).max(16).min(self.capacity);
@@ -137,7 +173,12 @@ impl PodLru {
 
     /// Removes every entry, returning their keys (in no particular order).
     pub fn drain(&mut self) -> Vec<Key> {
-        let keys = (0..self.nodes.len() as u32).map(|i| self.key(i)).collect();
+        let keys = if self.free.is_empty() {
+            (0..self.nodes.len() as u32).map(|i| self.key(i)).collect()
+        } else {
+            self.keys_by_recency()
+        };
+        self.free = Vec::new();
         self.nodes = Vec::new();
         self.head = NIL;
         self.tail = NIL;

@@ -187,6 +187,11 @@ enum Op {
     Remove {
         pod: usize,
     },
+    Forget {
+        pod: usize,
+        model: u64,
+        hs: Vec<u64>,
+    },
     Query {
         model: u64,
         hs: Vec<u64>,
@@ -198,6 +203,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (0usize..4, 0u64..2, hs.clone()).prop_map(|(pod, model, hs)| Op::Record { pod, model, hs }),
         1 => (0usize..4).prop_map(|pod| Op::Remove { pod }),
+        2 => (0usize..4, 0u64..2, prop::collection::vec(0u64..12, 0..6)).prop_map(|(pod, model, hs)| Op::Forget { pod, model, hs }),
         3 => (0u64..2, hs).prop_map(|(model, hs)| Op::Query { model, hs }),
     ]
 }
@@ -224,6 +230,19 @@ proptest! {
                             prop_assert!(!index.pods_holding(ModelKey(m), BlockHash(h)).contains(&slots[pod]));
                         }
                     }
+                }
+                Op::Forget { pod, model, hs } => {
+                    let removed = index.forget(&handles[pod], ModelKey(model), &hashes(&hs));
+                    let mut want = 0;
+                    if let Some(list) = reference.pods[pod].as_mut() {
+                        for h in &hs {
+                            if let Some(pos) = list.iter().position(|&e| e == (model, *h)) {
+                                list.remove(pos);
+                                want += 1;
+                            }
+                        }
+                    }
+                    prop_assert_eq!(removed, want);
                 }
                 Op::Query { model, hs } => {
                     let got = index.longest_matches(ModelKey(model), &hashes(&hs), &slots, 4, rng);

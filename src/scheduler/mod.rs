@@ -130,6 +130,9 @@ pub struct Decision {
     pub prompt_bytes: usize,
     /// Why prefix-cache did not score, when it did not.
     pub unscored: Option<&'static str>,
+    /// Affinity mode: blocks of the prompt the primary pick holds in the index (what its
+    /// engine should report as cached).
+    pub predicted_blocks: usize,
 }
 
 impl Decision {
@@ -373,6 +376,7 @@ impl Scheduler {
             Some(s) if s.iter().any(|&x| x > 0) => DecisionReason::PrefixOverruled,
             Some(_) => DecisionReason::PrefixMiss,
         };
+        let mut predicted_blocks = 0;
         if let (Some(config), Some(scored)) = (&self.config.affinity, &affinity_scores) {
             // The affinity pick leads; the weighted order gives the fallbacks.
             let (primary, why) = self.affinity_pick(
@@ -386,6 +390,7 @@ impl Scheduler {
             order.retain(|&i| i != primary);
             order.insert(0, primary);
             reason = why.into();
+            predicted_blocks = scored.held_blocks[primary];
         }
         let ranked: Vec<Arc<Endpoint>> = order
             .iter()
@@ -401,6 +406,7 @@ impl Scheduler {
             hashes,
             prompt_bytes,
             unscored,
+            predicted_blocks,
         };
         if observe {
             self.metrics

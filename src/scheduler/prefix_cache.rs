@@ -162,6 +162,9 @@ pub struct PrefixScores {
     pub scores: Vec<u32>,
     pub matched_blocks: Vec<usize>,
     pub total_blocks: usize,
+    /// Affinity mode: the blocks each candidate holds in the index alone (no tentative holds),
+    /// the prediction the engine's `cached_tokens` report is checked against.
+    pub held_blocks: Vec<usize>,
 }
 
 impl PrefixCache {
@@ -223,6 +226,7 @@ impl PrefixCache {
             scores,
             matched_blocks: matched,
             total_blocks: total,
+            held_blocks: Vec::new(),
         })
     }
 
@@ -241,7 +245,8 @@ impl PrefixCache {
             return None;
         }
         let key = ModelKey::of(model);
-        let mut matched = self.index.chain_matches(key, hashes, candidates);
+        let held = self.index.chain_matches(key, hashes, candidates);
+        let mut matched = held.clone();
         tentative.extend_matches(key, hashes, candidates, &mut matched);
         let total = hashes.len();
         if observe {
@@ -255,6 +260,7 @@ impl PrefixCache {
             scores: matched.iter().map(|&m| percent(m, total)).collect(),
             matched_blocks: matched,
             total_blocks: total,
+            held_blocks: held,
         })
     }
 
