@@ -216,11 +216,22 @@ fn chart_router_configuration_is_a_valid_config_with_the_contract_keys() {
     .into();
     for (scenario, text) in &rendered {
         let docs = documents(text);
+        // Named after the release by default; "full" keeps Kthena's name through configMapName.
+        let name = match scenario.as_str() {
+            "full" => "kthena-router-config",
+            _ => "prefix-picker-config",
+        };
         let maps: Vec<&Value> = docs
             .iter()
-            .filter(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "kthena-router-config")
+            .filter(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == name)
             .collect();
         assert_eq!(maps.len(), 1, "{scenario}");
+        let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+        let volumes = deployment["spec"]["template"]["spec"]["volumes"]
+            .as_sequence()
+            .unwrap();
+        let config_volume = volumes.iter().find(|v| v["name"] == "config").unwrap();
+        assert_eq!(config_volume["configMap"]["name"], name, "{scenario}");
         let config_text = maps[0]["data"]["routerConfiguration"].as_str().unwrap();
         let config: Value = serde_yaml_ng::from_str(config_text).unwrap();
         // Kthena's Helm defaults, exactly as the source document (and deploy/local) has them.
