@@ -2,10 +2,16 @@
 //! by Helm's own Go SDK (PyPI `helm-python-sdk`), every manifest validated against the Kubernetes
 //! schemas and the CRD models (`deploy/tools/deploy_check.py`, tools in `.venv-deploy`, installed
 //! by `scripts/test`), the committed plain manifests compared with the chart, every Envoy config
-//! they carry validated by Envoy itself, the picker config they carry validated by the binary, and
-//! every metric the Grafana dashboard queries found in a real exposition after real traffic.
+//! they carry validated by Envoy itself, the picker config they carry validated by the binary,
+//! every metric the Grafana dashboard queries found in a real exposition after real traffic, and
+//! the container images run as the chart runs them (`image`).
 
+#[allow(dead_code)]
+#[path = "harness/fake_kube.rs"]
+mod fake_kube;
 mod harness;
+#[path = "deploy/image.rs"]
+mod image;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -111,6 +117,7 @@ fn every_manifest_passes_schema_validation_and_broken_ones_fail() {
         .map(|e| e.unwrap().path())
         .collect();
     good.extend(yaml_files("deploy/manifests"));
+    good.extend(yaml_files("deploy/kind"));
     good.extend(yaml_files("envoy/istio"));
     good.extend(yaml_files("envoy/envoy-gateway"));
     let bad_dir = tempfile::tempdir().unwrap();
