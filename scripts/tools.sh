@@ -13,8 +13,9 @@ ensure_envoy() {
   "$ENVOY_BIN" --version >/dev/null
 }
 
-# Installs deploy/tools/requirements.txt (Helm renderer, Kubernetes schemas) into .venv-deploy
-# (again when the requirements change) and exports DEPLOY_PYTHON. Fails when installing fails.
+# Installs deploy/tools/requirements.txt (Helm renderer, Kubernetes schemas, workflow schema check)
+# into .venv-deploy (again when the requirements change) and exports DEPLOY_PYTHON. Fails when
+# installing fails.
 ensure_deploy_tools() {
   local stamp=.venv-deploy/requirements.txt
   if [ ! -x .venv-deploy/bin/python ] || ! cmp -s deploy/tools/requirements.txt "$stamp"; then
@@ -26,7 +27,7 @@ ensure_deploy_tools() {
   fi
   DEPLOY_PYTHON="$PWD/.venv-deploy/bin/python"
   export DEPLOY_PYTHON
-  "$DEPLOY_PYTHON" -c "import helm_python, kubernetes_validate, cloudcoil.models.istio"
+  "$DEPLOY_PYTHON" -c "import helm_python, kubernetes_validate, cloudcoil.models.istio, check_jsonschema"
 }
 
 # Installs Debian packages with apt-get (as root, or through sudo). Fails when neither is there.

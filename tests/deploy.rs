@@ -3,8 +3,9 @@
 //! schemas and the CRD models (`deploy/tools/deploy_check.py`, tools in `.venv-deploy`, installed
 //! by `scripts/test`), the committed plain manifests compared with the chart, every Envoy config
 //! they carry validated by Envoy itself, the picker config they carry validated by the binary,
-//! every metric the Grafana dashboard queries found in a real exposition after real traffic, and
-//! the container images run as the chart runs them (`image`).
+//! every metric the Grafana dashboard queries found in a real exposition after real traffic, the
+//! CI workflows checked against the GitHub-workflow schema, and the container images run as the
+//! chart runs them (`image`).
 
 #[allow(dead_code)]
 #[path = "harness/fake_kube.rs"]
@@ -354,6 +355,47 @@ async fn chart_envoy_bootstrap_routes_through_the_picker() {
         .await
         .unwrap();
     assert_eq!(ready.status(), 200);
+}
+
+/// `.github/workflows/*.yml` against the GitHub-workflow schema (check-jsonschema's vendored copy
+/// of SchemaStore's, from `.venv-deploy`: no network); a misspelled key must fail it.
+#[test]
+fn workflows_pass_the_github_workflow_schema() {
+    let mut workflows: Vec<PathBuf> = std::fs::read_dir(root().join(".github/workflows"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yml" || e == "yaml"))
+        .collect();
+    workflows.sort();
+    assert!(!workflows.is_empty());
+    let check = |files: &[PathBuf]| {
+        Command::new(deploy_python())
+            .args([
+                "-m",
+                "check_jsonschema",
+                "--builtin-schema",
+                "vendor.github-workflows",
+            ])
+            .args(files)
+            .output()
+            .unwrap()
+    };
+    let out = check(&workflows);
+    assert!(out.status.success(), "{}", show(&out));
+    let bad = tempfile::tempdir().unwrap();
+    let path = bad.path().join("bad.yml");
+    std::fs::write(
+        &path,
+        "on: push\njobs:\n  x:\n    runs-on: ubuntu-24.04\n    step:\n      - run: echo\n",
+    )
+    .unwrap();
+    let out = check(&[path]);
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    assert!(
+        show(&out).contains("'step' was unexpected"),
+        "{}",
+        show(&out)
+    );
 }
 
 // ---------------------------------------------------------------- gateway examples
