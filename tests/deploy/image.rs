@@ -198,10 +198,9 @@ fn check_common(image: &Image, entrypoint: &str) {
         .collect();
     assert!(!image.rootfs().join("bin/sh").exists());
     assert!(
-        top.iter().all(
-            |f| ["etc", "home", "lib", "lib64", "usr"].contains(&f.as_str())
-                || f == entrypoint.trim_start_matches('/')
-        ),
+        top.iter()
+            .all(|f| ["etc", "lib", "lib64", "usr"].contains(&f.as_str())
+                || f == entrypoint.trim_start_matches('/')),
         "{top:?}"
     );
     check_dockerfile_stage(image, entrypoint.trim_start_matches('/'));
