@@ -1,15 +1,52 @@
-# prefix-picker image: `docker build -t prefix-picker:0.1.0 .` (the chart's default image).
-# Stage 1 builds the release binary with the locked dependencies; stage 2 is a distroless
-# runtime (glibc, CA certificates, no shell) running as the unprivileged user 65532.
-FROM rust:1.95-bookworm AS build
+# syntax=docker/dockerfile:1
+# The prefix-picker and model-sim images, for builders with a Docker daemon or BuildKit (CI:
+# .github/workflows/image.yml builds linux/amd64 and linux/arm64 and pushes to GHCR on tags):
+#
+#   docker build -t ghcr.io/prefix-picker/prefix-picker:0.1.0 .        (the last stage: default)
+#   docker build --target model-sim -t ghcr.io/prefix-picker/model-sim:0.1.0 .
+#
+# Without a daemon, scripts/image builds images with the same entrypoint, user, ports and command
+# from the host's cargo (FROM scratch plus the host's glibc); tests/deploy.rs runs those and checks
+# that this file's runtime stages say the same.
+#
+# Stage `deps` compiles the locked dependencies alone, against stub sources: its layer survives
+# any change under src/ (only Cargo.toml or Cargo.lock invalidate it). Stage `build` compiles the
+# sources on top. The runtime stages are distroless (glibc, CA certificates, no shell).
+FROM rust:1.95-bookworm AS deps
 WORKDIR /src
-COPY . .
-RUN cargo build --release --locked --bin prefix-picker \
- && cp target/release/prefix-picker /prefix-picker
+COPY Cargo.toml Cargo.lock ./
+# Stubs for every target the manifest names or the build asks for: the library, the two binaries
+# and the [[bench]].
+RUN mkdir -p src/bin benches \
+ && touch src/lib.rs \
+ && echo 'fn main() {}' > src/main.rs \
+ && echo 'fn main() {}' > src/bin/model-sim.rs \
+ && echo 'fn main() {}' > benches/core.rs \
+ && cargo build --release --locked --bin prefix-picker --bin model-sim \
+ && rm -rf src benches
 
-FROM gcr.io/distroless/cc-debian12:nonroot
-COPY --from=build /prefix-picker /usr/local/bin/prefix-picker
+FROM deps AS build
+COPY . .
+# COPY keeps the files' modification times, which may be older than the stubs' build: touch the
+# sources so cargo compiles them instead of reusing the stub crate.
+RUN find src benches -type f -exec touch {} + \
+ && cargo build --release --locked --bin prefix-picker --bin model-sim \
+ && mkdir /out \
+ && cp target/release/prefix-picker target/release/model-sim /out/ \
+ && strip /out/prefix-picker /out/model-sim
+
+FROM gcr.io/distroless/cc-debian12:nonroot AS model-sim
+LABEL org.opencontainers.image.title=model-sim org.opencontainers.image.licenses=Apache-2.0
+COPY --from=build /out/model-sim /model-sim
 USER 65532:65532
-EXPOSE 9002 9090
-ENTRYPOINT ["/usr/local/bin/prefix-picker"]
+EXPOSE 8000/tcp
+ENTRYPOINT ["/model-sim"]
+CMD ["--host=0.0.0.0"]
+
+FROM gcr.io/distroless/cc-debian12:nonroot AS prefix-picker
+LABEL org.opencontainers.image.title=prefix-picker org.opencontainers.image.licenses=Apache-2.0
+COPY --from=build /out/prefix-picker /prefix-picker
+USER 65532:65532
+EXPOSE 9002/tcp 9090/tcp
+ENTRYPOINT ["/prefix-picker"]
 CMD ["serve", "--config", "/etc/prefix-picker/routerConfiguration"]

@@ -13,8 +13,9 @@ ensure_envoy() {
   "$ENVOY_BIN" --version >/dev/null
 }
 
-# Installs deploy/tools/requirements.txt (Helm renderer, Kubernetes schemas) into .venv-deploy
-# (again when the requirements change) and exports DEPLOY_PYTHON. Fails when installing fails.
+# Installs deploy/tools/requirements.txt (Helm renderer, Kubernetes schemas, workflow schema check)
+# into .venv-deploy (again when the requirements change) and exports DEPLOY_PYTHON. Fails when
+# installing fails.
 ensure_deploy_tools() {
   local stamp=.venv-deploy/requirements.txt
   if [ ! -x .venv-deploy/bin/python ] || ! cmp -s deploy/tools/requirements.txt "$stamp"; then
@@ -26,20 +27,39 @@ ensure_deploy_tools() {
   fi
   DEPLOY_PYTHON="$PWD/.venv-deploy/bin/python"
   export DEPLOY_PYTHON
-  "$DEPLOY_PYTHON" -c "import helm_python, kubernetes_validate, cloudcoil.models.istio"
+  "$DEPLOY_PYTHON" -c "import helm_python, kubernetes_validate, cloudcoil.models.istio, check_jsonschema"
+}
+
+# Installs Debian packages with apt-get (as root, or through sudo). Fails when neither is there.
+apt_install() {
+  echo "installing $* (apt)" >&2
+  local sudo=""
+  if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null 2>&1 || { echo "$* missing and neither root nor sudo is available" >&2; return 1; }
+    sudo="sudo"
+  fi
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
 
 # Installs Debian's redis-server (the sync tests start their own) unless it is on PATH.
 ensure_redis() {
-  if ! command -v redis-server >/dev/null 2>&1; then
-    echo "installing redis-server (apt)" >&2
-    local sudo=""
-    if [ "$(id -u)" != 0 ]; then
-      command -v sudo >/dev/null 2>&1 || { echo "redis-server is missing and neither root nor sudo is available" >&2; return 1; }
-      sudo="sudo"
-    fi
-    $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
-  fi
+  command -v redis-server >/dev/null 2>&1 || apt_install redis-server
   redis-server --version >/dev/null
+}
+
+# Installs what scripts/image needs, from Debian, unless present: umoci (assembles OCI images as
+# plain files: no daemon, no containers-storage), skopeo (reads them back, as the tests do),
+# binutils (strip, readelf) and ca-certificates (the CA bundle copied into the images).
+ensure_image_tools() {
+  local missing=()
+  command -v umoci >/dev/null 2>&1 || missing+=(umoci)
+  command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
+  command -v strip >/dev/null 2>&1 && command -v readelf >/dev/null 2>&1 || missing+=(binutils)
+  [ -r /etc/ssl/certs/ca-certificates.crt ] || missing+=(ca-certificates)
+  if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
+  local tool
+  for tool in umoci skopeo strip readelf; do
+    command -v "$tool" >/dev/null 2>&1 || { echo "$tool is missing after installing ${missing[*]}" >&2; return 1; }
+  done
 }

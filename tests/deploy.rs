@@ -2,10 +2,17 @@
 //! by Helm's own Go SDK (PyPI `helm-python-sdk`), every manifest validated against the Kubernetes
 //! schemas and the CRD models (`deploy/tools/deploy_check.py`, tools in `.venv-deploy`, installed
 //! by `scripts/test`), the committed plain manifests compared with the chart, every Envoy config
-//! they carry validated by Envoy itself, the picker config they carry validated by the binary, and
-//! every metric the Grafana dashboard queries found in a real exposition after real traffic.
+//! they carry validated by Envoy itself, the picker config they carry validated by the binary,
+//! every metric the Grafana dashboard queries found in a real exposition after real traffic, the
+//! CI workflows checked against the GitHub-workflow schema, and the container images run as the
+//! chart runs them (`image`).
 
+#[allow(dead_code)]
+#[path = "harness/fake_kube.rs"]
+mod fake_kube;
 mod harness;
+#[path = "deploy/image.rs"]
+mod image;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -111,6 +118,7 @@ fn every_manifest_passes_schema_validation_and_broken_ones_fail() {
         .map(|e| e.unwrap().path())
         .collect();
     good.extend(yaml_files("deploy/manifests"));
+    good.extend(yaml_files("deploy/kind"));
     good.extend(yaml_files("envoy/istio"));
     good.extend(yaml_files("envoy/envoy-gateway"));
     let bad_dir = tempfile::tempdir().unwrap();
@@ -216,11 +224,22 @@ fn chart_router_configuration_is_a_valid_config_with_the_contract_keys() {
     .into();
     for (scenario, text) in &rendered {
         let docs = documents(text);
+        // Named after the release by default; "full" keeps Kthena's name through configMapName.
+        let name = match scenario.as_str() {
+            "full" => "kthena-router-config",
+            _ => "prefix-picker-config",
+        };
         let maps: Vec<&Value> = docs
             .iter()
-            .filter(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "kthena-router-config")
+            .filter(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == name)
             .collect();
         assert_eq!(maps.len(), 1, "{scenario}");
+        let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+        let volumes = deployment["spec"]["template"]["spec"]["volumes"]
+            .as_sequence()
+            .unwrap();
+        let config_volume = volumes.iter().find(|v| v["name"] == "config").unwrap();
+        assert_eq!(config_volume["configMap"]["name"], name, "{scenario}");
         let config_text = maps[0]["data"]["routerConfiguration"].as_str().unwrap();
         let config: Value = serde_yaml_ng::from_str(config_text).unwrap();
         // Kthena's Helm defaults, exactly as the source document (and deploy/local) has them.
@@ -336,6 +355,47 @@ async fn chart_envoy_bootstrap_routes_through_the_picker() {
         .await
         .unwrap();
     assert_eq!(ready.status(), 200);
+}
+
+/// `.github/workflows/*.yml` against the GitHub-workflow schema (check-jsonschema's vendored copy
+/// of SchemaStore's, from `.venv-deploy`: no network); a misspelled key must fail it.
+#[test]
+fn workflows_pass_the_github_workflow_schema() {
+    let mut workflows: Vec<PathBuf> = std::fs::read_dir(root().join(".github/workflows"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yml" || e == "yaml"))
+        .collect();
+    workflows.sort();
+    assert!(!workflows.is_empty());
+    let check = |files: &[PathBuf]| {
+        Command::new(deploy_python())
+            .args([
+                "-m",
+                "check_jsonschema",
+                "--builtin-schema",
+                "vendor.github-workflows",
+            ])
+            .args(files)
+            .output()
+            .unwrap()
+    };
+    let out = check(&workflows);
+    assert!(out.status.success(), "{}", show(&out));
+    let bad = tempfile::tempdir().unwrap();
+    let path = bad.path().join("bad.yml");
+    std::fs::write(
+        &path,
+        "on: push\njobs:\n  x:\n    runs-on: ubuntu-24.04\n    step:\n      - run: echo\n",
+    )
+    .unwrap();
+    let out = check(&[path]);
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    assert!(
+        show(&out).contains("'step' was unexpected"),
+        "{}",
+        show(&out)
+    );
 }
 
 // ---------------------------------------------------------------- gateway examples

@@ -56,6 +56,7 @@ SCENARIOS = {
         "podDisruptionBudget": {"enabled": True},
         "picker": {"env": [{"name": "RUST_LOG", "value": "info"}]},
         "extraConfig": {"auth": {}},
+        "configMapName": "kthena-router-config",
     },
 }
 

@@ -56,6 +56,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/* The picker's ConfigMap: configMapName, else "<fullname>-config". */}}
+{{- define "prefix-picker.configMapName" -}}
+{{- default (printf "%s-config" (include "prefix-picker.fullname" .)) .Values.configMapName }}
+{{- end }}
+
 {{- define "prefix-picker.modelsService" -}}
 {{- default (printf "%s-models" (include "prefix-picker.fullname" .)) .Values.modelServers.headlessService.name | trunc 63 | trimSuffix "-" }}
 {{- end }}
