@@ -18,7 +18,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::metrics::RouterMetrics;
 use crate::prefix_index::{PodHandle, PrefixIndex};
-use crate::scheduler::affinity::RecentPicks;
+use crate::scheduler::affinity::{RecentPicks, rendezvous_key};
 
 /// A pod's identity: `namespace/name`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -72,6 +72,8 @@ pub struct Endpoint {
     stats: RwLock<EngineStats>,
     /// Share of recent picks (the affinity mode's balance signal).
     pub recent: RecentPicks,
+    /// The pod's rendezvous identity, the same on every replica (the affinity mode's ties).
+    pub rendezvous: u64,
 }
 
 impl Endpoint {
@@ -217,6 +219,7 @@ impl Endpoints {
                     inflight: AtomicI64::new(0),
                     stats: RwLock::new(EngineStats::default()),
                     recent: RecentPicks::default(),
+                    rendezvous: rendezvous_key(&spec.address),
                     spec,
                 }),
             };

@@ -110,7 +110,7 @@ fn sixteen_concurrent_requests_of_a_new_prefix_land_on_one_pod() {
     }
     assert_eq!(tentative(&router, TentativeOutcome::Confirmed), 16);
     assert_eq!(holds(&router), 0);
-    assert_eq!(router.scheduler.tentative().entries(), 0);
+    assert_eq!(router.scheduler.tentative().blocks(), 0);
 }
 
 #[test]
@@ -148,7 +148,7 @@ fn a_failed_or_cut_request_leaves_nothing_behind() {
         assert_eq!(holds(&router), 1);
         finish_route(&router, t, ending);
         assert_eq!(holds(&router), 0);
-        assert_eq!(router.scheduler.tentative().entries(), 0);
+        assert_eq!(router.scheduler.tentative().blocks(), 0);
         assert_eq!(router.scheduler.prefix_cache().index().entries(), 0);
         assert_eq!(
             tentative(&router, TentativeOutcome::RolledBack),
@@ -187,7 +187,7 @@ fn an_expired_route_releases_its_hold() {
     let expired = pending.expire(Instant::now() + Duration::from_millis(1));
     assert_eq!((expired.routes, expired.tentative), (1, 1));
     assert_eq!(holds(&router), 0);
-    assert_eq!(router.scheduler.tentative().entries(), 0);
+    assert_eq!(router.scheduler.tentative().blocks(), 0);
 }
 
 #[test]
@@ -288,7 +288,7 @@ proptest! {
         }
         pending.expire(Instant::now() + Duration::from_secs(7200));
         prop_assert_eq!(holds(&router), 0);
-        prop_assert_eq!(router.scheduler.tentative().entries(), 0);
+        prop_assert_eq!(router.scheduler.tentative().blocks(), 0);
         if served_ok == 0 {
             prop_assert_eq!(router.scheduler.prefix_cache().index().entries(), 0);
         }

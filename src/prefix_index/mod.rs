@@ -55,7 +55,7 @@ mod tentative;
 #[cfg(test)]
 mod tests;
 
-pub use tentative::TentativeEntries;
+pub use tentative::{HoldId, TentativeEntries};
 
 use std::cell::RefCell;
 use std::collections::HashMap;

@@ -1,23 +1,24 @@
 //! Tentative entries: prompts picked for a pod and not yet completed (the affinity mode's
 //! decision-time records).
 //!
-//! They live beside the index, not in it: a pick adds its prompt's blocks here for the chosen
-//! pod, so the next request with that prefix sees them at once; the completion records the
-//! prompt in the index for the pod that served and removes them; a failure, abort or expiry only
-//! removes them. Kept apart, a rollback is exact (it takes away this request's hold and nothing
-//! else, even when other requests hold the same blocks), tentative entries cause no eviction,
-//! never reach the replicas (sync publishes index records only) and cost nothing when the mode is
-//! off. Each `(model, block)` key maps to its holders, a pod and a count of the requests holding
-//! it there; the whole set is bounded by the requests in flight.
+//! They live beside the index, not in it: a pick adds its prompt here for the chosen pod, so the
+//! next request with that prefix sees it at once; the completion records the prompt in the index
+//! for the pod that served and removes the hold; a failure, abort or expiry only removes it.
+//! Kept apart, a rollback is exact (it takes away this request's hold and nothing else, even when
+//! other requests hold the same blocks), holds cause no eviction, never reach the replicas (sync
+//! publishes index records only) and cost nothing when the mode is off. The set is bounded by the
+//! requests in flight.
 //!
-//! Lookups use the chain property: a hold covers every block of its prompt, and two chained
-//! prompts that share block `i` share every block before it, so the blocks a pod holds along any
-//! prompt form a prefix. The longest match per candidate is therefore found by bisection
-//! (`log2(blocks)` probes per distinct match length), not by a walk over every block.
+//! A hold is stored whole (the prompt's hash chain, shared), filed under its first block: two
+//! chained prompts share block `i` only if they share every block before it, so only holds
+//! filed under the query's first block can match it, and each one's common prefix with the query
+//! is found by bisection (`log2(blocks)` comparisons). Adding or removing a hold is one lock and
+//! one push or swap-remove, whatever the prompt's length.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -45,61 +46,81 @@ impl Hasher for KeyHasher {
     }
 }
 
-type Holders = Vec<(PodSlot, u32)>;
-type Shard = HashMap<(u64, u64), Holders, BuildHasherDefault<KeyHasher>>;
+/// One hold: a prompt's chain held for a pod.
+#[derive(Debug)]
+struct Held {
+    id: u64,
+    pod: PodSlot,
+    hashes: Arc<[BlockHash]>,
+}
+
+type Shard = HashMap<(u64, u64), Vec<Held>, BuildHasherDefault<KeyHasher>>;
 
 /// The tentative entries of every pod. All methods take `&self`.
 #[derive(Debug, Default)]
 pub struct TentativeEntries {
     shards: [Mutex<Shard>; SHARDS],
-    /// Holds in place (one per `add` not yet removed); scoring skips the table when 0.
+    /// Holds in place; scoring skips the table when 0.
     holds: AtomicUsize,
+    next_id: AtomicU64,
 }
 
-fn shard_of(model: ModelKey, hash: BlockHash) -> usize {
-    let x = (model.0 ^ hash.0).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+/// What [`TentativeEntries::add`] filed, to remove it again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HoldId {
+    model: ModelKey,
+    first: BlockHash,
+    id: u64,
+}
+
+fn shard_of(model: ModelKey, first: BlockHash) -> usize {
+    let x = (model.0 ^ first.0).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     (x >> 60) as usize & (SHARDS - 1)
 }
 
+/// Blocks `a` and `b` share from the start (both chains: equal at `i` means equal before it).
+fn common_prefix(a: &[BlockHash], b: &[BlockHash]) -> usize {
+    let (mut lo, mut hi) = (0, a.len().min(b.len()));
+    // Invariant: the first `lo` blocks are shared; block `hi` (if any) is not known to be.
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if a[mid - 1] == b[mid - 1] {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
+}
+
 impl TentativeEntries {
-    /// Adds a hold of every block of `hashes` for `pod`.
-    pub fn add(&self, model: ModelKey, hashes: &[BlockHash], pod: PodSlot) {
-        if hashes.is_empty() {
-            return;
-        }
-        for &h in hashes {
-            let mut shard = self.shards[shard_of(model, h)].lock();
-            let holders = shard.entry((model.0, h.0)).or_default();
-            match holders.iter_mut().find(|(p, _)| *p == pod) {
-                Some((_, n)) => *n += 1,
-                None => holders.push((pod, 1)),
-            }
-        }
+    /// Holds the chain `hashes` (non-empty) for `pod`.
+    pub fn add(&self, model: ModelKey, hashes: Arc<[BlockHash]>, pod: PodSlot) -> Option<HoldId> {
+        let first = *hashes.first()?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.shards[shard_of(model, first)]
+            .lock()
+            .entry((model.0, first.0))
+            .or_default()
+            .push(Held { id, pod, hashes });
         self.holds.fetch_add(1, Ordering::Relaxed);
+        Some(HoldId { model, first, id })
     }
 
-    /// Removes one hold that [`TentativeEntries::add`] made with the same arguments.
-    pub fn remove(&self, model: ModelKey, hashes: &[BlockHash], pod: PodSlot) {
-        if hashes.is_empty() {
+    /// Removes the hold [`TentativeEntries::add`] returned.
+    pub fn remove(&self, hold: HoldId) {
+        let key = (hold.model.0, hold.first.0);
+        let mut shard = self.shards[shard_of(hold.model, hold.first)].lock();
+        let Some(list) = shard.get_mut(&key) else {
             return;
+        };
+        if let Some(i) = list.iter().position(|h| h.id == hold.id) {
+            list.swap_remove(i);
+            self.holds.fetch_sub(1, Ordering::Relaxed);
         }
-        for &h in hashes {
-            let mut shard = self.shards[shard_of(model, h)].lock();
-            let key = (model.0, h.0);
-            let Some(holders) = shard.get_mut(&key) else {
-                continue;
-            };
-            if let Some(i) = holders.iter().position(|(p, _)| *p == pod) {
-                holders[i].1 -= 1;
-                if holders[i].1 == 0 {
-                    holders.swap_remove(i);
-                }
-            }
-            if holders.is_empty() {
-                shard.remove(&key);
-            }
+        if list.is_empty() {
+            shard.remove(&key);
         }
-        self.holds.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Holds in place.
@@ -107,11 +128,17 @@ impl TentativeEntries {
         self.holds.load(Ordering::Relaxed)
     }
 
-    /// Distinct `(model, block, pod)` entries (for tests and inspection).
-    pub fn entries(&self) -> usize {
+    /// Blocks held, summed over the holds (for tests and inspection).
+    pub fn blocks(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.lock().values().map(Vec::len).sum::<usize>())
+            .map(|s| {
+                s.lock()
+                    .values()
+                    .flatten()
+                    .map(|h| h.hashes.len())
+                    .sum::<usize>()
+            })
             .sum()
     }
 
@@ -123,53 +150,24 @@ impl TentativeEntries {
         candidates: &[PodSlot],
         matched: &mut [usize],
     ) {
-        if self.holds() == 0 || hashes.is_empty() {
+        let Some(&first) = hashes.first() else {
+            return;
+        };
+        if self.holds() == 0 {
             return;
         }
-        let mut holding = Vec::new();
-        self.probe(model, hashes[0], candidates, &mut holding);
-        if holding.is_empty() {
+        let shard = self.shards[shard_of(model, first)].lock();
+        let Some(list) = shard.get(&(model.0, first.0)) else {
             return;
-        }
-        // (lo, hi, pods): every pod holds block lo; none is known to hold block hi.
-        let mut work = vec![(0usize, hashes.len(), holding)];
-        let mut found = Vec::new();
-        while let Some((lo, hi, pods)) = work.pop() {
-            if hi - lo == 1 {
-                for ci in pods {
-                    matched[ci] = matched[ci].max(lo + 1);
-                }
+        };
+        for held in list {
+            let Some(ci) = candidates.iter().position(|&c| c == held.pod) else {
+                continue;
+            };
+            if matched[ci] >= held.hashes.len().min(hashes.len()) {
                 continue;
             }
-            let mid = lo + (hi - lo) / 2;
-            found.clear();
-            self.probe(model, hashes[mid], candidates, &mut found);
-            let (deeper, shallower): (Vec<usize>, Vec<usize>) =
-                pods.into_iter().partition(|ci| found.contains(ci));
-            if !shallower.is_empty() {
-                work.push((lo, mid, shallower));
-            }
-            if !deeper.is_empty() {
-                work.push((mid, hi, deeper));
-            }
-        }
-    }
-
-    /// Appends the positions of the candidates holding `hash` to `out`.
-    fn probe(
-        &self,
-        model: ModelKey,
-        hash: BlockHash,
-        candidates: &[PodSlot],
-        out: &mut Vec<usize>,
-    ) {
-        let shard = self.shards[shard_of(model, hash)].lock();
-        if let Some(holders) = shard.get(&(model.0, hash.0)) {
-            for (pod, _) in holders {
-                if let Some(ci) = candidates.iter().position(|c| c == pod) {
-                    out.push(ci);
-                }
-            }
+            matched[ci] = matched[ci].max(common_prefix(&held.hashes, hashes));
         }
     }
 }
@@ -193,8 +191,8 @@ mod tests {
         let m = ModelKey::of("m");
         let pods = [PodSlot(0), PodSlot(1), PodSlot(2)];
         // Pod 0 holds 3 blocks of the query, pod 1 holds 7, pod 2 none.
-        t.add(m, &chain("aaaabbbbccccXXXX"), pods[0]);
-        t.add(m, &chain("aaaabbbbccccddddeeeeffffggggYYYY"), pods[1]);
+        t.add(m, chain("aaaabbbbccccXXXX").into(), pods[0]);
+        t.add(m, chain("aaaabbbbccccddddeeeeffffggggYYYY").into(), pods[1]);
         let query = chain("aaaabbbbccccddddeeeeffffgggghhhh");
         let mut matched = vec![0; 3];
         t.extend_matches(m, &query, &pods, &mut matched);
@@ -209,28 +207,43 @@ mod tests {
     fn a_removed_hold_leaves_other_holds_of_the_same_blocks() {
         let t = TentativeEntries::default();
         let m = ModelKey::of("m");
-        let p = chain("aaaabbbbcccc");
-        t.add(m, &p, PodSlot(4));
-        t.add(m, &p, PodSlot(4));
-        t.add(m, &p, PodSlot(5));
-        assert_eq!((t.holds(), t.entries()), (3, 6));
-        t.remove(m, &p, PodSlot(4));
+        let p: Arc<[BlockHash]> = chain("aaaabbbbcccc").into();
+        let a = t.add(m, p.clone(), PodSlot(4)).unwrap();
+        let b = t.add(m, p.clone(), PodSlot(4)).unwrap();
+        let c = t.add(m, p.clone(), PodSlot(5)).unwrap();
+        assert_eq!((t.holds(), t.blocks()), (3, 9));
+        t.remove(a);
         let mut matched = vec![0, 0];
         t.extend_matches(m, &p, &[PodSlot(4), PodSlot(5)], &mut matched);
         assert_eq!(matched, [3, 3]);
-        t.remove(m, &p, PodSlot(4));
-        t.remove(m, &p, PodSlot(5));
-        assert_eq!((t.holds(), t.entries()), (0, 0));
+        t.remove(b);
+        t.remove(c);
+        t.remove(c);
+        assert_eq!((t.holds(), t.blocks()), (0, 0));
         let mut matched = vec![0, 0];
         t.extend_matches(m, &p, &[PodSlot(4), PodSlot(5)], &mut matched);
         assert_eq!(matched, [0, 0]);
     }
 
     #[test]
+    fn common_prefix_of_chains() {
+        let a = chain("aaaabbbbccccdddd");
+        for (other, want) in [
+            ("aaaabbbbccccdddd", 4),
+            ("aaaabbbbXXXX", 2),
+            ("Xaaa", 0),
+            ("aaaabbbbccccddddeeee", 4),
+            ("", 0),
+        ] {
+            assert_eq!(common_prefix(&a, &chain(other)), want, "{other}");
+        }
+    }
+
+    #[test]
     fn models_do_not_share_holds() {
         let t = TentativeEntries::default();
         let p = chain("aaaabbbb");
-        t.add(ModelKey::of("m"), &p, PodSlot(0));
+        t.add(ModelKey::of("m"), p.clone().into(), PodSlot(0));
         let mut matched = vec![0];
         t.extend_matches(ModelKey::of("other"), &p, &[PodSlot(0)], &mut matched);
         assert_eq!(matched, [0]);

@@ -29,7 +29,7 @@ use crate::config::{FilterKind, SchedulerConfig, ScorerKind};
 use crate::endpoints::{Endpoint, EndpointSet};
 use crate::hashing::BlockHash;
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
-use crate::prefix_index::{ModelKey, TentativeEntries};
+use crate::prefix_index::{HoldId, ModelKey, TentativeEntries};
 use affinity::{AffinityConfig, AffinityReason, PodLoad};
 use prefix_cache::PrefixCache;
 
@@ -297,16 +297,28 @@ impl Scheduler {
         let mut rng = SmallRng::seed_from_u64(self.seed ^ n.wrapping_mul(0xA076_1D64_78BD_642F));
         let mut hashes = Vec::new();
         let mut unscored = None;
-        // Affinity mode: every candidate's longest match (index and tentative), up front.
-        let mut affinity_scores = None;
-        if self.config.affinity.is_some()
-            && let Ok(prompt) = request.prompt
-        {
+        // Affinity mode: the pick from every candidate's longest match (index and tentative).
+        if let (Some(config), Ok(prompt)) = (&self.config.affinity, request.prompt) {
             hashes = self.prefix.hash(model, prompt.as_bytes());
             let slots: Vec<_> = candidates.iter().map(|e| e.index.slot()).collect();
-            affinity_scores =
+            if let Some(scored) =
                 self.prefix
-                    .score_chained(model, &hashes, &slots, &self.tentative, observe);
+                    .score_chained(model, &hashes, &slots, &self.tentative, observe)
+            {
+                let decision = self.affinity_decision(
+                    config,
+                    candidates,
+                    scored,
+                    hashes,
+                    prompt.len(),
+                    &mut rng,
+                    observe,
+                );
+                if observe {
+                    self.observe_decision(&decision, started);
+                }
+                return Ok(decision);
+            }
         }
         let prompt_bytes = request.prompt.map_or(0, str::len);
         let mut plugins = Vec::with_capacity(self.config.scorers.len());
@@ -318,12 +330,6 @@ impl Scheduler {
                     Err(reason) => {
                         unscored = Some(reason);
                         None
-                    }
-                    Ok(_) if self.config.affinity.is_some() => {
-                        if affinity_scores.is_none() {
-                            unscored = Some("empty_prompt");
-                        }
-                        affinity_scores.as_ref().map(|s| s.scores.clone())
                     }
                     Ok(prompt) => {
                         hashes = self.prefix.hash(model, prompt.as_bytes());
@@ -370,28 +376,12 @@ impl Scheduler {
             .iter()
             .find(|p| p.plugin == ScorerKind::PrefixCache.as_str())
             .and_then(|p| p.scores.as_ref());
-        let mut reason = match prefix_scores {
+        let reason = match prefix_scores {
             None => DecisionReason::Unscored,
             Some(s) if s[order[0]] > 0 => DecisionReason::PrefixHit,
             Some(s) if s.iter().any(|&x| x > 0) => DecisionReason::PrefixOverruled,
             Some(_) => DecisionReason::PrefixMiss,
         };
-        let mut predicted_blocks = 0;
-        if let (Some(config), Some(scored)) = (&self.config.affinity, &affinity_scores) {
-            // The affinity pick leads; the weighted order gives the fallbacks.
-            let (primary, why) = self.affinity_pick(
-                config,
-                &candidates,
-                &scored.matched_blocks,
-                &hashes,
-                &mut rng,
-                observe,
-            );
-            order.retain(|&i| i != primary);
-            order.insert(0, primary);
-            reason = why.into();
-            predicted_blocks = scored.held_blocks[primary];
-        }
         let ranked: Vec<Arc<Endpoint>> = order
             .iter()
             .take(self.max_endpoints)
@@ -406,22 +396,90 @@ impl Scheduler {
             hashes,
             prompt_bytes,
             unscored,
-            predicted_blocks,
+            predicted_blocks: 0,
         };
         if observe {
-            self.metrics
-                .decisions
-                .with_label_values(&[reason.as_str()])
-                .inc();
-            if let Some(u) = unscored {
-                self.metrics.unscored.with_label_values(&[u]).inc();
-            }
-            self.metrics
-                .decision_duration
-                .observe(started.elapsed().as_secs_f64());
-            log_scores(&decision);
+            self.observe_decision(&decision, started);
         }
         Ok(decision)
+    }
+
+    /// Counts a decision (reason, unscored reason, duration) and writes Kthena's score lines.
+    fn observe_decision(&self, decision: &Decision, started: Instant) {
+        self.metrics
+            .decisions
+            .with_label_values(&[decision.reason.as_str()])
+            .inc();
+        if let Some(u) = decision.unscored {
+            self.metrics.unscored.with_label_values(&[u]).inc();
+        }
+        self.metrics
+            .decision_duration
+            .observe(started.elapsed().as_secs_f64());
+        log_scores(decision);
+    }
+
+    /// The affinity mode's decision: its pick first, then the other candidates by longest
+    /// match and load. The weighted load plugins are not scored (the mode replaces their sum);
+    /// the score lines show prefix-cache's percentages.
+    #[expect(clippy::too_many_arguments, reason = "the parts of one decision")]
+    fn affinity_decision(
+        &self,
+        config: &AffinityConfig,
+        candidates: Vec<Arc<Endpoint>>,
+        scored: prefix_cache::PrefixScores,
+        hashes: Vec<BlockHash>,
+        prompt_bytes: usize,
+        rng: &mut SmallRng,
+        observe: bool,
+    ) -> Decision {
+        let (primary, why) = self.affinity_pick(
+            config,
+            &candidates,
+            &scored.matched_blocks,
+            &hashes,
+            rng,
+            observe,
+        );
+        let load = |i: usize| candidates[i].inflight() as f64 + candidates[i].stats().waiting;
+        let mut order: Vec<usize> = (0..candidates.len()).filter(|&i| i != primary).collect();
+        order.sort_by(|&a, &b| {
+            scored.matched_blocks[b]
+                .cmp(&scored.matched_blocks[a])
+                .then(load(a).total_cmp(&load(b)))
+        });
+        order.insert(0, primary);
+        let ranked = order
+            .iter()
+            .take(self.max_endpoints)
+            .map(|&i| candidates[i].clone())
+            .collect();
+        let weight = self
+            .config
+            .scorers
+            .iter()
+            .find(|(k, _)| *k == ScorerKind::PrefixCache)
+            .map_or(1, |&(_, w)| w);
+        let totals = scored
+            .scores
+            .iter()
+            .map(|&s| u64::from(s) * u64::from(weight))
+            .collect();
+        Decision {
+            candidates,
+            plugins: vec![PluginScores {
+                plugin: ScorerKind::PrefixCache.as_str(),
+                weight,
+                scores: Some(scored.scores),
+            }],
+            totals,
+            ranked,
+            reason: why.into(),
+            predicted_blocks: scored.held_blocks[primary],
+            hashes,
+            prompt_bytes,
+            unscored: None,
+        }
     }
 
     /// The affinity mode's pick among `candidates` ([`affinity::pick`]); counts it in the
@@ -440,7 +498,7 @@ impl Scheduler {
         let loads: Vec<PodLoad> = candidates
             .iter()
             .map(|e| PodLoad {
-                key: affinity::rendezvous_key(&e.spec.address),
+                key: e.rendezvous,
                 inflight: e.inflight(),
                 waiting: e.stats().waiting,
                 share: e.recent.share(now, keep),
@@ -466,14 +524,15 @@ impl Scheduler {
         if !config.tentative || hashes.is_empty() {
             return None;
         }
-        let hold = TentativeHold {
+        let pod = endpoint.index.slot();
+        let id = self
+            .tentative
+            .add(ModelKey::of(model), hashes.into(), pod)?;
+        Some(TentativeHold {
             entries: self.tentative.clone(),
-            model: ModelKey::of(model),
-            pod: endpoint.index.slot(),
-            hashes: hashes.into(),
-        };
-        self.tentative.add(hold.model, hashes, hold.pod);
-        Some(hold)
+            id,
+            pod,
+        })
     }
 
     /// Records a served request's prompt for the pod that served it: the one record path,
@@ -515,9 +574,8 @@ impl Scheduler {
 #[derive(Debug)]
 pub struct TentativeHold {
     entries: Arc<TentativeEntries>,
-    model: ModelKey,
+    id: HoldId,
     pod: crate::prefix_index::PodSlot,
-    hashes: Box<[BlockHash]>,
 }
 
 impl TentativeHold {
@@ -529,7 +587,7 @@ impl TentativeHold {
 
 impl Drop for TentativeHold {
     fn drop(&mut self) {
-        self.entries.remove(self.model, &self.hashes, self.pod);
+        self.entries.remove(self.id);
     }
 }
 
