@@ -791,12 +791,16 @@ impl PrefixIndex {
         if holding.is_empty() {
             return matched;
         }
-        // (lo, hi, candidates): each holds block lo; none is known to hold block hi.
-        let mut work = vec![(0usize, hashes.len(), holding)];
+        // (lo, hi, start, end): the candidates holding[start..end] each hold block lo; none is
+        // known to hold block hi. Groups are split in place (those holding mid moved first).
+        let mut work = vec![(0usize, hashes.len(), 0usize, holding.len())];
         let mut found = Vec::new();
-        while let Some((lo, hi, group)) = work.pop() {
+        // seen[ci] == probe number: candidate ci holds the probed block.
+        let mut seen = vec![0u32; candidates.len()];
+        let mut probes = 0u32;
+        while let Some((lo, hi, start, end)) = work.pop() {
             if hi - lo == 1 {
-                for ci in group {
+                for &ci in &holding[start..end] {
                     matched[ci] = lo + 1;
                 }
                 continue;
@@ -804,13 +808,22 @@ impl PrefixIndex {
             let mid = lo + (hi - lo) / 2;
             found.clear();
             probe(mid, &mut found, &mut pods);
-            let (deeper, shallower): (Vec<usize>, Vec<usize>) =
-                group.into_iter().partition(|ci| found.contains(ci));
-            if !shallower.is_empty() {
-                work.push((lo, mid, shallower));
+            probes += 1;
+            for &ci in &found {
+                seen[ci] = probes;
             }
-            if !deeper.is_empty() {
-                work.push((mid, hi, deeper));
+            let mut split = start;
+            for j in start..end {
+                if seen[holding[j]] == probes {
+                    holding.swap(split, j);
+                    split += 1;
+                }
+            }
+            if split < end {
+                work.push((lo, mid, split, end));
+            }
+            if split > start {
+                work.push((mid, hi, start, split));
             }
         }
         matched

@@ -441,18 +441,23 @@ impl Scheduler {
             rng,
             observe,
         );
-        let load = |i: usize| candidates[i].inflight() as f64 + candidates[i].stats().waiting;
-        let mut order: Vec<usize> = (0..candidates.len()).filter(|&i| i != primary).collect();
-        order.sort_by(|&a, &b| {
-            scored.matched_blocks[b]
-                .cmp(&scored.matched_blocks[a])
-                .then(load(a).total_cmp(&load(b)))
-        });
-        order.insert(0, primary);
-        let ranked = order
-            .iter()
-            .take(self.max_endpoints)
-            .map(|&i| candidates[i].clone())
+        // Fallbacks: longest match first, then least loaded (only the few kept are sorted).
+        let mut rest: Vec<(std::cmp::Reverse<usize>, i64, usize)> = (0..candidates.len())
+            .filter(|&i| i != primary)
+            .map(|i| {
+                let load = candidates[i].inflight() + candidates[i].stats().waiting as i64;
+                (std::cmp::Reverse(scored.matched_blocks[i]), load, i)
+            })
+            .collect();
+        let keep = (self.max_endpoints - 1).min(rest.len());
+        if keep > 0 && keep < rest.len() {
+            rest.select_nth_unstable(keep - 1);
+        }
+        rest.truncate(keep);
+        rest.sort_unstable();
+        let ranked = std::iter::once(primary)
+            .chain(rest.iter().map(|&(_, _, i)| i))
+            .map(|i| candidates[i].clone())
             .collect();
         let weight = self
             .config
