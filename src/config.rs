@@ -37,6 +37,7 @@ use serde_yaml_ng::{Mapping, Value as Yaml};
 use thiserror::Error;
 
 use crate::discovery::{DiscoveryConfig, DiscoveryError};
+use crate::hashing::ChainScheme;
 use crate::scheduler::affinity::AffinityConfig;
 use crate::scheduler::prefix_cache::PrefixCacheArgs;
 use crate::tls::TlsConfig;
@@ -140,11 +141,20 @@ impl SchedulerConfig {
         }
     }
 
+    /// How prompts are chained: seeded XXH3 for the affinity mode's long prompts, else Kthena's.
+    pub fn chain_scheme(&self) -> ChainScheme {
+        match self.affinity {
+            Some(a) if a.long_prompts => ChainScheme::Seeded,
+            _ => ChainScheme::Kthena,
+        }
+    }
+
     /// One line naming the effective routing mode (for `validate` and the start-up log).
     pub fn mode_summary(&self) -> String {
         let p = &self.prefix_cache;
         let chain = format!(
-            "{} blocks of {} bytes ({} KiB), {} entries per pod",
+            "{} chain of {} blocks of {} bytes ({} KiB), {} entries per pod",
+            self.chain_scheme().as_str(),
             p.max_blocks_to_match,
             p.block_size_to_hash,
             p.max_blocks_to_match * p.block_size_to_hash / 1024,

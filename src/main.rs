@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use prefix_picker::config::Config;
-use prefix_picker::hashing::BlockChain;
+use prefix_picker::hashing::{BlockChain, ChainScheme};
 use prefix_picker::request::InferenceRequest;
 
 #[derive(Debug, Parser)]
@@ -128,11 +128,13 @@ fn main() -> ExitCode {
             config,
             file,
         } => {
+            let mut scheme = ChainScheme::Kthena;
             if let Some(path) = config {
                 match Config::load(&path) {
                     Ok(c) => {
                         block_size = c.scheduler.prefix_cache.block_size_to_hash;
                         max_blocks = c.scheduler.prefix_cache.max_blocks_to_match;
+                        scheme = c.scheduler.chain_scheme();
                     }
                     Err(errors) => {
                         for e in &errors.0 {
@@ -158,7 +160,9 @@ fn main() -> ExitCode {
                 max_blocks,
             };
             let mut out = std::io::stdout().lock();
-            for h in chain.hash(&model, &prompt) {
+            let mut hashes = Vec::new();
+            chain.hash_with(scheme, &model, &prompt, &mut hashes);
+            for h in hashes {
                 if writeln!(out, "{}", h.0).is_err() {
                     return ExitCode::from(1);
                 }

@@ -147,6 +147,7 @@ pub async fn run(
     let params = HashParams {
         block_size_to_hash: 64,
         max_blocks_to_match: 128,
+        scheme: crate::hashing::ChainScheme::Kthena,
     };
     let mut rng = SmallRng::seed_from_u64(7);
     let systems: Vec<Vec<BlockHash>> = (0..8)

@@ -204,7 +204,8 @@ impl Scheduler {
                 .iter()
                 .any(|(k, _)| *k == ScorerKind::PrefixCache);
         Scheduler {
-            prefix: PrefixCache::new(config.prefix_cache, seed, prefix_metrics),
+            prefix: PrefixCache::new(config.prefix_cache, seed, prefix_metrics)
+                .with_scheme(config.chain_scheme()),
             prefix_enabled,
             config,
             max_endpoints: max_endpoints.clamp(1, 5),

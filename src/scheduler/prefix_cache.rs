@@ -21,7 +21,7 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use serde_yaml_ng::Value as Yaml;
 
-use crate::hashing::{BlockChain, BlockHash};
+use crate::hashing::{BlockChain, BlockHash, ChainScheme};
 use crate::metrics::PrefixCacheMetrics;
 use crate::prefix_index::{ModelKey, PodHandle, PodSlot, PrefixIndex, TentativeEntries};
 
@@ -150,6 +150,7 @@ fn integral(v: &Yaml) -> Result<Option<i64>, ()> {
 pub struct PrefixCache {
     args: PrefixCacheArgs,
     chain: BlockChain,
+    scheme: ChainScheme,
     index: Arc<PrefixIndex>,
     seed: u64,
     scorings: AtomicU64,
@@ -172,6 +173,7 @@ impl PrefixCache {
         PrefixCache {
             args,
             chain: args.chain(),
+            scheme: ChainScheme::Kthena,
             index: Arc::new(PrefixIndex::new(args.max_hash_cache_size)),
             seed,
             scorings: AtomicU64::new(0),
@@ -183,13 +185,25 @@ impl PrefixCache {
         self.args
     }
 
+    /// The same plugin hashing with `scheme` (the affinity mode's long prompts: seeded).
+    pub fn with_scheme(mut self, scheme: ChainScheme) -> PrefixCache {
+        self.scheme = scheme;
+        self
+    }
+
+    pub fn scheme(&self) -> ChainScheme {
+        self.scheme
+    }
+
     pub fn index(&self) -> &Arc<PrefixIndex> {
         &self.index
     }
 
     /// The block hashes of a prompt for a model.
     pub fn hash(&self, model: &str, prompt: &[u8]) -> Vec<BlockHash> {
-        self.chain.hash(model, prompt)
+        let mut out = Vec::new();
+        self.chain.hash_with(self.scheme, model, prompt, &mut out);
+        out
     }
 
     /// Scores candidates; `None` for an empty hash list (the plugin returns no scores).

@@ -93,6 +93,7 @@ pub fn hash_params(router: &Router) -> HashParams {
     HashParams {
         block_size_to_hash: args.block_size_to_hash as u32,
         max_blocks_to_match: args.max_blocks_to_match as u32,
+        scheme: router.scheduler.prefix_cache().scheme(),
     }
 }
 

@@ -2,7 +2,8 @@
 //!
 //! Each record is one stream entry with a single field `r` holding (little-endian):
 //! ```text
-//! u8  version (1)
+//! u8  version: the block scheme (1 = Kthena's decimal chain, 2 = the affinity mode's seeded
+//!     XXH3 chain; the layout is the same)
 //! u64 replica id          (random per process; a replica skips its own entries)
 //! u32 blockSizeToHash     (a replica hashing differently ignores the entry)
 //! u32 maxBlocksToMatch
@@ -17,10 +18,11 @@
 
 use thiserror::Error;
 
-use crate::hashing::BlockHash;
+use crate::hashing::{BlockHash, ChainScheme};
 
-/// The encoding version written by this build.
+/// The encoding version of Kthena-chained records (the seeded chain's is one more).
 pub const VERSION: u8 = 1;
+const SEEDED_VERSION: u8 = 2;
 /// The stream entry's field name.
 pub const FIELD: &str = "r";
 
@@ -31,6 +33,7 @@ const HEADER: usize = 1 + 8 + 4 + 4;
 pub struct HashParams {
     pub block_size_to_hash: u32,
     pub max_blocks_to_match: u32,
+    pub scheme: ChainScheme,
 }
 
 /// A decoded record, borrowing its strings from the payload.
@@ -72,7 +75,10 @@ pub fn encode(
             .map(|s| 2 + s.len().min(0xFFFF))
             .sum::<usize>();
     let mut out = Vec::with_capacity(len + 8 * hashes.len());
-    out.push(VERSION);
+    out.push(match params.scheme {
+        ChainScheme::Kthena => VERSION,
+        ChainScheme::Seeded => SEEDED_VERSION,
+    });
     out.extend_from_slice(&replica.to_le_bytes());
     out.extend_from_slice(&params.block_size_to_hash.to_le_bytes());
     out.extend_from_slice(&params.max_blocks_to_match.to_le_bytes());
@@ -101,14 +107,16 @@ pub fn decode<'a>(
         buf: payload,
         pos: 0,
     };
-    let version = r.take(1)?[0];
-    if version != VERSION {
-        return Err(DecodeError::Version(version));
-    }
+    let scheme = match r.take(1)?[0] {
+        VERSION => ChainScheme::Kthena,
+        SEEDED_VERSION => ChainScheme::Seeded,
+        other => return Err(DecodeError::Version(other)),
+    };
     let replica = u64::from_le_bytes(r.array()?);
     let params = HashParams {
         block_size_to_hash: u32::from_le_bytes(r.array()?),
         max_blocks_to_match: u32::from_le_bytes(r.array()?),
+        scheme,
     };
     let model = r.string()?;
     let pod = r.string()?;

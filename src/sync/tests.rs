@@ -8,6 +8,7 @@ use redis::Value;
 const PARAMS: HashParams = HashParams {
     block_size_to_hash: 64,
     max_blocks_to_match: 128,
+    scheme: crate::hashing::ChainScheme::Kthena,
 };
 
 fn parse(yaml: &str) -> Result<SyncConfig, String> {
@@ -223,9 +224,10 @@ fn bad_payloads_are_errors_not_panics() {
         record::decode(&[], &mut buf),
         Err(DecodeError::Truncated(0))
     );
-    let mut v2 = good.clone();
-    v2[0] = 2;
-    assert_eq!(record::decode(&v2, &mut buf), Err(DecodeError::Version(2)));
+    // Version 2 is the seeded block scheme; 3 is unknown.
+    let mut v3 = good.clone();
+    v3[0] = 3;
+    assert_eq!(record::decode(&v3, &mut buf), Err(DecodeError::Version(3)));
     assert_eq!(
         record::decode(&good[..good.len() - 1], &mut buf),
         Err(DecodeError::Hashes(7))
@@ -385,6 +387,15 @@ mod applier {
             block_size_to_hash: 32,
             ..PARAMS
         };
+        let seeded = HashParams {
+            scheme: crate::hashing::ChainScheme::Seeded,
+            ..PARAMS
+        };
+        assert_eq!(
+            applier.apply(&enc(1, seeded, "default/a", "")),
+            Applied::Dropped(DropReason::ParamsMismatch),
+            "a record of the other block scheme is not applied"
+        );
         assert_eq!(
             applier.apply(&enc(1, other, "default/a", "")),
             Applied::Dropped(DropReason::ParamsMismatch)
@@ -408,18 +419,18 @@ mod applier {
             Applied::Recorded
         );
         assert_eq!(sync_metrics.applied.get(), 3);
-        for reason in [
-            DropReason::ParamsMismatch,
-            DropReason::UnknownPod,
-            DropReason::StaleGeneration,
-            DropReason::Malformed,
+        for (reason, count) in [
+            (DropReason::ParamsMismatch, 2),
+            (DropReason::UnknownPod, 1),
+            (DropReason::StaleGeneration, 1),
+            (DropReason::Malformed, 1),
         ] {
             assert_eq!(
                 sync_metrics
                     .dropped
                     .with_label_values(&[reason.as_str()])
                     .get(),
-                1
+                count
             );
         }
     }
