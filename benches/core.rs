@@ -3,6 +3,10 @@
 //!
 //! Run: `CARGO_TARGET_DIR=/work/target-bench cargo bench --bench core` (results: benches/RESULTS.md).
 //!
+//! - `request_path/{8KiB,220KB}_64pods`: the shipped config's router (affinity mode, 64 pods
+//!   each sent 16 prompts) from the chat body's bytes to the pick (parse, render, hash, score,
+//!   pick, tentative hold made and dropped); `*_floor`: one validating JSON pass plus one hash
+//!   pass over the same body, the work no router can skip, as the in-run yardstick.
 //! - `hash/*`: `BlockChain { 64, 128 }` over an 8 KiB and a 220 KB prompt (only the first 8192
 //!   bytes are covered, so both cost the same), plus `220KB_full_coverage` which hashes it all.
 //! - `score_record/*`: a default-args `PrefixCache` with 64 pods, each pod's list full (50,000
@@ -47,9 +51,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use criterion::{BatchSize, Criterion, Throughput};
+use prefix_picker::config::Config;
+use prefix_picker::endpoints::{EndpointSpec, PodId, Update};
 use prefix_picker::hashing::{BlockChain, BlockHash};
-use prefix_picker::metrics::PrefixCacheMetrics;
+use prefix_picker::metrics::{PrefixCacheMetrics, RouterMetrics};
 use prefix_picker::prefix_index::{ModelKey, PodHandle, PodSlot, PrefixIndex};
+use prefix_picker::routing::Router;
+use prefix_picker::scheduler::RecordOrigin;
 use prefix_picker::scheduler::prefix_cache::{PrefixCache, PrefixCacheArgs};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -252,6 +260,101 @@ fn bench_hash(c: &mut Criterion) {
         g.throughput(Throughput::Bytes(prompt.len() as u64));
         g.bench_function(name, |b| {
             b.iter(|| chain.hash(black_box(MODEL), black_box(prompt)))
+        });
+    }
+    g.finish();
+}
+
+/// A chat body of about `bytes` bytes: a shared 2 KiB system prompt and a user message.
+fn chat_body(seed: u64, bytes: usize) -> Vec<u8> {
+    let system = String::from_utf8(words(7, SYSTEM_BYTES)).expect("ASCII");
+    let user = String::from_utf8(words(seed, bytes - SYSTEM_BYTES)).expect("ASCII");
+    serde_json::to_vec(&serde_json::json!({"model": MODEL, "messages": [
+        {"role": "system", "content": system}, {"role": "user", "content": user}]}))
+    .expect("serializable")
+}
+
+/// The shipped config's router (affinity mode) over 64 static pods, each sent 16 prompts.
+fn shipped_router() -> Router {
+    let local = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("deploy/local/config.yaml"),
+    )
+    .expect("the shipped config");
+    let mut doc = local[..local.find("endpoints:").expect("endpoints")].to_string();
+    doc.push_str("endpoints:\n");
+    for i in 0..PODS {
+        doc.push_str(&format!(
+            "- {{name: pod-{i}, address: 10.0.{}.{}:8000}}\n",
+            i / 200,
+            i % 200 + 1
+        ));
+    }
+    doc.push_str(&local[local.find("\npicker:").expect("picker section")..]);
+    let config = Config::parse(&doc).expect("valid");
+    let router = Router::assemble(
+        config.scheduler,
+        config.picker,
+        PrefixCacheMetrics::unregistered(),
+        RouterMetrics::register(&prometheus::Registry::new()),
+    );
+    let specs = config
+        .endpoints
+        .iter()
+        .map(|e| EndpointSpec {
+            id: PodId {
+                namespace: e.namespace.clone(),
+                name: e.name.clone(),
+            },
+            address: e.address,
+            models: vec![],
+            generation: String::new(),
+            role: None,
+        })
+        .collect();
+    router.endpoints.apply(Update::Reset(specs));
+    for i in 0..(PODS * 16) as u64 {
+        let routed = router
+            .route(
+                "/v1/chat/completions",
+                Some(&chat_body(1000 + i, PROMPT_BYTES)),
+                None,
+                true,
+            )
+            .expect("routed");
+        let d = routed.decision;
+        router
+            .scheduler
+            .record(&routed.model, &d.hashes, d.primary(), RecordOrigin::Local);
+    }
+    router
+}
+
+/// `request_path/*`: parse + render + hash + score + pick from the body bytes, with the
+/// shipped config (the tentative hold made and released), and the floor for the same body:
+/// one validating JSON pass plus one hash pass over the prompt's bytes.
+fn bench_request_path(c: &mut Criterion) {
+    let router = shipped_router();
+    let mut g = c.benchmark_group("request_path");
+    for (name, bytes) in [
+        ("8KiB_64pods", PROMPT_BYTES),
+        ("220KB_64pods", LONG_PROMPT_BYTES),
+    ] {
+        let body = chat_body(9, bytes);
+        g.throughput(Throughput::Bytes(body.len() as u64));
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                router
+                    .route("/v1/chat/completions", Some(black_box(&body)), None, true)
+                    .expect("routed")
+            })
+        });
+        g.bench_function(format!("{name}_floor"), |b| {
+            b.iter(|| {
+                let v: serde::de::IgnoredAny =
+                    serde_json::from_slice(black_box(&body)).expect("valid JSON");
+                black_box(v);
+                xxhash_rust::xxh64::xxh64(black_box(&body), 0)
+            })
         });
     }
     g.finish();
@@ -736,6 +839,7 @@ fn main() {
     };
     let sched: OnceCell<Scheduler> = OnceCell::new();
     bench_hash(&mut c);
+    bench_request_path(&mut c);
     bench_score_record(&mut c, &sched, fill);
     bench_record_throughput(&mut c, &sched, fill);
     bench_memory_floor(&mut c, &sched, fill);

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use crate::endpoints::Endpoint;
 use crate::pending::PendingRoute;
 use crate::routing::Router;
+use crate::scheduler::RecordOrigin;
 
 /// Who served the response, as far as Envoy told.
 #[derive(Debug, Clone)]
@@ -51,8 +52,34 @@ pub enum Ending {
     Aborted,
 }
 
-/// Records `route` as `ending` says and counts the outcome.
-pub fn finish_route(router: &Router, route: PendingRoute, ending: Ending) {
+/// How a decision-time record ended (`prefix_picker_tentative_records_total{outcome}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TentativeOutcome {
+    /// Recorded for the pod it was held for.
+    Confirmed,
+    /// Recorded for another pod (Envoy fell back), the hold dropped.
+    Moved,
+    /// The request failed, was cut or served from an unknown address: the hold dropped.
+    RolledBack,
+    /// No completion arrived within `responseTimeoutSeconds`.
+    Expired,
+}
+
+impl TentativeOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TentativeOutcome::Confirmed => "confirmed",
+            TentativeOutcome::Moved => "moved",
+            TentativeOutcome::RolledBack => "rolled_back",
+            TentativeOutcome::Expired => "expired",
+        }
+    }
+}
+
+/// Records `route` as `ending` says and counts the outcome. A tentative hold is confirmed (the
+/// record lands before the hold goes, so the prefix never looks unheld), moved, or rolled back.
+pub fn finish_route(router: &Router, mut route: PendingRoute, ending: Ending) {
+    let mut served_slot = None;
     let outcome = match ending {
         Ending::Aborted => "aborted",
         Ending::Completed { status, .. } if !status.is_some_and(|s| (200..300).contains(&s)) => {
@@ -68,9 +95,28 @@ pub fn finish_route(router: &Router, route: PendingRoute, ending: Ending) {
                 Served::Pod(e) => e,
                 _ => route.guard.endpoint().clone(),
             };
-            router.scheduler.record(&route.model, &route.hashes, &pod);
+            router
+                .scheduler
+                .record(&route.model, &route.hashes, &pod, RecordOrigin::Local);
+            served_slot = Some(pod.index.slot());
             "recorded"
         }
     };
     router.metrics.records.with_label_values(&[outcome]).inc();
+    if let Some(hold) = route.tentative.take() {
+        let tentative = match served_slot {
+            Some(slot) if slot == hold.pod() => TentativeOutcome::Confirmed,
+            Some(_) => TentativeOutcome::Moved,
+            None => TentativeOutcome::RolledBack,
+        };
+        drop(hold);
+        router
+            .metrics
+            .tentative
+            .with_label_values(&[tentative.as_str()])
+            .inc();
+    }
 }
+
+#[cfg(test)]
+mod tests;

@@ -37,6 +37,7 @@ use serde_yaml_ng::{Mapping, Value as Yaml};
 use thiserror::Error;
 
 use crate::discovery::{DiscoveryConfig, DiscoveryError};
+use crate::scheduler::affinity::AffinityConfig;
 use crate::scheduler::prefix_cache::PrefixCacheArgs;
 use crate::tls::TlsConfig;
 
@@ -99,6 +100,8 @@ pub struct SchedulerConfig {
     pub max_waiting_requests: u64,
     /// least-latency: weight of TTFT against TPOT, in [0, 1].
     pub ttft_tpot_weight_factor: f64,
+    /// The affinity mode (`picker.affinity`); `None` is Kthena's scheduler.
+    pub affinity: Option<AffinityConfig>,
 }
 
 impl Default for SchedulerConfig {
@@ -114,6 +117,58 @@ impl Default for SchedulerConfig {
             prefix_cache: PrefixCacheArgs::default(),
             max_waiting_requests: 10,
             ttft_tpot_weight_factor: 0.5,
+            affinity: None,
+        }
+    }
+}
+
+impl SchedulerConfig {
+    /// Turns the affinity mode on (or leaves Kthena's scheduler): with `longPrompts` the block
+    /// chain becomes `blockBytes` x `maxPromptBytes / blockBytes`; with `engineTokens` the
+    /// default per-pod budget is sized from it.
+    pub fn apply_affinity(&mut self, mode: Option<AffinityConfig>) {
+        self.affinity = mode;
+        let Some(a) = mode else { return };
+        if a.long_prompts {
+            self.prefix_cache.block_size_to_hash = a.block_bytes;
+            self.prefix_cache.max_blocks_to_match = a.max_prompt_bytes / a.block_bytes;
+        }
+        if a.engine_budget && a.engine_tokens > 0 {
+            self.prefix_cache.max_hash_cache_size = a
+                .budget_entries(a.engine_tokens, self.prefix_cache.block_size_to_hash)
+                .min(u32::MAX as usize - 1);
+        }
+    }
+
+    /// One line naming the effective routing mode (for `validate` and the start-up log).
+    pub fn mode_summary(&self) -> String {
+        let p = &self.prefix_cache;
+        let chain = format!(
+            "{} blocks of {} bytes ({} KiB), {} entries per pod",
+            p.max_blocks_to_match,
+            p.block_size_to_hash,
+            p.max_blocks_to_match * p.block_size_to_hash / 1024,
+            p.max_hash_cache_size
+        );
+        match &self.affinity {
+            None => format!("routing mode: kthena (weighted plugin scores); {chain}"),
+            Some(a) => {
+                let on = |b: bool| if b { "on" } else { "off" };
+                format!(
+                    "routing mode: affinity (tentative {}, consolidateTies {}, loadGate {} [podCapacity {}, maxQueue {}, shareHeadroom {}, shareWindow {}], longPrompts {}, engineBudget {} [bytesPerToken {}, engineTokens {}]); {chain}",
+                    on(a.tentative),
+                    on(a.consolidate_ties),
+                    on(a.load_gate),
+                    a.pod_capacity,
+                    a.max_queue,
+                    a.share_headroom,
+                    a.share_window,
+                    on(a.long_prompts),
+                    on(a.engine_budget),
+                    a.bytes_per_token,
+                    a.engine_tokens
+                )
+            }
         }
     }
 }
@@ -154,6 +209,111 @@ pub struct PickerConfig {
     pub shutdown_grace_seconds: f64,
     /// TLS on the gRPC port.
     pub tls: TlsConfig,
+    /// The affinity mode (`picker.affinity`); absent: Kthena's scheduler, exactly.
+    pub affinity: Option<AffinitySection>,
+}
+
+/// `picker.affinity`, as written (see [`AffinityConfig`] and docs/routing.md for each key).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct AffinitySection {
+    pub enabled: bool,
+    pub tentative: bool,
+    pub consolidate_ties: bool,
+    pub load_gate: bool,
+    pub pod_capacity: u32,
+    pub max_queue: u32,
+    pub share_headroom: f64,
+    pub share_window: u32,
+    pub long_prompts: bool,
+    pub block_bytes: usize,
+    pub max_prompt_bytes: usize,
+    pub engine_budget: bool,
+    pub bytes_per_token: u32,
+    pub engine_tokens: u64,
+}
+
+impl Default for AffinitySection {
+    fn default() -> Self {
+        let d = AffinityConfig::default();
+        AffinitySection {
+            enabled: true,
+            tentative: d.tentative,
+            consolidate_ties: d.consolidate_ties,
+            load_gate: d.load_gate,
+            pod_capacity: d.pod_capacity,
+            max_queue: d.max_queue,
+            share_headroom: d.share_headroom,
+            share_window: d.share_window,
+            long_prompts: d.long_prompts,
+            block_bytes: d.block_bytes,
+            max_prompt_bytes: d.max_prompt_bytes,
+            engine_budget: d.engine_budget,
+            bytes_per_token: d.bytes_per_token,
+            engine_tokens: d.engine_tokens,
+        }
+    }
+}
+
+impl AffinitySection {
+    /// The validated mode, `None` when `enabled: false`; errors name the key and value.
+    pub fn validate(&self) -> Result<Option<AffinityConfig>, ConfigError> {
+        let bad = |key: &str, value: String, want: &str| {
+            Err(ConfigError::Picker(format!(
+                "affinity.{key} must be {want}, got {value}"
+            )))
+        };
+        if !self.enabled {
+            return Ok(None);
+        }
+        if self.pod_capacity == 0 {
+            return bad("podCapacity", "0".into(), "> 0");
+        }
+        if !(self.share_headroom.is_finite() && self.share_headroom >= 0.0) {
+            return bad(
+                "shareHeadroom",
+                self.share_headroom.to_string(),
+                "a number >= 0",
+            );
+        }
+        if self.share_window == 0 {
+            return bad("shareWindow", "0".into(), "> 0");
+        }
+        if !(16..=1 << 20).contains(&self.block_bytes) {
+            return bad(
+                "blockBytes",
+                self.block_bytes.to_string(),
+                "in 16..=1048576",
+            );
+        }
+        if self.max_prompt_bytes < self.block_bytes
+            || self.max_prompt_bytes / self.block_bytes > 1 << 16
+        {
+            return bad(
+                "maxPromptBytes",
+                self.max_prompt_bytes.to_string(),
+                "at least blockBytes and at most 65536 blocks",
+            );
+        }
+        if self.bytes_per_token == 0 {
+            return bad("bytesPerToken", "0".into(), "> 0");
+        }
+        Ok(Some(AffinityConfig {
+            tentative: self.tentative,
+            consolidate_ties: self.consolidate_ties,
+            load_gate: self.load_gate,
+            pod_capacity: self.pod_capacity,
+            max_queue: self.max_queue,
+            share_headroom: self.share_headroom,
+            share_window: self.share_window,
+            long_prompts: self.long_prompts,
+            block_bytes: self.block_bytes,
+            max_prompt_bytes: self.max_prompt_bytes,
+            engine_budget: self.engine_budget,
+            bytes_per_token: self.bytes_per_token,
+            engine_tokens: self.engine_tokens,
+        }))
+    }
 }
 
 impl Default for PickerConfig {
@@ -170,6 +330,7 @@ impl Default for PickerConfig {
             shutdown_delay_seconds: 0.0,
             shutdown_grace_seconds: 30.0,
             tls: TlsConfig::default(),
+            affinity: None,
         }
     }
 }
@@ -305,6 +466,12 @@ impl Config {
         }
         if config.picker.max_body_bytes == 0 {
             errors.push(ConfigError::Picker("maxBodyBytes must be > 0".into()));
+        }
+        if let Some(section) = &config.picker.affinity {
+            match section.validate() {
+                Ok(mode) => config.scheduler.apply_affinity(mode),
+                Err(e) => errors.push(e),
+            }
         }
         for e in config.picker.tls.validate() {
             errors.push(ConfigError::Picker(e.to_string()));

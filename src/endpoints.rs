@@ -18,6 +18,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::metrics::RouterMetrics;
 use crate::prefix_index::{PodHandle, PrefixIndex};
+use crate::scheduler::affinity::RecentPicks;
 
 /// A pod's identity: `namespace/name`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -69,6 +70,8 @@ pub struct Endpoint {
     pub index: PodHandle,
     inflight: AtomicI64,
     stats: RwLock<EngineStats>,
+    /// Share of recent picks (the affinity mode's balance signal).
+    pub recent: RecentPicks,
 }
 
 impl Endpoint {
@@ -179,6 +182,11 @@ impl Endpoints {
     }
 
     /// The current snapshot (lock-free).
+    /// The prefix index the pods are registered in.
+    pub fn index(&self) -> &Arc<PrefixIndex> {
+        &self.index
+    }
+
     pub fn snapshot(&self) -> Arc<EndpointSet> {
         self.current.load_full()
     }
@@ -208,6 +216,7 @@ impl Endpoints {
                     index: self.index.add_pod(),
                     inflight: AtomicI64::new(0),
                     stats: RwLock::new(EngineStats::default()),
+                    recent: RecentPicks::default(),
                     spec,
                 }),
             };

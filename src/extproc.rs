@@ -489,6 +489,7 @@ impl StreamState {
             guard: InflightGuard::new(routed.decision.primary().clone(), &self.router.metrics),
             model: routed.model,
             hashes: routed.decision.hashes,
+            tentative: routed.tentative,
         };
         match (self.response_mode, &self.request_id) {
             (Some(BodyMode::None) | None, Some(id)) => Some(self.router.pending.insert(id, route)),

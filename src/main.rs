@@ -50,6 +50,10 @@ enum Command {
         block_size: usize,
         #[arg(long, default_value_t = 128)]
         max_blocks: usize,
+        /// Take the block layout from this config (the Kthena plugin args, or the affinity
+        /// mode's `blockBytes`/`maxPromptBytes` when it is on) instead of the two flags.
+        #[arg(long, conflicts_with_all = ["block_size", "max_blocks"])]
+        config: Option<PathBuf>,
         file: Option<PathBuf>,
     },
 }
@@ -119,10 +123,25 @@ fn main() -> ExitCode {
         }
         Command::Hash {
             model,
-            block_size,
-            max_blocks,
+            mut block_size,
+            mut max_blocks,
+            config,
             file,
         } => {
+            if let Some(path) = config {
+                match Config::load(&path) {
+                    Ok(c) => {
+                        block_size = c.scheduler.prefix_cache.block_size_to_hash;
+                        max_blocks = c.scheduler.prefix_cache.max_blocks_to_match;
+                    }
+                    Err(errors) => {
+                        for e in &errors.0 {
+                            eprintln!("error: {e}");
+                        }
+                        return ExitCode::from(2);
+                    }
+                }
+            }
             if block_size == 0 || max_blocks == 0 {
                 eprintln!("error: --block-size and --max-blocks must be greater than 0");
                 return ExitCode::from(2);
@@ -152,6 +171,7 @@ fn main() -> ExitCode {
                     eprintln!("warning: {w}");
                 }
                 println!("{}: ok ({} endpoints)", config.display(), c.endpoints.len());
+                println!("{}", c.scheduler.mode_summary());
                 if let Some(k) = &c.discovery.kubernetes {
                     println!("{}", k.describe(&k.process_namespace()));
                 }

@@ -104,6 +104,9 @@ pub struct RouterMetrics {
     pub immediate_responses: IntCounterVec,
     pub engine_scrapes: IntCounterVec,
     pub engine_scrape_timestamp: GaugeVec,
+    pub tentative: IntCounterVec,
+    pub tentative_holds: IntGauge,
+    pub pod_budget: IntGaugeVec,
 }
 
 impl RouterMetrics {
@@ -121,7 +124,9 @@ impl RouterMetrics {
             decisions: IntCounterVec::new(
                 Opts::new(
                     "prefix_picker_decisions_total",
-                    "Routing decisions, by reason (prefix_match, load, no_prompt, subset, ...)",
+                    "Routing decisions, by reason (prefix_hit, prefix_overruled, prefix_miss, \
+                     unscored; affinity mode: affinity_hit, affinity_miss, affinity_spill, \
+                     affinity_saturated)",
                 ),
                 &["reason"],
             )
@@ -145,7 +150,7 @@ impl RouterMetrics {
             records: IntCounterVec::new(
                 Opts::new(
                     "prefix_picker_records_total",
-                    "Request completions, by outcome (recorded, failed, aborted, unknown_pod, unscored)",
+                    "Request completions, by outcome (recorded, failed, aborted, unknown_pod, unscored, expired)",
                 ),
                 &["outcome"],
             )
@@ -209,7 +214,34 @@ impl RouterMetrics {
                 &["pod"],
             )
             .expect("valid metric"),
+            tentative: IntCounterVec::new(
+                Opts::new(
+                    "prefix_picker_tentative_records_total",
+                    "Affinity mode: decision-time records ended, by outcome (confirmed for the \
+                     picked pod, moved to the pod that served, rolled_back, expired)",
+                ),
+                &["outcome"],
+            )
+            .expect("valid metric"),
+            tentative_holds: IntGauge::new(
+                "prefix_picker_tentative_holds",
+                "Affinity mode: requests in flight holding their prompt tentatively (sampled \
+                 every second)",
+            )
+            .expect("valid metric"),
+            pod_budget: IntGaugeVec::new(
+                Opts::new(
+                    "prefix_picker_pod_index_budget_entries",
+                    "Affinity mode: a pod's prefix-index budget in entries, sized from its \
+                     engine's KV capacity",
+                ),
+                &["pod"],
+            )
+            .expect("valid metric"),
         };
+        register(registry, m.tentative.clone());
+        register(registry, m.tentative_holds.clone());
+        register(registry, m.pod_budget.clone());
         register(registry, m.engine_scrapes.clone());
         register(registry, m.engine_scrape_timestamp.clone());
         register(registry, m.plugin_duration.clone());
@@ -231,6 +263,7 @@ impl RouterMetrics {
         let _ = self.pod_inflight.remove_label_values(&[pod]);
         let _ = self.pod_picks.remove_label_values(&[pod]);
         let _ = self.engine_scrape_timestamp.remove_label_values(&[pod]);
+        let _ = self.pod_budget.remove_label_values(&[pod]);
         for result in ["ok", "error"] {
             let _ = self.engine_scrapes.remove_label_values(&[pod, result]);
         }

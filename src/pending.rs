@@ -21,6 +21,7 @@ use parking_lot::Mutex;
 
 use crate::endpoints::InflightGuard;
 use crate::hashing::BlockHash;
+use crate::scheduler::TentativeHold;
 
 const SHARDS: usize = 16;
 
@@ -31,6 +32,16 @@ pub struct PendingRoute {
     pub hashes: Vec<BlockHash>,
     /// Keeps the primary pod's in-flight count until completion or abort.
     pub guard: InflightGuard,
+    /// The affinity mode's decision-time record, held until completion, rollback or expiry.
+    pub tentative: Option<TentativeHold>,
+}
+
+/// What [`PendingRoutes::expire`] dropped.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Expired {
+    pub routes: usize,
+    /// Of them, routes holding a tentative record (rolled back).
+    pub tentative: usize,
 }
 
 #[derive(Debug)]
@@ -87,16 +98,22 @@ impl PendingRoutes {
         self.len() == 0
     }
 
-    /// Drops expired entries; returns how many.
-    pub fn expire(&self, now: Instant) -> usize {
-        let mut n = 0;
+    /// Drops expired entries (releasing their in-flight counts and tentative holds); returns
+    /// how many, and how many of them held a tentative record.
+    pub fn expire(&self, now: Instant) -> Expired {
+        let mut out = Expired::default();
         for shard in &self.shards {
             let mut shard = shard.lock();
-            let before = shard.len();
-            shard.retain(|_, (deadline, _)| *deadline > now);
-            n += before - shard.len();
+            shard.retain(|_, (deadline, route)| {
+                let keep = *deadline > now;
+                if !keep {
+                    out.routes += 1;
+                    out.tentative += usize::from(route.tentative.is_some());
+                }
+                keep
+            });
         }
-        n
+        out
     }
 }
 
@@ -113,6 +130,7 @@ mod tests {
             model: "m".to_string(),
             hashes: vec![BlockHash(tag)],
             guard: InflightGuard::new(pod.clone(), &router.metrics),
+            tentative: None,
         };
         let pending = PendingRoutes::new(Duration::from_secs(60));
         assert_eq!(pending.insert("req", route(1)), "req");

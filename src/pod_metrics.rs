@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::endpoints::{Endpoint, Endpoints, EngineStats};
 use crate::metrics::RouterMetrics;
 use crate::prefix_index::PodSlot;
+use crate::scheduler::affinity::AffinityConfig;
 
 /// Scrape settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -32,6 +33,16 @@ pub struct ScrapeConfig {
     pub interval: Duration,
     pub timeout: Duration,
     pub concurrency: usize,
+    /// The affinity mode's `engineBudget`: size each pod's index from its engine's capacity.
+    pub budget: Option<EngineBudget>,
+}
+
+/// How an engine's KV capacity becomes a pod's index budget: `tokens x bytes_per_token /
+/// block_bytes` entries.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineBudget {
+    pub affinity: AffinityConfig,
+    pub block_bytes: usize,
 }
 
 #[derive(Debug, Error)]
@@ -57,6 +68,9 @@ pub struct RawEngineMetrics {
     pub kv_usage: f64,
     pub ttft: Totals,
     pub tpot: Totals,
+    /// Tokens of KV cache the engine has, when it says: vLLM's `vllm:cache_config_info`
+    /// labels `num_gpu_blocks x block_size`, SGLang's `sglang:max_total_num_tokens`.
+    pub kv_capacity_tokens: Option<u64>,
 }
 
 const WAITING: [&str; 2] = ["vllm:num_requests_waiting", "sglang:num_queue_reqs"];
@@ -83,7 +97,24 @@ pub fn parse(text: &str) -> Result<RawEngineMetrics, ScrapeError> {
         kv_usage: scalar(&exposition, &KV_USAGE),
         ttft: totals(&exposition, &TTFT),
         tpot: totals(&exposition, &TPOT),
+        kv_capacity_tokens: kv_capacity(&exposition),
     })
+}
+
+fn kv_capacity(e: &Exposition) -> Option<u64> {
+    let from_vllm = e.families.get("vllm:cache_config_info").and_then(|f| {
+        f.iter_samples().find_map(|s| {
+            let labels = s.get_labelset().ok()?;
+            let blocks: u64 = labels.get_label_value("num_gpu_blocks")?.parse().ok()?;
+            let size: u64 = labels.get_label_value("block_size")?.parse().ok()?;
+            Some(blocks.saturating_mul(size))
+        })
+    });
+    let tokens = from_vllm.or_else(|| {
+        e.families.get("sglang:max_total_num_tokens")?;
+        Some(scalar(e, &["sglang:max_total_num_tokens"]) as u64)
+    })?;
+    (tokens > 0).then_some(tokens)
 }
 
 fn last_value<'a>(e: &'a Exposition, names: &[&str]) -> Option<&'a PrometheusValue> {
@@ -199,6 +230,11 @@ pub async fn run(
                         ),
                     };
                     e.set_stats(stats);
+                    if let (Some(budget), Some(tokens)) = (config.budget, raw.kv_capacity_tokens)
+                        && prev.is_none_or(|p| p.0.kv_capacity_tokens != Some(tokens))
+                    {
+                        apply_budget(&endpoints, &metrics, &e, budget, tokens);
+                    }
                     previous.insert(slot, (raw, stats));
                     metrics
                         .engine_scrapes
@@ -220,6 +256,28 @@ pub async fn run(
         }
         previous.retain(|slot, _| set.all().iter().any(|e| e.index.slot() == *slot));
     }
+}
+
+/// Sizes `e`'s index budget from its engine's `tokens` of KV cache.
+fn apply_budget(
+    endpoints: &Endpoints,
+    metrics: &RouterMetrics,
+    e: &Endpoint,
+    budget: EngineBudget,
+    tokens: u64,
+) {
+    let entries = budget.affinity.budget_entries(tokens, budget.block_bytes);
+    let dropped: u64 = endpoints
+        .index()
+        .set_pod_capacity(e.index.slot(), entries)
+        .iter()
+        .map(|(_, n)| n)
+        .sum();
+    metrics
+        .pod_budget
+        .with_label_values(&[&e.label])
+        .set(i64::try_from(entries).unwrap_or(i64::MAX));
+    tracing::info!(pod = %e.label, engine_tokens = tokens, entries, dropped, "index budget sized from the engine");
 }
 
 #[cfg(test)]

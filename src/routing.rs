@@ -16,7 +16,7 @@ use crate::endpoints::Endpoints;
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
 use crate::pending::PendingRoutes;
 use crate::request::{Api, InferenceRequest};
-use crate::scheduler::{Decision, PickError, RouteRequest, Scheduler};
+use crate::scheduler::{Decision, PickError, RouteRequest, Scheduler, TentativeHold};
 
 /// A request the picker answers itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,11 +64,13 @@ impl From<PickError> for RouteFailure {
 }
 
 /// A routed request.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Routed {
     pub model: String,
     pub api: Option<Api>,
     pub decision: Decision,
+    /// The affinity mode's decision-time record for the primary pick (never for explain).
+    pub tentative: Option<TentativeHold>,
 }
 
 /// Everything routing needs, shared by all streams and the admin listener.
@@ -167,16 +169,21 @@ impl Router {
         let decision =
             self.scheduler
                 .schedule(RouteRequest { model, prompt }, candidates, observe)?;
+        let mut tentative = None;
         if observe {
             self.metrics
                 .pod_picks
                 .with_label_values(&[&decision.primary().label])
                 .inc();
+            tentative = self
+                .scheduler
+                .hold_tentative(model, &decision.hashes, decision.primary());
         }
         Ok(Routed {
             model: model.to_string(),
             api,
             decision,
+            tentative,
         })
     }
 }

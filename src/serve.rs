@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::access_log::AccessLogSink;
 use crate::admin::{self, Admin};
+use crate::completion::TentativeOutcome;
 use crate::config::Config;
 use crate::discovery::{DiscoveryMetrics, KubernetesDiscovery, kubernetes};
 use crate::endpoints::{EndpointSpec, PodId, Update};
@@ -210,6 +211,14 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
             interval: Duration::from_secs_f64(config.picker.scrape_interval_seconds),
             timeout: Duration::from_secs_f64(config.picker.scrape_timeout_seconds),
             concurrency: config.picker.scrape_concurrency,
+            budget: config
+                .scheduler
+                .affinity
+                .filter(|a| a.engine_budget)
+                .map(|affinity| pod_metrics::EngineBudget {
+                    affinity,
+                    block_bytes: config.scheduler.prefix_cache.block_size_to_hash,
+                }),
         };
         let (endpoints, metrics, token) = (
             router.endpoints.clone(),
@@ -231,10 +240,15 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
                 tokio::select! {
                     _ = token.cancelled() => break,
                     _ = tick.tick() => {
-                        let n = router.pending.expire(Instant::now());
-                        if n > 0 {
-                            router.metrics.records.with_label_values(&["expired"]).inc_by(n as u64);
+                        let expired = router.pending.expire(Instant::now());
+                        if expired.routes > 0 {
+                            router.metrics.records.with_label_values(&["expired"]).inc_by(expired.routes as u64);
                         }
+                        if expired.tentative > 0 {
+                            router.metrics.tentative.with_label_values(&[TentativeOutcome::Expired.as_str()]).inc_by(expired.tentative as u64);
+                        }
+                        let holds = router.scheduler.tentative().holds();
+                        router.metrics.tentative_holds.set(i64::try_from(holds).unwrap_or(i64::MAX));
                         let waiting = i64::try_from(router.pending.len()).unwrap_or(i64::MAX);
                         router.metrics.pending_routes.set(waiting);
                     }
@@ -312,6 +326,7 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
         %admin_addr,
         tls = config.picker.tls.mode.as_str(),
         endpoints = config.endpoints.len(),
+        mode = %config.scheduler.mode_summary(),
         "prefix-picker serving"
     );
     Ok(Running {

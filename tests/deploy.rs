@@ -694,7 +694,9 @@ async fn dashboard_queries_only_exported_metrics() {
     doc.push_str(&prefix_picker::bench::cluster::endpoints_yaml(
         sims.iter().map(|s| (s.name.as_str(), s.addr)),
     ));
-    doc.push_str("picker: {scrapeIntervalSeconds: 0.05}\n");
+    // The affinity mode, so its panels' series exist too (engine budgets off: the tiny
+    // `maxHashCacheSize` above makes the eviction series).
+    doc.push_str("picker: {scrapeIntervalSeconds: 0.05, affinity: {engineBudget: false}}\n");
     let picker = start_picker(prefix_picker::config::Config::parse(&doc).unwrap()).await;
     let envoy = start_envoy_for_sims(&picker, &sims).await;
     let client = reqwest::Client::new();

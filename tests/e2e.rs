@@ -1471,3 +1471,64 @@ async fn tls_files_serve_the_given_certificate() {
     assert!(refused.is_err(), "a certificate from an untrusted CA");
     picker.stop().await.unwrap();
 }
+
+// ---------------------------------------------------------------- affinity mode (shipped config)
+
+/// The shipped config's routing mode through Envoy: sixteen concurrent requests of a new prefix
+/// land on one pod (each sees the first one's decision-time record), every record confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn affinity_keeps_a_burst_of_a_new_prefix_on_one_pod() {
+    let (_backends, picker, envoy) = stack("envoy.yaml", shipped_picker_section(), |s| s).await;
+    let system = "A new shared document, never seen before. ".repeat(40);
+    let bodies: Vec<Value> = (0..16)
+        .map(|q| chat(&system, &format!("question {q}")))
+        .collect();
+    let replies = futures::future::join_all(
+        bodies
+            .iter()
+            .map(|b| send(&envoy, "/v1/chat/completions", b)),
+    )
+    .await;
+    assert!(replies.iter().all(|r| r.status == 200));
+    let pods: std::collections::BTreeSet<&str> =
+        replies.iter().map(|r| r.served_by.as_str()).collect();
+    assert_eq!(pods.len(), 1, "{pods:?}");
+    wait_metric(
+        &picker,
+        "prefix_picker_tentative_records_total{outcome=\"confirmed\"}",
+        16.0,
+    )
+    .await;
+    assert_eq!(
+        metric(
+            &picker,
+            "prefix_picker_decisions_total{reason=\"affinity_hit\"}"
+        )
+        .await,
+        15.0
+    );
+    wait_metric_eq(&picker, "prefix_picker_tentative_holds", 0.0).await;
+}
+
+/// A failed request's decision-time record is rolled back: nothing is left in the index or
+/// held, and the next request with that prompt is a miss again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn affinity_rolls_back_a_failed_request() {
+    let (_backends, picker, envoy) = stack("envoy.yaml", shipped_picker_section(), |s| s).await;
+    let body = json!({"model": "m", "prompt": "FAIL-500 please, a prompt no pod has seen"});
+    let r = send(&envoy, "/v1/completions", &body).await;
+    assert_eq!(r.status, 500);
+    wait_metric(
+        &picker,
+        "prefix_picker_tentative_records_total{outcome=\"rolled_back\"}",
+        1.0,
+    )
+    .await;
+    assert_eq!(
+        metric(&picker, "kthena_router_prefix_cache_entries").await,
+        0.0
+    );
+    wait_metric_eq(&picker, "prefix_picker_tentative_holds", 0.0).await;
+    assert_eq!(prefix_score(&picker, &body, &r.served_by).await, 0);
+    wait_metric_eq(&picker, "prefix_picker_pod_inflight_requests", 0.0).await;
+}

@@ -41,6 +41,7 @@ fn route_keyed(router: &Arc<Router>, id: &str, body: &[u8]) -> (SocketAddr, Stri
             guard: InflightGuard::new(primary.clone(), &router.metrics),
             model: routed.model,
             hashes: routed.decision.hashes,
+            tentative: routed.tentative,
         },
     );
     (primary.spec.address, key)

@@ -51,8 +51,11 @@ mod models;
 mod pod_lru;
 mod reverse;
 mod shard_batch;
+mod tentative;
 #[cfg(test)]
 mod tests;
+
+pub use tentative::TentativeEntries;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -305,6 +308,68 @@ impl PrefixIndex {
             }
         }
         keys.len()
+    }
+
+    /// Sets one pod's list capacity (its budget in entries, e.g. sized from its engine's KV
+    /// cache); shrinking keeps the most recent entries and drops the rest, which are returned as
+    /// evictions per model. A removed pod is left alone.
+    pub fn set_pod_capacity(&self, slot: PodSlot, capacity: usize) -> Vec<(ModelKey, u64)> {
+        let capacity = capacity.clamp(1, NIL as usize - 1);
+        let Some(entry) = self.pods.read().get(&slot).cloned() else {
+            return Vec::new();
+        };
+        let mut state = entry.state.lock();
+        if state.removed {
+            return Vec::new();
+        }
+        if capacity >= state.lru.len() {
+            state.lru.grow(capacity);
+            return Vec::new();
+        }
+        // Rebuild: drop the pod from every entry, then re-add the most recent `capacity`
+        // entries, least recent first so the most recent ends at the front.
+        let keys = state.lru.keys_by_recency();
+        let hashed: Vec<Hashed> = keys.iter().map(|&k| Hashed::new(k, self.seed)).collect();
+        let batch = ShardBatch::new(hashed.iter().map(|k| k.shard()));
+        for (s, group) in batch.groups() {
+            let mut shard = self.shards[s].write();
+            for &j in group {
+                shard.remove(hashed[j as usize], slot);
+            }
+        }
+        let mut lru = PodLru::new(capacity);
+        let mut nodes = vec![NIL; capacity];
+        for j in (0..capacity).rev() {
+            nodes[j] = match lru.insert_front(keys[j]) {
+                Placed::Fresh(node) | Placed::Replaced(node, _) => node,
+            };
+        }
+        let kept = ShardBatch::new(hashed[..capacity].iter().map(|k| k.shard()));
+        for (s, group) in kept.groups() {
+            let mut shard = self.shards[s].write();
+            for &j in group {
+                shard.add(hashed[j as usize], slot, nodes[j as usize]);
+            }
+        }
+        state.lru = lru;
+        let mut evicted: Vec<(ModelId, u64)> = Vec::new();
+        for k in &keys[capacity..] {
+            match evicted.iter_mut().find(|(m, _)| *m == k.model) {
+                Some((_, n)) => *n += 1,
+                None => evicted.push((k.model, 1)),
+            }
+        }
+        drop(state);
+        self.models
+            .keys(|key| evicted.iter().map(|&(m, n)| (key(m), n)).collect())
+    }
+
+    /// One pod's list capacity (0 for an unknown pod).
+    pub fn pod_capacity(&self, slot: PodSlot) -> usize {
+        self.pods
+            .read()
+            .get(&slot)
+            .map_or(0, |p| p.state.lock().lru.capacity())
     }
 
     /// Records a prompt's hashes for a pod, deepest first.
@@ -626,6 +691,73 @@ impl PrefixIndex {
             end = start;
             batch_len = batch_len.saturating_mul(2);
         }
+    }
+
+    /// Longest match per candidate (blocks, 0 for none) of a chained prompt, found by bisection:
+    /// a pod that holds block `i` of a chain holds the blocks before it (a record adds whole
+    /// prompts, deepest first, so a pod's list drops a prompt's deepest blocks first), so
+    /// `log2(blocks)` lookups per distinct match length replace the walk over every block. No
+    /// top-k limit and no tie-break: the affinity mode's lookup (the Kthena walk is
+    /// [`PrefixIndex::longest_matches`]). A pod whose list broke the prefix property (a shared
+    /// early block evicted before a deeper one) gets a match between the two, never an error.
+    pub fn chain_matches(
+        &self,
+        model: ModelKey,
+        hashes: &[BlockHash],
+        candidates: &[PodSlot],
+    ) -> Vec<usize> {
+        let mut matched = vec![0usize; candidates.len()];
+        let Some(model) = self.models.get(model) else {
+            return matched;
+        };
+        if hashes.is_empty() {
+            return matched;
+        }
+        let salt = model_salt(model, self.seed);
+        let mut positions = CandidatePositions::default();
+        positions.rebuild(candidates);
+        let mut pods = Vec::new();
+        let probe = |i: usize, out: &mut Vec<usize>, pods: &mut Vec<PodSlot>| {
+            let key = Hashed::salted(
+                Key {
+                    hash: hashes[i].0,
+                    model,
+                },
+                salt,
+                self.seed,
+            );
+            pods.clear();
+            self.shards[key.shard()].read().push_pods(key, pods);
+            out.extend(pods.iter().filter_map(|&p| positions.position(p)));
+        };
+        let mut holding = Vec::new();
+        probe(0, &mut holding, &mut pods);
+        if holding.is_empty() {
+            return matched;
+        }
+        // (lo, hi, candidates): each holds block lo; none is known to hold block hi.
+        let mut work = vec![(0usize, hashes.len(), holding)];
+        let mut found = Vec::new();
+        while let Some((lo, hi, group)) = work.pop() {
+            if hi - lo == 1 {
+                for ci in group {
+                    matched[ci] = lo + 1;
+                }
+                continue;
+            }
+            let mid = lo + (hi - lo) / 2;
+            found.clear();
+            probe(mid, &mut found, &mut pods);
+            let (deeper, shallower): (Vec<usize>, Vec<usize>) =
+                group.into_iter().partition(|ci| found.contains(ci));
+            if !shallower.is_empty() {
+                work.push((lo, mid, shallower));
+            }
+            if !deeper.is_empty() {
+                work.push((mid, hi, deeper));
+            }
+        }
+        matched
     }
 
     /// Entries across all pods (a block held by three pods counts three).

@@ -58,6 +58,19 @@ impl PodLru {
         self.nodes.len()
     }
 
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Raises the capacity (never below the current length: shrinking means rebuilding).
+    pub fn grow(&mut self, capacity: usize) {
+        assert!(
+            capacity >= self.nodes.len() && capacity < NIL as usize,
+            "capacity out of range"
+        );
+        self.capacity = capacity;
+    }
+
     /// Heap bytes allocated.
     pub fn heap_bytes(&self) -> usize {
         self.nodes.capacity() * size_of::<Node>()

@@ -379,3 +379,82 @@ fn concurrent_records_scores_and_removals_keep_the_reverse_map_exact() {
 fn rng_for_ties() -> SmallRng {
     SmallRng::seed_from_u64(3)
 }
+
+/// Prompts as real chains (short strings over a tiny alphabet, 1-byte blocks, so they share
+/// prefixes often), recorded whole, under per-pod budgets that change: the bisection lookup
+/// agrees with the walk, and no pod holds more than its budget.
+#[derive(Debug, Clone)]
+enum ChainOp {
+    Record { pod: usize, prompt: Vec<u8> },
+    Budget { pod: usize, cap: usize },
+    Query { prompt: Vec<u8> },
+}
+
+fn chain_op() -> impl Strategy<Value = ChainOp> {
+    let prompt = prop::collection::vec(b'a'..b'd', 1..12);
+    prop_oneof![
+        6 => (0usize..4, prompt.clone()).prop_map(|(pod, prompt)| ChainOp::Record { pod, prompt }),
+        1 => (0usize..4, 1usize..20).prop_map(|(pod, cap)| ChainOp::Budget { pod, cap }),
+        3 => prompt.prop_map(|prompt| ChainOp::Query { prompt }),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn chain_matches_agree_with_the_walk_under_changing_budgets(ops in prop::collection::vec(chain_op(), 1..60)) {
+        let chain = crate::hashing::BlockChain { block_size: 1, max_blocks: 64 };
+        let index = PrefixIndex::new(16);
+        let handles: Vec<PodHandle> = (0..4).map(|_| index.add_pod()).collect();
+        let slots: Vec<PodSlot> = handles.iter().map(|h| h.slot()).collect();
+        let mut caps = [16usize; 4];
+        for op in ops {
+            match op {
+                ChainOp::Record { pod, prompt } => {
+                    index.record(&handles[pod], M, &chain.hash("m", &prompt));
+                }
+                ChainOp::Budget { pod, cap } => {
+                    let before = index.pod_entries(slots[pod]);
+                    let evicted: u64 = index.set_pod_capacity(slots[pod], cap).iter().map(|e| e.1).sum();
+                    prop_assert_eq!(evicted as usize, before.saturating_sub(cap));
+                    prop_assert_eq!(index.pod_capacity(slots[pod]), cap);
+                    caps[pod] = cap;
+                }
+                ChainOp::Query { prompt } => {
+                    let hs = chain.hash("m", &prompt);
+                    let walked = index.longest_matches(M, &hs, &slots, 4, rng);
+                    prop_assert_eq!(index.chain_matches(M, &hs, &slots), walked);
+                }
+            }
+            for (pod, &slot) in slots.iter().enumerate() {
+                prop_assert!(index.pod_entries(slot) <= caps[pod]);
+                // The reverse map lists exactly the pod's entries.
+                for key in index.pod_keys_by_recency(slot) {
+                    prop_assert!(index.pods_holding(key.model, key.hash).contains(&slot));
+                }
+            }
+            let listed: usize = slots.iter().map(|&s| index.pod_entries(s)).sum();
+            prop_assert_eq!(index.entries(), listed);
+        }
+    }
+}
+
+#[test]
+fn shrinking_a_budget_keeps_the_most_recent_entries_in_order() {
+    let index = PrefixIndex::new(10);
+    let pod = index.add_pod();
+    index.record(&pod, M, &hashes(&[1, 2, 3]));
+    index.record(&pod, M, &hashes(&[4, 5]));
+    let evicted = index.set_pod_capacity(pod.slot(), 3);
+    assert_eq!(evicted, vec![(M, 2)]);
+    let keys: Vec<u64> = index
+        .pod_keys_by_recency(pod.slot())
+        .iter()
+        .map(|k| k.hash.0)
+        .collect();
+    assert_eq!(keys, [4, 5, 1]);
+    assert!(index.pods_holding(M, BlockHash(3)).is_empty());
+    // Growing keeps everything; the next record fills up to the new budget.
+    assert!(index.set_pod_capacity(pod.slot(), 5).is_empty());
+    index.record(&pod, M, &hashes(&[6, 7]));
+    assert_eq!(index.pod_entries(pod.slot()), 5);
+}

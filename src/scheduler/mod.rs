@@ -8,6 +8,7 @@
 //! [`Decision`] value carrying every plugin's scores, so it can be logged (`--v 4` prints Kthena's
 //! score lines), explained (`/debug/explain`) and tested. One file per plugin.
 
+pub mod affinity;
 pub mod gpu_usage;
 pub mod least_latency;
 pub mod least_request;
@@ -28,6 +29,8 @@ use crate::config::{FilterKind, SchedulerConfig, ScorerKind};
 use crate::endpoints::{Endpoint, EndpointSet};
 use crate::hashing::BlockHash;
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
+use crate::prefix_index::{ModelKey, TentativeEntries};
+use affinity::{AffinityConfig, AffinityReason, PodLoad};
 use prefix_cache::PrefixCache;
 
 /// Why a request could not be routed.
@@ -54,6 +57,14 @@ pub enum DecisionReason {
     PrefixMiss,
     /// Prefix-cache did not score (disabled, no prompt, or empty prompt).
     Unscored,
+    /// Affinity mode: the pod with the longest match, available.
+    AffinityHit,
+    /// Affinity mode: no pod holds any block; placed by the tie rule.
+    AffinityMiss,
+    /// Affinity mode: the pods with the longest match were saturated or over their share.
+    AffinitySpill,
+    /// Affinity mode: every pod was saturated or over its share.
+    AffinitySaturated,
 }
 
 impl DecisionReason {
@@ -63,6 +74,33 @@ impl DecisionReason {
             DecisionReason::PrefixOverruled => "prefix_overruled",
             DecisionReason::PrefixMiss => "prefix_miss",
             DecisionReason::Unscored => "unscored",
+            DecisionReason::AffinityHit => "affinity_hit",
+            DecisionReason::AffinityMiss => "affinity_miss",
+            DecisionReason::AffinitySpill => "affinity_spill",
+            DecisionReason::AffinitySaturated => "affinity_saturated",
+        }
+    }
+
+    /// Every value, in label order (for help texts and tests).
+    pub const ALL: [DecisionReason; 8] = [
+        DecisionReason::PrefixHit,
+        DecisionReason::PrefixOverruled,
+        DecisionReason::PrefixMiss,
+        DecisionReason::Unscored,
+        DecisionReason::AffinityHit,
+        DecisionReason::AffinityMiss,
+        DecisionReason::AffinitySpill,
+        DecisionReason::AffinitySaturated,
+    ];
+}
+
+impl From<AffinityReason> for DecisionReason {
+    fn from(r: AffinityReason) -> Self {
+        match r {
+            AffinityReason::Hit => DecisionReason::AffinityHit,
+            AffinityReason::Miss => DecisionReason::AffinityMiss,
+            AffinityReason::Spill => DecisionReason::AffinitySpill,
+            AffinityReason::Saturated => DecisionReason::AffinitySaturated,
         }
     }
 }
@@ -117,6 +155,15 @@ pub struct RouteRequest<'a> {
     pub prompt: Result<&'a str, &'static str>,
 }
 
+/// Where a record comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordOrigin {
+    /// A completion this replica saw (published to the record sink).
+    Local,
+    /// A record another replica made (never published again).
+    Replica,
+}
+
 /// Receives every local record (after a served request), e.g. to share it with other replicas.
 /// Called on the routing path: it must not block.
 pub trait RecordSink: Send + Sync + std::fmt::Debug {
@@ -134,6 +181,10 @@ pub struct Scheduler {
     decisions: AtomicU64,
     metrics: RouterMetrics,
     sink: OnceLock<Arc<dyn RecordSink>>,
+    /// The affinity mode's tentative entries (empty unless `tentative` is on).
+    tentative: Arc<TentativeEntries>,
+    /// Affinity picks made (the clock of the pods' recent shares).
+    picks: AtomicU64,
 }
 
 impl Scheduler {
@@ -144,10 +195,11 @@ impl Scheduler {
         prefix_metrics: PrefixCacheMetrics,
         metrics: RouterMetrics,
     ) -> Scheduler {
-        let prefix_enabled = config
-            .scorers
-            .iter()
-            .any(|(k, _)| *k == ScorerKind::PrefixCache);
+        let prefix_enabled = config.affinity.is_some()
+            || config
+                .scorers
+                .iter()
+                .any(|(k, _)| *k == ScorerKind::PrefixCache);
         Scheduler {
             prefix: PrefixCache::new(config.prefix_cache, seed, prefix_metrics),
             prefix_enabled,
@@ -157,7 +209,19 @@ impl Scheduler {
             decisions: AtomicU64::new(0),
             metrics,
             sink: OnceLock::new(),
+            tentative: Arc::new(TentativeEntries::default()),
+            picks: AtomicU64::new(0),
         }
+    }
+
+    /// The affinity mode's settings, when it is on.
+    pub fn affinity(&self) -> Option<&AffinityConfig> {
+        self.config.affinity.as_ref()
+    }
+
+    /// The tentative entries (decision-time records of the affinity mode).
+    pub fn tentative(&self) -> &Arc<TentativeEntries> {
+        &self.tentative
     }
 
     pub fn prefix_cache(&self) -> &PrefixCache {
@@ -230,6 +294,17 @@ impl Scheduler {
         let mut rng = SmallRng::seed_from_u64(self.seed ^ n.wrapping_mul(0xA076_1D64_78BD_642F));
         let mut hashes = Vec::new();
         let mut unscored = None;
+        // Affinity mode: every candidate's longest match (index and tentative), up front.
+        let mut affinity_scores = None;
+        if self.config.affinity.is_some()
+            && let Ok(prompt) = request.prompt
+        {
+            hashes = self.prefix.hash(model, prompt.as_bytes());
+            let slots: Vec<_> = candidates.iter().map(|e| e.index.slot()).collect();
+            affinity_scores =
+                self.prefix
+                    .score_chained(model, &hashes, &slots, &self.tentative, observe);
+        }
         let prompt_bytes = request.prompt.map_or(0, str::len);
         let mut plugins = Vec::with_capacity(self.config.scorers.len());
         let mut totals = vec![0u64; candidates.len()];
@@ -240,6 +315,12 @@ impl Scheduler {
                     Err(reason) => {
                         unscored = Some(reason);
                         None
+                    }
+                    Ok(_) if self.config.affinity.is_some() => {
+                        if affinity_scores.is_none() {
+                            unscored = Some("empty_prompt");
+                        }
+                        affinity_scores.as_ref().map(|s| s.scores.clone())
                     }
                     Ok(prompt) => {
                         hashes = self.prefix.hash(model, prompt.as_bytes());
@@ -281,22 +362,36 @@ impl Scheduler {
         let mut order: Vec<usize> = (0..candidates.len()).collect();
         order.shuffle(&mut rng);
         order.sort_by(|&a, &b| totals[b].cmp(&totals[a]));
-        let ranked: Vec<Arc<Endpoint>> = order
-            .iter()
-            .take(self.max_endpoints)
-            .map(|&i| candidates[i].clone())
-            .collect();
 
         let prefix_scores = plugins
             .iter()
             .find(|p| p.plugin == ScorerKind::PrefixCache.as_str())
             .and_then(|p| p.scores.as_ref());
-        let reason = match prefix_scores {
+        let mut reason = match prefix_scores {
             None => DecisionReason::Unscored,
             Some(s) if s[order[0]] > 0 => DecisionReason::PrefixHit,
             Some(s) if s.iter().any(|&x| x > 0) => DecisionReason::PrefixOverruled,
             Some(_) => DecisionReason::PrefixMiss,
         };
+        if let (Some(config), Some(scored)) = (&self.config.affinity, &affinity_scores) {
+            // The affinity pick leads; the weighted order gives the fallbacks.
+            let (primary, why) = self.affinity_pick(
+                config,
+                &candidates,
+                &scored.matched_blocks,
+                &hashes,
+                &mut rng,
+                observe,
+            );
+            order.retain(|&i| i != primary);
+            order.insert(0, primary);
+            reason = why.into();
+        }
+        let ranked: Vec<Arc<Endpoint>> = order
+            .iter()
+            .take(self.max_endpoints)
+            .map(|&i| candidates[i].clone())
+            .collect();
         let decision = Decision {
             candidates,
             plugins,
@@ -323,21 +418,75 @@ impl Scheduler {
         Ok(decision)
     }
 
-    /// Records a served request's prompt for the pod that served it.
-    pub fn record(&self, model: &str, hashes: &[BlockHash], endpoint: &Endpoint) -> usize {
-        if !self.prefix_enabled {
-            return 0;
+    /// The affinity mode's pick among `candidates` ([`affinity::pick`]); counts it in the
+    /// pod's recent share when `observe`.
+    fn affinity_pick(
+        &self,
+        config: &AffinityConfig,
+        candidates: &[Arc<Endpoint>],
+        matched: &[usize],
+        hashes: &[BlockHash],
+        rng: &mut SmallRng,
+        observe: bool,
+    ) -> (usize, AffinityReason) {
+        let now = self.picks.load(Ordering::Relaxed) as u32;
+        let keep = affinity::keep_factor(config.share_window, candidates.len());
+        let loads: Vec<PodLoad> = candidates
+            .iter()
+            .map(|e| PodLoad {
+                key: affinity::rendezvous_key(&e.spec.address),
+                inflight: e.inflight(),
+                waiting: e.stats().waiting,
+                share: e.recent.share(now, keep),
+            })
+            .collect();
+        let (primary, why) = affinity::pick(config, matched, &loads, hashes, rng);
+        if observe {
+            let now = self.picks.fetch_add(1, Ordering::Relaxed) as u32;
+            candidates[primary].recent.add(now, keep);
         }
-        if let Some(sink) = self.sink.get() {
-            sink.recorded(model, hashes, endpoint);
-        }
-        self.prefix.record(model, hashes, &endpoint.index)
+        (primary, why)
     }
 
-    /// Applies a record another replica made (same LRU semantics; not passed to the sink).
-    pub fn record_remote(&self, model: &str, hashes: &[BlockHash], endpoint: &Endpoint) -> usize {
+    /// Holds `hashes` tentatively for `endpoint` until the request completes (affinity mode with
+    /// `tentative`); `None` when there is nothing to hold.
+    pub fn hold_tentative(
+        &self,
+        model: &str,
+        hashes: &[BlockHash],
+        endpoint: &Endpoint,
+    ) -> Option<TentativeHold> {
+        let config = self.config.affinity.as_ref()?;
+        if !config.tentative || hashes.is_empty() {
+            return None;
+        }
+        let hold = TentativeHold {
+            entries: self.tentative.clone(),
+            model: ModelKey::of(model),
+            pod: endpoint.index.slot(),
+            hashes: hashes.into(),
+        };
+        self.tentative.add(hold.model, hashes, hold.pod);
+        Some(hold)
+    }
+
+    /// Records a served request's prompt for the pod that served it: the one record path,
+    /// for this replica's completions ([`RecordOrigin::Local`], shared with the other replicas
+    /// through the sink) and for theirs ([`RecordOrigin::Replica`], applied as they made them).
+    pub fn record(
+        &self,
+        model: &str,
+        hashes: &[BlockHash],
+        endpoint: &Endpoint,
+        origin: RecordOrigin,
+    ) -> usize {
         if !self.prefix_enabled {
             return 0;
+        }
+        if origin == RecordOrigin::Local
+            && let Some(sink) = self.sink.get()
+        {
+            sink.recorded(model, hashes, endpoint);
         }
         self.prefix.record(model, hashes, &endpoint.index)
     }
@@ -352,6 +501,29 @@ impl Scheduler {
             .plugin_duration
             .with_label_values(&[model, plugin, kind])
             .observe(started.elapsed().as_secs_f64());
+    }
+}
+
+/// A prompt held tentatively for a pod ([`Scheduler::hold_tentative`]), released when dropped:
+/// the request's ticket drops it at completion (after recording), rollback or expiry.
+#[derive(Debug)]
+pub struct TentativeHold {
+    entries: Arc<TentativeEntries>,
+    model: ModelKey,
+    pod: crate::prefix_index::PodSlot,
+    hashes: Box<[BlockHash]>,
+}
+
+impl TentativeHold {
+    /// The pod the prompt is held for.
+    pub fn pod(&self) -> crate::prefix_index::PodSlot {
+        self.pod
+    }
+}
+
+impl Drop for TentativeHold {
+    fn drop(&mut self) {
+        self.entries.remove(self.model, &self.hashes, self.pod);
     }
 }
 

@@ -23,7 +23,7 @@ use serde_yaml_ng::Value as Yaml;
 
 use crate::hashing::{BlockChain, BlockHash};
 use crate::metrics::PrefixCacheMetrics;
-use crate::prefix_index::{ModelKey, PodHandle, PodSlot, PrefixIndex};
+use crate::prefix_index::{ModelKey, PodHandle, PodSlot, PrefixIndex, TentativeEntries};
 
 /// The exact log line Kthena writes when the args block cannot be parsed.
 pub const UNPARSABLE_ARGS: &str = "Failed to unmarshal PrefixCacheArgs, using default values";
@@ -221,6 +221,38 @@ impl PrefixCache {
         }
         Some(PrefixScores {
             scores,
+            matched_blocks: matched,
+            total_blocks: total,
+        })
+    }
+
+    /// The affinity mode's scoring: every candidate's longest match, in the index (by
+    /// bisection, [`PrefixIndex::chain_matches`]) or held tentatively, with no top-k limit;
+    /// scores are the same percentages. `None` for an empty hash list.
+    pub fn score_chained(
+        &self,
+        model: &str,
+        hashes: &[BlockHash],
+        candidates: &[PodSlot],
+        tentative: &TentativeEntries,
+        observe: bool,
+    ) -> Option<PrefixScores> {
+        if hashes.is_empty() {
+            return None;
+        }
+        let key = ModelKey::of(model);
+        let mut matched = self.index.chain_matches(key, hashes, candidates);
+        tentative.extend_matches(key, hashes, candidates, &mut matched);
+        let total = hashes.len();
+        if observe {
+            let longest = matched.iter().copied().max().unwrap_or(0);
+            self.metrics
+                .match_ratio
+                .with_label_values(&[model])
+                .observe(longest as f64 / total as f64);
+        }
+        Some(PrefixScores {
+            scores: matched.iter().map(|&m| percent(m, total)).collect(),
             matched_blocks: matched,
             total_blocks: total,
         })

@@ -52,7 +52,7 @@ fn repeated_prompt_goes_to_the_recorded_pod() {
     assert_eq!(first.reason, DecisionReason::PrefixMiss);
     assert_eq!(first.ranked.len(), 4);
     let served = first.primary().clone();
-    s.record("m", &first.hashes, &served);
+    s.record("m", &first.hashes, &served, RecordOrigin::Local);
     let second = s
         .schedule(req(&prompt), s.candidates(&set, "m", None).unwrap(), true)
         .unwrap();

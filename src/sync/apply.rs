@@ -14,7 +14,7 @@ use super::metrics::{DropReason, SyncMetrics};
 use super::record::{self, HashParams};
 use crate::endpoints::{Endpoint, EndpointSet, Endpoints};
 use crate::hashing::BlockHash;
-use crate::scheduler::Scheduler;
+use crate::scheduler::{RecordOrigin, Scheduler};
 
 /// What happened to one entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,7 +96,7 @@ impl Applier {
         }
         if !self.hashes.is_empty() {
             self.scheduler
-                .record_remote(r.model, &self.hashes, endpoint);
+                .record(r.model, &self.hashes, endpoint, RecordOrigin::Replica);
         }
         Applied::Recorded
     }

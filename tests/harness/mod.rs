@@ -230,6 +230,15 @@ pub fn picker_config(backends: &[&Backend], extra: &str) -> Config {
     Config::parse(&doc).unwrap()
 }
 
+/// The `picker:` section of the shipped config (`deploy/local/config.yaml`): the affinity mode.
+pub fn shipped_picker_section() -> &'static str {
+    let local = include_str!("../../deploy/local/config.yaml");
+    &local[local
+        .find("\npicker:")
+        .expect("the shipped config has a picker section")
+        + 1..]
+}
+
 pub async fn start_picker(config: Config) -> Running {
     serve::start(config, "127.0.0.1:0", "127.0.0.1:0")
         .await
@@ -374,7 +383,8 @@ impl Sim {
 
 pub fn sims_config(sims: &[Sim], extra: &str) -> Config {
     use prefix_picker::bench::cluster::{endpoints_yaml, scheduler_section};
-    let mut doc = scheduler_section(include_str!("../../deploy/local/config.yaml")).to_string();
+    let mut doc =
+        scheduler_section(include_str!("../fixtures/kthena-router-config.yaml")).to_string();
     doc.push_str(&endpoints_yaml(
         sims.iter().map(|s| (s.name.as_str(), s.addr)),
     ));

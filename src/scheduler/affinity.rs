@@ -1,0 +1,289 @@
+//! The affinity mode (`picker.affinity`): the pick that keeps engines' caches warm while
+//! keeping pods balanced. Off (no section), the scheduler is Kthena's.
+//!
+//! Per request, each candidate has a longest match (blocks held in the index or tentatively,
+//! [`crate::prefix_index::TentativeEntries`]) and a load. A candidate is *saturated* when its
+//! engine queue exceeds `maxQueue` or its in-flight count reaches `podCapacity`, and
+//! *over-share* when its share of recent picks exceeds the mean (at least `1/n`) by more than
+//! `shareHeadroom`; the others are *available*. Then:
+//! - the longest match overall is on an available pod: pick it (`affinity_hit`);
+//! - nobody holds any block: pick among the available pods by the tie rule (`affinity_miss`);
+//! - the longest match is only on unavailable pods: spill to the available pod with the longest
+//!   match, or the least-loaded available pod when none holds any block (`affinity_spill`); that
+//!   pod then holds the prefix too, so a hot prefix replicates over as many pods as its load
+//!   needs and a cold one stays on one;
+//! - nothing is available: the least-loaded pod that is not saturated, else the least-loaded
+//!   pod (`affinity_saturated`).
+//!
+//! Ties (equal longest match) are broken by rendezvous hashing of the deepest block the tied
+//! pods hold (the first block when none holds any) over their addresses (`consolidateTies`):
+//! every request with that prefix, on every replica, picks the same pod, so a prefix that
+//! spilled to a second pod returns to one when the load drops. Without it, a seeded random
+//! pick.
+//! Scraped gauges never outweigh a match while the pod is available.
+//!
+//! Knobs (defaults): `podCapacity` 64, `maxQueue` 0, `shareHeadroom` 0.3, `shareWindow` 64
+//! (picks per candidate that the share remembers, an exponential moving average).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rand::Rng;
+
+use crate::hashing::BlockHash;
+
+/// The affinity mode's settings (validated: every number in range).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AffinityConfig {
+    /// Decision-time records: the pick holds the prompt for its pod until completion.
+    pub tentative: bool,
+    /// Ties broken by rendezvous hashing instead of at random.
+    pub consolidate_ties: bool,
+    /// Saturated and over-share pods lose affinity.
+    pub load_gate: bool,
+    pub pod_capacity: u32,
+    pub max_queue: u32,
+    pub share_headroom: f64,
+    pub share_window: u32,
+    /// Hash prompts past Kthena's 8 KiB, in `block_bytes` blocks up to `max_prompt_bytes`.
+    pub long_prompts: bool,
+    pub block_bytes: usize,
+    pub max_prompt_bytes: usize,
+    /// Size each pod's index budget from its engine's KV capacity when it exports it.
+    pub engine_budget: bool,
+    pub bytes_per_token: u32,
+    /// Engine tokens assumed for pods whose engine does not export its capacity (0: use
+    /// `maxHashCacheSize`).
+    pub engine_tokens: u64,
+}
+
+impl Default for AffinityConfig {
+    fn default() -> Self {
+        AffinityConfig {
+            tentative: true,
+            consolidate_ties: true,
+            load_gate: true,
+            pod_capacity: 64,
+            max_queue: 0,
+            share_headroom: 0.3,
+            share_window: 64,
+            long_prompts: true,
+            block_bytes: 256,
+            max_prompt_bytes: 256 << 10,
+            engine_budget: true,
+            bytes_per_token: 4,
+            engine_tokens: 0,
+        }
+    }
+}
+
+impl AffinityConfig {
+    /// Index entries for a pod whose engine holds `tokens` tokens of KV cache.
+    pub fn budget_entries(&self, tokens: u64, block_bytes: usize) -> usize {
+        let bytes = tokens.saturating_mul(u64::from(self.bytes_per_token));
+        usize::try_from(bytes / block_bytes.max(1) as u64)
+            .unwrap_or(usize::MAX)
+            .max(1)
+    }
+}
+
+/// Why the affinity pick is what it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AffinityReason {
+    Hit,
+    Miss,
+    Spill,
+    Saturated,
+}
+
+/// A pod's share of recent picks: an exponential moving average over picks (each pick keeps
+/// `keep` of the share before it and adds `1 - keep` to its pod's), stored with the pick count
+/// it was last brought to (one word, updated without a lock).
+#[derive(Debug, Default)]
+pub struct RecentPicks(AtomicU64);
+
+impl RecentPicks {
+    fn unpack(v: u64) -> (u32, f32) {
+        ((v >> 32) as u32, f32::from_bits(v as u32))
+    }
+
+    fn pack(at: u32, share: f32) -> u64 {
+        (u64::from(at) << 32) | u64::from(share.to_bits())
+    }
+
+    fn decayed(v: u64, now: u32, keep: f64) -> f64 {
+        let (at, share) = Self::unpack(v);
+        let steps = now.wrapping_sub(at);
+        if steps > 1 << 20 {
+            return 0.0;
+        }
+        f64::from(share) * keep.powi(steps as i32)
+    }
+
+    /// The share at pick number `now`, each pick keeping `keep` of the share before it.
+    pub fn share(&self, now: u32, keep: f64) -> f64 {
+        Self::decayed(self.0.load(Ordering::Relaxed), now, keep)
+    }
+
+    /// Counts pick number `now` for this pod.
+    pub fn add(&self, now: u32, keep: f64) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                // Picks before `now` decay the stored share; this one adds its weight.
+                let share = Self::decayed(v, now, keep) * keep + (1.0 - keep);
+                Some(Self::pack(now.wrapping_add(1), share as f32))
+            });
+    }
+}
+
+/// What the affinity pick knows of a candidate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PodLoad {
+    /// A stable identity shared by every replica ([`rendezvous_key`] of the pod's address).
+    pub key: u64,
+    pub inflight: i64,
+    /// The engine's queue (scraped).
+    pub waiting: f64,
+    /// Share of recent picks ([`RecentPicks::share`]).
+    pub share: f64,
+}
+
+/// The rendezvous identity of a pod: its address, hashed.
+pub fn rendezvous_key(address: &SocketAddr) -> u64 {
+    let mut bytes = [0u8; 18];
+    match address.ip() {
+        std::net::IpAddr::V4(ip) => bytes[..4].copy_from_slice(&ip.octets()),
+        std::net::IpAddr::V6(ip) => bytes[..16].copy_from_slice(&ip.octets()),
+    }
+    bytes[16..].copy_from_slice(&address.port().to_le_bytes());
+    xxhash_rust::xxh64::xxh64(&bytes, 0x7265_6e64_657a_766f)
+}
+
+/// The keep factor of a moving average over `window` picks per candidate.
+pub fn keep_factor(window: u32, candidates: usize) -> f64 {
+    1.0 - 1.0 / (f64::from(window.max(1)) * candidates.max(1) as f64)
+}
+
+fn mix(x: u64) -> u64 {
+    let p = u128::from(x) * 0x9E37_79B9_7F4A_7C15_u128;
+    (p as u64) ^ ((p >> 64) as u64)
+}
+
+/// The pick: the chosen candidate's position and why.
+pub fn pick<R: Rng>(
+    config: &AffinityConfig,
+    matched: &[usize],
+    loads: &[PodLoad],
+    hashes: &[BlockHash],
+    rng: &mut R,
+) -> (usize, AffinityReason) {
+    let n = matched.len();
+    debug_assert_eq!(n, loads.len());
+    let saturated = |i: usize| {
+        config.load_gate
+            && (loads[i].waiting > f64::from(config.max_queue)
+                || loads[i].inflight >= i64::from(config.pod_capacity))
+    };
+    let mean = loads.iter().map(|l| l.share).sum::<f64>() / n as f64;
+    let limit = (1.0 + config.share_headroom) * mean.max(1.0 / n as f64);
+    let over = |i: usize| config.load_gate && n > 1 && loads[i].share > limit;
+    let available = |i: usize| !saturated(i) && !over(i);
+
+    let best_all = matched.iter().copied().max().unwrap_or(0);
+    let best_available = (0..n).filter(|&i| available(i)).map(|i| matched[i]).max();
+    // The tie key: the deepest block the tied pods hold (the first block without a match).
+    let tie_key = |m: usize| hashes.get(m.saturating_sub(1)).map(|h| h.0);
+    let load = |i: usize| loads[i].inflight as f64 + loads[i].waiting;
+    match best_available {
+        Some(best) if best == best_all => {
+            let i = tie_break(
+                config,
+                (0..n).filter(|&i| available(i) && matched[i] == best),
+                loads,
+                tie_key(best),
+                rng,
+            );
+            (
+                i,
+                if best > 0 {
+                    AffinityReason::Hit
+                } else {
+                    AffinityReason::Miss
+                },
+            )
+        }
+        Some(best) if best > 0 => {
+            let i = tie_break(
+                config,
+                (0..n).filter(|&i| available(i) && matched[i] == best),
+                loads,
+                tie_key(best),
+                rng,
+            );
+            (i, AffinityReason::Spill)
+        }
+        Some(_) => {
+            let least = (0..n)
+                .filter(|&i| available(i))
+                .map(load)
+                .fold(f64::INFINITY, f64::min);
+            let i = tie_break(
+                config,
+                (0..n).filter(|&i| available(i) && load(i) == least),
+                loads,
+                tie_key(0),
+                rng,
+            );
+            (i, AffinityReason::Spill)
+        }
+        None => {
+            // Nothing available: the best match among pods with room, else the least loaded.
+            let roomy = (0..n).filter(|&i| !saturated(i)).map(|i| matched[i]).max();
+            let i = match roomy {
+                Some(best) => tie_break(
+                    config,
+                    (0..n).filter(|&i| !saturated(i) && matched[i] == best),
+                    loads,
+                    tie_key(best),
+                    rng,
+                ),
+                None => {
+                    let least = (0..n).map(load).fold(f64::INFINITY, f64::min);
+                    tie_break(
+                        config,
+                        (0..n).filter(|&i| load(i) == least),
+                        loads,
+                        tie_key(0),
+                        rng,
+                    )
+                }
+            };
+            (i, AffinityReason::Saturated)
+        }
+    }
+}
+
+/// One of `tied` (non-empty): the highest rendezvous weight for `key`, or a random one.
+fn tie_break<R: Rng>(
+    config: &AffinityConfig,
+    tied: impl Iterator<Item = usize> + Clone,
+    loads: &[PodLoad],
+    key: Option<u64>,
+    rng: &mut R,
+) -> usize {
+    match key {
+        Some(key) if config.consolidate_ties => tied
+            .max_by_key(|&i| mix(key ^ loads[i].key))
+            .expect("a tie has a member"),
+        _ => {
+            let count = tied.clone().count();
+            tied.clone()
+                .nth(rng.random_range(0..count))
+                .expect("a tie has a member")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,189 @@
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+use super::*;
+
+fn loads(n: usize) -> Vec<PodLoad> {
+    (0..n)
+        .map(|i| PodLoad {
+            key: rendezvous_key(&format!("10.0.0.{i}:8000").parse().unwrap()),
+            inflight: 0,
+            waiting: 0.0,
+            share: 0.0,
+        })
+        .collect()
+}
+
+fn hashes(n: u64) -> Vec<BlockHash> {
+    (1..=n).map(BlockHash).collect()
+}
+
+fn pick_one(
+    config: &AffinityConfig,
+    matched: &[usize],
+    loads: &[PodLoad],
+    h: &[BlockHash],
+) -> (usize, AffinityReason) {
+    pick(config, matched, loads, h, &mut SmallRng::seed_from_u64(7))
+}
+
+#[test]
+fn the_longest_match_wins_whatever_the_load_while_the_pod_has_room() {
+    let c = AffinityConfig::default();
+    let mut l = loads(4);
+    l[2].inflight = 40;
+    l[2].share = 0.3;
+    for (i, p) in l.iter_mut().enumerate() {
+        if i != 2 {
+            p.share = 0.23;
+        }
+    }
+    assert_eq!(
+        pick_one(&c, &[1, 0, 8, 3], &l, &hashes(8)),
+        (2, AffinityReason::Hit)
+    );
+}
+
+#[test]
+fn a_saturated_pod_loses_affinity_and_the_prefix_spills() {
+    let c = AffinityConfig::default();
+    let mut l = loads(4);
+    l[2].waiting = 1.0;
+    l[1].inflight = 3;
+    // Pod 0 holds part of the prompt: the spill goes there.
+    assert_eq!(
+        pick_one(&c, &[2, 0, 8, 0], &l, &hashes(8)),
+        (0, AffinityReason::Spill)
+    );
+    // Nobody else holds any of it: the least-loaded available pod (0 and 3 tie on load).
+    let (i, why) = pick_one(&c, &[0, 0, 8, 0], &l, &hashes(8));
+    assert!(i == 0 || i == 3, "{i}");
+    assert_eq!(why, AffinityReason::Spill);
+    // At capacity counts as saturated too.
+    let mut l = loads(2);
+    l[0].inflight = i64::from(c.pod_capacity);
+    assert_eq!(
+        pick_one(&c, &[8, 0], &l, &hashes(8)).1,
+        AffinityReason::Spill
+    );
+}
+
+#[test]
+fn an_over_share_pod_spills_and_the_mean_has_a_floor() {
+    let c = AffinityConfig::default();
+    let mut l = loads(4);
+    l[0].share = 0.7;
+    l[1].share = 0.1;
+    l[2].share = 0.1;
+    l[3].share = 0.1;
+    assert_eq!(
+        pick_one(&c, &[8, 0, 0, 0], &l, &hashes(8)).1,
+        AffinityReason::Spill
+    );
+    // Early on (shares far below 1/n) a pod with a few picks is not over its share.
+    let mut l = loads(4);
+    l[0].share = 0.06;
+    assert_eq!(
+        pick_one(&c, &[8, 0, 0, 0], &l, &hashes(8)),
+        (0, AffinityReason::Hit)
+    );
+}
+
+#[test]
+fn without_the_load_gate_the_match_always_wins() {
+    let c = AffinityConfig {
+        load_gate: false,
+        ..AffinityConfig::default()
+    };
+    let mut l = loads(3);
+    l[1].waiting = 50.0;
+    l[1].share = 0.9;
+    assert_eq!(
+        pick_one(&c, &[0, 5, 1], &l, &hashes(8)),
+        (1, AffinityReason::Hit)
+    );
+}
+
+#[test]
+fn everything_saturated_goes_to_the_least_loaded() {
+    let c = AffinityConfig::default();
+    let mut l = loads(3);
+    for (i, p) in l.iter_mut().enumerate() {
+        p.waiting = 5.0 - i as f64;
+    }
+    assert_eq!(
+        pick_one(&c, &[4, 0, 0], &l, &hashes(8)),
+        (2, AffinityReason::Saturated)
+    );
+}
+
+#[test]
+fn ties_consolidate_on_the_deepest_block_held() {
+    let c = AffinityConfig::default();
+    let l = loads(8);
+    // Any rng, any continuation past the shared 4 blocks: the same pod.
+    let picks: Vec<_> = (0..20u64)
+        .map(|s| {
+            let mut h = hashes(4);
+            h.extend((0..4).map(|j| BlockHash(1000 + s * 10 + j)));
+            pick(
+                &c,
+                &[4, 4, 4, 0, 4, 4, 4, 4],
+                &l,
+                &h,
+                &mut SmallRng::seed_from_u64(s),
+            )
+            .0
+        })
+        .collect();
+    assert!(picks.iter().all(|&p| p == picks[0] && p != 3), "{picks:?}");
+    // Different prefixes spread over the pods.
+    let seen: std::collections::HashSet<_> = (0..64u64)
+        .map(|k| pick_one(&c, &[0; 8], &l, &[BlockHash(k * 77 + 5)]).0)
+        .collect();
+    assert!(seen.len() >= 6, "{seen:?}");
+}
+
+#[test]
+fn without_consolidation_ties_are_random() {
+    let c = AffinityConfig {
+        consolidate_ties: false,
+        ..AffinityConfig::default()
+    };
+    let l = loads(4);
+    let seen: std::collections::HashSet<_> = (0..64)
+        .map(|s| {
+            pick(
+                &c,
+                &[2, 2, 2, 2],
+                &l,
+                &hashes(4),
+                &mut SmallRng::seed_from_u64(s),
+            )
+            .0
+        })
+        .collect();
+    assert_eq!(seen.len(), 4);
+}
+
+#[test]
+fn recent_share_is_a_moving_average_over_picks() {
+    let r = RecentPicks::default();
+    let keep = keep_factor(4, 4); // 1 - 1/16
+    for now in 0..16 {
+        r.add(now, keep);
+    }
+    let all = r.share(16, keep);
+    assert!((all - (1.0 - keep.powi(16))).abs() < 1e-6, "{all}");
+    // 16 picks of others later it has decayed by keep^16.
+    assert!((r.share(32, keep) - all * keep.powi(16)).abs() < 1e-6);
+    assert_eq!(RecentPicks::default().share(5, keep), 0.0);
+}
+
+#[test]
+fn budgets_follow_engine_tokens() {
+    let c = AffinityConfig::default();
+    // 4096 blocks x 16 tokens x 4 bytes / 256-byte blocks.
+    assert_eq!(c.budget_entries(65_536, 256), 1024);
+    assert_eq!(c.budget_entries(0, 256), 1);
+}
