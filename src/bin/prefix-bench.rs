@@ -123,7 +123,8 @@ struct SuiteOpts {
     /// Only these workloads (keys such as `multi-tenant,agent,hot-prefix`, or name prefixes).
     #[arg(long, value_delimiter = ',')]
     workloads: Vec<String>,
-    /// Only the routers whose row name contains one of these (e.g. `round-robin,oracle`).
+    /// Only the routers whose row name contains one of these (e.g. `round-robin,oracle`); the
+    /// ablation rows run whenever `--ablation` is given.
     #[arg(long, value_delimiter = ',')]
     routers: Vec<String>,
     /// Add the ablation rows: the shipped config with one `picker.affinity` switch off each.
@@ -736,7 +737,10 @@ async fn suite(opts: SuiteOpts) -> anyhow::Result<()> {
     let routers: Vec<(String, Setup)> = routers(ablation)?
         .into_iter()
         .filter(|(name, _)| {
-            only_routers.is_empty() || only_routers.iter().any(|r| name.contains(r.as_str()))
+            // `--ablation` asks for its rows whatever `--routers` selects.
+            only_routers.is_empty()
+                || name.starts_with(report::ABLATION)
+                || only_routers.iter().any(|r| name.contains(r.as_str()))
         })
         .collect();
     anyhow::ensure!(!routers.is_empty(), "no router matches {only_routers:?}");
