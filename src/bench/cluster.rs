@@ -243,13 +243,22 @@ pub fn start_picker(
         .arg(&cfg)
         .env_remove("RUST_LOG");
     let mut process = spawn_logging(command, &log_path)?;
-    let (grpc, admin) = wait_for("prefix-picker to listen", Duration::from_secs(30), || {
+    let mut exited = None;
+    let found = wait_for("prefix-picker to listen", Duration::from_secs(30), || {
         let text = std::fs::read_to_string(&log_path).ok()?;
-        Some((
+        if let Ok(Some(status)) = process.try_wait() {
+            // A rejected config: say why instead of waiting for the time-out.
+            exited = Some(format!("prefix-picker exited ({status}): {}", text.trim()));
+            return Some(None);
+        }
+        Some(Some((
             logged_addr(&text, "grpc_addr=")?,
             logged_addr(&text, "admin_addr=")?,
-        ))
+        )))
     })?;
+    let Some((grpc, admin)) = found else {
+        bail!(exited.unwrap_or_default());
+    };
     process.addr = grpc;
     Ok((process, admin))
 }

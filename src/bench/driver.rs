@@ -6,7 +6,8 @@
 //! time to the first `data:` event. Engine hit rate = token-weighted delta of the sims'
 //! `vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total` over the run.
 //! `base` may list several routers (comma-separated): requests go to them round-robin, as a
-//! load balancer in front of gateway replicas would send them.
+//! load balancer in front of gateway replicas would send them. A request pinned to an engine
+//! (`pin_to`, the oracle's placement) goes straight to that engine.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -67,6 +68,9 @@ impl Percentiles {
 pub struct RunResult {
     pub router: String,
     pub workload: String,
+    /// Repetition number (1-based) when the suite runs every row several times.
+    #[serde(default)]
+    pub rep: usize,
     pub requests: usize,
     pub errors: usize,
     pub duration_s: f64,
@@ -125,6 +129,7 @@ async fn one(client: &reqwest::Client, base: &str, r: &BenchRequest) -> Sample {
     let mut stream = resp.bytes_stream();
     let mut ttft = None;
     let mut events = 0u64;
+    let mut usage_chunks = 0u64;
     while let Some(chunk) = stream.next().await {
         let Ok(chunk) = chunk else {
             return Sample::default();
@@ -133,12 +138,14 @@ async fn one(client: &reqwest::Client, base: &str, r: &BenchRequest) -> Sample {
             ttft = Some(start.elapsed().as_secs_f64());
         }
         events += chunk.windows(6).filter(|w| w == b"data: ").count() as u64;
+        // Not a token: the usage chunk of `stream_options.include_usage` (no choices).
+        usage_chunks += chunk.windows(14).filter(|w| w == b"\"choices\":[]").count() as u64;
     }
     Sample {
         ok: true,
         ttft: ttft.unwrap_or_else(|| start.elapsed().as_secs_f64()),
         e2e: start.elapsed().as_secs_f64(),
-        output_tokens: events.saturating_sub(1),
+        output_tokens: events.saturating_sub(1 + usage_chunks),
         served_by,
     }
 }
@@ -175,16 +182,20 @@ fn units(requests: &[BenchRequest]) -> VecDeque<Unit> {
     out.into()
 }
 
-/// Router URLs, taken round-robin per request.
+/// Router URLs, taken round-robin per request; the engines' URLs for pinned requests.
 #[derive(Debug)]
 struct Bases {
     urls: Vec<String>,
     next: AtomicUsize,
+    sims: Vec<String>,
 }
 
 impl Bases {
-    fn pick(&self) -> &str {
-        &self.urls[self.next.fetch_add(1, Ordering::Relaxed) % self.urls.len()]
+    fn pick(&self, r: &BenchRequest) -> &str {
+        match r.pin_to.and_then(|i| self.sims.get(i)) {
+            Some(sim) => sim,
+            None => &self.urls[self.next.fetch_add(1, Ordering::Relaxed) % self.urls.len()],
+        }
     }
 }
 
@@ -195,12 +206,12 @@ async fn run_unit(
     samples: &Mutex<Vec<Sample>>,
 ) {
     if unit.together {
-        let all = unit.requests.iter().map(|r| one(client, base.pick(), r));
+        let all = unit.requests.iter().map(|r| one(client, base.pick(r), r));
         let results = futures_util::future::join_all(all).await;
         samples.lock().extend(results);
     } else {
         for r in &unit.requests {
-            let s = one(client, base.pick(), r).await;
+            let s = one(client, base.pick(r), r).await;
             samples.lock().push(s);
         }
     }
@@ -225,6 +236,7 @@ pub async fn run(
     let base = Arc::new(Bases {
         urls: base.split(',').map(str::to_string).collect(),
         next: AtomicUsize::new(0),
+        sims: sims.to_vec(),
     });
     let (h0, q0) = engine_counters(&client, sims).await;
     let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
@@ -308,6 +320,7 @@ pub async fn run(
     RunResult {
         router: router.to_string(),
         workload: workload.to_string(),
+        rep: 1,
         requests: samples.len(),
         errors: samples.len() - ok.len(),
         duration_s: duration,

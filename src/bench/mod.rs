@@ -3,6 +3,7 @@
 pub mod cluster;
 pub mod driver;
 pub mod noop_ext_proc;
+pub mod oracle;
 pub mod overhead;
 pub mod report;
 pub mod sync_cost;

@@ -8,6 +8,15 @@
 //!   id (so equal ids share bytes exactly), the last block cut to `input_length * 4` bytes;
 //!   arrival times from the trace divided by a speed-up factor.
 //! - `burst`: `bursts` new prefixes, each sent by `size` requests at once.
+//! - `multi-tenant`: `tenants` system prompts (~6 KB each) with Zipf popularity, more than one
+//!   pod's cache holds; sessions of 1-3 turns that re-send their history.
+//! - `agent`: one shared tool preamble longer than the router's 8 KiB hash coverage, then
+//!   sessions that grow append-only over several turns (tool calls and results).
+//! - `hot-prefix`: one prefix carries `hot_share` of the requests, the others share the rest.
+//!
+//! Every request names its affinity group (`group`: the shared prefix, tenant or session), so
+//! [`super::oracle`] can place groups with perfect knowledge. Streams ask
+//! `stream_options.include_usage`, so engines report `cached_tokens` at the end of each stream.
 
 use std::io::BufRead;
 use std::path::Path;
@@ -51,10 +60,41 @@ pub struct BenchRequest {
     pub burst: Option<u32>,
     /// Arrival time (trace replay), ms from the start.
     pub at_ms: Option<f64>,
+    /// Affinity group: the shared prefix, tenant or session the request belongs to.
+    pub group: Option<u32>,
+    /// Send straight to this engine (by index) instead of the router (the oracle's placement).
+    pub pin_to: Option<usize>,
+}
+
+impl BenchRequest {
+    /// A request of `group` with no ordering constraint.
+    pub fn new(path: &'static str, body: Value, group: Option<u32>) -> BenchRequest {
+        BenchRequest {
+            path,
+            body,
+            conversation: None,
+            burst: None,
+            at_ms: None,
+            group,
+            pin_to: None,
+        }
+    }
+
+    /// The same request, one turn of `conversation`.
+    fn turn_of(mut self, conversation: u32) -> BenchRequest {
+        self.conversation = Some(conversation);
+        self
+    }
 }
 
 fn chat(messages: Value, output_tokens: usize, model: &str) -> Value {
-    json!({"model": model, "messages": messages, "max_tokens": output_tokens, "stream": true})
+    json!({"model": model, "messages": messages, "max_tokens": output_tokens, "stream": true,
+        "stream_options": {"include_usage": true}})
+}
+
+fn completion(prompt: String, output_tokens: usize, model: &str) -> Value {
+    json!({"model": model, "prompt": prompt, "max_tokens": output_tokens, "stream": true,
+        "stream_options": {"include_usage": true}})
 }
 
 pub fn shared_prefix(
@@ -77,17 +117,15 @@ pub fn shared_prefix(
                 seed ^ ((g * per_group + q) as u64 + 1).wrapping_mul(0xC2B2_AE35) ^ 0xABCD,
                 question_tokens * 4,
             );
-            out.push(BenchRequest {
-                path: "/v1/chat/completions",
-                body: chat(
+            out.push(BenchRequest::new(
+                "/v1/chat/completions",
+                chat(
                     json!([{"role": "system", "content": system}, {"role": "user", "content": question}]),
                     output_tokens,
                     model,
                 ),
-                conversation: None,
-                burst: None,
-                at_ms: None,
-            });
+                Some(g as u32),
+            ));
         }
     }
     out.shuffle(&mut SmallRng::seed_from_u64(seed));
@@ -111,13 +149,14 @@ pub fn multi_turn(
             history.push(
                 json!({"role": "user", "content": text(cs ^ (2 * t as u64 + 1), user_tokens * 4)}),
             );
-            out.push(BenchRequest {
-                path: "/v1/chat/completions",
-                body: chat(Value::Array(history.clone()), output_tokens, model),
-                conversation: Some(c as u32),
-                burst: None,
-                at_ms: None,
-            });
+            out.push(
+                BenchRequest::new(
+                    "/v1/chat/completions",
+                    chat(Value::Array(history.clone()), output_tokens, model),
+                    Some(c as u32),
+                )
+                .turn_of(c as u32),
+            );
             history.push(json!({"role": "assistant", "content": text(cs ^ (2 * t as u64 + 2), output_tokens * 4)}));
         }
     }
@@ -139,16 +178,164 @@ pub fn burst(
             prefix_tokens * 4,
         );
         for i in 0..size {
-            out.push(BenchRequest {
-                path: "/v1/completions",
-                body: json!({"model": model, "prompt": format!("{prefix} request {i}"), "max_tokens": output_tokens, "stream": true}),
-                conversation: None,
-                burst: Some(b as u32),
-                at_ms: None,
-            });
+            let mut r = BenchRequest::new(
+                "/v1/completions",
+                completion(format!("{prefix} request {i}"), output_tokens, model),
+                Some(b as u32),
+            );
+            r.burst = Some(b as u32);
+            out.push(r);
         }
     }
     out
+}
+
+/// Multi-tenant chat: `tenants` system prompts of `system_tokens`, picked with Zipf(`zipf`)
+/// popularity by `sessions` sessions of 1-3 turns (half are single questions); follow-up turns
+/// re-send the session's history. Questions vary from half to 1.5x `question_tokens`.
+#[allow(clippy::too_many_arguments)]
+pub fn multi_tenant(
+    tenants: usize,
+    sessions: usize,
+    system_tokens: usize,
+    question_tokens: usize,
+    output_tokens: usize,
+    zipf: f64,
+    seed: u64,
+    model: &str,
+) -> Vec<BenchRequest> {
+    let systems: Vec<String> = (0..tenants)
+        .map(|t| {
+            text(
+                seed ^ (t as u64 + 1).wrapping_mul(0x2545_F491_4F6C_DD1D),
+                system_tokens * 4,
+            )
+        })
+        .collect();
+    let weights: Vec<f64> = (0..tenants)
+        .map(|t| 1.0 / (t as f64 + 1.0).powf(zipf))
+        .collect();
+    let total: f64 = weights.iter().sum();
+    let mut rng = SmallRng::seed_from_u64(seed ^ 0x007E_4A17);
+    let mut out = Vec::new();
+    for s in 0..sessions {
+        let mut x = rng.random::<f64>() * total;
+        let tenant = weights
+            .iter()
+            .position(|w| {
+                x -= w;
+                x < 0.0
+            })
+            .unwrap_or(tenants - 1);
+        let turns = [1, 1, 2, 3][rng.random_range(0..4)];
+        let cs = seed ^ (s as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A);
+        let mut history = vec![json!({"role": "system", "content": systems[tenant]})];
+        for t in 0..turns {
+            let q = rng.random_range(question_tokens / 2..=question_tokens * 3 / 2);
+            history.push(json!({"role": "user", "content": text(cs ^ (2 * t as u64 + 1), q * 4)}));
+            out.push(
+                BenchRequest::new(
+                    "/v1/chat/completions",
+                    chat(Value::Array(history.clone()), output_tokens, model),
+                    Some(tenant as u32),
+                )
+                .turn_of(s as u32),
+            );
+            history.push(json!({"role": "assistant", "content": text(cs ^ (2 * t as u64 + 2), output_tokens * 4)}));
+        }
+    }
+    out
+}
+
+/// Agent sessions: one tool preamble of `preamble_bytes` shared by every session, a task of
+/// `task_tokens`, then `turns` requests per session, each appending the previous tool call
+/// (`output_tokens`) and its result (half to 1.5x `step_tokens`): append-only histories.
+#[allow(clippy::too_many_arguments)]
+pub fn agent_sessions(
+    sessions: usize,
+    turns: usize,
+    preamble_bytes: usize,
+    task_tokens: usize,
+    step_tokens: usize,
+    output_tokens: usize,
+    seed: u64,
+    model: &str,
+) -> Vec<BenchRequest> {
+    let preamble = format!(
+        "You are an agent. Call one tool per step. Tools: {}",
+        text(seed ^ 0xA6E7, preamble_bytes)
+    );
+    let mut rng = SmallRng::seed_from_u64(seed ^ 0xA6E7_5E55);
+    let mut out = Vec::new();
+    for s in 0..sessions {
+        let cs = seed ^ (s as u64 + 1).wrapping_mul(0xD6E8_FEB8_6659_FD93);
+        let mut history = vec![
+            json!({"role": "system", "content": preamble}),
+            json!({"role": "user", "content": format!("Task: {}", text(cs, task_tokens * 4))}),
+        ];
+        for t in 0..turns {
+            out.push(
+                BenchRequest::new(
+                    "/v1/chat/completions",
+                    chat(Value::Array(history.clone()), output_tokens, model),
+                    Some(s as u32),
+                )
+                .turn_of(s as u32),
+            );
+            let call = text(cs ^ (2 * t as u64 + 1), output_tokens * 4);
+            let result_tokens = rng.random_range(step_tokens / 2..=step_tokens * 3 / 2);
+            let result = text(cs ^ (2 * t as u64 + 2), result_tokens * 4);
+            history.push(json!({"role": "assistant", "content": format!("call {call}")}));
+            history.push(json!({"role": "user", "content": format!("Tool result: {result}")}));
+        }
+    }
+    out
+}
+
+/// Hot prefix: `requests` questions over `prefixes` system prompts, prefix 0 drawing
+/// `hot_share` of them and the others sharing the rest evenly, in random order.
+#[allow(clippy::too_many_arguments)]
+pub fn hot_prefix(
+    prefixes: usize,
+    requests: usize,
+    hot_share: f64,
+    system_tokens: usize,
+    question_tokens: usize,
+    output_tokens: usize,
+    seed: u64,
+    model: &str,
+) -> Vec<BenchRequest> {
+    let systems: Vec<String> = (0..prefixes)
+        .map(|p| {
+            text(
+                seed ^ (p as u64 + 3).wrapping_mul(0x1656_67B1),
+                system_tokens * 4,
+            )
+        })
+        .collect();
+    let mut rng = SmallRng::seed_from_u64(seed ^ 0x407);
+    (0..requests)
+        .map(|i| {
+            let p = if prefixes < 2 || rng.random::<f64>() < hot_share {
+                0
+            } else {
+                rng.random_range(1..prefixes)
+            };
+            let question = text(
+                seed ^ (i as u64 + 1).wrapping_mul(0x27D4_EB2F) ^ 0x55,
+                question_tokens * 4,
+            );
+            BenchRequest::new(
+                "/v1/chat/completions",
+                chat(
+                    json!([{"role": "system", "content": systems[p]}, {"role": "user", "content": question}]),
+                    output_tokens,
+                    model,
+                ),
+                Some(p as u32),
+            )
+        })
+        .collect()
 }
 
 #[derive(Debug, Deserialize)]
@@ -177,13 +364,15 @@ pub fn trace(
             prompt.push_str(&text(id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5EED, 2048));
         }
         prompt.truncate(t.input_length * 4);
-        out.push(BenchRequest {
-            path: "/v1/completions",
-            body: json!({"model": model, "prompt": prompt, "max_tokens": t.output_length.clamp(1, output_cap), "stream": true}),
-            conversation: None,
-            burst: None,
-            at_ms: Some(t.timestamp / speedup.max(1e-9)),
-        });
+        // The group: requests that start with the same 512-token block.
+        let group = t.hash_ids.first().map(|id| *id as u32);
+        let mut r = BenchRequest::new(
+            "/v1/completions",
+            completion(prompt, t.output_length.clamp(1, output_cap), model),
+            group,
+        );
+        r.at_ms = Some(t.timestamp / speedup.max(1e-9));
+        out.push(r);
     }
     Ok(out)
 }
@@ -240,6 +429,104 @@ mod tests {
 }
 
 #[cfg(test)]
+mod new_workload_tests {
+    use super::*;
+
+    fn messages(r: &BenchRequest) -> &Vec<Value> {
+        r.body["messages"].as_array().unwrap()
+    }
+
+    fn system(r: &BenchRequest) -> &str {
+        messages(r)[0]["content"].as_str().unwrap()
+    }
+
+    /// Turns of each conversation, in order.
+    fn sessions(w: &[BenchRequest]) -> std::collections::BTreeMap<u32, Vec<&BenchRequest>> {
+        let mut out = std::collections::BTreeMap::<u32, Vec<&BenchRequest>>::new();
+        for r in w {
+            out.entry(r.conversation.unwrap()).or_default().push(r);
+        }
+        out
+    }
+
+    #[test]
+    fn multi_tenant_has_zipf_tenants_and_follow_ups_that_resend_history() {
+        let w = multi_tenant(16, 200, 1536, 128, 64, 1.0, 1, "m");
+        assert_eq!(
+            w.len(),
+            multi_tenant(16, 200, 1536, 128, 64, 1.0, 1, "m").len()
+        );
+        assert_eq!(
+            w[5].body,
+            multi_tenant(16, 200, 1536, 128, 64, 1.0, 1, "m")[5].body
+        );
+        let mut per_tenant = [0usize; 16];
+        for r in &w {
+            let g = r.group.unwrap() as usize;
+            per_tenant[g] += 1;
+            // ~6 KB system prompts, one per tenant.
+            assert_eq!(system(r).len(), 1536 * 4);
+        }
+        assert!(per_tenant[0] > per_tenant[15] * 4, "{per_tenant:?}");
+        assert!(per_tenant.iter().filter(|n| **n > 0).count() >= 14);
+        let distinct: std::collections::HashSet<&str> = w.iter().map(system).collect();
+        assert!(distinct.len() >= 14);
+        let s = sessions(&w);
+        assert_eq!(s.len(), 200);
+        assert!(s.values().any(|turns| turns.len() == 3));
+        for turns in s.values() {
+            for pair in turns.windows(2) {
+                let (a, b) = (messages(pair[0]), messages(pair[1]));
+                assert_eq!(a[..], b[..a.len()], "a follow-up re-sends the history");
+                assert_eq!(pair[0].group, pair[1].group);
+            }
+        }
+        let c = ceiling_hit_rate(&w, 16);
+        assert!(c > 0.8 && c < 0.97, "{c}");
+    }
+
+    #[test]
+    fn agent_sessions_share_a_long_preamble_and_grow_append_only() {
+        let w = agent_sessions(8, 6, 10 * 1024, 64, 256, 32, 1, "m");
+        assert_eq!(w.len(), 48);
+        let preamble = system(&w[0]);
+        assert!(preamble.len() > 10 * 1024);
+        for r in &w {
+            assert_eq!(system(r), preamble);
+        }
+        let s = sessions(&w);
+        assert_eq!(s.len(), 8);
+        for (id, turns) in &s {
+            assert_eq!(turns.len(), 6);
+            for pair in turns.windows(2) {
+                let (a, b) = (messages(pair[0]), messages(pair[1]));
+                assert_eq!(b.len(), a.len() + 2);
+                assert_eq!(a[..], b[..a.len()]);
+            }
+            assert!(turns.iter().all(|r| r.group == Some(*id)));
+        }
+        // The first turn of each session reuses only the preamble; later turns their history.
+        let c = ceiling_hit_rate(&w, 16);
+        assert!(c > 0.85 && c < 0.99, "{c}");
+    }
+
+    #[test]
+    fn hot_prefix_draws_its_share() {
+        let w = hot_prefix(16, 1000, 0.5, 1024, 128, 64, 1, "m");
+        let hot = w.iter().filter(|r| r.group == Some(0)).count();
+        assert!((420..580).contains(&hot), "{hot}");
+        for g in 1..16 {
+            let n = w.iter().filter(|r| r.group == Some(g)).count();
+            assert!((15..60).contains(&n), "{g}: {n}");
+        }
+        assert!(w.iter().all(|r| r.conversation.is_none()));
+        let c = ceiling_hit_rate(&w, 16);
+        // 1024 shared of ~1160 tokens, all but 16 first requests.
+        assert!(c > 0.8 && c < 0.9, "{c}");
+    }
+}
+
+#[cfg(test)]
 mod trace_tests {
     use super::*;
 
@@ -259,9 +546,11 @@ mod trace_tests {
         assert_eq!(p0.len(), 6000);
         assert_eq!(p0[..4096], p1[..4096]);
         assert_ne!(p0[4096..4400], p1[4096..4400]);
-        // The second request can reuse its first two 512-token blocks: 1024 of 1100 tokens.
+        // The second request can reuse the full 16-token blocks of its first two hash ids.
         let c = ceiling_hit_rate(&w, 16);
-        let expected = 1024.0 / (1500.0 + 1100.0);
-        assert!((c - expected).abs() < 0.01, "{c} vs {expected}");
+        let tokens = |s: &str| crate::sim::tokenizer::count(s.as_bytes()) as f64;
+        let expected = (tokens(&p1[..4096]) / 16.0).floor() * 16.0 / (tokens(p0) + tokens(p1));
+        assert!((c - expected).abs() < 0.02, "{c} vs {expected}");
+        assert_eq!(w[0].group, w[1].group);
     }
 }

@@ -1,8 +1,10 @@
 //! `prefix-bench`: the benchmark driver.
 //!
 //! - `suite [--quick]`: for each workload and router (Envoy round robin; Envoy + prefix-picker
-//!   with prefix-cache only; with Kthena's default plugins), starts fresh model-sims, the picker
-//!   and Envoy as processes, runs the workload and writes `results.json` + `results.md`.
+//!   with prefix-cache only, with Kthena's default plugins, with the shipped config; the peer
+//!   routers `bench/run` installed; the oracle), starts fresh model-sims, the picker and Envoy
+//!   as processes, runs the workload `--repeat` times (interleaved) and writes `suite.json`
+//!   (every run) + `suite.md` (medians).
 //! - `overhead`: instant backends, fixed concurrency: requests/s, p50/p99 latency and CPU per
 //!   request of Envoy alone vs Envoy + a no-op ext_proc vs Envoy + prefix-picker (both Envoy
 //!   setups), in one run.
@@ -19,8 +21,8 @@ use clap::{Args, Parser, Subcommand};
 use prefix_picker::bench::cluster::{self, Process, bin_dir, cpu_seconds, render_envoy};
 use prefix_picker::bench::driver::{self, Arrival, RunResult};
 use prefix_picker::bench::overhead::{self, OverheadRow, RowKind};
-use prefix_picker::bench::report;
 use prefix_picker::bench::workload::{self, BenchRequest};
+use prefix_picker::bench::{oracle, report};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -36,14 +38,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// The standard suite (or `--quick`), comparing routers on the same sims and workloads.
-    Suite {
-        #[arg(long)]
-        quick: bool,
-        #[arg(long, default_value = "bench/results")]
-        out: PathBuf,
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-    },
+    Suite(SuiteOpts),
     /// Proxy overhead: Envoy alone vs Envoy + a no-op ext_proc vs Envoy + prefix-picker, instant
     /// backends.
     Overhead {
@@ -112,6 +107,31 @@ enum Cmd {
     },
 }
 
+// Options of `prefix-bench suite` (help text: the `Cmd::Suite` doc comment).
+#[derive(Debug, Args)]
+struct SuiteOpts {
+    #[arg(long)]
+    quick: bool,
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Runs of every row, interleaved (run 1 of every router, then run 2, ...); the tables show
+    /// medians. Default: 3, or 1 with `--quick`.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: Option<u32>,
+    /// Only these workloads (keys such as `multi-tenant,agent,hot-prefix`, or name prefixes).
+    #[arg(long, value_delimiter = ',')]
+    workloads: Vec<String>,
+    /// Only the routers whose row name contains one of these (e.g. `round-robin,oracle`); the
+    /// ablation rows run whenever `--ablation` is given.
+    #[arg(long, value_delimiter = ',')]
+    routers: Vec<String>,
+    /// Add the ablation rows: the shipped config with one `picker.affinity` switch off each.
+    #[arg(long)]
+    ablation: bool,
+}
+
 /// Project root: `$PREFIX_PICKER_ROOT`, else the current directory.
 fn root() -> PathBuf {
     std::env::var_os("PREFIX_PICKER_ROOT").map_or_else(|| PathBuf::from("."), PathBuf::from)
@@ -130,100 +150,195 @@ fn envoy_bin() -> anyhow::Result<PathBuf> {
 }
 
 struct WorkloadSpec {
+    /// Short name for `--workloads`.
+    key: &'static str,
     name: &'static str,
     requests: Vec<BenchRequest>,
     arrival: Arrival,
     /// KV cache blocks per sim (the shared-prefix workloads use a small cache for pressure).
     kv_blocks: usize,
+    /// Running requests per sim before requests queue.
+    max_num_seqs: usize,
 }
+
+impl WorkloadSpec {
+    fn new(
+        key: &'static str,
+        name: &'static str,
+        requests: Vec<BenchRequest>,
+        arrival: Arrival,
+        kv_blocks: usize,
+    ) -> WorkloadSpec {
+        WorkloadSpec {
+            key,
+            name,
+            requests,
+            arrival,
+            kv_blocks,
+            max_num_seqs: 64,
+        }
+    }
+
+    fn max_num_seqs(mut self, n: usize) -> WorkloadSpec {
+        self.max_num_seqs = n;
+        self
+    }
+
+    /// Selected by `--workloads` (nothing given = all).
+    fn selected(&self, filter: &[String]) -> bool {
+        filter.is_empty()
+            || filter
+                .iter()
+                .any(|f| f == self.key || self.name.starts_with(f.as_str()))
+    }
+}
+
+/// Multi-tenant system prompts, tokens (~6 KB): the engines' caches hold about a quarter of the
+/// 16 tenants' prompts (4 x 96 blocks of 16 tokens, plus 64 blocks for running requests).
+const TENANT_SYSTEM_TOKENS: usize = 1536;
+const TENANT_KV_BLOCKS: usize = 4 * TENANT_SYSTEM_TOKENS / 16 + 64;
 
 fn workloads(quick: bool, seed: u64) -> anyhow::Result<Vec<WorkloadSpec>> {
     let m = "model";
     let trace_path = root().join("../shared/data/mooncake/synthetic_trace.jsonl");
     let mut w = if quick {
         vec![
-            WorkloadSpec {
-                name: "shared-prefix (16 groups x 8, system 1024 tok, question 64, out 32)",
-                requests: workload::shared_prefix(16, 8, 1024, 64, 32, seed, m),
-                arrival: Arrival::Closed { concurrency: 8 },
-                kv_blocks: 4096,
-            },
-            WorkloadSpec {
-                name: "multi-turn (16 conversations x 4 turns, user 128 tok, out 64)",
-                requests: workload::multi_turn(16, 4, 256, 128, 64, seed, m),
-                arrival: Arrival::Closed { concurrency: 8 },
-                kv_blocks: 4096,
-            },
-            WorkloadSpec {
-                name: "burst (8 new prefixes x 8 at once, 1024 tok)",
-                requests: workload::burst(8, 8, 1024, 16, seed, m),
-                arrival: Arrival::Closed { concurrency: 1 },
-                kv_blocks: 4096,
-            },
+            WorkloadSpec::new(
+                "shared-prefix",
+                "shared-prefix (16 groups x 8, system 1024 tok, question 64, out 32)",
+                workload::shared_prefix(16, 8, 1024, 64, 32, seed, m),
+                Arrival::Closed { concurrency: 8 },
+                4096,
+            ),
+            WorkloadSpec::new(
+                "multi-turn",
+                "multi-turn (16 conversations x 4 turns, user 128 tok, out 64)",
+                workload::multi_turn(16, 4, 256, 128, 64, seed, m),
+                Arrival::Closed { concurrency: 8 },
+                4096,
+            ),
+            WorkloadSpec::new(
+                "burst",
+                "burst (8 new prefixes x 8 at once, 1024 tok)",
+                workload::burst(8, 8, 1024, 16, seed, m),
+                Arrival::Closed { concurrency: 1 },
+                4096,
+            ),
+            WorkloadSpec::new(
+                "multi-tenant",
+                "multi-tenant (16 tenants x 6 KB system, Zipf 1, 48 sessions of 1-3 turns, out 16; caches hold ~4 tenants)",
+                workload::multi_tenant(16, 48, TENANT_SYSTEM_TOKENS, 64, 16, 1.0, seed, m),
+                Arrival::Closed { concurrency: 8 },
+                TENANT_KV_BLOCKS,
+            ),
+            WorkloadSpec::new(
+                "agent",
+                "agent (8 sessions x 4 turns, shared 10 KB tool preamble, steps ~128 tok, out 16)",
+                workload::agent_sessions(8, 4, 10 * 1024, 64, 128, 16, seed, m),
+                Arrival::Closed { concurrency: 4 },
+                2048,
+            ),
+            WorkloadSpec::new(
+                "hot-prefix",
+                "hot-prefix (8 prefixes, 50% on one, 96 requests, system 512 tok, out 16; max-num-seqs 8)",
+                workload::hot_prefix(8, 96, 0.5, 512, 64, 16, seed, m),
+                Arrival::Closed { concurrency: 12 },
+                4096,
+            )
+            .max_num_seqs(8),
         ]
     } else {
         vec![
-            WorkloadSpec {
-                name: "shared-prefix SGLang defaults (64 groups x 16, system 2048 tok, question 128, out 256)",
-                requests: workload::shared_prefix(64, 16, 2048, 128, 256, seed, m),
-                arrival: Arrival::Closed { concurrency: 32 },
-                kv_blocks: 4096,
-            },
-            WorkloadSpec {
-                name: "shared-prefix Kthena long system (64 groups x 8, system 4096 tok, question 256, out 128)",
-                requests: workload::shared_prefix(64, 8, 4096, 256, 128, seed, m),
-                arrival: Arrival::Poisson { rate: 40.0, seed },
-                kv_blocks: 4096,
-            },
-            WorkloadSpec {
-                name: "shared-prefix Kthena short system (64 groups x 8, system 256 tok, question 4096, out 128)",
-                requests: workload::shared_prefix(64, 8, 256, 4096, 128, seed, m),
-                arrival: Arrival::Poisson { rate: 40.0, seed },
-                kv_blocks: 4096,
-            },
-            WorkloadSpec {
-                name: "multi-turn (64 conversations x 6 turns, system 512, user 256 tok, out 128)",
-                requests: workload::multi_turn(64, 6, 512, 256, 128, seed, m),
-                arrival: Arrival::Closed { concurrency: 32 },
-                kv_blocks: 4096,
-            },
-            WorkloadSpec {
-                name: "burst (32 new prefixes x 16 at once, 2048 tok)",
-                requests: workload::burst(32, 16, 2048, 32, seed, m),
-                arrival: Arrival::Closed { concurrency: 2 },
-                kv_blocks: 4096,
-            },
+            WorkloadSpec::new(
+                "sglang-defaults",
+                "shared-prefix SGLang defaults (64 groups x 16, system 2048 tok, question 128, out 256)",
+                workload::shared_prefix(64, 16, 2048, 128, 256, seed, m),
+                Arrival::Closed { concurrency: 32 },
+                4096,
+            ),
+            WorkloadSpec::new(
+                "kthena-long",
+                "shared-prefix Kthena long system (48 groups x 8, system 4096 tok, question 256, out 128)",
+                workload::shared_prefix(48, 8, 4096, 256, 128, seed, m),
+                Arrival::Poisson { rate: 40.0, seed },
+                // Scaled with the groups (64 groups on 4,096 blocks before), for the same pressure.
+                3072,
+            ),
+            WorkloadSpec::new(
+                "kthena-short",
+                "shared-prefix Kthena short system (48 groups x 8, system 256 tok, question 4096, out 128)",
+                workload::shared_prefix(48, 8, 256, 4096, 128, seed, m),
+                Arrival::Poisson { rate: 40.0, seed },
+                3072,
+            ),
+            WorkloadSpec::new(
+                "multi-turn",
+                "multi-turn (64 conversations x 6 turns, system 512, user 256 tok, out 128)",
+                workload::multi_turn(64, 6, 512, 256, 128, seed, m),
+                Arrival::Closed { concurrency: 32 },
+                4096,
+            ),
+            WorkloadSpec::new(
+                "burst",
+                "burst (32 new prefixes x 16 at once, 2048 tok)",
+                workload::burst(32, 16, 2048, 32, seed, m),
+                Arrival::Closed { concurrency: 2 },
+                4096,
+            ),
+            WorkloadSpec::new(
+                "multi-tenant",
+                "multi-tenant (16 tenants x 6 KB system, Zipf 1, 192 sessions of 1-3 turns, question 128 tok, out 64; caches hold ~4 tenants)",
+                workload::multi_tenant(16, 192, TENANT_SYSTEM_TOKENS, 128, 64, 1.0, seed, m),
+                Arrival::Closed { concurrency: 12 },
+                TENANT_KV_BLOCKS,
+            ),
+            WorkloadSpec::new(
+                "agent",
+                "agent (32 sessions x 8 turns, shared 10 KB tool preamble, steps ~512 tok, out 48)",
+                workload::agent_sessions(32, 8, 10 * 1024, 128, 512, 48, seed, m),
+                Arrival::Closed { concurrency: 16 },
+                2048,
+            ),
+            WorkloadSpec::new(
+                "hot-prefix",
+                "hot-prefix (16 prefixes, 50% on one, 512 requests, system 1024 tok, question 128, out 64; max-num-seqs 8)",
+                workload::hot_prefix(16, 512, 0.5, 1024, 128, 64, seed, m),
+                Arrival::Closed { concurrency: 24 },
+                4096,
+            )
+            .max_num_seqs(8),
         ]
     };
     if trace_path.exists() {
-        let limit = if quick { 200 } else { 1000 };
-        w.push(WorkloadSpec {
-            name: if quick {
+        let limit = if quick { 200 } else { 600 };
+        w.push(WorkloadSpec::new(
+            "trace",
+            if quick {
                 "trace (Mooncake synthetic, first 200 requests, 20x speed-up)"
             } else {
-                "trace (Mooncake synthetic, first 1000 requests, 20x speed-up)"
+                "trace (Mooncake synthetic, first 600 requests, 20x speed-up)"
             },
-            requests: workload::trace(&trace_path, limit, 20.0, 64, m)
+            workload::trace(&trace_path, limit, 20.0, 64, m)
                 .with_context(|| format!("reading {}", trace_path.display()))?,
-            arrival: Arrival::Trace,
+            Arrival::Trace,
             // Long reuse distances: a full H100-sized cache (32,768 blocks = 524k tokens).
-            kv_blocks: 32_768,
-        });
+            32_768,
+        ));
     }
     Ok(w)
 }
 
 const SIMS: usize = 4;
 /// Simulated engines: 7-8B on one H100, `kv_blocks` of cache, 10x faster.
-fn sim_args(kv_blocks: usize) -> Vec<String> {
-    let kv = kv_blocks.to_string();
+fn sim_args(kv_blocks: usize, max_num_seqs: usize) -> Vec<String> {
+    let (kv, seqs) = (kv_blocks.to_string(), max_num_seqs.to_string());
     [
         "--time-scale",
         "10",
         "--kv-blocks",
         kv.as_str(),
         "--max-num-seqs",
-        "64",
+        seqs.as_str(),
     ]
     .iter()
     .map(|s| s.to_string())
@@ -231,11 +346,14 @@ fn sim_args(kv_blocks: usize) -> Vec<String> {
 }
 
 /// How one router of the suite is deployed.
+#[derive(Clone)]
 enum Setup {
-    /// Envoy with one of the `envoy/` examples; with prefix-picker when a scheduler is given.
+    /// Envoy with one of the `envoy/` examples; with prefix-picker when a scheduler is given
+    /// (and its `picker.affinity` mapping, when given).
     Envoy {
         file: String,
         scheduler: Option<String>,
+        affinity: Option<serde_json::Value>,
     },
     /// Envoy with one of the `envoy/` examples, its ext_proc cluster pointing at the no-op
     /// processor (`prefix-bench noop-ext-proc`) instead of the picker.
@@ -244,51 +362,134 @@ enum Setup {
     Sglang(PathBuf),
     /// vllm-router (the `vllm-router` console script, from its own virtualenv).
     Vllm(PathBuf),
+    /// SMG (`smg launch`, from its own virtualenv); its sims serve `--model model`.
+    Smg(PathBuf),
+    /// No router: every request pinned to an engine by [`oracle`].
+    Oracle,
 }
 
-/// The scheduler of the shipped default config (Kthena's Helm `routerConfiguration`).
-fn default_scheduler() -> anyhow::Result<String> {
-    let default = std::fs::read_to_string(root().join("deploy/local/config.yaml"))?;
-    Ok(cluster::scheduler_section(&default).to_string())
+impl Setup {
+    fn envoy(file: &str, scheduler: Option<String>) -> Setup {
+        Setup::Envoy {
+            file: file.into(),
+            scheduler,
+            affinity: None,
+        }
+    }
 }
+
+/// The shipped default config (`deploy/local/config.yaml`).
+fn shipped_config() -> anyhow::Result<serde_yaml_ng::Value> {
+    let path = root().join("deploy/local/config.yaml");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// The `scheduler:` section of the shipped default config (Kthena's Helm
+/// `routerConfiguration`), alone.
+fn default_scheduler() -> anyhow::Result<String> {
+    let config = shipped_config()?;
+    let mut only = serde_yaml_ng::Mapping::new();
+    if let Some(s) = config.get("scheduler") {
+        only.insert("scheduler".into(), s.clone());
+    }
+    Ok(serde_yaml_ng::to_string(&only)?)
+}
+
+/// The `picker.affinity` mapping of the shipped config, if it has one (as JSON, which YAML
+/// reads as a flow mapping).
+fn shipped_affinity() -> anyhow::Result<Option<serde_json::Value>> {
+    let config = shipped_config()?;
+    let Some(affinity) = config.get("picker").and_then(|p| p.get("affinity")) else {
+        return Ok(None);
+    };
+    Ok(Some(serde_json::to_value(affinity)?))
+}
+
+/// The `picker.affinity` switches the ablation turns off, one at a time.
+const ABLATION_SWITCHES: [&str; 5] = [
+    "tentative",
+    "consolidateTies",
+    "loadGate",
+    "longPrompts",
+    "engineBudget",
+];
 
 /// The scheduler section of the "prefix-cache only" rows.
 const PREFIX_ONLY: &str = "scheduler:\n  plugins:\n    Filter: {enabled: []}\n    Score:\n      enabled:\n      - {name: prefix-cache, weight: 1}\n";
 
 /// The routers of the suite, in report order. The peers run only when `bench/run` installed
-/// them (`SGLANG_ROUTER_PYTHON`, `VLLM_ROUTER_BIN`).
-fn routers() -> anyhow::Result<Vec<(&'static str, Setup)>> {
+/// them (`SGLANG_ROUTER_PYTHON`, `VLLM_ROUTER_BIN`, `SMG_BIN`). The shipped-config row (and the
+/// ablation rows, with `ablation`) only when the shipped config has a `picker.affinity`
+/// section: without one it routes exactly as the Kthena row.
+fn routers(ablation: bool) -> anyhow::Result<Vec<(String, Setup)>> {
     let scheduler = default_scheduler()?;
-    let prefix_only = PREFIX_ONLY.to_string();
     let mut out = vec![
         (
-            "envoy round-robin",
-            Setup::Envoy {
-                file: "envoy-round-robin.yaml".into(),
-                scheduler: None,
-            },
+            "envoy round-robin".to_string(),
+            Setup::envoy("envoy-round-robin.yaml", None),
         ),
         (
-            "prefix-picker: prefix-cache only",
-            Setup::Envoy {
-                file: "envoy.yaml".into(),
-                scheduler: Some(prefix_only),
-            },
+            "prefix-picker: prefix-cache only".to_string(),
+            Setup::envoy("envoy.yaml", Some(PREFIX_ONLY.to_string())),
         ),
         (
-            "prefix-picker: Kthena default plugins",
-            Setup::Envoy {
-                file: "envoy.yaml".into(),
-                scheduler: Some(scheduler),
-            },
+            "prefix-picker: Kthena default plugins".to_string(),
+            Setup::envoy("envoy.yaml", Some(scheduler.clone())),
         ),
     ];
+    match shipped_affinity()? {
+        Some(affinity) => {
+            out.push((
+                report::SHIPPED.to_string(),
+                Setup::Envoy {
+                    file: "envoy.yaml".into(),
+                    scheduler: Some(scheduler.clone()),
+                    affinity: Some(affinity.clone()),
+                },
+            ));
+            if ablation {
+                for switch in ABLATION_SWITCHES {
+                    let mut a = affinity.clone();
+                    if let Some(map) = a.as_object_mut() {
+                        map.insert(switch.into(), false.into());
+                    }
+                    out.push((
+                        format!("{}{switch}: false", report::ABLATION),
+                        Setup::Envoy {
+                            file: "envoy.yaml".into(),
+                            scheduler: Some(scheduler.clone()),
+                            affinity: Some(a),
+                        },
+                    ));
+                }
+            }
+        }
+        None => eprintln!(
+            "deploy/local/config.yaml has no picker.affinity section: no shipped-config{} rows",
+            if ablation { " or ablation" } else { "" }
+        ),
+    }
     if let Some(p) = std::env::var_os("SGLANG_ROUTER_PYTHON") {
-        out.push(("sglang-router 0.3.2 cache_aware", Setup::Sglang(p.into())));
+        out.push((
+            "sglang-router 0.3.2 cache_aware".into(),
+            Setup::Sglang(p.into()),
+        ));
     }
     if let Some(p) = std::env::var_os("VLLM_ROUTER_BIN") {
-        out.push(("vllm-router 0.1.17 cache_aware", Setup::Vllm(p.into())));
+        out.push((
+            "vllm-router 0.1.17 cache_aware".into(),
+            Setup::Vllm(p.into()),
+        ));
     }
+    if let Some(p) = std::env::var_os("SMG_BIN") {
+        out.push(("smg 1.13.0 cache_aware".into(), Setup::Smg(p.into())));
+    }
+    out.push((
+        "oracle (groups pinned to pods, balanced, no router)".into(),
+        Setup::Oracle,
+    ));
     Ok(out)
 }
 
@@ -329,7 +530,20 @@ async fn start_peer(
             c
         }
         Setup::Vllm(bin) => std::process::Command::new(bin),
-        Setup::Envoy { .. } | Setup::NoopExtProc { .. } => anyhow::bail!("not a peer"),
+        Setup::Smg(bin) => {
+            let mut c = std::process::Command::new(bin);
+            c.args([
+                "launch",
+                "--prometheus-host",
+                "127.0.0.1",
+                "--log-level",
+                "warn",
+            ]);
+            c
+        }
+        Setup::Envoy { .. } | Setup::NoopExtProc { .. } | Setup::Oracle => {
+            anyhow::bail!("not a peer")
+        }
     };
     cmd.args([
         "--host",
@@ -352,7 +566,7 @@ async fn start_peer(
     let process = Process::new(child, format!("127.0.0.1:{port}").parse()?);
     let url = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::new();
-    let ready_path = if matches!(setup, Setup::Sglang(_)) {
+    let ready_path = if matches!(setup, Setup::Sglang(_) | Setup::Smg(_)) {
         "/readiness"
     } else {
         "/health"
@@ -372,6 +586,11 @@ async fn start_peer(
                 }
                 _ => true,
             };
+            // SMG registers workers asynchronously: wait until a request gets through.
+            if ready && matches!(setup, Setup::Smg(_)) && !answers(&client, &url).await {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
             if ready {
                 return Ok((process, url));
             }
@@ -385,20 +604,39 @@ async fn start_peer(
     }
 }
 
+/// Whether a router serves a one-token completion (its workers are registered).
+async fn answers(client: &reqwest::Client, url: &str) -> bool {
+    let probe = serde_json::json!({"model": "model", "prompt": "ready?", "max_tokens": 1});
+    client
+        .post(format!("{url}/v1/completions"))
+        .json(&probe)
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+}
+
 async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Cluster> {
     let dir = tempfile::tempdir()?;
     let bins = bin_dir();
-    let sims = cluster::start_sims(&bins.join("model-sim"), SIMS, sim_args)?;
+    let mut sim_args = sim_args.to_vec();
+    if matches!(setup, Setup::Smg(_)) {
+        // SMG sends a request only to workers that report its model (`/v1/models`).
+        sim_args.extend(["--model".to_string(), "model".to_string()]);
+    }
+    let sims = cluster::start_sims(&bins.join("model-sim"), SIMS, &sim_args)?;
     let backends: Vec<_> = sims.iter().map(|s| s.addr).collect();
     let sim_urls: Vec<String> = backends.iter().map(|b| format!("http://{b}")).collect();
     let (file, ext_proc) = match setup {
         Setup::Envoy {
             file,
             scheduler: None,
+            ..
         } => (file.as_str(), None),
         Setup::Envoy {
             file,
             scheduler: Some(s),
+            affinity,
         } => {
             let mut config = s.to_string();
             let names: Vec<String> = (0..backends.len()).map(|i| format!("sim-{i}")).collect();
@@ -408,7 +646,12 @@ async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Clu
                     .map(String::as_str)
                     .zip(backends.iter().copied()),
             ));
-            config.push_str("picker: {scrapeIntervalSeconds: 0.1}\n");
+            match affinity {
+                Some(a) => config.push_str(&format!(
+                    "picker: {{scrapeIntervalSeconds: 0.1, affinity: {a}}}\n"
+                )),
+                None => config.push_str("picker: {scrapeIntervalSeconds: 0.1}\n"),
+            }
             let (p, _admin) =
                 cluster::start_picker(&bins.join("prefix-picker"), dir.path(), &config, 2)?;
             (file.as_str(), Some(p))
@@ -416,6 +659,18 @@ async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Clu
         Setup::NoopExtProc { file } => {
             let p = cluster::start_noop_ext_proc(&std::env::current_exe()?, dir.path())?;
             (file.as_str(), Some(p))
+        }
+        Setup::Oracle => {
+            // No router: the driver sends each (pinned) request straight to its engine.
+            return Ok(Cluster {
+                url: sim_urls[0].clone(),
+                _sims: sims,
+                ext_proc: None,
+                envoy: None,
+                peer: None,
+                sim_urls,
+                _dir: dir,
+            });
         }
         peer => {
             let (process, url) = start_peer(peer, dir.path(), &sim_urls).await?;
@@ -460,42 +715,81 @@ fn write_results(out: &PathBuf, name: &str, results: &[RunResult], md: &str) -> 
     Ok(())
 }
 
-async fn suite(quick: bool, out: PathBuf, seed: u64) -> anyhow::Result<()> {
+async fn suite(opts: SuiteOpts) -> anyhow::Result<()> {
+    let SuiteOpts {
+        quick,
+        out,
+        seed,
+        repeat,
+        workloads: only,
+        routers: only_routers,
+        ablation,
+    } = opts;
+    let repeat = repeat.unwrap_or(if quick { 1 } else { 3 }) as usize;
+    let all = workloads(quick, seed)?;
+    let keys: Vec<&str> = all.iter().map(|w| w.key).collect();
+    let selected: Vec<WorkloadSpec> = all.into_iter().filter(|w| w.selected(&only)).collect();
+    anyhow::ensure!(
+        !selected.is_empty(),
+        "no workload matches {only:?} (keys: {})",
+        keys.join(", ")
+    );
+    let routers: Vec<(String, Setup)> = routers(ablation)?
+        .into_iter()
+        .filter(|(name, _)| {
+            // `--ablation` asks for its rows whatever `--routers` selects.
+            only_routers.is_empty()
+                || name.starts_with(report::ABLATION)
+                || only_routers.iter().any(|r| name.contains(r.as_str()))
+        })
+        .collect();
+    anyhow::ensure!(!routers.is_empty(), "no router matches {only_routers:?}");
     let mut results = Vec::new();
-    for w in workloads(quick, seed)? {
+    let started = std::time::Instant::now();
+    for w in &selected {
         let ceiling = workload::ceiling_hit_rate(&w.requests, 16);
-        for (router, setup) in routers()? {
-            eprintln!("{} | {router}", w.name);
-            let c = start_cluster(&setup, &sim_args(w.kv_blocks)).await?;
-            let base = c.url.clone();
-            let r = driver::run(
-                router,
-                w.name,
-                &base,
-                &c.sim_urls,
-                &w.requests,
-                w.arrival,
-                ceiling,
-            )
-            .await;
-            eprintln!(
-                "  hit rate {:.1}% (ceiling {:.1}%), TTFT p50 {:.0} ms, errors {}",
-                r.hit_rate * 100.0,
-                ceiling * 100.0,
-                r.ttft_ms.p50,
-                r.errors
-            );
-            results.push(r);
+        let pinned = oracle::pin(&w.requests, SIMS);
+        for rep in 1..=repeat {
+            for (router, setup) in &routers {
+                eprintln!(
+                    "[{:.0} s] {} | {router} | run {rep}/{repeat}",
+                    started.elapsed().as_secs_f64(),
+                    w.name
+                );
+                let c = start_cluster(setup, &sim_args(w.kv_blocks, w.max_num_seqs)).await?;
+                let requests = if matches!(setup, Setup::Oracle) {
+                    &pinned
+                } else {
+                    &w.requests
+                };
+                let mut r = driver::run(
+                    router,
+                    w.name,
+                    &c.url,
+                    &c.sim_urls,
+                    requests,
+                    w.arrival,
+                    ceiling,
+                )
+                .await;
+                r.rep = rep;
+                eprintln!(
+                    "  hit rate {:.1}% (ceiling {:.1}%), TTFT p50 {:.0} ms, max/mean pod share {:.2}, errors {}",
+                    r.hit_rate * 100.0,
+                    ceiling * 100.0,
+                    r.ttft_ms.p50,
+                    r.max_over_mean,
+                    r.errors
+                );
+                results.push(r);
+            }
         }
     }
     let md = report::markdown(&results);
     println!("{md}");
-    write_results(
-        &out,
-        if quick { "suite-quick" } else { "suite" },
-        &results,
-        &md,
-    )
+    let name = if quick { "suite-quick" } else { "suite" };
+    write_results(&out, name, &results, &md)?;
+    report::plot(&results, &out.join(format!("{name}.png")))
 }
 
 // Options of `prefix-bench replicas` (help text: the `Cmd::Replicas` doc comment).
@@ -561,7 +855,7 @@ async fn replicas(opts: ReplicasOpts) -> anyhow::Result<()> {
     ] {
         eprintln!("{name} | {label}");
         let dir = tempfile::tempdir()?;
-        let sims = cluster::start_sims(&bins.join("model-sim"), SIMS, &sim_args(4096))?;
+        let sims = cluster::start_sims(&bins.join("model-sim"), SIMS, &sim_args(4096, 64))?;
         let backends: Vec<_> = sims.iter().map(|s| s.addr).collect();
         let sim_urls: Vec<String> = backends.iter().map(|b| format!("http://{b}")).collect();
         let redis = if sync {
@@ -666,32 +960,26 @@ async fn overhead(
         setups.push((
             format!("Envoy + prefix-picker ({file})"),
             RowKind::Picker { file: file.clone() },
-            Setup::Envoy {
-                file: file.clone(),
-                scheduler: Some(scheduler.clone()),
-            },
+            Setup::envoy(file, Some(scheduler.clone())),
         ));
     }
-    for (name, setup) in routers()? {
-        if matches!(setup, Setup::Sglang(_) | Setup::Vllm(_)) {
-            setups.push((name.into(), RowKind::Peer, setup));
+    for (name, setup) in routers(false)? {
+        if matches!(setup, Setup::Sglang(_) | Setup::Vllm(_) | Setup::Smg(_)) {
+            setups.push((name, RowKind::Peer, setup));
         }
     }
     let baseline = (
         "Envoy alone (round robin)".to_string(),
         RowKind::Alone,
-        Setup::Envoy {
-            file: "envoy-round-robin.yaml".into(),
-            scheduler: None,
-        },
+        Setup::envoy("envoy-round-robin.yaml", None),
     );
     let prompts: Vec<BenchRequest> = (0..requests)
-        .map(|i| BenchRequest {
-            path: "/v1/completions",
-            body: serde_json::json!({"model": "model", "prompt": workload::text(i as u64 + 11, 8192), "max_tokens": output_tokens.max(1), "stream": true}),
-            conversation: None,
-            burst: None,
-            at_ms: None,
+        .map(|i| {
+            BenchRequest::new(
+                "/v1/completions",
+                serde_json::json!({"model": "model", "prompt": workload::text(i as u64 + 11, 8192), "max_tokens": output_tokens.max(1), "stream": true}),
+                None,
+            )
         })
         .collect();
     let mut md = format!(
@@ -794,7 +1082,7 @@ async fn measure_overhead(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Cmd::Suite { quick, out, seed } => suite(quick, out, seed).await,
+        Cmd::Suite(opts) => suite(opts).await,
         Cmd::Overhead {
             requests,
             concurrency,
@@ -849,7 +1137,7 @@ async fn main() -> anyhow::Result<()> {
         } => {
             let w = workloads(false, seed)?
                 .into_iter()
-                .find(|w| w.name.starts_with(&name))
+                .find(|w| w.selected(std::slice::from_ref(&name)))
                 .with_context(|| format!("unknown workload {name:?}"))?;
             let arrival = match rate {
                 Some(rate) => Arrival::Poisson { rate, seed },

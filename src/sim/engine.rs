@@ -88,17 +88,39 @@ impl EngineMetrics {
         let itl_buckets = vec![
             0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
         ];
+        // vLLM's `cache_config_info` (a subset of its labels); SGLang's token capacity.
         let info = GaugeVec::new(
             Opts::new(
                 name("vllm:cache_config_info", "sglang:cache_config_info"),
                 "KV cache configuration",
             ),
-            &["block_size", "num_gpu_blocks"],
+            &[
+                "block_size",
+                "cache_dtype",
+                "enable_prefix_caching",
+                "gpu_memory_utilization",
+                "num_cpu_blocks",
+                "num_gpu_blocks",
+            ],
         )
         .expect("metric");
         registry.register(Box::new(info.clone())).expect("unique");
-        info.with_label_values(&[&c.block_tokens.to_string(), &c.kv_blocks.to_string()])
-            .set(1.0);
+        info.with_label_values(&[
+            c.block_tokens.to_string().as_str(),
+            "auto",
+            "True",
+            "0.9",
+            "0",
+            c.kv_blocks.to_string().as_str(),
+        ])
+        .set(1.0);
+        if !vllm {
+            gauge(
+                "sglang:max_total_num_tokens".into(),
+                "Maximum total tokens in the KV cache",
+            )
+            .set(c.kv_blocks.saturating_mul(c.block_tokens) as f64);
+        }
         EngineMetrics {
             running: gauge(
                 name("vllm:num_requests_running", "sglang:num_running_reqs"),

@@ -2,8 +2,11 @@
 //! evicted least-recently-freed first.
 //!
 //! The prompt (rendered exactly as the router renders it, so the model is honest about what is
-//! shareable) is cut into blocks of `block_tokens` tokens at `BYTES_PER_TOKEN` bytes per token;
-//! only full blocks are cached, as in vLLM. A request's cached tokens = the longest run of its
+//! shareable) is tokenized by [`super::tokenizer`] (variable bytes per token, ~4 on English
+//! text, so token blocks do not line up with the router's byte blocks) and cut into blocks of
+//! `block_tokens` tokens; only full blocks are cached, as in vLLM. A block's hash chains its
+//! parent's hash with its tokens (bytes and boundaries) and is seeded by the model name (the
+//! simulator's own hash, not the router's). A request's cached tokens = the longest run of its
 //! leading blocks already present. Admission pins every block of the prompt (allocating missing
 //! ones, evicting free blocks LRU); when no free block is left the rest of the prompt is simply
 //! not cached (vLLM would preempt). Release unpins; a block with no users stays cached until
@@ -11,10 +14,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::hashing::{BlockChain, BlockHash};
+use xxhash_rust::xxh64::xxh64;
 
-/// Bytes of rendered prompt per simulated token.
-pub const BYTES_PER_TOKEN: usize = 4;
+use super::tokenizer;
+
+/// The chain hash of one cached block of tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KvBlock(pub u64);
 
 #[derive(Debug, Clone, Copy)]
 struct Block {
@@ -23,26 +29,21 @@ struct Block {
     freed_at: u64,
 }
 
-/// Tokens of a prompt: `ceil(bytes / BYTES_PER_TOKEN)`.
-pub fn tokens(prompt_bytes: usize) -> usize {
-    prompt_bytes.div_ceil(BYTES_PER_TOKEN)
-}
-
 /// What admission found and pinned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Admission {
     pub prompt_tokens: usize,
     pub cached_tokens: usize,
     /// Blocks pinned for the request (release them when it ends).
-    pub pinned: Vec<BlockHash>,
+    pub pinned: Vec<KvBlock>,
 }
 
 #[derive(Debug)]
 pub struct KvCache {
     block_tokens: usize,
     capacity: usize,
-    blocks: HashMap<BlockHash, Block>,
-    free: BTreeMap<u64, BlockHash>,
+    blocks: HashMap<KvBlock, Block>,
+    free: BTreeMap<u64, KvBlock>,
     clock: u64,
     pinned: usize,
 }
@@ -81,20 +82,31 @@ impl KvCache {
         self.blocks.len()
     }
 
-    /// The chain hashes of a prompt's full blocks.
-    pub fn block_hashes(&self, model: &str, prompt: &[u8]) -> Vec<BlockHash> {
-        let block_bytes = self.block_tokens * BYTES_PER_TOKEN;
-        let full = prompt.len() / block_bytes;
-        BlockChain {
-            block_size: block_bytes,
-            max_blocks: full.max(1),
-        }
-        .hash(model, &prompt[..full * block_bytes])
+    /// The chain hashes of a prompt's full blocks, and the prompt's token count.
+    pub fn block_hashes(&self, model: &str, prompt: &[u8]) -> (Vec<KvBlock>, usize) {
+        let tokens = tokenizer::tokenize(prompt);
+        let mut prev = xxh64(model.as_bytes(), 0x5EED);
+        let mut buf = Vec::new();
+        let hashes = tokens
+            .chunks_exact(self.block_tokens)
+            .map(|block| {
+                buf.clear();
+                buf.extend_from_slice(&prev.to_le_bytes());
+                for t in block {
+                    // The length first: equal bytes cut into other tokens are another block.
+                    buf.push((t.end - t.start) as u8);
+                    buf.extend_from_slice(&prompt[t.clone()]);
+                }
+                prev = xxh64(&buf, 0);
+                KvBlock(prev)
+            })
+            .collect();
+        (hashes, tokens.len())
     }
 
     /// Looks up and pins a prompt's blocks.
     pub fn admit(&mut self, model: &str, prompt: &[u8]) -> Admission {
-        let hashes = self.block_hashes(model, prompt);
+        let (hashes, prompt_tokens) = self.block_hashes(model, prompt);
         let hit = hashes
             .iter()
             .take_while(|h| self.blocks.contains_key(h))
@@ -108,14 +120,14 @@ impl KvCache {
             }
         }
         Admission {
-            prompt_tokens: tokens(prompt.len()),
+            prompt_tokens,
             cached_tokens: hit * self.block_tokens,
             pinned,
         }
     }
 
     /// Unpins blocks of a finished request; they stay cached until evicted.
-    pub fn release(&mut self, pinned: &[BlockHash]) {
+    pub fn release(&mut self, pinned: &[KvBlock]) {
         for h in pinned {
             if let Some(b) = self.blocks.get_mut(h) {
                 b.pins -= 1;
@@ -129,7 +141,7 @@ impl KvCache {
         }
     }
 
-    fn pin(&mut self, h: BlockHash) -> bool {
+    fn pin(&mut self, h: KvBlock) -> bool {
         if let Some(b) = self.blocks.get_mut(&h) {
             if b.pins == 0 {
                 self.free.remove(&b.freed_at);
@@ -163,23 +175,24 @@ mod tests {
     #[test]
     fn second_identical_prompt_is_cached() {
         let mut kv = KvCache::new(16, 100);
-        let prompt = "x".repeat(64 * 4 + 10);
+        // One 266-byte word: 45 tokens of at most 6 bytes, 2 full 16-token blocks.
+        let prompt = "x".repeat(266);
         let a = kv.admit("m", prompt.as_bytes());
         assert_eq!(a.cached_tokens, 0);
-        assert_eq!(a.prompt_tokens, (64 * 4 + 10usize).div_ceil(4));
-        assert_eq!(a.pinned.len(), 4);
+        assert_eq!(a.prompt_tokens, 45);
+        assert_eq!(a.pinned.len(), 2);
         assert!(kv.usage() > 0.0);
         kv.release(&a.pinned);
         assert_eq!(kv.usage(), 0.0);
         let b = kv.admit("m", prompt.as_bytes());
-        assert_eq!(b.cached_tokens, 64);
+        assert_eq!(b.cached_tokens, 32);
         // Another model shares nothing.
         assert_eq!(kv.admit("other", prompt.as_bytes()).cached_tokens, 0);
     }
 
     #[test]
     fn free_blocks_are_evicted_lru_and_pinned_ones_never() {
-        let mut kv = KvCache::new(1, 4); // 4-byte blocks, 4 of them
+        let mut kv = KvCache::new(1, 4); // 1-token blocks, 4 of them; each word is 2 tokens
         let a = kv.admit("m", b"aaaabbbb");
         kv.release(&a.pinned);
         let b = kv.admit("m", b"ccccdddd");
@@ -192,5 +205,23 @@ mod tests {
         let d = kv.admit("m", b"gggg");
         assert!(d.pinned.is_empty());
         kv.release(&c.pinned);
+    }
+
+    #[test]
+    fn a_prompt_extending_another_reuses_its_full_blocks() {
+        let mut kv = KvCache::new(16, 1000);
+        let short = crate::bench::workload::text(3, 2000);
+        let long = format!("{short} and a question that follows");
+        let a = kv.admit("m", short.as_bytes());
+        kv.release(&a.pinned);
+        let b = kv.admit("m", long.as_bytes());
+        // Every full block of the shorter prompt but possibly the one holding its last token.
+        let full = a.prompt_tokens / 16;
+        assert!(
+            b.cached_tokens >= (full - 1) * 16,
+            "{a:?} {}",
+            b.cached_tokens
+        );
+        assert!(b.prompt_tokens > a.prompt_tokens);
     }
 }

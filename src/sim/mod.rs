@@ -7,3 +7,4 @@ pub mod kv_cache;
 pub mod server;
 #[cfg(test)]
 mod tests;
+pub mod tokenizer;

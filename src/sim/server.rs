@@ -4,7 +4,9 @@
 //! Prompts are rendered with the router's own renderer. Output length = `max_tokens`
 //! (`max_completion_tokens`, `max_output_tokens`) or the default; output text is words drawn
 //! from an RNG seeded by `--seed` and the request number. Every response carries
-//! `x-served-by: <name>` and `usage.prompt_tokens_details.cached_tokens`.
+//! `x-served-by: <name>` and `usage.prompt_tokens_details.cached_tokens`; as in vLLM, a stream
+//! carries usage only when the request asks `stream_options: {include_usage: true}`, in a last
+//! chunk with no choices (the Responses API's `response.completed` event always has it).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -81,18 +83,9 @@ async fn metrics(State(s): State<Sim>) -> Response {
         .into_response()
 }
 
-/// Token ids of a rendered prompt: one id per 4 bytes (the simulator's tokenizer), so equal
-/// prefixes give equal ids.
+/// Token ids of a rendered prompt ([`super::tokenizer`]): equal prefixes give equal ids.
 pub fn token_ids(prompt: &str) -> Vec<u32> {
-    prompt
-        .as_bytes()
-        .chunks(super::kv_cache::BYTES_PER_TOKEN)
-        .map(|c| {
-            let mut b = [0u8; 4];
-            b[..c.len()].copy_from_slice(c);
-            u32::from_le_bytes(b) % 150_000
-        })
-        .collect()
+    super::tokenizer::token_ids(prompt.as_bytes())
 }
 
 /// vLLM's render endpoints (used by vllm-router's cache-aware policy): `{"token_ids": [...]}`.
@@ -153,6 +146,10 @@ async fn infer(State(s): State<Sim>, uri: Uri, body: Bytes) -> Response {
     }
     let value: Value = crate::lenient_json::parse_value(&body).unwrap_or(Value::Null);
     let n_out = max_tokens(&value, s.config.default_max_tokens);
+    let include_usage = value
+        .pointer("/stream_options/include_usage")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     let prompt = request.prompt.as_deref().unwrap_or("");
     let n = s.requests.fetch_add(1, Ordering::Relaxed);
     let rng = SmallRng::seed_from_u64(s.config.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
@@ -165,6 +162,7 @@ async fn infer(State(s): State<Sim>, uri: Uri, body: Bytes) -> Response {
         running,
         rng,
         n_out,
+        include_usage,
         started,
     };
     let served_by = [("x-served-by", s.config.name.clone())];
@@ -191,6 +189,7 @@ struct Generation {
     running: Running,
     rng: SmallRng,
     n_out: usize,
+    include_usage: bool,
     started: Instant,
 }
 
@@ -251,24 +250,39 @@ impl Generation {
             }
             Api::Responses => json!({"type": "response.output_text.delta", "delta": text}),
         };
-        if last {
-            if self.api == Api::Responses {
-                v = json!({"type": "response.completed", "response": {"id": id, "model": model, "usage": self.usage()}});
-            } else {
-                v["usage"] = self.usage();
-            }
+        if last && self.api == Api::Responses {
+            v = json!({"type": "response.completed", "response": {"id": id, "model": model, "usage": self.usage()}});
         }
         v
     }
 
-    /// SSE events: the first token after TTFT, then one per inter-token latency, then `[DONE]`.
+    /// vLLM's last chunk of a stream with `include_usage`: no choices, the usage.
+    fn usage_chunk(&self) -> Value {
+        let object = match self.api {
+            Api::ChatCompletions => "chat.completion.chunk",
+            _ => "text_completion",
+        };
+        json!({"id": self.id, "object": object, "model": self.model, "choices": [], "usage": self.usage()})
+    }
+
+    /// SSE events: the first token after TTFT, then one per inter-token latency, the usage chunk
+    /// if asked for, then `[DONE]`.
     fn sse(self) -> impl futures_core::Stream<Item = Result<Bytes, std::io::Error>> + Send {
         futures_util::stream::unfold((self, 0usize), |(mut g, i)| async move {
-            if i > g.n_out {
+            if i > g.n_out + 1 {
                 return None;
             }
             if i == g.n_out {
-                return Some((Ok(Bytes::from_static(b"data: [DONE]\n\n")), (g, i + 1)));
+                // The usage chunk, when asked for (never for the Responses API, whose last
+                // event already carries it).
+                if g.include_usage && g.api != Api::Responses {
+                    let event = format!("data: {}\n\n", g.usage_chunk());
+                    return Some((Ok(Bytes::from(event)), (g, i + 1)));
+                }
+            }
+            if i >= g.n_out {
+                let done = g.n_out + 2;
+                return Some((Ok(Bytes::from_static(b"data: [DONE]\n\n")), (g, done)));
             }
             if i == 0 {
                 pause(g.running.ttft()).await;

@@ -92,45 +92,140 @@ async fn bad_requests_and_unknown_models() {
     assert_eq!(r.status().as_u16(), 200);
 }
 
+/// The `data:` payloads of an SSE body, `[DONE]` last.
+fn events(text: &str) -> Vec<&str> {
+    text.split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| e.strip_prefix("data: ").expect("data line"))
+        .collect()
+}
+
 #[tokio::test]
 async fn sse_is_well_formed_for_every_api() {
     let (base, _) = start(fast()).await;
-    for (path, body) in [
+    for (path, body, tokens) in [
         (
             "/v1/completions",
             json!({"model": "m", "prompt": "hi", "stream": true, "max_tokens": 5}),
+            5,
         ),
         (
             "/v1/chat/completions",
             json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": true}),
+            4,
         ),
         (
             "/v1/responses",
             json!({"model": "m", "input": "hi", "stream": true, "max_output_tokens": 2}),
+            2,
         ),
     ] {
         let r = post(&format!("{base}{path}"), &body).await;
         assert_eq!(r.headers()["content-type"], "text/event-stream");
         let text = r.text().await.unwrap();
-        let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
-        assert_eq!(*events.last().unwrap(), "data: [DONE]", "{path}");
+        let events = events(&text);
+        assert_eq!(*events.last().unwrap(), "[DONE]", "{path}");
+        assert_eq!(events.len(), tokens + 1, "{path}: {text}");
         for e in &events[..events.len() - 1] {
-            let payload = e.strip_prefix("data: ").expect("data line");
-            let v: Value = serde_json::from_str(payload).unwrap();
+            let v: Value = serde_json::from_str(e).unwrap();
             assert!(v.is_object());
+            // Without stream_options.include_usage, vLLM streams no usage.
+            assert!(v.get("usage").is_none(), "{path}: {v}");
         }
-        let last: Value =
-            serde_json::from_str(events[events.len() - 2].strip_prefix("data: ").unwrap()).unwrap();
-        let usage = if path == "/v1/responses" {
-            &last["response"]["usage"]
-        } else {
-            &last["usage"]
-        };
-        assert!(
-            usage["prompt_tokens"].as_u64().unwrap() > 0,
-            "{path}: {last}"
-        );
+        if path == "/v1/responses" {
+            // The Responses API's completed event always carries usage.
+            let last: Value = serde_json::from_str(events[events.len() - 2]).unwrap();
+            assert!(last["response"]["usage"]["input_tokens"].as_u64().unwrap() > 0);
+        }
     }
+}
+
+#[tokio::test]
+async fn stream_usage_comes_last_when_asked_for() {
+    let (base, _) = start(fast()).await;
+    let prompt = "hello world ".repeat(40);
+    for (path, body) in [
+        (
+            "/v1/completions",
+            json!({"model": "m", "prompt": prompt, "stream": true, "max_tokens": 3,
+                "stream_options": {"include_usage": true}}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "m", "messages": [{"role": "user", "content": prompt}], "stream": true,
+                "max_tokens": 3, "stream_options": {"include_usage": true}}),
+        ),
+    ] {
+        for round in 0..2 {
+            let text = post(&format!("{base}{path}"), &body)
+                .await
+                .text()
+                .await
+                .unwrap();
+            let events = events(&text);
+            // 3 tokens, the usage chunk, [DONE].
+            assert_eq!(events.len(), 5, "{path}: {text}");
+            for e in &events[..3] {
+                let v: Value = serde_json::from_str(e).unwrap();
+                assert!(v.get("usage").is_none());
+            }
+            let usage_chunk: Value = serde_json::from_str(events[3]).unwrap();
+            assert_eq!(usage_chunk["choices"], json!([]));
+            let usage = &usage_chunk["usage"];
+            assert_eq!(usage["completion_tokens"], 3);
+            let prompt_tokens = usage["prompt_tokens"].as_u64().unwrap();
+            let cached = usage["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap();
+            assert!(prompt_tokens > 50, "{usage}");
+            if round == 0 && path == "/v1/completions" {
+                assert_eq!(cached, 0);
+            }
+            if round == 1 {
+                assert!(cached > 0 && prompt_tokens - cached < 16, "{usage}");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn cache_config_is_exported_for_both_engines() {
+    let (base, _) = start(EngineConfig {
+        kv_blocks: 1000,
+        ..fast()
+    })
+    .await;
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let info = text
+        .lines()
+        .find(|l| l.starts_with("vllm:cache_config_info{"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(info.contains("block_size=\"16\""), "{info}");
+    assert!(info.contains("num_gpu_blocks=\"1000\""), "{info}");
+    assert!(info.ends_with("} 1"), "{info}");
+    assert!(!text.contains("sglang:max_total_num_tokens"));
+    let (base, _) = start(EngineConfig {
+        kind: super::engine::EngineKind::Sglang,
+        kv_blocks: 1000,
+        ..fast()
+    })
+    .await;
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains("\nsglang:max_total_num_tokens 16000\n"),
+        "{text}"
+    );
+    assert!(text.contains("sglang:num_running_reqs 0"), "{text}");
 }
 
 #[tokio::test]
@@ -190,8 +285,9 @@ async fn render_and_tokenize_return_token_ids_for_peer_routers() {
         .await
         .unwrap();
     let ids = v["token_ids"].as_array().unwrap();
-    // "<|im_start|>user\nhello world<|im_end|>\n" is 39 bytes: 10 tokens of 4 bytes.
-    assert_eq!(ids.len(), 10);
+    // "<|im_start|>user\nhello world<|im_end|>\n": <| im _ start |> user \n hello " world" <| im
+    // _ end |> \n
+    assert_eq!(ids.len(), 15, "{v}");
     let longer = json!({"model": "m", "messages": [{"role": "user", "content": "hello world"}, {"role": "user", "content": "more"}]});
     let v2: Value = post(&format!("{base}/v1/chat/completions/render"), &longer)
         .await
@@ -199,8 +295,8 @@ async fn render_and_tokenize_return_token_ids_for_peer_routers() {
         .await
         .unwrap();
     assert_eq!(
-        &v2["token_ids"].as_array().unwrap()[..9],
-        &ids[..9],
+        &v2["token_ids"].as_array().unwrap()[..14],
+        &ids[..14],
         "a shared prefix gives shared ids"
     );
     let t: Value = post(
@@ -211,6 +307,7 @@ async fn render_and_tokenize_return_token_ids_for_peer_routers() {
     .json()
     .await
     .unwrap();
+    // One 8-byte word: two tokens of at most 6 bytes.
     assert_eq!(t["count"], 2);
     assert_eq!(t["tokens"].as_array().unwrap().len(), 2);
 }

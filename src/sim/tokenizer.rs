@@ -1,0 +1,166 @@
+//! The simulator's tokenizer: a deterministic stand-in for a BPE tokenizer on English text.
+//!
+//! The rendered prompt is first cut into pieces the way GPT-2-style pre-tokenizers do: a word
+//! with its leading space (` alpha`), a run of punctuation with its optional leading space
+//! (` <|`), or a run of whitespace (its last space goes to the word that follows). Each piece is
+//! then cut greedily from its start into tokens of at most [`MAX_TOKEN_BYTES`] bytes (never
+//! inside a UTF-8 character). On the benchmark vocabulary that gives ~4 bytes per token, and
+//! token boundaries fall anywhere relative to the router's 64-byte hash blocks.
+//!
+//! Prefix property (what a KV prefix cache needs): pieces depend on at most one byte of
+//! lookahead, so a prompt that extends another has all the shorter one's tokens except possibly
+//! its last (a word cut in the middle, or trailing whitespace that joins the next word).
+
+use std::ops::Range;
+
+/// Longest token, in bytes.
+pub const MAX_TOKEN_BYTES: usize = 6;
+
+/// Vocabulary size of the token ids (`token_id`).
+pub const VOCAB: u32 = 150_000;
+
+fn is_word(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b >= 0x80
+}
+
+fn is_space(b: u8) -> bool {
+    b.is_ascii_whitespace()
+}
+
+/// The byte ranges of the pieces (pre-tokens) of `text`.
+fn pieces(text: &[u8]) -> Vec<Range<usize>> {
+    let mut out = Vec::with_capacity(text.len() / 5 + 1);
+    let n = text.len();
+    let mut i = 0;
+    let run = |mut j: usize, f: fn(u8) -> bool| {
+        while j < n && f(text[j]) {
+            j += 1;
+        }
+        j
+    };
+    while i < n {
+        let b = text[i];
+        let end = if b == b' ' && i + 1 < n && !is_space(text[i + 1]) {
+            // A space joins the word or punctuation run that follows.
+            let next = text[i + 1];
+            if is_word(next) {
+                run(i + 1, is_word)
+            } else {
+                run(i + 1, |c| !is_word(c) && !is_space(c))
+            }
+        } else if is_space(b) {
+            let mut j = run(i, is_space);
+            // Leave the run's last space to a following word (` word`), as GPT-2 does.
+            if j < n && j - i > 1 && text[j - 1] == b' ' {
+                j -= 1;
+            }
+            j
+        } else if is_word(b) {
+            run(i, is_word)
+        } else {
+            run(i, |c| !is_word(c) && !is_space(c))
+        };
+        out.push(i..end);
+        i = end;
+    }
+    out
+}
+
+/// The byte ranges of the tokens of `text`, in order, covering it exactly.
+pub fn tokenize(text: &[u8]) -> Vec<Range<usize>> {
+    let mut out = Vec::with_capacity(text.len() / 3 + 1);
+    for piece in pieces(text) {
+        let mut start = piece.start;
+        while start < piece.end {
+            let mut end = (start + MAX_TOKEN_BYTES).min(piece.end);
+            // Never cut a UTF-8 character: move to the next character boundary.
+            while end < piece.end && (text[end] & 0xC0) == 0x80 {
+                end += 1;
+            }
+            out.push(start..end);
+            start = end;
+        }
+    }
+    out
+}
+
+/// The number of tokens of `text`.
+pub fn count(text: &[u8]) -> usize {
+    tokenize(text).len()
+}
+
+/// A token's id: a hash of its bytes, below [`VOCAB`].
+pub fn token_id(token: &[u8]) -> u32 {
+    (xxhash_rust::xxh64::xxh64(token, 0x70C3) % u64::from(VOCAB)) as u32
+}
+
+/// The token ids of `text`.
+pub fn token_ids(text: &[u8]) -> Vec<u32> {
+    tokenize(text)
+        .into_iter()
+        .map(|r| token_id(&text[r]))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn strs(text: &str) -> Vec<&str> {
+        tokenize(text.as_bytes())
+            .into_iter()
+            .map(|r| &text[r])
+            .collect()
+    }
+
+    #[test]
+    fn words_keep_their_leading_space_and_long_ones_split() {
+        assert_eq!(strs("the alpha juniper"), ["the", " alpha", " junip", "er"]);
+        assert_eq!(strs("a,  b\n"), ["a", ",", " ", " b", "\n"]);
+        assert_eq!(
+            strs("<|im_start|>user\n"),
+            ["<|", "im", "_", "start", "|>", "user", "\n"]
+        );
+        // Multi-byte characters stay whole.
+        assert_eq!(strs("ééé"), ["ééé"]);
+        assert_eq!(strs("éééé"), ["ééé", "é"]);
+        assert!(strs("").is_empty());
+    }
+
+    #[test]
+    fn about_four_bytes_per_token_on_the_benchmark_vocabulary() {
+        let text = crate::bench::workload::text(7, 64 * 1024);
+        let per_token = text.len() as f64 / count(text.as_bytes()) as f64;
+        assert!((3.5..=4.5).contains(&per_token), "{per_token}");
+        // Token boundaries do not line up with 64-byte blocks.
+        let ends: Vec<usize> = tokenize(text.as_bytes()).iter().map(|r| r.end).collect();
+        assert!(ends.iter().filter(|e| *e % 64 == 0).count() < ends.len() / 8);
+    }
+
+    proptest! {
+        #[test]
+        fn a_longer_prompt_keeps_all_but_the_last_token_of_a_shorter_one(
+            text in "[ab ,.\n<|>é]{0,60}",
+            cut in 0usize..61,
+        ) {
+            let cut = text
+                .char_indices()
+                .map(|(i, _)| i)
+                .chain([text.len()])
+                .rfind(|i| *i <= cut)
+                .unwrap_or(0);
+            let (short, long) = (tokenize(&text.as_bytes()[..cut]), tokenize(text.as_bytes()));
+            let keep = short.len().saturating_sub(1);
+            prop_assert_eq!(&short[..keep], &long[..keep]);
+            // Tokens cover the text exactly, in order.
+            let mut at = 0;
+            for r in &long {
+                prop_assert_eq!(r.start, at);
+                prop_assert!(r.end > r.start);
+                at = r.end;
+            }
+            prop_assert_eq!(at, text.len());
+        }
+    }
+}
