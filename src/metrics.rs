@@ -257,6 +257,10 @@ impl RouterMetrics {
             )
             .expect("valid metric"),
         };
+        // Both sources exist from the start, so their rates compare from the first report.
+        for source in ["predicted", "reported"] {
+            m.cached_tokens.with_label_values(&[source]);
+        }
         register(registry, m.cached_tokens.clone());
         register(registry, m.estimate_dropped.clone());
         register(registry, m.tentative.clone());
