@@ -165,7 +165,7 @@ impl SchedulerConfig {
             Some(a) => {
                 let on = |b: bool| if b { "on" } else { "off" };
                 format!(
-                    "routing mode: affinity (tentative {}, consolidateTies {}, loadGate {} [podCapacity {}, maxQueue {}, shareHeadroom {}, shareWindow {}], longPrompts {}, engineBudget {} [bytesPerToken {}, engineTokens {}]); {chain}",
+                    "routing mode: affinity (tentative {}, consolidateTies {}, loadGate {} [podCapacity {}, maxQueue {}, shareHeadroom {}, shareWindow {}, tieLoadSlack {}], longPrompts {}, engineBudget {} [bytesPerToken {}, engineTokens {}]); {chain}",
                     on(a.tentative),
                     on(a.consolidate_ties),
                     on(a.load_gate),
@@ -173,6 +173,7 @@ impl SchedulerConfig {
                     a.max_queue,
                     a.share_headroom,
                     a.share_window,
+                    a.tie_load_slack,
                     on(a.long_prompts),
                     on(a.engine_budget),
                     a.bytes_per_token,
@@ -235,6 +236,7 @@ pub struct AffinitySection {
     pub max_queue: u32,
     pub share_headroom: f64,
     pub share_window: u32,
+    pub tie_load_slack: u32,
     pub long_prompts: bool,
     pub block_bytes: usize,
     pub max_prompt_bytes: usize,
@@ -255,6 +257,7 @@ impl Default for AffinitySection {
             max_queue: d.max_queue,
             share_headroom: d.share_headroom,
             share_window: d.share_window,
+            tie_load_slack: d.tie_load_slack,
             long_prompts: d.long_prompts,
             block_bytes: d.block_bytes,
             max_prompt_bytes: d.max_prompt_bytes,
@@ -316,6 +319,7 @@ impl AffinitySection {
             max_queue: self.max_queue,
             share_headroom: self.share_headroom,
             share_window: self.share_window,
+            tie_load_slack: self.tie_load_slack,
             long_prompts: self.long_prompts,
             block_bytes: self.block_bytes,
             max_prompt_bytes: self.max_prompt_bytes,

@@ -15,15 +15,18 @@
 //! - nothing is available: the least-loaded pod that is not saturated, else the least-loaded
 //!   pod (`affinity_saturated`).
 //!
-//! Ties (equal longest match) are broken by rendezvous hashing of the deepest block the tied
-//! pods hold (the first block when none holds any) over their addresses (`consolidateTies`):
-//! every request with that prefix, on every replica, picks the same pod, so a prefix that
-//! spilled to a second pod returns to one when the load drops. Without it, a seeded random
-//! pick.
+//! Ties (equal longest match) go to the least-loaded tied pods (in-flight plus engine queue,
+//! within `tieLoadSlack` requests of the least), then by rendezvous hashing of the deepest
+//! block the tied pods hold (the first block when none holds any) over their addresses
+//! (`consolidateTies`): at equal load every request with that prefix, on every replica, picks
+//! the same pod, so a prefix that spilled to a second pod returns to one when the load drops,
+//! while new work that only shares a head every pod holds (agent sessions after a common tool
+//! preamble) spreads by load. Without it, a seeded random pick.
 //! Scraped gauges never outweigh a match while the pod is available.
 //!
-//! Knobs (defaults): `podCapacity` 64, `maxQueue` 0, `shareHeadroom` 0.3, `shareWindow` 64
-//! (picks per candidate that the share remembers, an exponential moving average).
+//! Knobs (defaults): `podCapacity` 64, `maxQueue` 0, `shareHeadroom` 0.15, `shareWindow` 16
+//! (picks per candidate that the share remembers, an exponential moving average),
+//! `tieLoadSlack` 2.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,6 +48,9 @@ pub struct AffinityConfig {
     pub max_queue: u32,
     pub share_headroom: f64,
     pub share_window: u32,
+    /// Ties go to the least-loaded tied pods, within this many requests of the least load,
+    /// before the rendezvous rule picks among them.
+    pub tie_load_slack: u32,
     /// Hash prompts past Kthena's 8 KiB, in `block_bytes` blocks up to `max_prompt_bytes`.
     pub long_prompts: bool,
     pub block_bytes: usize,
@@ -65,8 +71,9 @@ impl Default for AffinityConfig {
             load_gate: true,
             pod_capacity: 64,
             max_queue: 0,
-            share_headroom: 0.3,
-            share_window: 64,
+            share_headroom: 0.15,
+            share_window: 16,
+            tie_load_slack: 2,
             long_prompts: true,
             block_bytes: 256,
             max_prompt_bytes: 256 << 10,
@@ -276,6 +283,11 @@ fn tie_break<R: Rng>(
     key: Option<u64>,
     rng: &mut R,
 ) -> usize {
+    // Only the tied pods within `tieLoadSlack` of the least loaded one.
+    let load = |i: usize| loads[i].inflight as f64 + loads[i].waiting;
+    let least = tied.clone().map(load).fold(f64::INFINITY, f64::min);
+    let limit = least + f64::from(config.tie_load_slack);
+    let tied = tied.filter(move |&i| load(i) <= limit);
     match key {
         Some(key) if config.consolidate_ties => tied
             .max_by_key(|&i| mix(key ^ loads[i].key))
