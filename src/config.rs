@@ -165,7 +165,7 @@ impl SchedulerConfig {
             Some(a) => {
                 let on = |b: bool| if b { "on" } else { "off" };
                 format!(
-                    "routing mode: affinity (tentative {}, consolidateTies {}, loadGate {} [podCapacity {}, maxQueue {}, shareHeadroom {}, shareWindow {}, tieLoadSlack {}], longPrompts {}, engineBudget {} [bytesPerToken {}, engineTokens {}]); {chain}",
+                    "routing mode: affinity (tentative {}, consolidateTies {}, loadGate {} [podCapacity {}, maxQueue {}, shareHeadroom {}, shareWindow {}, tieLoadSlack {}, spillLoss {}], longPrompts {}, engineBudget {} [bytesPerToken {}, engineTokens {}]); {chain}",
                     on(a.tentative),
                     on(a.consolidate_ties),
                     on(a.load_gate),
@@ -174,6 +174,7 @@ impl SchedulerConfig {
                     a.share_headroom,
                     a.share_window,
                     a.tie_load_slack,
+                    a.spill_loss,
                     on(a.long_prompts),
                     on(a.engine_budget),
                     a.bytes_per_token,
@@ -237,6 +238,7 @@ pub struct AffinitySection {
     pub share_headroom: f64,
     pub share_window: u32,
     pub tie_load_slack: u32,
+    pub spill_loss: f64,
     pub long_prompts: bool,
     pub block_bytes: usize,
     pub max_prompt_bytes: usize,
@@ -258,6 +260,7 @@ impl Default for AffinitySection {
             share_headroom: d.share_headroom,
             share_window: d.share_window,
             tie_load_slack: d.tie_load_slack,
+            spill_loss: d.spill_loss,
             long_prompts: d.long_prompts,
             block_bytes: d.block_bytes,
             max_prompt_bytes: d.max_prompt_bytes,
@@ -288,6 +291,9 @@ impl AffinitySection {
                 self.share_headroom.to_string(),
                 "a number >= 0",
             );
+        }
+        if !(self.spill_loss.is_finite() && self.spill_loss >= 0.0) {
+            return bad("spillLoss", self.spill_loss.to_string(), "a number >= 0");
         }
         if self.share_window == 0 {
             return bad("shareWindow", "0".into(), "> 0");
@@ -320,6 +326,7 @@ impl AffinitySection {
             share_headroom: self.share_headroom,
             share_window: self.share_window,
             tie_load_slack: self.tie_load_slack,
+            spill_loss: self.spill_loss,
             long_prompts: self.long_prompts,
             block_bytes: self.block_bytes,
             max_prompt_bytes: self.max_prompt_bytes,

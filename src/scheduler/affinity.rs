@@ -26,7 +26,9 @@
 //!
 //! Knobs (defaults): `podCapacity` 64, `maxQueue` 0, `shareHeadroom` 0.15, `shareWindow` 16
 //! (picks per candidate that the share remembers, an exponential moving average),
-//! `tieLoadSlack` 2.
+//! `tieLoadSlack` 2, `spillLoss` 0.25 (an over-share pod keeps a burst in progress: requests
+//! whose match there is held by requests in flight and would lose more than a quarter of the
+//! prompt elsewhere).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,6 +53,10 @@ pub struct AffinityConfig {
     /// Ties go to the least-loaded tied pods, within this many requests of the least load,
     /// before the rendezvous rule picks among them.
     pub tie_load_slack: u32,
+    /// An over-share pod keeps requests whose match there is held by requests in flight (a
+    /// burst in progress) when they would lose more than this fraction of their prompt's
+    /// blocks on any other available pod (1 or more: never).
+    pub spill_loss: f64,
     /// Hash prompts past Kthena's 8 KiB, in `block_bytes` blocks up to `max_prompt_bytes`.
     pub long_prompts: bool,
     pub block_bytes: usize,
@@ -74,6 +80,7 @@ impl Default for AffinityConfig {
             share_headroom: 0.15,
             share_window: 16,
             tie_load_slack: 2,
+            spill_loss: 0.25,
             long_prompts: true,
             block_bytes: 256,
             max_prompt_bytes: 256 << 10,
@@ -185,6 +192,7 @@ fn mix(x: u64) -> u64 {
 pub fn pick<R: Rng>(
     config: &AffinityConfig,
     matched: &[usize],
+    held: &[usize],
     loads: &[PodLoad],
     hashes: &[BlockHash],
     rng: &mut R,
@@ -199,7 +207,19 @@ pub fn pick<R: Rng>(
     let mean = loads.iter().map(|l| l.share).sum::<f64>() / n as f64;
     let limit = (1.0 + config.share_headroom) * mean.max(1.0 / n as f64);
     let over = |i: usize| config.load_gate && n > 1 && loads[i].share > limit;
-    let available = |i: usize| !saturated(i) && !over(i);
+    // An over-share pod keeps a request whose match there is held by requests in flight (a
+    // burst in progress) and would lose more than `spillLoss` of its prompt elsewhere.
+    let elsewhere = (0..n)
+        .filter(|&i| !saturated(i) && !over(i))
+        .map(|i| matched[i])
+        .max()
+        .unwrap_or(0);
+    let keeps = |i: usize| {
+        matched[i] > held[i]
+            && (matched[i].saturating_sub(elsewhere)) as f64
+                > config.spill_loss * hashes.len() as f64
+    };
+    let available = |i: usize| !saturated(i) && (!over(i) || keeps(i));
 
     let best_all = matched.iter().copied().max().unwrap_or(0);
     let best_available = (0..n).filter(|&i| available(i)).map(|i| matched[i]).max();

@@ -434,14 +434,8 @@ impl Scheduler {
         rng: &mut SmallRng,
         observe: bool,
     ) -> Decision {
-        let (primary, why) = self.affinity_pick(
-            config,
-            &candidates,
-            &scored.matched_blocks,
-            &hashes,
-            rng,
-            observe,
-        );
+        let (primary, why) =
+            self.affinity_pick(config, &candidates, &scored, &hashes, rng, observe);
         // Fallbacks: longest match first, then least loaded (only the few kept are sorted).
         let mut rest: Vec<(std::cmp::Reverse<usize>, i64, usize)> = (0..candidates.len())
             .filter(|&i| i != primary)
@@ -494,7 +488,7 @@ impl Scheduler {
         &self,
         config: &AffinityConfig,
         candidates: &[Arc<Endpoint>],
-        matched: &[usize],
+        scored: &prefix_cache::PrefixScores,
         hashes: &[BlockHash],
         rng: &mut SmallRng,
         observe: bool,
@@ -510,7 +504,14 @@ impl Scheduler {
                 share: e.recent.share(now, keep),
             })
             .collect();
-        let (primary, why) = affinity::pick(config, matched, &loads, hashes, rng);
+        let (primary, why) = affinity::pick(
+            config,
+            &scored.matched_blocks,
+            &scored.held_blocks,
+            &loads,
+            hashes,
+            rng,
+        );
         if observe {
             let now = self.picks.fetch_add(1, Ordering::Relaxed) as u32;
             candidates[primary].recent.add(now, keep);

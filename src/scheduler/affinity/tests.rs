@@ -24,7 +24,14 @@ fn pick_one(
     loads: &[PodLoad],
     h: &[BlockHash],
 ) -> (usize, AffinityReason) {
-    pick(config, matched, loads, h, &mut SmallRng::seed_from_u64(7))
+    pick(
+        config,
+        matched,
+        matched,
+        loads,
+        h,
+        &mut SmallRng::seed_from_u64(7),
+    )
 }
 
 #[test]
@@ -130,6 +137,7 @@ fn ties_consolidate_on_the_deepest_block_held() {
             pick(
                 &c,
                 &[4, 4, 4, 0, 4, 4, 4, 4],
+                &[4, 4, 4, 0, 4, 4, 4, 4],
                 &l,
                 &h,
                 &mut SmallRng::seed_from_u64(s),
@@ -156,6 +164,7 @@ fn without_consolidation_ties_are_random() {
         .map(|s| {
             pick(
                 &c,
+                &[2, 2, 2, 2],
                 &[2, 2, 2, 2],
                 &l,
                 &hashes(4),
@@ -187,4 +196,45 @@ fn budgets_follow_engine_tokens() {
     // 4096 blocks x 16 tokens x 4 bytes / 256-byte blocks.
     assert_eq!(c.budget_entries(65_536, 256), 1024);
     assert_eq!(c.budget_entries(0, 256), 1);
+}
+
+#[test]
+fn a_burst_in_progress_stays_on_an_over_share_pod_new_work_does_not() {
+    let c = AffinityConfig::default();
+    let mut l = loads(4);
+    l[0].share = 0.5;
+    for p in &mut l[1..] {
+        p.share = 0.16;
+    }
+    // Pod 0 holds the prompt only through requests in flight (held 0): the burst stays.
+    assert_eq!(
+        pick(
+            &c,
+            &[8, 0, 0, 0],
+            &[0, 0, 0, 0],
+            &l,
+            &hashes(8),
+            &mut SmallRng::seed_from_u64(1)
+        ),
+        (0, AffinityReason::Hit)
+    );
+    // The same match from the index (completed requests): the over-share pod spills it.
+    assert_eq!(
+        pick_one(&c, &[8, 0, 0, 0], &l, &hashes(8)).1,
+        AffinityReason::Spill
+    );
+    // Saturated is saturated, burst or not.
+    l[0].waiting = 1.0;
+    assert_eq!(
+        pick(
+            &c,
+            &[8, 0, 0, 0],
+            &[0, 0, 0, 0],
+            &l,
+            &hashes(8),
+            &mut SmallRng::seed_from_u64(1)
+        )
+        .1,
+        AffinityReason::Spill
+    );
 }
