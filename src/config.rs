@@ -385,6 +385,10 @@ pub enum ConfigError {
     Discovery(#[from] DiscoveryError),
     #[error("sync: {0}")]
     Sync(String),
+    #[error(
+        "this is GIE's EndpointPickerConfig ({0}); prefix-picker takes a Kthena routerConfiguration (scheduler:, endpoints:, discovery:, picker:). With GIE's inferencepool chart set inferenceExtension.pluginsCustomConfig.<file> to a routerConfiguration and inferenceExtension.pluginsConfigFile to <file>, or pass one with --config-text (see docs/gateways.md)"
+    )]
+    EndpointPickerConfig(String),
 }
 
 /// Every problem found in a config.
@@ -413,6 +417,9 @@ impl Config {
             Yaml::Null => Mapping::new(),
             _ => return Err(ConfigErrors(vec![ConfigError::NotMapping])),
         };
+        if let Some(found) = endpoint_picker_config(&root) {
+            return Err(ConfigErrors(vec![ConfigError::EndpointPickerConfig(found)]));
+        }
         let mut config = Config::default();
         let mut errors = Vec::new();
         for (key, value) in &root {
@@ -492,6 +499,17 @@ impl Config {
             Err(ConfigErrors(errors))
         }
     }
+}
+
+/// `kind: EndpointPickerConfig` or an `inference.networking.x-k8s.io` apiVersion: the config GIE's
+/// chart mounts for its own picker, named as found.
+fn endpoint_picker_config(root: &Mapping) -> Option<String> {
+    let kind = get(root, "kind").and_then(Yaml::as_str).unwrap_or_default();
+    let api = get(root, "apiVersion")
+        .and_then(Yaml::as_str)
+        .unwrap_or_default();
+    (kind == "EndpointPickerConfig" || api.starts_with("inference.networking.x-k8s.io"))
+        .then(|| format!("apiVersion: {api}, kind: {kind}"))
 }
 
 fn show(v: &Yaml) -> String {
