@@ -3,7 +3,8 @@
 //! flags, so GIE's `inferencepool` chart can run this image with its own arguments.
 //!
 //! - Go flag syntax is accepted ([`normalize`]): `-name value`, `-name=value`, `--name value`,
-//!   `--name=value`; a boolean takes its value only after `=` (`--secure-serving=false`).
+//!   `--name=value`; a boolean takes a value after `=` (`--secure-serving=false`, Go's spellings
+//!   `1`, `t`, `FALSE`...) or, unlike Go, a following `true`/`false` (charts render that).
 //! - GIE flags prefix-picker has no use for, and unknown flags, are dropped with a warning
 //!   (a crash-looping picker is worse than an ignored flag); an unknown flag takes the next
 //!   argument as its value unless that starts with `-` (the sidecar takes no positional arguments).
@@ -217,14 +218,22 @@ pub fn normalize(args: &[String], known: &[KnownFlag]) -> (Vec<String>, Vec<Stri
         }
         if let Some(flag) = known.iter().find(|f| f.name == name) {
             // Go takes the next argument as the value whatever it looks like; joined with `=`
-            // so clap does too (`--config-text -x`).
+            // so clap does too (`--config-text -x`). A boolean takes a separate `true`/`false`
+            // too: charts render `--secure-serving false`, and no positional argument exists.
             let value = match inline {
+                Some(v) if !flag.takes_value => Some(go_bool(v).unwrap_or(v)),
                 Some(v) => Some(v),
                 None if flag.takes_value && i < args.len() => {
                     i += 1;
                     Some(args[i - 1].as_str())
                 }
-                None => None,
+                None => match args.get(i).and_then(|next| go_bool(next)) {
+                    Some(b) => {
+                        i += 1;
+                        Some(b)
+                    }
+                    None => None,
+                },
             };
             out.push(match value {
                 Some(v) => format!("--{name}={v}"),
@@ -235,7 +244,13 @@ pub fn normalize(args: &[String], known: &[KnownFlag]) -> (Vec<String>, Vec<Stri
         let gie = GIE_IGNORED.iter().find(|(n, _)| *n == name);
         let value = match (inline, gie) {
             (Some(v), _) => Some(v.to_string()),
-            (None, Some((_, true))) => None,
+            (None, Some((_, true))) => match args.get(i).and_then(|next| go_bool(next)) {
+                Some(b) => {
+                    i += 1;
+                    Some(b.to_string())
+                }
+                None => None,
+            },
             (None, Some((_, false))) if i < args.len() => {
                 i += 1;
                 Some(args[i - 1].clone())
@@ -256,6 +271,15 @@ pub fn normalize(args: &[String], known: &[KnownFlag]) -> (Vec<String>, Vec<Stri
         });
     }
     (out, warnings)
+}
+
+/// A boolean as Go's `strconv.ParseBool` reads it, spelled the way clap reads it.
+fn go_bool(text: &str) -> Option<&'static str> {
+    match text {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some("true"),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some("false"),
+        _ => None,
+    }
 }
 
 /// The pool namespace: the flag, else `$NAMESPACE` (GIE's chart), else `$POD_NAMESPACE`, else

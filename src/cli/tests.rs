@@ -80,6 +80,28 @@ fn go_flag_syntax_becomes_clap_syntax() {
         ]
     );
     assert!(warnings.is_empty());
+    // Booleans: Go's spellings, and a separate true/false as charts render them.
+    let (args, warnings) = norm(&[
+        "--secure-serving",
+        "false",
+        "-secure-serving=0",
+        "--tracing",
+        "False",
+        "--pool-name",
+        "p",
+    ]);
+    assert_eq!(
+        args,
+        [
+            "--secure-serving=false",
+            "--secure-serving=false",
+            "--pool-name=p"
+        ]
+    );
+    assert_eq!(
+        warnings,
+        ["flag --tracing=\"false\" ignored: a GIE flag prefix-picker has no use for"]
+    );
     // Go takes the next argument as a value even when it starts with '-'.
     assert_eq!(norm(&["-config-text", "-x"]).0, ["--config-text=-x"]);
 }
