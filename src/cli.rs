@@ -25,8 +25,7 @@ use crate::discovery::target::{Target, parse_selector};
 use crate::discovery::{KubernetesConfig, Source};
 use crate::tls::{TlsConfig, TlsMode};
 
-/// The only InferencePool API group discovery watches (`inference.networking.k8s.io/v1`).
-pub const POOL_GROUP: &str = "inference.networking.k8s.io";
+pub use crate::discovery::inference_pool::GROUP as POOL_GROUP;
 
 /// Which command line the flags came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
