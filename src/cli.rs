@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use serde_yaml_ng::Value as Yaml;
 
-use crate::config::Config;
+use crate::config::{Config, NO_ENDPOINTS};
 use crate::discovery::config::SERVICE_ACCOUNT_NAMESPACE;
 use crate::discovery::target::{Target, parse_selector};
 use crate::discovery::{KubernetesConfig, Source};
@@ -369,8 +369,8 @@ impl ServeArgs {
         };
         let mut config = Config::parse(&text)
             .map_err(|e| e.0.iter().map(ToString::to_string).collect::<Vec<_>>())?;
-        // Kthena's "no endpoints" warning is replaced by the error below or by the discovery.
-        config.warnings.retain(|w| !w.starts_with("no endpoints"));
+        // The flags may add discovery; without it the error below says more than the warning.
+        config.warnings.retain(|w| w != NO_ENDPOINTS);
 
         if let Some(name) = &self.pool_name {
             let namespace = pool_namespace(self.pool_namespace.as_deref(), host);

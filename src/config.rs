@@ -345,6 +345,9 @@ impl Default for PickerConfig {
     }
 }
 
+/// The warning for a config with neither `endpoints:` nor `discovery:`.
+pub const NO_ENDPOINTS: &str = "no endpoints configured: every request will get 503";
+
 /// A validated configuration.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Config {
@@ -453,9 +456,7 @@ impl Config {
         }
         validate_endpoints(&config.endpoints, &mut errors);
         if config.endpoints.is_empty() && config.discovery.kubernetes.is_none() {
-            config
-                .warnings
-                .push("no endpoints configured: every request will get 503".into());
+            config.warnings.push(NO_ENDPOINTS.into());
         }
         if !(1..=5).contains(&config.picker.max_endpoints) {
             errors.push(ConfigError::Picker(format!(
