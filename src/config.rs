@@ -356,6 +356,9 @@ impl Default for PickerConfig {
     }
 }
 
+/// The warning for a config with neither `endpoints:` nor `discovery:`.
+pub const NO_ENDPOINTS: &str = "no endpoints configured: every request will get 503";
+
 /// A validated configuration.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Config {
@@ -396,6 +399,10 @@ pub enum ConfigError {
     Discovery(#[from] DiscoveryError),
     #[error("sync: {0}")]
     Sync(String),
+    #[error(
+        "this is GIE's EndpointPickerConfig ({0}); prefix-picker takes a Kthena routerConfiguration (scheduler:, endpoints:, discovery:, picker:). With GIE's inferencepool chart set inferenceExtension.pluginsCustomConfig.<file> to a routerConfiguration and inferenceExtension.pluginsConfigFile to <file>, or pass one with --config-text (see docs/gateways.md)"
+    )]
+    EndpointPickerConfig(String),
 }
 
 /// Every problem found in a config.
@@ -424,6 +431,9 @@ impl Config {
             Yaml::Null => Mapping::new(),
             _ => return Err(ConfigErrors(vec![ConfigError::NotMapping])),
         };
+        if let Some(found) = endpoint_picker_config(&root) {
+            return Err(ConfigErrors(vec![ConfigError::EndpointPickerConfig(found)]));
+        }
         let mut config = Config::default();
         let mut errors = Vec::new();
         for (key, value) in &root {
@@ -457,9 +467,7 @@ impl Config {
         }
         validate_endpoints(&config.endpoints, &mut errors);
         if config.endpoints.is_empty() && config.discovery.kubernetes.is_none() {
-            config
-                .warnings
-                .push("no endpoints configured: every request will get 503".into());
+            config.warnings.push(NO_ENDPOINTS.into());
         }
         if !(1..=5).contains(&config.picker.max_endpoints) {
             errors.push(ConfigError::Picker(format!(
@@ -503,6 +511,17 @@ impl Config {
             Err(ConfigErrors(errors))
         }
     }
+}
+
+/// `kind: EndpointPickerConfig` or an `inference.networking.x-k8s.io` apiVersion: the config GIE's
+/// chart mounts for its own picker, named as found.
+fn endpoint_picker_config(root: &Mapping) -> Option<String> {
+    let kind = get(root, "kind").and_then(Yaml::as_str).unwrap_or_default();
+    let api = get(root, "apiVersion")
+        .and_then(Yaml::as_str)
+        .unwrap_or_default();
+    (kind == "EndpointPickerConfig" || api.starts_with("inference.networking.x-k8s.io"))
+        .then(|| format!("apiVersion: {api}, kind: {kind}"))
 }
 
 fn show(v: &Yaml) -> String {

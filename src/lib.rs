@@ -7,6 +7,7 @@ pub mod access_log;
 pub mod admin;
 pub mod bench;
 pub mod cached_tokens;
+pub mod cli;
 pub mod completion;
 pub mod config;
 pub mod discovery;

@@ -1,11 +1,13 @@
-//! `prefix-picker`: the sidecar (`serve`), config checking (`validate`) and inspection commands
-//! (`render`, `hash`). Process wiring only; everything else lives in the library.
+//! `prefix-picker`: the sidecar (`serve`, or the bare `prefix-picker [FLAGS]` with GIE's
+//! defaults), config checking (`validate`) and inspection commands (`render`, `hash`). Process
+//! wiring only; the flags are [`prefix_picker::cli`], everything else lives in the library.
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use prefix_picker::cli::{self, Form, Host, LogFormat, ServeArgs};
 use prefix_picker::config::Config;
 use prefix_picker::hashing::{BlockChain, ChainScheme};
 use prefix_picker::request::InferenceRequest;
@@ -14,27 +16,23 @@ use prefix_picker::request::InferenceRequest;
 #[command(
     name = "prefix-picker",
     version,
-    about = "Prefix-cache-aware endpoint picker for LLM inference (Envoy ext_proc)"
+    about = "Prefix-cache-aware endpoint picker for LLM inference (Envoy ext_proc)",
+    long_about = "Prefix-cache-aware endpoint picker for LLM inference (Envoy ext_proc).\n\nWithout a command it runs the sidecar like `serve`, with the Gateway API Inference Extension picker's defaults (TLS, gRPC health on 9003), so GIE's chart can run this image; GIE's other flags are accepted and ignored. See docs/cli.md.",
+    args_conflicts_with_subcommands = true,
+    args_override_self = true
 )]
 struct Cli {
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
+    #[command(flatten)]
+    serve: ServeArgs,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the ext_proc sidecar.
-    Serve {
-        #[arg(long)]
-        config: PathBuf,
-        #[arg(long, default_value = "0.0.0.0:9002")]
-        grpc_addr: String,
-        #[arg(long, default_value = "0.0.0.0:9090")]
-        admin_addr: String,
-        /// Verbosity like Kthena's klog: 2 = info, 4 = per-pod score lines, 5 = trace.
-        #[arg(long, default_value_t = 2)]
-        v: u8,
-    },
+    /// Run the ext_proc sidecar (plaintext, no health port unless asked).
+    #[command(args_override_self = true)]
+    Serve(ServeArgs),
     /// Check a config; exits 0 when valid, 1 with every problem listed.
     Validate {
         #[arg(long)]
@@ -69,7 +67,7 @@ fn read_input(file: Option<&PathBuf>) -> std::io::Result<Vec<u8>> {
     }
 }
 
-fn init_logging(v: u8) {
+fn init_logging(v: u8, format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let default = match v {
         0 | 1 => "warn",
@@ -79,16 +77,39 @@ fn init_logging(v: u8) {
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Console => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
 }
 
+/// Commands that are not the sidecar; their arguments go to clap as given.
+const TOOLS: [&str; 4] = ["validate", "render", "hash", "help"];
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match cli.command {
+    let mut argv: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    // The sidecar's flags in Go syntax too, GIE's unused ones dropped (logged below).
+    let mut ignored = Vec::new();
+    let first = argv.get(1).map(String::as_str);
+    if !first.is_some_and(|c| TOOLS.contains(&c)) {
+        let start = if first == Some("serve") { 2 } else { 1 };
+        let (flags, dropped) = cli::normalize(&argv[start..], &cli::serve_flags());
+        argv.truncate(start);
+        argv.extend(flags);
+        ignored = dropped;
+    }
+    let cli = Cli::parse_from(argv);
+    let command = match cli.command {
+        None => return serve(Form::Gie, cli.serve, &ignored),
+        Some(Command::Serve(args)) => return serve(Form::Serve, args, &ignored),
+        Some(command) => command,
+    };
+    match command {
         Command::Render { file } => {
             let body = match read_input(file.as_ref()) {
                 Ok(b) => b,
@@ -188,53 +209,59 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
-        Command::Serve {
-            config,
-            grpc_addr,
-            admin_addr,
-            v,
-        } => {
-            init_logging(v);
-            let config = match Config::load(&config) {
-                Ok(c) => c,
-                Err(errors) => {
-                    for e in &errors.0 {
-                        tracing::error!("{e}");
-                        eprintln!("error: {e}");
-                    }
-                    return ExitCode::from(1);
-                }
-            };
-            for w in &config.warnings {
-                tracing::warn!("{w}");
+        Command::Serve(_) => unreachable!("handled above"),
+    }
+}
+
+/// Runs the sidecar until SIGTERM/SIGINT (then drains) or until a listener fails.
+fn serve(form: Form, args: ServeArgs, ignored: &[String]) -> ExitCode {
+    init_logging(args.v.unwrap_or(2), args.zap_encoder.unwrap_or_default());
+    for w in ignored {
+        tracing::warn!("{w}");
+    }
+    let plan = match args.resolve(form, &Host::process()) {
+        Ok(plan) => plan,
+        Err(errors) => {
+            for e in &errors {
+                tracing::error!("{e}");
+                eprintln!("error: {e}");
             }
-            let runtime = match tokio::runtime::Runtime::new() {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("error: cannot start the runtime: {e}");
-                    return ExitCode::from(1);
-                }
-            };
-            let result = runtime.block_on(async move {
-                let mut running =
-                    prefix_picker::serve::start(config, &grpc_addr, &admin_addr).await?;
-                let signalled = tokio::select! {
-                    _ = shutdown_signal() => true,
-                    r = running.wait() => { r?; false }
-                };
-                if !signalled {
-                    return Ok(());
-                }
-                tracing::info!("shutting down");
-                running.drain().await
-            });
-            match result {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: {e:#}");
-                    ExitCode::from(1)
-                }
-            }
+            return ExitCode::from(1);
+        }
+    };
+    for w in plan.warnings.iter().chain(&plan.config.warnings) {
+        tracing::warn!("{w}");
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(async move {
+        let listen = prefix_picker::serve::Listeners {
+            grpc: &plan.grpc_addr,
+            admin: &plan.admin_addr,
+            health: plan.health_addr.as_deref(),
+        };
+        let mut running = prefix_picker::serve::start_with(plan.config, listen).await?;
+        let signalled = tokio::select! {
+            _ = shutdown_signal() => true,
+            r = running.wait() => { r?; false }
+        };
+        if !signalled {
+            return Ok(());
+        }
+        tracing::info!("shutting down");
+        running.drain().await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
         }
     }
 }

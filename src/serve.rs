@@ -21,13 +21,27 @@ use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
 use crate::pod_metrics::{self, ScrapeConfig};
 use crate::routing::Router;
 
-/// Health service names served on the gRPC port.
-pub const HEALTH_SERVICES: [&str; 3] = ["liveness", "readiness", ""];
+/// Health service names served on the gRPC port and the health port (besides the ext_proc
+/// service's own name); `inference-extension` is what GIE's chart probes.
+pub const HEALTH_SERVICES: [&str; 4] = ["liveness", "readiness", "", "inference-extension"];
+
+/// The health services that report NOT_SERVING until ready and again while draining.
+pub const READINESS_SERVICES: [&str; 3] = ["readiness", "", "inference-extension"];
+
+/// Where to listen. `health`: a plaintext gRPC health-only listener (kubelet probes cannot
+/// speak TLS), besides the health service on the gRPC port.
+#[derive(Debug, Clone, Copy)]
+pub struct Listeners<'a> {
+    pub grpc: &'a str,
+    pub admin: &'a str,
+    pub health: Option<&'a str>,
+}
 
 /// A running picker.
 pub struct Running {
     pub grpc_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    pub health_addr: Option<SocketAddr>,
     pub router: Arc<Router>,
     pub shutdown: CancellationToken,
     tasks: JoinSet<anyhow::Result<()>>,
@@ -44,13 +58,14 @@ impl std::fmt::Debug for Running {
         f.debug_struct("Running")
             .field("grpc_addr", &self.grpc_addr)
             .field("admin_addr", &self.admin_addr)
+            .field("health_addr", &self.health_addr)
             .finish_non_exhaustive()
     }
 }
 
 impl Running {
     /// Graceful shutdown (SIGTERM): report not-ready first (`/readyz` 503, gRPC health
-    /// `readiness` and `""` NOT_SERVING; liveness stays up), wait `shutdownDelaySeconds` so load
+    /// [`READINESS_SERVICES`] NOT_SERVING; liveness stays up), wait `shutdownDelaySeconds` so load
     /// balancers notice, then stop accepting streams and let open ones finish for up to
     /// `shutdownGraceSeconds`; whatever is still open then is dropped.
     pub async fn drain(mut self) -> anyhow::Result<()> {
@@ -60,7 +75,7 @@ impl Running {
             let _ = waiter.await;
         }
         self.ready.store(false, Ordering::Relaxed);
-        for name in ["readiness", ""] {
+        for name in READINESS_SERVICES {
             self.health
                 .set_service_status(name, tonic_health::ServingStatus::NotServing)
                 .await;
@@ -115,14 +130,43 @@ pub fn static_endpoints(config: &Config) -> Vec<EndpointSpec> {
         .collect()
 }
 
-/// Binds both listeners and starts serving.
-pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Result<Running> {
+/// Binds the gRPC and admin listeners and starts serving.
+pub async fn start(config: Config, grpc: &str, admin: &str) -> anyhow::Result<Running> {
+    start_with(
+        config,
+        Listeners {
+            grpc,
+            admin,
+            health: None,
+        },
+    )
+    .await
+}
+
+/// Binds every listener and starts serving.
+pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result<Running> {
     // A bad certificate stops start-up before anything listens.
     let identity = config.picker.tls.identity()?;
-    let grpc = TcpListener::bind(grpc).await?;
-    let admin_listener = TcpListener::bind(admin_addr).await?;
+    let bind = |addr: &str, what: &'static str| {
+        let addr = addr.to_string();
+        async move {
+            TcpListener::bind(&addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {addr} ({what}): {e}"))
+        }
+    };
+    let grpc = bind(listen.grpc, "gRPC").await?;
+    let admin_listener = bind(listen.admin, "admin").await?;
+    let health_listener = match listen.health {
+        Some(addr) => Some(bind(addr, "gRPC health").await?),
+        None => None,
+    };
     let grpc_addr = grpc.local_addr()?;
     let admin_addr = admin_listener.local_addr()?;
+    let health_addr = health_listener
+        .as_ref()
+        .map(TcpListener::local_addr)
+        .transpose()?;
 
     let registry = prometheus::Registry::new();
     let prefix_metrics = PrefixCacheMetrics::register(&registry);
@@ -157,15 +201,29 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
     // pods; see below.
     let wait_before_ready = discovery.is_some() || config.sync.is_some();
     for name in HEALTH_SERVICES {
-        let status = match (wait_before_ready, name) {
-            (true, "readiness" | "") => tonic_health::ServingStatus::NotServing,
-            _ => tonic_health::ServingStatus::Serving,
+        let status = if wait_before_ready && READINESS_SERVICES.contains(&name) {
+            tonic_health::ServingStatus::NotServing
+        } else {
+            tonic_health::ServingStatus::Serving
         };
         health.set_service_status(name, status).await;
     }
     health
         .set_serving::<envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer<ExtProc>>()
         .await;
+    if let Some(listener) = health_listener {
+        let (health_service, token) = (health_service.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(health_service)
+                .serve_with_incoming_shutdown(
+                    tonic::transport::server::TcpIncoming::from(listener),
+                    token.cancelled(),
+                )
+                .await?;
+            Ok(())
+        });
+    }
     {
         let router = router.clone();
         let token = shutdown.clone();
@@ -300,7 +358,7 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
                 };
                 if warmed {
                     ready.store(true, Ordering::Relaxed);
-                    for name in ["readiness", ""] {
+                    for name in READINESS_SERVICES {
                         health
                             .set_service_status(name, tonic_health::ServingStatus::Serving)
                             .await;
@@ -314,16 +372,18 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
                 sync.warm().await;
             }
             ready.store(true, Ordering::Relaxed);
-            for name in ["readiness", ""] {
+            for name in READINESS_SERVICES {
                 health
                     .set_service_status(name, tonic_health::ServingStatus::Serving)
                     .await;
             }
         }
     }
+    let health_shown = health_addr.map_or_else(|| "none".to_string(), |a| a.to_string());
     tracing::info!(
         %grpc_addr,
         %admin_addr,
+        health_addr = %health_shown,
         tls = config.picker.tls.mode.as_str(),
         endpoints = config.endpoints.len(),
         mode = %config.scheduler.mode_summary(),
@@ -332,6 +392,7 @@ pub async fn start(config: Config, grpc: &str, admin_addr: &str) -> anyhow::Resu
     Ok(Running {
         grpc_addr,
         admin_addr,
+        health_addr,
         router,
         shutdown,
         tasks,

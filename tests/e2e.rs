@@ -1,6 +1,7 @@
 //! End to end through a real Envoy 1.40: routing, recording, fallbacks, body modes, streaming,
 //! metrics, logs and the CLI. One binary; the harness is in `harness/`.
 
+mod gie;
 mod harness;
 mod sync;
 

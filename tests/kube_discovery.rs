@@ -1,7 +1,8 @@
 //! Kubernetes discovery against an in-process fake API server (no cluster exists on these
 //! machines): the endpoint set and the prefix-index cleanup after every kind of watch event, a
 //! watch broken mid-stream, a 410 Gone that forces a relist, an InferencePool whose selector
-//! changes, and `prefix-picker serve` reporting ready only after the first list.
+//! changes, and `prefix-picker serve` (and the GIE form with `--pool-name`) reporting ready only
+//! after the first list.
 
 #[path = "harness/fake_kube.rs"]
 mod fake_kube;
@@ -482,6 +483,103 @@ async fn serve_is_ready_only_after_the_first_pod_list() {
     }
     assert_eq!(readiness().await, ServingStatus::Serving as i32);
     let metrics = get("/metrics").await.text().await.unwrap();
+    assert!(
+        metrics.contains("prefix_picker_discovery_endpoints{role=\"none\"} 1"),
+        "{metrics}"
+    );
+    child.kill().await.unwrap();
+}
+
+/// The GIE form as GIE's chart runs it: `--pool-name` watches that InferencePool in the
+/// namespace from `$NAMESPACE` (before `$POD_NAMESPACE`), and the probes' `inference-extension`
+/// health service on the health port turns SERVING only after the first pod list.
+#[tokio::test]
+async fn gie_form_watches_the_named_pool_and_reports_ready_on_the_health_port() {
+    let fake = FakeKube::start().await;
+    fake.change(|c| {
+        c.put(
+            Kind::Pod,
+            pod("a", "a1", "127.0.0.1", true, json!({"app": "vllm"})),
+        );
+        c.put(
+            Kind::InferencePool,
+            pool("llama", json!({"app": "vllm"}), &[8000]),
+        );
+    });
+    fake.hold_lists(true);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, fake_kube::kubeconfig(&fake.url())).unwrap();
+    let mut child = tokio::process::Command::new(BIN)
+        .args([
+            "--pool-name",
+            "llama",
+            "--secure-serving=false",
+            "-grpc-port=0",
+            "-grpc-health-port=0",
+            "-metrics-port=0",
+            "--config-text",
+            "picker: {scrapeIntervalSeconds: 0}",
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("NAMESPACE", NS)
+        .env("POD_NAMESPACE", "not-this-one")
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let port = |line: &str, key: &str| -> Option<u16> {
+        let rest = line.split(key).nth(1)?;
+        let addr: std::net::SocketAddr = rest.split_whitespace().next()?.parse().ok()?;
+        Some(addr.port())
+    };
+    let (health_port, admin_port) = loop {
+        let line = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("prefix-picker exited early");
+        if let (Some(h), Some(a)) = (port(&line, "health_addr="), port(&line, "admin_addr=")) {
+            break (h, a);
+        }
+    };
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let mut health = HealthClient::new(
+        tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{health_port}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let mut status = async |service: &str| {
+        let request = HealthCheckRequest {
+            service: service.into(),
+        };
+        health.check(request).await.unwrap().into_inner().status
+    };
+    eventually("the pod list is requested", || fake.requests().0 >= 1).await;
+    assert_eq!(
+        status("inference-extension").await,
+        ServingStatus::NotServing as i32
+    );
+    assert_eq!(status("liveness").await, ServingStatus::Serving as i32);
+    fake.hold_lists(false);
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
+    while status("inference-extension").await != ServingStatus::Serving as i32 {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "never ready after the list"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let metrics = reqwest::get(format!("http://127.0.0.1:{admin_port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(
         metrics.contains("prefix_picker_discovery_endpoints{role=\"none\"} 1"),
         "{metrics}"

@@ -7,6 +7,8 @@
 //!     selector: "app=vllm" # label selector (required unless inferencePool is set)
 //!     targetPorts: [8000]  # one endpoint per pod IP x port (required unless inferencePool is set)
 //!     inferencePool: ""    # InferencePool name; selector and ports then come from the pool (watched)
+//!                          # or {name, namespace, group} (GIE's --pool-name/-namespace/-group); the
+//!                          # pool's namespace is the namespace above, group inference.networking.k8s.io
 //!     roleLabel: ""        # pod label holding the prefill/decode role
 //!     modelLabel: ""       # pod label holding the served model name
 //! ```
@@ -66,6 +68,15 @@ pub enum DiscoveryError {
     },
     #[error("discovery.kubernetes: set either inferencePool or selector + targetPorts, got {0}")]
     Source(&'static str),
+    #[error(
+        "discovery.kubernetes.inferencePool.group: only {group} (v1) is watched, got {0:?}",
+        group = super::inference_pool::GROUP
+    )]
+    PoolGroup(String),
+    #[error(
+        "discovery.kubernetes: namespace {namespace:?} and inferencePool.namespace {pool:?} differ (pods are watched in the pool's namespace)"
+    )]
+    PoolNamespace { namespace: String, pool: String },
 }
 
 #[derive(Deserialize)]
@@ -84,11 +95,35 @@ struct RawKubernetes {
     #[serde(default)]
     target_ports: Vec<i64>,
     #[serde(default)]
-    inference_pool: String,
+    inference_pool: RawPool,
     #[serde(default)]
     role_label: String,
     #[serde(default)]
     model_label: String,
+}
+
+/// `inferencePool:` as a name, or as GIE's pool reference.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawPool {
+    Name(String),
+    Ref(RawPoolRef),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPoolRef {
+    name: String,
+    #[serde(default)]
+    namespace: String,
+    #[serde(default)]
+    group: String,
+}
+
+impl Default for RawPool {
+    fn default() -> Self {
+        RawPool::Name(String::new())
+    }
 }
 
 impl DiscoveryConfig {
@@ -108,15 +143,35 @@ impl DiscoveryConfig {
 impl TryFrom<RawKubernetes> for KubernetesConfig {
     type Error = DiscoveryError;
 
-    fn try_from(raw: RawKubernetes) -> Result<KubernetesConfig, DiscoveryError> {
+    fn try_from(mut raw: RawKubernetes) -> Result<KubernetesConfig, DiscoveryError> {
+        let pool = match raw.inference_pool {
+            RawPool::Name(name) => name,
+            RawPool::Ref(r) => {
+                if !r.group.is_empty() && r.group != super::inference_pool::GROUP {
+                    return Err(DiscoveryError::PoolGroup(r.group));
+                }
+                match (raw.namespace.as_str(), r.namespace.as_str()) {
+                    (_, "") => {}
+                    ("", _) => raw.namespace = r.namespace,
+                    (ns, pool) if ns == pool => {}
+                    _ => {
+                        return Err(DiscoveryError::PoolNamespace {
+                            namespace: raw.namespace,
+                            pool: r.namespace,
+                        });
+                    }
+                }
+                r.name
+            }
+        };
         let source = match (
-            raw.inference_pool.is_empty(),
+            pool.is_empty(),
             raw.selector.is_empty() && raw.target_ports.is_empty(),
         ) {
             (false, false) => return Err(DiscoveryError::Source("both")),
             (false, true) => {
-                check_name("inferencePool", &raw.inference_pool, 253, "object name")?;
-                Source::InferencePool(raw.inference_pool)
+                check_name("inferencePool", &pool, 253, "object name")?;
+                Source::InferencePool(pool)
             }
             (true, _) => {
                 let selector = target::parse_selector(&raw.selector).map_err(|error| {
@@ -250,6 +305,15 @@ mod tests {
             .unwrap();
         assert_eq!(pool.source, Source::InferencePool("my-pool".into()));
         assert_eq!(parse("").unwrap(), DiscoveryConfig::default());
+        // GIE's pool reference: the namespace is the watch namespace.
+        let by_ref = parse(
+            "kubernetes: {inferencePool: {name: my-pool, namespace: llm, group: inference.networking.k8s.io}}",
+        )
+        .unwrap()
+        .kubernetes
+        .unwrap();
+        assert_eq!(by_ref.source, Source::InferencePool("my-pool".into()));
+        assert_eq!(by_ref.namespace.as_deref(), Some("llm"));
     }
 
     #[test]
@@ -271,6 +335,14 @@ mod tests {
         assert_eq!(
             err("kubernetes: {inferencePool: p, selector: a=b}"),
             "discovery.kubernetes: set either inferencePool or selector + targetPorts, got both"
+        );
+        assert_eq!(
+            err("kubernetes: {inferencePool: {name: p, group: inference.networking.x-k8s.io}}"),
+            "discovery.kubernetes.inferencePool.group: only inference.networking.k8s.io (v1) is watched, got \"inference.networking.x-k8s.io\""
+        );
+        assert_eq!(
+            err("kubernetes: {namespace: a, inferencePool: {name: p, namespace: b}}"),
+            "discovery.kubernetes: namespace \"a\" and inferencePool.namespace \"b\" differ (pods are watched in the pool's namespace)"
         );
         assert_eq!(
             err("kubernetes: {inferencePool: p, namespace: Bad_NS}"),

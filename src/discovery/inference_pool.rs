@@ -35,10 +35,13 @@ pub struct PoolPort {
 /// An InferencePool object.
 pub type InferencePool = Object<InferencePoolSpec, NotUsed>;
 
+/// The only InferencePool API group watched (version `v1`).
+pub const GROUP: &str = "inference.networking.k8s.io";
+
 /// The API coordinates of InferencePool.
 pub fn api_resource() -> ApiResource {
     ApiResource {
-        group: "inference.networking.k8s.io".into(),
+        group: GROUP.into(),
         version: "v1".into(),
         api_version: "inference.networking.k8s.io/v1".into(),
         kind: "InferencePool".into(),

@@ -1,0 +1,334 @@
+use std::collections::HashMap;
+use std::path::Path;
+
+use super::*;
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
+fn norm(args: &[&str]) -> (Vec<String>, Vec<String>) {
+    normalize(&strings(args), &serve_flags())
+}
+
+/// A host with these variables and files, nothing else.
+fn with_host<T>(env: &[(&str, &str)], files: &[(&str, &str)], f: impl FnOnce(&Host<'_>) -> T) -> T {
+    let env: HashMap<String, String> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let files: HashMap<String, String> = files
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let env_fn = |name: &str| env.get(name).cloned();
+    let read_fn = |path: &Path| {
+        files
+            .get(path.to_str().unwrap())
+            .cloned()
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))
+    };
+    f(&Host {
+        env: &env_fn,
+        read: &read_fn,
+    })
+}
+
+fn parse(args: &[&str]) -> ServeArgs {
+    use clap::{Args, FromArgMatches};
+    let (args, warnings) = norm(args);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let command = ServeArgs::augment_args(clap::Command::new("t").args_override_self(true));
+    let matches = command
+        .try_get_matches_from(std::iter::once("t".to_string()).chain(args))
+        .unwrap();
+    ServeArgs::from_arg_matches(&matches).unwrap()
+}
+
+fn resolve(args: &[&str], form: Form) -> Result<ServePlan, Vec<String>> {
+    with_host(&[("NAMESPACE", "llm")], &[], |host| {
+        parse(args).resolve(form, host)
+    })
+}
+
+const ONE_ENDPOINT: &str = "endpoints: [{name: p, address: 127.0.0.1:8000}]";
+
+#[test]
+fn go_flag_syntax_becomes_clap_syntax() {
+    let (args, warnings) = norm(&[
+        "-pool-name",
+        "x",
+        "-v=4",
+        "--secure-serving=false",
+        "-grpc-port",
+        "9",
+        "--zap-encoder",
+        "json",
+        "-secure-serving",
+        "-h",
+    ]);
+    assert_eq!(
+        args,
+        [
+            "--pool-name=x",
+            "--v=4",
+            "--secure-serving=false",
+            "--grpc-port=9",
+            "--zap-encoder=json",
+            "--secure-serving",
+            "-h"
+        ]
+    );
+    assert!(warnings.is_empty());
+    // Booleans: Go's spellings, and a separate true/false as charts render them.
+    let (args, warnings) = norm(&[
+        "--secure-serving",
+        "false",
+        "-secure-serving=0",
+        "--tracing",
+        "False",
+        "--pool-name",
+        "p",
+    ]);
+    assert_eq!(
+        args,
+        [
+            "--secure-serving=false",
+            "--secure-serving=false",
+            "--pool-name=p"
+        ]
+    );
+    assert_eq!(
+        warnings,
+        ["flag --tracing=\"false\" ignored: a GIE flag prefix-picker has no use for"]
+    );
+    // Go takes the next argument as a value even when it starts with '-'.
+    assert_eq!(norm(&["-config-text", "-x"]).0, ["--config-text=-x"]);
+}
+
+#[test]
+fn ignored_and_unknown_flags_are_dropped_with_their_values() {
+    let (args, warnings) = norm(&[
+        "--kv-cache-usage-percentage-metric",
+        "vllm:kv",
+        "--lora-info-metric",
+        "",
+        "--enable-pprof",
+        "--tracing=false",
+        "--log-level",
+        "error",
+        "--mystery",
+        "value",
+        "--lonely",
+        "--other=1",
+        "--pool-name",
+        "p",
+    ]);
+    assert_eq!(args, ["--pool-name=p"]);
+    assert_eq!(
+        warnings,
+        [
+            "flag --kv-cache-usage-percentage-metric=\"vllm:kv\" ignored: a GIE flag prefix-picker has no use for",
+            "flag --lora-info-metric=\"\" ignored: a GIE flag prefix-picker has no use for",
+            "flag --enable-pprof ignored: a GIE flag prefix-picker has no use for",
+            "flag --tracing=\"false\" ignored: a GIE flag prefix-picker has no use for",
+            "flag --log-level=\"error\" ignored: a GIE flag prefix-picker has no use for",
+            "flag --mystery=\"value\" ignored: unknown flag",
+            "flag --lonely ignored: unknown flag",
+            "flag --other=\"1\" ignored: unknown flag",
+        ]
+    );
+}
+
+#[test]
+fn pool_namespace_falls_back_in_gie_order() {
+    const SA: &str = SERVICE_ACCOUNT_NAMESPACE;
+    let ns = |flag: Option<&str>, env: &[(&str, &str)], files: &[(&str, &str)]| {
+        with_host(env, files, |h| pool_namespace(flag, h))
+    };
+    let all_env = [
+        ("NAMESPACE", "from-namespace"),
+        ("POD_NAMESPACE", "from-pod"),
+    ];
+    let sa = [(SA, "from-sa\n")];
+    assert_eq!(ns(Some("flag"), &all_env, &sa), "flag");
+    assert_eq!(ns(None, &all_env, &sa), "from-namespace");
+    assert_eq!(
+        ns(
+            None,
+            &[("NAMESPACE", " "), ("POD_NAMESPACE", "from-pod")],
+            &sa
+        ),
+        "from-pod"
+    );
+    assert_eq!(ns(None, &[], &sa), "from-sa");
+    assert_eq!(ns(None, &[], &[]), "default");
+    assert_eq!(ns(Some(""), &[], &[]), "default");
+}
+
+#[test]
+fn alias_pairs_and_discovery_conflicts_are_errors_naming_both() {
+    let errors = resolve(
+        &[
+            "--config",
+            "a",
+            "--config-file",
+            "b",
+            "--grpc-addr",
+            "x:1",
+            "--grpc-port",
+            "1",
+            "--admin-addr",
+            "x:2",
+            "--metrics-port",
+            "2",
+        ],
+        Form::Gie,
+    )
+    .unwrap_err();
+    assert_eq!(
+        errors,
+        [
+            "--config and --config-file name the same setting: give only one",
+            "--grpc-addr and --grpc-port name the same setting: give only one",
+            "--admin-addr and --metrics-port name the same setting: give only one",
+        ]
+    );
+    let errors = resolve(
+        &[
+            "--pool-name",
+            "p",
+            "--endpoint-selector",
+            "app=x",
+            "--endpoint-target-ports",
+            "80",
+        ],
+        Form::Gie,
+    )
+    .unwrap_err();
+    assert_eq!(
+        errors,
+        ["--pool-name and --endpoint-selector both say where pods come from: give only one"]
+    );
+    let errors = resolve(
+        &[
+            "--pool-name",
+            "p",
+            "--pool-group",
+            "inference.networking.x-k8s.io",
+        ],
+        Form::Gie,
+    )
+    .unwrap_err();
+    assert!(
+        errors[0].contains("inference.networking.k8s.io/v1 only"),
+        "{errors:?}"
+    );
+    let errors = resolve(&[], Form::Serve).unwrap_err();
+    assert!(
+        errors[0].starts_with("no config given: give --pool-name"),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn pool_name_becomes_inference_pool_discovery() {
+    let plan = resolve(
+        &[
+            "--pool-name",
+            "pool",
+            "--config-text",
+            "discovery: {kubernetes: {selector: a=b, targetPorts: [1], modelLabel: m}}",
+        ],
+        Form::Gie,
+    )
+    .unwrap();
+    let k = plan.config.discovery.kubernetes.unwrap();
+    assert_eq!(k.source, Source::InferencePool("pool".into()));
+    assert_eq!(k.namespace.as_deref(), Some("llm"));
+    assert_eq!(k.model_label.as_deref(), Some("m"));
+    assert!(
+        plan.warnings[0].contains("replace the config's discovery"),
+        "{:?}",
+        plan.warnings
+    );
+
+    let plan = resolve(
+        &[
+            "--endpoint-selector",
+            "app=vllm",
+            "--endpoint-target-ports",
+            "8000,8001",
+            "--pool-namespace",
+            "ns",
+        ],
+        Form::Serve,
+    )
+    .unwrap();
+    let k = plan.config.discovery.kubernetes.unwrap();
+    let Source::Static(t) = k.source else {
+        panic!()
+    };
+    assert_eq!(t.ports, [8000, 8001]);
+    assert_eq!(k.namespace.as_deref(), Some("ns"));
+}
+
+#[test]
+fn the_forms_differ_in_tls_and_health_defaults() {
+    let gie = resolve(&["--config-text", ONE_ENDPOINT], Form::Gie).unwrap();
+    assert_eq!(gie.config.picker.tls.mode, TlsMode::SelfSigned);
+    assert_eq!(
+        (
+            gie.grpc_addr.as_str(),
+            gie.admin_addr.as_str(),
+            gie.health_addr.as_deref()
+        ),
+        ("0.0.0.0:9002", "0.0.0.0:9090", Some("0.0.0.0:9003"))
+    );
+    let serve = resolve(&["--config-text", ONE_ENDPOINT], Form::Serve).unwrap();
+    assert_eq!(serve.config.picker.tls.mode, TlsMode::Plaintext);
+    assert_eq!(serve.health_addr, None);
+
+    let plain = resolve(
+        &[
+            "--config-text",
+            ONE_ENDPOINT,
+            "--secure-serving=false",
+            "--grpc-port",
+            "7",
+        ],
+        Form::Gie,
+    )
+    .unwrap();
+    assert_eq!(plain.config.picker.tls.mode, TlsMode::Plaintext);
+    assert_eq!(plain.grpc_addr, "0.0.0.0:7");
+    let files = resolve(
+        &["--config-text", ONE_ENDPOINT, "--cert-path", "/certs"],
+        Form::Gie,
+    )
+    .unwrap();
+    assert_eq!(
+        files.config.picker.tls.cert_file.as_deref(),
+        Some(Path::new("/certs/tls.crt"))
+    );
+    assert_eq!(
+        files.config.picker.tls.key_file.as_deref(),
+        Some(Path::new("/certs/tls.key"))
+    );
+    // The config's picker.tls stands in the GIE form unless the flag is given.
+    let text = format!("{ONE_ENDPOINT}\npicker: {{tls: {{mode: plaintext}}}}");
+    let kept = resolve(&["--config-text", &text], Form::Gie).unwrap();
+    assert_eq!(kept.config.picker.tls.mode, TlsMode::Plaintext);
+    let json = resolve(
+        &[
+            "--config-text",
+            ONE_ENDPOINT,
+            "--zap-encoder=json",
+            "-v",
+            "4",
+        ],
+        Form::Gie,
+    )
+    .unwrap();
+    assert_eq!((json.log_format, json.v), (LogFormat::Json, 4));
+}
