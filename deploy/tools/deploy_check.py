@@ -3,7 +3,9 @@
 Run by tests/deploy.rs with the pinned tools of .venv-deploy (scripts/tools.sh):
 
   deploy_check.py render OUT_DIR        lint the chart (strict) and render every scenario to
-                                        OUT_DIR/<scenario>.yaml; bad values must fail to render
+                                        OUT_DIR/<scenario>.yaml (the gateway examples'
+                                        values files as gateway-<name>); bad values must
+                                        fail to render
   deploy_check.py render-values JSON    print the chart rendered with the values JSON
   deploy_check.py validate FILE...      schema-validate every document of every file
   deploy_check.py manifests --check|--write
@@ -73,17 +75,34 @@ SCENARIOS = {
     },
 }
 
+# The values files of the gateway examples: one scenario each, "gateway-<name>".
+EXAMPLES = CHART / "examples"
+for _path in sorted(EXAMPLES.glob("*.yaml")):
+    SCENARIOS["gateway-" + _path.stem] = yaml.safe_load(_path.read_text())
+
 # Values that must not render (the chart's `fail` checks).
 BAD_VALUES = {
     "unknown mode": {"mode": "gateway"},
     "no targetPorts": {"discovery": {"kubernetes": {"targetPorts": []}}},
     "no selector": {"modelServers": {"matchLabels": None}},
     "extraConfig overriding a chart section": {"extraConfig": {"picker": {"seed": 1}}},
+    "InferencePool in sidecar mode": {"inferencePool": {"create": True}},
+    "unknown gateway provider": {"mode": "standalone", "inferencePool": {"create": True},
+                                 "gateway": {"provider": "nginx"}},
+    "HTTPRoute without a pool": {"mode": "standalone", "httpRoute": {"create": True}},
+    "unknown failureMode": {"mode": "standalone",
+                            "inferencePool": {"create": True, "failureMode": "Open"}},
+    "access log for kgateway": {"mode": "standalone", "inferencePool": {"create": True},
+                                "gateway": {"provider": "kgateway",
+                                            "accessLog": {"enabled": True}}},
+    "GIE args in sidecar mode": {"picker": {"args": "gie"}},
 }
 
 # Helm's install order, so the rendered files read top-down.
 KIND_ORDER = ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Deployment",
-              "PodDisruptionBudget", "ServiceMonitor"]
+              "PodDisruptionBudget", "ServiceMonitor", "InferencePool", "Backend", "EnvoyProxy",
+              "Gateway", "HTTPRoute", "DestinationRule", "Telemetry", "HealthCheckPolicy",
+              "GCPBackendPolicy"]
 
 
 def render(values, release=RELEASE, namespace=NAMESPACE):
@@ -209,6 +228,11 @@ def vendored_crds():
         crd = json.loads(path.read_text())
         for version, schema in crd["versions"].items():
             schema = strict_schema(schema)
+            # Every object has these, whether or not the CRD lists them (Istio's do not).
+            props = schema.setdefault("properties", {})
+            props.setdefault("apiVersion", {"type": "string"})
+            props.setdefault("kind", {"type": "string"})
+            props.setdefault("metadata", {"type": "object"})
             schema.setdefault("required", [])
             schema["required"] = sorted(set(schema["required"]) | {"apiVersion", "kind"})
             validator = jsonschema.Draft202012Validator(schema)
