@@ -65,7 +65,15 @@ fn render_chart() -> (tempfile::TempDir, Vec<(String, String)>) {
     rendered.sort();
     assert_eq!(
         rendered.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
-        ["full", "sidecar", "standalone"]
+        [
+            "full",
+            "gateway-envoy-gateway",
+            "gateway-gke",
+            "gateway-istio",
+            "gateway-kgateway",
+            "sidecar",
+            "standalone"
+        ]
     );
     (dir, rendered)
 }
@@ -148,6 +156,34 @@ fn every_manifest_passes_schema_validation_and_broken_ones_fail() {
             "apiVersion: gateway.envoyproxy.io/v1alpha1\nkind: EnvoyPatchPolicy\nmetadata: {name: x}\nspec:\n  targetRef: {group: gateway.networking.k8s.io, kind: Gateway, name: eg}\n  type: JSONPatch\n  jsonPatches: []\n",
         ),
         (
+            "InferencePool failureMode unknown",
+            "apiVersion: inference.networking.k8s.io/v1\nkind: InferencePool\nmetadata: {name: x}\nspec:\n  selector: {matchLabels: {app: vllm}}\n  targetPorts: [{number: 8000}]\n  endpointPickerRef: {name: p, port: {number: 9002}, failureMode: Open}\n",
+        ),
+        (
+            "InferencePool field misspelled (v1alpha2's extensionRef)",
+            "apiVersion: inference.networking.k8s.io/v1\nkind: InferencePool\nmetadata: {name: x}\nspec:\n  selector: {matchLabels: {app: vllm}}\n  targetPorts: [{number: 8000}]\n  extensionRef: {name: p, portNumber: 9002}\n",
+        ),
+        (
+            "InferencePool without targetPorts",
+            "apiVersion: inference.networking.k8s.io/v1\nkind: InferencePool\nmetadata: {name: x}\nspec:\n  selector: {matchLabels: {app: vllm}}\n  targetPorts: []\n  endpointPickerRef: {name: p, port: {number: 9002}}\n",
+        ),
+        (
+            "HTTPRoute backendRef field misspelled",
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: x}\nspec:\n  parentRefs: [{name: gw}]\n  rules: [{backendRefs: [{group: inference.networking.k8s.io, kind: InferencePool, nmae: p}]}]\n",
+        ),
+        (
+            "DestinationRule TLS mode unknown",
+            "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: x}\nspec:\n  host: p.default.svc.cluster.local\n  trafficPolicy: {tls: {mode: TLS, insecureSkipVerify: true}}\n",
+        ),
+        (
+            "EnvoyProxy access-log sink type unknown",
+            "apiVersion: gateway.envoyproxy.io/v1alpha1\nkind: EnvoyProxy\nmetadata: {name: x}\nspec:\n  telemetry: {accessLog: {settings: [{sinks: [{type: GRPC}]}]}}\n",
+        ),
+        (
+            "HealthCheckPolicy field misspelled",
+            "apiVersion: networking.gke.io/v1\nkind: HealthCheckPolicy\nmetadata: {name: x}\nspec:\n  targetRef: {group: inference.networking.k8s.io, kind: InferencePool, name: p}\n  default: {config: {type: HTTP, httpHealthCheck: {requestPth: /health}}}\n",
+        ),
+        (
             "kind without a schema",
             "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: x}\n",
         ),
@@ -175,6 +211,127 @@ fn every_manifest_passes_schema_validation_and_broken_ones_fail() {
     }
 }
 
+/// The single document of `kind` (and `name`, when given) in `docs`.
+fn one<'a>(docs: &'a [Value], kind: &str, name: Option<&str>) -> &'a Value {
+    let found: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == kind && name.is_none_or(|n| d["metadata"]["name"] == n))
+        .collect();
+    assert_eq!(found.len(), 1, "{kind} {name:?}");
+    found[0]
+}
+
+/// Every gateway example wires the objects together as GIE's gateways read them: the pool's
+/// endpointPickerRef is the picker's Service and its gRPC port (appProtocol http2: the picker
+/// serves TLS), the HTTPRoute's backend is the pool and its parent the Gateway, the RBAC reads
+/// InferencePools, and each provider's own objects point at the right things.
+#[test]
+fn gateway_examples_wire_the_pool_the_route_and_the_picker() {
+    let (_dir, rendered) = render_chart();
+    let gateways: Vec<_> = rendered
+        .iter()
+        .filter(|(n, _)| n.starts_with("gateway-"))
+        .collect();
+    assert_eq!(gateways.len(), 4);
+    for (scenario, text) in gateways {
+        let docs = documents(text);
+        let service = one(&docs, "Service", Some("prefix-picker"));
+        let grpc = service["spec"]["ports"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "grpc-ext-proc")
+            .unwrap();
+        assert_eq!(grpc["appProtocol"], "http2", "{scenario}");
+        let pool = one(&docs, "InferencePool", Some("prefix-picker"));
+        let epp = &pool["spec"]["endpointPickerRef"];
+        assert_eq!(epp["name"], service["metadata"]["name"], "{scenario}");
+        assert_eq!(epp["port"]["number"], grpc["port"], "{scenario}");
+        assert_eq!(epp["failureMode"], "FailClose", "{scenario}");
+        assert_eq!(pool["spec"]["selector"]["matchLabels"]["app"], "vllm");
+        assert_eq!(
+            pool["spec"]["targetPorts"][0]["number"].as_u64(),
+            Some(8000)
+        );
+        let route = one(&docs, "HTTPRoute", None);
+        let backend = &route["spec"]["rules"][0]["backendRefs"][0];
+        assert_eq!(backend["group"], "inference.networking.k8s.io");
+        assert_eq!(backend["kind"], "InferencePool");
+        assert_eq!(backend["name"], pool["metadata"]["name"]);
+        let gateway = one(&docs, "Gateway", None);
+        assert_eq!(
+            route["spec"]["parentRefs"][0]["name"],
+            gateway["metadata"]["name"]
+        );
+        let role = one(&docs, "Role", None);
+        assert!(
+            role["rules"].as_sequence().unwrap().iter().any(|r| {
+                r["apiGroups"][0] == "inference.networking.k8s.io"
+                    && r["resources"][0] == "inferencepools"
+            }),
+            "{scenario}: the picker cannot read InferencePools"
+        );
+        let kinds: BTreeSet<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+        match scenario.as_str() {
+            "gateway-istio" => {
+                let rule = one(&docs, "DestinationRule", None);
+                assert_eq!(
+                    rule["spec"]["host"],
+                    "prefix-picker.default.svc.cluster.local"
+                );
+                assert_eq!(rule["spec"]["trafficPolicy"]["tls"]["mode"], "SIMPLE");
+                assert_eq!(
+                    rule["spec"]["trafficPolicy"]["tls"]["insecureSkipVerify"],
+                    true
+                );
+                let telemetry = one(&docs, "Telemetry", None);
+                assert_eq!(
+                    telemetry["spec"]["targetRefs"][0]["name"],
+                    gateway["metadata"]["name"]
+                );
+                assert_eq!(gateway["spec"]["gatewayClassName"], "istio");
+            }
+            "gateway-envoy-gateway" => {
+                let proxy = one(&docs, "EnvoyProxy", None);
+                assert_eq!(
+                    gateway["spec"]["infrastructure"]["parametersRef"]["name"],
+                    proxy["metadata"]["name"]
+                );
+                let sink = &proxy["spec"]["telemetry"]["accessLog"]["settings"][0]["sinks"][0];
+                assert_eq!(sink["type"], "ALS");
+                let backend = one(&docs, "Backend", None);
+                assert_eq!(
+                    sink["als"]["backendRefs"][0]["name"],
+                    backend["metadata"]["name"]
+                );
+                assert_eq!(
+                    backend["spec"]["endpoints"][0]["fqdn"]["hostname"],
+                    "prefix-picker.default.svc.cluster.local"
+                );
+                assert_eq!(backend["spec"]["tls"]["insecureSkipVerify"], true);
+            }
+            "gateway-gke" => {
+                for kind in ["HealthCheckPolicy", "GCPBackendPolicy"] {
+                    let policy = one(&docs, kind, None);
+                    assert_eq!(policy["spec"]["targetRef"]["kind"], "InferencePool");
+                    assert_eq!(
+                        policy["spec"]["targetRef"]["name"],
+                        pool["metadata"]["name"]
+                    );
+                }
+                assert!(route["spec"]["rules"][0].get("timeouts").is_none());
+            }
+            "gateway-kgateway" => {
+                assert_eq!(gateway["spec"]["gatewayClassName"], "agentgateway");
+                for kind in ["DestinationRule", "EnvoyProxy", "HealthCheckPolicy"] {
+                    assert!(!kinds.contains(kind), "{scenario}: {kind}");
+                }
+            }
+            other => panic!("unexpected scenario {other}"),
+        }
+    }
+}
+
 #[test]
 fn plain_manifests_match_the_chart() {
     let out = deploy_check(&["manifests", "--check"]);
@@ -190,7 +347,7 @@ fn chart_envoy_bootstraps_pass_envoy_validate() {
         let bootstraps = config_map_values(&docs, "envoy.yaml");
         assert_eq!(
             bootstraps.len(),
-            usize::from(scenario != "standalone"),
+            usize::from(matches!(scenario.as_str(), "sidecar" | "full")),
             "{scenario}: Envoy bootstrap ConfigMaps"
         );
         for config in bootstraps {
@@ -256,6 +413,13 @@ fn chart_router_configuration_is_a_valid_config_with_the_contract_keys() {
                 assert_eq!(kube["namespace"], "models");
                 assert_eq!(kube["inferencePool"], "llama-pool");
                 assert!(kube.get("selector").is_none());
+            }
+            // The chart's own pool; the picker serves TLS as GIE's gateways expect.
+            s if s.starts_with("gateway-") => {
+                assert_eq!(kube["namespace"], "default");
+                assert_eq!(kube["inferencePool"], "prefix-picker");
+                assert!(kube.get("selector").is_none());
+                assert_eq!(config["picker"]["tls"]["mode"], "selfSigned", "{scenario}");
             }
             _ => {
                 assert_eq!(kube["namespace"], "default");

@@ -3,12 +3,18 @@
 Run by tests/deploy.rs with the pinned tools of .venv-deploy (scripts/tools.sh):
 
   deploy_check.py render OUT_DIR        lint the chart (strict) and render every scenario to
-                                        OUT_DIR/<scenario>.yaml; bad values must fail to render
+                                        OUT_DIR/<scenario>.yaml (the gateway examples'
+                                        values files as gateway-<name>); bad values must
+                                        fail to render
   deploy_check.py render-values JSON    print the chart rendered with the values JSON
   deploy_check.py validate FILE...      schema-validate every document of every file
   deploy_check.py manifests --check|--write
                                         deploy/manifests/*.yaml == the chart rendered with the
                                         defaults (sidecar.yaml) and mode=standalone
+  deploy_check.py import-crd SOURCE CRD.yaml...
+                                        vendor the openAPIV3Schema of every served version of
+                                        each CRD (descriptions dropped) into schemas/crds/,
+                                        labelled with SOURCE (repository@tag, path)
 
 Validation per kind (each document must match one; an unknown kind is an error):
 - built-in kinds: kubernetes-validate, strict (unknown fields fail), against Kubernetes 1.30 (the
@@ -16,8 +22,16 @@ Validation per kind (each document must match one; an unknown kind is an error):
 - ServiceMonitor and EnvoyFilter: the Pydantic models generated from the prometheus-operator and
   Istio CRDs (cloudcoil-models-*); a field the model does not know is dropped by Pydantic, so the
   model's dump is compared with the input and any dropped key fails;
-- EnvoyExtensionPolicy and EnvoyPatchPolicy: hand-written structural JSON Schemas
-  (schemas/README.md says what they cover).
+- CRDs vendored from their projects (schemas/crds/, schemas/README.md: versions, licenses):
+  InferencePool (GIE), HTTPRoute and Gateway (Gateway API), DestinationRule and Telemetry
+  (Istio), EnvoyProxy, EnvoyExtensionPolicy, EnvoyPatchPolicy and Backend (Envoy Gateway): the
+  CRD's own schema, made strict (an object with `properties` and neither
+  `additionalProperties` nor `x-kubernetes-preserve-unknown-fields` rejects unknown keys, as
+  `kubectl apply --validate=strict` does); CEL rules (`x-kubernetes-validations`) are not run;
+- HealthCheckPolicy and GCPBackendPolicy (GKE, whose CRDs are not published): hand-written
+  structural JSON Schemas (schemas/README.md says what they cover);
+- EnvoyExtensionPolicy and EnvoyPatchPolicy are also checked by the hand-written schemas of the
+  legacy examples (schemas/envoy*.json), which pin the fields those examples rely on.
 """
 
 import functools
@@ -34,6 +48,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "prefix-picker"
 MANIFESTS = ROOT / "deploy" / "manifests"
 SCHEMAS = pathlib.Path(__file__).resolve().parent / "schemas"
+CRDS = SCHEMAS / "crds"
 KUBE_VERSIONS = ["1.30.0", "1.37.0"]
 RELEASE, NAMESPACE = "prefix-picker", "default"
 
@@ -60,17 +75,34 @@ SCENARIOS = {
     },
 }
 
+# The values files of the gateway examples: one scenario each, "gateway-<name>".
+EXAMPLES = CHART / "examples"
+for _path in sorted(EXAMPLES.glob("*.yaml")):
+    SCENARIOS["gateway-" + _path.stem] = yaml.safe_load(_path.read_text())
+
 # Values that must not render (the chart's `fail` checks).
 BAD_VALUES = {
     "unknown mode": {"mode": "gateway"},
     "no targetPorts": {"discovery": {"kubernetes": {"targetPorts": []}}},
     "no selector": {"modelServers": {"matchLabels": None}},
     "extraConfig overriding a chart section": {"extraConfig": {"picker": {"seed": 1}}},
+    "InferencePool in sidecar mode": {"inferencePool": {"create": True}},
+    "unknown gateway provider": {"mode": "standalone", "inferencePool": {"create": True},
+                                 "gateway": {"provider": "nginx"}},
+    "HTTPRoute without a pool": {"mode": "standalone", "httpRoute": {"create": True}},
+    "unknown failureMode": {"mode": "standalone",
+                            "inferencePool": {"create": True, "failureMode": "Open"}},
+    "access log for kgateway": {"mode": "standalone", "inferencePool": {"create": True},
+                                "gateway": {"provider": "kgateway",
+                                            "accessLog": {"enabled": True}}},
+    "GIE args in sidecar mode": {"picker": {"args": "gie"}},
 }
 
 # Helm's install order, so the rendered files read top-down.
 KIND_ORDER = ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Deployment",
-              "PodDisruptionBudget", "ServiceMonitor"]
+              "PodDisruptionBudget", "ServiceMonitor", "InferencePool", "Backend", "EnvoyProxy",
+              "Gateway", "HTTPRoute", "DestinationRule", "Telemetry", "HealthCheckPolicy",
+              "GCPBackendPolicy"]
 
 
 def render(values, release=RELEASE, namespace=NAMESPACE):
@@ -140,6 +172,86 @@ def json_schema_validator(name):
     return check
 
 
+def without_descriptions(node):
+    if isinstance(node, dict):
+        return {k: without_descriptions(v) for k, v in node.items() if k != "description"}
+    if isinstance(node, list):
+        return [without_descriptions(v) for v in node]
+    return node
+
+
+def import_crds(source, path, kinds):
+    """Writes schemas/crds/<kind>.<group>.json for each CRD of `path` (those of `kinds` if any)."""
+    written = []
+    for doc in yaml.safe_load_all(pathlib.Path(path).read_text()):
+        if not doc or doc.get("kind") != "CustomResourceDefinition":
+            continue
+        spec = doc["spec"]
+        kind = spec["names"]["kind"]
+        if kinds and kind not in kinds:
+            continue
+        versions = {v["name"]: without_descriptions(v["schema"]["openAPIV3Schema"])
+                    for v in spec["versions"] if v.get("served", True)}
+        out = {"source": source, "crd": doc["metadata"]["name"], "group": spec["group"],
+               "kind": kind, "versions": versions}
+        CRDS.mkdir(parents=True, exist_ok=True)
+        target = CRDS / "{}.{}.json".format(kind.lower(), spec["group"])
+        target.write_text(json.dumps(out, sort_keys=True, separators=(",", ":")) + "\n")
+        written.append(target)
+    found = {p.name.split(".")[0] for p in written}
+    missing = {k for k in kinds if k.lower() not in found}
+    return written, ["no CRD for kind {} in {}".format(k, path) for k in sorted(missing)]
+
+
+def strict_schema(node):
+    """A CRD's structural schema as a JSON Schema that rejects unknown fields (the API server
+    prunes them silently; `kubectl apply --validate=strict` rejects them) and honours
+    `nullable`."""
+    if isinstance(node, list):
+        return [strict_schema(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: strict_schema(v) for k, v in node.items()}
+    if ("properties" in out and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")):
+        out["additionalProperties"] = False
+    if out.get("nullable") and isinstance(out.get("type"), str):
+        out["type"] = [out["type"], "null"]
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def vendored_crds():
+    """(apiVersion, kind) -> (validator, source) for every version of every vendored CRD."""
+    out = {}
+    for path in sorted(CRDS.glob("*.json")):
+        crd = json.loads(path.read_text())
+        for version, schema in crd["versions"].items():
+            schema = strict_schema(schema)
+            # Every object has these, whether or not the CRD lists them (Istio's do not).
+            props = schema.setdefault("properties", {})
+            props.setdefault("apiVersion", {"type": "string"})
+            props.setdefault("kind", {"type": "string"})
+            props.setdefault("metadata", {"type": "object"})
+            schema.setdefault("required", [])
+            schema["required"] = sorted(set(schema["required"]) | {"apiVersion", "kind"})
+            validator = jsonschema.Draft202012Validator(schema)
+            out[("{}/{}".format(crd["group"], version), crd["kind"])] = (validator, crd["source"])
+    return out
+
+
+def vendored_crd_validator(validator, source):
+    def check(doc):
+        return ["{}: {} (CRD from {})".format(
+                    "/".join(map(str, e.absolute_path)) or "(root)", e.message, source)
+                for e in validator.iter_errors(doc)]
+    return check
+
+
+def all_of(*checks):
+    return lambda doc: [e for check in checks for e in check(doc)]
+
+
 def service_monitor(doc):
     from cloudcoil.models.prometheus_operator.v1 import ServiceMonitor  # slow import: lazy
     return pydantic_validator(ServiceMonitor)(doc)
@@ -151,14 +263,22 @@ def envoy_filter(doc):
 
 
 def crd_validators():
-    return {
+    out = {key: vendored_crd_validator(*v) for key, v in vendored_crds().items()}
+    eg = "gateway.envoyproxy.io/v1alpha1"
+    out.update({
         ("monitoring.coreos.com/v1", "ServiceMonitor"): service_monitor,
         ("networking.istio.io/v1alpha3", "EnvoyFilter"): envoy_filter,
-        ("gateway.envoyproxy.io/v1alpha1", "EnvoyExtensionPolicy"):
-            json_schema_validator("envoyextensionpolicy.json"),
-        ("gateway.envoyproxy.io/v1alpha1", "EnvoyPatchPolicy"):
-            json_schema_validator("envoypatchpolicy.json"),
-    }
+        # The real CRD, and the legacy examples' hand-written schema on top.
+        (eg, "EnvoyExtensionPolicy"): all_of(out[(eg, "EnvoyExtensionPolicy")],
+                                             json_schema_validator("envoyextensionpolicy.json")),
+        (eg, "EnvoyPatchPolicy"): all_of(out[(eg, "EnvoyPatchPolicy")],
+                                         json_schema_validator("envoypatchpolicy.json")),
+        ("networking.gke.io/v1", "HealthCheckPolicy"):
+            json_schema_validator("gke-healthcheckpolicy.json"),
+        ("networking.gke.io/v1", "GCPBackendPolicy"):
+            json_schema_validator("gke-gcpbackendpolicy.json"),
+    })
+    return out
 
 
 def validate_doc(doc, crds):
@@ -235,6 +355,10 @@ def main(argv):
     elif cmd == "validate" and args:
         problems, count = validate_files(args)
         print("validated {} documents in {} files".format(count, len(args)))
+    elif cmd == "import-crd" and len(args) >= 2:
+        written, problems = import_crds(args[0], args[1], args[2:])
+        for path in written:
+            print("wrote {}".format(path.relative_to(ROOT)))
     elif cmd == "manifests" and args in (["--check"], ["--write"]):
         problems = manifests(args == ["--write"])
     else:

@@ -69,6 +69,34 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
+{{/* The InferencePool's name (inferencePool.name, else the fullname). */}}
+{{- define "prefix-picker.poolName" -}}
+{{- default (include "prefix-picker.fullname" .) .Values.inferencePool.name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The picker's `tls` settings: picker.settings.tls, else selfSigned with an InferencePool
+     (GIE's picker serves TLS by default and GIE's gateways expect it), else plaintext. */}}
+{{- define "prefix-picker.tls" -}}
+{{- if hasKey .Values.picker.settings "tls" }}
+{{- toYaml .Values.picker.settings.tls }}
+{{- else if .Values.inferencePool.create }}
+{{- toYaml (dict "mode" "selfSigned") }}
+{{- else }}
+{{- toYaml (dict "mode" "plaintext") }}
+{{- end }}
+{{- end }}
+
+{{/* The HTTPRoute's Gateway namespace. */}}
+{{- define "prefix-picker.gatewayNamespace" -}}
+{{- default .Release.Namespace .Values.httpRoute.gateway.namespace }}
+{{- end }}
+
+{{/* The GatewayClass of a Gateway the chart renders: gateway.className, else the provider's. */}}
+{{- define "prefix-picker.gatewayClassName" -}}
+{{- $defaults := dict "istio" "istio" "envoy-gateway" "eg" "kgateway" "agentgateway" "gke" "gke-l7-regional-external-managed" }}
+{{- default (get $defaults .Values.gateway.provider) .Values.gateway.className }}
+{{- end }}
+
 {{/* Fails the render on values that would give a broken deployment. */}}
 {{- define "prefix-picker.validate" -}}
 {{- if not (has .Values.mode (list "sidecar" "standalone")) }}
@@ -79,6 +107,45 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- if not .Values.discovery.kubernetes.targetPorts }}
 {{- fail "discovery.kubernetes.targetPorts must list at least one port" }}
+{{- end }}
+{{- if not (has .Values.picker.args (list "native" "gie")) }}
+{{- fail (printf "picker.args must be native or gie, got %q" .Values.picker.args) }}
+{{- end }}
+{{- if and (eq .Values.picker.args "gie") (ne .Values.mode "standalone") }}
+{{- fail "picker.args: gie needs mode: standalone (GIE's flags bind every address)" }}
+{{- end }}
+{{- $providers := list "none" "istio" "envoy-gateway" "kgateway" "gke" }}
+{{- if not (has .Values.gateway.provider $providers) }}
+{{- fail (printf "gateway.provider must be one of %s, got %q" (join ", " $providers) .Values.gateway.provider) }}
+{{- end }}
+{{- if .Values.inferencePool.create }}
+{{- if ne .Values.mode "standalone" }}
+{{- fail "inferencePool.create needs mode: standalone (the gateway calls the picker's Service)" }}
+{{- end }}
+{{- if ne (include "prefix-picker.discoveryNamespace" .) .Release.Namespace }}
+{{- fail "inferencePool.create: the pool, its model servers and the picker's Service share the release namespace; leave discovery.kubernetes.namespace empty" }}
+{{- end }}
+{{- if .Values.discovery.kubernetes.inferencePool }}
+{{- fail "inferencePool.create names the pool itself (inferencePool.name); leave discovery.kubernetes.inferencePool empty" }}
+{{- end }}
+{{- if not .Values.modelServers.matchLabels }}
+{{- fail "inferencePool.create needs modelServers.matchLabels (the pool's selector)" }}
+{{- end }}
+{{- if not (has .Values.inferencePool.failureMode (list "FailClose" "FailOpen")) }}
+{{- fail (printf "inferencePool.failureMode must be FailClose or FailOpen, got %q" .Values.inferencePool.failureMode) }}
+{{- end }}
+{{- end }}
+{{- if and .Values.httpRoute.create (not .Values.inferencePool.create) }}
+{{- fail "httpRoute.create routes to the chart's InferencePool: set inferencePool.create too" }}
+{{- end }}
+{{- if and (ne .Values.gateway.provider "none") (not .Values.inferencePool.create) }}
+{{- fail "gateway.provider renders objects for the chart's InferencePool: set inferencePool.create too (legacy gateway examples: envoy/istio, envoy/envoy-gateway)" }}
+{{- end }}
+{{- if and .Values.gateway.create (eq .Values.gateway.provider "none") }}
+{{- fail "gateway.create needs gateway.provider (its GatewayClass)" }}
+{{- end }}
+{{- if and .Values.gateway.accessLog.enabled (not (has .Values.gateway.provider (list "istio" "envoy-gateway"))) }}
+{{- fail "gateway.accessLog.enabled is supported for gateway.provider istio and envoy-gateway" }}
 {{- end }}
 {{- if and (eq .Values.mode "sidecar") .Values.modelServers.headlessService.create (not .Values.modelServers.matchLabels) }}
 {{- fail "modelServers.matchLabels must be set to create the headless models Service" }}
