@@ -96,6 +96,10 @@ BAD_VALUES = {
                                 "gateway": {"provider": "kgateway",
                                             "accessLog": {"enabled": True}}},
     "GIE args in sidecar mode": {"picker": {"args": "gie"}},
+    "access log with two replicas": {"mode": "standalone", "replicaCount": 2,
+                                     "inferencePool": {"create": True},
+                                     "gateway": {"provider": "istio",
+                                                 "accessLog": {"enabled": True}}},
 }
 
 # Helm's install order, so the rendered files read top-down.

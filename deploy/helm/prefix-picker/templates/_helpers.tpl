@@ -147,6 +147,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if and .Values.gateway.accessLog.enabled (not (has .Values.gateway.provider (list "istio" "envoy-gateway"))) }}
 {{- fail "gateway.accessLog.enabled is supported for gateway.provider istio and envoy-gateway" }}
 {{- end }}
+{{- if and .Values.gateway.accessLog.enabled (gt (int .Values.replicaCount) 1) }}
+{{- fail "gateway.accessLog.enabled needs replicaCount: 1: a request's access-log entry may reach another replica than the one that routed it (nothing recorded, the in-flight count held until responseTimeoutSeconds). With several replicas keep the GIE shape (the routing stream sees the response: no access log)" }}
+{{- end }}
 {{- if and (eq .Values.mode "sidecar") .Values.modelServers.headlessService.create (not .Values.modelServers.matchLabels) }}
 {{- fail "modelServers.matchLabels must be set to create the headless models Service" }}
 {{- end }}
