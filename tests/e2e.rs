@@ -1765,9 +1765,16 @@ async fn two_replicas_in_the_gie_shape_record_every_completion_once() {
         assert!(metric(r, recorded).await > 0.0, "both replicas routed");
         wait_metric_eq(r, "prefix_picker_pod_inflight_requests", 0.0).await;
         assert_eq!(metric(r, "prefix_picker_pending_routes").await, 0.0);
-        assert_eq!(metric(r, "prefix_picker_records_total{outcome=\"expired\"}").await, 0.0);
         assert_eq!(
-            metric(r, "prefix_picker_tentative_records_total{outcome=\"confirmed\"}").await,
+            metric(r, "prefix_picker_records_total{outcome=\"expired\"}").await,
+            0.0
+        );
+        assert_eq!(
+            metric(
+                r,
+                "prefix_picker_tentative_records_total{outcome=\"confirmed\"}"
+            )
+            .await,
             metric(r, recorded).await
         );
     }

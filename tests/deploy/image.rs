@@ -399,8 +399,33 @@ async fn prefix_picker_image_runs_as_the_chart_runs_it() {
     image.put("/var/run/kubeconfig", &fake_kube::kubeconfig(&fake.url()));
     let args = with_arg(&args, "--grpc-addr", "127.0.0.1:0");
     let args = with_arg(&args, "--admin-addr", "127.0.0.1:0");
+    serves_health_and_metrics(&image, &args, "grpc_addr=").await;
+    // The same image with GIE's args, as GIE's chart passes them (no subcommand, Go syntax, a
+    // GIE flag prefix-picker does not use): health on the plaintext health port.
+    let gie: Vec<String> = [
+        "--config-file",
+        config_path.as_str(),
+        "--grpc-port=0",
+        "--grpc-health-port=0",
+        "--metrics-port=0",
+        "--secure-serving=false",
+        "-v=2",
+        "--zap-encoder=console",
+        "--refresh-metrics-interval=50ms",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    serves_health_and_metrics(&image, &gie, "health_addr=").await;
+    drop(fake);
+}
+
+/// Starts the image's entrypoint with `args` (discovery against the fake API server at
+/// `/var/run/kubeconfig`), and checks `/healthz`, `/readyz`, `/metrics` and gRPC readiness on
+/// the address its start-up line names after `health_key`.
+async fn serves_health_and_metrics(image: &Image, args: &[String], health_key: &str) {
     let mut child = tokio::process::Command::from(image.command(
-        &args,
+        args,
         &[
             ("KUBECONFIG", "/var/run/kubeconfig"),
             ("POD_NAMESPACE", "default"),
@@ -419,11 +444,11 @@ async fn prefix_picker_image_runs_as_the_chart_runs_it() {
     let mut log = String::new();
     let (grpc, admin) = loop {
         let Some(line) = lines.next_line().await.unwrap() else {
-            panic!("serve exited early:\n{log}");
+            panic!("{args:?} exited early:\n{log}");
         };
         log.push_str(&line);
         log.push('\n');
-        if let (Some(g), Some(a)) = (field(&line, "grpc_addr="), field(&line, "admin_addr=")) {
+        if let (Some(g), Some(a)) = (field(&line, health_key), field(&line, "admin_addr=")) {
             break (g, a);
         }
     };
