@@ -165,8 +165,9 @@ impl SchedulerConfig {
             Some(a) => {
                 let on = |b: bool| if b { "on" } else { "off" };
                 format!(
-                    "routing mode: affinity (tentative {}, consolidateTies {}, loadGate {} [podCapacity {}, maxQueue {}, shareHeadroom {}, shareWindow {}, tieLoadSlack {}, spillLoss {}], longPrompts {}, engineBudget {} [bytesPerToken {}, engineTokens {}]); {chain}",
+                    "routing mode: affinity (tentative {} [tentativeMinRatio {}], consolidateTies {}, loadGate {} [podCapacity {}, maxQueue {}, shareHeadroom {}, shareWindow {}, tieLoadSlack {}, spillLoss {}], longPrompts {}, engineBudget {} [bytesPerToken {}, engineTokens {}]); {chain}",
                     on(a.tentative),
+                    a.tentative_min_ratio,
                     on(a.consolidate_ties),
                     on(a.load_gate),
                     a.pod_capacity,
@@ -239,6 +240,7 @@ pub struct AffinitySection {
     pub share_window: u32,
     pub tie_load_slack: u32,
     pub spill_loss: f64,
+    pub tentative_min_ratio: f64,
     pub long_prompts: bool,
     pub block_bytes: usize,
     pub max_prompt_bytes: usize,
@@ -261,6 +263,7 @@ impl Default for AffinitySection {
             share_window: d.share_window,
             tie_load_slack: d.tie_load_slack,
             spill_loss: d.spill_loss,
+            tentative_min_ratio: d.tentative_min_ratio,
             long_prompts: d.long_prompts,
             block_bytes: d.block_bytes,
             max_prompt_bytes: d.max_prompt_bytes,
@@ -295,6 +298,13 @@ impl AffinitySection {
         if !(self.spill_loss.is_finite() && self.spill_loss >= 0.0) {
             return bad("spillLoss", self.spill_loss.to_string(), "a number >= 0");
         }
+        if !(0.0..=1.0).contains(&self.tentative_min_ratio) {
+            return bad(
+                "tentativeMinRatio",
+                self.tentative_min_ratio.to_string(),
+                "in 0..=1",
+            );
+        }
         if self.share_window == 0 {
             return bad("shareWindow", "0".into(), "> 0");
         }
@@ -327,6 +337,7 @@ impl AffinitySection {
             share_window: self.share_window,
             tie_load_slack: self.tie_load_slack,
             spill_loss: self.spill_loss,
+            tentative_min_ratio: self.tentative_min_ratio,
             long_prompts: self.long_prompts,
             block_bytes: self.block_bytes,
             max_prompt_bytes: self.max_prompt_bytes,

@@ -57,6 +57,9 @@ pub struct AffinityConfig {
     /// burst in progress) when they would lose more than this fraction of their prompt's
     /// blocks on any other available pod (1 or more: never).
     pub spill_loss: f64,
+    /// A match held only by requests in flight counts when it covers at least this fraction
+    /// of the prompt.
+    pub tentative_min_ratio: f64,
     /// Hash prompts past Kthena's 8 KiB, in `block_bytes` blocks up to `max_prompt_bytes`.
     pub long_prompts: bool,
     pub block_bytes: usize,
@@ -81,6 +84,7 @@ impl Default for AffinityConfig {
             share_window: 16,
             tie_load_slack: 2,
             spill_loss: 0.25,
+            tentative_min_ratio: 0.9,
             long_prompts: true,
             block_bytes: 256,
             max_prompt_bytes: 256 << 10,
@@ -199,6 +203,23 @@ pub fn pick<R: Rng>(
 ) -> (usize, AffinityReason) {
     let n = matched.len();
     debug_assert_eq!(n, loads.len());
+    // A match held only by requests in flight counts when it covers `tentativeMinRatio` of the
+    // prompt, or all of it but one block (the same prompt sent again: a burst); a request that
+    // adds more than that to a held head is new work and goes by what completed requests left.
+    let total = hashes.len() as f64;
+    let allowed_rest = ((1.0 - config.tentative_min_ratio) * total).max(1.0);
+    let effective: Vec<usize> = matched
+        .iter()
+        .zip(held)
+        .map(|(&m, &h)| {
+            if m > h && total - m as f64 > allowed_rest {
+                h
+            } else {
+                m
+            }
+        })
+        .collect();
+    let matched = &effective[..];
     let saturated = |i: usize| {
         config.load_gate
             && (loads[i].waiting > f64::from(config.max_queue)

@@ -199,6 +199,40 @@ fn budgets_follow_engine_tokens() {
 }
 
 #[test]
+fn a_match_held_only_in_flight_counts_when_it_covers_most_of_the_prompt() {
+    let c = AffinityConfig::default();
+    let l = loads(2);
+    let h = hashes(10);
+    // Pod 1 holds 9 of 10 blocks in flight only: the same prompt again, it follows.
+    assert_eq!(
+        pick(
+            &c,
+            &[0, 9],
+            &[0, 0],
+            &l,
+            &h,
+            &mut SmallRng::seed_from_u64(1)
+        ),
+        (1, AffinityReason::Hit)
+    );
+    // 8 of 10 in flight only: new work after a shared head, placed as a miss.
+    assert_eq!(
+        pick(
+            &c,
+            &[0, 8],
+            &[0, 0],
+            &l,
+            &h,
+            &mut SmallRng::seed_from_u64(1)
+        )
+        .1,
+        AffinityReason::Miss
+    );
+    // The same 8 blocks completed (in the index) attract as usual.
+    assert_eq!(pick_one(&c, &[0, 8], &l, &h), (1, AffinityReason::Hit));
+}
+
+#[test]
 fn a_burst_in_progress_stays_on_an_over_share_pod_new_work_does_not() {
     let c = AffinityConfig::default();
     let mut l = loads(4);
