@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
+use super::candidates::CandidatePositions;
 use super::{ModelKey, PodSlot};
 use crate::hashing::BlockHash;
 
@@ -160,8 +161,12 @@ impl TentativeEntries {
         let Some(list) = shard.get(&(model.0, first.0)) else {
             return;
         };
+        // Every in-flight request sharing the first block is in `list` (hundreds under a common
+        // system prompt): find each hold's candidate in the walk's slot table, not by a scan.
+        let mut positions = CandidatePositions::default();
+        positions.rebuild(candidates);
         for held in list {
-            let Some(ci) = candidates.iter().position(|&c| c == held.pod) else {
+            let Some(ci) = positions.position(held.pod) else {
                 continue;
             };
             if matched[ci] >= held.hashes.len().min(hashes.len()) {

@@ -80,18 +80,6 @@ impl DecisionReason {
             DecisionReason::AffinitySaturated => "affinity_saturated",
         }
     }
-
-    /// Every value, in label order (for help texts and tests).
-    pub const ALL: [DecisionReason; 8] = [
-        DecisionReason::PrefixHit,
-        DecisionReason::PrefixOverruled,
-        DecisionReason::PrefixMiss,
-        DecisionReason::Unscored,
-        DecisionReason::AffinityHit,
-        DecisionReason::AffinityMiss,
-        DecisionReason::AffinitySpill,
-        DecisionReason::AffinitySaturated,
-    ];
 }
 
 impl From<AffinityReason> for DecisionReason {
