@@ -2,7 +2,7 @@
 //!
 //! Kthena's names are kept where they exist (semantics doc §7); prefix-picker's own metrics use the
 //! `prefix_picker_` prefix, seconds for durations and enum-valued labels. Per-pod series are
-//! removed when a pod leaves. The README's metrics table lists them all.
+//! removed when a pod leaves. docs/metrics.md lists them all.
 
 use std::collections::HashMap;
 use std::sync::Arc;
