@@ -131,9 +131,12 @@ impl Host<'static> {
     }
 }
 
-/// GIE flags prefix-picker accepts and ignores, and whether each is a boolean (no separate value).
+/// GIE flags prefix-picker accepts and ignores, and whether each is a boolean (no separate value):
+/// every flag of GIE v1.5.0's endpoint picker (`pkg/epp/server/options.go`, the last release with
+/// the `inferencepool` chart) that prefix-picker has no use for, plus a few of earlier releases.
 const GIE_IGNORED: &[(&str, bool)] = &[
     ("cache-info-metric", false),
+    ("disable-endpoint-subset-filter", true),
     ("enable-cert-reload", true),
     ("enable-latency-predictor", true),
     ("enable-pprof", true),

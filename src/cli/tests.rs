@@ -332,3 +332,244 @@ fn the_forms_differ_in_tls_and_health_defaults() {
     .unwrap();
     assert_eq!((json.log_format, json.v), (LogFormat::Json, 4));
 }
+
+/// Normalizes and resolves `args` in the GIE form, with `/config/router.yaml` holding `config`
+/// and `$NAMESPACE=llm`; returns the plan and the ignored-flag warnings.
+fn resolve_gie_chart_args(args: &[String], config: &str) -> (ServePlan, Vec<String>) {
+    use clap::{Args, FromArgMatches};
+    let (kept, warnings) = normalize(args, &serve_flags());
+    let command = ServeArgs::augment_args(clap::Command::new("t").args_override_self(true));
+    let matches = command
+        .try_get_matches_from(std::iter::once("t".to_string()).chain(kept))
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    let parsed = ServeArgs::from_arg_matches(&matches).unwrap();
+    let plan = with_host(
+        &[("NAMESPACE", "llm")],
+        &[("/config/router.yaml", config)],
+        |host| parsed.resolve(Form::Gie, host),
+    )
+    .unwrap_or_else(|e| panic!("{args:?}: {e:?}"));
+    (plan, warnings)
+}
+
+/// The `epp` container's args as GIE v1.5.0's `inferencepool` chart renders them
+/// (`config/charts/epplib/templates/_deployment.yaml`), one variant per branch of the template:
+/// every one is accepted, the flags prefix-picker has no use for are ignored by name (never as
+/// unknown), and the ones it uses take effect.
+#[test]
+fn every_flag_gie_v1_5_0_inferencepool_chart_passes_is_accepted() {
+    let pool = [
+        "--pool-name",
+        "vllm-llama3",
+        "--pool-namespace",
+        "llm",
+        "--pool-group",
+        "inference.networking.k8s.io",
+    ];
+    let config = [
+        "--zap-encoder",
+        "json",
+        "--config-file",
+        "/config/router.yaml",
+    ];
+    let sglang = [
+        "--total-queued-requests-metric=\"sglang:num_queue_reqs\"",
+        "--total-running-requests-metric=\"sglang:num_running_reqs\"",
+        "--kv-cache-usage-percentage-metric=\"sglang:token_usage\"",
+        "--cache-info-metric=\"sglang:cache_config_info\"",
+    ];
+    let triton = [
+        "--total-queued-requests-metric",
+        "nv_trt_llm_request_metrics{request_type=waiting}",
+        "--total-running-requests-metric",
+        "nv_trt_llm_request_metrics{request_type=scheduled}",
+        "--kv-cache-usage-percentage-metric",
+        "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=fraction}",
+        "--lora-info-metric",
+        "",
+    ];
+    let trtllm = [
+        "--total-queued-requests-metric=\"trtllm_num_requests_waiting\"",
+        "--total-running-requests-metric=\"trtllm_num_requests_running\"",
+        "--kv-cache-usage-percentage-metric=\"trtllm_kv_cache_utilization\"",
+        "--cache-info-metric=\"trtllm_cache_config_info\"",
+        "--model-server-metrics-path=\"/prometheus/metrics\"",
+        "--lora-info-metric",
+        "",
+    ];
+    let cat = |parts: &[&[&str]]| -> Vec<String> {
+        parts
+            .iter()
+            .flat_map(|p| p.iter().map(|s| s.to_string()))
+            .collect()
+    };
+    let router = "scheduler: {plugins: {Score: {enabled: [{name: prefix-cache, weight: 1}]}}}";
+    let variants: Vec<(&str, Vec<String>)> = vec![
+        // vllm (the default), one replica, tracing off, metrics auth on; `flags: {v: 1}`.
+        (
+            "vllm",
+            cat(&[&pool, &config, &["--v", "1", "--tracing=false"]]),
+        ),
+        // sglang, two replicas (leader election, a bare boolean), tracing on, auth off.
+        (
+            "sglang",
+            cat(&[
+                &pool,
+                &sglang,
+                &config,
+                &[
+                    "--ha-enable-leader-election",
+                    "--v",
+                    "1",
+                    "--tracing=true",
+                    "--metrics-endpoint-auth=false",
+                ],
+            ]),
+        ),
+        (
+            "triton-tensorrt-llm",
+            cat(&[&pool, &triton, &config, &["--v", "1", "--tracing=false"]]),
+        ),
+        (
+            "trtllm-serve",
+            cat(&[&pool, &trtllm, &config, &["--v", "1", "--tracing=false"]]),
+        ),
+        // endpointsServer without a pool: a selector and ports instead of --pool-*.
+        (
+            "endpoints-server",
+            cat(&[
+                &[
+                    "--endpoint-selector",
+                    "app=vllm",
+                    "--endpoint-target-ports",
+                    "8000",
+                ],
+                &config,
+                &["--v", "1", "--tracing=false"],
+            ]),
+        ),
+        // `inferenceExtension.flags` renders `--KEY` then `"VALUE"`: prefix-picker's own flags too.
+        (
+            "flags",
+            cat(&[
+                &pool,
+                &config,
+                &[
+                    "--v",
+                    "4",
+                    "--secure-serving",
+                    "false",
+                    "--grpc-port",
+                    "9102",
+                    "--metrics-port",
+                    "9190",
+                    "--grpc-health-port",
+                    "9103",
+                    "--tracing=false",
+                ],
+            ]),
+        ),
+    ];
+    for (name, args) in variants {
+        let (plan, warnings) = resolve_gie_chart_args(&args, router);
+        assert!(
+            warnings
+                .iter()
+                .all(|w| w.ends_with("a GIE flag prefix-picker has no use for")),
+            "{name}: {warnings:?}"
+        );
+        assert_eq!(plan.log_format, LogFormat::Json, "{name}");
+        let k = plan.config.discovery.kubernetes.as_ref().unwrap();
+        match name {
+            "endpoints-server" => assert!(
+                matches!(&k.source, Source::Static(t) if t.ports == [8000]),
+                "{name}"
+            ),
+            _ => {
+                assert_eq!(
+                    k.source,
+                    Source::InferencePool("vllm-llama3".into()),
+                    "{name}"
+                );
+                assert_eq!(k.namespace.as_deref(), Some("llm"), "{name}");
+            }
+        }
+        if name == "flags" {
+            assert_eq!(plan.v, 4);
+            assert_eq!(plan.config.picker.tls.mode, TlsMode::Plaintext);
+            assert_eq!(
+                (
+                    plan.grpc_addr.as_str(),
+                    plan.admin_addr.as_str(),
+                    plan.health_addr.as_deref()
+                ),
+                ("0.0.0.0:9102", "0.0.0.0:9190", Some("0.0.0.0:9103"))
+            );
+        } else {
+            assert_eq!(plan.v, 1, "{name}");
+            // The chart passes no port flags: the GIE form's defaults are its container ports.
+            assert_eq!(plan.config.picker.tls.mode, TlsMode::SelfSigned, "{name}");
+            assert_eq!(
+                (
+                    plan.grpc_addr.as_str(),
+                    plan.admin_addr.as_str(),
+                    plan.health_addr.as_deref()
+                ),
+                ("0.0.0.0:9002", "0.0.0.0:9090", Some("0.0.0.0:9003")),
+                "{name}"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_gie_v1_5_0_picker_flag_is_known() {
+    // pkg/epp/server/options.go and its logging options at GIE v1.5.0 (pflag names).
+    const GIE_V1_5_0: &[&str] = &[
+        "grpc-port",
+        "ha-enable-leader-election",
+        "pool-group",
+        "pool-namespace",
+        "pool-name",
+        "endpoint-selector",
+        "endpoint-target-ports",
+        "disable-endpoint-subset-filter",
+        "model-server-metrics-scheme",
+        "model-server-metrics-path",
+        "model-server-metrics-port",
+        "model-server-metrics-https-insecure-skip-verify",
+        "refresh-metrics-interval",
+        "refresh-prometheus-metrics-interval",
+        "metrics-staleness-threshold",
+        "total-queued-requests-metric",
+        "total-running-requests-metric",
+        "kv-cache-usage-percentage-metric",
+        "lora-info-metric",
+        "cache-info-metric",
+        "v",
+        "zap-devel",
+        "zap-encoder",
+        "zap-log-level",
+        "zap-stacktrace-level",
+        "zap-time-encoding",
+        "tracing",
+        "health-checking",
+        "metrics-port",
+        "grpc-health-port",
+        "enable-pprof",
+        "cert-path",
+        "enable-cert-reload",
+        "secure-serving",
+        "metrics-endpoint-auth",
+        "config-file",
+        "config-text",
+    ];
+    let known = serve_flags();
+    for flag in GIE_V1_5_0 {
+        let (_, warnings) = normalize(&[format!("--{flag}=1")], &known);
+        assert!(
+            warnings.iter().all(|w| !w.contains("unknown flag")),
+            "--{flag}: {warnings:?}"
+        );
+    }
+}
