@@ -47,6 +47,6 @@ FROM gcr.io/distroless/cc-debian12:nonroot AS prefix-picker
 LABEL org.opencontainers.image.title=prefix-picker org.opencontainers.image.licenses=Apache-2.0
 COPY --from=build /out/prefix-picker /prefix-picker
 USER 65532:65532
-EXPOSE 9002/tcp 9090/tcp
+EXPOSE 9002/tcp 9003/tcp 9090/tcp
 ENTRYPOINT ["/prefix-picker"]
 CMD ["serve", "--config", "/etc/prefix-picker/routerConfiguration"]

@@ -72,7 +72,8 @@ fn render_chart() -> (tempfile::TempDir, Vec<(String, String)>) {
             "gateway-istio",
             "gateway-kgateway",
             "sidecar",
-            "standalone"
+            "standalone",
+            "standalone-gie"
         ]
     );
     (dir, rendered)

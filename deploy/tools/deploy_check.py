@@ -61,6 +61,8 @@ kubernetes_validate.utils.schema_contents = functools.lru_cache(maxsize=None)(
 SCENARIOS = {
     "sidecar": {},
     "standalone": {"mode": "standalone"},
+    # GIE's endpoint-picker flags instead of `serve` (and the plaintext gRPC health port 9003).
+    "standalone-gie": {"mode": "standalone", "picker": {"args": "gie"}},
     "full": {
         "replicaCount": 2,
         "discovery": {"kubernetes": {

@@ -355,10 +355,19 @@ async fn prefix_picker_image_runs_as_the_chart_runs_it() {
             .unwrap();
         let args = strings(&container["args"]);
         let config_path = format!("{mount}/routerConfiguration");
-        assert_eq!(args[0], "serve");
+        // `serve` (picker.args: native), or GIE's flags with the image's bare entrypoint.
+        let config_flag = match args[0].as_str() {
+            "serve" => "--config",
+            _ => "--config-file",
+        };
+        assert_eq!(
+            args[0] == "serve",
+            scenario != "standalone-gie",
+            "{scenario}: {args:?}"
+        );
         assert!(
-            args.contains(&format!("--config={config_path}")),
-            "{args:?}"
+            args.contains(&format!("{config_flag}={config_path}")),
+            "{scenario}: {args:?}"
         );
         let map = docs
             .iter()
