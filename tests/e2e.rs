@@ -143,7 +143,10 @@ const SYSTEM: &str = "You are a support assistant for Kthena. Answer briefly and
 
 /// Sends `body` twice through `envoy`: the second lands where the first was served and recorded.
 async fn assert_sticky(envoy: &Envoy, picker: &serve_alias::Running, path: &str, body: &Value) {
-    let recorded = metric(picker, "prefix_picker_records_total").await;
+    // Created by the first completion: absent before it (the wait below needs it to exist).
+    let recorded = metric_opt(picker, "prefix_picker_records_total")
+        .await
+        .unwrap_or(0.0);
     let first = send(envoy, path, body).await;
     assert_eq!(first.status, 200, "{:?}\n{}", first.body, envoy.log());
     wait_metric(picker, "prefix_picker_records_total", recorded + 1.0).await;
@@ -219,14 +222,26 @@ async fn an_api_published_under_a_path_prefix_is_scored() {
         &chat(SYSTEM, "Published under a prefix."),
     )
     .await;
-    assert_eq!(
-        metric(
-            &picker,
-            "prefix_picker_unscored_requests_total{reason=\"unknown_api\"}"
-        )
-        .await,
-        0.0
-    );
+    // A completion the picker cannot score, under the prefix too: it is counted as such (so the
+    // unscored family is exported), never as an unknown API.
+    let r = send(
+        &envoy,
+        "/openai/v1/completions",
+        &json!({"model": "m", "prompt": [1, 2, 3]}),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    wait_metric_eq(
+        &picker,
+        "prefix_picker_unscored_requests_total{reason=\"prompt_not_string\"}",
+        1.0,
+    )
+    .await;
+    assert_metric_absent(
+        &picker,
+        "prefix_picker_unscored_requests_total{reason=\"unknown_api\"}",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -777,10 +792,7 @@ async fn client_abort_records_nothing(file: &str) {
     )
     .await;
     wait_metric_eq(&picker, "prefix_picker_pod_inflight_requests", 0.0).await;
-    assert_eq!(
-        metric(&picker, "prefix_picker_records_total{outcome=\"recorded\"}").await,
-        0.0
-    );
+    assert_metric_absent(&picker, "prefix_picker_records_total{outcome=\"recorded\"}").await;
     assert_eq!(prefix_score(&picker, &body, &served).await, 0);
     // Let the backend finish its side.
     backends
@@ -1757,7 +1769,11 @@ async fn two_replicas_in_the_gie_shape_record_every_completion_once() {
     }
     let recorded = "prefix_picker_records_total{outcome=\"recorded\"}";
     poll("every completion recorded", || async {
-        let total = metric(&replicas[0], recorded).await + metric(&replicas[1], recorded).await;
+        // A replica that has recorded nothing yet has no such series (checked to exist below).
+        let mut total = 0.0;
+        for r in &replicas {
+            total += metric_opt(r, recorded).await.unwrap_or(0.0);
+        }
         (total == f64::from(requests)).then_some(())
     })
     .await;
@@ -1765,10 +1781,7 @@ async fn two_replicas_in_the_gie_shape_record_every_completion_once() {
         assert!(metric(r, recorded).await > 0.0, "both replicas routed");
         wait_metric_eq(r, "prefix_picker_pod_inflight_requests", 0.0).await;
         assert_eq!(metric(r, "prefix_picker_pending_routes").await, 0.0);
-        assert_eq!(
-            metric(r, "prefix_picker_records_total{outcome=\"expired\"}").await,
-            0.0
-        );
+        assert_metric_absent(r, "prefix_picker_records_total{outcome=\"expired\"}").await;
         assert_eq!(
             metric(
                 r,

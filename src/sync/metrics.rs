@@ -20,6 +20,15 @@ pub enum DropReason {
 }
 
 impl DropReason {
+    pub const ALL: [DropReason; 6] = [
+        DropReason::QueueFull,
+        DropReason::RedisError,
+        DropReason::UnknownPod,
+        DropReason::StaleGeneration,
+        DropReason::ParamsMismatch,
+        DropReason::Malformed,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             DropReason::QueueFull => "queue_full",
@@ -143,6 +152,10 @@ impl SyncMetrics {
         for role in [Role::Publisher, Role::Tailer] {
             m.connected.with_label_values(&[role.as_str()]).set(0);
             m.reconnects.with_label_values(&[role.as_str()]);
+        }
+        // Every reason exists at 0 from the start: "nothing dropped" is a value, not an absence.
+        for reason in DropReason::ALL {
+            m.dropped.with_label_values(&[reason.as_str()]);
         }
         m
     }

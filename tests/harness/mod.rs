@@ -245,36 +245,74 @@ pub async fn start_picker(config: Config) -> Running {
         .unwrap()
 }
 
-/// Reads one sample of the picker's `/metrics` (sum over matching series; 0 when absent).
-pub async fn metric(picker: &Running, series: &str) -> f64 {
-    let text = reqwest::get(format!("http://{}/metrics", picker.admin_addr))
+/// The picker's `/metrics` exposition.
+pub async fn exposition(picker: &Running) -> String {
+    reqwest::get(format!("http://{}/metrics", picker.admin_addr))
         .await
         .unwrap()
         .text()
         .await
-        .unwrap();
-    text.lines()
+        .unwrap()
+}
+
+/// The sum over the series matching `series` (a name, or a name with leading labels such as
+/// `name{outcome="recorded"}`) in `text`; `None` when no series matches.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    let values: Vec<f64> = text
+        .lines()
         .filter(|l| !l.starts_with('#'))
         .filter(|l| {
-            l.starts_with(series) && l[series.len()..].starts_with([' ', '{'])
+            l.starts_with(series) && l[series.len()..].starts_with([' ', '{', ','])
                 || l.split(' ').next() == Some(series)
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
 }
 
-/// Waits until `series` equals `value`.
+/// Reads one sample of the picker's `/metrics` (sum over matching series), or `None` when no
+/// series matches (not created yet, removed, or renamed).
+pub async fn metric_opt(picker: &Running, series: &str) -> Option<f64> {
+    sample(&exposition(picker).await, series)
+}
+
+/// Reads one sample of the picker's `/metrics` (sum over matching series). A missing series
+/// is an error, never 0: a renamed metric must fail the test that reads it.
+pub async fn metric(picker: &Running, series: &str) -> f64 {
+    let text = exposition(picker).await;
+    sample(&text, series).unwrap_or_else(|| {
+        panic!("no series {series} in /metrics (renamed, or never created?):\n{text}")
+    })
+}
+
+/// Asserts that no series matches `series` while its metric family is exported (so a renamed
+/// metric fails here too): for label sets that are created on first use, or removed.
+pub async fn assert_metric_absent(picker: &Running, series: &str) {
+    let text = exposition(picker).await;
+    let family = series.split('{').next().unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.strip_prefix("# TYPE ").and_then(|t| t.split(' ').next()) == Some(family)),
+        "metric family {family} not exported (renamed?):\n{text}"
+    );
+    assert_eq!(sample(&text, series), None, "{series} exists:\n{text}");
+}
+
+/// Waits until `series` exists and equals `value`.
 pub async fn wait_metric_eq(picker: &Running, series: &str, value: f64) {
     poll(&format!("{series} == {value}"), || async {
-        (metric(picker, series).await == value).then_some(())
+        (metric_opt(picker, series).await == Some(value)).then_some(())
     })
     .await
 }
 
-/// Waits until `series` reaches at least `value`.
+/// Waits until `series` exists and reaches at least `value`.
 pub async fn wait_metric(picker: &Running, series: &str, value: f64) {
     poll(&format!("{series} >= {value}"), || async {
-        (metric(picker, series).await >= value).then_some(())
+        metric_opt(picker, series)
+            .await
+            .is_some_and(|v| v >= value)
+            .then_some(())
     })
     .await
 }
@@ -291,16 +329,18 @@ pub async fn explain(picker: &Running, body: &serde_json::Value) -> serde_json::
         .unwrap()
 }
 
-/// The prefix-cache score of `pod` for `body`, per `/debug/explain`.
+/// The prefix-cache score of `pod` for `body`, per `/debug/explain` (a pod or score missing
+/// from the explanation is an error, never 0).
 pub async fn prefix_score(picker: &Running, body: &serde_json::Value, pod: &str) -> u64 {
     let e = explain(picker, body).await;
     e["pods"]
         .as_array()
-        .unwrap()
+        .unwrap_or_else(|| panic!("no pods in the explanation: {e}"))
         .iter()
         .find(|p| p["pod"] == format!("default/{pod}"))
-        .and_then(|p| p["scores"]["prefix-cache"].as_u64())
-        .unwrap_or(0)
+        .unwrap_or_else(|| panic!("{pod} not in the explanation: {e}"))["scores"]["prefix-cache"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no prefix-cache score for {pod}: {e}"))
 }
 
 // ---------------------------------------------------------------- envoy
