@@ -461,12 +461,15 @@ async fn chart_envoy_bootstrap_routes_through_the_picker() {
     let host = "prefix-picker-models.default.svc.cluster.local";
     assert_eq!(bootstrap.matches(host).count(), 3);
     let picker = start_picker(picker_config(&backends.iter().collect::<Vec<_>>(), "")).await;
-    let config = prefix_picker::bench::cluster::render_envoy(
-        &bootstrap.replace(host, "localhost"),
-        picker.grpc_addr.port(),
-        &[],
-    )
-    .replace("port_value: 10001", "port_value: 0");
+    let config = replaced(
+        &prefix_picker::bench::cluster::render_envoy(
+            &replaced(&bootstrap, host, "localhost"),
+            picker.grpc_addr.port(),
+            &[],
+        ),
+        "port_value: 10001",
+        "port_value: 0",
+    );
     let envoy = start_envoy(config).await;
     let client = reqwest::Client::new();
     let body = serde_json::json!({"model": "m", "messages": [
@@ -913,8 +916,11 @@ async fn dashboard_queries_only_exported_metrics() {
         Sim::start("sim-1", engine).await,
     ];
     let local = std::fs::read_to_string(root().join("deploy/local/config.yaml")).unwrap();
-    let scheduler = prefix_picker::bench::cluster::scheduler_section(&local)
-        .replace("maxHashCacheSize: 50000", "maxHashCacheSize: 2");
+    let scheduler = replaced(
+        prefix_picker::bench::cluster::scheduler_section(&local),
+        "maxHashCacheSize: 50000",
+        "maxHashCacheSize: 2",
+    );
     let mut doc = scheduler;
     doc.push_str(&prefix_picker::bench::cluster::endpoints_yaml(
         sims.iter().map(|s| (s.name.as_str(), s.addr)),

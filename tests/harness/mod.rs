@@ -361,7 +361,8 @@ impl Envoy {
     }
 }
 
-/// A shipped Envoy example rendered for this test's ports; `edit` may change anything else.
+/// A shipped Envoy example rendered for this test's ports (checked: no fixed listener or admin
+/// port left, every backend listed); `edit` may change anything else (see [`replaced`]).
 pub fn render_envoy(
     file: &str,
     picker_port: u16,
@@ -369,11 +370,30 @@ pub fn render_envoy(
     edit: impl Fn(String) -> String,
 ) -> String {
     let text = std::fs::read_to_string(root().join("envoy").join(file)).unwrap();
-    edit(prefix_picker::bench::cluster::render_envoy(
-        &text,
-        picker_port,
-        backends,
-    ))
+    let rendered = prefix_picker::bench::cluster::render_envoy(&text, picker_port, backends);
+    for fixed in ["port_value: 10000", "port_value: 9901"] {
+        assert!(!rendered.contains(fixed), "{file}: {fixed} not rendered");
+    }
+    if text.contains("port_value: 800") {
+        for b in backends {
+            let endpoint = format!("address: {}, port_value: {}}}", b.ip(), b.port());
+            assert!(
+                rendered.contains(&endpoint),
+                "{file}: backend {b} not rendered"
+            );
+        }
+    }
+    edit(rendered)
+}
+
+/// `text` with every `from` replaced by `to`; panics when `from` does not occur, so an edit of
+/// a shipped file that no longer matches fails instead of testing the unedited file.
+pub fn replaced(text: &str, from: &str, to: &str) -> String {
+    assert!(
+        text.contains(from),
+        "edit did not match: {from:?} is not in the text"
+    );
+    text.replace(from, to)
 }
 
 pub async fn start_envoy(config: String) -> Envoy {
