@@ -128,8 +128,14 @@ async fn a_restarted_replica_routes_warm_from_its_first_request() {
     a.picker.stop().await.unwrap();
     drop(a.envoy);
 
-    // A new process (new replica id): start() returns once the warm replay is applied.
-    let b = replica(&backends, &sync_section(&redis)).await;
+    // A new process (new replica id): start() returns once the warm replay is applied. Its
+    // tie-break seed differs from the first replica's, so a cold start would not repeat the
+    // first replica's picks: only the replayed records can send these prompts to the same pods.
+    let b = replica(
+        &backends,
+        &format!("{}picker: {{seed: 7}}\n", sync_section(&redis)),
+    )
+    .await;
     assert_eq!(
         metric(&b.picker, "prefix_picker_sync_replayed_total").await,
         6.0
@@ -143,6 +149,11 @@ async fn a_restarted_replica_routes_warm_from_its_first_request() {
         .await
         .unwrap();
     assert_eq!(ready.status(), 200);
+    // Before any request through it, the new replica holds every prompt for the pod that
+    // served it, from the replay alone.
+    for (p, pod) in prompts.iter().zip(&served) {
+        assert_eq!(prefix_score(&b.picker, p, pod).await, 100, "replayed: {p}");
+    }
     for (i, (p, pod)) in prompts.iter().zip(&served).enumerate() {
         let r = send(&b.envoy, "/v1/chat/completions", p).await;
         assert_eq!(r.status, 200);
