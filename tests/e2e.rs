@@ -1562,6 +1562,80 @@ async fn affinity_rolls_back_a_failed_request() {
     wait_metric_eq(&picker, "prefix_picker_pod_inflight_requests", 0.0).await;
 }
 
+/// A response that never completes in time (the backend holds its stream open past
+/// `picker.responseTimeoutSeconds`, 1 s here): its pending route expires, which counts
+/// `records_total{outcome="expired"}` and returns the pod's in-flight count while the stream is
+/// still open; the access-log entry that comes when the stream ends claims nothing and records
+/// nothing. In the affinity mode the request's decision-time record is released as `expired`.
+async fn an_unfinished_response_expires(picker_section: &str, affinity: bool) {
+    let (backends, picker, envoy) = stack("envoy.yaml", picker_section, |s| s).await;
+    let body = json!({"model": "m", "stream": true, "prompt": "GATED and held past the timeout"});
+    let (served, chunks) = open_gated_stream(&envoy, &body).await;
+    let pod_inflight = format!("prefix_picker_pod_inflight_requests{{pod=\"default/{served}\"}}");
+    // The route waits for the access log (the routing stream ended with the request), holding
+    // the prompt in the affinity mode (both gauges sampled together, every second).
+    poll("the route waiting", || async {
+        let text = exposition(&picker).await;
+        let holds = sample(&text, "prefix_picker_tentative_holds");
+        (sample(&text, "prefix_picker_pending_routes") == Some(1.0)
+            && holds == Some(if affinity { 1.0 } else { 0.0 }))
+        .then_some(())
+    })
+    .await;
+    assert_eq!(metric(&picker, &pod_inflight).await, 1.0);
+    wait_metric_eq(
+        &picker,
+        "prefix_picker_records_total{outcome=\"expired\"}",
+        1.0,
+    )
+    .await;
+    wait_metric_eq(&picker, &pod_inflight, 0.0).await;
+    wait_metric_eq(&picker, "prefix_picker_pending_routes", 0.0).await;
+    if affinity {
+        // The decision-time record is released as expired: nothing is held or recorded.
+        wait_metric_eq(
+            &picker,
+            "prefix_picker_tentative_records_total{outcome=\"expired\"}",
+            1.0,
+        )
+        .await;
+        wait_metric_eq(&picker, "prefix_picker_tentative_holds", 0.0).await;
+        assert_eq!(
+            metric(&picker, "kthena_router_prefix_cache_entries").await,
+            0.0
+        );
+    }
+    finish_gated_stream(&backends, &served, chunks).await;
+    wait_metric_eq(
+        &picker,
+        "prefix_picker_access_log_entries_total{result=\"unclaimed\"}",
+        1.0,
+    )
+    .await;
+    assert_metric_absent(&picker, "prefix_picker_records_total{outcome=\"recorded\"}").await;
+    assert_eq!(prefix_score(&picker, &body, &served).await, 0);
+    assert_eq!(metric(&picker, &pod_inflight).await, 0.0, "released once");
+    assert_eq!(
+        metric(&picker, "prefix_picker_records_total{outcome=\"expired\"}").await,
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unfinished_response_expires_after_the_response_timeout() {
+    an_unfinished_response_expires("picker: {responseTimeoutSeconds: 1}\n", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn affinity_releases_the_hold_of_an_expired_route() {
+    let section = replaced(
+        shipped_picker_section(),
+        "picker:\n",
+        "picker:\n  responseTimeoutSeconds: 1\n",
+    );
+    an_unfinished_response_expires(&section, true).await;
+}
+
 /// Through the observer shape (it sees response bodies): an engine that reports far fewer
 /// cached tokens than predicted loses, in the picker's index, the prompt it missed and every
 /// older one, so an evicted prefix stops attracting requests.
