@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock};
+use prometheus::IntGauge;
 
 use crate::metrics::RouterMetrics;
 use crate::prefix_index::{PodHandle, PrefixIndex};
@@ -99,20 +100,17 @@ impl Endpoint {
 #[derive(Debug)]
 pub struct InflightGuard {
     endpoint: Arc<Endpoint>,
-    metrics: RouterMetrics,
+    /// The pod's `prefix_picker_pod_inflight_requests` series, decremented on drop without a
+    /// lookup: a request that ends after its pod left must not recreate the removed series.
+    gauge: IntGauge,
 }
 
 impl InflightGuard {
     pub fn new(endpoint: Arc<Endpoint>, metrics: &RouterMetrics) -> InflightGuard {
         endpoint.inflight.fetch_add(1, Ordering::Relaxed);
-        metrics
-            .pod_inflight
-            .with_label_values(&[&endpoint.label])
-            .inc();
-        InflightGuard {
-            endpoint,
-            metrics: metrics.clone(),
-        }
+        let gauge = metrics.pod_inflight.with_label_values(&[&endpoint.label]);
+        gauge.inc();
+        InflightGuard { endpoint, gauge }
     }
 
     pub fn endpoint(&self) -> &Arc<Endpoint> {
@@ -123,13 +121,7 @@ impl InflightGuard {
 impl Drop for InflightGuard {
     fn drop(&mut self) {
         self.endpoint.inflight.fetch_sub(1, Ordering::Relaxed);
-        if let Ok(g) = self
-            .metrics
-            .pod_inflight
-            .get_metric_with_label_values(&[&self.endpoint.label])
-        {
-            g.dec();
-        }
+        self.gauge.dec();
     }
 }
 
@@ -315,5 +307,47 @@ mod tests {
             metrics.pod_inflight.with_label_values(&["default/a"]).get(),
             0
         );
+    }
+
+    /// The exported `prefix_picker_pod_inflight_requests` series, by pod.
+    fn inflight_series(registry: &prometheus::Registry) -> Vec<(String, i64)> {
+        registry
+            .gather()
+            .iter()
+            .filter(|f| f.name() == "prefix_picker_pod_inflight_requests")
+            .flat_map(|f| f.get_metric())
+            .map(|m| {
+                (
+                    m.get_label()[0].value().to_string(),
+                    m.get_gauge().get_value() as i64,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_departed_pods_inflight_series_does_not_come_back() {
+        let registry = prometheus::Registry::new();
+        let metrics = RouterMetrics::register(&registry);
+        let eps = Endpoints::new(Arc::new(PrefixIndex::new(10)), metrics.clone());
+        eps.apply(Update::Reset(vec![spec("a", 1, ""), spec("b", 2, "")]));
+        let a = eps.snapshot().all()[0].clone();
+        let old = InflightGuard::new(a.clone(), &metrics);
+        assert_eq!(inflight_series(&registry), [("default/a".to_string(), 1)]);
+        eps.apply(Update::Remove(a.spec.id.clone()));
+        assert!(
+            inflight_series(&registry).is_empty(),
+            "removed with the pod"
+        );
+        // Back, with a request of its own, while the old request is still in flight.
+        eps.apply(Update::Add(spec("a", 1, "")));
+        let a2 = eps.snapshot().all()[0].clone();
+        let new = InflightGuard::new(a2, &metrics);
+        drop(old);
+        assert_eq!(inflight_series(&registry), [("default/a".to_string(), 1)]);
+        drop(new);
+        assert_eq!(inflight_series(&registry), [("default/a".to_string(), 0)]);
+        eps.apply(Update::Remove(a.spec.id.clone()));
+        assert!(inflight_series(&registry).is_empty());
     }
 }

@@ -798,6 +798,67 @@ async fn client_abort_records_nothing(file: &str) {
         .notify_one();
 }
 
+/// A pod that leaves the endpoint set while a request to it is in flight (discovery's `Remove`,
+/// as Kubernetes discovery sends for a deleted pod): its per-pod series go at once and do not
+/// come back when the request ends (Envoy then names an address outside the set: `unknown_pod`,
+/// nothing recorded); the pod coming back starts anew and is routed to again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_leaving_with_a_request_in_flight_takes_its_series_along() {
+    use prefix_picker::endpoints::{PodId, Update};
+    let (backends, picker, envoy) = stack("envoy.yaml", "", |s| s).await;
+    let body = json!({"model": "m", "stream": true, "prompt": "GATED while its pod leaves"});
+    let (served, chunks) = open_gated_stream(&envoy, &body).await;
+    let inflight = format!("prefix_picker_pod_inflight_requests{{pod=\"default/{served}\"}}");
+    let picks = format!("prefix_picker_pod_picks_total{{pod=\"default/{served}\"}}");
+    assert_eq!(metric(&picker, &inflight).await, 1.0);
+    assert_eq!(metric(&picker, &picks).await, 1.0);
+    let id = PodId {
+        namespace: "default".into(),
+        name: served.clone(),
+    };
+    let spec = picker
+        .router
+        .endpoints
+        .snapshot()
+        .all()
+        .iter()
+        .find(|e| e.spec.id == id)
+        .unwrap()
+        .spec
+        .clone();
+    let left = picker.router.endpoints.apply(Update::Remove(id.clone()));
+    assert_eq!(left, [id]);
+    // (Shown to exist just above, so absence is not a renamed metric.)
+    assert_eq!(metric_opt(&picker, &inflight).await, None);
+    assert_eq!(metric_opt(&picker, &picks).await, None);
+    finish_gated_stream(&backends, &served, chunks).await;
+    wait_metric_eq(
+        &picker,
+        "prefix_picker_records_total{outcome=\"unknown_pod\"}",
+        1.0,
+    )
+    .await;
+    assert_eq!(metric_opt(&picker, &inflight).await, None, "not recreated");
+    assert_eq!(metric_opt(&picker, &picks).await, None, "not recreated");
+    assert_metric_absent(&picker, "prefix_picker_records_total{outcome=\"recorded\"}").await;
+    // Back (a new incarnation): its series start anew with its first pick.
+    picker.router.endpoints.apply(Update::Add(spec));
+    let mut n = 0;
+    poll("the returning pod to be picked", || {
+        n += 1;
+        let body = chat(SYSTEM, &format!("after the return {n}"));
+        let (envoy, served) = (&envoy, &served);
+        async move {
+            let r = send(envoy, "/v1/chat/completions", &body).await;
+            assert_eq!(r.status, 200);
+            (r.served_by == *served).then_some(())
+        }
+    })
+    .await;
+    wait_metric_eq(&picker, &picks, 1.0).await;
+    wait_metric_eq(&picker, "prefix_picker_pod_inflight_requests", 0.0).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_abort_seen_in_the_access_log_records_nothing() {
     client_abort_records_nothing("envoy.yaml").await;
