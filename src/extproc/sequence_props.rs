@@ -13,7 +13,15 @@
 //!   response message gets exactly one reply; a completed 2xx response of a routable prompt is
 //!   recorded once, for the pod Envoy names if it is one of ours (the primary pick if Envoy names
 //!   none), and no other status ever records.
+//! - Two to four well-formed exchanges on one router whose messages (and stream ends)
+//!   interleave in a random order, some sharing one `x-request-id`: each stream gets exactly one
+//!   routing outcome, its own FULL_DUPLEX bytes back and one reply per response message; no
+//!   in-flight count goes negative or exceeds the streams routed; the completion outcomes add
+//!   up to those of the same exchanges run one at a time (each completion counted once), the
+//!   index holds prompts for exactly the pods that served a recorded completion, and nothing is
+//!   left in flight at the end.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
@@ -310,11 +318,11 @@ fn exchange() -> impl Strategy<Value = Exchange> {
         )
 }
 
-/// What Envoy sends for the request phase of `x`.
-fn request_messages(x: &Exchange) -> Vec<ProcessingRequest> {
+/// What Envoy sends for the request phase of `x` (`extra`: more request headers).
+fn request_messages(x: &Exchange, extra: &[(&str, &str)]) -> Vec<ProcessingRequest> {
     let no_body = x.body.is_empty() && !x.request_trailers;
     let mut out = vec![modes(
-        headers(PATHS[x.path], no_body, &[]),
+        headers(PATHS[x.path], no_body, extra),
         x.request_mode,
         x.response_mode,
     )];
@@ -418,7 +426,7 @@ proptest! {
         let router = fresh_router();
         let mut stream = StreamState::new(router.clone());
         let mut replies = Vec::new();
-        for message in request_messages(&x) {
+        for message in request_messages(&x, &[]) {
             replies.extend(stream.handle(message));
         }
         let immediate = replies
@@ -486,6 +494,244 @@ proptest! {
             if let Some(pod) = served {
                 prop_assert!(entries(&router, pod) > 0);
             }
+        }
+        check_released(&router)?;
+    }
+}
+
+/// `prefix_picker_records_total`'s outcomes, in a fixed order.
+const OUTCOMES: [&str; 6] = [
+    "recorded",
+    "failed",
+    "aborted",
+    "unknown_pod",
+    "unscored",
+    "expired",
+];
+
+fn outcome_counts(router: &Router) -> Vec<u64> {
+    OUTCOMES
+        .iter()
+        .map(|o| router.metrics.records.with_label_values(&[o]).get())
+        .collect()
+}
+
+/// Several exchanges at once, some sending one shared request id, and the order in which
+/// their messages (and stream ends) are sent: each index picks one of the streams still open.
+#[derive(Debug, Clone)]
+struct Interleaving {
+    streams: Vec<(Exchange, bool)>,
+    order: Vec<prop::sample::Index>,
+}
+
+fn interleaving() -> impl Strategy<Value = Interleaving> {
+    (
+        prop::collection::vec((exchange(), any::<bool>()), 2..=4),
+        prop::collection::vec(any::<prop::sample::Index>(), 0..64),
+    )
+        .prop_map(|(streams, order)| Interleaving { streams, order })
+}
+
+const SHARED_ID: [(&str, &str); 1] = [("x-request-id", "shared-id")];
+
+/// One stream of an [`Interleaving`] in progress.
+struct Live {
+    x: Exchange,
+    stream: Option<StreamState>,
+    /// Messages still to send; the response's are queued once the request phase routed.
+    queue: VecDeque<ProcessingRequest>,
+    request_left: usize,
+    request_replies: Vec<ProcessingResponse>,
+    response_echo: Vec<u8>,
+    /// The pick, once routed.
+    pick: Option<Vec<SocketAddr>>,
+    immediate: bool,
+}
+
+impl Live {
+    fn new(router: &Arc<Router>, x: &Exchange, shared_id: bool) -> Live {
+        let extra: &[(&str, &str)] = if shared_id { &SHARED_ID } else { &[] };
+        let queue: VecDeque<_> = request_messages(x, extra).into();
+        Live {
+            x: x.clone(),
+            stream: Some(StreamState::new(router.clone())),
+            request_left: queue.len(),
+            queue,
+            request_replies: Vec::new(),
+            response_echo: Vec::new(),
+            pick: None,
+            immediate: false,
+        }
+    }
+
+    /// Sends the next message, or ends the stream when none is left.
+    fn step(&mut self) -> Result<(), TestCaseError> {
+        let Some(stream) = self.stream.as_mut() else {
+            return Ok(());
+        };
+        let Some(message) = self.queue.pop_front() else {
+            self.stream = None;
+            return Ok(());
+        };
+        let replies = stream.handle(message);
+        if self.request_left == 0 {
+            prop_assert_eq!(replies.len(), 1, "{:?}", replies);
+            if matches!(replies[0].response, Some(Out::ResponseBody(_)))
+                && self.x.response_mode == FULL_DUPLEX
+            {
+                let (bytes, _) = streamed(&replies[0]).expect("a FULL_DUPLEX chunk is echoed");
+                self.response_echo.extend_from_slice(bytes);
+            }
+            return Ok(());
+        }
+        self.request_left -= 1;
+        for r in &replies {
+            if matches!(r.response, Some(Out::ImmediateResponse(_))) {
+                check_immediate(r)?;
+                prop_assert!(self.pick.is_none() && !self.immediate, "a second outcome");
+                self.immediate = true;
+            }
+            if let Some(p) = pick_in(r)? {
+                prop_assert!(self.pick.is_none() && !self.immediate, "a second outcome");
+                self.pick = Some(p);
+            }
+        }
+        self.request_replies.extend(replies);
+        if self.immediate {
+            // Envoy ends the stream after an immediate response.
+            self.queue.clear();
+        } else if self.request_left == 0 {
+            prop_assert!(
+                self.pick.is_some(),
+                "no routing outcome: {:?}",
+                self.request_replies
+            );
+            self.queue.extend(response_messages(&self.x));
+        }
+        Ok(())
+    }
+
+    /// The FULL_DUPLEX bytes sent back match what was sent.
+    fn check_echoes(&self) -> Result<(), TestCaseError> {
+        if self.immediate {
+            return Ok(());
+        }
+        if self.x.request_mode == FULL_DUPLEX {
+            let echoed: Vec<u8> = self
+                .request_replies
+                .iter()
+                .filter(|r| matches!(r.response, Some(Out::RequestBody(_))))
+                .filter_map(streamed)
+                .flat_map(|(bytes, _)| bytes.to_vec())
+                .collect();
+            prop_assert!(
+                echoed == self.x.body,
+                "{} bytes back of {}",
+                echoed.len(),
+                self.x.body.len()
+            );
+        }
+        if self.x.response_mode == FULL_DUPLEX {
+            prop_assert_eq!(&self.response_echo, &self.x.response.concat());
+        }
+        Ok(())
+    }
+
+    /// The pod a recorded completion of this stream is recorded for.
+    fn recorded_for(&self) -> Option<SocketAddr> {
+        let pick = self.pick.as_ref()?;
+        if !(200..300).contains(&self.x.status) {
+            return None;
+        }
+        match self.x.upstream.and_then(|u| UPSTREAMS[u].parse().ok()) {
+            None => Some(pick[0]),
+            Some(a) => PORTS.iter().any(|&p| addr(p) == a).then_some(a),
+        }
+    }
+}
+
+/// Runs `streams` on `router` in the order `order` gives (then round-robin); returns them.
+fn run_interleaved(
+    router: &Arc<Router>,
+    streams: &[(Exchange, bool)],
+    order: &[prop::sample::Index],
+) -> Result<Vec<Live>, TestCaseError> {
+    let mut live: Vec<Live> = streams
+        .iter()
+        .map(|(x, shared)| Live::new(router, x, *shared))
+        .collect();
+    let mut order = order.iter();
+    loop {
+        let open: Vec<usize> = (0..live.len())
+            .filter(|&i| live[i].stream.is_some())
+            .collect();
+        if open.is_empty() {
+            break;
+        }
+        let i = match order.next() {
+            Some(at) => open[at.index(open.len())],
+            None => open[0],
+        };
+        live[i].step()?;
+        let counts = inflight(router);
+        let routed = live.iter().filter(|l| l.pick.is_some()).count() as i64;
+        prop_assert!(
+            counts.iter().all(|&c| c >= 0),
+            "negative in-flight count: {:?}",
+            counts
+        );
+        prop_assert!(
+            counts.iter().sum::<i64>() <= routed,
+            "{:?} in flight, {} routed",
+            counts,
+            routed
+        );
+    }
+    Ok(live)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn interleaved_streams_each_route_once_and_complete_once(il in interleaving()) {
+        // The reference: each exchange alone, on a router of its own.
+        let mut expected = vec![0u64; OUTCOMES.len()];
+        let mut records_alone = Vec::new();
+        for (x, shared) in &il.streams {
+            let alone = fresh_router();
+            run_interleaved(&alone, &[(x.clone(), *shared)], &[])?;
+            check_released(&alone)?;
+            let counts = outcome_counts(&alone);
+            records_alone.push(counts[0] == 1);
+            for (e, n) in expected.iter_mut().zip(counts) {
+                *e += n;
+            }
+        }
+
+        let router = fresh_router();
+        let live = run_interleaved(&router, &il.streams, &il.order)?;
+        for l in &live {
+            l.check_echoes()?;
+        }
+        prop_assert_eq!(outcome_counts(&router), expected.clone(), "outcomes {:?}", OUTCOMES);
+        let routed = live.iter().filter(|l| l.pick.is_some()).count() as u64;
+        prop_assert_eq!(expected.iter().sum::<u64>(), routed, "one outcome per routed stream");
+        // Recorded completions went to the pods that served them (the pod Envoy names, else
+        // the stream's own primary pick), and nowhere else.
+        let recorded: Vec<SocketAddr> = live
+            .iter()
+            .zip(&records_alone)
+            .filter(|(_, records)| **records)
+            .map(|(l, _)| l.recorded_for().expect("a recorded completion names a pod"))
+            .collect();
+        for &p in &PORTS {
+            let pod = addr(p);
+            prop_assert_eq!(
+                entries(&router, pod) > 0,
+                recorded.contains(&pod),
+                "entries on {} (recorded for {:?})", pod, recorded
+            );
         }
         check_released(&router)?;
     }
