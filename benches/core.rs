@@ -37,6 +37,11 @@
 //!   the index fits in the CPU caches and the benches measure compute without memory misses. A
 //!   filter argument (`cargo bench --bench core -- score_record`) skips the bytes-per-entry pass.
 //!
+//! Before measuring, each group checks once that what it measures is right (hashes equal a
+//! plain reference of the chain, a fresh prompt's scores and record are the known numbers, a
+//! recorded body is routed to its pod), so a broken build fails instead of reporting a fast
+//! number; these checks also run under `cargo test --benches`.
+//!
 //! Prompts are words drawn from a fixed vocabulary by seeded RNGs: deterministic, text-like.
 //! Under `cargo test --benches` (criterion's test mode) the fixtures are small and the
 //! bytes-per-entry pass is skipped.
@@ -210,7 +215,46 @@ impl Scheduler {
             index.heap_bytes() as f64 / index.entries() as f64,
             started.elapsed()
         );
+        s.check();
         s
+    }
+
+    /// Checks, before any measurement, what the benches on this fixture measure: a fresh
+    /// prompt's hashes are the reference chain's; its score finds the 32-block system prompt on
+    /// exactly `topKMatches` pods (25 each, an explicit 0 elsewhere); recording it for the best
+    /// pod inserts its new blocks, after which that pod alone scores 100.
+    fn check(&self) {
+        let prompt = self.fresh_prompt();
+        let hashes = self.cache.hash(MODEL, &prompt);
+        assert_eq!(hashes, reference_chain(MODEL, &prompt, 64, 128), "hashes");
+        let scored = self
+            .cache
+            .score(MODEL, &hashes, &self.candidates, false)
+            .expect("scores");
+        assert_eq!(scored.total_blocks, 128);
+        let top_k = PrefixCacheArgs::default().top_k_matches;
+        let mut scores = scored.scores.clone();
+        scores.sort_unstable();
+        let mut expected = vec![0; PODS - top_k];
+        expected.extend(std::iter::repeat_n(25, top_k));
+        assert_eq!(scores, expected, "a fresh prompt's scores");
+        // 96 new blocks; up to 128 when the pod's list is so short (test mode) that the record
+        // evicts the system prompt's blocks before it refreshes them.
+        let inserted = self.score_then_record(&hashes);
+        assert!(
+            (96..=128).contains(&inserted),
+            "{inserted} entries inserted"
+        );
+        let again = self
+            .cache
+            .score(MODEL, &hashes, &self.candidates, false)
+            .expect("scores");
+        assert_eq!(
+            again.scores.iter().filter(|&&x| x == 100).count(),
+            1,
+            "the recorded pod alone holds the whole prompt: {:?}",
+            again.scores
+        );
     }
 
     fn tag(&self) -> u64 {
@@ -240,6 +284,28 @@ impl Scheduler {
     }
 }
 
+/// The Kthena block chain written plainly (hashing.rs's header): `prev = XXH64(model)`, then
+/// per block of `block_size` bytes (the last may be shorter), at most `max_blocks`:
+/// `prev = XXH64(decimal(prev) ++ block)`.
+fn reference_chain(
+    model: &str,
+    prompt: &[u8],
+    block_size: usize,
+    max_blocks: usize,
+) -> Vec<BlockHash> {
+    let mut prev = xxhash_rust::xxh64::xxh64(model.as_bytes(), 0);
+    prompt
+        .chunks(block_size)
+        .take(max_blocks)
+        .map(|block| {
+            let mut text = prev.to_string().into_bytes();
+            text.extend_from_slice(block);
+            prev = xxhash_rust::xxh64::xxh64(&text, 0);
+            BlockHash(prev)
+        })
+        .collect()
+}
+
 fn bench_hash(c: &mut Criterion) {
     let short = words(1, PROMPT_BYTES);
     let long = words(2, LONG_PROMPT_BYTES);
@@ -257,6 +323,11 @@ fn bench_hash(c: &mut Criterion) {
         ("220KB", default_chain, &long),
         ("220KB_full_coverage", full_chain, &long),
     ] {
+        assert_eq!(
+            chain.hash(MODEL, prompt),
+            reference_chain(MODEL, prompt, chain.block_size, chain.max_blocks),
+            "hash/{name}: the chain differs from the reference"
+        );
         g.throughput(Throughput::Bytes(prompt.len() as u64));
         g.bench_function(name, |b| {
             b.iter(|| chain.hash(black_box(MODEL), black_box(prompt)))
@@ -329,6 +400,35 @@ fn shipped_router() -> Router {
     router
 }
 
+/// Checks the routing of a `bytes`-sized body, before measuring: another body of that size
+/// (the same shared system prompt) is hashed, its pod holds only part of it; once recorded
+/// for that pod, the body is routed there again, predicted to be held whole.
+fn check_request_path(router: &Router, bytes: usize) {
+    let body = chat_body(90_000 + bytes as u64, bytes);
+    let route = || {
+        router
+            .route("/v1/chat/completions", Some(&body), None, false)
+            .expect("routed")
+    };
+    let first = route().decision;
+    let blocks = first.hashes.len();
+    assert!(blocks > 0, "request_path/{bytes}: the prompt was hashed");
+    assert!(
+        first.predicted_blocks < blocks,
+        "request_path/{bytes}: a new body is not held whole"
+    );
+    router
+        .scheduler
+        .record(MODEL, &first.hashes, first.primary(), RecordOrigin::Local);
+    let again = route().decision;
+    assert_eq!(again.hashes, first.hashes);
+    assert_eq!(
+        (again.primary().label.as_str(), again.predicted_blocks),
+        (first.primary().label.as_str(), blocks),
+        "request_path/{bytes}: a recorded body goes back to its pod, held whole"
+    );
+}
+
 /// `request_path/*`: parse + render + hash + score + pick from the body bytes, with the
 /// shipped config (the tentative hold made and released), and the floor for the same body:
 /// one validating JSON pass plus one hash pass over the prompt's bytes.
@@ -339,6 +439,7 @@ fn bench_request_path(c: &mut Criterion) {
         ("8KiB_64pods", PROMPT_BYTES),
         ("220KB_64pods", LONG_PROMPT_BYTES),
     ] {
+        check_request_path(&router, bytes);
         let body = chat_body(9, bytes);
         g.throughput(Throughput::Bytes(body.len() as u64));
         g.bench_function(name, |b| {
