@@ -38,6 +38,7 @@ struct Sample {
     e2e: f64,
     output_tokens: u64,
     served_by: String,
+    group: Option<u32>,
 }
 
 /// Percentiles in milliseconds.
@@ -84,6 +85,29 @@ pub struct RunResult {
     pub pod_share: BTreeMap<String, usize>,
     /// Busiest pod's share over the mean share (1.0 = perfectly even).
     pub max_over_mean: f64,
+    /// Pods that served a request's group (shared prefix, tenant, session), averaged over the
+    /// requests that have one (1.0 = every group on one pod; 0 when none has a group).
+    #[serde(default)]
+    pub pods_per_group: f64,
+}
+
+/// [`RunResult::pods_per_group`] of served `(group, pod)` pairs.
+fn pods_per_group<'a>(served: impl Iterator<Item = (u32, &'a str)>) -> f64 {
+    let mut pods: BTreeMap<u32, std::collections::BTreeSet<&str>> = BTreeMap::new();
+    let mut requests: BTreeMap<u32, usize> = BTreeMap::new();
+    for (g, pod) in served {
+        pods.entry(g).or_default().insert(pod);
+        *requests.entry(g).or_default() += 1;
+    }
+    let total: usize = requests.values().sum();
+    if total == 0 {
+        return 0.0;
+    }
+    requests
+        .iter()
+        .map(|(g, &n)| (pods[g].len() * n) as f64)
+        .sum::<f64>()
+        / total as f64
 }
 
 async fn engine_counters(client: &reqwest::Client, sims: &[String]) -> (f64, f64) {
@@ -147,6 +171,7 @@ async fn one(client: &reqwest::Client, base: &str, r: &BenchRequest) -> Sample {
         e2e: start.elapsed().as_secs_f64(),
         output_tokens: events.saturating_sub(1 + usage_chunks),
         served_by,
+        group: r.group,
     }
 }
 
@@ -332,5 +357,22 @@ pub async fn run(
         ceiling_hit_rate: ceiling,
         pod_share,
         max_over_mean: if mean > 0.0 { max / mean } else { 0.0 },
+        pods_per_group: pods_per_group(
+            ok.iter()
+                .filter_map(|s| Some((s.group?, s.served_by.as_str()))),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pods_per_group_weighs_groups_by_their_requests() {
+        // Group 1: 3 requests on one pod; group 2: 1 request on each of two pods.
+        let served = [(1, "a"), (1, "a"), (1, "a"), (2, "a"), (2, "b")];
+        assert!((pods_per_group(served.into_iter()) - (3.0 + 2.0 * 2.0) / 5.0).abs() < 1e-9);
+        assert_eq!(pods_per_group(std::iter::empty()), 0.0);
     }
 }

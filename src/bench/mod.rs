@@ -5,6 +5,7 @@ pub mod driver;
 pub mod noop_ext_proc;
 pub mod oracle;
 pub mod overhead;
+pub mod placement_search;
 pub mod report;
 pub mod sync_cost;
 pub mod workload;

@@ -76,6 +76,7 @@ pub fn rows(results: &[RunResult]) -> Vec<Row> {
                     ceiling_hit_rate: first.ceiling_hit_rate,
                     pod_share: first.pod_share.clone(),
                     max_over_mean: m(|r| r.max_over_mean),
+                    pods_per_group: m(|r| r.pods_per_group),
                 },
                 runs: runs.len(),
                 hit_min: hits.iter().copied().fold(f64::INFINITY, f64::min),
@@ -100,9 +101,9 @@ fn table(out: &mut String, title: &str, rows: &[&Row]) {
     );
     let _ = writeln!(
         out,
-        "| router | hit rate | % of ceiling | TTFT p50 / p90 / p99 (ms) | e2e p50 / p99 (ms) | req/s | out tok/s | max/mean pod share | errors |"
+        "| router | hit rate | % of ceiling | TTFT p50 / p90 / p99 (ms) | e2e p50 / p99 (ms) | req/s | out tok/s | max/mean pod share | pods per group | errors |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
     for row in rows {
         let r = &row.median;
         let of_ceiling = if r.ceiling_hit_rate > 0.0 {
@@ -117,7 +118,7 @@ fn table(out: &mut String, title: &str, rows: &[&Row]) {
         };
         let _ = writeln!(
             out,
-            "| {} | {:.1}%{range} | {} | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} | {:.1} | {:.0} | {:.2} | {} |",
+            "| {} | {:.1}%{range} | {} | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} | {:.1} | {:.0} | {:.2} | {:.2} | {} |",
             r.router.strip_prefix(ABLATION).unwrap_or(&r.router),
             r.hit_rate * 100.0,
             of_ceiling,
@@ -129,6 +130,7 @@ fn table(out: &mut String, title: &str, rows: &[&Row]) {
             r.requests_per_s,
             r.output_tokens_per_s,
             r.max_over_mean,
+            r.pods_per_group,
             r.errors
         );
     }

@@ -22,7 +22,7 @@ use prefix_picker::bench::cluster::{self, Process, bin_dir, cpu_seconds, render_
 use prefix_picker::bench::driver::{self, Arrival, RunResult};
 use prefix_picker::bench::overhead::{self, OverheadRow, RowKind};
 use prefix_picker::bench::workload::{self, BenchRequest};
-use prefix_picker::bench::{oracle, report};
+use prefix_picker::bench::{oracle, placement_search, report};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -366,7 +366,15 @@ enum Setup {
     Smg(PathBuf),
     /// No router: every request pinned to an engine by [`oracle`].
     Oracle,
+    /// No router: every request pinned to an engine by [`placement_search`] (pods up to
+    /// [`CAPPED_ORACLE_LOAD`] x the mean load).
+    OracleCapped,
 }
+
+/// The load allowance of the capped oracle row: issue 23's limit on max/mean pod load.
+const CAPPED_ORACLE_LOAD: f64 = 1.3;
+/// Block lookups the capped oracle's offline search may spend per workload.
+const CAPPED_ORACLE_BUDGET: usize = 400_000_000;
 
 impl Setup {
     fn envoy(file: &str, scheduler: Option<String>) -> Setup {
@@ -490,6 +498,10 @@ fn routers(ablation: bool) -> anyhow::Result<Vec<(String, Setup)>> {
         "oracle (groups pinned to pods, balanced, no router)".into(),
         Setup::Oracle,
     ));
+    out.push((
+        "oracle, max/mean load <= 1.3 (placement searched offline, no router)".into(),
+        Setup::OracleCapped,
+    ));
     Ok(out)
 }
 
@@ -501,6 +513,8 @@ struct Cluster {
     peer: Option<Process>,
     url: String,
     sim_urls: Vec<String>,
+    /// prefix-picker's admin address (its `/metrics`), when the row runs it.
+    picker_admin: Option<std::net::SocketAddr>,
     _dir: tempfile::TempDir,
 }
 
@@ -541,7 +555,7 @@ async fn start_peer(
             ]);
             c
         }
-        Setup::Envoy { .. } | Setup::NoopExtProc { .. } | Setup::Oracle => {
+        Setup::Envoy { .. } | Setup::NoopExtProc { .. } | Setup::Oracle | Setup::OracleCapped => {
             anyhow::bail!("not a peer")
         }
     };
@@ -627,6 +641,7 @@ async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Clu
     let sims = cluster::start_sims(&bins.join("model-sim"), SIMS, &sim_args)?;
     let backends: Vec<_> = sims.iter().map(|s| s.addr).collect();
     let sim_urls: Vec<String> = backends.iter().map(|b| format!("http://{b}")).collect();
+    let mut picker_admin = None;
     let (file, ext_proc) = match setup {
         Setup::Envoy {
             file,
@@ -652,15 +667,16 @@ async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Clu
                 )),
                 None => config.push_str("picker: {scrapeIntervalSeconds: 0.1}\n"),
             }
-            let (p, _admin) =
+            let (p, admin) =
                 cluster::start_picker(&bins.join("prefix-picker"), dir.path(), &config, 2)?;
+            picker_admin = Some(admin);
             (file.as_str(), Some(p))
         }
         Setup::NoopExtProc { file } => {
             let p = cluster::start_noop_ext_proc(&std::env::current_exe()?, dir.path())?;
             (file.as_str(), Some(p))
         }
-        Setup::Oracle => {
+        Setup::Oracle | Setup::OracleCapped => {
             // No router: the driver sends each (pinned) request straight to its engine.
             return Ok(Cluster {
                 url: sim_urls[0].clone(),
@@ -669,6 +685,7 @@ async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Clu
                 envoy: None,
                 peer: None,
                 sim_urls,
+                picker_admin: None,
                 _dir: dir,
             });
         }
@@ -681,6 +698,7 @@ async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Clu
                 peer: Some(process),
                 url,
                 sim_urls,
+                picker_admin: None,
                 _dir: dir,
             });
         }
@@ -701,8 +719,26 @@ async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Clu
         envoy: Some(envoy),
         peer: None,
         sim_urls,
+        picker_admin,
         _dir: dir,
     })
+}
+
+/// prefix-picker's decisions by reason (`prefix_picker_decisions_total`), from its `/metrics`.
+async fn picker_decisions(admin: std::net::SocketAddr) -> String {
+    let Ok(r) = reqwest::get(format!("http://{admin}/metrics")).await else {
+        return String::new();
+    };
+    let text = r.text().await.unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("prefix_picker_decisions_total{")?;
+            let reason = rest.split("reason=\"").nth(1)?.split('"').next()?;
+            let value: f64 = l.rsplit(' ').next()?.parse().ok()?;
+            (value > 0.0).then(|| format!("{reason} {value}"))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn write_results(out: &PathBuf, name: &str, results: &[RunResult], md: &str) -> anyhow::Result<()> {
@@ -749,6 +785,44 @@ async fn suite(opts: SuiteOpts) -> anyhow::Result<()> {
     for w in &selected {
         let ceiling = workload::ceiling_hit_rate(&w.requests, 16);
         let pinned = oracle::pin(&w.requests, SIMS);
+        let capped = if routers
+            .iter()
+            .any(|(_, s)| matches!(s, Setup::OracleCapped))
+        {
+            let t = std::time::Instant::now();
+            let s = placement_search::search(
+                &w.requests,
+                SIMS,
+                w.kv_blocks,
+                16,
+                CAPPED_ORACLE_LOAD,
+                CAPPED_ORACLE_BUDGET,
+            );
+            eprintln!(
+                "{}: capped oracle placement searched in {:.1} s ({} placements): offline hit rate {:.1}% (balanced start {:.1}%)",
+                w.name,
+                t.elapsed().as_secs_f64(),
+                s.evaluations,
+                s.offline_hit_rate * 100.0,
+                s.start_hit_rate * 100.0
+            );
+            // Which groups each pod serves (request counts), for small group counts.
+            let mut per_pod: Vec<std::collections::BTreeMap<u32, usize>> =
+                vec![Default::default(); SIMS];
+            for (r, &pod) in w.requests.iter().zip(&s.assignment) {
+                if let Some(g) = r.group {
+                    *per_pod[pod].entry(g).or_default() += 1;
+                }
+            }
+            if per_pod.iter().map(|m| m.len()).sum::<usize>() <= 64 {
+                for (pod, groups) in per_pod.iter().enumerate() {
+                    eprintln!("  pod {pod}: groups (requests) {groups:?}");
+                }
+            }
+            placement_search::pin(&w.requests, &s.assignment)
+        } else {
+            Vec::new()
+        };
         for rep in 1..=repeat {
             for (router, setup) in &routers {
                 eprintln!(
@@ -757,10 +831,10 @@ async fn suite(opts: SuiteOpts) -> anyhow::Result<()> {
                     w.name
                 );
                 let c = start_cluster(setup, &sim_args(w.kv_blocks, w.max_num_seqs)).await?;
-                let requests = if matches!(setup, Setup::Oracle) {
-                    &pinned
-                } else {
-                    &w.requests
+                let requests = match setup {
+                    Setup::Oracle => &pinned,
+                    Setup::OracleCapped => &capped,
+                    _ => &w.requests,
                 };
                 let mut r = driver::run(
                     router,
@@ -773,12 +847,16 @@ async fn suite(opts: SuiteOpts) -> anyhow::Result<()> {
                 )
                 .await;
                 r.rep = rep;
+                if let Some(admin) = c.picker_admin {
+                    eprintln!("  decisions: {}", picker_decisions(admin).await);
+                }
                 eprintln!(
-                    "  hit rate {:.1}% (ceiling {:.1}%), TTFT p50 {:.0} ms, max/mean pod share {:.2}, errors {}",
+                    "  hit rate {:.1}% (ceiling {:.1}%), TTFT p50 {:.0} ms, max/mean pod share {:.2}, pods per group {:.2}, errors {}",
                     r.hit_rate * 100.0,
                     ceiling * 100.0,
                     r.ttft_ms.p50,
                     r.max_over_mean,
+                    r.pods_per_group,
                     r.errors
                 );
                 results.push(r);
