@@ -165,11 +165,13 @@ impl SchedulerConfig {
             Some(a) => {
                 let on = |b: bool| if b { "on" } else { "off" };
                 format!(
-                    "routing mode: affinity (tentative {} [tentativeMinRatio {}], consolidateTies {}, loadGate {} [podCapacity {}, maxQueue {}, shareHeadroom {}, shareWindow {}, tieLoadSlack {}, spillLoss {}], longPrompts {}, engineBudget {} [bytesPerToken {}, engineTokens {}]); {chain}",
+                    "routing mode: affinity (tentative {} [tentativeMinRatio {}], consolidateTies {}, balanceNew {}, loadGate {} [spillHotOnly {}, podCapacity {}, maxQueue {}, shareHeadroom {}, shareWindow {}, tieLoadSlack {}, spillLoss {}], longPrompts {}, engineBudget {} [bytesPerToken {}, engineTokens {}]); {chain}",
                     on(a.tentative),
                     a.tentative_min_ratio,
                     on(a.consolidate_ties),
+                    on(a.balance_new),
                     on(a.load_gate),
+                    on(a.spill_hot_only),
                     a.pod_capacity,
                     a.max_queue,
                     a.share_headroom,
@@ -247,6 +249,8 @@ pub struct AffinitySection {
     pub engine_budget: bool,
     pub bytes_per_token: u32,
     pub engine_tokens: u64,
+    pub balance_new: bool,
+    pub spill_hot_only: bool,
 }
 
 impl Default for AffinitySection {
@@ -270,6 +274,8 @@ impl Default for AffinitySection {
             engine_budget: d.engine_budget,
             bytes_per_token: d.bytes_per_token,
             engine_tokens: d.engine_tokens,
+            balance_new: d.balance_new,
+            spill_hot_only: d.spill_hot_only,
         }
     }
 }
@@ -344,6 +350,8 @@ impl AffinitySection {
             engine_budget: self.engine_budget,
             bytes_per_token: self.bytes_per_token,
             engine_tokens: self.engine_tokens,
+            balance_new: self.balance_new,
+            spill_hot_only: self.spill_hot_only,
         }))
     }
 }

@@ -143,13 +143,15 @@ impl TentativeEntries {
             .sum()
     }
 
-    /// Raises `matched[i]` to candidate `i`'s longest tentative match (blocks), if longer.
+    /// Raises `matched[i]` to candidate `i`'s longest tentative match (blocks), if longer, and
+    /// counts in `heads[i]` the requests in flight on candidate `i` that share the first block.
     pub fn extend_matches(
         &self,
         model: ModelKey,
         hashes: &[BlockHash],
         candidates: &[PodSlot],
         matched: &mut [usize],
+        heads: &mut [u32],
     ) {
         let Some(&first) = hashes.first() else {
             return;
@@ -169,6 +171,7 @@ impl TentativeEntries {
             let Some(ci) = positions.position(held.pod) else {
                 continue;
             };
+            heads[ci] += 1;
             if matched[ci] >= held.hashes.len().min(hashes.len()) {
                 continue;
             }
@@ -200,11 +203,11 @@ mod tests {
         t.add(m, chain("aaaabbbbccccddddeeeeffffggggYYYY").into(), pods[1]);
         let query = chain("aaaabbbbccccddddeeeeffffgggghhhh");
         let mut matched = vec![0; 3];
-        t.extend_matches(m, &query, &pods, &mut matched);
+        t.extend_matches(m, &query, &pods, &mut matched, &mut [0; 8]);
         assert_eq!(matched, [3, 7, 0]);
         // A longer match from the index is kept.
         let mut matched = vec![5, 2, 1];
-        t.extend_matches(m, &query, &pods, &mut matched);
+        t.extend_matches(m, &query, &pods, &mut matched, &mut [0; 8]);
         assert_eq!(matched, [5, 7, 1]);
     }
 
@@ -219,14 +222,14 @@ mod tests {
         assert_eq!((t.holds(), t.blocks()), (3, 9));
         t.remove(a);
         let mut matched = vec![0, 0];
-        t.extend_matches(m, &p, &[PodSlot(4), PodSlot(5)], &mut matched);
+        t.extend_matches(m, &p, &[PodSlot(4), PodSlot(5)], &mut matched, &mut [0; 8]);
         assert_eq!(matched, [3, 3]);
         t.remove(b);
         t.remove(c);
         t.remove(c);
         assert_eq!((t.holds(), t.blocks()), (0, 0));
         let mut matched = vec![0, 0];
-        t.extend_matches(m, &p, &[PodSlot(4), PodSlot(5)], &mut matched);
+        t.extend_matches(m, &p, &[PodSlot(4), PodSlot(5)], &mut matched, &mut [0; 8]);
         assert_eq!(matched, [0, 0]);
     }
 
@@ -250,7 +253,13 @@ mod tests {
         let p = chain("aaaabbbb");
         t.add(ModelKey::of("m"), p.clone().into(), PodSlot(0));
         let mut matched = vec![0];
-        t.extend_matches(ModelKey::of("other"), &p, &[PodSlot(0)], &mut matched);
+        t.extend_matches(
+            ModelKey::of("other"),
+            &p,
+            &[PodSlot(0)],
+            &mut matched,
+            &mut [0; 8],
+        );
         assert_eq!(matched, [0]);
     }
 }

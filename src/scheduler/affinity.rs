@@ -5,9 +5,11 @@
 //! [`crate::prefix_index::TentativeEntries`]) and a load. A candidate is *saturated* when its
 //! engine queue exceeds `maxQueue` or its in-flight count reaches `podCapacity`, and
 //! *over-share* when its share of recent picks exceeds the mean (at least `1/n`) by more than
-//! `shareHeadroom`; the others are *available*. Then:
+//! `shareHeadroom` and (`spillHotOnly`) the request's prefix makes up at least half of its
+//! requests in flight; the others are *available*. Then:
 //! - the longest match overall is on an available pod: pick it (`affinity_hit`);
-//! - nobody holds any block: pick among the available pods by the tie rule (`affinity_miss`);
+//! - nobody holds any block: the available pod with the least recent share among the least
+//!   loaded (`balanceNew`; else the tie rule) (`affinity_miss`);
 //! - the longest match is only on unavailable pods: spill to the available pod with the longest
 //!   match, or the least-loaded available pod when none holds any block (`affinity_spill`); that
 //!   pod then holds the prefix too, so a hot prefix replicates over as many pods as its load
@@ -24,9 +26,9 @@
 //! preamble) spreads by load. Without it, a seeded random pick.
 //! Scraped gauges never outweigh a match while the pod is available.
 //!
-//! Knobs (defaults): `podCapacity` 64, `maxQueue` 0, `shareHeadroom` 0.15, `shareWindow` 16
+//! Knobs (defaults): `podCapacity` 64, `maxQueue` 0, `shareHeadroom` 0.25, `shareWindow` 16
 //! (picks per candidate that the share remembers, an exponential moving average),
-//! `tieLoadSlack` 2, `spillLoss` 0.25 (an over-share pod keeps a burst in progress: requests
+//! `tieLoadSlack` 0, `spillLoss` 0.25 (an over-share pod keeps a burst in progress: requests
 //! whose match there is held by requests in flight and would lose more than a quarter of the
 //! prompt elsewhere).
 
@@ -70,6 +72,12 @@ pub struct AffinityConfig {
     /// Engine tokens assumed for pods whose engine does not export its capacity (0: use
     /// `maxHashCacheSize`).
     pub engine_tokens: u64,
+    /// New prefixes (no available pod holds any block) go to the pod with the least recent
+    /// share among the least loaded, instead of by the tie rule.
+    pub balance_new: bool,
+    /// An over-share pod spills only requests whose head makes up at least half of its
+    /// requests in flight (the prefix that drives its load), not its cold prefixes.
+    pub spill_hot_only: bool,
 }
 
 impl Default for AffinityConfig {
@@ -80,17 +88,19 @@ impl Default for AffinityConfig {
             load_gate: true,
             pod_capacity: 64,
             max_queue: 0,
-            share_headroom: 0.15,
+            share_headroom: 0.25,
             share_window: 16,
-            tie_load_slack: 2,
+            tie_load_slack: 0,
             spill_loss: 0.25,
             tentative_min_ratio: 0.9,
             long_prompts: true,
             block_bytes: 256,
             max_prompt_bytes: 256 << 10,
             engine_budget: true,
-            bytes_per_token: 4,
+            bytes_per_token: 5,
             engine_tokens: 0,
+            balance_new: true,
+            spill_hot_only: true,
         }
     }
 }
@@ -169,6 +179,8 @@ pub struct PodLoad {
     pub waiting: f64,
     /// Share of recent picks ([`RecentPicks::share`]).
     pub share: f64,
+    /// Requests in flight on this pod that share the prompt's first block.
+    pub head_inflight: u32,
 }
 
 /// The rendezvous identity of a pod: its address, hashed.
@@ -227,7 +239,12 @@ pub fn pick<R: Rng>(
     };
     let mean = loads.iter().map(|l| l.share).sum::<f64>() / n as f64;
     let limit = (1.0 + config.share_headroom) * mean.max(1.0 / n as f64);
-    let over = |i: usize| config.load_gate && n > 1 && loads[i].share > limit;
+    // Holds are what show a prefix in flight: without `tentative` every prefix counts as hot.
+    let hot = |i: usize| {
+        !(config.spill_hot_only && config.tentative)
+            || i64::from(loads[i].head_inflight) * 2 >= loads[i].inflight.max(1)
+    };
+    let over = |i: usize| config.load_gate && n > 1 && loads[i].share > limit && hot(i);
     // An over-share pod keeps a request whose match there is held by requests in flight (a
     // burst in progress) and would lose more than `spillLoss` of its prompt elsewhere.
     let elsewhere = (0..n)
@@ -248,6 +265,24 @@ pub fn pick<R: Rng>(
     let tie_key = |m: usize| hashes.get(m.saturating_sub(1)).map(|h| h.0);
     let load = |i: usize| loads[i].inflight as f64 + loads[i].waiting;
     match best_available {
+        // No available pod holds any block: new work for this pod set, by share.
+        Some(0) if config.balance_new => {
+            let i = balance(
+                config,
+                (0..n).filter(|&i| available(i)),
+                loads,
+                tie_key(0),
+                rng,
+            );
+            (
+                i,
+                if best_all == 0 {
+                    AffinityReason::Miss
+                } else {
+                    AffinityReason::Spill
+                },
+            )
+        }
         Some(best) if best == best_all => {
             let i = tie_break(
                 config,
@@ -314,6 +349,34 @@ pub fn pick<R: Rng>(
             (i, AffinityReason::Saturated)
         }
     }
+}
+
+/// One of `pods` (non-empty) for new work: the least recent share among the pods within
+/// `tieLoadSlack` of the least loaded; pods within one pick's weight of that share go by the
+/// tie rule ([`tie_break`]: rendezvous on `key`, or random without `consolidateTies`).
+fn balance<R: Rng>(
+    config: &AffinityConfig,
+    pods: impl Iterator<Item = usize> + Clone,
+    loads: &[PodLoad],
+    key: Option<u64>,
+    rng: &mut R,
+) -> usize {
+    let load = |i: usize| loads[i].inflight as f64 + loads[i].waiting;
+    let least = pods.clone().map(load).fold(f64::INFINITY, f64::min);
+    let limit = least + f64::from(config.tie_load_slack);
+    let near = pods.filter(move |&i| load(i) <= limit);
+    let least_share = near
+        .clone()
+        .map(|i| loads[i].share)
+        .fold(f64::INFINITY, f64::min);
+    let step = 1.0 / (f64::from(config.share_window.max(1)) * loads.len().max(1) as f64);
+    tie_break(
+        config,
+        near.filter(move |&i| loads[i].share <= least_share + step),
+        loads,
+        Some(key.unwrap_or(0)),
+        rng,
+    )
 }
 
 /// One of `tied` (non-empty): the highest rendezvous weight for `key`, or a random one.

@@ -485,11 +485,13 @@ impl Scheduler {
         let keep = affinity::keep_factor(config.share_window, candidates.len());
         let loads: Vec<PodLoad> = candidates
             .iter()
-            .map(|e| PodLoad {
+            .enumerate()
+            .map(|(i, e)| PodLoad {
                 key: e.rendezvous,
                 inflight: e.inflight(),
                 waiting: e.stats().waiting,
                 share: e.recent.share(now, keep),
+                head_inflight: scored.head_inflight.get(i).copied().unwrap_or(0),
             })
             .collect();
         let (primary, why) = affinity::pick(

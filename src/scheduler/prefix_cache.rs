@@ -166,6 +166,8 @@ pub struct PrefixScores {
     /// Affinity mode: the blocks each candidate holds in the index alone (no tentative holds),
     /// the prediction the engine's `cached_tokens` report is checked against.
     pub held_blocks: Vec<usize>,
+    /// Affinity mode: requests in flight on each candidate that share the prompt's first block.
+    pub head_inflight: Vec<u32>,
 }
 
 impl PrefixCache {
@@ -241,6 +243,7 @@ impl PrefixCache {
             matched_blocks: matched,
             total_blocks: total,
             held_blocks: Vec::new(),
+            head_inflight: Vec::new(),
         })
     }
 
@@ -261,7 +264,8 @@ impl PrefixCache {
         let key = ModelKey::of(model);
         let held = self.index.chain_matches(key, hashes, candidates);
         let mut matched = held.clone();
-        tentative.extend_matches(key, hashes, candidates, &mut matched);
+        let mut heads = vec![0; candidates.len()];
+        tentative.extend_matches(key, hashes, candidates, &mut matched, &mut heads);
         let total = hashes.len();
         if observe {
             let longest = matched.iter().copied().max().unwrap_or(0);
@@ -275,6 +279,7 @@ impl PrefixCache {
             matched_blocks: matched,
             total_blocks: total,
             held_blocks: held,
+            head_inflight: heads,
         })
     }
 

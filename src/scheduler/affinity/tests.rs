@@ -10,6 +10,7 @@ fn loads(n: usize) -> Vec<PodLoad> {
             inflight: 0,
             waiting: 0.0,
             share: 0.0,
+            head_inflight: 0,
         })
         .collect()
 }
@@ -78,7 +79,10 @@ fn a_saturated_pod_loses_affinity_and_the_prefix_spills() {
 
 #[test]
 fn an_over_share_pod_spills_and_the_mean_has_a_floor() {
-    let c = AffinityConfig::default();
+    let c = AffinityConfig {
+        spill_hot_only: false,
+        ..AffinityConfig::default()
+    };
     let mut l = loads(4);
     l[0].share = 0.7;
     l[1].share = 0.1;
@@ -193,8 +197,8 @@ fn recent_share_is_a_moving_average_over_picks() {
 #[test]
 fn budgets_follow_engine_tokens() {
     let c = AffinityConfig::default();
-    // 4096 blocks x 16 tokens x 4 bytes / 256-byte blocks.
-    assert_eq!(c.budget_entries(65_536, 256), 1024);
+    // 4096 blocks x 16 tokens x 5 bytes / 256-byte blocks.
+    assert_eq!(c.budget_entries(65_536, 256), 1280);
     assert_eq!(c.budget_entries(0, 256), 1);
 }
 
@@ -234,7 +238,11 @@ fn a_match_held_only_in_flight_counts_when_it_covers_most_of_the_prompt() {
 
 #[test]
 fn a_burst_in_progress_stays_on_an_over_share_pod_new_work_does_not() {
-    let c = AffinityConfig::default();
+    // Every prefix on an over-share pod may spill (the hot-only rule has its own test).
+    let c = AffinityConfig {
+        spill_hot_only: false,
+        ..AffinityConfig::default()
+    };
     let mut l = loads(4);
     l[0].share = 0.5;
     for p in &mut l[1..] {
@@ -270,5 +278,77 @@ fn a_burst_in_progress_stays_on_an_over_share_pod_new_work_does_not() {
         )
         .1,
         AffinityReason::Spill
+    );
+}
+
+#[test]
+fn an_over_share_pod_spills_only_the_prefix_that_drives_its_load() {
+    let c = AffinityConfig {
+        spill_hot_only: true,
+        ..AffinityConfig::default()
+    };
+    let mut l = loads(4);
+    l[0].share = 0.7;
+    l[0].inflight = 6;
+    for p in &mut l[1..] {
+        p.share = 0.1;
+    }
+    // A cold prefix (1 of the pod's 6 requests in flight) stays where its blocks are.
+    l[0].head_inflight = 1;
+    assert_eq!(
+        pick_one(&c, &[8, 0, 0, 0], &l, &hashes(8)),
+        (0, AffinityReason::Hit)
+    );
+    // The prefix that makes up half of them spills.
+    l[0].head_inflight = 3;
+    assert_eq!(
+        pick_one(&c, &[8, 0, 0, 0], &l, &hashes(8)).1,
+        AffinityReason::Spill
+    );
+    // Without decision-time records nothing shows a prefix in flight: every prefix spills.
+    let c = AffinityConfig {
+        tentative: false,
+        ..c
+    };
+    l[0].head_inflight = 0;
+    assert_eq!(
+        pick_one(&c, &[8, 0, 0, 0], &l, &hashes(8)).1,
+        AffinityReason::Spill
+    );
+}
+
+#[test]
+fn new_prefixes_go_to_the_least_recent_share_among_the_least_loaded() {
+    let c = AffinityConfig {
+        balance_new: true,
+        ..AffinityConfig::default()
+    };
+    let mut l = loads(4);
+    l[0].share = 0.4;
+    l[1].share = 0.3;
+    l[2].share = 0.05;
+    l[3].share = 0.25;
+    // Every new prefix goes to pod 2, whatever its first block.
+    for k in 0..32u64 {
+        assert_eq!(
+            pick_one(&c, &[0; 4], &l, &[BlockHash(k * 77 + 5)]),
+            (2, AffinityReason::Miss)
+        );
+    }
+    // Unless pod 2 is busier than the slack allows: then the least share of the others.
+    l[2].inflight = i64::from(c.tie_load_slack) + 1;
+    assert_eq!(pick_one(&c, &[0; 4], &l, &hashes(4)).0, 3);
+    // At equal shares, new prefixes still spread (rendezvous on the first block).
+    let l = loads(8);
+    let seen: std::collections::HashSet<_> = (0..64u64)
+        .map(|k| pick_one(&c, &[0; 8], &l, &[BlockHash(k * 77 + 5)]).0)
+        .collect();
+    assert!(seen.len() >= 6, "{seen:?}");
+    // A match still wins over the share.
+    let mut l = loads(4);
+    l[0].share = 0.27;
+    assert_eq!(
+        pick_one(&c, &[3, 0, 0, 0], &l, &hashes(8)),
+        (0, AffinityReason::Hit)
     );
 }
