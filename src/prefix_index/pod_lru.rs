@@ -6,12 +6,20 @@
 //! holds it, so "does this pod hold it, and where" is one reverse-map lookup. Inserting into a
 //! full list reuses the least recent node and returns the entry it held (the eviction). A node
 //! keeps its index while the entry stays, so the reverse map's node numbers stay valid.
+//!
+//! A removed entry (the affinity mode's corrections, [`PodLru::remove`]) leaves its node on the
+//! list as a tombstone, moved to the tail: tombstones are always the least recent nodes, so a
+//! full list reuses them before it evicts a live entry, and the insert path needs no check of
+//! its own (the eviction reads the tail's key anyway; a tombstone's model is [`TOMBSTONE`]).
 
 use super::Key;
 use super::models::ModelId;
 
 /// "No node" in links and lookups.
 pub const NIL: u32 = u32::MAX;
+
+/// The model of a tombstone node (never an interned model id, see [`ModelId`]).
+const TOMBSTONE: ModelId = ModelId::MAX;
 
 /// 20 bytes: the 8-byte hash is stored at 4-byte alignment.
 #[derive(Debug, Clone, Copy)]
@@ -34,13 +42,13 @@ pub enum Placed {
 
 #[derive(Debug)]
 pub struct PodLru {
-    capacity: usize,
     nodes: Vec<Node>,
+    capacity: u32,
     head: u32,
     tail: u32,
-    /// Nodes unlinked by [`PodLru::remove`], reused before the slab grows (empty unless the
-    /// affinity mode corrects its estimate from the engine's reports).
-    free: Vec<u32>,
+    /// Tombstone nodes at the tail (0 unless the affinity mode corrects its estimate from the
+    /// engine's reports).
+    tombstones: u32,
 }
 
 impl PodLru {
@@ -50,23 +58,23 @@ impl PodLru {
             "capacity out of range"
         );
         PodLru {
-            capacity,
             nodes: Vec::new(),
+            capacity: capacity as u32,
             head: NIL,
             tail: NIL,
-            free: Vec::new(),
+            tombstones: 0,
         }
     }
 
     pub fn len(&self) -> usize {
-        self.nodes.len() - self.free.len()
+        self.nodes.len() - self.tombstones as usize
     }
 
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.capacity as usize
     }
 
-    /// Nodes allocated, held or free (a capacity below it needs a rebuild).
+    /// Nodes allocated, held or tombstones (a capacity below it needs a rebuild).
     pub fn slab_len(&self) -> usize {
         self.nodes.len()
     }
@@ -77,7 +85,7 @@ impl PodLru {
             capacity >= self.nodes.len() && capacity < NIL as usize,
             "capacity out of range"
         );
-        self.capacity = capacity;
+        self.capacity = capacity as u32;
     }
 
     /// Heap bytes allocated.
@@ -108,38 +116,45 @@ impl PodLru {
         }
     }
 
-    /// Node `idx` and every node less recent than it, with their keys.
+    /// Node `idx` (a held entry) and every held entry less recent than it, with their keys.
     pub fn node_and_older(&self, idx: u32) -> Vec<(u32, Key)> {
         let mut out = Vec::new();
         let mut i = idx;
-        while i != NIL {
+        while i != NIL && self.nodes[i as usize].model != TOMBSTONE {
             out.push((i, self.key(i)));
             i = self.nodes[i as usize].next;
         }
         out
     }
 
-    /// Unlinks node `idx` (a node of this list) and keeps it for reuse.
+    /// Removes the entry of node `idx` (a held entry of this list): the node becomes a
+    /// tombstone at the tail, reused by a later insert into the full list.
     pub fn remove(&mut self, idx: u32) {
         self.unlink(idx);
-        self.free.push(idx);
+        let old_tail = self.tail;
+        {
+            let node = &mut self.nodes[idx as usize];
+            node.model = TOMBSTONE;
+            node.prev = old_tail;
+            node.next = NIL;
+        }
+        if old_tail == NIL {
+            self.head = idx;
+        } else {
+            self.nodes[old_tail as usize].next = idx;
+        }
+        self.tail = idx;
+        self.tombstones += 1;
     }
 
-    /// Adds `key` (not in the list) as the most recent entry, evicting the least recent if full.
+    /// Adds `key` (not in the list) as the most recent entry, evicting the least recent if full
+    /// (a tombstone at the tail is reused without an eviction).
     pub fn insert_front(&mut self, key: Key) -> Placed {
-        if let Some(idx) = self.free.pop() {
-            self.nodes[idx as usize] = Node {
-                hash: key.hash,
-                model: key.model,
-                prev: NIL,
-                next: NIL,
-            };
-            self.link_front(idx);
-            return Placed::Fresh(idx);
-        }
-        if self.nodes.len() < self.capacity {
+        if self.nodes.len() < self.capacity as usize {
             if self.nodes.len() == self.nodes.capacity() {
-                let target = (self.nodes.len() * 2).max(16).min(self.capacity);
+                let target = (self.nodes.len() * 2)
+                    .max(16)
+                    .min(self.capacity as usize);
                 self.nodes.reserve_exact(target - self.nodes.len());
             }
             let idx = self.nodes.len() as u32;
@@ -168,28 +183,32 @@ impl PodLru {
             next: if idx == self.head { NIL } else { self.head },
         };
         self.head = idx;
+        if old.model == TOMBSTONE {
+            self.tombstones -= 1;
+            return Placed::Fresh(idx);
+        }
         Placed::Replaced(idx, old)
     }
 
     /// Removes every entry, returning their keys (in no particular order).
     pub fn drain(&mut self) -> Vec<Key> {
-        let keys = if self.free.is_empty() {
+        let keys = if self.tombstones == 0 {
             (0..self.nodes.len() as u32).map(|i| self.key(i)).collect()
         } else {
             self.keys_by_recency()
         };
-        self.free = Vec::new();
+        self.tombstones = 0;
         self.nodes = Vec::new();
         self.head = NIL;
         self.tail = NIL;
         keys
     }
 
-    /// Keys from most to least recent (for tests and inspection).
+    /// Held keys from most to least recent (for tests and inspection).
     pub fn keys_by_recency(&self) -> Vec<Key> {
-        let mut out = Vec::with_capacity(self.nodes.len());
+        let mut out = Vec::with_capacity(self.len());
         let mut i = self.head;
-        while i != NIL {
+        while i != NIL && self.nodes[i as usize].model != TOMBSTONE {
             out.push(self.key(i));
             i = self.nodes[i as usize].next;
         }
@@ -263,6 +282,35 @@ mod tests {
         assert_eq!(lru.drain(), [k(2)]);
         assert_eq!(lru.len(), 0);
         assert_eq!(lru.insert_front(k(5)), Placed::Fresh(0));
+    }
+
+    #[test]
+    fn removed_entries_are_reused_before_any_eviction() {
+        let mut lru = PodLru::new(3);
+        for h in 1..=3 {
+            lru.insert_front(k(h));
+        }
+        lru.remove(1); // k(2)
+        assert_eq!(lru.len(), 2);
+        assert_eq!(lru.keys_by_recency(), [k(3), k(1)]);
+        assert_eq!(lru.node_and_older(2), [(2, k(3)), (0, k(1))]);
+        assert_eq!(lru.insert_front(k(4)), Placed::Fresh(1));
+        assert_eq!(lru.insert_front(k(5)), Placed::Replaced(0, k(1)));
+        assert_eq!(lru.keys_by_recency(), [k(5), k(4), k(3)]);
+        // Everything removed, then refilled: no eviction until the list is full again.
+        for idx in [0, 1, 2] {
+            lru.remove(idx);
+        }
+        assert_eq!(lru.len(), 0);
+        assert!(lru.keys_by_recency().is_empty());
+        assert!(lru.drain().is_empty());
+        lru.insert_front(k(6));
+        lru.remove(0);
+        assert_eq!(lru.insert_front(k(7)), Placed::Fresh(1));
+        assert_eq!(lru.insert_front(k(8)), Placed::Fresh(2));
+        assert_eq!(lru.insert_front(k(9)), Placed::Fresh(0));
+        assert_eq!(lru.insert_front(k(10)), Placed::Replaced(1, k(7)));
+        assert_eq!(lru.drain().len(), 3);
     }
 
     #[test]
