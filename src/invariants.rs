@@ -8,7 +8,9 @@
 //!    (leniency only ever widens what is accepted);
 //! 3. a rendered prompt hashes to exactly `min(ceil(len / block), maxBlocks)` blocks, and the hashes
 //!    of a prefix of the prompt are a prefix of its hashes (the chain property the index relies on);
-//! 4. the hashing cost is bounded by the coverage: bytes past `block * maxBlocks` change nothing.
+//! 4. the hashing cost is bounded by the coverage: bytes past `block * maxBlocks` change nothing;
+//! 5. the borrowed one-pass parse gives what the reference parse through a `serde_json::Value`
+//!    gives, errors included.
 
 use crate::hashing::BlockChain;
 use crate::lenient_json;
@@ -22,6 +24,13 @@ pub fn check_request_body(body: &[u8]) {
         first.as_ref().map_err(|e| e.to_string()),
         again.as_ref().map_err(|e| e.to_string()),
         "parsing is deterministic"
+    );
+
+    let reference = InferenceRequest::parse_by_value(body);
+    assert_eq!(
+        first.as_ref().map_err(|e| e.to_string()),
+        reference.as_ref().map_err(|e| e.to_string()),
+        "the borrowed parse equals the Value parse"
     );
 
     if let Ok(strict) = serde_json::from_slice::<serde_json::Value>(body) {

@@ -42,24 +42,34 @@ impl NoPrompt {
     }
 }
 
+/// What rendering reads of a JSON value: implemented by `serde_json::Value` and by the borrowed
+/// values of the request parser, so both render by the one set of rules below.
+pub trait JsonView: Sized {
+    /// The string, if the value is one.
+    fn as_text(&self) -> Option<&str>;
+    /// The elements, if the value is an array.
+    fn as_list(&self) -> Option<&[Self]>;
+    /// The value of `key` (the last one on duplicates), if the value is an object that has it.
+    fn field(&self, key: &str) -> Option<&Self>;
+}
+
+impl JsonView for Value {
+    fn as_text(&self) -> Option<&str> {
+        self.as_str()
+    }
+
+    fn as_list(&self) -> Option<&[Value]> {
+        self.as_array().map(Vec::as_slice)
+    }
+
+    fn field(&self, key: &str) -> Option<&Value> {
+        self.as_object()?.get(key)
+    }
+}
+
 /// Renders the prompt of a request body (a JSON object) following Kthena's precedence.
 pub fn render(body: &Map<String, Value>) -> Result<String, NoPrompt> {
-    if let Some(prompt) = body.get("prompt") {
-        return match prompt {
-            Value::String(s) => Ok(s.clone()),
-            _ => Err(NoPrompt::PromptNotString),
-        };
-    }
-    if let Some(messages) = body.get("messages") {
-        let Value::Array(messages) = messages else {
-            return Err(NoPrompt::MessagesNotList);
-        };
-        return Ok(render_chat(body.get("system"), messages));
-    }
-    if let Some(input) = body.get("input") {
-        return render_responses(body.get("instructions"), input);
-    }
-    Err(NoPrompt::NoPromptField)
+    render_fields(|key| body.get(key))
 }
 
 /// [`render`] of a body the caller no longer needs: a string `prompt` is moved out, not copied.
@@ -70,97 +80,123 @@ pub fn render_owned(mut body: Map<String, Value>) -> Result<String, NoPrompt> {
     render(&body)
 }
 
-fn render_chat(system: Option<&Value>, messages: &[Value]) -> String {
-    let mut out = String::new();
+/// [`render`] of a body whose top-level fields are looked up by `get`.
+pub fn render_fields<'a, J: JsonView + 'a>(
+    get: impl Fn(&str) -> Option<&'a J>,
+) -> Result<String, NoPrompt> {
+    if let Some(prompt) = get("prompt") {
+        return match prompt.as_text() {
+            Some(s) => Ok(s.to_owned()),
+            None => Err(NoPrompt::PromptNotString),
+        };
+    }
+    if let Some(messages) = get("messages") {
+        let Some(messages) = messages.as_list() else {
+            return Err(NoPrompt::MessagesNotList);
+        };
+        return Ok(render_chat(get("system"), messages));
+    }
+    if let Some(input) = get("input") {
+        return render_responses(get("instructions"), input);
+    }
+    Err(NoPrompt::NoPromptField)
+}
+
+fn render_chat<J: JsonView>(system: Option<&J>, messages: &[J]) -> String {
+    // One allocation: at most the content's bytes plus the ChatML framing of each message.
+    let mut out = String::with_capacity(chat_len_bound(system, messages));
     if let Some(content) = system.and_then(parse_content) {
         push_chatml(&mut out, "system", &content);
     }
     for message in messages {
-        let Value::Object(message) = message else {
+        // Not an object, or a role that is not a string: skipped.
+        let Some(role) = message.field("role").and_then(JsonView::as_text) else {
             continue;
         };
-        let Some(Value::String(role)) = message.get("role") else {
-            continue;
-        };
-        if let Some(content) = message.get("content").and_then(parse_content) {
+        if let Some(content) = message.field("content").and_then(parse_content) {
             push_chatml(&mut out, role, &content);
         }
     }
     out
 }
 
-fn render_responses(instructions: Option<&Value>, input: &Value) -> Result<String, NoPrompt> {
+/// An upper bound of the bytes [`render_chat`] writes for string contents (list contents may
+/// take more; the string then grows as usual).
+fn chat_len_bound<J: JsonView>(system: Option<&J>, messages: &[J]) -> usize {
+    const FRAME: usize = "<|im_start|>\n<|im_end|>\n".len();
+    let text = |v: Option<&J>| v.and_then(JsonView::as_text).map_or(0, str::len);
+    let role = |m: &J| text(m.field("role"));
+    FRAME + "system".len() + text(system)
+        + messages
+            .iter()
+            .map(|m| FRAME + role(m) + text(m.field("content")))
+            .sum::<usize>()
+}
+
+fn render_responses<J: JsonView>(instructions: Option<&J>, input: &J) -> Result<String, NoPrompt> {
     let mut out = String::new();
-    let developer = match instructions {
-        Some(Value::String(s)) if !s.is_empty() => Some(s.as_str()),
-        _ => None,
-    };
-    match input {
-        Value::String(text) => {
-            if let Some(d) = developer {
-                push_chatml(&mut out, "developer", d);
-            }
-            push_chatml(&mut out, "user", text);
+    let developer = instructions
+        .and_then(JsonView::as_text)
+        .filter(|s| !s.is_empty());
+    if let Some(text) = input.as_text() {
+        if let Some(d) = developer {
+            push_chatml(&mut out, "developer", d);
         }
-        Value::Array(items) => {
-            if let Some(d) = developer {
-                push_chatml(&mut out, "developer", d);
+        push_chatml(&mut out, "user", text);
+    } else if let Some(items) = input.as_list() {
+        if let Some(d) = developer {
+            push_chatml(&mut out, "developer", d);
+        }
+        for item in items {
+            // Not an object: no `role`, skipped.
+            let is_message = match item.field("type") {
+                None => true,
+                Some(t) => t.as_text().is_some_and(|t| t.is_empty() || t == "message"),
+            };
+            let role = match item.field("role").and_then(JsonView::as_text) {
+                Some(r) if !r.is_empty() => r,
+                _ => continue,
+            };
+            if !is_message {
+                continue;
             }
-            for item in items {
-                let Value::Object(item) = item else { continue };
-                let is_message = match item.get("type") {
-                    None => true,
-                    Some(Value::String(t)) => t.is_empty() || t == "message",
-                    Some(_) => false,
-                };
-                let role = match item.get("role") {
-                    Some(Value::String(r)) if !r.is_empty() => r,
-                    _ => continue,
-                };
-                if !is_message {
-                    continue;
-                }
-                if let Some(content) = item.get("content").and_then(parse_content) {
-                    push_chatml(&mut out, role, &content);
-                }
+            if let Some(content) = item.field("content").and_then(parse_content) {
+                push_chatml(&mut out, role, &content);
             }
         }
-        _ => return Err(NoPrompt::InputNotStringOrList),
+    } else {
+        return Err(NoPrompt::InputNotStringOrList);
     }
     Ok(out)
 }
 
 /// Kthena's content parser: a string, or the `\n`-joined text of the kept parts of a list.
-fn parse_content(content: &Value) -> Option<std::borrow::Cow<'_, str>> {
-    match content {
-        Value::String(s) => Some(std::borrow::Cow::Borrowed(s)),
-        Value::Array(parts) => {
-            let mut kept = parts.iter().filter_map(text_of_part);
-            let first = kept.next()?;
-            let mut joined = String::from(first);
-            for text in kept {
-                joined.push('\n');
-                joined.push_str(text);
-            }
-            Some(std::borrow::Cow::Owned(joined))
-        }
-        _ => None,
+fn parse_content<J: JsonView>(content: &J) -> Option<std::borrow::Cow<'_, str>> {
+    if let Some(s) = content.as_text() {
+        return Some(std::borrow::Cow::Borrowed(s));
     }
+    let parts = content.as_list()?;
+    let mut kept = parts.iter().filter_map(text_of_part);
+    let first = kept.next()?;
+    let mut joined = String::from(first);
+    for text in kept {
+        joined.push('\n');
+        joined.push_str(text);
+    }
+    Some(std::borrow::Cow::Owned(joined))
 }
 
-fn text_of_part(part: &Value) -> Option<&str> {
-    let Value::Object(part) = part else {
-        return None;
-    };
-    let textual = match part.get("type") {
+fn text_of_part<J: JsonView>(part: &J) -> Option<&str> {
+    // Not an object: no `text`, dropped.
+    let textual = match part.field("type") {
         None => true,
-        Some(Value::String(t)) => matches!(t.as_str(), "text" | "input_text" | "output_text"),
-        Some(_) => false,
+        Some(t) => t
+            .as_text()
+            .is_some_and(|t| matches!(t, "text" | "input_text" | "output_text")),
     };
-    match part.get("text") {
-        Some(Value::String(text)) if textual => Some(text),
-        _ => None,
-    }
+    part.field("text")
+        .and_then(JsonView::as_text)
+        .filter(|_| textual)
 }
 
 fn push_chatml(out: &mut String, role: &str, content: &str) {

@@ -11,6 +11,9 @@ use thiserror::Error;
 
 use crate::lenient_json;
 use crate::prompt::{self, NoPrompt};
+use body::{Body, Json};
+
+mod body;
 
 /// The OpenAI-compatible APIs prefix-picker understands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -83,7 +86,46 @@ pub fn json_kind(value: &Value) -> &'static str {
 
 impl InferenceRequest {
     /// Parses and renders a request body.
+    ///
+    /// One pass over the body ([`body`]), whose strings borrow from it: the prompt is the only
+    /// copy of the body's text. A body `serde_json` accepts as it is needs none of Go's leniency
+    /// (it is valid UTF-8 and every surrogate escape in it is paired, so sanitizing would not
+    /// change it); any other is sanitized ([`lenient_json::sanitize`]) and parsed again, which
+    /// also gives a rejected body its error. Equal to [`InferenceRequest::parse_by_value`].
     pub fn parse(body: &[u8]) -> Result<InferenceRequest, RequestError> {
+        if let Ok(parsed) = serde_json::from_slice::<Body>(body) {
+            return Self::from_body(parsed);
+        }
+        let text = lenient_json::sanitize(body);
+        Self::from_body(serde_json::from_slice::<Body>(&text).map_err(RequestError::NotJson)?)
+    }
+
+    fn from_body(body: Body<'_>) -> Result<InferenceRequest, RequestError> {
+        let mut fields = match body {
+            Body::Object(fields) => fields,
+            Body::Other(kind) => return Err(RequestError::NotObject(kind)),
+        };
+        let model = match &fields.model {
+            None => return Err(RequestError::MissingModel),
+            Some(Json::String(m)) if m.is_empty() => return Err(RequestError::EmptyModel),
+            Some(Json::String(m)) => m.to_string(),
+            Some(other) => return Err(RequestError::ModelNotString(other.kind())),
+        };
+        let stream = matches!(fields.stream, Some(Json::Bool(true)));
+        let prompt = match &mut fields.prompt {
+            Some(Json::String(p)) => Ok(std::mem::take(p).into_owned()),
+            _ => prompt::render_fields(|key| fields.get(key)),
+        };
+        Ok(InferenceRequest {
+            model,
+            prompt,
+            stream,
+        })
+    }
+
+    /// The reference [`InferenceRequest::parse`] is tested against: the body parsed into a
+    /// `serde_json::Value` ([`lenient_json::parse_value`]), then rendered.
+    pub fn parse_by_value(body: &[u8]) -> Result<InferenceRequest, RequestError> {
         let value = lenient_json::parse_value(body).map_err(RequestError::NotJson)?;
         let Value::Object(map) = value else {
             return Err(RequestError::NotObject(json_kind(&value)));
