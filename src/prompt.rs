@@ -126,7 +126,9 @@ fn chat_len_bound<J: JsonView>(system: Option<&J>, messages: &[J]) -> usize {
     const FRAME: usize = "<|im_start|>\n<|im_end|>\n".len();
     let text = |v: Option<&J>| v.and_then(JsonView::as_text).map_or(0, str::len);
     let role = |m: &J| text(m.field("role"));
-    FRAME + "system".len() + text(system)
+    FRAME
+        + "system".len()
+        + text(system)
         + messages
             .iter()
             .map(|m| FRAME + role(m) + text(m.field("content")))

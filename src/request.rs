@@ -14,6 +14,7 @@ use crate::prompt::{self, NoPrompt};
 use body::{Body, Json};
 
 mod body;
+mod fast;
 
 /// The OpenAI-compatible APIs prefix-picker understands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -87,12 +88,16 @@ pub fn json_kind(value: &Value) -> &'static str {
 impl InferenceRequest {
     /// Parses and renders a request body.
     ///
-    /// One pass over the body ([`body`]), whose strings borrow from it: the prompt is the only
-    /// copy of the body's text. A body `serde_json` accepts as it is needs none of Go's leniency
-    /// (it is valid UTF-8 and every surrogate escape in it is paired, so sanitizing would not
-    /// change it); any other is sanitized ([`lenient_json::sanitize`]) and parsed again, which
-    /// also gives a rejected body its error. Equal to [`InferenceRequest::parse_by_value`].
+    /// One pass over the body, whose strings borrow from it where they have no escapes: first
+    /// the strict reader of plain JSON ([`fast`]); a body it leaves goes to `serde_json`
+    /// ([`body`]), as it is if it accepts it (it then needs none of Go's leniency: it is valid
+    /// UTF-8 and every surrogate escape in it is paired, so sanitizing would not change it),
+    /// else sanitized ([`lenient_json::sanitize`]), which also gives a rejected body its error.
+    /// Equal to [`InferenceRequest::parse_by_value`].
     pub fn parse(body: &[u8]) -> Result<InferenceRequest, RequestError> {
+        if let Some(parsed) = fast::parse(body) {
+            return Self::from_body(parsed);
+        }
         if let Ok(parsed) = serde_json::from_slice::<Body>(body) {
             return Self::from_body(parsed);
         }

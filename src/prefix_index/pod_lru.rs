@@ -152,9 +152,7 @@ impl PodLru {
     pub fn insert_front(&mut self, key: Key) -> Placed {
         if self.nodes.len() < self.capacity as usize {
             if self.nodes.len() == self.nodes.capacity() {
-                let target = (self.nodes.len() * 2)
-                    .max(16)
-                    .min(self.capacity as usize);
+                let target = (self.nodes.len() * 2).max(16).min(self.capacity as usize);
                 self.nodes.reserve_exact(target - self.nodes.len());
             }
             let idx = self.nodes.len() as u32;

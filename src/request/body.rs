@@ -65,7 +65,11 @@ impl JsonView for Json<'_> {
 }
 
 /// A request body: the fields the router reads when it is an object, else the type it is.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one per request, on the stack, moved once"
+)]
 pub enum Body<'a> {
     Object(Fields<'a>),
     /// Not an object: the value's type.
@@ -73,7 +77,7 @@ pub enum Body<'a> {
 }
 
 /// The top-level fields of an object body the router reads (the last of duplicates).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq)]
 pub struct Fields<'a> {
     pub model: Option<Json<'a>>,
     pub stream: Option<Json<'a>>,
@@ -103,7 +107,7 @@ impl<'a> Fields<'a> {
         })
     }
 
-    fn slot_mut(&mut self, key: &str) -> Option<&mut Option<Json<'a>>> {
+    pub(super) fn slot_mut(&mut self, key: &str) -> Option<&mut Option<Json<'a>>> {
         Some(match key {
             "model" => &mut self.model,
             "stream" => &mut self.stream,
@@ -353,23 +357,28 @@ mod tests {
     /// multi-byte UTF-8, invalid UTF-8, and a few things JSON rejects.
     fn string_piece() -> impl Strategy<Value = Vec<u8>> {
         prop_oneof![
-            4 => "[a-z <|>]{0,8}".prop_map(String::into_bytes),
-            1 => Just(br#"\""#.to_vec()),
-            1 => Just(br"\\".to_vec()),
-            1 => Just(br"\n".to_vec()),
-            1 => Just(br"\u00e9".to_vec()),
-            1 => Just(br"\ud83d\ude00".to_vec()),
+            12 => valid_string_piece(),
             1 => Just(br"\ud800".to_vec()),
             1 => Just(br"\uDC00x".to_vec()),
             1 => Just(br"\ud800\u0041".to_vec()),
-            1 => Just(br"\\ud800".to_vec()),
-            1 => Just("é日".as_bytes().to_vec()),
             1 => Just(b"\xFF".to_vec()),
             1 => Just(b"\xE2\x82A".to_vec()),
             1 => Just(b"\xED\xA0\x80".to_vec()),
             1 => Just(b"\x01".to_vec()),
             1 => Just(br"\x".to_vec()),
             1 => Just(br"\u12".to_vec()),
+        ]
+    }
+
+    /// Pieces of a valid JSON string's text.
+    fn valid_string_piece() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            4 => "[a-z <|>]{0,8}".prop_map(String::into_bytes),
+            1 => prop::sample::select(vec![
+                r#"\""#, r"\\", r"\/", r"\b", r"\f", r"\n", r"\r", r"\t", r"\u00e9", r"\u00E9",
+                r"\u0000", r"\ud83d\ude00", r"\uD83D\uDE00", r"\\ud800", "é日", "\u{7f}", "😀",
+            ])
+            .prop_map(|s| s.as_bytes().to_vec()),
         ]
     }
 
@@ -457,7 +466,13 @@ mod tests {
         let content = prop_oneof![word.clone(), list(part)];
         let message = small_object(prop_oneof![word, content]);
         (
-            prop::sample::select(vec!["messages", "input", "system", "instructions", "prompt"]),
+            prop::sample::select(vec![
+                "messages",
+                "input",
+                "system",
+                "instructions",
+                "prompt",
+            ]),
             prop_oneof![list(message), string()],
         )
             .prop_map(|(k, v)| [format!("\"{k}\":").into_bytes(), v].concat())
@@ -496,6 +511,50 @@ mod tests {
             })
     }
 
+    /// A body that is valid JSON (numbers aside), mostly an object.
+    fn valid_body() -> impl Strategy<Value = Vec<u8>> {
+        fn string() -> impl Strategy<Value = Vec<u8>> {
+            prop::collection::vec(valid_string_piece(), 0..4)
+                .prop_map(|pieces| [b"\"".to_vec(), pieces.concat(), b"\"".to_vec()].concat())
+        }
+        let scalar = prop_oneof![
+            3 => string(),
+            1 => prop::sample::select(vec![
+                "true", "false", "null", "0", "-0", "-1", "1.5", "0.25", "1.5e3", "1E-2",
+                "18446744073709551616", "123456789012345678901234567890",
+            ])
+            .prop_map(|s| s.as_bytes().to_vec()),
+        ];
+        let value = scalar
+            .prop_recursive(4, 48, 6, move |inner| {
+                let key = prop_oneof![
+                    3 => prop::sample::select(vec![
+                        "model", "prompt", "messages", "system", "input", "role", "content", "type",
+                        "text", "stream",
+                    ])
+                    .prop_map(|k| format!("\"{k}\"").into_bytes()),
+                    1 => string(),
+                ];
+                prop_oneof![
+                    list(inner.clone()),
+                    prop::collection::vec((key, inner), 0..6).prop_map(|fields| {
+                        let fields: Vec<Vec<u8>> = fields
+                            .into_iter()
+                            .map(|(k, v)| [k, b" :\n".to_vec(), v].concat())
+                            .collect();
+                        [b"{ ".to_vec(), fields.join(&b",\t"[..]), b"}\r\n".to_vec()].concat()
+                    }),
+                ]
+            })
+            .boxed();
+        prop_oneof![
+            4 => (value.clone(), chat_field()).prop_map(|(v, chat)| {
+                [br#"{"model":"m","x":"#.to_vec(), v, b",".to_vec(), chat, b"}".to_vec()].concat()
+            }),
+            1 => value,
+        ]
+    }
+
     fn outcome(parsed: Result<InferenceRequest, crate::request::RequestError>) -> String {
         format!("{:?}", parsed.map_err(|e| e.to_string()))
     }
@@ -512,6 +571,49 @@ mod tests {
         }
     }
 
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #[test]
+        fn fast_path_equals_serde(body in prop_oneof![valid_body(), body()]) {
+            if let Some(fast) = crate::request::fast::parse(&body) {
+                let serde = serde_json::from_slice::<super::Body>(&body);
+                prop_assert!(serde.is_ok(), "serde_json rejects {:?}", String::from_utf8_lossy(&body));
+                prop_assert_eq!(fast, serde.unwrap());
+            }
+        }
+
+        #[test]
+        fn valid_bodies_parse_like_the_value_parse(body in valid_body()) {
+            prop_assert_eq!(
+                outcome(InferenceRequest::parse(&body)),
+                outcome(InferenceRequest::parse_by_value(&body)),
+                "body {:?}", String::from_utf8_lossy(&body)
+            );
+        }
+    }
+
+    #[test]
+    fn common_bodies_take_the_fast_path() {
+        for body in [
+            &br#"{"model":"m","prompt":"hi"}"#[..],
+            br#"{"model": "m", "messages": [{"role": "system", "content": "a\nb\u00e9 \"q\""},
+                {"role": "user", "content": [{"type": "text", "text": "x"}]}],
+                "temperature": 0.7, "max_tokens": 128, "stream": true, "tools": [], "n": null}"#,
+            br#" {"model":"m","input":[{"role":"user","content":"\ud83d\ude00"}]} "#,
+        ] {
+            assert!(crate::request::fast::parse(body).is_some(), "{body:?}");
+        }
+        for body in [
+            &br#"{"model":"m","x":1e3}"#[..],
+            br#"{"model":"m","x":"\ud800"}"#,
+            b"{\"model\":\"\xff\"}",
+            br#"{"model":"m",}"#,
+            br#"{"model":"m"} x"#,
+        ] {
+            assert!(crate::request::fast::parse(body).is_none(), "{body:?}");
+        }
+    }
+
     #[test]
     fn chat_is_rendered_from_borrowed_strings() {
         let body = br#"{"model":"m","system":"s","messages":[{"role":"user","content":"a\u00e9"},
@@ -519,8 +621,10 @@ mod tests {
         let parsed = InferenceRequest::parse(body).unwrap();
         assert_eq!(
             parsed.prompt.as_deref(),
-            Ok("<|im_start|>system\ns<|im_end|>\n<|im_start|>user\naé<|im_end|>\n\
-                <|im_start|>assistant\nb\nc<|im_end|>\n")
+            Ok(
+                "<|im_start|>system\ns<|im_end|>\n<|im_start|>user\naé<|im_end|>\n\
+                <|im_start|>assistant\nb\nc<|im_end|>\n"
+            )
         );
         assert_eq!(parsed, InferenceRequest::parse_by_value(body).unwrap());
     }
