@@ -109,6 +109,7 @@ impl PodLru {
     }
 
     /// Makes node `idx` the most recent.
+    #[inline(always)]
     pub fn move_to_front(&mut self, idx: u32) {
         if self.head != idx {
             self.unlink(idx);
@@ -149,6 +150,7 @@ impl PodLru {
 
     /// Adds `key` (not in the list) as the most recent entry, evicting the least recent if full
     /// (a tombstone at the tail is reused without an eviction).
+    #[inline(always)]
     pub fn insert_front(&mut self, key: Key) -> Placed {
         if self.nodes.len() < self.capacity as usize {
             if self.nodes.len() == self.nodes.capacity() {

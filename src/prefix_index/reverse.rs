@@ -181,7 +181,7 @@ impl ReverseShard {
 
     /// Adds `pod` (holding `key` in `node`) to the set of `key`; the caller guarantees `pod` is
     /// not in it yet.
-    #[inline]
+    #[inline(always)]
     pub fn add(&mut self, key: Hashed, pod: PodSlot, node: u32) {
         debug_assert!(pod.0 & SHARED == 0, "pod slots stay below 2^31");
         let Some(i) = self.find(key) else {
@@ -337,6 +337,7 @@ impl ReverseShard {
     }
 
     /// Inserts an entry known to be absent.
+    #[inline(always)]
     fn insert(&mut self, key: Hashed, slot: Slot) {
         if (self.len + 1) * 16 > self.slots.len() * 15 {
             self.grow();

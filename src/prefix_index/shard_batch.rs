@@ -24,6 +24,7 @@ impl ShardBatch {
     }
 
     /// Like [`ShardBatch::new`], reusing this batch's buffer (hot paths keep one per caller).
+    #[inline(always)]
     pub fn regroup(&mut self, shards: impl ExactSizeIterator<Item = usize> + Clone) {
         let mut starts = [0u32; SHARDS + 1];
         for s in shards.clone() {
