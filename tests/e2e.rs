@@ -1210,10 +1210,26 @@ fn benchmark_quick_suite_writes_a_well_formed_report() {
         results.iter().map(|r| r.router.as_str()).collect();
     let workloads: std::collections::BTreeSet<&str> =
         results.iter().map(|r| r.workload.as_str()).collect();
-    // Round robin, prefix-cache only, Kthena, the shipped config, the oracle; one run each.
-    assert_eq!(routers.len(), 5, "{routers:?}");
+    // Round robin, prefix-cache only, Kthena, the shipped config, the two oracles; one run each.
+    assert_eq!(routers.len(), 6, "{routers:?}");
     assert!(routers.contains(prefix_picker::bench::report::SHIPPED));
-    assert!(routers.iter().any(|r| r.starts_with("oracle")));
+    assert_eq!(
+        routers.iter().filter(|r| r.starts_with("oracle")).count(),
+        2
+    );
+    for r in results
+        .iter()
+        .filter(|r| r.router.starts_with("oracle, max/mean"))
+    {
+        // The capped oracle keeps its load allowance (or the balanced placement's, if higher).
+        assert!(
+            r.max_over_mean <= 1.3 + 1e-9,
+            "{}: {}",
+            r.workload,
+            r.max_over_mean
+        );
+        assert!(r.pods_per_group >= 1.0, "{}", r.workload);
+    }
     assert_eq!(workloads.len(), 2, "{workloads:?}");
     assert_eq!(results.len(), routers.len() * workloads.len());
     for r in &results {
@@ -1845,6 +1861,8 @@ async fn affinity_spreads_a_hot_prefix_under_load_and_returns_to_one_pod() {
     .await;
     let mut after = std::collections::BTreeSet::new();
     for q in 100..106 {
+        // One at a time: the previous completion has reached the picker (no pod is busier).
+        wait_metric_eq(&picker, "prefix_picker_pod_inflight_requests", 0.0).await;
         let r = send(&envoy, "/v1/completions", &body(q)).await;
         assert_eq!(r.status, 200);
         after.insert(r.served_by);
