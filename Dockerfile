@@ -10,27 +10,30 @@
 # that this file's runtime stages say the same.
 #
 # Stage `deps` compiles the locked dependencies alone, against stub sources: its layer survives
-# any change under src/ (only Cargo.toml or Cargo.lock invalidate it). Stage `build` compiles the
-# sources on top. The runtime stages are distroless (glibc, CA certificates, no shell).
+# any change under src/ or crates/*/src/ (only the manifests or Cargo.lock invalidate it). Stage
+# `build` compiles the sources on top. The runtime stages are distroless (glibc, CA certificates,
+# no shell).
 FROM rust:1.95-bookworm AS deps
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
-# Stubs for every target the manifest names or the build asks for: the library, the two binaries
-# and the [[bench]].
-RUN mkdir -p src/bin benches \
- && touch src/lib.rs \
- && echo 'fn main() {}' > src/main.rs \
- && echo 'fn main() {}' > src/bin/model-sim.rs \
+COPY crates/model-sim/Cargo.toml crates/model-sim/
+COPY crates/prefix-bench/Cargo.toml crates/prefix-bench/
+COPY crates/testkit/Cargo.toml crates/testkit/
+# Stubs for every target the workspace's manifests name or the build asks for: each crate's
+# library and binary and the sidecar's [[bench]].
+RUN mkdir -p src benches crates/model-sim/src crates/prefix-bench/src crates/testkit/src \
+ && touch src/lib.rs crates/model-sim/src/lib.rs crates/prefix-bench/src/lib.rs crates/testkit/src/lib.rs \
+ && for main in src crates/model-sim/src crates/prefix-bench/src; do echo 'fn main() {}' > "$main/main.rs"; done \
  && echo 'fn main() {}' > benches/core.rs \
- && cargo build --release --locked --bin prefix-picker --bin model-sim \
- && rm -rf src benches
+ && cargo build --release --locked --workspace --bin prefix-picker --bin model-sim \
+ && rm -rf src benches crates
 
 FROM deps AS build
 COPY . .
 # COPY keeps the files' modification times, which may be older than the stubs' build: touch the
-# sources so cargo compiles them instead of reusing the stub crate.
-RUN find src benches -type f -exec touch {} + \
- && cargo build --release --locked --bin prefix-picker --bin model-sim \
+# sources so cargo compiles them instead of reusing the stub crates.
+RUN find src benches crates -type f -exec touch {} + \
+ && cargo build --release --locked --workspace --bin prefix-picker --bin model-sim \
  && mkdir /out \
  && cp target/release/prefix-picker target/release/model-sim /out/ \
  && strip /out/prefix-picker /out/model-sim

@@ -5,7 +5,6 @@
 
 pub mod access_log;
 pub mod admin;
-pub mod bench;
 pub mod cached_tokens;
 pub mod cli;
 pub mod completion;
@@ -25,6 +24,5 @@ pub mod request;
 pub mod routing;
 pub mod scheduler;
 pub mod serve;
-pub mod sim;
 pub mod sync;
 pub mod tls;

@@ -462,7 +462,7 @@ async fn chart_envoy_bootstrap_routes_through_the_picker() {
     assert_eq!(bootstrap.matches(host).count(), 3);
     let picker = start_picker(picker_config(&backends.iter().collect::<Vec<_>>(), "")).await;
     let config = replaced(
-        &prefix_picker::bench::cluster::render_envoy(
+        &testkit::render_envoy(
             &replaced(&bootstrap, host, "localhost"),
             picker.grpc_addr.port(),
             &[],
@@ -906,7 +906,7 @@ fn dashboard_check_fails_on_unknown_names_and_le_formats() {
 /// engine panels query and the picker scrapes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_queries_only_exported_metrics() {
-    use prefix_picker::sim::engine::EngineConfig;
+    use model_sim::engine::EngineConfig;
     let engine = EngineConfig {
         time_scale: 100.0,
         ..EngineConfig::default()
@@ -917,12 +917,12 @@ async fn dashboard_queries_only_exported_metrics() {
     ];
     let local = std::fs::read_to_string(root().join("deploy/local/config.yaml")).unwrap();
     let scheduler = replaced(
-        prefix_picker::bench::cluster::scheduler_section(&local),
+        testkit::scheduler_section(&local),
         "maxHashCacheSize: 50000",
         "maxHashCacheSize: 2",
     );
     let mut doc = scheduler;
-    doc.push_str(&prefix_picker::bench::cluster::endpoints_yaml(
+    doc.push_str(&testkit::endpoints_yaml(
         sims.iter().map(|s| (s.name.as_str(), s.addr)),
     ));
     // The affinity mode, so its panels' series exist too (engine budgets off: the tiny

@@ -1034,8 +1034,7 @@ async fn verbose_four_prints_kthena_score_lines() {
     let dir = tempfile::tempdir().unwrap();
     let config = endpoints_yaml(&backends);
     let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_prefix-picker"));
-    let (picker, _admin) =
-        prefix_picker::bench::cluster::start_picker(&bin, dir.path(), &config, 4).unwrap();
+    let (picker, _admin) = testkit::start_picker(&bin, dir.path(), &config, 4).unwrap();
     let grpc_port = picker.addr.port();
     let envoy = envoy_for("envoy.yaml", grpc_port, &backends).await;
     let r = send(&envoy, "/v1/chat/completions", &chat(SYSTEM, "verbose")).await;
@@ -1073,7 +1072,7 @@ async fn verbose_four_prints_kthena_score_lines() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_plugins_concentrate_a_prefix_and_filter_an_overloaded_pod() {
-    use prefix_picker::sim::engine::EngineConfig;
+    use model_sim::engine::EngineConfig;
     let engine = EngineConfig {
         max_num_seqs: 1,
         time_scale: 100.0,
@@ -1179,127 +1178,6 @@ async fn default_plugins_concentrate_a_prefix_and_filter_an_overloaded_pod() {
     for h in hogs {
         h.abort();
     }
-}
-
-#[test]
-fn benchmark_quick_suite_writes_a_well_formed_report() {
-    let out = tempfile::tempdir().unwrap();
-    let status = Command::new(env!("CARGO_BIN_EXE_prefix-bench"))
-        // Two workloads (an old and a new one) keep the test short; every router runs.
-        .args([
-            "suite",
-            "--quick",
-            "--workloads",
-            "shared-prefix,agent",
-            "--out",
-        ])
-        .arg(out.path())
-        .env("PREFIX_PICKER_ROOT", root())
-        .env("ENVOY_BIN", envoy_bin())
-        .env_remove("SGLANG_ROUTER_PYTHON")
-        .env_remove("VLLM_ROUTER_BIN")
-        .env_remove("SMG_BIN")
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let results: Vec<prefix_picker::bench::driver::RunResult> =
-        serde_json::from_slice(&std::fs::read(out.path().join("suite-quick.json")).unwrap())
-            .unwrap();
-    let routers: std::collections::BTreeSet<&str> =
-        results.iter().map(|r| r.router.as_str()).collect();
-    let workloads: std::collections::BTreeSet<&str> =
-        results.iter().map(|r| r.workload.as_str()).collect();
-    // Round robin, prefix-cache only, Kthena, the shipped config, the two oracles; one run each.
-    assert_eq!(routers.len(), 6, "{routers:?}");
-    assert!(routers.contains(prefix_picker::bench::report::SHIPPED));
-    assert_eq!(
-        routers.iter().filter(|r| r.starts_with("oracle")).count(),
-        2
-    );
-    for r in results
-        .iter()
-        .filter(|r| r.router.starts_with("oracle, max/mean"))
-    {
-        // The capped oracle keeps its load allowance (or the balanced placement's, if higher).
-        assert!(
-            r.max_over_mean <= 1.3 + 1e-9,
-            "{}: {}",
-            r.workload,
-            r.max_over_mean
-        );
-        assert!(r.pods_per_group >= 1.0, "{}", r.workload);
-    }
-    assert_eq!(workloads.len(), 2, "{workloads:?}");
-    assert_eq!(results.len(), routers.len() * workloads.len());
-    for r in &results {
-        assert_eq!(r.errors, 0, "{} / {}", r.workload, r.router);
-        assert!(r.requests > 0 && r.requests_per_s > 0.0);
-        assert!((0.0..=1.0).contains(&r.hit_rate) && (0.0..=1.0).contains(&r.ceiling_hit_rate));
-        assert!(
-            r.hit_rate <= r.ceiling_hit_rate + 1e-9,
-            "{} / {}: above the ceiling",
-            r.workload,
-            r.router
-        );
-        assert_eq!(r.pod_share.values().sum::<usize>(), r.requests);
-    }
-    let md = std::fs::read_to_string(out.path().join("suite-quick.md")).unwrap();
-    assert_eq!(md.matches("| router |").count(), workloads.len());
-}
-
-/// The overhead baseline's processor, as `prefix-bench overhead` starts it: each phase gets its
-/// own empty reply, in order, on one stream.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn noop_ext_proc_answers_each_phase_with_an_empty_reply() {
-    use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
-    use ep::processing_request::Request as In;
-    use ep::processing_response::Response as Out;
-
-    let dir = tempfile::tempdir().unwrap();
-    let noop = prefix_picker::bench::cluster::start_noop_ext_proc(
-        std::path::Path::new(env!("CARGO_BIN_EXE_prefix-bench")),
-        dir.path(),
-    )
-    .unwrap();
-    let mut client = ep::external_processor_client::ExternalProcessorClient::connect(format!(
-        "http://{}",
-        noop.addr
-    ))
-    .await
-    .unwrap();
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    let mut replies = client
-        .process(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
-    let message = |r: In| ep::ProcessingRequest {
-        request: Some(r),
-        ..ep::ProcessingRequest::default()
-    };
-    tx.send(message(In::RequestHeaders(ep::HttpHeaders::default())))
-        .await
-        .unwrap();
-    let reply = replies.message().await.unwrap().unwrap();
-    assert_eq!(
-        reply.response,
-        Some(Out::RequestHeaders(ep::HeadersResponse::default()))
-    );
-    tx.send(message(In::RequestBody(ep::HttpBody {
-        body: b"{\"model\":\"m\",\"prompt\":\"x\"}".to_vec(),
-        end_of_stream: true,
-        ..ep::HttpBody::default()
-    })))
-    .await
-    .unwrap();
-    let reply = replies.message().await.unwrap().unwrap();
-    assert_eq!(
-        reply.response,
-        Some(Out::RequestBody(ep::BodyResponse::default()))
-    );
-    drop(tx);
-    assert!(replies.message().await.unwrap().is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1457,8 +1335,7 @@ async fn sigterm_reports_not_ready_first_and_lets_open_streams_finish() {
         endpoints_yaml(&backends)
     );
     let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_prefix-picker"));
-    let (mut picker, admin) =
-        prefix_picker::bench::cluster::start_picker(&bin, dir.path(), &config, 2).unwrap();
+    let (mut picker, admin) = testkit::start_picker(&bin, dir.path(), &config, 2).unwrap();
     let envoy = envoy_for("envoy-full-duplex.yaml", picker.addr.port(), &backends).await;
     // An SSE stream that the backend holds open until its gate opens. With the FULL_DUPLEX
     // filter (failure_mode_allow: false) every response chunk passes through the picker, so the
@@ -1718,7 +1595,7 @@ async fn affinity_releases_the_hold_of_an_expired_route() {
 /// older one, so an evicted prefix stops attracting requests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn affinity_forgets_what_the_engine_reports_evicted() {
-    use prefix_picker::sim::engine::EngineConfig;
+    use model_sim::engine::EngineConfig;
     let sim = Sim::start(
         "sim-0",
         EngineConfig {
@@ -1789,7 +1666,7 @@ async fn affinity_forgets_what_the_engine_reports_evicted() {
 /// to one pod when the load is gone (the tie rule sends every request to one of the two).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn affinity_spreads_a_hot_prefix_under_load_and_returns_to_one_pod() {
-    use prefix_picker::sim::engine::EngineConfig;
+    use model_sim::engine::EngineConfig;
     let engine = EngineConfig {
         max_num_seqs: 1,
         time_scale: 4.0,

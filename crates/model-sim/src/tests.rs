@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::engine::{Engine, EngineConfig};
-use super::server::{SimConfig, app};
+use crate::engine::{Engine, EngineConfig};
+use crate::server::{SimConfig, app};
 
 async fn start(engine: EngineConfig) -> (String, Arc<Engine>) {
     let engine = Arc::new(Engine::new(engine));
@@ -72,7 +72,7 @@ async fn same_prompt_twice_reports_cached_tokens() {
         text.contains(&format!("vllm:prefix_cache_hits_total {cached}")),
         "{text}"
     );
-    let parsed = crate::pod_metrics::parse(&text).unwrap();
+    let parsed = prefix_picker::pod_metrics::parse(&text).unwrap();
     assert_eq!(parsed.ttft.count, 2);
     assert_eq!(parsed.running, 0.0);
 }
@@ -210,7 +210,7 @@ async fn cache_config_is_exported_for_both_engines() {
     assert!(info.ends_with("} 1"), "{info}");
     assert!(!text.contains("sglang:max_total_num_tokens"));
     let (base, _) = start(EngineConfig {
-        kind: super::engine::EngineKind::Sglang,
+        kind: crate::engine::EngineKind::Sglang,
         kv_blocks: 1000,
         ..fast()
     })
@@ -267,7 +267,7 @@ async fn requests_beyond_max_num_seqs_wait() {
         .text()
         .await
         .unwrap();
-    let m = crate::pod_metrics::parse(&text).unwrap();
+    let m = prefix_picker::pod_metrics::parse(&text).unwrap();
     assert_eq!((m.running, m.waiting), (1.0, 2.0));
     for t in tasks {
         assert!(t.await.unwrap().is_success());
@@ -310,4 +310,34 @@ async fn render_and_tokenize_return_token_ids_for_peer_routers() {
     // One 8-byte word: two tokens of at most 6 bytes.
     assert_eq!(t["count"], 2);
     assert_eq!(t["tokens"].as_array().unwrap().len(), 2);
+}
+
+/// The simulator takes request parsing and rendering from the router (it must render exactly as
+/// the router does) and nothing else: its KV blocks are hashed by its own chain, so a bug in the
+/// router's hashing, index or scheduler is not mirrored by the engines the router is measured on.
+/// (Its tests also read its `/metrics` with the router's parser.)
+#[test]
+fn only_parsing_and_rendering_come_from_the_router() {
+    let sources = [
+        ("engine.rs", include_str!("engine.rs")),
+        ("kv_cache.rs", include_str!("kv_cache.rs")),
+        ("lib.rs", include_str!("lib.rs")),
+        ("main.rs", include_str!("main.rs")),
+        ("server.rs", include_str!("server.rs")),
+        ("tokenizer.rs", include_str!("tokenizer.rs")),
+        ("tests.rs", include_str!("tests.rs")),
+    ];
+    let allowed = ["request::", "prompt::", "lenient_json::", "pod_metrics::"];
+    // Split so that this test's own source does not match.
+    let needle = concat!("prefix", "_picker::");
+    for (file, text) in sources {
+        for (at, _) in text.match_indices(needle) {
+            let rest = &text[at + needle.len()..];
+            assert!(
+                allowed.iter().any(|m| rest.starts_with(m)),
+                "{file} uses the router's {}",
+                rest.lines().next().unwrap_or_default()
+            );
+        }
+    }
 }

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use super::oracle;
 use super::workload::BenchRequest;
-use crate::sim::kv_cache::{KvBlock, KvCache};
+use model_sim::kv_cache::{KvBlock, KvCache};
 
 /// A searched placement.
 #[derive(Debug, Clone)]
@@ -54,7 +54,7 @@ fn prepare(requests: &[BenchRequest], block_tokens: usize) -> Prepared {
     for (i, r) in requests.iter().enumerate() {
         let body = serde_json::to_vec(&r.body).expect("serializable");
         // As the ceiling is computed (`workload::ceiling_hit_rate`).
-        let (blocks, tokens) = match crate::request::InferenceRequest::parse(&body) {
+        let (blocks, tokens) = match prefix_picker::request::InferenceRequest::parse(&body) {
             Ok(req) => {
                 let prompt = req.prompt.unwrap_or_default();
                 kv.block_hashes(&req.model, prompt.as_bytes())
@@ -247,7 +247,7 @@ pub fn pin(requests: &[BenchRequest], assignment: &[usize]) -> Vec<BenchRequest>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::workload;
+    use crate::workload;
 
     fn max_over_mean(assignment: &[usize], pods: usize) -> f64 {
         let mut load = vec![0usize; pods];

@@ -22,8 +22,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
-use super::engine::{Engine, Running, pause};
-use crate::request::{Api, InferenceRequest};
+use crate::engine::{Engine, Running, pause};
+use prefix_picker::request::{Api, InferenceRequest};
 
 const WORDS: [&str; 24] = [
     "the", "model", "cache", "prefix", "token", "router", "request", "answer", "quick", "brown",
@@ -78,14 +78,24 @@ async fn models(State(s): State<Sim>) -> Response {
 async fn metrics(State(s): State<Sim>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        crate::metrics::encode(&s.engine.registry),
+        encode(&s.engine.registry),
     )
         .into_response()
 }
 
-/// Token ids of a rendered prompt ([`super::tokenizer`]): equal prefixes give equal ids.
+/// The Prometheus text exposition of the engine's registry.
+fn encode(registry: &prometheus::Registry) -> String {
+    use prometheus::Encoder;
+    let mut buf = Vec::new();
+    prometheus::TextEncoder::new()
+        .encode(&registry.gather(), &mut buf)
+        .expect("text encoding cannot fail");
+    String::from_utf8(buf).expect("text format is UTF-8")
+}
+
+/// Token ids of a rendered prompt ([`crate::tokenizer`]): equal prefixes give equal ids.
 pub fn token_ids(prompt: &str) -> Vec<u32> {
-    super::tokenizer::token_ids(prompt.as_bytes())
+    crate::tokenizer::token_ids(prompt.as_bytes())
 }
 
 /// vLLM's render endpoints (used by vllm-router's cache-aware policy): `{"token_ids": [...]}`.
@@ -144,7 +154,7 @@ async fn infer(State(s): State<Sim>, uri: Uri, body: Bytes) -> Response {
             format!("The model `{}` does not exist.", request.model),
         );
     }
-    let value: Value = crate::lenient_json::parse_value(&body).unwrap_or(Value::Null);
+    let value: Value = prefix_picker::lenient_json::parse_value(&body).unwrap_or(Value::Null);
     let n_out = max_tokens(&value, s.config.default_max_tokens);
     let include_usage = value
         .pointer("/stream_options/include_usage")

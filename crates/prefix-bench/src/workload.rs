@@ -380,11 +380,11 @@ pub fn trace(
 /// The hit rate of an infinite cache with perfect routing (one engine sees everything), token
 /// weighted, with model-sim's block size: the ceiling any router can reach on this workload.
 pub fn ceiling_hit_rate(requests: &[BenchRequest], block_tokens: usize) -> f64 {
-    let mut kv = crate::sim::kv_cache::KvCache::new(block_tokens, usize::MAX);
+    let mut kv = model_sim::kv_cache::KvCache::new(block_tokens, usize::MAX);
     let (mut hits, mut queries) = (0usize, 0usize);
     for r in requests {
         let body = serde_json::to_vec(&r.body).expect("serializable");
-        let Ok(req) = crate::request::InferenceRequest::parse(&body) else {
+        let Ok(req) = prefix_picker::request::InferenceRequest::parse(&body) else {
             continue;
         };
         let prompt = req.prompt.unwrap_or_default();
@@ -403,6 +403,39 @@ pub fn ceiling_hit_rate(requests: &[BenchRequest], block_tokens: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // Properties of this vocabulary on model-sim's tokenizer and cache (moved from model-sim,
+    // which does not know the benchmark's text).
+    #[test]
+    fn on_the_engine_cache_a_prompt_extending_another_reuses_its_full_blocks() {
+        let mut kv = model_sim::kv_cache::KvCache::new(16, 1000);
+        let short = text(3, 2000);
+        let long = format!("{short} and a question that follows");
+        let a = kv.admit("m", short.as_bytes());
+        kv.release(&a.pinned);
+        let b = kv.admit("m", long.as_bytes());
+        // Every full block of the shorter prompt but possibly the one holding its last token.
+        let full = a.prompt_tokens / 16;
+        assert!(
+            b.cached_tokens >= (full - 1) * 16,
+            "{a:?} {}",
+            b.cached_tokens
+        );
+        assert!(b.prompt_tokens > a.prompt_tokens);
+    }
+
+    #[test]
+    fn the_vocabulary_is_about_four_bytes_per_engine_token() {
+        let text = text(7, 64 * 1024);
+        let per_token = text.len() as f64 / model_sim::tokenizer::count(text.as_bytes()) as f64;
+        assert!((3.5..=4.5).contains(&per_token), "{per_token}");
+        // Token boundaries do not line up with 64-byte blocks.
+        let ends: Vec<usize> = model_sim::tokenizer::tokenize(text.as_bytes())
+            .iter()
+            .map(|r| r.end)
+            .collect();
+        assert!(ends.iter().filter(|e| *e % 64 == 0).count() < ends.len() / 8);
+    }
 
     #[test]
     fn text_is_deterministic_words() {
@@ -548,7 +581,7 @@ mod trace_tests {
         assert_ne!(p0[4096..4400], p1[4096..4400]);
         // The second request can reuse the full 16-token blocks of its first two hash ids.
         let c = ceiling_hit_rate(&w, 16);
-        let tokens = |s: &str| crate::sim::tokenizer::count(s.as_bytes()) as f64;
+        let tokens = |s: &str| model_sim::tokenizer::count(s.as_bytes()) as f64;
         let expected = (tokens(&p1[..4096]) / 16.0).floor() * 16.0 / (tokens(p0) + tokens(p1));
         assert!((c - expected).abs() < 0.02, "{c} vs {expected}");
         assert_eq!(w[0].group, w[1].group);

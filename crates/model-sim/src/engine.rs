@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use prometheus::{Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, Opts, Registry};
 use tokio::sync::Semaphore;
 
-use super::kv_cache::{Admission, KvCache};
+use crate::kv_cache::{Admission, KvCache};
 
 /// Which engine's metric names to expose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -18,9 +18,11 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use super::cluster::{self, cpu_seconds, endpoints_yaml, wait_for};
-use crate::hashing::BlockHash;
-use crate::sync::record::{self, HashParams};
+use prefix_picker::hashing::BlockHash;
+use prefix_picker::sync::record::{self, HashParams};
+use testkit::{endpoints_yaml, wait_for};
+
+use crate::probe::cpu_seconds;
 
 /// What one run measured.
 #[derive(Debug, Clone, Serialize)]
@@ -129,7 +131,7 @@ pub async fn run(
     config.push_str(&format!(
         "sync:\n  redis:\n    url: \"{url}\"\n    stream: \"bench:{{sync}}\"\n"
     ));
-    let (picker, admin) = cluster::start_picker(picker_bin, dir.path(), &config, 2)?;
+    let (picker, admin) = testkit::start_picker(picker_bin, dir.path(), &config, 2)?;
     let admin = admin.to_string();
     let pid = picker.pid();
     let http = reqwest::Client::new();
@@ -147,7 +149,7 @@ pub async fn run(
     let params = HashParams {
         block_size_to_hash: 64,
         max_blocks_to_match: 128,
-        scheme: crate::hashing::ChainScheme::Kthena,
+        scheme: prefix_picker::hashing::ChainScheme::Kthena,
     };
     let mut rng = SmallRng::seed_from_u64(7);
     let systems: Vec<Vec<BlockHash>> = (0..8)

@@ -18,11 +18,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use prefix_picker::bench::cluster::{self, Process, bin_dir, cpu_seconds, render_envoy};
-use prefix_picker::bench::driver::{self, Arrival, RunResult};
-use prefix_picker::bench::overhead::{self, OverheadRow, RowKind};
-use prefix_picker::bench::workload::{self, BenchRequest};
-use prefix_picker::bench::{oracle, placement_search, report};
+use prefix_bench::driver::{self, Arrival, RunResult};
+use prefix_bench::overhead::{self, OverheadRow, RowKind};
+use prefix_bench::probe::{self, cpu_seconds};
+use prefix_bench::workload::{self, BenchRequest};
+use prefix_bench::{oracle, placement_search, report};
+use testkit::{Process, bin_dir, render_envoy};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -60,7 +61,7 @@ enum Cmd {
         #[arg(long, default_value = "bench/results")]
         out: PathBuf,
         /// Run every setup this many times, in alternation, and add a summary of medians of
-        /// the in-round comparisons (`prefix_picker::bench::overhead`).
+        /// the in-round comparisons (`prefix_bench::overhead`).
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
         rounds: u32,
     },
@@ -86,7 +87,7 @@ enum Cmd {
     /// 1 replica vs 3 replicas without sync vs 3 with Redis sync, requests round-robin over
     /// the replicas (each a prefix-picker + Envoy over the same sims), shared-prefix workload.
     Replicas(ReplicasOpts),
-    /// Serve the no-op ext_proc (`prefix_picker::bench::noop_ext_proc`); `overhead` runs it.
+    /// Serve the no-op ext_proc (`prefix_bench::noop_ext_proc`); `overhead` runs it.
     #[command(hide = true)]
     NoopExtProc {
         #[arg(long, default_value = "127.0.0.1:0")]
@@ -509,7 +510,7 @@ struct Cluster {
     _sims: Vec<Process>,
     /// The process behind Envoy's ext_proc cluster: prefix-picker or the no-op processor.
     ext_proc: Option<Process>,
-    envoy: Option<cluster::EnvoyProcess>,
+    envoy: Option<testkit::EnvoyProcess>,
     peer: Option<Process>,
     url: String,
     sim_urls: Vec<String>,
@@ -638,7 +639,7 @@ async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Clu
         // SMG sends a request only to workers that report its model (`/v1/models`).
         sim_args.extend(["--model".to_string(), "model".to_string()]);
     }
-    let sims = cluster::start_sims(&bins.join("model-sim"), SIMS, &sim_args)?;
+    let sims = testkit::start_sims(&bins.join("model-sim"), SIMS, &sim_args)?;
     let backends: Vec<_> = sims.iter().map(|s| s.addr).collect();
     let sim_urls: Vec<String> = backends.iter().map(|b| format!("http://{b}")).collect();
     let mut picker_admin = None;
@@ -655,7 +656,7 @@ async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Clu
         } => {
             let mut config = s.to_string();
             let names: Vec<String> = (0..backends.len()).map(|i| format!("sim-{i}")).collect();
-            config.push_str(&cluster::endpoints_yaml(
+            config.push_str(&testkit::endpoints_yaml(
                 names
                     .iter()
                     .map(String::as_str)
@@ -668,12 +669,12 @@ async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Clu
                 None => config.push_str("picker: {scrapeIntervalSeconds: 0.1}\n"),
             }
             let (p, admin) =
-                cluster::start_picker(&bins.join("prefix-picker"), dir.path(), &config, 2)?;
+                testkit::start_picker(&bins.join("prefix-picker"), dir.path(), &config, 2)?;
             picker_admin = Some(admin);
             (file.as_str(), Some(p))
         }
         Setup::NoopExtProc { file } => {
-            let p = cluster::start_noop_ext_proc(&std::env::current_exe()?, dir.path())?;
+            let p = testkit::start_noop_ext_proc(&std::env::current_exe()?, dir.path())?;
             (file.as_str(), Some(p))
         }
         Setup::Oracle | Setup::OracleCapped => {
@@ -706,7 +707,7 @@ async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Clu
     // Without an ext_proc (round robin) the example's port 9002 is never dialled.
     let ext_proc_port = ext_proc.as_ref().map_or(9002, |p| p.addr.port());
     let text = std::fs::read_to_string(root().join("envoy").join(file))?;
-    let envoy = cluster::start_envoy(
+    let envoy = testkit::start_envoy(
         &envoy_bin()?,
         dir.path(),
         &render_envoy(&text, ext_proc_port, &backends),
@@ -917,7 +918,7 @@ async fn replicas(opts: ReplicasOpts) -> anyhow::Result<()> {
         Some(path) => {
             let text = std::fs::read_to_string(&path)
                 .with_context(|| format!("reading {}", path.display()))?;
-            cluster::scheduler_section(&text).to_string()
+            testkit::scheduler_section(&text).to_string()
         }
         None if prefix_only => PREFIX_ONLY.to_string(),
         None => default_scheduler()?,
@@ -933,11 +934,11 @@ async fn replicas(opts: ReplicasOpts) -> anyhow::Result<()> {
     ] {
         eprintln!("{name} | {label}");
         let dir = tempfile::tempdir()?;
-        let sims = cluster::start_sims(&bins.join("model-sim"), SIMS, &sim_args(4096, 64))?;
+        let sims = testkit::start_sims(&bins.join("model-sim"), SIMS, &sim_args(4096, 64))?;
         let backends: Vec<_> = sims.iter().map(|s| s.addr).collect();
         let sim_urls: Vec<String> = backends.iter().map(|b| format!("http://{b}")).collect();
         let redis = if sync {
-            Some(prefix_picker::bench::sync_cost::start_redis(dir.path())?)
+            Some(prefix_bench::sync_cost::start_redis(dir.path())?)
         } else {
             None
         };
@@ -949,7 +950,7 @@ async fn replicas(opts: ReplicasOpts) -> anyhow::Result<()> {
             std::fs::create_dir_all(&rdir)?;
             let mut config = scheduler.clone();
             let names: Vec<String> = (0..SIMS).map(|i| format!("sim-{i}")).collect();
-            config.push_str(&cluster::endpoints_yaml(
+            config.push_str(&testkit::endpoints_yaml(
                 names
                     .iter()
                     .map(String::as_str)
@@ -960,9 +961,9 @@ async fn replicas(opts: ReplicasOpts) -> anyhow::Result<()> {
                 config.push_str(&format!("sync:\n  redis:\n    url: \"{url}\"\n"));
             }
             let (picker, admin) =
-                cluster::start_picker(&bins.join("prefix-picker"), &rdir, &config, verbosity)?;
+                testkit::start_picker(&bins.join("prefix-picker"), &rdir, &config, verbosity)?;
             admins.push(admin);
-            let envoy = cluster::start_envoy(
+            let envoy = testkit::start_envoy(
                 &envoy_bin()?,
                 &rdir,
                 &render_envoy(&envoy_yaml, picker.addr.port(), &backends),
@@ -987,7 +988,7 @@ async fn replicas(opts: ReplicasOpts) -> anyhow::Result<()> {
             ceiling * 100.0,
             r.ttft_ms.p50,
             r.errors,
-            cluster::decision_reasons(&admins).await,
+            probe::decision_reasons(&admins).await,
         );
         if let Some(logs) = &logs {
             for i in 0..n {
@@ -1184,9 +1185,9 @@ async fn main() -> anyhow::Result<()> {
             let listener = tokio::net::TcpListener::bind(&grpc_addr)
                 .await
                 .with_context(|| format!("binding {grpc_addr}"))?;
-            // `cluster::start_noop_ext_proc` reads this line.
+            // `testkit::start_noop_ext_proc` reads this line.
             eprintln!("noop-ext-proc serving grpc_addr={}", listener.local_addr()?);
-            prefix_picker::bench::noop_ext_proc::serve(listener).await
+            prefix_bench::noop_ext_proc::serve(listener).await
         }
         Cmd::SyncApply {
             rate,
@@ -1195,8 +1196,7 @@ async fn main() -> anyhow::Result<()> {
             pods,
         } => {
             let bin = bin_dir().join("prefix-picker");
-            let cost =
-                prefix_picker::bench::sync_cost::run(&bin, rate, seconds, blocks, pods).await?;
+            let cost = prefix_bench::sync_cost::run(&bin, rate, seconds, blocks, pods).await?;
             println!("{}", serde_json::to_string_pretty(&cost)?);
             Ok(())
         }

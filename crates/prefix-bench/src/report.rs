@@ -258,7 +258,7 @@ fn register_font() {
         let _ = plotters::style::register_font(
             "sans-serif",
             plotters::style::FontStyle::Normal,
-            include_bytes!("../../bench/fonts/DejaVuSans.ttf"),
+            include_bytes!("../fonts/DejaVuSans.ttf"),
         );
     });
 }
@@ -410,7 +410,7 @@ mod plot_tests {
             workload: workload.into(),
             hit_rate: hit,
             ceiling_hit_rate: 0.8,
-            ttft_ms: crate::bench::driver::Percentiles {
+            ttft_ms: crate::driver::Percentiles {
                 p50: 10.0,
                 p90: 20.0,
                 p99: 30.0,

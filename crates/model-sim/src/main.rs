@@ -1,12 +1,12 @@
-//! `model-sim`: one simulated vLLM/SGLang pod (see `prefix_picker::sim`).
+//! `model-sim`: one simulated vLLM/SGLang pod (see the library, `model_sim`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::serve::ListenerExt;
 use clap::Parser;
-use prefix_picker::sim::engine::{Engine, EngineConfig, EngineKind};
-use prefix_picker::sim::server::{SimConfig, app};
+use model_sim::engine::{Engine, EngineConfig, EngineKind};
+use model_sim::server::{SimConfig, app};
 
 #[derive(Debug, Parser)]
 #[command(

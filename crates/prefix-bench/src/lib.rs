@@ -1,11 +1,11 @@
 //! `prefix-bench`: routing quality and overhead, measured against real processes.
 
-pub mod cluster;
 pub mod driver;
 pub mod noop_ext_proc;
 pub mod oracle;
 pub mod overhead;
 pub mod placement_search;
+pub mod probe;
 pub mod report;
 pub mod sync_cost;
 pub mod workload;

@@ -1,0 +1,132 @@
+//! `prefix-bench` as a process: a quick suite end to end (model-sims, the picker and Envoy, every
+//! router) and the overhead baseline's no-op processor. The suite starts `model-sim` and
+//! `prefix-picker` from the binaries next to its own, which `cargo test --workspace` builds.
+
+use std::process::Command;
+
+#[test]
+fn benchmark_quick_suite_writes_a_well_formed_report() {
+    // The suite starts these from the directory of its own binary; fail here, clearly, if they
+    // were not built.
+    testkit::workspace_bin("model-sim");
+    testkit::workspace_bin("prefix-picker");
+    let out = tempfile::tempdir().unwrap();
+    let status = Command::new(env!("CARGO_BIN_EXE_prefix-bench"))
+        // Two workloads (an old and a new one) keep the test short; every router runs.
+        .args([
+            "suite",
+            "--quick",
+            "--workloads",
+            "shared-prefix,agent",
+            "--out",
+        ])
+        .arg(out.path())
+        .env("PREFIX_PICKER_ROOT", testkit::workspace_root())
+        .env("ENVOY_BIN", testkit::envoy_bin())
+        .env_remove("SGLANG_ROUTER_PYTHON")
+        .env_remove("VLLM_ROUTER_BIN")
+        .env_remove("SMG_BIN")
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let results: Vec<prefix_bench::driver::RunResult> =
+        serde_json::from_slice(&std::fs::read(out.path().join("suite-quick.json")).unwrap())
+            .unwrap();
+    let routers: std::collections::BTreeSet<&str> =
+        results.iter().map(|r| r.router.as_str()).collect();
+    let workloads: std::collections::BTreeSet<&str> =
+        results.iter().map(|r| r.workload.as_str()).collect();
+    // Round robin, prefix-cache only, Kthena, the shipped config, the oracle and the load-capped
+    // oracle; one run each.
+    assert_eq!(routers.len(), 6, "{routers:?}");
+    assert!(routers.contains(prefix_bench::report::SHIPPED));
+    assert_eq!(
+        routers.iter().filter(|r| r.starts_with("oracle")).count(),
+        2,
+        "{routers:?}"
+    );
+    for r in results
+        .iter()
+        .filter(|r| r.router.starts_with("oracle, max/mean"))
+    {
+        // The capped oracle keeps its load allowance (or the balanced placement's, if higher).
+        assert!(
+            r.max_over_mean <= 1.3 + 1e-9,
+            "{}: {}",
+            r.workload,
+            r.max_over_mean
+        );
+        assert!(r.pods_per_group >= 1.0, "{}", r.workload);
+    }
+    assert_eq!(workloads.len(), 2, "{workloads:?}");
+    assert_eq!(results.len(), routers.len() * workloads.len());
+    for r in &results {
+        assert_eq!(r.errors, 0, "{} / {}", r.workload, r.router);
+        assert!(r.requests > 0 && r.requests_per_s > 0.0);
+        assert!((0.0..=1.0).contains(&r.hit_rate) && (0.0..=1.0).contains(&r.ceiling_hit_rate));
+        assert!(
+            r.hit_rate <= r.ceiling_hit_rate + 1e-9,
+            "{} / {}: above the ceiling",
+            r.workload,
+            r.router
+        );
+        assert_eq!(r.pod_share.values().sum::<usize>(), r.requests);
+    }
+    let md = std::fs::read_to_string(out.path().join("suite-quick.md")).unwrap();
+    assert_eq!(md.matches("| router |").count(), workloads.len());
+}
+
+/// The overhead baseline's processor, as `prefix-bench overhead` starts it: each phase gets its
+/// own empty reply, in order, on one stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn noop_ext_proc_answers_each_phase_with_an_empty_reply() {
+    use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
+    use ep::processing_request::Request as In;
+    use ep::processing_response::Response as Out;
+
+    let dir = tempfile::tempdir().unwrap();
+    let noop = testkit::start_noop_ext_proc(
+        std::path::Path::new(env!("CARGO_BIN_EXE_prefix-bench")),
+        dir.path(),
+    )
+    .unwrap();
+    let mut client = ep::external_processor_client::ExternalProcessorClient::connect(format!(
+        "http://{}",
+        noop.addr
+    ))
+    .await
+    .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let mut replies = client
+        .process(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let message = |r: In| ep::ProcessingRequest {
+        request: Some(r),
+        ..ep::ProcessingRequest::default()
+    };
+    tx.send(message(In::RequestHeaders(ep::HttpHeaders::default())))
+        .await
+        .unwrap();
+    let reply = replies.message().await.unwrap().unwrap();
+    assert_eq!(
+        reply.response,
+        Some(Out::RequestHeaders(ep::HeadersResponse::default()))
+    );
+    tx.send(message(In::RequestBody(ep::HttpBody {
+        body: b"{\"model\":\"m\",\"prompt\":\"x\"}".to_vec(),
+        end_of_stream: true,
+        ..ep::HttpBody::default()
+    })))
+    .await
+    .unwrap();
+    let reply = replies.message().await.unwrap().unwrap();
+    assert_eq!(
+        reply.response,
+        Some(Out::RequestBody(ep::BodyResponse::default()))
+    );
+    drop(tx);
+    assert!(replies.message().await.unwrap().is_none());
+}
