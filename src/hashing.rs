@@ -107,44 +107,9 @@ impl BlockChain {
     }
 }
 
-/// "00" to "99": two decimal digits per table lookup.
-const DIGIT_PAIRS: &[u8; 200] = b"\
-    0001020304050607080910111213141516171819\
-    2021222324252627282930313233343536373839\
-    4041424344454647484950515253545556575859\
-    6061626364656667686970717273747576777879\
-    8081828384858687888990919293949596979899";
-
-/// Appends the base-10 text of `n` (four digits per division, two per table lookup).
+/// Appends the base-10 text of `n` (Go's `strconv.FormatUint(n, 10)`, as Kthena writes it).
 fn push_decimal(buf: &mut Vec<u8>, n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    let mut n = n;
-    /// Writes the two digits of `v` (< 100) to `digits[i - 2..i]`.
-    fn pair(i: usize, v: usize, digits: &mut [u8; 20]) {
-        digits[i - 2..i].copy_from_slice(&DIGIT_PAIRS[2 * v..2 * v + 2]);
-    }
-    while n >= 10_000 {
-        let rem = (n % 10_000) as usize;
-        n /= 10_000;
-        pair(i, rem % 100, &mut digits);
-        pair(i - 2, rem / 100, &mut digits);
-        i -= 4;
-    }
-    let mut n = n as usize;
-    if n >= 100 {
-        pair(i, n % 100, &mut digits);
-        n /= 100;
-        i -= 2;
-    }
-    if n >= 10 {
-        pair(i, n, &mut digits);
-        i -= 2;
-    } else {
-        i -= 1;
-        digits[i] = b'0' + n as u8;
-    }
-    buf.extend_from_slice(&digits[i..]);
+    buf.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 #[cfg(test)]

@@ -1,4 +1,7 @@
 //! One pod's bounded recency list of block entries: a slab of 20-byte nodes with `u32` links.
+//! Hand-written rather than the `lru` crate, for memory: `lru` adds its own hash map and a
+//! boxed node with 64-bit links per entry, where this list's node is all a pod adds (42.3 B per
+//! entry with the reverse map, against a 64 B goal; benches/RESULTS.md).
 //!
 //! Nodes live in a `Vec` (grown by doubling, capped at the capacity, so a full list allocates
 //! exactly `capacity` nodes) and form a doubly linked list from most to least recent. There is
