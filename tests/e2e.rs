@@ -157,6 +157,8 @@ async fn assert_sticky(envoy: &Envoy, picker: &serve_alias::Running, path: &str,
         second.served_by, first.served_by,
         "{path}: same prefix, same pod"
     );
+    // The second completion's record too, or it would count as the next call's first.
+    wait_metric(picker, "prefix_picker_records_total", recorded + 2.0).await;
 }
 
 mod serve_alias {
