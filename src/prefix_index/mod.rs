@@ -546,7 +546,10 @@ impl PrefixIndex {
     /// reverse-map changes they make (in `changes`, in order). A node found in step 1 may have
     /// been reused by an eviction earlier in this record (its key then differs); a key seen
     /// earlier in this record is where that occurrence left it. Returns evictions per model.
-    #[allow(clippy::too_many_arguments)]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the record's per-thread buffers, passed apart so each borrow is separate"
+    )]
     #[inline(never)]
     fn update_list(
         &self,
@@ -662,7 +665,10 @@ impl PrefixIndex {
     }
 
     /// The longest-match walk of [`PrefixIndex::longest_matches`], writing into `matched`.
-    #[allow(clippy::too_many_arguments)]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the walk's inputs and its output buffers, passed apart so each borrow is separate"
+    )]
     fn walk<R: Rng>(
         &self,
         model: ModelId,

@@ -193,7 +193,10 @@ pub fn burst(
 /// Multi-tenant chat: `tenants` system prompts of `system_tokens`, picked with Zipf(`zipf`)
 /// popularity by `sessions` sessions of 1-3 turns (half are single questions); follow-up turns
 /// re-send the session's history. Questions vary from half to 1.5x `question_tokens`.
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one argument per workload parameter"
+)]
 pub fn multi_tenant(
     tenants: usize,
     sessions: usize,
@@ -250,7 +253,10 @@ pub fn multi_tenant(
 /// Agent sessions: one tool preamble of `preamble_bytes` shared by every session, a task of
 /// `task_tokens`, then `turns` requests per session, each appending the previous tool call
 /// (`output_tokens`) and its result (half to 1.5x `step_tokens`): append-only histories.
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one argument per workload parameter"
+)]
 pub fn agent_sessions(
     sessions: usize,
     turns: usize,
@@ -294,7 +300,10 @@ pub fn agent_sessions(
 
 /// Hot prefix: `requests` questions over `prefixes` system prompts, prefix 0 drawing
 /// `hot_share` of them and the others sharing the rest evenly, in random order.
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one argument per workload parameter"
+)]
 pub fn hot_prefix(
     prefixes: usize,
     requests: usize,
