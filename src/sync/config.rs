@@ -11,7 +11,7 @@
 //!     stream: "prefix-picker:{default}"   # cluster: must hold a {hash tag}, which picks the slot
 //!     maxLen: 1000000                     # XADD MAXLEN ~ (entries = records)
 //!     replayOnStart: true                 # replay the retained tail before reporting ready
-//!     replayTimeoutSeconds: 10            # ... for at most this long
+//!     replayTimeoutSeconds: 10            # ... for at most this long (> 0 with the replay)
 //!     batchMaxRecords: 256                # records per pipelined XADD batch
 //!     queueCapacity: 10000                # records waiting to be published; more are dropped
 //! ```
@@ -68,7 +68,9 @@ pub enum SyncConfigError {
     NoHashTag(String),
     #[error("sync.redis.{key} must be greater than 0, got {value}")]
     Zero { key: &'static str, value: String },
-    #[error("sync.redis.replayTimeoutSeconds must be a finite number >= 0, got {0}")]
+    #[error(
+        "sync.redis.replayTimeoutSeconds must be a finite number > 0 with replayOnStart (0 would report ready before replaying anything; set replayOnStart: false to start cold), got {0}"
+    )]
     Timeout(String),
     #[error("sync.redis.stream must not be empty")]
     EmptyStream,
@@ -275,7 +277,8 @@ impl TryFrom<RawRedis> for RedisSync {
                 });
             }
         }
-        if !raw.replay_timeout_seconds.is_finite() || raw.replay_timeout_seconds < 0.0 {
+        let t = raw.replay_timeout_seconds;
+        if !t.is_finite() || t < 0.0 || (raw.replay_on_start && t == 0.0) {
             return Err(SyncConfigError::Timeout(
                 raw.replay_timeout_seconds.to_string(),
             ));

@@ -58,6 +58,17 @@ fn strict_errors_name_the_key_and_value() {
     );
     let e = parse("redis: {url: 'redis://h', replayTimeoutSeconds: -1}").unwrap_err();
     assert!(e.contains("replayTimeoutSeconds"), "{e}");
+    // 0 would report ready before the replay (issue 26); without the replay it means nothing.
+    let e = parse("redis: {url: 'redis://h', replayTimeoutSeconds: 0}").unwrap_err();
+    assert!(
+        e.contains("must be a finite number > 0 with replayOnStart"),
+        "{e}"
+    );
+    assert!(
+        e.contains("replayOnStart: false") && e.ends_with("got 0"),
+        "{e}"
+    );
+    parse("redis: {url: 'redis://h', replayOnStart: false, replayTimeoutSeconds: 0}").unwrap();
     let e = parse("redis: {url: 'redis://h', passwordEnv: A, passwordFile: /b}").unwrap_err();
     assert!(e.contains("at most one of passwordEnv"), "{e}");
     // Through the whole config: one error line per problem, prefixed with the section.
