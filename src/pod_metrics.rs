@@ -75,14 +75,21 @@ pub struct RawEngineMetrics {
 
 const WAITING: [&str; 2] = ["vllm:num_requests_waiting", "sglang:num_queue_reqs"];
 const RUNNING: [&str; 2] = ["vllm:num_requests_running", "sglang:num_running_reqs"];
-const KV_USAGE: [&str; 2] = ["vllm:kv_cache_usage_perc", "sglang:token_usage"];
+// Current names first; older vLLM releases called these `gpu_cache_usage_perc` and
+// `time_per_output_token_seconds`.
+const KV_USAGE: [&str; 3] = [
+    "vllm:kv_cache_usage_perc",
+    "sglang:token_usage",
+    "vllm:gpu_cache_usage_perc",
+];
 const TTFT: [&str; 2] = [
     "vllm:time_to_first_token_seconds",
     "sglang:time_to_first_token_seconds",
 ];
-const TPOT: [&str; 2] = [
+const TPOT: [&str; 3] = [
     "vllm:inter_token_latency_seconds",
     "sglang:inter_token_latency_seconds",
+    "vllm:time_per_output_token_seconds",
 ];
 
 type Exposition = openmetrics_parser::MetricsExposition<PrometheusType, PrometheusValue>;
@@ -315,6 +322,21 @@ vllm:time_to_first_token_seconds_count 4
         let m = parse(text).unwrap();
         assert_eq!(m.waiting, 7.0);
         assert_eq!(m.kv_usage, 0.5);
+    }
+
+    #[test]
+    fn parses_older_vllm_names_and_prefers_the_current_ones() {
+        let old = "# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc 0.4\n\
+            # TYPE vllm:time_per_output_token_seconds histogram\n\
+            vllm:time_per_output_token_seconds_bucket{le=\"+Inf\"} 5\n\
+            vllm:time_per_output_token_seconds_sum 0.1\n\
+            vllm:time_per_output_token_seconds_count 5\n";
+        let m = parse(old).unwrap();
+        assert_eq!(m.kv_usage, 0.4);
+        assert_eq!(m.tpot, Totals { sum: 0.1, count: 5 });
+        let both =
+            format!("{old}# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 0.7\n");
+        assert_eq!(parse(&both).unwrap().kv_usage, 0.7);
     }
 
     #[test]
