@@ -29,6 +29,8 @@ RUN mkdir -p src benches crates/model-sim/src crates/prefix-bench/src crates/tes
  && rm -rf src benches crates
 
 FROM deps AS build
+# The git revision for prefix_picker_build_info (the build context has no .git; build.rs reads it).
+ARG PREFIX_PICKER_REVISION=unknown
 COPY . .
 # COPY keeps the files' modification times, which may be older than the stubs' build: touch the
 # sources so cargo compiles them instead of reusing the stub crates.

@@ -15,6 +15,11 @@ use prometheus::{
 
 use crate::prefix_index::ModelKey;
 
+/// This build's version (`Cargo.toml`).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// This build's git revision (`build.rs`: `PREFIX_PICKER_REVISION`, else git, else `unknown`).
+pub const REVISION: &str = env!("PREFIX_PICKER_REVISION");
+
 /// Buckets of `kthena_router_prefix_cache_match_ratio` (Kthena's).
 pub const MATCH_RATIO_BUCKETS: [f64; 9] = [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0];
 
@@ -279,6 +284,16 @@ impl RouterMetrics {
         register(registry, m.pod_inflight.clone());
         register(registry, m.pod_picks.clone());
         register(registry, m.immediate_responses.clone());
+        let build = IntGaugeVec::new(
+            Opts::new(
+                "prefix_picker_build_info",
+                "Always 1; the labels name the build (version, git revision)",
+            ),
+            &["version", "revision"],
+        )
+        .expect("valid metric");
+        build.with_label_values(&[VERSION, REVISION]).set(1);
+        register(registry, build);
         m
     }
 
@@ -307,4 +322,22 @@ pub fn encode(registry: &Registry) -> String {
         .encode(&registry.gather(), &mut buf)
         .expect("text encoding cannot fail");
     String::from_utf8(buf).expect("text format is UTF-8")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_info_names_this_build() {
+        let registry = Registry::new();
+        RouterMetrics::register(&registry);
+        let text = encode(&registry);
+        let line = format!(
+            "prefix_picker_build_info{{revision=\"{REVISION}\",version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.contains(&line), "{line} not in:\n{text}");
+        assert!(!REVISION.is_empty());
+    }
 }

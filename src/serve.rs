@@ -381,6 +381,8 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
     }
     let health_shown = health_addr.map_or_else(|| "none".to_string(), |a| a.to_string());
     tracing::info!(
+        version = crate::metrics::VERSION,
+        revision = crate::metrics::REVISION,
         %grpc_addr,
         %admin_addr,
         health_addr = %health_shown,
