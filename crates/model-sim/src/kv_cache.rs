@@ -107,17 +107,17 @@ impl KvCache {
     /// Looks up and pins a prompt's blocks.
     pub fn admit(&mut self, model: &str, prompt: &[u8]) -> Admission {
         let (hashes, prompt_tokens) = self.block_hashes(model, prompt);
-        self.admit_blocks(hashes, prompt_tokens)
+        self.admit_blocks(&hashes, prompt_tokens)
     }
 
     /// [`KvCache::admit`] for a prompt already cut into blocks ([`KvCache::block_hashes`]).
-    pub fn admit_blocks(&mut self, hashes: Vec<KvBlock>, prompt_tokens: usize) -> Admission {
+    pub fn admit_blocks(&mut self, hashes: &[KvBlock], prompt_tokens: usize) -> Admission {
         let hit = hashes
             .iter()
             .take_while(|h| self.blocks.contains_key(h))
             .count();
         let mut pinned = Vec::with_capacity(hashes.len());
-        for h in hashes {
+        for &h in hashes {
             if self.pin(h) {
                 pinned.push(h);
             } else {

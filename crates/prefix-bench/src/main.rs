@@ -725,23 +725,6 @@ async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Clu
     })
 }
 
-/// prefix-picker's decisions by reason (`prefix_picker_decisions_total`), from its `/metrics`.
-async fn picker_decisions(admin: std::net::SocketAddr) -> String {
-    let Ok(r) = reqwest::get(format!("http://{admin}/metrics")).await else {
-        return String::new();
-    };
-    let text = r.text().await.unwrap_or_default();
-    text.lines()
-        .filter_map(|l| {
-            let rest = l.strip_prefix("prefix_picker_decisions_total{")?;
-            let reason = rest.split("reason=\"").nth(1)?.split('"').next()?;
-            let value: f64 = l.rsplit(' ').next()?.parse().ok()?;
-            (value > 0.0).then(|| format!("{reason} {value}"))
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 fn write_results(out: &PathBuf, name: &str, results: &[RunResult], md: &str) -> anyhow::Result<()> {
     std::fs::create_dir_all(out)?;
     std::fs::write(
@@ -820,7 +803,7 @@ async fn suite(opts: SuiteOpts) -> anyhow::Result<()> {
                     eprintln!("  pod {pod}: groups (requests) {groups:?}");
                 }
             }
-            placement_search::pin(&w.requests, &s.assignment)
+            oracle::pin_to(&w.requests, &s.assignment)
         } else {
             Vec::new()
         };
@@ -849,7 +832,13 @@ async fn suite(opts: SuiteOpts) -> anyhow::Result<()> {
                 .await;
                 r.rep = rep;
                 if let Some(admin) = c.picker_admin {
-                    eprintln!("  decisions: {}", picker_decisions(admin).await);
+                    let reasons = probe::decision_reasons(&[admin]).await;
+                    let shown: Vec<String> = reasons
+                        .iter()
+                        .filter(|(_, n)| **n > 0.0)
+                        .map(|(reason, n)| format!("{reason} {n}"))
+                        .collect();
+                    eprintln!("  decisions: {}", shown.join(", "));
                 }
                 eprintln!(
                     "  hit rate {:.1}% (ceiling {:.1}%), TTFT p50 {:.0} ms, max/mean pod share {:.2}, pods per group {:.2}, errors {}",

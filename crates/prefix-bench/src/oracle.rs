@@ -75,10 +75,15 @@ pub fn assign(requests: &[BenchRequest], pods: usize) -> Vec<usize> {
 
 /// The requests, each pinned to its pod (`pin_to`).
 pub fn pin(requests: &[BenchRequest], pods: usize) -> Vec<BenchRequest> {
-    assign(requests, pods)
-        .into_iter()
-        .zip(requests)
-        .map(|(pod, r)| BenchRequest {
+    pin_to(requests, &assign(requests, pods))
+}
+
+/// The requests, each pinned to its pod in `assignment` (one pod per request).
+pub fn pin_to(requests: &[BenchRequest], assignment: &[usize]) -> Vec<BenchRequest> {
+    requests
+        .iter()
+        .zip(assignment)
+        .map(|(r, &pod)| BenchRequest {
             pin_to: Some(pod),
             ..r.clone()
         })

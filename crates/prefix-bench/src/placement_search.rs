@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 
 use super::oracle;
-use super::workload::BenchRequest;
+use super::workload::{self, BenchRequest};
 use model_sim::kv_cache::{KvBlock, KvCache};
 
 /// A searched placement.
@@ -52,14 +52,9 @@ fn prepare(requests: &[BenchRequest], block_tokens: usize) -> Prepared {
         unit_group: Vec::new(),
     };
     for (i, r) in requests.iter().enumerate() {
-        let body = serde_json::to_vec(&r.body).expect("serializable");
-        // As the ceiling is computed (`workload::ceiling_hit_rate`).
-        let (blocks, tokens) = match prefix_picker::request::InferenceRequest::parse(&body) {
-            Ok(req) => {
-                let prompt = req.prompt.unwrap_or_default();
-                kv.block_hashes(&req.model, prompt.as_bytes())
-            }
-            Err(_) => (Vec::new(), 0),
+        let (blocks, tokens) = match workload::engine_prompt(r) {
+            Some((model, prompt)) => kv.block_hashes(&model, prompt.as_bytes()),
+            None => (Vec::new(), 0),
         };
         p.blocks.push(blocks);
         p.tokens.push(tokens);
@@ -106,7 +101,7 @@ impl Evaluator<'_> {
         let (mut hits, mut queries) = (0usize, 0usize);
         for (i, blocks) in self.p.blocks.iter().enumerate() {
             let cache = &mut caches[unit_pod[self.p.unit[i]]];
-            let a = cache.admit_blocks(blocks.clone(), self.p.tokens[i]);
+            let a = cache.admit_blocks(blocks, self.p.tokens[i]);
             cache.release(&a.pinned);
             hits += a.cached_tokens;
             queries += self.p.tokens[i];
@@ -232,22 +227,9 @@ pub fn search(
     }
 }
 
-/// The requests, each pinned to its pod in `assignment`.
-pub fn pin(requests: &[BenchRequest], assignment: &[usize]) -> Vec<BenchRequest> {
-    requests
-        .iter()
-        .zip(assignment)
-        .map(|(r, &pod)| BenchRequest {
-            pin_to: Some(pod),
-            ..r.clone()
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workload;
 
     fn max_over_mean(assignment: &[usize], pods: usize) -> f64 {
         let mut load = vec![0usize; pods];

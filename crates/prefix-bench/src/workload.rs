@@ -386,18 +386,24 @@ pub fn trace(
     Ok(out)
 }
 
+/// The model and the prompt an engine sees for `r` (rendered as the router renders it), or
+/// `None` when the body does not parse.
+pub fn engine_prompt(r: &BenchRequest) -> Option<(String, String)> {
+    let body = serde_json::to_vec(&r.body).expect("serializable");
+    let req = prefix_picker::request::InferenceRequest::parse(&body).ok()?;
+    Some((req.model, req.prompt.unwrap_or_default()))
+}
+
 /// The hit rate of an infinite cache with perfect routing (one engine sees everything), token
 /// weighted, with model-sim's block size: the ceiling any router can reach on this workload.
 pub fn ceiling_hit_rate(requests: &[BenchRequest], block_tokens: usize) -> f64 {
     let mut kv = model_sim::kv_cache::KvCache::new(block_tokens, usize::MAX);
     let (mut hits, mut queries) = (0usize, 0usize);
     for r in requests {
-        let body = serde_json::to_vec(&r.body).expect("serializable");
-        let Ok(req) = prefix_picker::request::InferenceRequest::parse(&body) else {
+        let Some((model, prompt)) = engine_prompt(r) else {
             continue;
         };
-        let prompt = req.prompt.unwrap_or_default();
-        let a = kv.admit(&req.model, prompt.as_bytes());
+        let a = kv.admit(&model, prompt.as_bytes());
         kv.release(&a.pinned);
         hits += a.cached_tokens;
         queries += a.prompt_tokens;
