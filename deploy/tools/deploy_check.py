@@ -24,7 +24,7 @@ Validation per kind (each document must match one; an unknown kind is an error):
   model's dump is compared with the input and any dropped key fails;
 - CRDs vendored from their projects (schemas/crds/, schemas/README.md: versions, licenses):
   InferencePool (GIE), HTTPRoute and Gateway (Gateway API), DestinationRule and Telemetry
-  (Istio), EnvoyProxy, EnvoyExtensionPolicy, EnvoyPatchPolicy and Backend (Envoy Gateway): the
+  (Istio), PrometheusRule (prometheus-operator), EnvoyProxy, EnvoyExtensionPolicy, EnvoyPatchPolicy and Backend (Envoy Gateway): the
   CRD's own schema, made strict (an object with `properties` and neither
   `additionalProperties` nor `x-kubernetes-preserve-unknown-fields` rejects unknown keys, as
   `kubectl apply --validate=strict` does); CEL rules (`x-kubernetes-validations`) are not run;
@@ -70,6 +70,7 @@ SCENARIOS = {
             "roleLabel": "llm-d.ai/role", "modelLabel": "app.kubernetes.io/model"}},
         "envoy": {"failOpen": True},
         "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+        "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
         "podDisruptionBudget": {"enabled": True},
         "picker": {"env": [{"name": "RUST_LOG", "value": "info"}]},
         "extraConfig": {"auth": {}},
@@ -106,7 +107,7 @@ BAD_VALUES = {
 
 # Helm's install order, so the rendered files read top-down.
 KIND_ORDER = ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Deployment",
-              "PodDisruptionBudget", "ServiceMonitor", "InferencePool", "Backend", "EnvoyProxy",
+              "PodDisruptionBudget", "ServiceMonitor", "PrometheusRule", "InferencePool", "Backend", "EnvoyProxy",
               "Gateway", "HTTPRoute", "DestinationRule", "Telemetry", "HealthCheckPolicy",
               "GCPBackendPolicy"]
 
