@@ -48,6 +48,21 @@ ensure_redis() {
   redis-server --version >/dev/null
 }
 
+# Installs Debian's prometheus package for promtool (tests/deploy.rs checks and unit-tests the
+# alert rules with it) unless promtool is on PATH, without its recommended exporters. The tests run
+# promtool only: on a host running systemd, the server the package starts is stopped again.
+ensure_promtool() {
+  if ! command -v promtool >/dev/null 2>&1; then
+    apt_install --no-install-recommends prometheus
+    if [ -d /run/systemd/system ]; then
+      local sudo=""
+      [ "$(id -u)" = 0 ] || sudo="sudo"
+      $sudo systemctl disable --now prometheus >/dev/null 2>&1 || true
+    fi
+  fi
+  promtool --version >/dev/null
+}
+
 # Installs what scripts/image needs, from Debian, unless present: umoci (assembles OCI images as
 # plain files: no daemon, no containers-storage), skopeo (reads them back, as the tests do),
 # binutils (strip, readelf) and ca-certificates (the CA bundle copied into the images).

@@ -3,9 +3,9 @@
 //! schemas and the CRD models (`deploy/tools/deploy_check.py`, tools in `.venv-deploy`, installed
 //! by `scripts/test`), the committed plain manifests compared with the chart, every Envoy config
 //! they carry validated by Envoy itself, the picker config they carry validated by the binary,
-//! every metric the Grafana dashboard queries found in a real exposition after real traffic, the
-//! CI workflows checked against the GitHub-workflow schema, and the container images run as the
-//! chart runs them (`image`).
+//! the Grafana dashboard and the alert rules checked against real expositions and by promtool
+//! (`monitoring`), the CI workflows checked against the GitHub-workflow schema, and the container
+//! images run as the chart runs them (`image`).
 
 #[expect(
     dead_code,
@@ -16,6 +16,8 @@ mod fake_kube;
 mod harness;
 #[path = "deploy/image.rs"]
 mod image;
+#[path = "deploy/monitoring.rs"]
+mod monitoring;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -146,6 +148,14 @@ fn every_manifest_passes_schema_validation_and_broken_ones_fail() {
         (
             "ServiceMonitor field misspelled",
             "apiVersion: monitoring.coreos.com/v1\nkind: ServiceMonitor\nmetadata: {name: x}\nspec:\n  selector: {matchLabels: {a: b}}\n  endpoints: [{port: metrics, intervall: 15s}]\n",
+        ),
+        (
+            "PrometheusRule duration not a Prometheus duration",
+            "apiVersion: monitoring.coreos.com/v1\nkind: PrometheusRule\nmetadata: {name: x}\nspec:\n  groups: [{name: g, rules: [{alert: A, expr: up == 0, for: 5 minutes}]}]\n",
+        ),
+        (
+            "PrometheusRule field misspelled",
+            "apiVersion: monitoring.coreos.com/v1\nkind: PrometheusRule\nmetadata: {name: x}\nspec:\n  groups: [{name: g, rules: [{alert: A, expr: up == 0, annotation: {summary: s}}]}]\n",
         ),
         (
             "EnvoyFilter applyTo unknown",
@@ -678,329 +688,4 @@ fn envoy_gateway_patch_policy_value_passes_envoy_validate() {
         &fragment_bootstrap(&[], "picker", &Value::Mapping(merged)),
         "envoy-gateway",
     );
-}
-
-// ---------------------------------------------------------------- Grafana dashboard
-
-const PROMQL_WORDS: &[&str] = &[
-    "by",
-    "without",
-    "on",
-    "ignoring",
-    "group_left",
-    "group_right",
-    "bool",
-    "and",
-    "or",
-    "unless",
-    "offset",
-    "inf",
-    "nan",
-];
-
-/// Metric names in a PromQL expression: identifiers outside strings, label matchers, ranges and
-/// `by (...)` lists that are not functions (followed by `(`) or keywords. `label_values(m, l)`
-/// (a Grafana variable query) yields `m`.
-fn promql_metric_names(expr: &str) -> Vec<String> {
-    if let Some(rest) = expr.trim().strip_prefix("label_values(") {
-        let metric = rest.split([',', ')', '{']).next().unwrap().trim();
-        return vec![metric.to_string()];
-    }
-    // Blank out strings, {...} matchers, [...] ranges and by/without (...) label lists.
-    let mut clean = String::new();
-    let mut depth_brace = 0;
-    let mut depth_bracket = 0;
-    let mut in_string = false;
-    for c in expr.chars() {
-        match c {
-            '"' if depth_brace == 0 => in_string = !in_string,
-            _ if in_string => {}
-            '{' => depth_brace += 1,
-            '}' => depth_brace -= 1,
-            '[' => depth_bracket += 1,
-            ']' => depth_bracket -= 1,
-            _ if depth_brace > 0 || depth_bracket > 0 => {}
-            _ => {
-                clean.push(c);
-                continue;
-            }
-        }
-        clean.push(' ');
-    }
-    const LABEL_LISTS: &[&str] = &[
-        "by",
-        "without",
-        "on",
-        "ignoring",
-        "group_left",
-        "group_right",
-    ];
-    let words = |from: usize| -> (String, usize) {
-        let chars: Vec<char> = clean[from..].chars().collect();
-        let n = chars
-            .iter()
-            .take_while(|c| c.is_ascii_alphanumeric() || **c == '_' || **c == ':' || **c == '.')
-            .count();
-        (chars[..n].iter().collect(), n)
-    };
-    let mut names = Vec::new();
-    let mut i = 0;
-    let mut in_label_list = false;
-    while i < clean.len() {
-        let c = clean.as_bytes()[i] as char;
-        if c.is_ascii_alphanumeric() || c == '_' || c == ':' {
-            let (word, n) = words(i);
-            i += n;
-            let rest = clean[i..].trim_start();
-            let next_word = words(clean.len() - rest.len()).0;
-            let is_number = c.is_ascii_digit();
-            let is_call = rest.starts_with('(') || next_word == "by" || next_word == "without";
-            if LABEL_LISTS.contains(&word.as_str()) {
-                in_label_list = rest.starts_with('(');
-            } else if !(is_number
-                || is_call
-                || in_label_list
-                || PROMQL_WORDS.contains(&word.to_lowercase().as_str()))
-            {
-                names.push(word);
-            }
-        } else {
-            if c == ')' {
-                in_label_list = false;
-            }
-            i += 1;
-        }
-    }
-    names
-}
-
-/// Every PromQL expression of a Grafana dashboard (panel targets and variable queries).
-fn dashboard_queries(dashboard: &serde_json::Value) -> Vec<String> {
-    fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
-        match v {
-            serde_json::Value::Object(m) => {
-                for (k, v) in m {
-                    match (k.as_str(), v) {
-                        ("expr" | "definition", serde_json::Value::String(s)) => {
-                            out.push(s.clone())
-                        }
-                        _ => walk(v, out),
-                    }
-                }
-            }
-            serde_json::Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
-            _ => {}
-        }
-    }
-    let mut out = Vec::new();
-    walk(dashboard, &mut out);
-    out
-}
-
-/// `le` matchers (`le="x"` or `le=~"a|b"` with literal alternatives) and the metric they filter.
-fn le_matchers(expr: &str) -> Vec<(String, Vec<String>)> {
-    let mut out = Vec::new();
-    let mut rest = expr;
-    while let Some(open) = rest.find('{') {
-        let before = &rest[..open];
-        let metric: String = before
-            .chars()
-            .rev()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
-        let close = open + rest[open..].find('}').unwrap();
-        for m in rest[open + 1..close].split(',') {
-            let m = m.trim();
-            if let Some(v) = m.strip_prefix("le=~") {
-                let alts = v.trim_matches('"').split('|').map(str::to_string).collect();
-                out.push((metric.clone(), alts));
-            } else if let Some(v) = m.strip_prefix("le=") {
-                out.push((metric.clone(), vec![v.trim_matches('"').to_string()]));
-            }
-        }
-        rest = &rest[close + 1..];
-    }
-    out
-}
-
-/// Series names and `le` values of a Prometheus text exposition.
-fn exposition(text: &str) -> (BTreeSet<String>, Vec<(String, String)>) {
-    let mut names = BTreeSet::new();
-    let mut les = Vec::new();
-    for line in text
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-    {
-        let name = line.split(['{', ' ']).next().unwrap().to_string();
-        if let Some(i) = line.find("le=\"") {
-            let v = &line[i + 4..];
-            les.push((name.clone(), v[..v.find('"').unwrap()].to_string()));
-        }
-        names.insert(name);
-    }
-    (names, les)
-}
-
-/// Dashboard problems against an exposition: unknown metric names, `le` values never emitted.
-fn dashboard_problems(dashboard: &serde_json::Value, exposed: &str) -> Vec<String> {
-    // Series Prometheus itself generates for every target.
-    const PROMETHEUS_SERIES: &[&str] = &["up"];
-    let (names, les) = exposition(exposed);
-    let mut problems = Vec::new();
-    for expr in dashboard_queries(dashboard) {
-        for name in promql_metric_names(&expr) {
-            if !names.contains(&name) && !PROMETHEUS_SERIES.contains(&name.as_str()) {
-                problems.push(format!("{name} is not exported (in {expr})"));
-            }
-        }
-        for (metric, alts) in le_matchers(&expr) {
-            if !les.iter().any(|(m, le)| *m == metric && alts.contains(le)) {
-                problems.push(format!(
-                    "{metric}: no le in {alts:?} is emitted (in {expr})"
-                ));
-            }
-        }
-    }
-    problems
-}
-
-#[test]
-fn promql_names_are_extracted() {
-    let e = r#"1 - sum by (model, le) (rate(kthena_router_prefix_cache_match_ratio_bucket{job=~"$job",le=~"0|0.0"}[$__rate_interval])) / sum without (pod) (vllm:num_requests_waiting offset 5m) + on (pod) group_left time() - x_total > bool 2"#;
-    assert_eq!(
-        promql_metric_names(e),
-        [
-            "kthena_router_prefix_cache_match_ratio_bucket",
-            "vllm:num_requests_waiting",
-            "x_total"
-        ]
-    );
-    assert_eq!(
-        le_matchers(e),
-        [(
-            "kthena_router_prefix_cache_match_ratio_bucket".to_string(),
-            vec!["0".to_string(), "0.0".to_string()]
-        )]
-    );
-    assert_eq!(
-        promql_metric_names("label_values(prefix_picker_decisions_total, job)"),
-        ["prefix_picker_decisions_total"]
-    );
-}
-
-#[test]
-fn dashboard_check_fails_on_unknown_names_and_le_formats() {
-    let exposed =
-        "# TYPE a histogram\na_bucket{le=\"0\"} 1\na_bucket{le=\"+Inf\"} 1\na_count 1\nb_total 2\n";
-    let good = serde_json::json!({"panels": [{"targets": [{"expr": "sum(rate(a_bucket{le=~\"0|0.0\"}[5m])) / sum(rate(a_count[5m])) + up + b_total"}]}]});
-    assert_eq!(dashboard_problems(&good, exposed), Vec::<String>::new());
-    let typo = serde_json::json!({"panels": [{"targets": [{"expr": "rate(b_totals[5m])"}]}]});
-    assert_eq!(dashboard_problems(&typo, exposed).len(), 1);
-    let le = serde_json::json!({"panels": [{"targets": [{"expr": "a_bucket{le=\"0.0\"}"}]}]});
-    assert_eq!(dashboard_problems(&le, exposed).len(), 1);
-}
-
-/// The dashboard against the real expositions: the picker's `/metrics` after traffic through
-/// Envoy that exercises every series (scored and unscored requests, an eviction, a 400 answered
-/// by the picker, engine scrapes), and a model-sim pod's `/metrics` (vLLM's names, which the
-/// engine panels query and the picker scrapes).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dashboard_queries_only_exported_metrics() {
-    use model_sim::engine::EngineConfig;
-    let engine = EngineConfig {
-        time_scale: 100.0,
-        ..EngineConfig::default()
-    };
-    let sims = [
-        Sim::start("sim-0", engine.clone()).await,
-        Sim::start("sim-1", engine).await,
-    ];
-    let local = std::fs::read_to_string(root().join("deploy/local/config.yaml")).unwrap();
-    let scheduler = replaced(
-        testkit::scheduler_section(&local),
-        "maxHashCacheSize: 50000",
-        "maxHashCacheSize: 2",
-    );
-    let mut doc = scheduler;
-    doc.push_str(&testkit::endpoints_yaml(
-        sims.iter().map(|s| (s.name.as_str(), s.addr)),
-    ));
-    // The affinity mode, so its panels' series exist too (engine budgets off: the tiny
-    // `maxHashCacheSize` above makes the eviction series).
-    doc.push_str("picker: {scrapeIntervalSeconds: 0.05, affinity: {engineBudget: false}}\n");
-    let picker = start_picker(prefix_picker::config::Config::parse(&doc).unwrap()).await;
-    let envoy = start_envoy_for_sims(&picker, &sims).await;
-    let client = reqwest::Client::new();
-    let long = "The same long system prompt, block after block. ".repeat(10);
-    for body in [
-        serde_json::json!({"model": "m", "messages": [{"role": "system", "content": long}, {"role": "user", "content": "one"}]}),
-        serde_json::json!({"model": "m", "messages": [{"role": "system", "content": long}, {"role": "user", "content": "two"}]}),
-        serde_json::json!({"model": "m", "prompt": [1, 2, 3]}),
-    ] {
-        let path = if body.get("prompt").is_some() {
-            "/v1/completions"
-        } else {
-            "/v1/chat/completions"
-        };
-        let r = client
-            .post(envoy.url(path))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
-    }
-    let r = client
-        .post(envoy.url("/v1/chat/completions"))
-        .body("{not json")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400);
-    wait_metric(&picker, "prefix_picker_records_total", 3.0).await;
-    wait_metric(&picker, "kthena_router_prefix_cache_evictions_total", 1.0).await;
-    wait_metric(&picker, "prefix_picker_engine_scrapes_total", 2.0).await;
-    let picker_text = reqwest::get(format!("http://{}/metrics", picker.admin_addr))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let engine_text = reqwest::get(format!("http://{}/metrics", sims[0].addr))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let dashboard: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("deploy/grafana/prefix-picker.json")).unwrap(),
-    )
-    .unwrap();
-    let queries = dashboard_queries(&dashboard);
-    assert!(queries.len() >= 20, "{} queries", queries.len());
-    let problems = dashboard_problems(&dashboard, &format!("{picker_text}\n{engine_text}"));
-    assert!(
-        problems.is_empty(),
-        "{}\n--- picker exposition:\n{picker_text}",
-        problems.join("\n")
-    );
-    // Every picker metric family is on the dashboard somewhere.
-    let used: BTreeSet<String> = queries
-        .iter()
-        .flat_map(|q| promql_metric_names(q))
-        .collect();
-    let (families, _) = exposition(&picker_text);
-    for family in families {
-        let base = family
-            .trim_end_matches("_bucket")
-            .trim_end_matches("_count")
-            .trim_end_matches("_sum");
-        assert!(
-            used.iter().any(|u| u.starts_with(base)),
-            "{family} is exported but on no panel"
-        );
-    }
 }
