@@ -30,15 +30,16 @@ pub enum Arrival {
     Trace,
 }
 
-/// One request's measurements.
-#[derive(Debug, Clone, Default)]
-struct Sample {
-    ok: bool,
-    ttft: f64,
-    e2e: f64,
-    output_tokens: u64,
-    served_by: String,
-    group: Option<u32>,
+/// One request's measurements (seconds; `start` from the start of the run).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Sample {
+    pub ok: bool,
+    pub start: f64,
+    pub ttft: f64,
+    pub e2e: f64,
+    pub output_tokens: u64,
+    pub served_by: String,
+    pub group: Option<u32>,
 }
 
 /// Percentiles in milliseconds.
@@ -89,6 +90,9 @@ pub struct RunResult {
     /// requests that have one (1.0 = every group on one pod; 0 when none has a group).
     #[serde(default)]
     pub pods_per_group: f64,
+    /// Every request's measurements, in completion order (`suite --samples` writes them).
+    #[serde(skip)]
+    pub samples: Vec<Sample>,
 }
 
 /// [`RunResult::pods_per_group`] of served `(group, pod)` pairs.
@@ -131,7 +135,7 @@ async fn engine_counters(client: &reqwest::Client, sims: &[String]) -> (f64, f64
     (hits, queries)
 }
 
-async fn one(client: &reqwest::Client, base: &str, r: &BenchRequest) -> Sample {
+async fn one(client: &reqwest::Client, base: &str, r: &BenchRequest, t0: Instant) -> Sample {
     let start = Instant::now();
     let sent = client
         .post(format!("{base}{}", r.path))
@@ -172,6 +176,7 @@ async fn one(client: &reqwest::Client, base: &str, r: &BenchRequest) -> Sample {
         output_tokens: events.saturating_sub(1 + usage_chunks),
         served_by,
         group: r.group,
+        start: start.duration_since(t0).as_secs_f64(),
     }
 }
 
@@ -213,6 +218,7 @@ struct Bases {
     urls: Vec<String>,
     next: AtomicUsize,
     sims: Vec<String>,
+    t0: Instant,
 }
 
 impl Bases {
@@ -231,15 +237,55 @@ async fn run_unit(
     samples: &Mutex<Vec<Sample>>,
 ) {
     if unit.together {
-        let all = unit.requests.iter().map(|r| one(client, base.pick(r), r));
+        let all = unit
+            .requests
+            .iter()
+            .map(|r| one(client, base.pick(r), r, base.t0));
         let results = futures_util::future::join_all(all).await;
         samples.lock().extend(results);
     } else {
         for r in &unit.requests {
-            let s = one(client, base.pick(r), r).await;
+            let s = one(client, base.pick(r), r, base.t0).await;
             samples.lock().push(s);
         }
     }
+}
+
+/// Requests [`warm_up`] sends before a row is measured.
+pub const WARM_UP_REQUESTS: usize = 32;
+
+/// Opens the connections a run will use before it is measured (as SGLang's `bench_serving`
+/// sends a test request first), so TTFT percentiles measure routing, not process start-up:
+/// [`WARM_UP_REQUESTS`] one-sentence prompts, distinct and unrelated to any workload (each
+/// holds a block or two in an engine's cache, the first an LRU evicts), all at once, through
+/// the router or, when `pinned`, to each engine in turn. Engine counters are read after it.
+pub async fn warm_up(base: &str, sims: &[String], pinned: bool, model: &str) {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client");
+    let base = Bases {
+        urls: base.split(',').map(str::to_string).collect(),
+        next: AtomicUsize::new(0),
+        sims: sims.to_vec(),
+        t0: Instant::now(),
+    };
+    let requests: Vec<BenchRequest> = (0..WARM_UP_REQUESTS)
+        .map(|i| {
+            let mut r = BenchRequest::new(
+                "/v1/chat/completions",
+                serde_json::json!({"model": model, "max_tokens": 1, "stream": true,
+                    "messages": [{"role": "user", "content": format!("warm-up request {i}: say hi")}]}),
+                None,
+            );
+            r.pin_to = pinned.then(|| i % sims.len().max(1));
+            r
+        })
+        .collect();
+    let all = requests
+        .iter()
+        .map(|r| one(&client, base.pick(r), r, base.t0));
+    futures_util::future::join_all(all).await;
 }
 
 /// Runs a workload against `base` (the router's URL, or several, comma-separated, taken
@@ -262,6 +308,7 @@ pub async fn run(
         urls: base.split(',').map(str::to_string).collect(),
         next: AtomicUsize::new(0),
         sims: sims.to_vec(),
+        t0: Instant::now(),
     });
     let (h0, q0) = engine_counters(&client, sims).await;
     let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
@@ -361,6 +408,7 @@ pub async fn run(
             ok.iter()
                 .filter_map(|s| Some((s.group?, s.served_by.as_str()))),
         ),
+        samples,
     }
 }
 

@@ -131,6 +131,15 @@ struct SuiteOpts {
     /// Add the ablation rows: the shipped config with one `picker.affinity` switch off each.
     #[arg(long)]
     ablation: bool,
+    /// On these workloads (keys), add the ext_proc floor row: Envoy with `envoy.yaml` and the
+    /// no-op processor (`noop-ext-proc`) in the picker's place, routing round robin. Its TTFT
+    /// is what any ext_proc endpoint picker pays before it routes.
+    #[arg(long, value_delimiter = ',')]
+    ext_proc_floor: Vec<String>,
+    /// Also write every request's measurements (start, TTFT, end-to-end, serving pod, group)
+    /// to `<out>/suite-samples.jsonl`, one line per request, tagged with router, workload, run.
+    #[arg(long)]
+    samples: bool,
 }
 
 /// Project root: `$PREFIX_PICKER_ROOT`, else the current directory.
@@ -371,6 +380,9 @@ enum Setup {
     /// [`CAPPED_ORACLE_LOAD`] x the mean load).
     OracleCapped,
 }
+
+/// The row name of `suite --ext-proc-floor`.
+const EXT_PROC_FLOOR: &str = "envoy + no-op ext_proc (round robin; the ext_proc floor)";
 
 /// The load allowance of the capped oracle row: issue 23's limit on max/mean pod load.
 const CAPPED_ORACLE_LOAD: f64 = 1.3;
@@ -735,6 +747,20 @@ fn write_results(out: &PathBuf, name: &str, results: &[RunResult], md: &str) -> 
     Ok(())
 }
 
+/// `suite --samples`: one JSON line per request of every run.
+fn write_samples(path: &std::path::Path, results: &[RunResult]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    for r in results {
+        for s in &r.samples {
+            let line = serde_json::json!({"router": r.router, "workload": r.workload, "rep": r.rep, "sample": s});
+            writeln!(f, "{line}")?;
+        }
+    }
+    f.flush()?;
+    Ok(())
+}
+
 async fn suite(opts: SuiteOpts) -> anyhow::Result<()> {
     let SuiteOpts {
         quick,
@@ -744,6 +770,8 @@ async fn suite(opts: SuiteOpts) -> anyhow::Result<()> {
         workloads: only,
         routers: only_routers,
         ablation,
+        ext_proc_floor,
+        samples,
     } = opts;
     let repeat = repeat.unwrap_or(if quick { 1 } else { 3 }) as usize;
     let all = workloads(quick, seed)?;
@@ -807,8 +835,21 @@ async fn suite(opts: SuiteOpts) -> anyhow::Result<()> {
         } else {
             Vec::new()
         };
+        let floor = ext_proc_floor.iter().any(|k| k == w.key).then(|| {
+            (
+                EXT_PROC_FLOOR.to_string(),
+                Setup::NoopExtProc {
+                    file: "envoy.yaml".into(),
+                },
+            )
+        });
         for rep in 1..=repeat {
-            for (router, setup) in &routers {
+            for (router, setup) in routers
+                .iter()
+                .take(1)
+                .chain(&floor)
+                .chain(routers.iter().skip(1))
+            {
                 eprintln!(
                     "[{:.0} s] {} | {router} | run {rep}/{repeat}",
                     started.elapsed().as_secs_f64(),
@@ -819,6 +860,17 @@ async fn suite(opts: SuiteOpts) -> anyhow::Result<()> {
                     Setup::Oracle => &pinned,
                     Setup::OracleCapped => &capped,
                     _ => &w.requests,
+                };
+                driver::warm_up(
+                    &c.url,
+                    &c.sim_urls,
+                    matches!(setup, Setup::Oracle | Setup::OracleCapped),
+                    workload::model(&w.requests),
+                )
+                .await;
+                let warm_up_reasons = match c.picker_admin {
+                    Some(admin) => probe::decision_reasons(&[admin]).await,
+                    None => Default::default(),
                 };
                 let mut r = driver::run(
                     router,
@@ -835,7 +887,10 @@ async fn suite(opts: SuiteOpts) -> anyhow::Result<()> {
                     let reasons = probe::decision_reasons(&[admin]).await;
                     let shown: Vec<String> = reasons
                         .iter()
-                        .filter(|(_, n)| **n > 0.0)
+                        .map(|(reason, n)| {
+                            (reason, n - warm_up_reasons.get(reason).unwrap_or(&0.0))
+                        })
+                        .filter(|(_, n)| *n > 0.0)
                         .map(|(reason, n)| format!("{reason} {n}"))
                         .collect();
                     eprintln!("  decisions: {}", shown.join(", "));
@@ -857,6 +912,9 @@ async fn suite(opts: SuiteOpts) -> anyhow::Result<()> {
     println!("{md}");
     let name = if quick { "suite-quick" } else { "suite" };
     write_results(&out, name, &results, &md)?;
+    if samples {
+        write_samples(&out.join(format!("{name}-samples.jsonl")), &results)?;
+    }
     report::plot(&results, &out.join(format!("{name}.png")))
 }
 

@@ -77,6 +77,7 @@ pub fn rows(results: &[RunResult]) -> Vec<Row> {
                     pod_share: first.pod_share.clone(),
                     max_over_mean: m(|r| r.max_over_mean),
                     pods_per_group: m(|r| r.pods_per_group),
+                    samples: Vec::new(),
                 },
                 runs: runs.len(),
                 hit_min: hits.iter().copied().fold(f64::INFINITY, f64::min),

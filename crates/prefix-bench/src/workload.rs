@@ -49,6 +49,14 @@ pub fn text(seed: u64, bytes: usize) -> String {
     s
 }
 
+/// The model a workload's requests name (`model` when none does).
+pub fn model(requests: &[BenchRequest]) -> &str {
+    requests
+        .iter()
+        .find_map(|r| r.body.get("model")?.as_str())
+        .unwrap_or("model")
+}
+
 /// One request of a workload.
 #[derive(Debug, Clone)]
 pub struct BenchRequest {
