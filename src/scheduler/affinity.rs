@@ -94,7 +94,7 @@ impl Default for AffinityConfig {
             spill_loss: 0.25,
             tentative_min_ratio: 0.9,
             long_prompts: true,
-            block_bytes: 256,
+            block_bytes: 128,
             max_prompt_bytes: 256 << 10,
             engine_budget: true,
             bytes_per_token: 5,
