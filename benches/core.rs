@@ -61,8 +61,7 @@ use prefix_picker::endpoints::{EndpointSpec, PodId, Update};
 use prefix_picker::hashing::{BlockChain, BlockHash};
 use prefix_picker::metrics::{PrefixCacheMetrics, RouterMetrics};
 use prefix_picker::prefix_index::{ModelKey, PodHandle, PodSlot, PrefixIndex};
-use prefix_picker::routing::Router;
-use prefix_picker::scheduler::RecordOrigin;
+use prefix_picker::routing::{RecordOrigin, Router};
 use prefix_picker::scheduler::prefix_cache::{PrefixCache, PrefixCacheArgs};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -177,6 +176,8 @@ struct Scheduler {
     candidates: Vec<PodSlot>,
     texts: Texts,
     next_tag: AtomicU64,
+    /// Scorings made (seeds each one's tie-break, as the scheduler's counter does).
+    scorings: AtomicU64,
 }
 
 impl Scheduler {
@@ -188,7 +189,6 @@ impl Scheduler {
                 ..PrefixCacheArgs::default()
             },
             42,
-            PrefixCacheMetrics::unregistered(),
         );
         let pods: Vec<PodHandle> = (0..PODS).map(|_| cache.index().add_pod()).collect();
         let candidates = pods.iter().map(PodHandle::slot).collect();
@@ -198,6 +198,7 @@ impl Scheduler {
             candidates,
             texts: Texts::new(),
             next_tag: AtomicU64::new(0),
+            scorings: AtomicU64::new(0),
         };
         let index = s.cache.index();
         let mut prompt = Vec::with_capacity(PROMPT_BYTES);
@@ -229,7 +230,7 @@ impl Scheduler {
         assert_eq!(hashes, reference_chain(MODEL, &prompt, 64, 128), "hashes");
         let scored = self
             .cache
-            .score(MODEL, &hashes, &self.candidates, false)
+            .score(MODEL, &hashes, &self.candidates, self.scoring())
             .expect("scores");
         assert_eq!(scored.total_blocks, 128);
         let top_k = PrefixCacheArgs::default().top_k_matches;
@@ -247,7 +248,7 @@ impl Scheduler {
         );
         let again = self
             .cache
-            .score(MODEL, &hashes, &self.candidates, false)
+            .score(MODEL, &hashes, &self.candidates, self.scoring())
             .expect("scores");
         assert_eq!(
             again.scores.iter().filter(|&&x| x == 100).count(),
@@ -255,6 +256,10 @@ impl Scheduler {
             "the recorded pod alone holds the whole prompt: {:?}",
             again.scores
         );
+    }
+
+    fn scoring(&self) -> u64 {
+        self.scorings.fetch_add(1, Ordering::Relaxed)
     }
 
     fn tag(&self) -> u64 {
@@ -275,12 +280,12 @@ impl Scheduler {
     fn score_then_record(&self, hashes: &[BlockHash]) -> usize {
         let scored = self
             .cache
-            .score(MODEL, hashes, &self.candidates, true)
+            .score(MODEL, hashes, &self.candidates, self.scoring())
             .expect("non-empty prompt");
         let best = (0..scored.scores.len())
             .max_by_key(|&i| (scored.scores[i], std::cmp::Reverse(i)))
             .expect("candidates");
-        self.cache.record(MODEL, hashes, &self.pods[best])
+        self.cache.record(MODEL, hashes, &self.pods[best]).inserted
     }
 }
 
@@ -393,9 +398,7 @@ fn shipped_router() -> Router {
             )
             .expect("routed");
         let d = routed.decision;
-        router
-            .scheduler
-            .record(&routed.model, &d.hashes, d.primary(), RecordOrigin::Local);
+        router.record(&routed.model, &d.hashes, d.primary(), RecordOrigin::Local);
     }
     router
 }
@@ -417,9 +420,7 @@ fn check_request_path(router: &Router, bytes: usize) {
         first.predicted_blocks < blocks,
         "request_path/{bytes}: a new body is not held whole"
     );
-    router
-        .scheduler
-        .record(MODEL, &first.hashes, first.primary(), RecordOrigin::Local);
+    router.record(MODEL, &first.hashes, first.primary(), RecordOrigin::Local);
     let again = route().decision;
     assert_eq!(again.hashes, first.hashes);
     assert_eq!(
@@ -476,7 +477,7 @@ fn bench_score_record(c: &mut Criterion, sched: &OnceCell<Scheduler>, fill: usiz
         let s = sched.get_or_init(|| Scheduler::build(fill));
         b.iter_batched(
             || s.fresh_hashes(),
-            |hashes| s.cache.score(MODEL, &hashes, &s.candidates, true),
+            |hashes| s.cache.score(MODEL, &hashes, &s.candidates, s.scoring()),
             BatchSize::SmallInput,
         )
     });

@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 
 use crate::metrics::{PrefixCacheMetrics, encode};
 use crate::routing::Router;
+use crate::scheduler::Unscored;
 
 /// Shared state of the admin listener.
 #[derive(Debug, Clone)]
@@ -119,12 +120,12 @@ async fn explain(State(a): State<Admin>, Query(q): Query<ExplainQuery>, body: By
                 "model": routed.model,
                 "prompt_bytes": d.prompt_bytes,
                 "blocks": d.hashes.len(),
-                "unscored": d.unscored,
+                "unscored": d.unscored.map(Unscored::as_str),
                 "plugins": plugins,
                 "pods": pods,
                 "primary": d.primary().label,
                 "fallbacks": d.ranked[1..].iter().map(|e| e.label.clone()).collect::<Vec<_>>(),
-                "destination": d.destination(),
+                "destination": crate::extproc::destination(&d.ranked),
                 "reason": d.reason.as_str(),
             }))
             .into_response()

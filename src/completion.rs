@@ -18,8 +18,8 @@ use std::sync::Arc;
 use crate::endpoints::Endpoint;
 use crate::pending::PendingRoute;
 use crate::prefix_index::ModelKey;
+use crate::routing::RecordOrigin;
 use crate::routing::Router;
-use crate::scheduler::RecordOrigin;
 
 /// Who served the response, as far as Envoy told.
 #[derive(Debug, Clone)]
@@ -88,6 +88,31 @@ fn correct_estimate(router: &Router, route: &PendingRoute, pod: &Endpoint, repor
     tracing::debug!(pod = %pod.label, predicted, reported, dropped, "engine holds less than predicted");
 }
 
+/// How a routed request ended (the `outcome` label of `prefix_picker_records_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteOutcome {
+    Recorded,
+    Failed,
+    Aborted,
+    Unscored,
+    UnknownPod,
+    /// No completion arrived within `responseTimeoutSeconds`.
+    Expired,
+}
+
+impl RouteOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouteOutcome::Recorded => "recorded",
+            RouteOutcome::Failed => "failed",
+            RouteOutcome::Aborted => "aborted",
+            RouteOutcome::Unscored => "unscored",
+            RouteOutcome::UnknownPod => "unknown_pod",
+            RouteOutcome::Expired => "expired",
+        }
+    }
+}
+
 /// How a decision-time record ended (`prefix_picker_tentative_records_total{outcome}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TentativeOutcome {
@@ -117,15 +142,15 @@ impl TentativeOutcome {
 pub fn finish_route(router: &Router, mut route: PendingRoute, ending: Ending) {
     let mut served_slot = None;
     let outcome = match ending {
-        Ending::Aborted => "aborted",
+        Ending::Aborted => RouteOutcome::Aborted,
         Ending::Completed { status, .. } if !status.is_some_and(|s| (200..300).contains(&s)) => {
-            "failed"
+            RouteOutcome::Failed
         }
-        Ending::Completed { .. } if route.hashes.is_empty() => "unscored",
+        Ending::Completed { .. } if route.hashes.is_empty() => RouteOutcome::Unscored,
         Ending::Completed {
             served: Served::Unknown,
             ..
-        } => "unknown_pod",
+        } => RouteOutcome::UnknownPod,
         Ending::Completed {
             served,
             cached_tokens,
@@ -140,14 +165,16 @@ pub fn finish_route(router: &Router, mut route: PendingRoute, ending: Ending) {
             {
                 correct_estimate(router, &route, &pod, reported);
             }
-            router
-                .scheduler
-                .record(&route.model, &route.hashes, &pod, RecordOrigin::Local);
+            router.record(&route.model, &route.hashes, &pod, RecordOrigin::Local);
             served_slot = Some(pod.index.slot());
-            "recorded"
+            RouteOutcome::Recorded
         }
     };
-    router.metrics.records.with_label_values(&[outcome]).inc();
+    router
+        .metrics
+        .records
+        .with_label_values(&[outcome.as_str()])
+        .inc();
     if let Some(hold) = route.tentative.take() {
         let tentative = match served_slot {
             Some(slot) if slot == hold.pod() => TentativeOutcome::Confirmed,

@@ -37,156 +37,13 @@ use serde_yaml_ng::{Mapping, Value as Yaml};
 use thiserror::Error;
 
 use crate::discovery::{DiscoveryConfig, DiscoveryError};
-use crate::hashing::ChainScheme;
 use crate::scheduler::affinity::AffinityConfig;
+pub use crate::scheduler::config::{FilterKind, SchedulerConfig, ScorerKind};
 use crate::scheduler::prefix_cache::PrefixCacheArgs;
 use crate::tls::TlsConfig;
 
-/// Plugins prefix-picker implements.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ScorerKind {
-    PrefixCache,
-    LeastRequest,
-    GpuUsage,
-    LeastLatency,
-    Random,
-}
-
-impl ScorerKind {
-    pub fn from_name(name: &str) -> Option<ScorerKind> {
-        Some(match name {
-            "prefix-cache" => ScorerKind::PrefixCache,
-            "least-request" => ScorerKind::LeastRequest,
-            "gpu-usage" => ScorerKind::GpuUsage,
-            "least-latency" => ScorerKind::LeastLatency,
-            "random" => ScorerKind::Random,
-            _ => return None,
-        })
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ScorerKind::PrefixCache => "prefix-cache",
-            ScorerKind::LeastRequest => "least-request",
-            ScorerKind::GpuUsage => "gpu-usage",
-            ScorerKind::LeastLatency => "least-latency",
-            ScorerKind::Random => "random",
-        }
-    }
-}
-
-/// Filter plugins prefix-picker implements.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FilterKind {
-    LeastRequest,
-}
-
-impl FilterKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FilterKind::LeastRequest => "least-request",
-        }
-    }
-}
-
 /// Plugin names Kthena knows that prefix-picker skips (with Kthena's own warning).
 const KNOWN_ELSEWHERE: [&str; 3] = ["lora-affinity", "kvcache-aware", "pd-group"];
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct SchedulerConfig {
-    pub filters: Vec<FilterKind>,
-    pub scorers: Vec<(ScorerKind, u32)>,
-    pub prefix_cache: PrefixCacheArgs,
-    /// least-request filter: keep a pod iff engine `waiting < max_waiting_requests`.
-    pub max_waiting_requests: u64,
-    /// least-latency: weight of TTFT against TPOT, in [0, 1].
-    pub ttft_tpot_weight_factor: f64,
-    /// The affinity mode (`picker.affinity`); `None` is Kthena's scheduler.
-    pub affinity: Option<AffinityConfig>,
-}
-
-impl Default for SchedulerConfig {
-    fn default() -> Self {
-        SchedulerConfig {
-            filters: vec![FilterKind::LeastRequest],
-            scorers: vec![
-                (ScorerKind::LeastRequest, 1),
-                (ScorerKind::GpuUsage, 1),
-                (ScorerKind::LeastLatency, 1),
-                (ScorerKind::PrefixCache, 1),
-            ],
-            prefix_cache: PrefixCacheArgs::default(),
-            max_waiting_requests: 10,
-            ttft_tpot_weight_factor: 0.5,
-            affinity: None,
-        }
-    }
-}
-
-impl SchedulerConfig {
-    /// Turns the affinity mode on (or leaves Kthena's scheduler): with `longPrompts` the block
-    /// chain becomes `blockBytes` x `maxPromptBytes / blockBytes`; with `engineTokens` the
-    /// default per-pod budget is sized from it.
-    pub fn apply_affinity(&mut self, mode: Option<AffinityConfig>) {
-        self.affinity = mode;
-        let Some(a) = mode else { return };
-        if a.long_prompts {
-            self.prefix_cache.block_size_to_hash = a.block_bytes;
-            self.prefix_cache.max_blocks_to_match = a.max_prompt_bytes / a.block_bytes;
-        }
-        if a.engine_budget && a.engine_tokens > 0 {
-            self.prefix_cache.max_hash_cache_size = a
-                .budget_entries(a.engine_tokens, self.prefix_cache.block_size_to_hash)
-                .min(u32::MAX as usize - 1);
-        }
-    }
-
-    /// How prompts are chained: seeded XXH3 for the affinity mode's long prompts, else Kthena's.
-    pub fn chain_scheme(&self) -> ChainScheme {
-        match self.affinity {
-            Some(a) if a.long_prompts => ChainScheme::Seeded,
-            _ => ChainScheme::Kthena,
-        }
-    }
-
-    /// One line naming the effective routing mode (for `validate` and the start-up log).
-    pub fn mode_summary(&self) -> String {
-        let p = &self.prefix_cache;
-        let chain = format!(
-            "{} chain of {} blocks of {} bytes ({} KiB), {} entries per pod",
-            self.chain_scheme().as_str(),
-            p.max_blocks_to_match,
-            p.block_size_to_hash,
-            p.max_blocks_to_match * p.block_size_to_hash / 1024,
-            p.max_hash_cache_size
-        );
-        match &self.affinity {
-            None => format!("routing mode: kthena (weighted plugin scores); {chain}"),
-            Some(a) => {
-                let on = |b: bool| if b { "on" } else { "off" };
-                format!(
-                    "routing mode: affinity (tentative {} [tentativeMinRatio {}], consolidateTies {}, balanceNew {}, loadGate {} [spillHotOnly {}, podCapacity {}, maxQueue {}, shareHeadroom {}, shareWindow {}, tieLoadSlack {}, spillLoss {}], longPrompts {}, engineBudget {} [bytesPerToken {}, engineTokens {}]); {chain}",
-                    on(a.tentative),
-                    a.tentative_min_ratio,
-                    on(a.consolidate_ties),
-                    on(a.balance_new),
-                    on(a.load_gate),
-                    on(a.spill_hot_only),
-                    a.pod_capacity,
-                    a.max_queue,
-                    a.share_headroom,
-                    a.share_window,
-                    a.tie_load_slack,
-                    a.spill_loss,
-                    on(a.long_prompts),
-                    on(a.engine_budget),
-                    a.bytes_per_token,
-                    a.engine_tokens
-                )
-            }
-        }
-    }
-}
 
 /// A statically configured model-server pod.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -597,7 +454,7 @@ fn parse_scheduler(
             }
         }
     }
-    let parsed = PrefixCacheArgs::parse(prefix_args.flatten().as_ref());
+    let parsed = parse_prefix_cache_args(prefix_args.flatten().as_ref());
     s.prefix_cache = parsed.args;
     warnings.extend(parsed.warnings);
 
@@ -681,6 +538,98 @@ fn parse_scheduler(
         }
     }
     s
+}
+
+/// The exact log line Kthena writes when the args block cannot be parsed.
+pub const UNPARSABLE_ARGS: &str = "Failed to unmarshal PrefixCacheArgs, using default values";
+
+/// prefix-cache's arguments plus the warnings their parsing produced (for the caller to log).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedArgs {
+    pub args: PrefixCacheArgs,
+    pub warnings: Vec<String>,
+}
+
+const KEYS: [&str; 4] = [
+    "blockSizeToHash",
+    "maxBlocksToMatch",
+    "maxHashCacheSize",
+    "topKMatches",
+];
+
+/// Parses prefix-cache's `args` value with Kthena's leniency (never fails): omitted, zero or
+/// negative -> default; unknown names are ignored with a warning; an args block that cannot be
+/// parsed (a string value, a fraction, a list) gives all defaults and [`UNPARSABLE_ARGS`].
+pub fn parse_prefix_cache_args(args: Option<&Yaml>) -> ParsedArgs {
+    let mut warnings = Vec::new();
+    let mut values: [Option<i64>; 4] = [None; 4];
+    let parsed = match args {
+        None | Some(Yaml::Null) => true,
+        Some(Yaml::Mapping(map)) => map.iter().all(|(k, v)| {
+            let Some(name) = k.as_str() else {
+                return false;
+            };
+            let Some(slot) = KEYS.iter().position(|key| key.eq_ignore_ascii_case(name)) else {
+                warnings.push(format!(
+                    "prefix-cache: unknown argument {name:?} ignored (known: {})",
+                    KEYS.join(", ")
+                ));
+                return true;
+            };
+            match integral(v) {
+                Ok(n) => {
+                    values[slot] = n;
+                    true
+                }
+                Err(()) => false,
+            }
+        }),
+        Some(_) => false,
+    };
+    if !parsed {
+        warnings.clear();
+        warnings.push(UNPARSABLE_ARGS.to_string());
+        return ParsedArgs {
+            args: PrefixCacheArgs::default(),
+            warnings,
+        };
+    }
+    let d = PrefixCacheArgs::default();
+    let pick = |v: Option<i64>, default: usize| match v {
+        Some(n) if n > 0 => usize::try_from(n).unwrap_or(default),
+        _ => default,
+    };
+    ParsedArgs {
+        args: PrefixCacheArgs {
+            block_size_to_hash: pick(values[0], d.block_size_to_hash),
+            max_blocks_to_match: pick(values[1], d.max_blocks_to_match),
+            max_hash_cache_size: pick(values[2], d.max_hash_cache_size).min(u32::MAX as usize - 1),
+            top_k_matches: pick(values[3], d.top_k_matches),
+        },
+        warnings,
+    }
+}
+
+/// An integer, an integral float, or null (= omitted); anything else is unparsable.
+fn integral(v: &Yaml) -> Result<Option<i64>, ()> {
+    match v {
+        Yaml::Null => Ok(None),
+        Yaml::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                Ok(Some(i))
+            } else if n.is_u64() {
+                Err(())
+            } else {
+                let f = n.as_f64().ok_or(())?;
+                if f.is_finite() && f.fract() == 0.0 && f.abs() < 9.0e15 {
+                    Ok(Some(f as i64))
+                } else {
+                    Err(())
+                }
+            }
+        }
+        _ => Err(()),
+    }
 }
 
 fn lookup_ci<'a>(args: &'a Yaml, key: &str) -> Option<&'a Yaml> {

@@ -18,8 +18,10 @@ use parking_lot::{Mutex, RwLock};
 use prometheus::IntGauge;
 
 use crate::metrics::RouterMetrics;
-use crate::prefix_index::{PodHandle, PrefixIndex};
+use crate::prefix_index::{PodHandle, PodSlot, PrefixIndex};
+pub use crate::scheduler::EngineStats;
 use crate::scheduler::affinity::{RecentPicks, rendezvous_key};
+use crate::scheduler::{Candidate, PickError};
 
 /// A pod's identity: `namespace/name`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -45,19 +47,6 @@ pub struct EndpointSpec {
     pub generation: String,
     /// Prefill/decode role (Kubernetes discovery's `roleLabel`); `None` = no role.
     pub role: Option<String>,
-}
-
-/// Engine metrics last scraped from a pod (missing values are 0).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct EngineStats {
-    pub waiting: f64,
-    pub running: f64,
-    /// KV-cache usage, 0..1.
-    pub kv_usage: f64,
-    /// Mean time to first token over the last scrape period, seconds (0 = unknown).
-    pub ttft: f64,
-    /// Mean time per output token over the last scrape period, seconds (0 = unknown).
-    pub tpot: f64,
 }
 
 /// One routable pod.
@@ -93,6 +82,32 @@ impl Endpoint {
 
     pub fn serves(&self, model: &str) -> bool {
         self.spec.models.is_empty() || self.spec.models.iter().any(|m| m == model)
+    }
+}
+
+impl Candidate for Endpoint {
+    fn slot(&self) -> PodSlot {
+        self.index.slot()
+    }
+
+    fn inflight(&self) -> i64 {
+        Endpoint::inflight(self)
+    }
+
+    fn stats(&self) -> EngineStats {
+        Endpoint::stats(self)
+    }
+
+    fn recent(&self) -> &RecentPicks {
+        &self.recent
+    }
+
+    fn rendezvous(&self) -> u64 {
+        self.rendezvous
+    }
+
+    fn label(&self) -> &str {
+        &self.label
     }
 }
 
@@ -153,6 +168,38 @@ impl EndpointSet {
     /// Whether any endpoint lists the models it serves.
     pub fn lists_models(&self) -> bool {
         self.all.iter().any(|e| !e.spec.models.is_empty())
+    }
+
+    /// Pods that may serve `model`, narrowed to `restrict` when given.
+    pub fn candidates(
+        &self,
+        model: &str,
+        restrict: Option<&[SocketAddr]>,
+    ) -> Result<Vec<Arc<Endpoint>>, PickError> {
+        if self.all.is_empty() {
+            return Err(PickError::NoEndpoints);
+        }
+        let lists = self.lists_models();
+        let mut out: Vec<Arc<Endpoint>> = self
+            .all
+            .iter()
+            .filter(|e| !lists || e.serves(model))
+            .cloned()
+            .collect();
+        if out.is_empty() {
+            return Err(PickError::UnknownModel(model.to_string()));
+        }
+        if let Some(allowed) = restrict {
+            out.retain(|e| {
+                allowed.iter().any(|a| {
+                    *a == e.spec.address || (a.port() == 0 && a.ip() == e.spec.address.ip())
+                })
+            });
+            if out.is_empty() {
+                return Err(PickError::SubsetUnavailable);
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -287,6 +334,56 @@ mod tests {
             eps.snapshot()
                 .by_address(&"127.0.0.1:2".parse().unwrap())
                 .is_some()
+        );
+    }
+
+    #[test]
+    fn candidates_restrict_and_errors() {
+        let index = Arc::new(PrefixIndex::new(10));
+        let metrics = RouterMetrics::register(&prometheus::Registry::new());
+        let eps = Endpoints::new(index, metrics);
+        assert_eq!(
+            eps.snapshot().candidates("m", None).unwrap_err(),
+            PickError::NoEndpoints
+        );
+        eps.apply(Update::Reset(vec![
+            spec("a", 1, ""),
+            spec("b", 2, ""),
+            EndpointSpec {
+                address: SocketAddr::from(([127, 0, 0, 3], 8000)),
+                ..spec("c", 0, "")
+            },
+        ]));
+        let set = eps.snapshot();
+        assert_eq!(set.candidates("m", None).unwrap().len(), 3);
+        let only: SocketAddr = "127.0.0.1:2".parse().unwrap();
+        let c = set.candidates("m", Some(&[only])).unwrap();
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].label, "default/b");
+        let ip_only: SocketAddr = "127.0.0.3:0".parse().unwrap();
+        assert_eq!(set.candidates("m", Some(&[ip_only])).unwrap().len(), 1);
+        assert_eq!(
+            set.candidates("m", Some(&[])).unwrap_err(),
+            PickError::SubsetUnavailable
+        );
+        // Pods that list models serve those (a pod that lists none serves any).
+        let serving = |name, port, model: &str| EndpointSpec {
+            models: vec![model.into()],
+            ..spec(name, port, "")
+        };
+        eps.apply(Update::Reset(vec![
+            serving("a", 1, "m"),
+            serving("b", 2, "x"),
+            spec("c", 3, ""),
+        ]));
+        let set = eps.snapshot();
+        assert_eq!(set.candidates("m", None).unwrap().len(), 2);
+        eps.apply(Update::Add(serving("c", 3, "x")));
+        let set = eps.snapshot();
+        assert_eq!(set.candidates("m", None).unwrap().len(), 1);
+        assert_eq!(
+            set.candidates("n", None).unwrap_err(),
+            PickError::UnknownModel("n".into())
         );
     }
 

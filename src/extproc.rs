@@ -58,6 +58,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::cached_tokens::CachedTokensScan;
 use crate::completion::{Ending, Served, finish_route};
+use crate::endpoints::Endpoint;
 use crate::pending::PendingRoute;
 use crate::routing::{RouteFailure, Routed, Router, parse_endpoint, parse_endpoint_list};
 
@@ -438,7 +439,7 @@ impl StreamState {
             Ok(r) => r,
             Err(f) => return vec![self.immediate(&f)],
         };
-        let destination = routed.decision.destination();
+        let destination = destination(&routed.decision.ranked);
         tracing::debug!(
             request_id = self.request_id.as_deref().unwrap_or(""),
             model = %routed.model,
@@ -748,6 +749,15 @@ fn string_value(s: &str) -> Value {
 
 /// `{"envoy.lb": {"x-gateway-destination-endpoint": destination}}`, plus the [`ROUTE_KEY`] of
 /// a route left for an observer stream.
+/// `ip:port[,ip:port...]`, primary first: the pick as Envoy reads it (header and metadata).
+pub fn destination(ranked: &[Arc<Endpoint>]) -> String {
+    ranked
+        .iter()
+        .map(|e| e.host.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 fn lb_metadata(destination: &str, route_key: Option<&str>) -> Struct {
     let mut fields = HashMap::from([(DESTINATION_HEADER.to_string(), string_value(destination))]);
     if let Some(id) = route_key {

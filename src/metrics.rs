@@ -13,7 +13,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::prefix_index::ModelKey;
+use crate::prefix_index::{ModelKey, RecordOutcome};
 
 /// This build's version (`Cargo.toml`).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -73,6 +73,22 @@ impl PrefixCacheMetrics {
     /// A detached set (not exported), for tests and tools.
     pub fn unregistered() -> PrefixCacheMetrics {
         PrefixCacheMetrics::register(&Registry::new())
+    }
+
+    /// Counts a record's evictions, by the evicted entry's model, and remembers the recorded
+    /// model's name.
+    pub fn count_record(&self, model: &str, outcome: &RecordOutcome) {
+        for &(evicted, count) in &outcome.evicted {
+            if evicted == ModelKey::of(model) {
+                self.evictions.with_label_values(&[model]).inc_by(count);
+            } else {
+                let name = self.model_name(evicted);
+                self.evictions
+                    .with_label_values(&[name.as_str()])
+                    .inc_by(count);
+            }
+        }
+        self.remember_model(model);
     }
 
     /// Remembers a model's name so evictions of its entries can be labelled.
@@ -327,6 +343,40 @@ pub fn encode(registry: &Registry) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn records_count_evictions_by_the_evicted_model() {
+        let m = PrefixCacheMetrics::unregistered();
+        let (a, b) = (ModelKey::of("a"), ModelKey::of("b"));
+        let outcome = |evicted| RecordOutcome {
+            inserted: 1,
+            evicted,
+        };
+        m.count_record("b", &outcome(vec![]));
+        m.count_record("a", &outcome(vec![(a, 2)]));
+        assert_eq!(m.evictions.with_label_values(&["a"]).get(), 2);
+        m.count_record("a", &outcome(vec![(b, 1), (ModelKey(7), 3)]));
+        assert_eq!(m.evictions.with_label_values(&["b"]).get(), 1);
+        assert_eq!(
+            m.evictions.with_label_values(&["0000000000000007"]).get(),
+            3
+        );
+    }
+
+    #[test]
+    fn match_ratio_buckets_are_kthenas() {
+        let m = PrefixCacheMetrics::unregistered();
+        let h = m.match_ratio.with_label_values(&["m"]);
+        h.observe(0.0);
+        h.observe(0.75);
+        let registry = Registry::new();
+        registry.register(Box::new(m.match_ratio.clone())).unwrap();
+        let text = encode(&registry);
+        assert!(
+            text.contains("kthena_router_prefix_cache_match_ratio_bucket{model=\"m\",le=\"0\"} 1")
+        );
+        assert!(text.contains("kthena_router_prefix_cache_match_ratio_sum{model=\"m\"} 0.75"));
+    }
 
     #[test]
     fn build_info_names_this_build() {

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::access_log::AccessLogSink;
 use crate::admin::{self, Admin};
-use crate::completion::TentativeOutcome;
+use crate::completion::{RouteOutcome, TentativeOutcome};
 use crate::config::Config;
 use crate::discovery::{DiscoveryMetrics, KubernetesDiscovery, kubernetes};
 use crate::endpoints::{EndpointSpec, PodId, Update};
@@ -300,7 +300,7 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
                     _ = tick.tick() => {
                         let expired = router.pending.expire(Instant::now());
                         if expired.routes > 0 {
-                            router.metrics.records.with_label_values(&["expired"]).inc_by(expired.routes as u64);
+                            router.metrics.records.with_label_values(&[RouteOutcome::Expired.as_str()]).inc_by(expired.routes as u64);
                         }
                         if expired.tentative > 0 {
                             router.metrics.tentative.with_label_values(&[TentativeOutcome::Expired.as_str()]).inc_by(expired.tentative as u64);

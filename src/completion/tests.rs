@@ -303,14 +303,14 @@ proptest! {
             let body = body(&prefix(p), &q.to_string());
             let route_both = |r: &Router| r.route("/v1/completions", Some(&body), None, true).unwrap();
             let (a, b) = (route_both(&kthena), route_both(&off));
-            let ranked = |d: &crate::scheduler::Decision| d.ranked.iter().map(|e| e.spec.address).collect::<Vec<_>>();
+            let ranked = |d: &crate::scheduler::Decision<Arc<crate::endpoints::Endpoint>>| d.ranked.iter().map(|e| e.spec.address).collect::<Vec<_>>();
             prop_assert_eq!(ranked(&a.decision), ranked(&b.decision));
             prop_assert_eq!(a.decision.reason, b.decision.reason);
             prop_assert_eq!(&a.decision.plugins, &b.decision.plugins);
             prop_assert!(a.tentative.is_none() && b.tentative.is_none());
             if complete {
                 for (r, d) in [(&kthena, a), (&off, b)] {
-                    r.scheduler.record(&d.model, &d.decision.hashes, d.decision.primary(), RecordOrigin::Local);
+                    r.record(&d.model, &d.decision.hashes, d.decision.primary(), RecordOrigin::Local);
                 }
             }
         }

@@ -120,11 +120,7 @@ fn unparsable_prefix_args_log_kthena_line() {
     let doc = "scheduler:\n  pluginConfig:\n  - name: prefix-cache\n    args: {blockSizeToHash: \"64\"}\n";
     let c = Config::parse(doc).unwrap();
     assert_eq!(c.scheduler.prefix_cache, PrefixCacheArgs::default());
-    assert!(
-        c.warnings
-            .iter()
-            .any(|w| w == crate::scheduler::prefix_cache::UNPARSABLE_ARGS)
-    );
+    assert!(c.warnings.iter().any(|w| w == UNPARSABLE_ARGS));
 }
 
 #[test]
@@ -180,5 +176,57 @@ fn gie_endpoint_picker_config_is_refused_with_the_chart_values_to_set() {
         "docs/gateways.md",
     ] {
         assert!(msg.contains(part), "{part}: {msg}");
+    }
+}
+
+fn yaml(s: &str) -> Yaml {
+    serde_yaml_ng::from_str(s).unwrap()
+}
+
+fn parse(s: &str) -> ParsedArgs {
+    parse_prefix_cache_args(Some(&yaml(s)))
+}
+
+#[test]
+fn args_defaults_and_leniency() {
+    let d = PrefixCacheArgs::default();
+    assert_eq!(parse_prefix_cache_args(None).args, d);
+    let p =
+        parse("{blockSizeToHash: 32, maxBlocksToMatch: 0, maxHashCacheSize: -5, topKMatches: 3}");
+    assert_eq!(
+        p.args,
+        PrefixCacheArgs {
+            block_size_to_hash: 32,
+            top_k_matches: 3,
+            ..d
+        }
+    );
+    assert!(p.warnings.is_empty());
+    // Keys match case-insensitively; integral floats are accepted.
+    let p = parse("{blocksizetohash: 16.0, TOPKMATCHES: 2}");
+    assert_eq!(p.args.block_size_to_hash, 16);
+    assert_eq!(p.args.top_k_matches, 2);
+    // Misspelled names are ignored with a warning.
+    let p = parse("{blockSize: 16, topKMatches: 9}");
+    assert_eq!(p.args.block_size_to_hash, 64);
+    assert_eq!(p.args.top_k_matches, 9);
+    assert_eq!(p.warnings.len(), 1);
+    assert!(p.warnings[0].contains("\"blockSize\""));
+}
+
+#[test]
+fn unparsable_args_fall_back_to_all_defaults() {
+    for bad in [
+        "{blockSizeToHash: \"64\", topKMatches: 2}",
+        "{blockSizeToHash: 64.5, topKMatches: 2}",
+        "{blockSizeToHash: [1], topKMatches: 2}",
+        "{blockSizeToHash: true}",
+        "[1, 2]",
+        "seven",
+        "{blockSizeToHash: 1.0e30}",
+    ] {
+        let p = parse(bad);
+        assert_eq!(p.args, PrefixCacheArgs::default(), "{bad}");
+        assert_eq!(p.warnings, [UNPARSABLE_ARGS], "{bad}");
     }
 }

@@ -1777,3 +1777,28 @@ fn bare_ip_subset_hint_intersects_a_port_specific_test_selection() {
     );
     assert_eq!(pick_set(&r), HashSet::from([addr(18002)]));
 }
+
+#[test]
+fn destination_lists_primary_then_fallbacks() {
+    let router = router();
+    let ranked: Vec<_> = PORTS
+        .iter()
+        .rev()
+        .map(|&p| endpoint(&router, addr(p)))
+        .collect();
+    assert_eq!(
+        destination(&ranked),
+        "127.0.0.1:18003,127.0.0.1:18002,127.0.0.1:18001"
+    );
+    let routed = router
+        .route(
+            "/v1/completions",
+            Some(br#"{"model":"m","prompt":"x"}"#),
+            None,
+            false,
+        )
+        .unwrap();
+    let d = destination(&routed.decision.ranked);
+    assert_eq!(d.split(',').count(), 3);
+    assert!(d.starts_with(&routed.decision.primary().host));
+}

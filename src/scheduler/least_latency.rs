@@ -4,9 +4,7 @@
 //! `sX = 100 * (maxX - x) / (maxX - minX)` (100 when max == min) and
 //! `score = int(f * sTTFT + (1 - f) * sTPOT)` with `f = TTFTTPOTWeightFactor` (default 0.5).
 
-use std::sync::Arc;
-
-use crate::endpoints::Endpoint;
+use super::Candidate;
 
 pub fn score_latencies(latencies: &[(f64, f64)], factor: f64) -> Vec<u32> {
     let known = |&(ttft, tpot): &(f64, f64)| ttft > 0.0 && tpot > 0.0;
@@ -36,7 +34,7 @@ pub fn score_latencies(latencies: &[(f64, f64)], factor: f64) -> Vec<u32> {
         .collect()
 }
 
-pub fn score(candidates: &[Arc<Endpoint>], factor: f64) -> Vec<u32> {
+pub fn score<C: Candidate>(candidates: &[C], factor: f64) -> Vec<u32> {
     let latencies: Vec<(f64, f64)> = candidates
         .iter()
         .map(|e| {

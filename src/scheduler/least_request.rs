@@ -5,9 +5,7 @@
 //! weigh 100x); `score = int((maxBase - base) / maxBase * 100)`, 100 for all when `maxBase == 0`.
 //! Filter: keep a pod iff the engine's `waiting < maxWaitingRequests` (default 10).
 
-use std::sync::Arc;
-
-use crate::endpoints::Endpoint;
+use super::Candidate;
 
 /// Scores from (onFlight, running) pairs.
 pub fn score_counts(counts: &[(f64, f64)]) -> Vec<u32> {
@@ -28,7 +26,7 @@ pub fn score_counts(counts: &[(f64, f64)]) -> Vec<u32> {
         .collect()
 }
 
-pub fn score(candidates: &[Arc<Endpoint>]) -> Vec<u32> {
+pub fn score<C: Candidate>(candidates: &[C]) -> Vec<u32> {
     let counts: Vec<(f64, f64)> = candidates
         .iter()
         .map(|e| (e.inflight().max(0) as f64, e.stats().running))
@@ -37,7 +35,7 @@ pub fn score(candidates: &[Arc<Endpoint>]) -> Vec<u32> {
 }
 
 /// Keeps the pods whose engine queue is below `max_waiting`.
-pub fn filter(candidates: &mut Vec<Arc<Endpoint>>, max_waiting: u64) {
+pub fn filter<C: Candidate>(candidates: &mut Vec<C>, max_waiting: u64) {
     candidates.retain(|e| e.stats().waiting < max_waiting as f64);
 }
 

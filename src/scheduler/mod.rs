@@ -6,31 +6,35 @@
 //! the best `maxEndpoints` (<= 5) pods, ties broken by an RNG seeded from `picker.seed` and a
 //! decision counter, become the primary pick and its ordered fallbacks. The result is a
 //! [`Decision`] value carrying every plugin's scores, so it can be logged (`--v 4` prints Kthena's
-//! score lines), explained (`/debug/explain`) and tested. One file per plugin.
+//! score lines), explained (`/debug/explain`) and tested, and what it observed (plugin times,
+//! match ratios) for the caller to count: the core writes no metrics. A routed decision is then
+//! committed (the affinity pick's share, the tentative hold); an explained one changes nothing.
+//! Candidates are anything that implements [`Candidate`]. One file per plugin.
 
 pub mod affinity;
+pub mod candidate;
+pub mod config;
 pub mod gpu_usage;
 pub mod least_latency;
 pub mod least_request;
 pub mod prefix_cache;
 pub mod random;
 
-use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use thiserror::Error;
 
-use crate::config::{FilterKind, SchedulerConfig, ScorerKind};
-use crate::endpoints::{Endpoint, EndpointSet};
 use crate::hashing::BlockHash;
-use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
-use crate::prefix_index::{HoldId, ModelKey, TentativeEntries};
+use crate::prefix_index::{HoldId, ModelKey, PodHandle, RecordOutcome, TentativeEntries};
+use crate::prompt::NoPrompt;
 use affinity::{AffinityConfig, AffinityReason, PodLoad};
+pub use candidate::{Candidate, EngineStats};
+use config::{FilterKind, SchedulerConfig, ScorerKind};
 use prefix_cache::PrefixCache;
 
 /// Why a request could not be routed.
@@ -44,6 +48,20 @@ pub enum PickError {
     SubsetUnavailable,
     #[error("all endpoints were filtered out by the {0} filter")]
     Filtered(&'static str),
+}
+
+/// The filters left no pod: the filter that removed the last ones, and what was observed
+/// until then (the filters' times, for the caller to count).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Filtered {
+    pub filter: &'static str,
+    pub observations: Vec<Observation>,
+}
+
+impl From<Filtered> for PickError {
+    fn from(f: Filtered) -> Self {
+        PickError::Filtered(f.filter)
+    }
 }
 
 /// Why the pick is what it is (the `reason` label of `prefix_picker_decisions_total`).
@@ -93,6 +111,63 @@ impl From<AffinityReason> for DecisionReason {
     }
 }
 
+/// Why prefix-cache did not score a request (the `reason` label of
+/// `prefix_picker_unscored_requests_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unscored {
+    /// The body has no prompt to render.
+    NoPrompt(NoPrompt),
+    /// The path is not an inference API (routed by load, to any pod).
+    UnknownApi,
+    /// The request reached the picker without a path (Envoy skipped its headers).
+    NoRequestPath,
+    /// The prompt is empty: no block to hash.
+    EmptyPrompt,
+    /// prefix-cache is not enabled.
+    PrefixCacheDisabled,
+}
+
+impl Unscored {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unscored::NoPrompt(reason) => reason.as_str(),
+            Unscored::UnknownApi => "unknown_api",
+            Unscored::NoRequestPath => "no_request_path",
+            Unscored::EmptyPrompt => "empty_prompt",
+            Unscored::PrefixCacheDisabled => "prefix_cache_disabled",
+        }
+    }
+}
+
+/// The two kinds of plugin (the `type` label of Kthena's plugin-duration histogram).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PluginType {
+    Filter,
+    Score,
+}
+
+impl PluginType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PluginType::Filter => "filter",
+            PluginType::Score => "score",
+        }
+    }
+}
+
+/// One thing a decision observed, for the caller to count (the core writes no metrics).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Observation {
+    /// Time spent in one plugin.
+    PluginTime {
+        plugin: &'static str,
+        kind: PluginType,
+        elapsed: Duration,
+    },
+    /// A prefix scoring's longest match over the prompt's blocks (0 is a miss).
+    MatchRatio(f64),
+}
+
 /// One score plugin's output for a decision.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PluginScores {
@@ -104,37 +179,52 @@ pub struct PluginScores {
 
 /// A routing decision, with everything that produced it.
 #[derive(Debug, Clone)]
-pub struct Decision {
+pub struct Decision<C> {
     /// Pods that passed the filters, in scoring order.
-    pub candidates: Vec<Arc<Endpoint>>,
+    pub candidates: Vec<C>,
     pub plugins: Vec<PluginScores>,
     /// Weighted totals per candidate.
     pub totals: Vec<u64>,
     /// Primary pick first, then fallbacks.
-    pub ranked: Vec<Arc<Endpoint>>,
+    pub ranked: Vec<C>,
     pub reason: DecisionReason,
     /// The prompt's block hashes (empty when unscored); recorded for the serving pod.
     pub hashes: Vec<BlockHash>,
     pub prompt_bytes: usize,
     /// Why prefix-cache did not score, when it did not.
-    pub unscored: Option<&'static str>,
+    pub unscored: Option<Unscored>,
     /// Affinity mode: blocks of the prompt the primary pick holds in the index (what its
     /// engine should report as cached).
     pub predicted_blocks: usize,
+    /// Plugin times and match ratios, in the order they happened.
+    pub observations: Vec<Observation>,
+    /// Time the decision took.
+    pub duration: Duration,
 }
 
-impl Decision {
-    pub fn primary(&self) -> &Arc<Endpoint> {
+impl<C> Decision<C> {
+    pub fn primary(&self) -> &C {
         &self.ranked[0]
     }
+}
 
-    /// `ip:port[,ip:port...]`, the value of the pick header and metadata.
-    pub fn destination(&self) -> String {
-        self.ranked
-            .iter()
-            .map(|e| e.host.as_str())
-            .collect::<Vec<_>>()
-            .join(",")
+impl<C: Candidate> Decision<C> {
+    /// Kthena's `--v=4` score lines, verbatim, at debug level on the `scores` target.
+    pub fn log_scores(&self) {
+        if !tracing::enabled!(target: "scores", tracing::Level::DEBUG) {
+            return;
+        }
+        for p in &self.plugins {
+            let Some(scores) = &p.scores else { continue };
+            tracing::debug!(target: "scores", "ScorePlugin: {}", p.plugin);
+            for (e, s) in self.candidates.iter().zip(scores) {
+                tracing::debug!(target: "scores", "Pod: {}, Score: {}", e.label(), s);
+            }
+        }
+        tracing::debug!(target: "scores", "Final Pod Scores:");
+        for (e, t) in self.candidates.iter().zip(&self.totals) {
+            tracing::debug!(target: "scores", "  Pod: {}, Final Score: {}", e.label(), t);
+        }
     }
 }
 
@@ -142,23 +232,8 @@ impl Decision {
 #[derive(Debug, Clone, Copy)]
 pub struct RouteRequest<'a> {
     pub model: &'a str,
-    /// The rendered prompt, or why there is none (a snake_case reason label).
-    pub prompt: Result<&'a str, &'static str>,
-}
-
-/// Where a record comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RecordOrigin {
-    /// A completion this replica saw (published to the record sink).
-    Local,
-    /// A record another replica made (never published again).
-    Replica,
-}
-
-/// Receives every local record (after a served request), e.g. to share it with other replicas.
-/// Called on the routing path: it must not block.
-pub trait RecordSink: Send + Sync + std::fmt::Debug {
-    fn recorded(&self, model: &str, hashes: &[BlockHash], endpoint: &Endpoint);
+    /// The rendered prompt, or why there is none.
+    pub prompt: Result<&'a str, Unscored>,
 }
 
 /// The scheduler. Shared by all streams (`Arc`); holds the prefix index.
@@ -169,38 +244,40 @@ pub struct Scheduler {
     prefix_enabled: bool,
     max_endpoints: usize,
     seed: u64,
+    /// Decisions made (seeds each decision's RNG).
     decisions: AtomicU64,
-    metrics: RouterMetrics,
-    sink: OnceLock<Arc<dyn RecordSink>>,
+    /// Prefix scorings made (seeds the tie-break beyond `topKMatches`).
+    scorings: AtomicU64,
     /// The affinity mode's tentative entries (empty unless `tentative` is on).
     tentative: Arc<TentativeEntries>,
     /// Affinity picks made (the clock of the pods' recent shares).
     picks: AtomicU64,
 }
 
+/// The next number of a sequence; a dry run (explain) reads it without taking it.
+fn next(counter: &AtomicU64, take: bool) -> u64 {
+    if take {
+        counter.fetch_add(1, Ordering::Relaxed)
+    } else {
+        counter.load(Ordering::Relaxed)
+    }
+}
+
 impl Scheduler {
-    pub fn new(
-        config: SchedulerConfig,
-        max_endpoints: usize,
-        seed: u64,
-        prefix_metrics: PrefixCacheMetrics,
-        metrics: RouterMetrics,
-    ) -> Scheduler {
+    pub fn new(config: SchedulerConfig, max_endpoints: usize, seed: u64) -> Scheduler {
         let prefix_enabled = config.affinity.is_some()
             || config
                 .scorers
                 .iter()
                 .any(|(k, _)| *k == ScorerKind::PrefixCache);
         Scheduler {
-            prefix: PrefixCache::new(config.prefix_cache, seed, prefix_metrics)
-                .with_scheme(config.chain_scheme()),
+            prefix: PrefixCache::new(config.prefix_cache, seed).with_scheme(config.chain_scheme()),
             prefix_enabled,
             config,
             max_endpoints: max_endpoints.clamp(1, 5),
             seed,
             decisions: AtomicU64::new(0),
-            metrics,
-            sink: OnceLock::new(),
+            scorings: AtomicU64::new(0),
             tentative: Arc::new(TentativeEntries::default()),
             picks: AtomicU64::new(0),
         }
@@ -224,49 +301,43 @@ impl Scheduler {
         &self.config
     }
 
-    /// Pods that may serve `model`, narrowed to `restrict` when given.
-    pub fn candidates(
-        &self,
-        set: &EndpointSet,
-        model: &str,
-        restrict: Option<&[SocketAddr]>,
-    ) -> Result<Vec<Arc<Endpoint>>, PickError> {
-        if set.all().is_empty() {
-            return Err(PickError::NoEndpoints);
-        }
-        let lists = set.lists_models();
-        let mut out: Vec<Arc<Endpoint>> = set
-            .all()
-            .iter()
-            .filter(|e| !lists || e.serves(model))
-            .cloned()
-            .collect();
-        if out.is_empty() {
-            return Err(PickError::UnknownModel(model.to_string()));
-        }
-        if let Some(allowed) = restrict {
-            out.retain(|e| {
-                allowed.iter().any(|a| {
-                    *a == e.spec.address || (a.port() == 0 && a.ip() == e.spec.address.ip())
-                })
-            });
-            if out.is_empty() {
-                return Err(PickError::SubsetUnavailable);
-            }
-        }
-        Ok(out)
+    /// Whether prompts are hashed and recorded (prefix-cache scores, or the affinity mode).
+    pub fn prefix_enabled(&self) -> bool {
+        self.prefix_enabled
     }
 
-    /// Runs filters and score plugins and picks. `observe` = false leaves the match-ratio
-    /// histogram and decision counters untouched (used by `/debug/explain`).
-    pub fn schedule(
+    /// Runs filters and score plugins and picks. The decision returns what it observed; a
+    /// routed request then [`commit`](Scheduler::commit)s it.
+    pub fn schedule<C: Candidate + Clone>(
         &self,
         request: RouteRequest<'_>,
-        mut candidates: Vec<Arc<Endpoint>>,
-        observe: bool,
-    ) -> Result<Decision, PickError> {
+        candidates: Vec<C>,
+    ) -> Result<Decision<C>, Filtered> {
+        self.decide(request, candidates, true)
+    }
+
+    /// The decision [`schedule`](Scheduler::schedule) would make now, changing no state (its
+    /// seeds are the next decision's); for `/debug/explain`.
+    pub fn explain<C: Candidate + Clone>(
+        &self,
+        request: RouteRequest<'_>,
+        candidates: Vec<C>,
+    ) -> Result<Decision<C>, Filtered> {
+        self.decide(request, candidates, false)
+    }
+
+    /// `take` = false: a dry run that leaves the decision and scoring counters as they are.
+    fn decide<C: Candidate + Clone>(
+        &self,
+        request: RouteRequest<'_>,
+        mut candidates: Vec<C>,
+        take: bool,
+    ) -> Result<Decision<C>, Filtered> {
         let started = Instant::now();
         let model = request.model;
+        // One entry per plugin, plus prefix-cache's match ratio.
+        let mut observations =
+            Vec::with_capacity(self.config.filters.len() + self.config.scorers.len() + 1);
         for filter in &self.config.filters {
             let t = Instant::now();
             match filter {
@@ -274,38 +345,42 @@ impl Scheduler {
                     least_request::filter(&mut candidates, self.config.max_waiting_requests)
                 }
             }
-            if observe {
-                self.plugin_time(model, filter.as_str(), "filter", t);
-            }
+            observations.push(Observation::PluginTime {
+                plugin: filter.as_str(),
+                kind: PluginType::Filter,
+                elapsed: t.elapsed(),
+            });
             if candidates.is_empty() {
-                return Err(PickError::Filtered(filter.as_str()));
+                return Err(Filtered {
+                    filter: filter.as_str(),
+                    observations,
+                });
             }
         }
 
-        let n = self.decisions.fetch_add(1, Ordering::Relaxed);
+        let n = next(&self.decisions, take);
         let mut rng = SmallRng::seed_from_u64(self.seed ^ n.wrapping_mul(0xA076_1D64_78BD_642F));
         let mut hashes = Vec::new();
         let mut unscored = None;
         // Affinity mode: the pick from every candidate's longest match (index and tentative).
         if let (Some(config), Ok(prompt)) = (&self.config.affinity, request.prompt) {
             hashes = self.prefix.hash(model, prompt.as_bytes());
-            let slots: Vec<_> = candidates.iter().map(|e| e.index.slot()).collect();
-            if let Some(scored) =
-                self.prefix
-                    .score_chained(model, &hashes, &slots, &self.tentative, observe)
+            let slots: Vec<_> = candidates.iter().map(|e| e.slot()).collect();
+            if let Some(scored) = self
+                .prefix
+                .score_chained(model, &hashes, &slots, &self.tentative)
             {
-                let decision = self.affinity_decision(
+                observations.push(Observation::MatchRatio(scored.match_ratio()));
+                let mut decision = self.affinity_decision(
                     config,
                     candidates,
                     scored,
                     hashes,
                     prompt.len(),
                     &mut rng,
-                    observe,
                 );
-                if observe {
-                    self.observe_decision(&decision, started);
-                }
+                decision.observations = observations;
+                decision.duration = started.elapsed();
                 return Ok(decision);
             }
         }
@@ -322,10 +397,16 @@ impl Scheduler {
                     }
                     Ok(prompt) => {
                         hashes = self.prefix.hash(model, prompt.as_bytes());
-                        let slots: Vec<_> = candidates.iter().map(|e| e.index.slot()).collect();
-                        let scored = self.prefix.score(model, &hashes, &slots, observe);
-                        if scored.is_none() {
-                            unscored = Some("empty_prompt");
+                        let scored = if hashes.is_empty() {
+                            None
+                        } else {
+                            let slots: Vec<_> = candidates.iter().map(|e| e.slot()).collect();
+                            let scoring = next(&self.scorings, take);
+                            self.prefix.score(model, &hashes, &slots, scoring)
+                        };
+                        match &scored {
+                            None => unscored = Some(Unscored::EmptyPrompt),
+                            Some(s) => observations.push(Observation::MatchRatio(s.match_ratio())),
                         }
                         scored.map(|s| s.scores)
                     }
@@ -338,9 +419,11 @@ impl Scheduler {
                 )),
                 ScorerKind::Random => Some(random::score(&candidates, &mut rng)),
             };
-            if observe {
-                self.plugin_time(model, kind.as_str(), "score", t);
-            }
+            observations.push(Observation::PluginTime {
+                plugin: kind.as_str(),
+                kind: PluginType::Score,
+                elapsed: t.elapsed(),
+            });
             if let Some(s) = &scores {
                 for (total, &score) in totals.iter_mut().zip(s) {
                     *total += u64::from(score) * u64::from(weight);
@@ -353,7 +436,7 @@ impl Scheduler {
             });
         }
         if !self.prefix_enabled {
-            unscored = Some("prefix_cache_disabled");
+            unscored = Some(Unscored::PrefixCacheDisabled);
         }
 
         // Best first; equal totals in a seeded random order.
@@ -371,12 +454,12 @@ impl Scheduler {
             Some(s) if s.iter().any(|&x| x > 0) => DecisionReason::PrefixOverruled,
             Some(_) => DecisionReason::PrefixMiss,
         };
-        let ranked: Vec<Arc<Endpoint>> = order
+        let ranked: Vec<C> = order
             .iter()
             .take(self.max_endpoints)
             .map(|&i| candidates[i].clone())
             .collect();
-        let decision = Decision {
+        Ok(Decision {
             candidates,
             plugins,
             totals,
@@ -386,44 +469,24 @@ impl Scheduler {
             prompt_bytes,
             unscored,
             predicted_blocks: 0,
-        };
-        if observe {
-            self.observe_decision(&decision, started);
-        }
-        Ok(decision)
-    }
-
-    /// Counts a decision (reason, unscored reason, duration) and writes Kthena's score lines.
-    fn observe_decision(&self, decision: &Decision, started: Instant) {
-        self.metrics
-            .decisions
-            .with_label_values(&[decision.reason.as_str()])
-            .inc();
-        if let Some(u) = decision.unscored {
-            self.metrics.unscored.with_label_values(&[u]).inc();
-        }
-        self.metrics
-            .decision_duration
-            .observe(started.elapsed().as_secs_f64());
-        log_scores(decision);
+            observations,
+            duration: started.elapsed(),
+        })
     }
 
     /// The affinity mode's decision: its pick first, then the other candidates by longest
     /// match and load. The weighted load plugins are not scored (the mode replaces their sum);
     /// the score lines show prefix-cache's percentages.
-    #[expect(clippy::too_many_arguments, reason = "the parts of one decision")]
-    fn affinity_decision(
+    fn affinity_decision<C: Candidate + Clone>(
         &self,
         config: &AffinityConfig,
-        candidates: Vec<Arc<Endpoint>>,
+        candidates: Vec<C>,
         scored: prefix_cache::PrefixScores,
         hashes: Vec<BlockHash>,
         prompt_bytes: usize,
         rng: &mut SmallRng,
-        observe: bool,
-    ) -> Decision {
-        let (primary, why) =
-            self.affinity_pick(config, &candidates, &scored, &hashes, rng, observe);
+    ) -> Decision<C> {
+        let (primary, why) = self.affinity_pick(config, &candidates, &scored, &hashes, rng);
         // Fallbacks: longest match first, then least loaded (only the few kept are sorted).
         let mut rest: Vec<(std::cmp::Reverse<usize>, i64, usize)> = (0..candidates.len())
             .filter(|&i| i != primary)
@@ -467,19 +530,20 @@ impl Scheduler {
             hashes,
             prompt_bytes,
             unscored: None,
+            observations: Vec::new(),
+            duration: Duration::ZERO,
         }
     }
 
-    /// The affinity mode's pick among `candidates` ([`affinity::pick`]); counts it in the
-    /// pod's recent share when `observe`.
-    fn affinity_pick(
+    /// The affinity mode's pick among `candidates` ([`affinity::pick`]); [`Scheduler::commit`]
+    /// counts it in the pod's recent share.
+    fn affinity_pick<C: Candidate>(
         &self,
         config: &AffinityConfig,
-        candidates: &[Arc<Endpoint>],
+        candidates: &[C],
         scored: &prefix_cache::PrefixScores,
         hashes: &[BlockHash],
         rng: &mut SmallRng,
-        observe: bool,
     ) -> (usize, AffinityReason) {
         let now = self.picks.load(Ordering::Relaxed) as u32;
         let keep = affinity::keep_factor(config.share_window, candidates.len());
@@ -487,41 +551,59 @@ impl Scheduler {
             .iter()
             .enumerate()
             .map(|(i, e)| PodLoad {
-                key: e.rendezvous,
+                key: e.rendezvous(),
                 inflight: e.inflight(),
                 waiting: e.stats().waiting,
-                share: e.recent.share(now, keep),
+                share: e.recent().share(now, keep),
                 head_inflight: scored.head_inflight.get(i).copied().unwrap_or(0),
             })
             .collect();
-        let (primary, why) = affinity::pick(
+        affinity::pick(
             config,
             &scored.matched_blocks,
             &scored.held_blocks,
             &loads,
             hashes,
             rng,
-        );
-        if observe {
-            let now = self.picks.fetch_add(1, Ordering::Relaxed) as u32;
-            candidates[primary].recent.add(now, keep);
-        }
-        (primary, why)
+        )
     }
 
-    /// Holds `hashes` tentatively for `endpoint` until the request completes (affinity mode with
-    /// `tentative`); `None` when there is nothing to hold.
+    /// Makes a routed decision's pick count: an affinity pick joins its pod's recent share, and
+    /// (with `tentative`) the prompt is held for the pod until the request completes. Explained
+    /// decisions are never committed.
+    pub fn commit<C: Candidate>(
+        &self,
+        model: &str,
+        decision: &Decision<C>,
+    ) -> Option<TentativeHold> {
+        let config = self.config.affinity.as_ref()?;
+        let affinity_pick = matches!(
+            decision.reason,
+            DecisionReason::AffinityHit
+                | DecisionReason::AffinityMiss
+                | DecisionReason::AffinitySpill
+                | DecisionReason::AffinitySaturated
+        );
+        if affinity_pick {
+            let keep = affinity::keep_factor(config.share_window, decision.candidates.len());
+            let now = self.picks.fetch_add(1, Ordering::Relaxed) as u32;
+            decision.primary().recent().add(now, keep);
+        }
+        self.hold_tentative(model, &decision.hashes, decision.primary().slot())
+    }
+
+    /// Holds `hashes` tentatively for the pod in `slot` until the request completes (affinity
+    /// mode with `tentative`); `None` when there is nothing to hold.
     pub fn hold_tentative(
         &self,
         model: &str,
         hashes: &[BlockHash],
-        endpoint: &Endpoint,
+        pod: crate::prefix_index::PodSlot,
     ) -> Option<TentativeHold> {
         let config = self.config.affinity.as_ref()?;
         if !config.tentative || hashes.is_empty() {
             return None;
         }
-        let pod = endpoint.index.slot();
         let id = self
             .tentative
             .add(ModelKey::of(model), hashes.into(), pod)?;
@@ -532,37 +614,14 @@ impl Scheduler {
         })
     }
 
-    /// Records a served request's prompt for the pod that served it: the one record path,
-    /// for this replica's completions ([`RecordOrigin::Local`], shared with the other replicas
-    /// through the sink) and for theirs ([`RecordOrigin::Replica`], applied as they made them).
-    pub fn record(
-        &self,
-        model: &str,
-        hashes: &[BlockHash],
-        endpoint: &Endpoint,
-        origin: RecordOrigin,
-    ) -> usize {
+    /// Records a served request's prompt for the pod that served it: the one record path, for
+    /// this replica's completions and for the records other replicas share. Returns what the
+    /// index changed (nothing when prefix-cache is off), for the caller to count.
+    pub fn record(&self, model: &str, hashes: &[BlockHash], pod: &PodHandle) -> RecordOutcome {
         if !self.prefix_enabled {
-            return 0;
+            return RecordOutcome::default();
         }
-        if origin == RecordOrigin::Local
-            && let Some(sink) = self.sink.get()
-        {
-            sink.recorded(model, hashes, endpoint);
-        }
-        self.prefix.record(model, hashes, &endpoint.index)
-    }
-
-    /// Installs the record sink (once); `false` if one was already set.
-    pub fn set_record_sink(&self, sink: Arc<dyn RecordSink>) -> bool {
-        self.sink.set(sink).is_ok()
-    }
-
-    fn plugin_time(&self, model: &str, plugin: &str, kind: &str, started: Instant) {
-        self.metrics
-            .plugin_duration
-            .with_label_values(&[model, plugin, kind])
-            .observe(started.elapsed().as_secs_f64());
+        self.prefix.record(model, hashes, pod)
     }
 }
 
@@ -585,24 +644,6 @@ impl TentativeHold {
 impl Drop for TentativeHold {
     fn drop(&mut self) {
         self.entries.remove(self.id);
-    }
-}
-
-/// Kthena's `--v=4` score lines, verbatim, at debug level on the `scores` target.
-fn log_scores(d: &Decision) {
-    if !tracing::enabled!(target: "scores", tracing::Level::DEBUG) {
-        return;
-    }
-    for p in &d.plugins {
-        let Some(scores) = &p.scores else { continue };
-        tracing::debug!(target: "scores", "ScorePlugin: {}", p.plugin);
-        for (e, s) in d.candidates.iter().zip(scores) {
-            tracing::debug!(target: "scores", "Pod: {}, Score: {}", e.label, s);
-        }
-    }
-    tracing::debug!(target: "scores", "Final Pod Scores:");
-    for (e, t) in d.candidates.iter().zip(&d.totals) {
-        tracing::debug!(target: "scores", "  Pod: {}, Final Score: {}", e.label, t);
     }
 }
 

@@ -1,37 +1,77 @@
+//! The scheduler on plain candidates: no endpoint store, no metrics, no YAML.
+
 use std::net::SocketAddr;
 
 use super::*;
-use crate::config::SchedulerConfig;
-use crate::endpoints::{EndpointSpec, Endpoints, PodId, Update};
+use affinity::{RecentPicks, rendezvous_key};
+use config::SchedulerConfig;
 
-fn setup(scorers: Vec<(ScorerKind, u32)>, pods: usize) -> (Scheduler, Endpoints) {
-    let config = SchedulerConfig {
-        scorers,
-        ..SchedulerConfig::default()
-    };
-    let metrics = RouterMetrics::register(&prometheus::Registry::new());
-    let s = Scheduler::new(
-        config,
-        5,
-        1,
-        PrefixCacheMetrics::unregistered(),
-        metrics.clone(),
-    );
-    let eps = Endpoints::new(s.prefix_cache().index().clone(), metrics);
-    let specs = (0..pods)
-        .map(|i| EndpointSpec {
-            id: PodId {
-                namespace: "default".into(),
-                name: format!("pod-{i}"),
-            },
-            address: SocketAddr::from(([10, 0, 0, i as u8 + 1], 8000)),
-            models: vec![],
-            generation: String::new(),
-            role: None,
+/// A candidate pod as the core sees it.
+#[derive(Debug)]
+struct Pod {
+    handle: PodHandle,
+    label: String,
+    stats: EngineStats,
+    recent: RecentPicks,
+    rendezvous: u64,
+}
+
+impl Candidate for Pod {
+    fn slot(&self) -> crate::prefix_index::PodSlot {
+        self.handle.slot()
+    }
+
+    fn inflight(&self) -> i64 {
+        0
+    }
+
+    fn stats(&self) -> EngineStats {
+        self.stats
+    }
+
+    fn recent(&self) -> &RecentPicks {
+        &self.recent
+    }
+
+    fn rendezvous(&self) -> u64 {
+        self.rendezvous
+    }
+
+    fn label(&self) -> &str {
+        &self.label
+    }
+}
+
+fn setup(scorers: Vec<(ScorerKind, u32)>, pods: usize) -> (Scheduler, Vec<Arc<Pod>>) {
+    setup_with(
+        SchedulerConfig {
+            scorers,
+            ..SchedulerConfig::default()
+        },
+        pods,
+        EngineStats::default(),
+    )
+}
+
+fn setup_with(
+    config: SchedulerConfig,
+    pods: usize,
+    stats: EngineStats,
+) -> (Scheduler, Vec<Arc<Pod>>) {
+    let s = Scheduler::new(config, 5, 1);
+    let pods = (0..pods)
+        .map(|i| {
+            let address = SocketAddr::from(([10, 0, 0, i as u8 + 1], 8000));
+            Arc::new(Pod {
+                handle: s.prefix_cache().index().add_pod(),
+                label: format!("default/pod-{i}"),
+                stats,
+                recent: RecentPicks::default(),
+                rendezvous: rendezvous_key(&address),
+            })
         })
         .collect();
-    eps.apply(Update::Reset(specs));
-    (s, eps)
+    (s, pods)
 }
 
 fn req(prompt: &str) -> RouteRequest<'_> {
@@ -41,23 +81,31 @@ fn req(prompt: &str) -> RouteRequest<'_> {
     }
 }
 
+fn match_ratios<C>(d: &Decision<C>) -> Vec<f64> {
+    d.observations
+        .iter()
+        .filter_map(|o| match o {
+            Observation::MatchRatio(r) => Some(*r),
+            _ => None,
+        })
+        .collect()
+}
+
 #[test]
 fn repeated_prompt_goes_to_the_recorded_pod() {
-    let (s, eps) = setup(SchedulerConfig::default().scorers, 4);
-    let set = eps.snapshot();
+    let (s, pods) = setup(SchedulerConfig::default().scorers, 4);
     let prompt = "system prompt ".repeat(50);
-    let first = s
-        .schedule(req(&prompt), s.candidates(&set, "m", None).unwrap(), true)
-        .unwrap();
+    let first = s.schedule(req(&prompt), pods.clone()).unwrap();
     assert_eq!(first.reason, DecisionReason::PrefixMiss);
     assert_eq!(first.ranked.len(), 4);
+    assert_eq!(match_ratios(&first), [0.0]);
     let served = first.primary().clone();
-    s.record("m", &first.hashes, &served, RecordOrigin::Local);
-    let second = s
-        .schedule(req(&prompt), s.candidates(&set, "m", None).unwrap(), true)
-        .unwrap();
+    let outcome = s.record("m", &first.hashes, &served.handle);
+    assert_eq!(outcome.inserted, first.hashes.len());
+    let second = s.schedule(req(&prompt), pods.clone()).unwrap();
     assert_eq!(second.reason, DecisionReason::PrefixHit);
     assert_eq!(second.primary().label, served.label);
+    assert_eq!(match_ratios(&second), [1.0]);
     let prefix = second
         .plugins
         .iter()
@@ -68,25 +116,50 @@ fn repeated_prompt_goes_to_the_recorded_pod() {
 }
 
 #[test]
+fn every_plugin_is_timed_in_order() {
+    let (s, pods) = setup(SchedulerConfig::default().scorers, 2);
+    let d = s.schedule(req("x"), pods).unwrap();
+    let timed: Vec<_> = d
+        .observations
+        .iter()
+        .filter_map(|o| match o {
+            Observation::PluginTime { plugin, kind, .. } => Some((*plugin, kind.as_str())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        timed,
+        [
+            ("least-request", "filter"),
+            ("least-request", "score"),
+            ("gpu-usage", "score"),
+            ("least-latency", "score"),
+            ("prefix-cache", "score"),
+        ]
+    );
+}
+
+#[test]
 fn no_prompt_is_unscored_not_rejected() {
-    let (s, eps) = setup(SchedulerConfig::default().scorers, 2);
-    let set = eps.snapshot();
+    let (s, pods) = setup(SchedulerConfig::default().scorers, 2);
     let d = s
         .schedule(
             RouteRequest {
                 model: "m",
-                prompt: Err(crate::prompt::NoPrompt::PromptNotString.as_str()),
+                prompt: Err(Unscored::NoPrompt(crate::prompt::NoPrompt::PromptNotString)),
             },
-            s.candidates(&set, "m", None).unwrap(),
-            true,
+            pods.clone(),
         )
         .unwrap();
     assert_eq!(d.reason, DecisionReason::Unscored);
-    assert_eq!(d.unscored, Some("prompt_not_string"));
-    let d = s
-        .schedule(req(""), s.candidates(&set, "m", None).unwrap(), true)
-        .unwrap();
-    assert_eq!(d.unscored, Some("empty_prompt"));
+    assert_eq!(d.unscored.map(Unscored::as_str), Some("prompt_not_string"));
+    assert!(match_ratios(&d).is_empty());
+    let d = s.schedule(req(""), pods).unwrap();
+    assert_eq!(d.unscored.map(Unscored::as_str), Some("empty_prompt"));
+    assert!(
+        match_ratios(&d).is_empty(),
+        "an empty prompt is not observed"
+    );
     assert!(
         d.plugins
             .iter()
@@ -96,11 +169,10 @@ fn no_prompt_is_unscored_not_rejected() {
 
 #[test]
 fn ties_are_broken_randomly_but_reproducibly() {
-    let (s, eps) = setup(vec![(ScorerKind::LeastRequest, 1)], 5);
-    let set = eps.snapshot();
+    let (s, pods) = setup(vec![(ScorerKind::LeastRequest, 1)], 5);
     let primaries: std::collections::HashSet<String> = (0..40)
         .map(|_| {
-            s.schedule(req("x"), s.candidates(&set, "m", None).unwrap(), true)
+            s.schedule(req("x"), pods.clone())
                 .unwrap()
                 .primary()
                 .label
@@ -114,45 +186,70 @@ fn ties_are_broken_randomly_but_reproducibly() {
 }
 
 #[test]
-fn restrict_and_errors() {
-    let (s, eps) = setup(SchedulerConfig::default().scorers, 3);
-    let set = eps.snapshot();
-    let only: SocketAddr = "10.0.0.2:8000".parse().unwrap();
-    let c = s.candidates(&set, "m", Some(&[only])).unwrap();
-    assert_eq!(c.len(), 1);
-    let ip_only: SocketAddr = "10.0.0.3:0".parse().unwrap();
-    assert_eq!(s.candidates(&set, "m", Some(&[ip_only])).unwrap().len(), 1);
-    assert_eq!(
-        s.candidates(&set, "m", Some(&[])).unwrap_err(),
-        PickError::SubsetUnavailable
-    );
-    let (s2, empty) = setup(SchedulerConfig::default().scorers, 0);
-    assert_eq!(
-        s2.candidates(&empty.snapshot(), "m", None).unwrap_err(),
-        PickError::NoEndpoints
-    );
-    // A backed-up pod is filtered out; all backed up = error.
-    for e in set.all() {
-        e.set_stats(crate::endpoints::EngineStats {
-            waiting: 10.0,
-            ..Default::default()
-        });
+fn explain_is_the_next_decision_and_changes_nothing() {
+    let (s, pods) = setup(vec![(ScorerKind::LeastRequest, 1)], 5);
+    let ranked = |d: Decision<Arc<Pod>>| -> Vec<String> {
+        d.ranked.iter().map(|p| p.label.clone()).collect()
+    };
+    for _ in 0..10 {
+        let explained = ranked(s.explain(req("x"), pods.clone()).unwrap());
+        assert_eq!(
+            ranked(s.explain(req("x"), pods.clone()).unwrap()),
+            explained
+        );
+        assert_eq!(
+            ranked(s.schedule(req("x"), pods.clone()).unwrap()),
+            explained
+        );
     }
-    assert_eq!(
-        s.schedule(req("x"), s.candidates(&set, "m", None).unwrap(), true)
-            .unwrap_err(),
-        PickError::Filtered("least-request")
-    );
 }
 
 #[test]
-fn destination_lists_primary_then_fallbacks() {
-    let (s, eps) = setup(vec![(ScorerKind::LeastRequest, 1)], 7);
-    let set = eps.snapshot();
-    let d = s
-        .schedule(req("x"), s.candidates(&set, "m", None).unwrap(), true)
-        .unwrap();
+fn explain_counts_no_affinity_pick() {
+    let mut config = SchedulerConfig::default();
+    config.apply_affinity(Some(AffinityConfig::default()));
+    let (s, pods) = setup_with(config, 3, EngineStats::default());
+    let prompt = "p".repeat(1000);
+    let d = s.explain(req(&prompt), pods.clone()).unwrap();
+    assert_eq!(d.reason, DecisionReason::AffinityMiss);
+    assert!(pods.iter().all(|p| p.recent.share(1, 0.5) == 0.0));
+    assert_eq!(s.tentative().holds(), 0);
+    let d = s.schedule(req(&prompt), pods.clone()).unwrap();
+    let hold = s.commit("m", &d).expect("tentative is on");
+    assert_eq!(hold.pod(), d.primary().slot());
+    assert_eq!(s.tentative().holds(), 1);
+    assert!(
+        d.primary().recent.share(1, 0.5) > 0.0,
+        "the pick is counted"
+    );
+    drop(hold);
+    assert_eq!(s.tentative().holds(), 0);
+}
+
+#[test]
+fn all_filtered_is_an_error_with_the_filter_times() {
+    let backed_up = EngineStats {
+        waiting: 10.0,
+        ..Default::default()
+    };
+    let (s, pods) = setup_with(SchedulerConfig::default(), 3, backed_up);
+    let err = s.schedule(req("x"), pods).unwrap_err();
+    assert_eq!(err.filter, "least-request");
+    assert!(matches!(
+        err.observations[..],
+        [Observation::PluginTime {
+            plugin: "least-request",
+            kind: PluginType::Filter,
+            ..
+        }]
+    ));
+    assert_eq!(PickError::from(err), PickError::Filtered("least-request"));
+}
+
+#[test]
+fn at_most_five_are_ranked() {
+    let (s, pods) = setup(vec![(ScorerKind::LeastRequest, 1)], 7);
+    let d = s.schedule(req("x"), pods).unwrap();
     assert_eq!(d.ranked.len(), 5);
-    assert_eq!(d.destination().split(',').count(), 5);
-    assert!(d.destination().starts_with(&d.primary().host));
+    assert_eq!(d.candidates.len(), 7);
 }

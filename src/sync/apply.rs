@@ -12,9 +12,9 @@ use std::sync::Arc;
 
 use super::metrics::{DropReason, SyncMetrics};
 use super::record::{self, HashParams};
-use crate::endpoints::{Endpoint, EndpointSet, Endpoints};
+use crate::endpoints::{Endpoint, EndpointSet};
 use crate::hashing::BlockHash;
-use crate::scheduler::{RecordOrigin, Scheduler};
+use crate::routing::{RecordOrigin, Router};
 
 /// What happened to one entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,8 +29,7 @@ pub enum Applied {
 /// Applies entries; owned by the tailer task (not shared).
 #[derive(Debug)]
 pub struct Applier {
-    scheduler: Arc<Scheduler>,
-    endpoints: Arc<Endpoints>,
+    router: Arc<Router>,
     replica: u64,
     params: HashParams,
     metrics: SyncMetrics,
@@ -40,15 +39,13 @@ pub struct Applier {
 
 impl Applier {
     pub fn new(
-        scheduler: Arc<Scheduler>,
-        endpoints: Arc<Endpoints>,
+        router: Arc<Router>,
         replica: u64,
         params: HashParams,
         metrics: SyncMetrics,
     ) -> Applier {
         Applier {
-            scheduler,
-            endpoints,
+            router,
             replica,
             params,
             metrics,
@@ -78,7 +75,7 @@ impl Applier {
         if r.params != self.params {
             return Applied::Dropped(DropReason::ParamsMismatch);
         }
-        let snapshot = self.endpoints.snapshot();
+        let snapshot = self.router.endpoints.snapshot();
         if !Arc::ptr_eq(&snapshot, &self.pods.0) {
             let map = snapshot
                 .all()
@@ -95,7 +92,7 @@ impl Applier {
             return Applied::Dropped(DropReason::StaleGeneration);
         }
         if !self.hashes.is_empty() {
-            self.scheduler
+            self.router
                 .record(r.model, &self.hashes, endpoint, RecordOrigin::Replica);
         }
         Applied::Recorded

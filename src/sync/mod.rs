@@ -136,7 +136,7 @@ pub fn start(
     let replica: u64 = rand::random();
     let params = hash_params(router);
     let (publisher, rx) = Publisher::new(config.queue_capacity, replica, params, metrics.clone());
-    router.scheduler.set_record_sink(publisher);
+    router.set_record_sink(publisher);
     let target = Target {
         stream: config.stream.clone(),
         max_len: config.max_len,
@@ -150,13 +150,7 @@ pub fn start(
         });
     }
     let (tx, replayed) = oneshot::channel();
-    let applier = Applier::new(
-        router.scheduler.clone(),
-        router.endpoints.clone(),
-        replica,
-        params,
-        metrics.clone(),
-    );
+    let applier = Applier::new(router.clone(), replica, params, metrics.clone());
     let tailer = Tailer::new(
         tail_link,
         config.stream.clone(),

@@ -19,7 +19,7 @@ use super::metrics::{DropReason, SyncMetrics};
 use super::record::{self, HashParams};
 use crate::endpoints::Endpoint;
 use crate::hashing::BlockHash;
-use crate::scheduler::RecordSink;
+use crate::routing::RecordSink;
 
 /// The routing side: encodes records and queues them without waiting.
 #[derive(Debug)]

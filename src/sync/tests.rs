@@ -327,12 +327,12 @@ mod applier {
     use std::sync::Arc;
 
     use super::PARAMS;
-    use crate::config::SchedulerConfig;
-    use crate::endpoints::{EndpointSpec, Endpoints, PodId, Update};
+    use crate::config::{PickerConfig, SchedulerConfig};
+    use crate::endpoints::{EndpointSpec, PodId, Update};
     use crate::hashing::BlockHash;
     use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
     use crate::prefix_index::ModelKey;
-    use crate::scheduler::Scheduler;
+    use crate::routing::Router;
     use crate::sync::apply::{Applied, Applier};
     use crate::sync::metrics::{DropReason, SyncMetrics};
     use crate::sync::record::{self, HashParams};
@@ -355,25 +355,17 @@ mod applier {
     #[test]
     fn applies_known_pods_and_counts_the_rest() {
         let registry = prometheus::Registry::new();
-        let metrics = RouterMetrics::register(&registry);
-        let scheduler = Arc::new(Scheduler::new(
+        let router = Arc::new(Router::assemble(
             SchedulerConfig::default(),
-            5,
-            0,
+            PickerConfig::default(),
             PrefixCacheMetrics::register(&registry),
-            metrics.clone(),
+            RouterMetrics::register(&registry),
         ));
-        let index = scheduler.prefix_cache().index().clone();
-        let endpoints = Arc::new(Endpoints::new(index.clone(), metrics));
+        let index = router.scheduler.prefix_cache().index().clone();
+        let endpoints = router.endpoints.clone();
         endpoints.apply(Update::Reset(vec![spec("a", 1, "uid-a"), spec("b", 2, "")]));
         let sync_metrics = SyncMetrics::register(&registry);
-        let mut applier = Applier::new(
-            scheduler,
-            endpoints.clone(),
-            ME,
-            PARAMS,
-            sync_metrics.clone(),
-        );
+        let mut applier = Applier::new(router, ME, PARAMS, sync_metrics.clone());
         let h = [BlockHash(11), BlockHash(12)];
         let enc = |replica, params, pod: &str, generation: &str| {
             record::encode(replica, params, "m", pod, generation, &h)

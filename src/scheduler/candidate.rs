@@ -1,0 +1,63 @@
+//! What the scheduler sees of a candidate pod: its prefix-index slot, its load and its engine's
+//! last scraped stats. The sidecar's endpoint store implements [`Candidate`] for its pods; the
+//! core's tests implement it for plain structs.
+
+use std::sync::Arc;
+
+use super::affinity::RecentPicks;
+use crate::prefix_index::PodSlot;
+
+/// Engine metrics last scraped from a pod (missing values are 0).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineStats {
+    pub waiting: f64,
+    pub running: f64,
+    /// KV-cache usage, 0..1.
+    pub kv_usage: f64,
+    /// Mean time to first token over the last scrape period, seconds (0 = unknown).
+    pub ttft: f64,
+    /// Mean time per output token over the last scrape period, seconds (0 = unknown).
+    pub tpot: f64,
+}
+
+/// A core view of a candidate pod.
+pub trait Candidate {
+    /// The pod's slot in the prefix index.
+    fn slot(&self) -> PodSlot;
+    /// Requests picked for this pod and not yet completed (the router's own count).
+    fn inflight(&self) -> i64;
+    /// The engine's last scraped stats.
+    fn stats(&self) -> EngineStats;
+    /// The pod's share of recent picks (the affinity mode's balance signal).
+    fn recent(&self) -> &RecentPicks;
+    /// The pod's rendezvous identity, the same on every replica (the affinity mode's ties).
+    fn rendezvous(&self) -> u64;
+    /// `namespace/name`, as Kthena's score lines name pods.
+    fn label(&self) -> &str;
+}
+
+impl<C: Candidate + ?Sized> Candidate for Arc<C> {
+    fn slot(&self) -> PodSlot {
+        (**self).slot()
+    }
+
+    fn inflight(&self) -> i64 {
+        (**self).inflight()
+    }
+
+    fn stats(&self) -> EngineStats {
+        (**self).stats()
+    }
+
+    fn recent(&self) -> &RecentPicks {
+        (**self).recent()
+    }
+
+    fn rendezvous(&self) -> u64 {
+        (**self).rendezvous()
+    }
+
+    fn label(&self) -> &str {
+        (**self).label()
+    }
+}

@@ -1,0 +1,151 @@
+//! The scheduler's configuration, validated: which filters and score plugins run, with what
+//! weights and arguments, and the affinity mode. Parsed from Kthena's YAML by the sidecar's config;
+//! every value here is already in range.
+
+use super::affinity::AffinityConfig;
+use super::prefix_cache::PrefixCacheArgs;
+use crate::hashing::ChainScheme;
+
+/// Plugins prefix-picker implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ScorerKind {
+    PrefixCache,
+    LeastRequest,
+    GpuUsage,
+    LeastLatency,
+    Random,
+}
+
+impl ScorerKind {
+    pub fn from_name(name: &str) -> Option<ScorerKind> {
+        Some(match name {
+            "prefix-cache" => ScorerKind::PrefixCache,
+            "least-request" => ScorerKind::LeastRequest,
+            "gpu-usage" => ScorerKind::GpuUsage,
+            "least-latency" => ScorerKind::LeastLatency,
+            "random" => ScorerKind::Random,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScorerKind::PrefixCache => "prefix-cache",
+            ScorerKind::LeastRequest => "least-request",
+            ScorerKind::GpuUsage => "gpu-usage",
+            ScorerKind::LeastLatency => "least-latency",
+            ScorerKind::Random => "random",
+        }
+    }
+}
+
+/// Filter plugins prefix-picker implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FilterKind {
+    LeastRequest,
+}
+
+impl FilterKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FilterKind::LeastRequest => "least-request",
+        }
+    }
+}
+
+/// The scheduler's plugins and their settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SchedulerConfig {
+    pub filters: Vec<FilterKind>,
+    pub scorers: Vec<(ScorerKind, u32)>,
+    pub prefix_cache: PrefixCacheArgs,
+    /// least-request filter: keep a pod iff engine `waiting < max_waiting_requests`.
+    pub max_waiting_requests: u64,
+    /// least-latency: weight of TTFT against TPOT, in [0, 1].
+    pub ttft_tpot_weight_factor: f64,
+    /// The affinity mode (`picker.affinity`); `None` is Kthena's scheduler.
+    pub affinity: Option<AffinityConfig>,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            filters: vec![FilterKind::LeastRequest],
+            scorers: vec![
+                (ScorerKind::LeastRequest, 1),
+                (ScorerKind::GpuUsage, 1),
+                (ScorerKind::LeastLatency, 1),
+                (ScorerKind::PrefixCache, 1),
+            ],
+            prefix_cache: PrefixCacheArgs::default(),
+            max_waiting_requests: 10,
+            ttft_tpot_weight_factor: 0.5,
+            affinity: None,
+        }
+    }
+}
+
+impl SchedulerConfig {
+    /// Turns the affinity mode on (or leaves Kthena's scheduler): with `longPrompts` the block
+    /// chain becomes `blockBytes` x `maxPromptBytes / blockBytes`; with `engineTokens` the
+    /// default per-pod budget is sized from it.
+    pub fn apply_affinity(&mut self, mode: Option<AffinityConfig>) {
+        self.affinity = mode;
+        let Some(a) = mode else { return };
+        if a.long_prompts {
+            self.prefix_cache.block_size_to_hash = a.block_bytes;
+            self.prefix_cache.max_blocks_to_match = a.max_prompt_bytes / a.block_bytes;
+        }
+        if a.engine_budget && a.engine_tokens > 0 {
+            self.prefix_cache.max_hash_cache_size = a
+                .budget_entries(a.engine_tokens, self.prefix_cache.block_size_to_hash)
+                .min(u32::MAX as usize - 1);
+        }
+    }
+
+    /// How prompts are chained: seeded XXH3 for the affinity mode's long prompts, else Kthena's.
+    pub fn chain_scheme(&self) -> ChainScheme {
+        match self.affinity {
+            Some(a) if a.long_prompts => ChainScheme::Seeded,
+            _ => ChainScheme::Kthena,
+        }
+    }
+
+    /// One line naming the effective routing mode (for `validate` and the start-up log).
+    pub fn mode_summary(&self) -> String {
+        let p = &self.prefix_cache;
+        let chain = format!(
+            "{} chain of {} blocks of {} bytes ({} KiB), {} entries per pod",
+            self.chain_scheme().as_str(),
+            p.max_blocks_to_match,
+            p.block_size_to_hash,
+            p.max_blocks_to_match * p.block_size_to_hash / 1024,
+            p.max_hash_cache_size
+        );
+        match &self.affinity {
+            None => format!("routing mode: kthena (weighted plugin scores); {chain}"),
+            Some(a) => {
+                let on = |b: bool| if b { "on" } else { "off" };
+                format!(
+                    "routing mode: affinity (tentative {} [tentativeMinRatio {}], consolidateTies {}, balanceNew {}, loadGate {} [spillHotOnly {}, podCapacity {}, maxQueue {}, shareHeadroom {}, shareWindow {}, tieLoadSlack {}, spillLoss {}], longPrompts {}, engineBudget {} [bytesPerToken {}, engineTokens {}]); {chain}",
+                    on(a.tentative),
+                    a.tentative_min_ratio,
+                    on(a.consolidate_ties),
+                    on(a.balance_new),
+                    on(a.load_gate),
+                    on(a.spill_hot_only),
+                    a.pod_capacity,
+                    a.max_queue,
+                    a.share_headroom,
+                    a.share_window,
+                    a.tie_load_slack,
+                    a.spill_loss,
+                    on(a.long_prompts),
+                    on(a.engine_budget),
+                    a.bytes_per_token,
+                    a.engine_tokens
+                )
+            }
+        }
+    }
+}
