@@ -8,7 +8,7 @@
 //!     Score: {enabled: [{name: prefix-cache, weight: 1}, ...]}
 //! auth: {...}           # accepted and ignored (warning)
 //! endpoints:            # static discovery
-//! - {name: my-model-0, namespace: default, address: 127.0.0.1:8001, models: [m]}
+//! - {name: my-model-0, namespace: default, address: 127.0.0.1:8001, models: [m]}  # generation: optional
 //! discovery: {kubernetes: {...}}   # Kubernetes pods, joining the static ones (crate::discovery)
 //! picker:               # prefix-picker's own knobs (strict: unknown keys are errors)
 //!   seed: 0             # tie-breaking RNG seed
@@ -199,6 +199,23 @@ pub struct StaticEndpoint {
     /// Models this pod serves; when no endpoint lists any, every endpoint serves every model.
     #[serde(default)]
     pub models: Vec<String>,
+    /// The pod's incarnation (a string or a number; change it when the pod restarts); unset:
+    /// the engine's `process_start_time_seconds`, learned by the engine scrape.
+    #[serde(default, deserialize_with = "generation")]
+    pub generation: Option<String>,
+}
+
+/// A `generation:` value: a string, or a number taken as written.
+fn generation<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    use serde::de::Error;
+    match Yaml::deserialize(d)? {
+        Yaml::String(s) => Ok(Some(s)),
+        Yaml::Number(n) => Ok(Some(n.to_string())),
+        other => Err(D::Error::custom(format!(
+            "generation must be a string or a number, got {}",
+            show(&other)
+        ))),
+    }
 }
 
 fn default_namespace() -> String {
@@ -703,6 +720,12 @@ fn validate_endpoints(endpoints: &[StaticEndpoint], errors: &mut Vec<ConfigError
         if !names.insert((&e.namespace, &e.name)) {
             errors.push(ConfigError::Endpoints(format!(
                 "duplicate endpoint {}/{}",
+                e.namespace, e.name
+            )));
+        }
+        if e.generation.as_deref() == Some("") {
+            errors.push(ConfigError::Endpoints(format!(
+                "endpoint {}/{}: generation must not be empty (leave it out to use the engine's start time)",
                 e.namespace, e.name
             )));
         }

@@ -12,6 +12,11 @@
 //! histogram's sum/count deltas (after a counter reset: sum/count; no new samples: unchanged). A
 //! failed scrape keeps the previous values; `prefix_picker_engine_scrape_timestamp_seconds{pod}`
 //! exposes staleness.
+//!
+//! A static endpoint without `generation:` takes its engine's `process_start_time_seconds` as
+//! its generation ([`Endpoints::engine_started`]): learned at the first scrape, and a new value
+//! later (the engine restarted) starts the pod cold. The first round is signalled so that the
+//! sync replay can wait for it (records stamped with an earlier life are then dropped).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,6 +25,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures_util::StreamExt;
 use openmetrics_parser::{PrometheusType, PrometheusValue};
 use thiserror::Error;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::endpoints::{Endpoint, Endpoints, EngineStats};
@@ -71,6 +77,13 @@ pub struct RawEngineMetrics {
     /// Tokens of KV cache the engine has, when it says: vLLM's `vllm:cache_config_info`
     /// labels `num_gpu_blocks x block_size`, SGLang's `sglang:max_total_num_tokens`.
     pub kv_capacity_tokens: Option<u64>,
+    /// `process_start_time_seconds` (Unix seconds), when exported.
+    pub start_time: Option<f64>,
+}
+
+/// The generation of a static pod whose engine started at `start_time` (Unix seconds).
+pub fn start_generation(start_time: f64) -> String {
+    format!("started-{start_time}")
 }
 
 const WAITING: [&str; 2] = ["vllm:num_requests_waiting", "sglang:num_queue_reqs"];
@@ -92,6 +105,9 @@ const TPOT: [&str; 3] = [
     "vllm:time_per_output_token_seconds",
 ];
 
+/// The standard process collector's start time (Python's `prometheus_client`, Go's, Rust's).
+const START_TIME: &str = "process_start_time_seconds";
+
 type Exposition = openmetrics_parser::MetricsExposition<PrometheusType, PrometheusValue>;
 
 /// Parses a Prometheus text exposition into the values the plugins need.
@@ -105,6 +121,11 @@ pub fn parse(text: &str) -> Result<RawEngineMetrics, ScrapeError> {
         ttft: totals(&exposition, &TTFT),
         tpot: totals(&exposition, &TPOT),
         kv_capacity_tokens: kv_capacity(&exposition),
+        start_time: exposition
+            .families
+            .contains_key(START_TIME)
+            .then(|| scalar(&exposition, &[START_TIME]))
+            .filter(|t| *t > 0.0),
     })
 }
 
@@ -180,11 +201,13 @@ async fn fetch(client: &reqwest::Client, e: &Endpoint) -> Result<RawEngineMetric
     parse(&text)
 }
 
-/// Scrapes every pod until cancelled.
+/// Scrapes every pod until cancelled; `first_round` turns true once every pod was scraped (or
+/// failed) once.
 pub async fn run(
     endpoints: Arc<Endpoints>,
     metrics: RouterMetrics,
     config: ScrapeConfig,
+    first_round: watch::Sender<bool>,
     token: CancellationToken,
 ) {
     let Ok(client) = reqwest::Client::builder().timeout(config.timeout).build() else {
@@ -217,9 +240,19 @@ pub async fn run(
             .unwrap_or_default()
             .as_secs_f64();
         for (e, result) in results {
-            let slot = e.index.slot();
             match result {
                 Ok(raw) => {
+                    let e = match raw
+                        .start_time
+                        .and_then(|t| endpoints.engine_started(&e, &start_generation(t)))
+                    {
+                        Some(fresh) => {
+                            tracing::info!(pod = %fresh.label, generation = %fresh.generation(), "engine restarted (new process_start_time_seconds); the pod starts cold");
+                            fresh
+                        }
+                        None => e,
+                    };
+                    let slot = e.index.slot();
                     let prev = previous.get(&slot);
                     let stats = EngineStats {
                         waiting: raw.waiting,
@@ -261,6 +294,8 @@ pub async fn run(
                 }
             }
         }
+        first_round.send_replace(true);
+        let set = endpoints.snapshot();
         previous.retain(|slot, _| set.all().iter().any(|e| e.index.slot() == *slot));
     }
 }
@@ -337,6 +372,17 @@ vllm:time_to_first_token_seconds_count 4
         let both =
             format!("{old}# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 0.7\n");
         assert_eq!(parse(&both).unwrap().kv_usage, 0.7);
+    }
+
+    #[test]
+    fn reads_the_engine_start_time() {
+        assert_eq!(parse(VLLM).unwrap().start_time, None);
+        let text = format!(
+            "{VLLM}# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds 1.71234567825e+09\n"
+        );
+        let m = parse(&text).unwrap();
+        assert_eq!(m.start_time, Some(1_712_345_678.25));
+        assert_eq!(start_generation(1_712_345_678.25), "started-1712345678.25");
     }
 
     #[test]

@@ -142,6 +142,36 @@ fn endpoints_and_picker_are_strict() {
 }
 
 #[test]
+fn a_static_endpoints_generation_is_a_string_or_number_or_unset() {
+    let c = Config::parse(
+        "endpoints:\n- {name: a, address: 127.0.0.1:8001, generation: v2}\n\
+         - {name: b, address: 127.0.0.1:8002, generation: 17}\n\
+         - {name: c, address: 127.0.0.1:8003}\n",
+    )
+    .unwrap();
+    let generations: Vec<_> = c
+        .endpoints
+        .iter()
+        .map(|e| e.generation.as_deref())
+        .collect();
+    assert_eq!(generations, [Some("v2"), Some("17"), None]);
+    let specs = crate::serve::static_endpoints(&c);
+    assert_eq!(specs[0].generation, "v2");
+    assert_eq!(specs[2].generation, "", "unset: learned from the engine");
+    let e = Config::parse("endpoints:\n- {name: a, address: 127.0.0.1:8001, generation: ''}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("endpoint default/a: generation must not be empty"),
+        "{e}"
+    );
+    let e = Config::parse("endpoints:\n- {name: a, address: 127.0.0.1:8001, generation: [1]}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("generation must be a string or a number"), "{e}");
+}
+
+#[test]
 fn discovery_section_is_parsed_strictly_and_replaces_the_no_endpoints_warning() {
     let c = Config::parse("discovery: {kubernetes: {selector: app=vllm, targetPorts: [8000]}}")
         .unwrap();

@@ -65,7 +65,7 @@ impl RecordSink for Publisher {
             self.params,
             model,
             &endpoint.label,
-            &endpoint.spec.generation,
+            &endpoint.generation(),
             hashes,
         );
         if self.tx.try_send(payload).is_err() {

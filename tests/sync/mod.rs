@@ -2,8 +2,14 @@
 //! one `redis-server`, or a Redis Cluster of three primaries whose stream lives on a shard other
 //! than the seed node and then moves to another one.
 
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use prefix_picker::config::Config;
 use prefix_picker::serve::Running;
 use serde_json::Value;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
 
 use super::harness::redis_server::{RedisCluster, RedisServer};
 use super::harness::*;
@@ -289,6 +295,166 @@ async fn an_idle_publisher_loses_no_record_across_a_redis_restart() {
     published_without_loss(&b, 2.0).await;
     a.picker.stop().await.unwrap();
     b.picker.stop().await.unwrap();
+}
+
+/// A static pod whose engine can restart: a fixed address forwarding TCP to the current
+/// model-sim. A restart starts a new sim (a new `process_start_time_seconds`, an empty KV cache)
+/// and cuts the connections to the old one, as a process restart would.
+struct RestartablePod {
+    name: String,
+    addr: SocketAddr,
+    current: Arc<parking_lot::Mutex<(SocketAddr, CancellationToken)>>,
+}
+
+fn fast_engine() -> model_sim::engine::EngineConfig {
+    model_sim::engine::EngineConfig {
+        time_scale: 100.0,
+        ..Default::default()
+    }
+}
+
+impl RestartablePod {
+    async fn start(name: &str) -> RestartablePod {
+        let sim = Sim::start(name, fast_engine()).await;
+        let current = Arc::new(parking_lot::Mutex::new((
+            sim.addr,
+            CancellationToken::new(),
+        )));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let route = current.clone();
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let (to, cut) = route.lock().clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = TcpStream::connect(to).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = cut.cancelled() => {}
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                    }
+                });
+            }
+        });
+        RestartablePod {
+            name: name.to_string(),
+            addr,
+            current,
+        }
+    }
+
+    async fn restart(&self) {
+        let sim = Sim::start(&self.name, fast_engine()).await;
+        let (_, cut) = std::mem::replace(
+            &mut *self.current.lock(),
+            (sim.addr, CancellationToken::new()),
+        );
+        cut.cancel();
+    }
+}
+
+/// Sends `body` through `envoy` to the pod at `pod` (the test selection header).
+async fn send_to(envoy: &Envoy, pod: SocketAddr, body: &Value) -> String {
+    let r = reqwest::Client::new()
+        .post(envoy.url("/v1/chat/completions"))
+        .header("test-epp-endpoint-selection", pod.to_string())
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.headers()["x-served-by"].to_str().unwrap().to_string()
+}
+
+/// Static endpoints have no `generation:` here: each replica takes the engine's
+/// `process_start_time_seconds` (issue 26). Replica A records on pods P and Q; P's engine
+/// restarts; a replica B started afterwards replays the stream and drops P's records of the
+/// earlier life (stale generation) while applying Q's, then applies what P serves in its new
+/// life. A, live, starts P cold on seeing the new start time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_static_pod_gets_no_record_of_its_earlier_life() {
+    let redis = RedisServer::start().await;
+    let (p, q) = (
+        RestartablePod::start("pod-p").await,
+        RestartablePod::start("pod-q").await,
+    );
+    let config = || {
+        let mut doc =
+            testkit::endpoints_yaml([(p.name.as_str(), p.addr), (q.name.as_str(), q.addr)]);
+        doc.push_str(&sync_section(&redis));
+        doc.push_str("picker: {allowTestEndpointSelection: true, scrapeIntervalSeconds: 0.1}\n");
+        Config::parse(&doc).unwrap()
+    };
+    let a = start_picker(config()).await;
+    let envoy = start_envoy(render_envoy(
+        "envoy.yaml",
+        a.grpc_addr.port(),
+        &[p.addr, q.addr],
+        |s| s,
+    ))
+    .await;
+    let on_p: Vec<Value> = (0..2)
+        .map(|i| chat(SYSTEM, &format!("earlier life of P {i}")))
+        .collect();
+    let on_q: Vec<Value> = (0..2)
+        .map(|i| chat(SYSTEM, &format!("only life of Q {i}")))
+        .collect();
+    for body in &on_p {
+        assert_eq!(send_to(&envoy, p.addr, body).await, "pod-p");
+    }
+    for body in &on_q {
+        assert_eq!(send_to(&envoy, q.addr, body).await, "pod-q");
+    }
+    wait_metric_eq(&a, "prefix_picker_sync_published_total", 4.0).await;
+
+    p.restart().await;
+    // B, started after the restart, replays the stream once it has scraped both engines
+    // (start() returns when ready).
+    let b = start_picker(config()).await;
+    assert_eq!(metric(&b, "prefix_picker_sync_replayed_total").await, 4.0);
+    assert_eq!(
+        metric(
+            &b,
+            "prefix_picker_sync_dropped_total{reason=\"stale_generation\"}"
+        )
+        .await,
+        2.0
+    );
+    assert_eq!(metric(&b, "prefix_picker_sync_applied_total").await, 2.0);
+    for body in &on_p {
+        assert_eq!(prefix_score(&b, body, "pod-p").await, 0, "earlier life");
+    }
+    for body in &on_q {
+        assert_eq!(prefix_score(&b, body, "pod-q").await, 100);
+    }
+
+    // A sees the new start time at its next scrape (0.1 s) and forgets what P held.
+    for body in &on_p {
+        poll("A to start the restarted pod cold", || async {
+            (prefix_score(&a, body, "pod-p").await == 0).then_some(())
+        })
+        .await;
+    }
+    assert_eq!(prefix_score(&a, &on_q[0], "pod-q").await, 100);
+
+    // P's new life is shared as usual.
+    let new_life = chat(SYSTEM, "new life of P");
+    assert_eq!(send_to(&envoy, p.addr, &new_life).await, "pod-p");
+    poll("P's new record to reach B", || async {
+        (prefix_score(&b, &new_life, "pod-p").await == 100).then_some(())
+    })
+    .await;
+    assert_eq!(
+        metric(
+            &b,
+            "prefix_picker_sync_dropped_total{reason=\"stale_generation\"}"
+        )
+        .await,
+        2.0
+    );
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
 }
 
 /// Records published through A reach B through a Redis Cluster (password required, one seed):
