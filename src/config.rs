@@ -19,6 +19,7 @@
 //!   scrapeIntervalSeconds: 1      # engine /metrics period (0 = off)
 //!   scrapeTimeoutSeconds: 0.5
 //!   scrapeConcurrency: 16
+//!   engineMetrics: {totalQueuedRequests: "name{label=value}", ...}  # crate::pod_metrics::names
 //!   shutdownDelaySeconds: 0       # SIGTERM: not-ready for this long before closing
 //!   shutdownGraceSeconds: 30      # SIGTERM: open streams get this long to finish
 //!   tls: {mode: plaintext}        # gRPC port: plaintext | selfSigned | files (see `tls`)
@@ -38,6 +39,7 @@ use thiserror::Error;
 
 use crate::discovery::{DiscoveryConfig, DiscoveryError};
 use crate::hashing::ChainScheme;
+use crate::pod_metrics::names::EngineMetricNames;
 use crate::scheduler::affinity::AffinityConfig;
 use crate::scheduler::prefix_cache::PrefixCacheArgs;
 use crate::tls::TlsConfig;
@@ -235,6 +237,8 @@ pub struct PickerConfig {
     pub scrape_interval_seconds: f64,
     pub scrape_timeout_seconds: f64,
     pub scrape_concurrency: usize,
+    /// Engine metric names per signal (GIE's metric specs); unset: the built-in names.
+    pub engine_metrics: EngineMetricNames,
     /// On SIGTERM: seconds reported not-ready before streams stop being accepted.
     pub shutdown_delay_seconds: f64,
     /// On SIGTERM: seconds open streams get to finish.
@@ -384,6 +388,7 @@ impl Default for PickerConfig {
             scrape_interval_seconds: 1.0,
             scrape_timeout_seconds: 0.5,
             scrape_concurrency: 16,
+            engine_metrics: EngineMetricNames::default(),
             shutdown_delay_seconds: 0.0,
             shutdown_grace_seconds: 30.0,
             tls: TlsConfig::default(),

@@ -268,6 +268,7 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
     // Static pods without `generation:` learn it from their engine's first scrape (without
     // scraping it stays unknown, which matches any record).
     let scraping = config.picker.scrape_interval_seconds > 0.0;
+    let scrape_metrics = pod_metrics::ScrapeMetrics::register(&registry);
     let (first_scrape, generations_known) =
         watch::channel(!scraping || config.endpoints.iter().all(|e| e.generation.is_some()));
     if scraping {
@@ -283,6 +284,7 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
                     affinity,
                     block_bytes: config.scheduler.prefix_cache.block_size_to_hash,
                 }),
+            names: config.picker.engine_metrics.resolve(),
         };
         let (endpoints, metrics, token) = (
             router.endpoints.clone(),
@@ -290,7 +292,15 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
             shutdown.clone(),
         );
         tasks.spawn(async move {
-            pod_metrics::run(endpoints, metrics, scrape, first_scrape, token).await;
+            pod_metrics::run(
+                endpoints,
+                metrics,
+                scrape_metrics,
+                scrape,
+                first_scrape,
+                token,
+            )
+            .await;
             Ok(())
         });
     }

@@ -212,3 +212,28 @@ fn gie_endpoint_picker_config_is_refused_with_the_chart_values_to_set() {
         assert!(msg.contains(part), "{part}: {msg}");
     }
 }
+
+#[test]
+fn engine_metric_names_are_parsed_once_and_a_bad_spec_names_the_key() {
+    use crate::pod_metrics::names::{MetricSource, Signal};
+    let c = Config::parse(
+        "picker: {engineMetrics: {totalQueuedRequests: 'q{type=waiting}', timeToFirstToken: ''}}",
+    )
+    .unwrap();
+    let names = c.picker.engine_metrics.resolve();
+    assert_eq!(names.describe(Signal::Waiting), "q{type=waiting}");
+    assert!(names.get(Signal::Ttft).is_empty(), "off");
+    assert_eq!(names.get(Signal::Running).len(), 2, "built in");
+    assert_eq!(
+        c.picker.engine_metrics.time_to_first_token,
+        Some(MetricSource::Off)
+    );
+    let e = Config::parse("picker: {engineMetrics: {totalQueuedRequests: 'q{type}'}}")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("picker")
+            && e.contains("metric spec \"q{type}\": labels are written label=value"),
+        "{e}"
+    );
+}
