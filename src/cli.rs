@@ -23,6 +23,7 @@ use crate::config::{Config, NO_ENDPOINTS};
 use crate::discovery::config::SERVICE_ACCOUNT_NAMESPACE;
 use crate::discovery::target::{Target, parse_selector};
 use crate::discovery::{KubernetesConfig, Source};
+use crate::pod_metrics::names::MetricSource;
 use crate::tls::{TlsConfig, TlsMode};
 
 pub use crate::discovery::inference_pool::GROUP as POOL_GROUP;
@@ -100,6 +101,16 @@ pub struct ServeArgs {
     /// Log format (GIE's zap encoder) [default: console].
     #[arg(long, value_name = "FORMAT")]
     pub zap_encoder: Option<LogFormat>,
+    /// Engine metric of queued requests: `name` or `name{label=value,...}`, "" = off
+    /// (picker.engineMetrics.totalQueuedRequests) [default: vLLM's, SGLang's].
+    #[arg(long, value_name = "SPEC")]
+    pub total_queued_requests_metric: Option<String>,
+    /// Engine metric of running requests (picker.engineMetrics.totalRunningRequests).
+    #[arg(long, value_name = "SPEC")]
+    pub total_running_requests_metric: Option<String>,
+    /// Engine metric of KV-cache usage, 0..1 (picker.engineMetrics.kvCacheUsagePercentage).
+    #[arg(long, value_name = "SPEC")]
+    pub kv_cache_usage_percentage_metric: Option<String>,
 }
 
 /// What `serve` runs with, once the flags and the config are resolved.
@@ -143,7 +154,6 @@ const GIE_IGNORED: &[(&str, bool)] = &[
     ("ha-enable-leader-election", true),
     ("health-checking", true),
     ("kubeconfig", false),
-    ("kv-cache-usage-percentage-metric", false),
     ("log-level", false),
     ("lora-info-metric", false),
     ("metrics-endpoint-auth", true),
@@ -154,8 +164,6 @@ const GIE_IGNORED: &[(&str, bool)] = &[
     ("model-server-metrics-scheme", false),
     ("refresh-metrics-interval", false),
     ("refresh-prometheus-metrics-interval", false),
-    ("total-queued-requests-metric", false),
-    ("total-running-requests-metric", false),
     ("tracing", true),
     ("zap-devel", true),
     ("zap-log-level", false),
@@ -374,6 +382,7 @@ impl ServeArgs {
             .map_err(|e| e.0.iter().map(ToString::to_string).collect::<Vec<_>>())?;
         // The flags may add discovery; without it the error below says more than the warning.
         config.warnings.retain(|w| w != NO_ENDPOINTS);
+        self.engine_metric_flags(&mut config, &mut warnings)?;
 
         if let Some(name) = &self.pool_name {
             let namespace = pool_namespace(self.pool_namespace.as_deref(), host);
@@ -469,6 +478,53 @@ impl ServeArgs {
             log_format: self.zap_encoder.unwrap_or_default(),
             warnings,
         })
+    }
+
+    /// GIE's `--*-metric` flags into `picker.engineMetrics` (a flag wins over the config).
+    fn engine_metric_flags(
+        &self,
+        config: &mut Config,
+        warnings: &mut Vec<String>,
+    ) -> Result<(), Vec<String>> {
+        let names = &mut config.picker.engine_metrics;
+        let flags = [
+            (
+                "total-queued-requests-metric",
+                "totalQueuedRequests",
+                &self.total_queued_requests_metric,
+                &mut names.total_queued_requests,
+            ),
+            (
+                "total-running-requests-metric",
+                "totalRunningRequests",
+                &self.total_running_requests_metric,
+                &mut names.total_running_requests,
+            ),
+            (
+                "kv-cache-usage-percentage-metric",
+                "kvCacheUsagePercentage",
+                &self.kv_cache_usage_percentage_metric,
+                &mut names.kv_cache_usage_percentage,
+            ),
+        ];
+        let mut errors = Vec::new();
+        for (flag, key, value, slot) in flags {
+            let Some(value) = value else { continue };
+            match MetricSource::parse(value) {
+                Ok(source) => {
+                    if slot.as_ref().is_some_and(|old| *old != source) {
+                        warnings.push(format!("--{flag} overrides picker.engineMetrics.{key}"));
+                    }
+                    *slot = Some(source);
+                }
+                Err(e) => errors.push(format!("--{flag}: {e}")),
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
     }
 
     /// `discovery.kubernetes` from the flags, keeping the config's labels.

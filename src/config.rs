@@ -8,7 +8,7 @@
 //!     Score: {enabled: [{name: prefix-cache, weight: 1}, ...]}
 //! auth: {...}           # accepted and ignored (warning)
 //! endpoints:            # static discovery
-//! - {name: my-model-0, namespace: default, address: 127.0.0.1:8001, models: [m]}
+//! - {name: my-model-0, namespace: default, address: 127.0.0.1:8001, models: [m]}  # generation: optional
 //! discovery: {kubernetes: {...}}   # Kubernetes pods, joining the static ones (crate::discovery)
 //! picker:               # prefix-picker's own knobs (strict: unknown keys are errors)
 //!   seed: 0             # tie-breaking RNG seed
@@ -19,6 +19,7 @@
 //!   scrapeIntervalSeconds: 1      # engine /metrics period (0 = off)
 //!   scrapeTimeoutSeconds: 0.5
 //!   scrapeConcurrency: 16
+//!   engineMetrics: {totalQueuedRequests: "name{label=value}", ...}  # crate::pod_metrics::names
 //!   shutdownDelaySeconds: 0       # SIGTERM: not-ready for this long before closing
 //!   shutdownGraceSeconds: 30      # SIGTERM: open streams get this long to finish
 //!   tls: {mode: plaintext}        # gRPC port: plaintext | selfSigned | files (see `tls`)
@@ -37,6 +38,7 @@ use serde_yaml_ng::{Mapping, Value as Yaml};
 use thiserror::Error;
 
 use crate::discovery::{DiscoveryConfig, DiscoveryError};
+use crate::pod_metrics::names::EngineMetricNames;
 use crate::scheduler::affinity::AffinityConfig;
 pub use crate::scheduler::config::{FilterKind, SchedulerConfig, ScorerKind};
 use crate::scheduler::prefix_cache::PrefixCacheArgs;
@@ -56,6 +58,23 @@ pub struct StaticEndpoint {
     /// Models this pod serves; when no endpoint lists any, every endpoint serves every model.
     #[serde(default)]
     pub models: Vec<String>,
+    /// The pod's incarnation (a string or a number; change it when the pod restarts); unset:
+    /// the engine's `process_start_time_seconds`, learned by the engine scrape.
+    #[serde(default, deserialize_with = "generation")]
+    pub generation: Option<String>,
+}
+
+/// A `generation:` value: a string, or a number taken as written.
+fn generation<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    use serde::de::Error;
+    match Yaml::deserialize(d)? {
+        Yaml::String(s) => Ok(Some(s)),
+        Yaml::Number(n) => Ok(Some(n.to_string())),
+        other => Err(D::Error::custom(format!(
+            "generation must be a string or a number, got {}",
+            show(&other)
+        ))),
+    }
 }
 
 fn default_namespace() -> String {
@@ -75,6 +94,8 @@ pub struct PickerConfig {
     pub scrape_interval_seconds: f64,
     pub scrape_timeout_seconds: f64,
     pub scrape_concurrency: usize,
+    /// Engine metric names per signal (GIE's metric specs); unset: the built-in names.
+    pub engine_metrics: EngineMetricNames,
     /// On SIGTERM: seconds reported not-ready before streams stop being accepted.
     pub shutdown_delay_seconds: f64,
     /// On SIGTERM: seconds open streams get to finish.
@@ -224,6 +245,7 @@ impl Default for PickerConfig {
             scrape_interval_seconds: 1.0,
             scrape_timeout_seconds: 0.5,
             scrape_concurrency: 16,
+            engine_metrics: EngineMetricNames::default(),
             shutdown_delay_seconds: 0.0,
             shutdown_grace_seconds: 30.0,
             tls: TlsConfig::default(),
@@ -652,6 +674,12 @@ fn validate_endpoints(endpoints: &[StaticEndpoint], errors: &mut Vec<ConfigError
         if !names.insert((&e.namespace, &e.name)) {
             errors.push(ConfigError::Endpoints(format!(
                 "duplicate endpoint {}/{}",
+                e.namespace, e.name
+            )));
+        }
+        if e.generation.as_deref() == Some("") {
+            errors.push(ConfigError::Endpoints(format!(
+                "endpoint {}/{}: generation must not be empty (leave it out to use the engine's start time)",
                 e.namespace, e.name
             )));
         }

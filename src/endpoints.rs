@@ -6,6 +6,12 @@
 //! a writer mutex and swap it in. A pod that leaves (or changes address, or restarts with a new
 //! UID) has its prefix-index entries dropped at once (not counted as evictions) and its per-pod
 //! metric series removed; a pod that comes back starts cold.
+//!
+//! Generation (a pod's incarnation, stamped on shared records so that replays skip an earlier
+//! life's): the Kubernetes UID, or a static endpoint's `generation:`; for a static endpoint
+//! without one, the engine scrape learns it from `process_start_time_seconds`
+//! ([`Endpoints::engine_started`]). Learning it the first time keeps the pod's state; a later
+//! change is an engine restart, and the pod starts cold as a Kubernetes pod with a new UID does.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -43,7 +49,8 @@ pub struct EndpointSpec {
     pub address: SocketAddr,
     /// Models served; empty = any model (when no endpoint lists models).
     pub models: Vec<String>,
-    /// Changes when the pod restarts (Kubernetes UID); a new value starts the pod cold.
+    /// Changes when the pod restarts (Kubernetes UID, or a static endpoint's `generation:`); a
+    /// new value starts the pod cold. Empty: unknown (the engine scrape may learn it).
     pub generation: String,
     /// Prefill/decode role (Kubernetes discovery's `roleLabel`); `None` = no role.
     pub role: Option<String>,
@@ -64,6 +71,8 @@ pub struct Endpoint {
     pub recent: RecentPicks,
     /// The pod's rendezvous identity, the same on every replica (the affinity mode's ties).
     pub rendezvous: u64,
+    /// `spec.generation`, or the one the engine scrape learned when that is empty.
+    generation: RwLock<Arc<str>>,
 }
 
 impl Endpoint {
@@ -78,6 +87,11 @@ impl Endpoint {
 
     pub fn set_stats(&self, stats: EngineStats) {
         *self.stats.write() = stats;
+    }
+
+    /// The pod's incarnation (see the module doc); empty while unknown, which matches any.
+    pub fn generation(&self) -> Arc<str> {
+        self.generation.read().clone()
     }
 
     pub fn serves(&self, model: &str) -> bool {
@@ -251,16 +265,10 @@ impl Endpoints {
         for spec in specs {
             let endpoint = match kept.get(&spec.id) {
                 Some(e) if e.spec == spec => kept.remove(&spec.id).expect("present").clone(),
-                _ => Arc::new(Endpoint {
-                    label: spec.id.to_string(),
-                    host: spec.address.to_string(),
-                    index: self.index.add_pod(),
-                    inflight: AtomicI64::new(0),
-                    stats: RwLock::new(EngineStats::default()),
-                    recent: RecentPicks::default(),
-                    rendezvous: rendezvous_key(&spec.address),
-                    spec,
-                }),
+                _ => {
+                    let generation = spec.generation.as_str().into();
+                    self.fresh(spec, generation)
+                }
             };
             all.push(endpoint);
         }
@@ -284,6 +292,46 @@ impl Endpoints {
             }
         }
         left
+    }
+
+    /// A new pod (or a new life of one): cold, with its own index slot.
+    fn fresh(&self, spec: EndpointSpec, generation: Arc<str>) -> Arc<Endpoint> {
+        Arc::new(Endpoint {
+            label: spec.id.to_string(),
+            host: spec.address.to_string(),
+            index: self.index.add_pod(),
+            inflight: AtomicI64::new(0),
+            stats: RwLock::new(EngineStats::default()),
+            recent: RecentPicks::default(),
+            rendezvous: rendezvous_key(&spec.address),
+            generation: RwLock::new(generation),
+            spec,
+        })
+    }
+
+    /// The engine scrape read `generation` (from its start time) for `e`. A pod whose spec has
+    /// no generation takes it: the first time in place; when it differs from one learned
+    /// before (the engine restarted), the pod is replaced by a cold one carrying it, which is
+    /// returned. No effect on a pod with a spec generation, or no longer in the set.
+    pub fn engine_started(&self, e: &Arc<Endpoint>, generation: &str) -> Option<Arc<Endpoint>> {
+        let current = e.generation();
+        if !e.spec.generation.is_empty() || *current == *generation {
+            return None;
+        }
+        if current.is_empty() {
+            *e.generation.write() = generation.into();
+            return None;
+        }
+        let _writer = self.writer.lock();
+        let old = self.current.load_full();
+        let position = old.all.iter().position(|x| Arc::ptr_eq(x, e))?;
+        let fresh = self.fresh(e.spec.clone(), generation.into());
+        let mut all = old.all.clone();
+        all[position] = fresh.clone();
+        let by_host = all.iter().map(|e| (e.spec.address, e.clone())).collect();
+        self.current.store(Arc::new(EndpointSet { all, by_host }));
+        self.index.remove_pod(e.index.slot());
+        Some(fresh)
     }
 }
 
@@ -385,6 +433,49 @@ mod tests {
             set.candidates("n", None).unwrap_err(),
             PickError::UnknownModel("n".into())
         );
+    }
+
+    #[test]
+    fn the_engine_start_is_learned_in_place_then_a_restart_starts_cold() {
+        let index = Arc::new(PrefixIndex::new(10));
+        let metrics = RouterMetrics::register(&prometheus::Registry::new());
+        let eps = Endpoints::new(index.clone(), metrics);
+        eps.apply(Update::Reset(vec![
+            spec("a", 1, ""),
+            spec("b", 2, "configured"),
+        ]));
+        let a = eps.snapshot().all()[0].clone();
+        let b = eps.snapshot().all()[1].clone();
+        index.record(&a.index, ModelKey(1), &[BlockHash(5)]);
+        index.record(&b.index, ModelKey(1), &[BlockHash(5)]);
+        assert_eq!(&*a.generation(), "");
+        // First learned: same pod, same entries.
+        assert!(eps.engine_started(&a, "100.5").is_none());
+        assert_eq!(&*a.generation(), "100.5");
+        assert!(Arc::ptr_eq(&eps.snapshot().all()[0], &a));
+        assert!(eps.engine_started(&a, "100.5").is_none());
+        assert_eq!(index.entries(), 2);
+        // A configured generation is never overridden.
+        assert!(eps.engine_started(&b, "7").is_none());
+        assert_eq!(&*b.generation(), "configured");
+        // Another start time: the engine restarted, the pod starts cold under the new one.
+        let a2 = eps.engine_started(&a, "200.25").expect("restarted");
+        assert_eq!(&*a2.generation(), "200.25");
+        assert!(Arc::ptr_eq(&eps.snapshot().all()[0], &a2));
+        assert!(Arc::ptr_eq(
+            eps.snapshot().by_address(&a.spec.address).unwrap(),
+            &a2
+        ));
+        assert_eq!(index.pod_entries(a2.index.slot()), 0);
+        assert_eq!(index.entries(), 1, "b keeps its entry");
+        // The old pod object is gone from the set: nothing more to replace.
+        assert!(eps.engine_started(&a, "300").is_none());
+        // A discovery reset with the same spec keeps the learned life.
+        eps.apply(Update::Reset(vec![
+            spec("a", 1, ""),
+            spec("b", 2, "configured"),
+        ]));
+        assert!(Arc::ptr_eq(&eps.snapshot().all()[0], &a2));
     }
 
     #[test]

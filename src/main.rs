@@ -32,7 +32,7 @@ struct Cli {
 enum Command {
     /// Run the ext_proc sidecar (plaintext, no health port unless asked).
     #[command(args_override_self = true)]
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Check a config; exits 0 when valid, 1 with every problem listed.
     Validate {
         #[arg(long)]
@@ -106,7 +106,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse_from(argv);
     let command = match cli.command {
         None => return serve(Form::Gie, cli.serve, &ignored),
-        Some(Command::Serve(args)) => return serve(Form::Serve, args, &ignored),
+        Some(Command::Serve(args)) => return serve(Form::Serve, *args, &ignored),
         Some(command) => command,
     };
     match command {

@@ -3,23 +3,37 @@
 //!
 //! Every `scrapeIntervalSeconds` (default 1 s; 0 disables) each pod is fetched with a timeout
 //! (`scrapeTimeoutSeconds`, default 0.5 s), at most `scrapeConcurrency` (default 16) at a time.
-//! The text is parsed with `openmetrics-parser`. vLLM names are read first, SGLang's as a
-//! fallback: waiting (`vllm:num_requests_waiting` / `sglang:num_queue_reqs`), running
-//! (`vllm:num_requests_running` / `sglang:num_running_reqs`), KV usage
-//! (`vllm:kv_cache_usage_perc` / `sglang:token_usage`), TTFT and TPOT histograms
-//! (`*:time_to_first_token_seconds`, `*:inter_token_latency_seconds`). The last series of a
-//! family wins; a missing family is 0. TTFT/TPOT are the mean over the last scrape period from the
-//! histogram's sum/count deltas (after a counter reset: sum/count; no new samples: unchanged). A
-//! failed scrape keeps the previous values; `prefix_picker_engine_scrape_timestamp_seconds{pod}`
-//! exposes staleness.
+//! The text is parsed with `openmetrics-parser`. Each signal (waiting, running, KV usage, TTFT
+//! and TPOT histograms) is read from the first of its names present ([`names`]: vLLM's current
+//! names, SGLang's, vLLM's previous ones; or one configured spec per signal, GIE's syntax). The
+//! last matching series of a family wins. TTFT/TPOT are the mean over the last scrape period from
+//! the histogram's sum/count deltas (after a counter reset: sum/count; no new samples:
+//! unchanged). A failed scrape keeps the previous values;
+//! `prefix_picker_engine_scrape_timestamp_seconds{pod}` exposes staleness.
+//!
+//! A signal an engine does not export is not read as zero: it keeps its value of the last scrape
+//! that had it (0 if none did), is counted in
+//! `prefix_picker_engine_metric_missing_total{signal}` at every scrape, and is warned about once
+//! per pod, naming the metric names tried.
+//!
+//! A static endpoint without `generation:` takes its engine's `process_start_time_seconds` as
+//! its generation ([`Endpoints::engine_started`]): learned at the first scrape, and a new value
+//! later (the engine restarted) starts the pod cold. The first round is signalled so that the
+//! sync replay can wait for it (records stamped with an earlier life are then dropped).
 
-use std::collections::HashMap;
+pub mod names;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt;
 use openmetrics_parser::{PrometheusType, PrometheusValue};
+use prometheus::{IntCounterVec, Opts, Registry};
 use thiserror::Error;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::endpoints::{Endpoint, Endpoints, EngineStats};
@@ -27,14 +41,45 @@ use crate::metrics::RouterMetrics;
 use crate::prefix_index::PodSlot;
 use crate::scheduler::affinity::AffinityConfig;
 
+use names::{MetricSpec, Signal, SignalSpecs, Signals};
+
 /// Scrape settings.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ScrapeConfig {
     pub interval: Duration,
     pub timeout: Duration,
     pub concurrency: usize,
     /// The affinity mode's `engineBudget`: size each pod's index from its engine's capacity.
     pub budget: Option<EngineBudget>,
+    /// The metric names read for each signal.
+    pub names: SignalSpecs,
+}
+
+/// The scraper's own metric (the per-pod scrape counters are in [`RouterMetrics`]).
+#[derive(Debug, Clone)]
+pub struct ScrapeMetrics {
+    pub missing: IntCounterVec,
+}
+
+impl ScrapeMetrics {
+    pub fn register(registry: &Registry) -> ScrapeMetrics {
+        let missing = IntCounterVec::new(
+            Opts::new(
+                "prefix_picker_engine_metric_missing_total",
+                "Successful engine scrapes that found none of a signal's metric names (the signal \
+                 keeps its last value), by signal: waiting, running, kv_cache_usage, ttft, tpot",
+            ),
+            &["signal"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(missing.clone()))
+            .expect("unique metric");
+        for s in Signal::ALL {
+            missing.with_label_values(&[s.as_str()]);
+        }
+        ScrapeMetrics { missing }
+    }
 }
 
 /// How an engine's KV capacity becomes a pod's index budget: `tokens x bytes_per_token /
@@ -71,40 +116,73 @@ pub struct RawEngineMetrics {
     /// Tokens of KV cache the engine has, when it says: vLLM's `vllm:cache_config_info`
     /// labels `num_gpu_blocks x block_size`, SGLang's `sglang:max_total_num_tokens`.
     pub kv_capacity_tokens: Option<u64>,
+    /// `process_start_time_seconds` (Unix seconds), when exported.
+    pub start_time: Option<f64>,
+    /// Signals none of whose names had a matching series (their values above are 0).
+    pub missing: Signals,
 }
 
-const WAITING: [&str; 2] = ["vllm:num_requests_waiting", "sglang:num_queue_reqs"];
-const RUNNING: [&str; 2] = ["vllm:num_requests_running", "sglang:num_running_reqs"];
-// Current names first; older vLLM releases called these `gpu_cache_usage_perc` and
-// `time_per_output_token_seconds`.
-const KV_USAGE: [&str; 3] = [
-    "vllm:kv_cache_usage_perc",
-    "sglang:token_usage",
-    "vllm:gpu_cache_usage_perc",
-];
-const TTFT: [&str; 2] = [
-    "vllm:time_to_first_token_seconds",
-    "sglang:time_to_first_token_seconds",
-];
-const TPOT: [&str; 3] = [
-    "vllm:inter_token_latency_seconds",
-    "sglang:inter_token_latency_seconds",
-    "vllm:time_per_output_token_seconds",
-];
+impl RawEngineMetrics {
+    /// Takes each missing signal's value from `previous` (the last scrape's, itself filled).
+    pub fn or_previous(mut self, previous: &RawEngineMetrics) -> RawEngineMetrics {
+        for s in self.missing.iter() {
+            match s {
+                Signal::Waiting => self.waiting = previous.waiting,
+                Signal::Running => self.running = previous.running,
+                Signal::KvCacheUsage => self.kv_usage = previous.kv_usage,
+                Signal::Ttft => self.ttft = previous.ttft,
+                Signal::Tpot => self.tpot = previous.tpot,
+            }
+        }
+        self
+    }
+}
+
+/// The generation of a static pod whose engine started at `start_time` (Unix seconds).
+pub fn start_generation(start_time: f64) -> String {
+    format!("started-{start_time}")
+}
+
+/// The standard process collector's start time (Python's `prometheus_client`, Go's, Rust's).
+const START_TIME: &str = "process_start_time_seconds";
 
 type Exposition = openmetrics_parser::MetricsExposition<PrometheusType, PrometheusValue>;
 
-/// Parses a Prometheus text exposition into the values the plugins need.
+/// Parses a Prometheus text exposition into the values the plugins need, by the built-in names.
 pub fn parse(text: &str) -> Result<RawEngineMetrics, ScrapeError> {
+    parse_with(text, &SignalSpecs::default())
+}
+
+/// Parses a Prometheus text exposition, reading each signal by `names`.
+pub fn parse_with(text: &str, names: &SignalSpecs) -> Result<RawEngineMetrics, ScrapeError> {
     let exposition = openmetrics_parser::prometheus::parse_prometheus(text)
         .map_err(|e| ScrapeError::Parse(format!("{e:?}")))?;
+    let mut missing = Signals::default();
+    let mut read = |s: Signal| {
+        let specs = names.get(s);
+        let found = last_value(&exposition, specs);
+        if found.is_none() && !specs.is_empty() {
+            missing.insert(s);
+        }
+        found
+    };
+    let (waiting, running, kv_usage) = (
+        scalar(read(Signal::Waiting)),
+        scalar(read(Signal::Running)),
+        scalar(read(Signal::KvCacheUsage)),
+    );
+    let (ttft, tpot) = (totals(read(Signal::Ttft)), totals(read(Signal::Tpot)));
     Ok(RawEngineMetrics {
-        waiting: scalar(&exposition, &WAITING),
-        running: scalar(&exposition, &RUNNING),
-        kv_usage: scalar(&exposition, &KV_USAGE),
-        ttft: totals(&exposition, &TTFT),
-        tpot: totals(&exposition, &TPOT),
+        waiting,
+        running,
+        kv_usage,
+        ttft,
+        tpot,
+        missing,
         kv_capacity_tokens: kv_capacity(&exposition),
+        start_time: named(&exposition, START_TIME)
+            .map(|v| scalar(Some(v)))
+            .filter(|t| *t > 0.0),
     })
 }
 
@@ -117,31 +195,48 @@ fn kv_capacity(e: &Exposition) -> Option<u64> {
             Some(blocks.saturating_mul(size))
         })
     });
-    let tokens = from_vllm.or_else(|| {
-        e.families.get("sglang:max_total_num_tokens")?;
-        Some(scalar(e, &["sglang:max_total_num_tokens"]) as u64)
-    })?;
+    let tokens =
+        from_vllm.or_else(|| Some(scalar(named(e, "sglang:max_total_num_tokens")) as u64))?;
     (tokens > 0).then_some(tokens)
 }
 
-fn last_value<'a>(e: &'a Exposition, names: &[&str]) -> Option<&'a PrometheusValue> {
-    names
-        .iter()
-        .find_map(|n| e.families.get(*n))
+/// The last series of the first spec that matches one.
+fn last_value<'a>(e: &'a Exposition, specs: &[MetricSpec]) -> Option<&'a PrometheusValue> {
+    specs.iter().find_map(|spec| {
+        e.families
+            .get(&spec.name)?
+            .iter_samples()
+            .filter(|s| {
+                spec.labels.is_empty()
+                    || s.get_labelset().is_ok_and(|set| {
+                        spec.labels
+                            .iter()
+                            .all(|(k, v)| set.get_label_value(k) == Some(v.as_str()))
+                    })
+            })
+            .last()
+            .map(|s| &s.value)
+    })
+}
+
+/// The last series of the family `name`.
+fn named<'a>(e: &'a Exposition, name: &str) -> Option<&'a PrometheusValue> {
+    e.families
+        .get(name)
         .and_then(|f| f.iter_samples().last())
         .map(|s| &s.value)
 }
 
-fn scalar(e: &Exposition, names: &[&str]) -> f64 {
-    match last_value(e, names) {
+fn scalar(value: Option<&PrometheusValue>) -> f64 {
+    match value {
         Some(PrometheusValue::Gauge(n) | PrometheusValue::Unknown(n)) => n.as_f64(),
         Some(PrometheusValue::Counter(c)) => c.value.as_f64(),
         _ => 0.0,
     }
 }
 
-fn totals(e: &Exposition, names: &[&str]) -> Totals {
-    match last_value(e, names) {
+fn totals(value: Option<&PrometheusValue>) -> Totals {
+    match value {
         Some(PrometheusValue::Histogram(h)) => Totals {
             sum: h.sum.as_ref().map_or(0.0, |s| s.as_f64()),
             count: h.count.unwrap_or(0),
@@ -169,7 +264,11 @@ pub fn period_mean(previous: Option<Totals>, current: Totals, last_mean: f64) ->
     }
 }
 
-async fn fetch(client: &reqwest::Client, e: &Endpoint) -> Result<RawEngineMetrics, ScrapeError> {
+async fn fetch(
+    client: &reqwest::Client,
+    e: &Endpoint,
+    names: &SignalSpecs,
+) -> Result<RawEngineMetrics, ScrapeError> {
     let text = client
         .get(format!("http://{}/metrics", e.host))
         .send()
@@ -177,14 +276,39 @@ async fn fetch(client: &reqwest::Client, e: &Endpoint) -> Result<RawEngineMetric
         .error_for_status()?
         .text()
         .await?;
-    parse(&text)
+    parse_with(&text, names)
 }
 
-/// Scrapes every pod until cancelled.
+/// The signals already warned about, per pod (one warning per pod and signal).
+#[derive(Debug, Default)]
+pub struct MissingWarnings(HashSet<(PodSlot, Signal)>);
+
+impl MissingWarnings {
+    /// The signals of `missing` not yet warned about for `slot` (now recorded as warned).
+    pub fn first_seen(&mut self, slot: PodSlot, missing: Signals) -> Signals {
+        let mut new = Signals::default();
+        for s in missing.iter() {
+            if self.0.insert((slot, s)) {
+                new.insert(s);
+            }
+        }
+        new
+    }
+
+    /// Forgets pods no longer scraped.
+    pub fn retain(&mut self, live: impl Fn(PodSlot) -> bool) {
+        self.0.retain(|(slot, _)| live(*slot));
+    }
+}
+
+/// Scrapes every pod until cancelled; `first_round` turns true once every pod was scraped (or
+/// failed) once.
 pub async fn run(
     endpoints: Arc<Endpoints>,
     metrics: RouterMetrics,
+    scrape_metrics: ScrapeMetrics,
     config: ScrapeConfig,
+    first_round: watch::Sender<bool>,
     token: CancellationToken,
 ) {
     let Ok(client) = reqwest::Client::builder().timeout(config.timeout).build() else {
@@ -192,6 +316,7 @@ pub async fn run(
         return;
     };
     let mut previous: HashMap<PodSlot, (RawEngineMetrics, EngineStats)> = HashMap::new();
+    let mut warned = MissingWarnings::default();
     let mut tick = tokio::time::interval(config.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -203,9 +328,9 @@ pub async fn run(
         let results: Vec<(Arc<Endpoint>, Result<RawEngineMetrics, ScrapeError>)> =
             futures_util::stream::iter(set.all().iter().cloned())
                 .map(|e| {
-                    let client = client.clone();
+                    let (client, names) = (client.clone(), &config.names);
                     async move {
-                        let r = fetch(&client, &e).await;
+                        let r = fetch(&client, &e, names).await;
                         (e, r)
                     }
                 })
@@ -217,10 +342,38 @@ pub async fn run(
             .unwrap_or_default()
             .as_secs_f64();
         for (e, result) in results {
-            let slot = e.index.slot();
             match result {
                 Ok(raw) => {
+                    let e = match raw
+                        .start_time
+                        .and_then(|t| endpoints.engine_started(&e, &start_generation(t)))
+                    {
+                        Some(fresh) => {
+                            tracing::info!(pod = %fresh.label, generation = %fresh.generation(), "engine restarted (new process_start_time_seconds); the pod starts cold");
+                            fresh
+                        }
+                        None => e,
+                    };
+                    let slot = e.index.slot();
                     let prev = previous.get(&slot);
+                    let raw = match prev {
+                        Some(p) => raw.or_previous(&p.0),
+                        None => raw,
+                    };
+                    for s in raw.missing.iter() {
+                        scrape_metrics
+                            .missing
+                            .with_label_values(&[s.as_str()])
+                            .inc();
+                    }
+                    for s in warned.first_seen(slot, raw.missing).iter() {
+                        tracing::warn!(
+                            pod = %e.label,
+                            signal = s.as_str(),
+                            tried = %config.names.describe(s),
+                            "engine metrics: no series for this signal; it keeps its last value (0 if never read). Set picker.engineMetrics (or GIE's --*-metric flags) to the engine's name"
+                        );
+                    }
                     let stats = EngineStats {
                         waiting: raw.waiting,
                         running: raw.running,
@@ -261,7 +414,11 @@ pub async fn run(
                 }
             }
         }
-        previous.retain(|slot, _| set.all().iter().any(|e| e.index.slot() == *slot));
+        first_round.send_replace(true);
+        let set = endpoints.snapshot();
+        let live = |slot: PodSlot| set.all().iter().any(|e| e.index.slot() == slot);
+        previous.retain(|slot, _| live(*slot));
+        warned.retain(live);
     }
 }
 
@@ -285,72 +442,4 @@ fn apply_budget(
         .with_label_values(&[&e.label])
         .set(i64::try_from(entries).unwrap_or(i64::MAX));
     tracing::info!(pod = %e.label, engine_tokens = tokens, entries, dropped, "index budget sized from the engine");
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const VLLM: &str = r#"# HELP vllm:num_requests_running Requests running
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{model_name="a"} 1
-vllm:num_requests_running{model_name="b"} 3
-# TYPE vllm:num_requests_waiting gauge
-vllm:num_requests_waiting 2
-# TYPE vllm:kv_cache_usage_perc gauge
-vllm:kv_cache_usage_perc 0.25
-# TYPE vllm:time_to_first_token_seconds histogram
-vllm:time_to_first_token_seconds_bucket{le="0.1"} 1
-vllm:time_to_first_token_seconds_bucket{le="+Inf"} 4
-vllm:time_to_first_token_seconds_sum 0.8
-vllm:time_to_first_token_seconds_count 4
-"#;
-
-    #[test]
-    fn parses_vllm_names_last_series_wins_missing_is_zero() {
-        let m = parse(VLLM).unwrap();
-        assert_eq!(m.running, 3.0);
-        assert_eq!(m.waiting, 2.0);
-        assert_eq!(m.kv_usage, 0.25);
-        assert_eq!(m.ttft, Totals { sum: 0.8, count: 4 });
-        assert_eq!(m.tpot, Totals::default());
-    }
-
-    #[test]
-    fn parses_sglang_names() {
-        let text = "# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs 7\n# TYPE sglang:token_usage gauge\nsglang:token_usage 0.5\n";
-        let m = parse(text).unwrap();
-        assert_eq!(m.waiting, 7.0);
-        assert_eq!(m.kv_usage, 0.5);
-    }
-
-    #[test]
-    fn parses_older_vllm_names_and_prefers_the_current_ones() {
-        let old = "# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc 0.4\n\
-            # TYPE vllm:time_per_output_token_seconds histogram\n\
-            vllm:time_per_output_token_seconds_bucket{le=\"+Inf\"} 5\n\
-            vllm:time_per_output_token_seconds_sum 0.1\n\
-            vllm:time_per_output_token_seconds_count 5\n";
-        let m = parse(old).unwrap();
-        assert_eq!(m.kv_usage, 0.4);
-        assert_eq!(m.tpot, Totals { sum: 0.1, count: 5 });
-        let both =
-            format!("{old}# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 0.7\n");
-        assert_eq!(parse(&both).unwrap().kv_usage, 0.7);
-    }
-
-    #[test]
-    fn garbage_is_an_error() {
-        assert!(parse("this is { not metrics").is_err());
-    }
-
-    #[test]
-    fn period_means() {
-        let t = |sum, count| Totals { sum, count };
-        assert_eq!(period_mean(None, t(0.8, 4), 0.0), 0.2);
-        assert_eq!(period_mean(Some(t(0.8, 4)), t(1.8, 6), 0.2), 0.5);
-        assert_eq!(period_mean(Some(t(0.8, 4)), t(0.8, 4), 0.2), 0.2);
-        assert_eq!(period_mean(Some(t(0.8, 4)), t(0.3, 1), 0.2), 0.3);
-        assert_eq!(period_mean(None, t(0.0, 0), 0.0), 0.0);
-    }
 }

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -124,7 +125,7 @@ pub fn static_endpoints(config: &Config) -> Vec<EndpointSpec> {
             },
             address: e.address,
             models: e.models.clone(),
-            generation: String::new(),
+            generation: e.generation.clone().unwrap_or_default(),
             role: None,
         })
         .collect()
@@ -264,7 +265,13 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
             Ok(())
         });
     }
-    if config.picker.scrape_interval_seconds > 0.0 {
+    // Static pods without `generation:` learn it from their engine's first scrape (without
+    // scraping it stays unknown, which matches any record).
+    let scraping = config.picker.scrape_interval_seconds > 0.0;
+    let scrape_metrics = pod_metrics::ScrapeMetrics::register(&registry);
+    let (first_scrape, generations_known) =
+        watch::channel(!scraping || config.endpoints.iter().all(|e| e.generation.is_some()));
+    if scraping {
         let scrape = ScrapeConfig {
             interval: Duration::from_secs_f64(config.picker.scrape_interval_seconds),
             timeout: Duration::from_secs_f64(config.picker.scrape_timeout_seconds),
@@ -277,6 +284,7 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
                     affinity,
                     block_bytes: config.scheduler.prefix_cache.block_size_to_hash,
                 }),
+            names: config.picker.engine_metrics.resolve(),
         };
         let (endpoints, metrics, token) = (
             router.endpoints.clone(),
@@ -284,7 +292,15 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
             shutdown.clone(),
         );
         tasks.spawn(async move {
-            pod_metrics::run(endpoints, metrics, scrape, token).await;
+            pod_metrics::run(
+                endpoints,
+                metrics,
+                scrape_metrics,
+                scrape,
+                first_scrape,
+                token,
+            )
+            .await;
             Ok(())
         });
     }
@@ -324,7 +340,11 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
                 &router,
                 &registry,
                 &env,
-                pods_listed.clone(),
+                pods_listed
+                    .iter()
+                    .cloned()
+                    .chain([generations_known])
+                    .collect(),
                 &shutdown,
                 &mut tasks,
             )?)

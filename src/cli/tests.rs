@@ -109,7 +109,7 @@ fn go_flag_syntax_becomes_clap_syntax() {
 #[test]
 fn ignored_and_unknown_flags_are_dropped_with_their_values() {
     let (args, warnings) = norm(&[
-        "--kv-cache-usage-percentage-metric",
+        "--cache-info-metric",
         "vllm:kv",
         "--lora-info-metric",
         "",
@@ -128,7 +128,7 @@ fn ignored_and_unknown_flags_are_dropped_with_their_values() {
     assert_eq!(
         warnings,
         [
-            "flag --kv-cache-usage-percentage-metric=\"vllm:kv\" ignored: a GIE flag prefix-picker has no use for",
+            "flag --cache-info-metric=\"vllm:kv\" ignored: a GIE flag prefix-picker has no use for",
             "flag --lora-info-metric=\"\" ignored: a GIE flag prefix-picker has no use for",
             "flag --enable-pprof ignored: a GIE flag prefix-picker has no use for",
             "flag --tracing=\"false\" ignored: a GIE flag prefix-picker has no use for",
@@ -494,6 +494,37 @@ fn every_flag_gie_v1_5_0_inferencepool_chart_passes_is_accepted() {
                 assert_eq!(k.namespace.as_deref(), Some("llm"), "{name}");
             }
         }
+        let m = &plan.config.picker.engine_metrics;
+        let spec = |s: &Option<MetricSource>| match s {
+            Some(MetricSource::Spec(spec)) => Some(spec.to_string()),
+            Some(MetricSource::Off) => Some(String::new()),
+            None => None,
+        };
+        let specs = [
+            spec(&m.total_queued_requests),
+            spec(&m.total_running_requests),
+            spec(&m.kv_cache_usage_percentage),
+        ];
+        let expected: [Option<&str>; 3] = match name {
+            // The chart's quotes are not part of the name.
+            "sglang" => [
+                Some("sglang:num_queue_reqs"),
+                Some("sglang:num_running_reqs"),
+                Some("sglang:token_usage"),
+            ],
+            "triton-tensorrt-llm" => [
+                Some("nv_trt_llm_request_metrics{request_type=waiting}"),
+                Some("nv_trt_llm_request_metrics{request_type=scheduled}"),
+                Some("nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=fraction}"),
+            ],
+            "trtllm-serve" => [
+                Some("trtllm_num_requests_waiting"),
+                Some("trtllm_num_requests_running"),
+                Some("trtllm_kv_cache_utilization"),
+            ],
+            _ => [None; 3],
+        };
+        assert_eq!(specs, expected.map(|s| s.map(String::from)), "{name}");
         if name == "flags" {
             assert_eq!(plan.v, 4);
             assert_eq!(plan.config.picker.tls.mode, TlsMode::Plaintext);
@@ -572,4 +603,54 @@ fn every_gie_v1_5_0_picker_flag_is_known() {
             "--{flag}: {warnings:?}"
         );
     }
+}
+
+#[test]
+fn engine_metric_flags_set_the_config_and_name_themselves_in_errors() {
+    let config = "endpoints: [{name: p, address: 127.0.0.1:8000}]\n\
+        picker: {engineMetrics: {totalQueuedRequests: a, totalRunningRequests: b}}";
+    let plan = with_host(&[], &[("/c.yaml", config)], |host| {
+        parse(&[
+            "--config=/c.yaml",
+            "--total-queued-requests-metric",
+            "waiting{queue=main}",
+            "--kv-cache-usage-percentage-metric=",
+        ])
+        .resolve(Form::Serve, host)
+    })
+    .unwrap();
+    let m = &plan.config.picker.engine_metrics;
+    assert_eq!(
+        m.total_queued_requests,
+        Some(MetricSource::parse("waiting{queue=main}").unwrap())
+    );
+    assert_eq!(
+        m.total_running_requests,
+        Some(MetricSource::parse("b").unwrap())
+    );
+    assert_eq!(m.kv_cache_usage_percentage, Some(MetricSource::Off));
+    assert!(
+        plan.warnings.contains(
+            &"--total-queued-requests-metric overrides picker.engineMetrics.totalQueuedRequests"
+                .to_string()
+        ),
+        "{:?}",
+        plan.warnings
+    );
+    let e = resolve(
+        &[
+            "--config-text",
+            ONE_ENDPOINT,
+            "--total-running-requests-metric",
+            "running{oops}",
+        ],
+        Form::Serve,
+    )
+    .unwrap_err();
+    assert_eq!(
+        e,
+        [
+            "--total-running-requests-metric: metric spec \"running{oops}\": labels are written label=value"
+        ]
+    );
 }

@@ -138,6 +138,36 @@ fn endpoints_and_picker_are_strict() {
 }
 
 #[test]
+fn a_static_endpoints_generation_is_a_string_or_number_or_unset() {
+    let c = Config::parse(
+        "endpoints:\n- {name: a, address: 127.0.0.1:8001, generation: v2}\n\
+         - {name: b, address: 127.0.0.1:8002, generation: 17}\n\
+         - {name: c, address: 127.0.0.1:8003}\n",
+    )
+    .unwrap();
+    let generations: Vec<_> = c
+        .endpoints
+        .iter()
+        .map(|e| e.generation.as_deref())
+        .collect();
+    assert_eq!(generations, [Some("v2"), Some("17"), None]);
+    let specs = crate::serve::static_endpoints(&c);
+    assert_eq!(specs[0].generation, "v2");
+    assert_eq!(specs[2].generation, "", "unset: learned from the engine");
+    let e = Config::parse("endpoints:\n- {name: a, address: 127.0.0.1:8001, generation: ''}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("endpoint default/a: generation must not be empty"),
+        "{e}"
+    );
+    let e = Config::parse("endpoints:\n- {name: a, address: 127.0.0.1:8001, generation: [1]}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("generation must be a string or a number"), "{e}");
+}
+
+#[test]
 fn discovery_section_is_parsed_strictly_and_replaces_the_no_endpoints_warning() {
     let c = Config::parse("discovery: {kubernetes: {selector: app=vllm, targetPorts: [8000]}}")
         .unwrap();
@@ -229,4 +259,29 @@ fn unparsable_args_fall_back_to_all_defaults() {
         assert_eq!(p.args, PrefixCacheArgs::default(), "{bad}");
         assert_eq!(p.warnings, [UNPARSABLE_ARGS], "{bad}");
     }
+}
+
+#[test]
+fn engine_metric_names_are_parsed_once_and_a_bad_spec_names_the_key() {
+    use crate::pod_metrics::names::{MetricSource, Signal};
+    let c = Config::parse(
+        "picker: {engineMetrics: {totalQueuedRequests: 'q{type=waiting}', timeToFirstToken: ''}}",
+    )
+    .unwrap();
+    let names = c.picker.engine_metrics.resolve();
+    assert_eq!(names.describe(Signal::Waiting), "q{type=waiting}");
+    assert!(names.get(Signal::Ttft).is_empty(), "off");
+    assert_eq!(names.get(Signal::Running).len(), 2, "built in");
+    assert_eq!(
+        c.picker.engine_metrics.time_to_first_token,
+        Some(MetricSource::Off)
+    );
+    let e = Config::parse("picker: {engineMetrics: {totalQueuedRequests: 'q{type}'}}")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("picker")
+            && e.contains("metric spec \"q{type}\": labels are written label=value"),
+        "{e}"
+    );
 }

@@ -4,7 +4,8 @@
 //! reason) when it cannot be decoded, was hashed with other `blockSizeToHash`/`maxBlocksToMatch`,
 //! names a pod this replica's discovery does not know (pod removals stay local: every replica
 //! watches discovery itself), or was recorded for another incarnation of the pod (both
-//! generations known and different). Pods are found by their `namespace/name` label in a map
+//! generations known and different: the Kubernetes UID, a static endpoint's `generation:`, else
+//! its engine's start time, see [`crate::endpoints`]). Pods are found by their `namespace/name` label in a map
 //! rebuilt only when the endpoint snapshot changes.
 
 use std::collections::HashMap;
@@ -87,8 +88,8 @@ impl Applier {
         let Some(endpoint) = self.pods.1.get(r.pod) else {
             return Applied::Dropped(DropReason::UnknownPod);
         };
-        let ours = endpoint.spec.generation.as_str();
-        if !ours.is_empty() && !r.generation.is_empty() && ours != r.generation {
+        let ours = endpoint.generation();
+        if !ours.is_empty() && !r.generation.is_empty() && *ours != *r.generation {
             return Applied::Dropped(DropReason::StaleGeneration);
         }
         if !self.hashes.is_empty() {

@@ -15,7 +15,9 @@
 //! that fails after the cluster connection's own retries drops the whole connection like a
 //! node's: the next one is built from the seeds again, so a seed list that survives the loss of
 //! any one node (several `urls`, or a name that resolves to live nodes) keeps reconnection
-//! possible. Connect and disconnect are logged once per transition and mirrored in
+//! possible. A dead connection shows only when used: the tailer uses its own every second
+//! (`XREAD BLOCK`), the publisher probes its own when idle ([`Link::probe`]). Connect and
+//! disconnect are logged once per transition and mirrored in
 //! `prefix_picker_sync_redis_connected{role}`.
 
 use std::time::Duration;
@@ -225,6 +227,29 @@ impl Link {
             _ = token.cancelled() => false,
             _ = tokio::time::sleep(delay) => true,
         }
+    }
+
+    /// Checks an idle connection with one keyed command (`EXISTS key`: on a cluster it goes to
+    /// the shard owning `key`) and drops the connection if the command fails or takes longer
+    /// than `timeout`. A connection whose server died is only found out when used, so an idle
+    /// role calls this periodically: the reconnect then starts before the next real command
+    /// and the connected gauge tells the truth meanwhile. `true` if still connected.
+    pub async fn probe(&mut self, key: &str, timeout: Duration) -> bool {
+        let Some(conn) = self.conn.as_mut() else {
+            return false;
+        };
+        let mut exists = redis::cmd("EXISTS");
+        exists.arg(key);
+        let error = match tokio::time::timeout(timeout, exists.query_async::<i64>(conn)).await {
+            Ok(Ok(_)) => return true,
+            Ok(Err(e)) => e,
+            Err(_) => redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no reply to EXISTS within {timeout:?}"),
+            )),
+        };
+        self.lost(&error);
+        false
     }
 
     /// Drops the connection after a failed command.

@@ -98,15 +98,16 @@ pub fn hash_params(router: &Router) -> HashParams {
 }
 
 /// Starts the publisher and tailer tasks and hooks the publisher into the scheduler.
-/// `env` looks up environment variables (for `passwordEnv`). With `pods_listed` (Kubernetes
-/// discovery), the tailer starts once the first pod list is applied: records name pods, and a
-/// replay before the pods are known would drop them all.
+/// `env` looks up environment variables (for `passwordEnv`). The tailer starts once every one of
+/// `gates` reads true: records name pods and their generations, so a replay before the pods are
+/// listed (Kubernetes discovery) would drop them all, and one before the first engine scrape
+/// (static pods without `generation:`) could not tell an earlier life's records.
 pub fn start(
     config: &RedisSync,
     router: &Arc<Router>,
     registry: &prometheus::Registry,
     env: &dyn Fn(&str) -> Option<String>,
-    pods_listed: Option<watch::Receiver<bool>>,
+    gates: Vec<watch::Receiver<bool>>,
     shutdown: &CancellationToken,
     tasks: &mut JoinSet<anyhow::Result<()>>,
 ) -> Result<Sync, SyncError> {
@@ -161,12 +162,12 @@ pub fn start(
     );
     let token = shutdown.clone();
     tasks.spawn(async move {
-        if let Some(mut listed) = pods_listed {
-            let listed = tokio::select! {
+        for mut gate in gates {
+            let open = tokio::select! {
                 _ = token.cancelled() => false,
-                r = listed.wait_for(|l| *l) => r.is_ok(),
+                r = gate.wait_for(|open| *open) => r.is_ok(),
             };
-            if !listed {
+            if !open {
                 return Ok(());
             }
         }

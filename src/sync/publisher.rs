@@ -4,12 +4,19 @@
 //! `queueCapacity` records; a full queue drops the record (`dropped{reason="queue_full"}`), so a
 //! slow or absent Redis never delays a request. The publisher task takes up to
 //! `batchMaxRecords` queued records at a time and sends them as one pipeline of
-//! `XADD <stream> MAXLEN ~ <maxLen> * r <payload>` (one round trip per batch). A batch that fails
-//! (Redis down, timeout) is dropped and counted (`reason="redis_error"`), the connection is
-//! re-established with backoff (at once, not on the next record), and batches arriving
-//! meanwhile are dropped the same way.
+//! `XADD <stream> MAXLEN ~ <maxLen> * r <payload>` (one round trip per batch).
+//!
+//! A batch that fails is resent once on a fresh connection made at once (a Redis that restarted
+//! since the last batch: the old connection is dead but the server is back). A batch that fails
+//! again, or finds no Redis to connect to, is dropped and counted (`reason="redis_error"`); the
+//! connection is then re-established with backoff (100 ms doubling to 5 s) without waiting for
+//! the next record, and batches arriving meanwhile are dropped the same way. While idle, the
+//! task probes its connection every second ([`Link::probe`], `EXISTS <stream>`, 500 ms
+//! timeout), so a dead connection is noticed, the gauge reads 0, and it is re-established
+//! before the next record rather than by it.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -58,7 +65,7 @@ impl RecordSink for Publisher {
             self.params,
             model,
             &endpoint.label,
-            &endpoint.spec.generation,
+            &endpoint.generation(),
             hashes,
         );
         if self.tx.try_send(payload).is_err() {
@@ -89,6 +96,15 @@ pub async fn run(
             tokio::select! {
                 _ = token.cancelled() => return,
                 n = rx.recv_many(&mut batch, target.batch_max_records) => n,
+                // Idle: a connection whose server died shows only when used (the gauge would
+                // read 1 and the next batch would fail), so use it.
+                _ = tokio::time::sleep(IDLE_PROBE) => {
+                    tokio::select! {
+                        _ = token.cancelled() => return,
+                        _ = link.probe(&target.stream, PROBE_TIMEOUT) => {}
+                    }
+                    continue;
+                }
             }
         } else {
             // Disconnected: reconnect (with backoff) without waiting for traffic, so the
@@ -108,18 +124,6 @@ pub async fn run(
         if n == 0 {
             return;
         }
-        let connected = tokio::select! {
-            _ = token.cancelled() => return,
-            c = link.try_connect() => c,
-        };
-        if !connected {
-            metrics.drop(DropReason::RedisError, n as u64);
-            batch.clear();
-            if !link.pause(&token).await {
-                return;
-            }
-            continue;
-        }
         let mut pipe = redis::pipe();
         for payload in &batch {
             pipe.cmd("XADD")
@@ -132,18 +136,59 @@ pub async fn run(
                 .arg(payload.as_slice())
                 .ignore();
         }
-        let conn = link.get().expect("connected");
         let sent = tokio::select! {
             _ = token.cancelled() => return,
-            r = pipe.query_async::<()>(conn) => r,
+            s = send(&mut link, &pipe) => s,
         };
         match sent {
-            Ok(()) => metrics.published.inc_by(n as u64),
-            Err(e) => {
+            Sent::Published => metrics.published.inc_by(n as u64),
+            Sent::Failed => metrics.drop(DropReason::RedisError, n as u64),
+            Sent::Unreachable => {
                 metrics.drop(DropReason::RedisError, n as u64);
-                link.lost(&e);
+                batch.clear();
+                if !link.pause(&token).await {
+                    return;
+                }
+                continue;
             }
         }
         batch.clear();
     }
+}
+
+/// How long the publisher stays idle before it probes its connection.
+const IDLE_PROBE: Duration = Duration::from_secs(1);
+/// A probe not answered within this counts as a dead connection (a live Redis answers `EXISTS`
+/// in well under a millisecond).
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// What became of one batch.
+enum Sent {
+    Published,
+    /// Sent and failed twice (the second time on a fresh connection).
+    Failed,
+    /// No connection could be made (Redis down): back off before the next attempt.
+    Unreachable,
+}
+
+/// Sends `pipe`; if that fails on a connection that died since its last use (a Redis restart
+/// the idle probe has not seen yet), reconnects once at once and resends it. A resend may
+/// repeat entries of a batch that partly landed: applying a record twice only refreshes it.
+async fn send(link: &mut Link, pipe: &redis::Pipeline) -> Sent {
+    for attempt in 0..2 {
+        if !link.try_connect().await {
+            return Sent::Unreachable;
+        }
+        let conn = link.get().expect("connected");
+        match pipe.query_async::<()>(conn).await {
+            Ok(()) => {
+                if attempt > 0 {
+                    tracing::info!("sync: resent a batch after reconnecting to Redis");
+                }
+                return Sent::Published;
+            }
+            Err(e) => link.lost(&e),
+        }
+    }
+    Sent::Failed
 }

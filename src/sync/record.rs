@@ -9,7 +9,8 @@
 //! u32 maxBlocksToMatch
 //! u16 len + model name
 //! u16 len + pod label     ("namespace/name")
-//! u16 len + pod generation (the Kubernetes UID; empty for static pods)
+//! u16 len + pod generation (the Kubernetes UID; a static pod's `generation:`, else its
+//!                          engine's start time; empty while unknown)
 //! u64 x n block hashes    (the rest of the payload)
 //! ```
 //! 8 bytes per block plus 23 bytes and the three strings (a 64-block record of the benchmark is

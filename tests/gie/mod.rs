@@ -133,6 +133,8 @@ async fn gie_form_answers_health_on_its_port_and_metrics_without_auth() {
             "inference.networking.k8s.io",
             "--kv-cache-usage-percentage-metric",
             "vllm:gpu_cache_usage_perc",
+            "--lora-info-metric",
+            "vllm:lora_requests_info",
             "--enable-pprof",
             "--refresh-metrics-interval=50ms",
             "--some-future-flag=1",
@@ -149,7 +151,7 @@ async fn gie_form_answers_health_on_its_port_and_metrics_without_auth() {
     assert_eq!(metrics.status(), 200);
     assert!(metrics.text().await.unwrap().contains("# HELP"));
     for warning in [
-        "flag --kv-cache-usage-percentage-metric=\"vllm:gpu_cache_usage_perc\" ignored: a GIE flag",
+        "flag --lora-info-metric=\"vllm:lora_requests_info\" ignored: a GIE flag",
         "flag --enable-pprof ignored: a GIE flag",
         "flag --refresh-metrics-interval=\"50ms\" ignored: a GIE flag",
         "flag --some-future-flag=\"1\" ignored: unknown flag",
@@ -163,6 +165,12 @@ async fn gie_form_answers_health_on_its_port_and_metrics_without_auth() {
             picker.log
         );
     }
+    // The engine-metric flags are used, not ignored.
+    assert!(
+        !picker.log.contains("kv-cache-usage-percentage-metric"),
+        "{}",
+        picker.log
+    );
     drop(picker.process);
 }
 

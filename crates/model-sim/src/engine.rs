@@ -114,6 +114,19 @@ impl EngineMetrics {
             c.kv_blocks.to_string().as_str(),
         ])
         .set(1.0);
+        // The process collector's start time, as vLLM and SGLang export it (Python's
+        // prometheus_client): the engine's, so an engine restarted in-process shows a new one.
+        // Routers tell an engine's lives apart by it.
+        gauge(
+            "process_start_time_seconds".into(),
+            "Start time of the process since unix epoch in seconds",
+        )
+        .set(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs_f64(),
+        );
         if !vllm {
             gauge(
                 "sglang:max_total_num_tokens".into(),

@@ -75,6 +75,13 @@ async fn same_prompt_twice_reports_cached_tokens() {
     let parsed = prefix_picker::pod_metrics::parse(&text).unwrap();
     assert_eq!(parsed.ttft.count, 2);
     assert_eq!(parsed.running, 0.0);
+    // The engine's start time, which a router takes as a static pod's generation.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let started = parsed.start_time.expect("process_start_time_seconds");
+    assert!(started <= now && started > now - 600.0, "{started}");
 }
 
 #[tokio::test]

@@ -1,0 +1,285 @@
+use super::*;
+
+const VLLM: &str = r#"# HELP vllm:num_requests_running Requests running
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="a"} 1
+vllm:num_requests_running{model_name="b"} 3
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting 2
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc 0.25
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{le="0.1"} 1
+vllm:time_to_first_token_seconds_bucket{le="+Inf"} 4
+vllm:time_to_first_token_seconds_sum 0.8
+vllm:time_to_first_token_seconds_count 4
+"#;
+
+#[test]
+fn parses_vllm_names_last_series_wins_missing_is_reported() {
+    let m = parse(VLLM).unwrap();
+    assert_eq!(m.running, 3.0);
+    assert_eq!(m.waiting, 2.0);
+    assert_eq!(m.kv_usage, 0.25);
+    assert_eq!(m.ttft, Totals { sum: 0.8, count: 4 });
+    assert_eq!(m.tpot, Totals::default());
+    assert_eq!(m.missing.iter().collect::<Vec<_>>(), [Signal::Tpot]);
+}
+
+/// SGLang's names (`--enable-metrics`), as its exposition spells them: every signal is read.
+#[test]
+fn parses_sglang_names() {
+    let text = "# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs{model_name=\"m\"} 7\n\
+        # TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name=\"m\"} 3\n\
+        # TYPE sglang:token_usage gauge\nsglang:token_usage{model_name=\"m\"} 0.5\n\
+        # TYPE sglang:time_to_first_token_seconds histogram\n\
+        sglang:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"+Inf\"} 2\n\
+        sglang:time_to_first_token_seconds_sum{model_name=\"m\"} 0.4\n\
+        sglang:time_to_first_token_seconds_count{model_name=\"m\"} 2\n\
+        # TYPE sglang:inter_token_latency_seconds histogram\n\
+        sglang:inter_token_latency_seconds_bucket{model_name=\"m\",le=\"+Inf\"} 10\n\
+        sglang:inter_token_latency_seconds_sum{model_name=\"m\"} 0.2\n\
+        sglang:inter_token_latency_seconds_count{model_name=\"m\"} 10\n";
+    let m = parse(text).unwrap();
+    assert_eq!((m.waiting, m.running, m.kv_usage), (7.0, 3.0, 0.5));
+    assert_eq!(m.ttft, Totals { sum: 0.4, count: 2 });
+    assert_eq!(
+        m.tpot,
+        Totals {
+            sum: 0.2,
+            count: 10
+        }
+    );
+    assert!(m.missing.is_empty());
+    // Older SGLang named TPOT time_per_output_token_seconds.
+    let old = text.replace("inter_token_latency", "time_per_output_token");
+    assert_eq!(
+        parse(&old).unwrap().tpot,
+        Totals {
+            sum: 0.2,
+            count: 10
+        }
+    );
+}
+
+/// Triton's one family for several signals, told apart by a label (GIE's documented flags).
+const TRITON: &str = "# TYPE nv_trt_llm_request_metrics gauge\n\
+    nv_trt_llm_request_metrics{model=\"m\",request_type=\"waiting\"} 4\n\
+    nv_trt_llm_request_metrics{model=\"m\",request_type=\"scheduled\"} 9\n\
+    nv_trt_llm_request_metrics{model=\"m\",request_type=\"context\"} 1\n\
+    # TYPE nv_trt_llm_kv_cache_block_metrics gauge\n\
+    nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"fraction\",model=\"m\"} 0.75\n\
+    nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"max\",model=\"m\"} 4096\n";
+
+fn names(yaml: &str) -> SignalSpecs {
+    serde_yaml_ng::from_str::<names::EngineMetricNames>(yaml)
+        .unwrap()
+        .resolve()
+}
+
+#[test]
+fn configured_specs_select_series_by_label() {
+    let n = names(
+        "{totalQueuedRequests: 'nv_trt_llm_request_metrics{request_type=waiting}', \
+         totalRunningRequests: 'nv_trt_llm_request_metrics{request_type=\"scheduled\"}', \
+         kvCacheUsagePercentage: '\"nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=fraction}\"', \
+         timeToFirstToken: '', timePerOutputToken: ''}",
+    );
+    let m = parse_with(TRITON, &n).unwrap();
+    assert_eq!((m.waiting, m.running, m.kv_usage), (4.0, 9.0, 0.75));
+    // Signals turned off are 0 and never missing.
+    assert!(m.missing.is_empty(), "{:?}", m.missing);
+    // By the built-in names, Triton exports none of the five.
+    assert_eq!(parse(TRITON).unwrap().missing.iter().count(), 5);
+    // A configured name replaces the built-in ones (no fallback to vLLM's).
+    let n = names("{totalQueuedRequests: my_queue}");
+    let m = parse_with(VLLM, &n).unwrap();
+    assert_eq!(m.waiting, 0.0);
+    assert_eq!(m.running, 3.0);
+    assert_eq!(
+        m.missing.iter().collect::<Vec<_>>(),
+        [Signal::Waiting, Signal::Tpot]
+    );
+    assert_eq!(n.describe(Signal::Waiting), "my_queue");
+    assert_eq!(
+        n.describe(Signal::KvCacheUsage),
+        "vllm:kv_cache_usage_perc, sglang:token_usage or vllm:gpu_cache_usage_perc"
+    );
+}
+
+#[test]
+fn metric_specs_follow_gie_syntax_and_errors_name_the_spec() {
+    use names::{MetricSource, MetricSpec};
+    let s = MetricSpec::parse(" a:b_c{ x = 1 , y=\"two\" } ").unwrap();
+    assert_eq!(s.name, "a:b_c");
+    assert_eq!(
+        s.labels,
+        [("x".into(), "1".into()), ("y".into(), "two".into())]
+    );
+    assert_eq!(s.to_string(), "a:b_c{x=1,y=two}");
+    assert_eq!(MetricSource::parse("").unwrap(), MetricSource::Off);
+    assert_eq!(MetricSource::parse("\"\"").unwrap(), MetricSource::Off);
+    for (bad, why) in [
+        ("a{x=1", "the label block must end the spec with '}'"),
+        ("a}", "'}' without '{'"),
+        ("a{}", "an empty label block"),
+        ("a{x}", "labels are written label=value"),
+        ("a{=1}", "labels are written label=value"),
+        ("9a", "not a Prometheus metric name"),
+        ("a b", "not a Prometheus metric name"),
+    ] {
+        let e = MetricSpec::parse(bad).unwrap_err();
+        assert_eq!(e.to_string(), format!("metric spec {bad:?}: {why}"));
+    }
+    let e = serde_yaml_ng::from_str::<names::EngineMetricNames>("{totalQueuedRequests: 'a{'}")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("metric spec \"a{\""), "{e}");
+    let e = serde_yaml_ng::from_str::<names::EngineMetricNames>("{queued: a}")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("unknown field `queued`"), "{e}");
+}
+
+#[test]
+fn a_missing_signal_keeps_its_last_value_and_is_warned_about_once_per_pod() {
+    let first = parse(VLLM).unwrap();
+    let without_kv = VLLM.replace("vllm:kv_cache_usage_perc", "something_else");
+    let second = parse(&without_kv).unwrap().or_previous(&first);
+    assert!(second.missing.contains(Signal::KvCacheUsage));
+    assert_eq!(second.kv_usage, 0.25, "kept, not read as 0");
+    assert_eq!(second.running, 3.0);
+    let mut warned = MissingWarnings::default();
+    let (a, b) = (PodSlot(0), PodSlot(1));
+    let new: Vec<Signal> = warned.first_seen(a, second.missing).iter().collect();
+    assert_eq!(new, [Signal::KvCacheUsage, Signal::Tpot]);
+    assert!(warned.first_seen(a, second.missing).is_empty());
+    assert_eq!(warned.first_seen(b, second.missing).iter().count(), 2);
+    warned.retain(|slot| slot == b);
+    assert_eq!(warned.first_seen(a, second.missing).iter().count(), 2);
+}
+
+#[test]
+fn parses_older_vllm_names_and_prefers_the_current_ones() {
+    let old = "# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc 0.4\n\
+        # TYPE vllm:time_per_output_token_seconds histogram\n\
+        vllm:time_per_output_token_seconds_bucket{le=\"+Inf\"} 5\n\
+        vllm:time_per_output_token_seconds_sum 0.1\n\
+        vllm:time_per_output_token_seconds_count 5\n";
+    let m = parse(old).unwrap();
+    assert_eq!(m.kv_usage, 0.4);
+    assert_eq!(m.tpot, Totals { sum: 0.1, count: 5 });
+    let both =
+        format!("{old}# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 0.7\n");
+    assert_eq!(parse(&both).unwrap().kv_usage, 0.7);
+}
+
+#[test]
+fn reads_the_engine_start_time() {
+    assert_eq!(parse(VLLM).unwrap().start_time, None);
+    let text = format!(
+        "{VLLM}# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds 1.71234567825e+09\n"
+    );
+    let m = parse(&text).unwrap();
+    assert_eq!(m.start_time, Some(1_712_345_678.25));
+    assert_eq!(start_generation(1_712_345_678.25), "started-1712345678.25");
+}
+
+#[test]
+fn garbage_is_an_error() {
+    assert!(parse("this is { not metrics").is_err());
+}
+
+#[test]
+fn period_means() {
+    let t = |sum, count| Totals { sum, count };
+    assert_eq!(period_mean(None, t(0.8, 4), 0.0), 0.2);
+    assert_eq!(period_mean(Some(t(0.8, 4)), t(1.8, 6), 0.2), 0.5);
+    assert_eq!(period_mean(Some(t(0.8, 4)), t(0.8, 4), 0.2), 0.2);
+    assert_eq!(period_mean(Some(t(0.8, 4)), t(0.3, 1), 0.2), 0.3);
+    assert_eq!(period_mean(None, t(0.0, 0), 0.0), 0.0);
+}
+
+/// The scrape loop against an engine that stops exporting KV usage: the signal is counted at
+/// every scrape and keeps its value.
+#[tokio::test]
+async fn the_scrape_counts_a_missing_signal_and_keeps_its_value() {
+    use crate::endpoints::{EndpointSpec, PodId, Update};
+    use crate::prefix_index::PrefixIndex;
+
+    let text = Arc::new(parking_lot::Mutex::new(VLLM.to_string()));
+    let served = text.clone();
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let body = served.lock().clone();
+            async move { body }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let registry = Registry::new();
+    let metrics = RouterMetrics::register(&registry);
+    let endpoints = Arc::new(Endpoints::new(
+        Arc::new(PrefixIndex::new(10)),
+        metrics.clone(),
+    ));
+    endpoints.apply(Update::Reset(vec![EndpointSpec {
+        id: PodId {
+            namespace: "default".into(),
+            name: "engine".into(),
+        },
+        address,
+        models: vec![],
+        generation: String::new(),
+        role: None,
+    }]));
+    let scrape_metrics = ScrapeMetrics::register(&registry);
+    let missing = |s: Signal| {
+        scrape_metrics
+            .missing
+            .with_label_values(&[s.as_str()])
+            .get()
+    };
+    let config = ScrapeConfig {
+        interval: Duration::from_millis(10),
+        timeout: Duration::from_secs(2),
+        concurrency: 1,
+        budget: None,
+        names: SignalSpecs::default(),
+    };
+    let (first_round, mut scraped) = watch::channel(false);
+    let token = CancellationToken::new();
+    tokio::spawn(run(
+        endpoints.clone(),
+        metrics,
+        scrape_metrics.clone(),
+        config,
+        first_round,
+        token.clone(),
+    ));
+    scraped.wait_for(|done| *done).await.unwrap();
+    let pod = endpoints.snapshot().all()[0].clone();
+    assert_eq!((pod.stats().kv_usage, pod.stats().running), (0.25, 3.0));
+    assert_eq!(missing(Signal::KvCacheUsage), 0);
+    assert!(missing(Signal::Tpot) >= 1, "VLLM has no TPOT histogram");
+
+    *text.lock() = VLLM
+        .replace("vllm:kv_cache_usage_perc", "something_else")
+        .replace(
+            "vllm:num_requests_running{model_name=\"b\"} 3",
+            "vllm:num_requests_running{model_name=\"b\"} 5",
+        );
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while missing(Signal::KvCacheUsage) < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the missing signal counted at every scrape");
+    assert_eq!(pod.stats().running, 5.0, "the other signals are read");
+    assert_eq!(pod.stats().kv_usage, 0.25, "kept, not read as 0");
+    token.cancel();
+}
