@@ -5,6 +5,11 @@
 //! prefill_per_token`, then `(output_tokens - 1) * inter_token_latency`; both slowed by
 //! `1 + running / max_num_seqs` (linear in the batch). `time_scale` divides every delay; delays
 //! under 50 µs are not slept at all, so a large time scale makes the simulator instant.
+//!
+//! A prompt received from a prefill peer ([`crate::pd`], [`Engine::admit_received`]) is admitted
+//! to the cache like any other; its tokens the cache lacked cost `kv_transfer_per_token` each
+//! (divided by `time_scale`, not slowed by the batch) instead of `prefill_per_token`, and are
+//! counted in the external counters, not in `prefix_cache_{queries,hits}`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +19,7 @@ use prometheus::{Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, Opts, Re
 use tokio::sync::Semaphore;
 
 use crate::kv_cache::{Admission, KvCache};
+use crate::pd::{PdConfig, PdMetrics};
 
 /// Which engine's metric names to expose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -33,6 +39,8 @@ pub struct EngineConfig {
     pub prefill_per_token: Duration,
     pub inter_token_latency: Duration,
     pub time_scale: f64,
+    /// PD role and KV transfer ([`crate::pd`]); the default is no role.
+    pub pd: PdConfig,
 }
 
 impl Default for EngineConfig {
@@ -46,6 +54,7 @@ impl Default for EngineConfig {
             prefill_per_token: Duration::from_micros(200),
             inter_token_latency: Duration::from_millis(12),
             time_scale: 1.0,
+            pd: PdConfig::default(),
         }
     }
 }
@@ -182,6 +191,7 @@ pub struct Engine {
     kv: Mutex<KvCache>,
     slots: Arc<Semaphore>,
     metrics: EngineMetrics,
+    pd: Option<PdMetrics>,
     pub registry: Registry,
 }
 
@@ -190,6 +200,8 @@ pub struct Engine {
 pub struct Running {
     engine: Arc<Engine>,
     admission: Admission,
+    /// Prompt tokens received from a prefill peer (the ones the local cache lacked).
+    received_tokens: usize,
     _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
@@ -198,15 +210,30 @@ impl Running {
         &self.admission
     }
 
-    /// Time to the first token, given the current batch.
+    /// Prompt tokens not prefilled here: found in the local cache or received from a prefill
+    /// peer (vLLM's `num_cached_tokens`, the response's `cached_tokens`).
+    pub fn cached_tokens(&self) -> usize {
+        self.admission.cached_tokens + self.received_tokens
+    }
+
+    pub fn received_tokens(&self) -> usize {
+        self.received_tokens
+    }
+
+    /// Time to the first token, given the current batch: the local prefill (slowed by the
+    /// batch) plus the KV transfer of received tokens (not slowed by it).
     pub fn ttft(&self) -> Duration {
+        let c = &self.engine.config;
         let uncached = self
             .admission
             .prompt_tokens
-            .saturating_sub(self.admission.cached_tokens);
-        let base =
-            self.engine.config.overhead + self.engine.config.prefill_per_token * uncached as u32;
-        self.engine.scaled(base)
+            .saturating_sub(self.cached_tokens());
+        let compute = self
+            .engine
+            .scaled(c.overhead + c.prefill_per_token * uncached as u32);
+        let transfer = (c.pd.kv_transfer_per_token * self.received_tokens as u32)
+            .div_f64(c.time_scale.max(1e-9));
+        compute + transfer
     }
 
     /// Time between output tokens, given the current batch.
@@ -236,7 +263,9 @@ impl Engine {
     pub fn new(config: EngineConfig) -> Engine {
         let registry = Registry::new();
         let metrics = EngineMetrics::register(&registry, &config);
+        let pd = PdMetrics::register(&registry, &config.pd);
         Engine {
+            pd,
             kv: Mutex::new(KvCache::new(config.block_tokens, config.kv_blocks)),
             slots: Arc::new(Semaphore::new(config.max_num_seqs.max(1))),
             metrics,
@@ -249,8 +278,24 @@ impl Engine {
         &self.config
     }
 
+    /// A decode sim's PD metrics (`None` for any other sim).
+    pub fn pd_metrics(&self) -> Option<&PdMetrics> {
+        self.pd.as_ref()
+    }
+
     /// Waits for a slot (queueing beyond `max_num_seqs`), then admits the prompt.
     pub async fn admit(self: &Arc<Self>, model: &str, prompt: &[u8]) -> Running {
+        self.admit_from(model, prompt, false).await
+    }
+
+    /// [`Engine::admit`] for a prompt a prefill peer computed: its blocks enter the cache as
+    /// usual; the tokens the cache lacked are received (counted in the external counters, not
+    /// as prefix cache queries: they are not prefilled here).
+    pub async fn admit_received(self: &Arc<Self>, model: &str, prompt: &[u8]) -> Running {
+        self.admit_from(model, prompt, true).await
+    }
+
+    async fn admit_from(self: &Arc<Self>, model: &str, prompt: &[u8], received: bool) -> Running {
         self.metrics.waiting.inc();
         let slot = self
             .slots
@@ -266,11 +311,27 @@ impl Engine {
             self.metrics.kv_usage.set(kv.usage());
             a
         };
-        self.metrics.queries.inc_by(admission.prompt_tokens as u64);
-        self.metrics.hits.inc_by(admission.cached_tokens as u64);
+        let cached = admission.cached_tokens as u64;
+        let received_tokens = match (received, &self.pd) {
+            (true, Some(pd)) => {
+                let lacked = admission
+                    .prompt_tokens
+                    .saturating_sub(admission.cached_tokens);
+                self.metrics.queries.inc_by(cached);
+                pd.external_queries.inc_by(lacked as u64);
+                pd.external_hits.inc_by(lacked as u64);
+                lacked
+            }
+            _ => {
+                self.metrics.queries.inc_by(admission.prompt_tokens as u64);
+                0
+            }
+        };
+        self.metrics.hits.inc_by(cached);
         Running {
             engine: self.clone(),
             admission,
+            received_tokens,
             _slot: slot,
         }
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use axum::serve::ListenerExt;
 use clap::Parser;
 use model_sim::engine::{Engine, EngineConfig, EngineKind};
+use model_sim::pd::{self, PdConfig, Role};
 use model_sim::server::{SimConfig, app};
 
 #[derive(Debug, Parser)]
@@ -53,6 +54,16 @@ struct Args {
     default_max_tokens: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// PD role (omitted: none). A decode sim given `x-prefiller-host-port: host:port` has that
+    /// peer prefill the prompt first; a prefill sim serves as any sim.
+    #[arg(long, value_enum)]
+    role: Option<Role>,
+    /// KV transfer time per prompt token a decode sim receives (its cache lacked), µs.
+    #[arg(long, default_value_t = pd::DEFAULT_KV_TRANSFER_PER_TOKEN.as_micros() as f64)]
+    kv_transfer_us_per_token: f64,
+    /// The longest a decode sim waits for its prefill peer (wall clock, not scaled), ms.
+    #[arg(long, default_value_t = pd::DEFAULT_PREFILL_TIMEOUT.as_millis() as u64)]
+    prefill_timeout_ms: u64,
 }
 
 fn ms(v: f64) -> Duration {
@@ -62,6 +73,7 @@ fn ms(v: f64) -> Duration {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let a = Args::parse();
+    anyhow::ensure!(a.prefill_timeout_ms > 0, "--prefill-timeout-ms must be > 0");
     anyhow::ensure!(
         a.time_scale > 0.0,
         "--time-scale must be > 0, got {}",
@@ -76,6 +88,11 @@ async fn main() -> anyhow::Result<()> {
         prefill_per_token: ms(a.prefill_ms_per_token),
         inter_token_latency: ms(a.itl_ms),
         time_scale: a.time_scale,
+        pd: PdConfig {
+            role: a.role,
+            kv_transfer_per_token: ms(a.kv_transfer_us_per_token / 1000.0),
+            prefill_timeout: Duration::from_millis(a.prefill_timeout_ms),
+        },
     }));
     let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port)).await?;
     println!(

@@ -7,6 +7,9 @@
 //! `x-served-by: <name>` and `usage.prompt_tokens_details.cached_tokens`; as in vLLM, a stream
 //! carries usage only when the request asks `stream_options: {include_usage: true}`, in a last
 //! chunk with no choices (the Responses API's `response.completed` event always has it).
+//!
+//! A decode sim (`--role decode`) given `x-prefiller-host-port` has the prompt prefilled by that
+//! peer first ([`crate::pd`]); its answer then also carries `x-prefilled-by: <peer's name>`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,14 +18,15 @@ use std::time::Instant;
 use axum::Router as Http;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{StatusCode, Uri, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::response::{AppendHeaders, IntoResponse, Response};
 use axum::routing::get;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
 use crate::engine::{Engine, Running, pause};
+use crate::pd::{self, Outcome, Role};
 use prefix_picker::request::{Api, InferenceRequest};
 
 const WORDS: [&str; 24] = [
@@ -46,13 +50,28 @@ struct Sim {
     config: Arc<SimConfig>,
     engine: Arc<Engine>,
     requests: Arc<AtomicU64>,
+    /// A decode sim's client for its prefill peers.
+    prefill_client: Option<reqwest::Client>,
 }
 
+/// The simulator's routes; the PD role is the engine's (`EngineConfig::pd`).
 pub fn app(config: SimConfig, engine: Arc<Engine>) -> Http {
+    let pd = &engine.config().pd;
+    let prefill_client = (pd.role == Some(Role::Decode)).then(|| {
+        reqwest::Client::builder()
+            .timeout(pd.prefill_timeout)
+            .connect_timeout(pd.prefill_timeout)
+            .tcp_nodelay(true)
+            // Pods talk to each other directly, whatever the environment's proxy.
+            .no_proxy()
+            .build()
+            .expect("a plain HTTP client builds")
+    });
     let sim = Sim {
         config: Arc::new(config),
         engine,
         requests: Arc::default(),
+        prefill_client,
     };
     Http::new()
         .route("/health", get(|| async { "ok" }))
@@ -120,9 +139,14 @@ async fn tokenize(body: Bytes) -> Response {
 }
 
 fn error(status: StatusCode, message: String) -> Response {
+    let kind = if status.is_server_error() {
+        "server_error"
+    } else {
+        "invalid_request_error"
+    };
     (
         status,
-        axum::Json(json!({"error": {"message": message, "type": "invalid_request_error", "code": status.as_u16()}})),
+        axum::Json(json!({"error": {"message": message, "type": kind, "code": status.as_u16()}})),
     )
         .into_response()
 }
@@ -135,7 +159,43 @@ fn max_tokens(body: &Value, default: usize) -> usize {
         .clamp(1, 1 << 20)
 }
 
-async fn infer(State(s): State<Sim>, uri: Uri, body: Bytes) -> Response {
+/// A decode sim's remote prefill, when the request names a peer: `Ok(None)` when there is none
+/// (prefill locally), `Ok(Some(_))` once the peer has prefilled, or the error answer.
+async fn prefill_remotely(
+    s: &Sim,
+    api: Api,
+    path: &str,
+    headers: &HeaderMap,
+    request: &Value,
+) -> Result<Option<pd::Prefilled>, Response> {
+    let (Some(client), Some(metrics)) = (&s.prefill_client, s.engine.pd_metrics()) else {
+        return Ok(None);
+    };
+    let Some(peer) = pd::peer(headers) else {
+        return Ok(None);
+    };
+    let result = match peer {
+        Ok(peer) => pd::remote_prefill(client, &peer, path, &pd::prefill_body(api, request)).await,
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(prefilled) => {
+            metrics.count(Outcome::Ok);
+            Ok(Some(prefilled))
+        }
+        Err(e) => {
+            metrics.count(e.outcome);
+            let status = if e.outcome == Outcome::BadHeader {
+                StatusCode::BAD_REQUEST
+            } else {
+                StatusCode::BAD_GATEWAY
+            };
+            Err(error(status, e.message))
+        }
+    }
+}
+
+async fn infer(State(s): State<Sim>, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
     let Some(api) = Api::from_path(uri.path()) else {
         return error(
             StatusCode::NOT_FOUND,
@@ -161,10 +221,21 @@ async fn infer(State(s): State<Sim>, uri: Uri, body: Bytes) -> Response {
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let prompt = request.prompt.as_deref().unwrap_or("");
+    let prefilled = match prefill_remotely(&s, api, uri.path(), &headers, &value).await {
+        Ok(p) => p,
+        Err(answer) => return answer,
+    };
     let n = s.requests.fetch_add(1, Ordering::Relaxed);
     let rng = SmallRng::seed_from_u64(s.config.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    // A decode engine's clock starts when the request reaches it, after the remote prefill.
     let started = Instant::now();
-    let running = s.engine.admit(&request.model, prompt.as_bytes()).await;
+    let running = if prefilled.is_some() {
+        s.engine
+            .admit_received(&request.model, prompt.as_bytes())
+            .await
+    } else {
+        s.engine.admit(&request.model, prompt.as_bytes()).await
+    };
     let generation = Generation {
         api,
         model: request.model.clone(),
@@ -175,7 +246,11 @@ async fn infer(State(s): State<Sim>, uri: Uri, body: Bytes) -> Response {
         include_usage,
         started,
     };
-    let served_by = [("x-served-by", s.config.name.clone())];
+    let mut served_by = vec![("x-served-by", s.config.name.clone())];
+    if let Some(peer) = prefilled.and_then(|p| p.served_by) {
+        served_by.push(("x-prefilled-by", peer));
+    }
+    let served_by = AppendHeaders(served_by);
     if request.stream {
         let body = Body::from_stream(generation.sse());
         return (
@@ -210,14 +285,15 @@ impl Generation {
 
     fn usage(&self) -> Value {
         let a = self.running.admission();
+        let cached = self.running.cached_tokens();
         json!({
             "prompt_tokens": a.prompt_tokens,
             "completion_tokens": self.n_out,
             "total_tokens": a.prompt_tokens + self.n_out,
-            "prompt_tokens_details": {"cached_tokens": a.cached_tokens},
+            "prompt_tokens_details": {"cached_tokens": cached},
             "input_tokens": a.prompt_tokens,
             "output_tokens": self.n_out,
-            "input_tokens_details": {"cached_tokens": a.cached_tokens},
+            "input_tokens_details": {"cached_tokens": cached},
         })
     }
 

@@ -9,12 +9,17 @@ use crate::engine::{Engine, EngineConfig};
 use crate::server::{SimConfig, app};
 
 async fn start(engine: EngineConfig) -> (String, Arc<Engine>) {
+    start_named("sim-0", engine).await
+}
+
+/// A sim serving model `m` on port 0, named `name`; its base URL and engine.
+pub(crate) async fn start_named(name: &str, engine: EngineConfig) -> (String, Arc<Engine>) {
     let engine = Arc::new(Engine::new(engine));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let app = app(
         SimConfig {
-            name: "sim-0".into(),
+            name: name.into(),
             model: Some("m".into()),
             default_max_tokens: 4,
             seed: 1,
@@ -330,6 +335,8 @@ fn only_parsing_and_rendering_come_from_the_router() {
         ("kv_cache.rs", include_str!("kv_cache.rs")),
         ("lib.rs", include_str!("lib.rs")),
         ("main.rs", include_str!("main.rs")),
+        ("pd.rs", include_str!("pd.rs")),
+        ("pd/tests.rs", include_str!("pd/tests.rs")),
         ("server.rs", include_str!("server.rs")),
         ("tokenizer.rs", include_str!("tokenizer.rs")),
         ("tests.rs", include_str!("tests.rs")),

@@ -31,3 +31,49 @@ async fn the_binary_prints_its_address_and_serves() {
         .unwrap();
     assert!(metrics.contains("vllm:num_requests_running"), "{metrics}");
 }
+
+/// `--role` and the PD flags as the bench and the e2e tests pass them: a decode binary has the
+/// prefill binary named in `x-prefiller-host-port` prefill, and both export their role.
+#[tokio::test]
+async fn pd_roles_from_the_command_line() {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_model-sim"));
+    let args = |role: &str| {
+        [
+            "--time-scale",
+            "1000",
+            "--role",
+            role,
+            "--kv-transfer-us-per-token",
+            "2",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let prefill = testkit::start_sim(bin, "prefill-0", &args("prefill")).unwrap();
+    let mut decode_args = args("decode");
+    decode_args.extend(["--prefill-timeout-ms".into(), "5000".into()]);
+    let decode = testkit::start_sim(bin, "decode-0", &decode_args).unwrap();
+    let client = reqwest::Client::new();
+    let r = client
+        .post(format!("http://{}/v1/completions", decode.addr))
+        .header("x-prefiller-host-port", prefill.addr.to_string())
+        .json(&serde_json::json!({"model": "m", "prompt": "hello there", "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-served-by"], "decode-0");
+    assert_eq!(r.headers()["x-prefilled-by"], "prefill-0");
+    for (sim, role) in [(&prefill, "prefill"), (&decode, "decode")] {
+        let metrics = client
+            .get(format!("http://{}/metrics", sim.addr))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let line = format!("model_sim_role{{role=\"{role}\"}} 1");
+        assert!(metrics.contains(&line), "{metrics}");
+    }
+}
