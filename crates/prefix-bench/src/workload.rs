@@ -506,6 +506,12 @@ mod new_workload_tests {
     }
 
     #[test]
+    fn a_workload_names_its_model() {
+        assert_eq!(model(&shared_prefix(2, 2, 16, 8, 4, 1, "llama")), "llama");
+        assert_eq!(model(&[]), "model");
+    }
+
+    #[test]
     fn multi_tenant_has_zipf_tenants_and_follow_ups_that_resend_history() {
         let w = multi_tenant(16, 200, 1536, 128, 64, 1.0, 1, "m");
         assert_eq!(
