@@ -11,16 +11,16 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::access_log::AccessLogSink;
 use crate::admin::{self, Admin};
-use crate::completion::{RouteOutcome, TentativeOutcome};
 use crate::config::Config;
 use crate::discovery::{DiscoveryMetrics, KubernetesDiscovery, kubernetes};
 use crate::endpoints::{EndpointSpec, PodId, Update};
-use crate::extproc::ExtProc;
+use crate::envoy::ExtProc;
+use crate::envoy::access_log::AccessLogSink;
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
 use crate::pod_metrics::{self, ScrapeConfig};
 use crate::routing::Router;
+use crate::routing::completion::{RouteOutcome, TentativeOutcome};
 
 /// Health service names served on the gRPC port and the health port (besides the ext_proc
 /// service's own name); `inference-extension` is what GIE's chart probes.

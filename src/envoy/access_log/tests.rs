@@ -8,9 +8,9 @@ use envoy_types::pb::envoy::data::accesslog::v3::{
 use envoy_types::pb::google::protobuf::{UInt32Value, Value, value::Kind};
 
 use super::*;
-use crate::extproc::tests::{PORTS, addr, entries, router, total_entries};
-use crate::extproc::{LB_NAMESPACE, ROUTE_KEY, SERVED_KEY};
-use crate::pending::PendingRoute;
+use crate::envoy::stream::tests::{PORTS, addr, entries, router, total_entries};
+use crate::envoy::{LB_NAMESPACE, ROUTE_KEY, SERVED_KEY};
+use crate::routing::pending::PendingRoute;
 use tokio_util::sync::CancellationToken;
 
 fn sink(router: &Arc<Router>) -> AccessLogSink {
@@ -124,7 +124,7 @@ fn count(router: &Router, family: &str, label: &str) -> u64 {
 
 /// In-flight requests over all pods.
 fn inflight(router: &Router) -> i64 {
-    crate::extproc::tests::inflight(router).iter().sum()
+    crate::envoy::stream::tests::inflight(router).iter().sum()
 }
 
 #[test]

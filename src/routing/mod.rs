@@ -5,6 +5,9 @@
 //! routed by load only. Candidate pods can be narrowed by a subset hint or, when enabled, by the
 //! conformance header. Failures map to HTTP statuses with OpenAI-style JSON error bodies.
 
+pub mod completion;
+pub mod pending;
+
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -15,11 +18,11 @@ use crate::config::{PickerConfig, SchedulerConfig};
 use crate::endpoints::{Endpoint, Endpoints};
 use crate::hashing::BlockHash;
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
-use crate::pending::PendingRoutes;
 use crate::request::{Api, InferenceRequest};
 use crate::scheduler::{
     Decision, Observation, PickError, RouteRequest, Scheduler, TentativeHold, Unscored,
 };
+use pending::PendingRoutes;
 
 /// A request the picker answers itself.
 #[derive(Debug, Clone, PartialEq, Eq)]

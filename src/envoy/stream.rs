@@ -29,10 +29,10 @@
 //! stream will not see the response (response body mode `NONE` or unknown), the routed state
 //! waits in [`PendingRoutes`] under a route key (the request id, made unique if a client reused
 //! it; also sent as [`ROUTE_KEY`] in `envoy.lb` metadata) for Envoy's access log
-//! ([`crate::access_log`]) or an observer stream (a second ext_proc filter) to claim it;
-//! [`crate::completion`] decides what is recorded.
+//! ([`crate::envoy::access_log`]) or an observer stream (a second ext_proc filter) to claim it;
+//! [`crate::routing::completion`] decides what is recorded.
 //!
-//! [`PendingRoutes`]: crate::pending::PendingRoutes
+//! [`PendingRoutes`]: crate::routing::pending::PendingRoutes
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -57,9 +57,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::cached_tokens::CachedTokensScan;
-use crate::completion::{Ending, Served, finish_route};
 use crate::endpoints::Endpoint;
-use crate::pending::PendingRoute;
+use crate::routing::completion::{Ending, Served, finish_route};
+use crate::routing::pending::PendingRoute;
 use crate::routing::{RouteFailure, Routed, Router, parse_endpoint, parse_endpoint_list};
 
 pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
@@ -68,7 +68,7 @@ pub const SERVED_KEY: &str = "x-gateway-destination-endpoint-served";
 /// id): an observer filter that skips request headers, or an access-log entry without a
 /// request id, finds its request by it.
 ///
-/// [`PendingRoutes`]: crate::pending::PendingRoutes
+/// [`PendingRoutes`]: crate::routing::pending::PendingRoutes
 pub const ROUTE_KEY: &str = "x-prefix-picker-route";
 pub const LB_NAMESPACE: &str = "envoy.lb";
 pub const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
@@ -222,7 +222,7 @@ struct StreamState {
     /// The key this stream's route waits under in [`PendingRoutes`] when another source will
     /// see the response.
     ///
-    /// [`PendingRoutes`]: crate::pending::PendingRoutes
+    /// [`PendingRoutes`]: crate::routing::pending::PendingRoutes
     route_key: Option<String>,
     status: Option<u32>,
     served: Served,
@@ -493,7 +493,7 @@ impl StreamState {
     /// see the response) in [`PendingRoutes`], returning the route key it waits under (the
     /// request id, unless a route with that id already waits).
     ///
-    /// [`PendingRoutes`]: crate::pending::PendingRoutes
+    /// [`PendingRoutes`]: crate::routing::pending::PendingRoutes
     fn keep_route(&mut self, routed: Routed) -> Option<String> {
         let route = PendingRoute::new(routed, &self.router.metrics);
         match (self.response_mode, &self.request_id) {

@@ -2,7 +2,7 @@
 //! on a 2xx completion only.
 //!
 //! Two sources report endings: an ext_proc stream that sees the response (its own routing
-//! stream, or an observer filter's stream), and Envoy's gRPC access log ([`crate::access_log`]).
+//! stream, or an observer filter's stream), and Envoy's gRPC access log ([`crate::envoy::access_log`]).
 //! Both hand over the [`PendingRoute`], the response status and [`Served`]; the outcome is
 //! counted in `prefix_picker_records_total{outcome}`:
 //! - `aborted`: the response did not complete (client gone, upstream reset, timeout);
@@ -16,10 +16,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::endpoints::Endpoint;
-use crate::pending::PendingRoute;
 use crate::prefix_index::ModelKey;
 use crate::routing::RecordOrigin;
 use crate::routing::Router;
+use crate::routing::pending::PendingRoute;
 
 /// Who served the response, as far as Envoy told.
 #[derive(Debug, Clone)]

@@ -25,9 +25,9 @@
 //! expired) are counted and dropped: `prefix_picker_access_log_entries_total{result}` is
 //! `claimed`, `unclaimed` or `intermediate` (not a final entry).
 //!
-//! [`PendingRoutes`]: crate::pending::PendingRoutes
-//! [`ROUTE_KEY`]: crate::extproc::ROUTE_KEY
-//! [`completion`]: crate::completion
+//! [`PendingRoutes`]: crate::routing::pending::PendingRoutes
+//! [`ROUTE_KEY`]: crate::envoy::ROUTE_KEY
+//! [`completion`]: crate::routing::completion
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -49,9 +49,9 @@ use envoy_types::pb::google::protobuf::Struct;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::completion::{Ending, Served, finish_route};
-use crate::extproc::{route_key_from_metadata, served_from_metadata};
+use crate::envoy::{route_key_from_metadata, served_from_metadata};
 use crate::routing::Router;
+use crate::routing::completion::{Ending, Served, finish_route};
 
 /// How often a draining access-log stream checks whether routes are still waiting.
 const DRAIN_POLL: Duration = Duration::from_millis(50);

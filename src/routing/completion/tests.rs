@@ -11,7 +11,7 @@ use super::*;
 use crate::config::Config;
 use crate::endpoints::{EndpointSpec, EngineStats, PodId, Update};
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
-use crate::pending::PendingRoutes;
+use crate::routing::pending::PendingRoutes;
 
 const PODS: usize = 4;
 

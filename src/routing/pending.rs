@@ -141,7 +141,7 @@ impl PendingRoutes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::extproc::tests::{PORTS, addr, endpoint, router};
+    use crate::envoy::stream::tests::{PORTS, addr, endpoint, router};
 
     #[test]
     fn a_reused_request_id_gets_its_own_key_and_replaces_nothing() {
