@@ -125,7 +125,7 @@ async fn explain(State(a): State<Admin>, Query(q): Query<ExplainQuery>, body: By
                 "pods": pods,
                 "primary": d.primary().label,
                 "fallbacks": d.ranked[1..].iter().map(|e| e.label.clone()).collect::<Vec<_>>(),
-                "destination": crate::envoy::destination(&d.ranked),
+                "destination": crate::envoy::wire::destination(&d.ranked),
                 "reason": d.reason.as_str(),
             }))
             .into_response()

@@ -26,7 +26,7 @@
 //! `claimed`, `unclaimed` or `intermediate` (not a final entry).
 //!
 //! [`PendingRoutes`]: crate::routing::pending::PendingRoutes
-//! [`ROUTE_KEY`]: crate::envoy::ROUTE_KEY
+//! [`ROUTE_KEY`]: crate::envoy::wire::ROUTE_KEY
 //! [`completion`]: crate::routing::completion
 
 use std::collections::HashMap;
@@ -49,7 +49,7 @@ use envoy_types::pb::google::protobuf::Struct;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::envoy::{route_key_from_metadata, served_from_metadata};
+use super::wire::{route_key_from_metadata, served_from_metadata};
 use crate::routing::Router;
 use crate::routing::completion::{Ending, Served, finish_route};
 

@@ -36,152 +36,28 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendAction;
-use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption, Metadata};
 use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
-use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
-use ep::external_processor_server::{ExternalProcessor, ExternalProcessorServer};
+use envoy_types::pb::google::protobuf::{Struct, value::Kind};
 use ep::processing_request::Request as In;
 use ep::processing_response::Response as Out;
 use ep::{
-    BodyMutation, BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, HttpBody,
-    HttpHeaders, ImmediateResponse, ProcessingRequest, ProcessingResponse, StreamedBodyResponse,
-    TrailersResponse, body_mutation,
+    BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, HttpBody, HttpHeaders,
+    ImmediateResponse, ProcessingRequest, ProcessingResponse, TrailersResponse,
 };
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status, Streaming};
 
+use super::ext_proc::StreamHandler;
+use super::wire::{
+    BodyEnd, BodyMode, CONFORMANCE_SERVED_HEADER, DESTINATION_HEADER, SUBSET_KEY, SUBSET_NAMESPACE,
+    TEST_SELECTION_HEADER, body_chunks, destination, header_value, lb_metadata, merge_metadata,
+    reply, route_key_from_metadata, served_from_metadata, set_header, streamed_body,
+};
 use crate::cached_tokens::CachedTokensScan;
-use crate::endpoints::Endpoint;
 use crate::routing::completion::{Ending, Served, finish_route};
 use crate::routing::pending::PendingRoute;
 use crate::routing::{RouteFailure, Routed, Router, parse_endpoint, parse_endpoint_list};
-
-pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
-pub const SERVED_KEY: &str = "x-gateway-destination-endpoint-served";
-/// `envoy.lb` metadata key naming a routed request waiting in [`PendingRoutes`] (its request
-/// id): an observer filter that skips request headers, or an access-log entry without a
-/// request id, finds its request by it.
-///
-/// [`PendingRoutes`]: crate::routing::pending::PendingRoutes
-pub const ROUTE_KEY: &str = "x-prefix-picker-route";
-pub const LB_NAMESPACE: &str = "envoy.lb";
-pub const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
-pub const SUBSET_KEY: &str = "x-gateway-destination-endpoint-subset";
-pub const TEST_SELECTION_HEADER: &str = "test-epp-endpoint-selection";
-pub const CONFORMANCE_SERVED_HEADER: &str = "x-conformance-test-served-endpoint";
-/// Largest body chunk sent back in FULL_DUPLEX_STREAMED mode (as the GIE reference picker).
-pub const BODY_CHUNK: usize = 62_000;
-
-/// Envoy's `ProcessingMode.BodySendMode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum BodyMode {
-    None,
-    Streamed,
-    Buffered,
-    BufferedPartial,
-    FullDuplex,
-}
-
-impl BodyMode {
-    fn from_i32(v: i32) -> BodyMode {
-        match v {
-            1 => BodyMode::Streamed,
-            2 => BodyMode::Buffered,
-            3 => BodyMode::BufferedPartial,
-            4 => BodyMode::FullDuplex,
-            _ => BodyMode::None,
-        }
-    }
-}
-
-/// How the request body ended: with `end_of_stream` on its last message, or with request
-/// trailers after it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum BodyEnd {
-    EndOfStream,
-    Trailers,
-}
-
-/// The ext_proc gRPC service.
-#[derive(Debug, Clone)]
-pub struct ExtProc {
-    router: Arc<Router>,
-}
-
-impl ExtProc {
-    pub fn new(router: Arc<Router>) -> ExtProc {
-        ExtProc { router }
-    }
-
-    pub fn into_server(self) -> ExternalProcessorServer<ExtProc> {
-        ext_proc_server(self)
-    }
-}
-
-/// An ext_proc service with the message limits Envoy's bodies need (64 MiB each way).
-pub fn ext_proc_server<T: ExternalProcessor>(service: T) -> ExternalProcessorServer<T> {
-    ExternalProcessorServer::new(service)
-        .max_decoding_message_size(64 << 20)
-        .max_encoding_message_size(64 << 20)
-}
-
-pub type ReplyStream =
-    Pin<Box<dyn tokio_stream::Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
-
-/// What one ext_proc stream does with its messages (see [`drive_stream`]).
-pub trait StreamHandler: Send + 'static {
-    /// The replies to one message, in order.
-    fn replies(&mut self, message: ProcessingRequest) -> Vec<ProcessingResponse>;
-    /// Nothing more to learn: end our side of the stream now. Envoy keeps an
-    /// observability-mode stream open for `deferred_close_timeout` (5 s) after the request
-    /// unless the server closes it, and every open stream counts against the processor
-    /// cluster's `max_requests` circuit breaker.
-    fn done(&self) -> bool;
-    /// The stream ended (normally or not).
-    fn finish(&mut self) {}
-}
-
-/// Serves one stream on its own task: each message's replies are sent in order until the
-/// handler is done, Envoy ends the stream, or nobody reads the replies any more.
-pub fn drive_stream<H: StreamHandler>(
-    mut inbound: Streaming<ProcessingRequest>,
-    mut handler: H,
-) -> ReplyStream {
-    let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(async move {
-        'stream: while let Ok(Some(message)) = inbound.message().await {
-            for reply in handler.replies(message) {
-                if tx.send(Ok(reply)).await.is_err() {
-                    break 'stream;
-                }
-            }
-            if handler.done() {
-                break;
-            }
-        }
-        handler.finish();
-    });
-    Box::pin(ReceiverStream::new(rx))
-}
-
-#[tonic::async_trait]
-impl ExternalProcessor for ExtProc {
-    type ProcessStream = ReplyStream;
-
-    async fn process(
-        &self,
-        request: Request<Streaming<ProcessingRequest>>,
-    ) -> Result<Response<Self::ProcessStream>, Status> {
-        let stream = StreamState::new(self.router.clone());
-        Ok(Response::new(drive_stream(request.into_inner(), stream)))
-    }
-}
 
 impl StreamHandler for StreamState {
     fn replies(&mut self, message: ProcessingRequest) -> Vec<ProcessingResponse> {
@@ -198,7 +74,7 @@ impl StreamHandler for StreamState {
 }
 
 /// Per-stream state.
-struct StreamState {
+pub(super) struct StreamState {
     router: Arc<Router>,
     _open: OpenStream,
     observer: bool,
@@ -249,7 +125,7 @@ impl Drop for OpenStream {
 }
 
 impl StreamState {
-    fn new(router: Arc<Router>) -> StreamState {
+    pub(super) fn new(router: Arc<Router>) -> StreamState {
         let usage = router
             .scheduler
             .affinity()
@@ -694,124 +570,6 @@ fn narrower(a: &SocketAddr, b: &SocketAddr) -> Option<SocketAddr> {
     }
 }
 
-/// A body reply that sends `body` on (FULL_DUPLEX_STREAMED mode: Envoy forwards what the
-/// processor sends back).
-pub fn streamed_body(body: Vec<u8>, end_of_stream: bool) -> BodyResponse {
-    BodyResponse {
-        response: Some(CommonResponse {
-            body_mutation: Some(BodyMutation {
-                mutation: Some(body_mutation::Mutation::StreamedResponse(
-                    StreamedBodyResponse {
-                        body,
-                        end_of_stream,
-                        ..StreamedBodyResponse::default()
-                    },
-                )),
-            }),
-            ..CommonResponse::default()
-        }),
-    }
-}
-
-/// A reply carrying `response` and nothing else.
-pub fn reply(response: Out) -> ProcessingResponse {
-    ProcessingResponse {
-        response: Some(response),
-        ..ProcessingResponse::default()
-    }
-}
-
-fn header_value(h: &HeaderValue) -> std::borrow::Cow<'_, str> {
-    if h.raw_value.is_empty() {
-        std::borrow::Cow::Borrowed(h.value.as_str())
-    } else {
-        String::from_utf8_lossy(&h.raw_value)
-    }
-}
-
-fn set_header(key: &str, value: &str) -> HeaderValueOption {
-    HeaderValueOption {
-        header: Some(HeaderValue {
-            key: key.to_string(),
-            value: String::new(),
-            raw_value: value.as_bytes().to_vec(),
-        }),
-        append_action: HeaderAppendAction::OverwriteIfExistsOrAdd as i32,
-        ..HeaderValueOption::default()
-    }
-}
-
-fn string_value(s: &str) -> Value {
-    Value {
-        kind: Some(Kind::StringValue(s.to_string())),
-    }
-}
-
-/// `{"envoy.lb": {"x-gateway-destination-endpoint": destination}}`, plus the [`ROUTE_KEY`] of
-/// a route left for an observer stream.
-/// `ip:port[,ip:port...]`, primary first: the pick as Envoy reads it (header and metadata).
-pub fn destination(ranked: &[Arc<Endpoint>]) -> String {
-    ranked
-        .iter()
-        .map(|e| e.host.as_str())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-fn lb_metadata(destination: &str, route_key: Option<&str>) -> Struct {
-    let mut fields = HashMap::from([(DESTINATION_HEADER.to_string(), string_value(destination))]);
-    if let Some(id) = route_key {
-        fields.insert(ROUTE_KEY.to_string(), string_value(id));
-    }
-    let inner = Struct { fields };
-    Struct {
-        fields: HashMap::from([(
-            LB_NAMESPACE.to_string(),
-            Value {
-                kind: Some(Kind::StructValue(inner)),
-            },
-        )]),
-    }
-}
-
-/// A FULL_DUPLEX_STREAMED request body sent back as `streamed_response` chunks. Only a body that
-/// ended the stream is sent with `end_of_stream` on its last chunk (an empty one if need be);
-/// when trailers follow, Envoy ends the stream with them (a body ending with `end_of_stream`
-/// before the trailers left Envoy waiting for the request until `stream_idle_timeout`).
-fn body_chunks(body: &[u8], end: BodyEnd) -> Vec<ProcessingResponse> {
-    let mut chunks: Vec<&[u8]> = body.chunks(BODY_CHUNK).collect();
-    if chunks.is_empty() && end == BodyEnd::EndOfStream {
-        chunks.push(&[]);
-    }
-    let last = chunks.len().saturating_sub(1);
-    chunks
-        .into_iter()
-        .enumerate()
-        .map(|(i, chunk)| {
-            let ends_stream = i == last && end == BodyEnd::EndOfStream;
-            reply(Out::RequestBody(streamed_body(chunk.to_vec(), ends_stream)))
-        })
-        .collect()
-}
-
-/// The string at `key` in the `envoy.lb` namespace of `metadata`.
-fn lb_string<'a>(metadata: &'a HashMap<String, Struct>, key: &str) -> Option<&'a str> {
-    match metadata.get(LB_NAMESPACE)?.fields.get(key)?.kind.as_ref()? {
-        Kind::StringValue(s) => Some(s.as_str()),
-        _ => None,
-    }
-}
-
-/// The `-served` key Envoy's `override_host` policy writes in `envoy.lb` metadata.
-pub fn served_from_metadata(metadata: &HashMap<String, Struct>) -> Option<SocketAddr> {
-    lb_string(metadata, SERVED_KEY).and_then(parse_endpoint)
-}
-
-/// The [`ROUTE_KEY`] in `envoy.lb` metadata.
-pub fn route_key_from_metadata(metadata: &HashMap<String, Struct>) -> Option<&str> {
-    lb_string(metadata, ROUTE_KEY)
-}
-
 /// A routing stream whose first message is the request body: the filter skips request headers,
 /// so Envoy has already sent the request on (to a host of its own choosing) and will ignore the
 /// pick. Such requests are routed by load and counted as unscored (`no_request_path`); this
@@ -824,16 +582,6 @@ fn warn_request_headers_skipped() {
              (request_header_mode: SKIP), so Envoy forwards each request before the pick and \
              ignores it; set processing_mode.request_header_mode: SEND"
         );
-    }
-}
-
-/// Merges a message's metadata into the stream's (fields of later messages win).
-fn merge_metadata(into: &mut HashMap<String, Struct>, md: Metadata) {
-    for (namespace, fields) in md.filter_metadata {
-        into.entry(namespace)
-            .or_default()
-            .fields
-            .extend(fields.fields);
     }
 }
 

@@ -9,7 +9,7 @@ use envoy_types::pb::google::protobuf::{UInt32Value, Value, value::Kind};
 
 use super::*;
 use crate::envoy::stream::tests::{PORTS, addr, entries, router, total_entries};
-use crate::envoy::{LB_NAMESPACE, ROUTE_KEY, SERVED_KEY};
+use crate::envoy::wire::{LB_NAMESPACE, ROUTE_KEY, SERVED_KEY};
 use crate::routing::pending::PendingRoute;
 use tokio_util::sync::CancellationToken;
 

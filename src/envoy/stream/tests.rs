@@ -5,12 +5,17 @@ use std::collections::HashSet;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderMap;
 use envoy_types::pb::google::protobuf::ListValue;
-use ep::{HttpTrailers, ProtocolConfiguration};
+use ep::{HttpTrailers, ProtocolConfiguration, body_mutation};
 use serde_json::json;
+
+use envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendAction;
+use envoy_types::pb::envoy::config::core::v3::{HeaderValue, Metadata};
+use envoy_types::pb::google::protobuf::Value;
 
 use super::*;
 use crate::config::{PickerConfig, SchedulerConfig};
 use crate::endpoints::{Endpoint, EndpointSpec, PodId, Update};
+use crate::envoy::wire::*;
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
 
 // Envoy's BodySendMode values.
