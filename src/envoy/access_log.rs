@@ -25,7 +25,7 @@
 //! expired) are counted and dropped: `prefix_picker_access_log_entries_total{result}` is
 //! `claimed`, `unclaimed` or `intermediate` (not a final entry).
 //!
-//! [`PendingRoutes`]: crate::routing::pending::PendingRoutes
+//! [`PendingRoutes`]: crate::routing::PendingRoutes
 //! [`ROUTE_KEY`]: crate::envoy::wire::ROUTE_KEY
 //! [`completion`]: crate::routing::completion
 
@@ -51,7 +51,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::wire::{route_key_from_metadata, served_from_metadata};
 use crate::routing::Router;
-use crate::routing::completion::{Ending, Served, finish_route};
+use crate::routing::{Ending, Served};
 
 /// How often a draining access-log stream checks whether routes are still waiting.
 const DRAIN_POLL: Duration = Duration::from_millis(50);
@@ -150,7 +150,7 @@ fn claim(router: &Router, entry: HttpAccessLogEntry) -> Claim {
             cached_tokens: None,
         }
     };
-    finish_route(router, route, ending);
+    router.complete(route, ending);
     Claim::Claimed
 }
 

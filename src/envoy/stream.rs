@@ -32,10 +32,9 @@
 //! ([`crate::envoy::access_log`]) or an observer stream (a second ext_proc filter) to claim it;
 //! [`crate::routing::completion`] decides what is recorded.
 //!
-//! [`PendingRoutes`]: crate::routing::pending::PendingRoutes
+//! [`PendingRoutes`]: crate::routing::PendingRoutes
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
@@ -50,14 +49,13 @@ use ep::{
 
 use super::ext_proc::StreamHandler;
 use super::wire::{
-    BodyEnd, BodyMode, CONFORMANCE_SERVED_HEADER, DESTINATION_HEADER, SUBSET_KEY, SUBSET_NAMESPACE,
-    TEST_SELECTION_HEADER, body_chunks, destination, header_value, lb_metadata, merge_metadata,
-    reply, route_key_from_metadata, served_from_metadata, set_header, streamed_body,
+    BodyEnd, BodyMode, CONFORMANCE_SERVED_HEADER, DESTINATION_HEADER, TEST_SELECTION_HEADER,
+    body_chunks, destination, header_value, lb_metadata, merge_metadata, read_subset_hint, reply,
+    route_key_from_metadata, served_from_metadata, set_header, streamed_body,
 };
 use crate::cached_tokens::CachedTokensScan;
-use crate::routing::completion::{Ending, Served, finish_route};
-use crate::routing::pending::PendingRoute;
-use crate::routing::{RouteFailure, Routed, Router, parse_endpoint, parse_endpoint_list};
+use crate::endpoints::AddressPattern;
+use crate::routing::{Ending, RouteFailure, Router, Served, Ticket};
 
 impl StreamHandler for StreamState {
     fn replies(&mut self, message: ProcessingRequest) -> Vec<ProcessingResponse> {
@@ -83,7 +81,7 @@ pub(super) struct StreamState {
     path: String,
     request_id: Option<String>,
     set_request_id: bool,
-    test_selection: Option<Vec<SocketAddr>>,
+    test_selection: Option<Vec<AddressPattern>>,
     metadata: HashMap<String, Struct>,
     body: Vec<u8>,
     holding_headers: bool,
@@ -94,11 +92,11 @@ pub(super) struct StreamState {
     /// reply of their kind and never a second pick.
     routed: bool,
     /// Routed state when this stream observes the completion itself.
-    route: Option<PendingRoute>,
+    route: Option<Ticket>,
     /// The key this stream's route waits under in [`PendingRoutes`] when another source will
     /// see the response.
     ///
-    /// [`PendingRoutes`]: crate::routing::pending::PendingRoutes
+    /// [`PendingRoutes`]: crate::routing::PendingRoutes
     route_key: Option<String>,
     status: Option<u32>,
     served: Served,
@@ -188,7 +186,7 @@ impl StreamState {
                 ":path" => self.path = value.into_owned(),
                 "x-request-id" if !value.is_empty() => self.request_id = Some(value.into_owned()),
                 TEST_SELECTION_HEADER if self.router.config.allow_test_endpoint_selection => {
-                    self.test_selection = Some(parse_endpoint_list(&value));
+                    self.test_selection = Some(AddressPattern::parse_list(&value));
                 }
                 _ => {}
             }
@@ -308,9 +306,7 @@ impl StreamState {
             Ok(r) => r,
             Err(f) => return vec![self.immediate(&f)],
         };
-        let routed = self
-            .router
-            .route(&self.path, body, restrict.as_deref(), true);
+        let routed = self.router.route(&self.path, body, restrict.as_deref());
         let routed = match routed {
             Ok(r) => r,
             Err(f) => return vec![self.immediate(&f)],
@@ -318,13 +314,13 @@ impl StreamState {
         let destination = destination(&routed.decision.ranked);
         tracing::debug!(
             request_id = self.request_id.as_deref().unwrap_or(""),
-            model = %routed.model,
+            model = %routed.ticket.model,
             destination = %destination,
             reason = routed.decision.reason.as_str(),
             "picked"
         );
         self.routed = true;
-        self.route_key = self.keep_route(routed);
+        self.route_key = self.keep_route(routed.ticket);
         let mut set_headers = vec![set_header(DESTINATION_HEADER, &destination)];
         if self.set_request_id {
             set_headers.push(set_header(
@@ -365,13 +361,12 @@ impl StreamState {
         }]
     }
 
-    /// Keeps the routed state for completion: on this stream, or (when this stream will not
-    /// see the response) in [`PendingRoutes`], returning the route key it waits under (the
-    /// request id, unless a route with that id already waits).
+    /// Keeps the ticket for completion: on this stream, or (when this stream will not see the
+    /// response) in [`PendingRoutes`], returning the route key it waits under (the request id,
+    /// unless a route with that id already waits).
     ///
-    /// [`PendingRoutes`]: crate::routing::pending::PendingRoutes
-    fn keep_route(&mut self, routed: Routed) -> Option<String> {
-        let route = PendingRoute::new(routed, &self.router.metrics);
+    /// [`PendingRoutes`]: crate::routing::PendingRoutes
+    fn keep_route(&mut self, route: Ticket) -> Option<String> {
         match (self.response_mode, &self.request_id) {
             (Some(BodyMode::None) | None, Some(id)) => Some(self.router.pending.insert(id, route)),
             _ => {
@@ -392,44 +387,20 @@ impl StreamState {
     }
 
     /// Candidate restriction from the subset hint and (when enabled) the conformance header.
-    fn restriction(&self) -> Result<Option<Vec<SocketAddr>>, RouteFailure> {
-        let mut restrict: Option<Vec<SocketAddr>> = None;
-        if let Some(value) = self
-            .metadata
-            .get(SUBSET_NAMESPACE)
-            .and_then(|s| s.fields.get(SUBSET_KEY))
-        {
-            let list = match &value.kind {
-                Some(Kind::ListValue(l)) => l
-                    .values
-                    .iter()
-                    .filter_map(|v| match &v.kind {
-                        Some(Kind::StringValue(s)) => parse_endpoint(s),
-                        _ => None,
-                    })
-                    .collect(),
-                Some(Kind::StringValue(s)) => parse_endpoint_list(s),
-                _ => vec![],
-            };
-            if list.is_empty() {
-                return Err(RouteFailure::new(
-                    503,
-                    "service_unavailable",
-                    "the subset hint lists no endpoint",
-                ));
-            }
-            restrict = Some(list);
+    fn restriction(&self) -> Result<Option<Vec<AddressPattern>>, RouteFailure> {
+        let hint = read_subset_hint(&self.metadata);
+        if hint.as_ref().is_some_and(Vec::is_empty) {
+            return Err(RouteFailure::new(
+                503,
+                "service_unavailable",
+                "the subset hint lists no endpoint",
+            ));
         }
-        if let Some(selection) = &self.test_selection {
-            restrict = Some(match restrict {
-                None => selection.clone(),
-                Some(r) => r
-                    .into_iter()
-                    .filter_map(|a| selection.iter().find_map(|s| narrower(&a, s)))
-                    .collect(),
-            });
-        }
-        Ok(restrict)
+        Ok(match (hint, &self.test_selection) {
+            (hint, None) => hint,
+            (None, Some(selection)) => Some(selection.clone()),
+            (Some(hint), Some(selection)) => Some(AddressPattern::narrow(hint, selection)),
+        })
     }
 
     fn on_response_headers(
@@ -485,7 +456,7 @@ impl StreamState {
             .values()
             .filter_map(|s| s.fields.get("upstream.address"))
             .find_map(|v| match &v.kind {
-                Some(Kind::StringValue(s)) => parse_endpoint(s),
+                Some(Kind::StringValue(s)) => AddressPattern::parse(s).map(|p| p.addr()),
                 _ => None,
             });
         let address = from_attribute.or_else(|| served_from_metadata(&self.metadata));
@@ -508,7 +479,7 @@ impl StreamState {
                 served: std::mem::replace(&mut self.served, Served::NotReported),
                 cached_tokens: self.usage.as_ref().and_then(CachedTokensScan::value),
             };
-            finish_route(&self.router, route, ending);
+            self.router.complete(route, ending);
         }
     }
 
@@ -518,14 +489,14 @@ impl StreamState {
             return;
         }
         if let Some(route) = self.route.take() {
-            finish_route(&self.router, route, Ending::Aborted);
+            self.router.complete(route, Ending::Aborted);
         }
         if self.observer
             && let Some(route) = self
                 .pending_key()
                 .and_then(|id| self.router.pending.take(id))
         {
-            finish_route(&self.router, route, Ending::Aborted);
+            self.router.complete(route, Ending::Aborted);
         }
     }
 
@@ -554,19 +525,6 @@ impl StreamState {
             details: format!("prefix_picker_{}", failure.status),
             grpc_status: None,
         }))
-    }
-}
-
-/// The intersection of two endpoint patterns (port 0 = any port of that IP), if any.
-fn narrower(a: &SocketAddr, b: &SocketAddr) -> Option<SocketAddr> {
-    if a.ip() != b.ip() {
-        return None;
-    }
-    match (a.port(), b.port()) {
-        (0, _) => Some(*b),
-        (_, 0) => Some(*a),
-        (x, y) if x == y => Some(*a),
-        _ => None,
     }
 }
 

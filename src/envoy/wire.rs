@@ -16,8 +16,8 @@ use ep::{
     body_mutation,
 };
 
+use crate::endpoints::AddressPattern;
 use crate::endpoints::Endpoint;
-use crate::routing::parse_endpoint;
 
 pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
 pub const SERVED_KEY: &str = "x-gateway-destination-endpoint-served";
@@ -25,7 +25,7 @@ pub const SERVED_KEY: &str = "x-gateway-destination-endpoint-served";
 /// id): an observer filter that skips request headers, or an access-log entry without a
 /// request id, finds its request by it.
 ///
-/// [`PendingRoutes`]: crate::routing::pending::PendingRoutes
+/// [`PendingRoutes`]: crate::routing::PendingRoutes
 pub const ROUTE_KEY: &str = "x-prefix-picker-route";
 pub const LB_NAMESPACE: &str = "envoy.lb";
 pub const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
@@ -175,12 +175,32 @@ pub(crate) fn lb_string<'a>(metadata: &'a HashMap<String, Struct>, key: &str) ->
 
 /// The `-served` key Envoy's `override_host` policy writes in `envoy.lb` metadata.
 pub fn served_from_metadata(metadata: &HashMap<String, Struct>) -> Option<SocketAddr> {
-    lb_string(metadata, SERVED_KEY).and_then(parse_endpoint)
+    lb_string(metadata, SERVED_KEY)
+        .and_then(AddressPattern::parse)
+        .map(|p| p.addr())
 }
 
 /// The [`ROUTE_KEY`] in `envoy.lb` metadata.
 pub fn route_key_from_metadata(metadata: &HashMap<String, Struct>) -> Option<&str> {
     lb_string(metadata, ROUTE_KEY)
+}
+
+/// The subset hint (`envoy.lb.subset_hint`: a list, or a comma-separated string) when the
+/// metadata carries one; entries that do not parse are skipped (the list may end up empty).
+pub(crate) fn read_subset_hint(metadata: &HashMap<String, Struct>) -> Option<Vec<AddressPattern>> {
+    let value = metadata.get(SUBSET_NAMESPACE)?.fields.get(SUBSET_KEY)?;
+    Some(match &value.kind {
+        Some(Kind::ListValue(l)) => l
+            .values
+            .iter()
+            .filter_map(|v| match &v.kind {
+                Some(Kind::StringValue(s)) => AddressPattern::parse(s),
+                _ => None,
+            })
+            .collect(),
+        Some(Kind::StringValue(s)) => AddressPattern::parse_list(s),
+        _ => vec![],
+    })
 }
 
 /// Merges a message's metadata into the stream's (fields of later messages win).

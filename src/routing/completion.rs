@@ -1,10 +1,11 @@
-//! What happens when a routed request ends: the prompt is recorded for the pod that served it,
-//! on a 2xx completion only.
+//! What happens when a routed request ends ([`Router::complete`]): the prompt is recorded for
+//! the pod that served it, on a 2xx completion only.
 //!
 //! Two sources report endings: an ext_proc stream that sees the response (its own routing
-//! stream, or an observer filter's stream), and Envoy's gRPC access log ([`crate::envoy::access_log`]).
-//! Both hand over the [`PendingRoute`], the response status and [`Served`]; the outcome is
-//! counted in `prefix_picker_records_total{outcome}`:
+//! stream, or an observer filter's stream), and Envoy's gRPC access log
+//! ([`crate::envoy::access_log`]). Both hand over the [`Ticket`] and the [`Ending`] (the
+//! response status and [`Served`]); the outcome is counted in
+//! `prefix_picker_records_total{outcome}`:
 //! - `aborted`: the response did not complete (client gone, upstream reset, timeout);
 //! - `failed`: completed with a non-2xx status (or none);
 //! - `unscored`: 2xx, but the request had no prompt blocks to record;
@@ -15,11 +16,51 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crate::endpoints::Endpoint;
+use crate::endpoints::{Endpoint, InflightGuard};
+use crate::hashing::BlockHash;
+use crate::metrics::RouterMetrics;
 use crate::prefix_index::ModelKey;
-use crate::routing::RecordOrigin;
-use crate::routing::Router;
-use crate::routing::pending::PendingRoute;
+use crate::routing::{RecordOrigin, Router};
+use crate::scheduler::{Decision, TentativeHold};
+
+/// A routed request until it ends: what completion needs to record it. Holds the primary pod's
+/// in-flight count (and, in the affinity mode, the tentative hold) until completed, or dropped
+/// (aborted, expired).
+#[derive(Debug)]
+pub struct Ticket {
+    pub model: String,
+    pub hashes: Vec<BlockHash>,
+    /// Keeps the primary pod's in-flight count until completion or abort.
+    pub guard: InflightGuard,
+    /// The affinity mode's decision-time record, held until completion, rollback or expiry.
+    pub tentative: Option<TentativeHold>,
+    /// Affinity mode: blocks the primary pick held at the decision ([`Decision`]), checked
+    /// against its engine's `cached_tokens` report.
+    pub predicted_blocks: usize,
+}
+
+impl Ticket {
+    /// The ticket of `decision` (its hashes move into the ticket).
+    pub(super) fn new(
+        model: &str,
+        decision: &mut Decision<Arc<Endpoint>>,
+        tentative: Option<TentativeHold>,
+        metrics: &RouterMetrics,
+    ) -> Ticket {
+        Ticket {
+            model: model.to_string(),
+            hashes: std::mem::take(&mut decision.hashes),
+            guard: InflightGuard::new(decision.primary().clone(), metrics),
+            tentative,
+            predicted_blocks: decision.predicted_blocks,
+        }
+    }
+
+    /// The primary pick.
+    pub fn primary(&self) -> &Arc<Endpoint> {
+        self.guard.endpoint()
+    }
+}
 
 /// Who served the response, as far as Envoy told.
 #[derive(Debug, Clone)]
@@ -62,7 +103,7 @@ pub enum Ending {
 /// hold (affinity mode with `engineBudget`): when it reports under half of the prediction, the
 /// first block it missed and every entry older than it leave the pod's list, before the prompt
 /// is recorded again (the engine holds it now, having computed it).
-fn correct_estimate(router: &Router, route: &PendingRoute, pod: &Endpoint, reported: u64) {
+fn correct_estimate(router: &Router, route: &Ticket, pod: &Endpoint, reported: u64) {
     let Some(a) = router.scheduler.affinity().filter(|a| a.engine_budget) else {
         return;
     };
@@ -137,9 +178,16 @@ impl TentativeOutcome {
     }
 }
 
-/// Records `route` as `ending` says and counts the outcome. A tentative hold is confirmed (the
-/// record lands before the hold goes, so the prefix never looks unheld), moved, or rolled back.
-pub fn finish_route(router: &Router, mut route: PendingRoute, ending: Ending) {
+impl Router {
+    /// Finishes `ticket` as `ending` says: records a 2xx completion for the pod that served and
+    /// counts the outcome. A tentative hold is confirmed (the record lands before the hold goes,
+    /// so the prefix never looks unheld), moved, or rolled back.
+    pub fn complete(&self, ticket: Ticket, ending: Ending) {
+        complete(self, ticket, ending);
+    }
+}
+
+fn complete(router: &Router, mut route: Ticket, ending: Ending) {
     let mut served_slot = None;
     let outcome = match ending {
         Ending::Aborted => RouteOutcome::Aborted,

@@ -1,28 +1,30 @@
-//! From a request (path + body) to a routing decision, independent of Envoy.
+//! The routing seam, independent of Envoy: [`Router::route`] turns a request (path + body) into
+//! a decision and a [`Ticket`]; [`Router::complete`] finishes the ticket with the request's
+//! [`Ending`]; [`Router::explain`] shows the decision `route` would make, changing nothing.
+//! A ticket whose ending another source reports waits in [`PendingRoutes`].
 //!
 //! Unknown API paths (e.g. `/v1/models`) are routed by load only, to any endpoint. Inference
 //! APIs need a JSON body with a string `model` (else 400); a body without a renderable prompt is
-//! routed by load only. Candidate pods can be narrowed by a subset hint or, when enabled, by the
-//! conformance header. Failures map to HTTP statuses with OpenAI-style JSON error bodies.
+//! routed by load only. Candidate pods can be narrowed by [`AddressPattern`]s (a subset hint or,
+//! when enabled, the conformance header). Failures map to HTTP statuses with OpenAI-style JSON
+//! error bodies.
 
 pub mod completion;
 pub mod pending;
 
-use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use serde_json::json;
 
 use crate::config::{PickerConfig, SchedulerConfig};
-use crate::endpoints::{Endpoint, Endpoints};
+use crate::endpoints::{AddressPattern, Endpoint, Endpoints};
 use crate::hashing::BlockHash;
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
 use crate::request::{Api, InferenceRequest};
-use crate::scheduler::{
-    Decision, Observation, PickError, RouteRequest, Scheduler, TentativeHold, Unscored,
-};
-use pending::PendingRoutes;
+use crate::scheduler::{Decision, Observation, PickError, RouteRequest, Scheduler, Unscored};
+pub use completion::{Ending, Served, Ticket};
+pub use pending::PendingRoutes;
 
 /// A request the picker answers itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,14 +71,19 @@ impl From<PickError> for RouteFailure {
     }
 }
 
-/// A routed request.
+/// A routed request: the decision and the ticket that ends it. The decision's block hashes
+/// moved into the ticket (`decision.hashes` is empty).
 #[derive(Debug)]
 pub struct Routed {
-    pub model: String,
-    pub api: Option<Api>,
     pub decision: Decision<Arc<Endpoint>>,
-    /// The affinity mode's decision-time record for the primary pick (never for explain).
-    pub tentative: Option<TentativeHold>,
+    pub ticket: Ticket,
+}
+
+/// What [`Router::route`] would decide (nothing counted, held or committed).
+#[derive(Debug)]
+pub struct Explained {
+    pub model: String,
+    pub decision: Decision<Arc<Endpoint>>,
 }
 
 /// Where a record comes from.
@@ -202,22 +209,89 @@ impl Router {
         }
     }
 
-    /// Routes one request. `body` is `None` for a request without a body. `observe` = false
-    /// explains: the decision changes no state and is not counted (`/debug/explain`).
+    /// Routes one request: decides, counts the decision, commits it (the affinity mode's
+    /// tentative hold) and returns the ticket, which holds the primary pod's in-flight count
+    /// until [`Router::complete`] (or until dropped). `body` is `None` for a request without a
+    /// body; `restrict` narrows the candidates.
     pub fn route(
         &self,
         path: &str,
         body: Option<&[u8]>,
-        restrict: Option<&[SocketAddr]>,
-        observe: bool,
+        restrict: Option<&[AddressPattern]>,
     ) -> Result<Routed, RouteFailure> {
-        let api = Api::from_path(path);
-        let set = self.endpoints.snapshot();
-        let parsed;
-        let (model, prompt) = match (api, body) {
-            // No path at all: the ext_proc filter skips request headers (see extproc).
-            (None, _) if path.is_empty() => ("", Err(Unscored::NoRequestPath)),
-            (None, _) => ("", Err(Unscored::UnknownApi)),
+        let parsed = Parsed::new(path, body)?;
+        let (request, candidates) = self.prepare(&parsed, restrict)?;
+        let model = request.model;
+        let mut decision = self
+            .scheduler
+            .schedule(request, candidates)
+            .inspect_err(|f| self.count(model, &f.observations))
+            .map_err(PickError::from)?;
+        self.observe(model, &decision);
+        self.metrics
+            .pod_picks
+            .with_label_values(&[&decision.primary().label])
+            .inc();
+        let tentative = self.scheduler.commit(model, &decision);
+        let ticket = Ticket::new(model, &mut decision, tentative, &self.metrics);
+        Ok(Routed { decision, ticket })
+    }
+
+    /// The decision [`Router::route`] would make for this request, without counting it or
+    /// changing any state (`/debug/explain`).
+    pub fn explain(
+        &self,
+        path: &str,
+        body: Option<&[u8]>,
+        restrict: Option<&[AddressPattern]>,
+    ) -> Result<Explained, RouteFailure> {
+        let parsed = Parsed::new(path, body)?;
+        let (request, candidates) = self.prepare(&parsed, restrict)?;
+        let model = request.model.to_string();
+        let decision = self
+            .scheduler
+            .explain(request, candidates)
+            .map_err(PickError::from)?;
+        Ok(Explained { model, decision })
+    }
+
+    /// The scheduler's request and the candidate pods: any pod for an unknown API (no model is
+    /// known), else the pods serving the model; narrowed to `restrict`.
+    fn prepare<'a>(
+        &self,
+        parsed: &'a Parsed,
+        restrict: Option<&[AddressPattern]>,
+    ) -> Result<(RouteRequest<'a>, Vec<Arc<Endpoint>>), PickError> {
+        let model = parsed.request.as_ref().map(|r| r.model.as_str());
+        let candidates = self.endpoints.snapshot().candidates(model, restrict)?;
+        let prompt = match &parsed.request {
+            // No path at all: the ext_proc filter skips request headers (see envoy).
+            None if parsed.no_path => Err(Unscored::NoRequestPath),
+            None => Err(Unscored::UnknownApi),
+            Some(r) => match &r.prompt {
+                Ok(p) => Ok(p.as_str()),
+                Err(reason) => Err(Unscored::NoPrompt(*reason)),
+            },
+        };
+        let request = RouteRequest {
+            model: model.unwrap_or(""),
+            prompt,
+        };
+        Ok((request, candidates))
+    }
+}
+
+/// A request as routing reads it: the inference request for a known API, none for another path.
+struct Parsed {
+    request: Option<InferenceRequest>,
+    /// The path was empty (Envoy sent no request headers).
+    no_path: bool,
+}
+
+impl Parsed {
+    fn new(path: &str, body: Option<&[u8]>) -> Result<Parsed, RouteFailure> {
+        let request = match (Api::from_path(path), body) {
+            (None, _) => None,
             (Some(_), None) => {
                 return Err(RouteFailure::new(
                     400,
@@ -225,106 +299,21 @@ impl Router {
                     "request has no body",
                 ));
             }
-            (Some(_), Some(body)) => {
-                parsed = InferenceRequest::parse(body)
-                    .map_err(|e| RouteFailure::new(400, "invalid_request_error", e.to_string()))?;
-                let prompt = match &parsed.prompt {
-                    Ok(p) => Ok(p.as_str()),
-                    Err(reason) => Err(Unscored::NoPrompt(*reason)),
-                };
-                (parsed.model.as_str(), prompt)
-            }
+            (Some(_), Some(body)) => Some(
+                InferenceRequest::parse(body)
+                    .map_err(|e| RouteFailure::new(400, "invalid_request_error", e.to_string()))?,
+            ),
         };
-        let candidates = if api.is_none() {
-            // Any pod: no model is known.
-            let all = set.all().to_vec();
-            if all.is_empty() {
-                return Err(PickError::NoEndpoints.into());
-            }
-            match restrict {
-                None => all,
-                Some(r) => {
-                    let kept: Vec<_> = all
-                        .into_iter()
-                        .filter(|e| r.iter().any(|a| matches_addr(a, &e.spec.address)))
-                        .collect();
-                    if kept.is_empty() {
-                        return Err(PickError::SubsetUnavailable.into());
-                    }
-                    kept
-                }
-            }
-        } else {
-            set.candidates(model, restrict)?
-        };
-        let request = RouteRequest { model, prompt };
-        let mut tentative = None;
-        let decision = if observe {
-            let decision = self
-                .scheduler
-                .schedule(request, candidates)
-                .inspect_err(|f| self.count(model, &f.observations))
-                .map_err(PickError::from)?;
-            self.observe(model, &decision);
-            self.metrics
-                .pod_picks
-                .with_label_values(&[&decision.primary().label])
-                .inc();
-            tentative = self.scheduler.commit(model, &decision);
-            decision
-        } else {
-            self.scheduler
-                .explain(request, candidates)
-                .map_err(PickError::from)?
-        };
-        Ok(Routed {
-            model: model.to_string(),
-            api,
-            decision,
-            tentative,
+        Ok(Parsed {
+            request,
+            no_path: path.is_empty(),
         })
     }
-}
-
-fn matches_addr(allowed: &SocketAddr, addr: &SocketAddr) -> bool {
-    allowed == addr || (allowed.port() == 0 && allowed.ip() == addr.ip())
-}
-
-/// Parses `ip:port` or a bare `ip` (any port, encoded as port 0); IPv6 may be bracketed.
-pub fn parse_endpoint(s: &str) -> Option<SocketAddr> {
-    let s = s.trim();
-    if let Ok(a) = s.parse::<SocketAddr>() {
-        return Some(a);
-    }
-    let bare = s.trim_start_matches('[').trim_end_matches(']');
-    bare.parse::<IpAddr>().ok().map(|ip| SocketAddr::new(ip, 0))
-}
-
-/// Parses a comma-separated endpoint list; entries that do not parse are skipped.
-pub fn parse_endpoint_list(s: &str) -> Vec<SocketAddr> {
-    s.split(',')
-        .filter(|p| !p.trim().is_empty())
-        .filter_map(parse_endpoint)
-        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn endpoint_lists() {
-        assert_eq!(
-            parse_endpoint_list("10.0.0.1:80, 10.0.0.2 ,[::1]:9,::2"),
-            [
-                "10.0.0.1:80".parse().unwrap(),
-                "10.0.0.2:0".parse().unwrap(),
-                "[::1]:9".parse().unwrap(),
-                "[::2]:0".parse().unwrap()
-            ]
-        );
-        assert!(parse_endpoint_list("").is_empty());
-    }
 
     /// A router in the affinity mode over three static pods, its metrics in `registry`.
     fn affinity_router(registry: &prometheus::Registry) -> Router {
@@ -385,15 +374,10 @@ mod tests {
         let router = affinity_router(&registry);
         let body = br#"{"model": "m", "prompt": "an explained prompt, long enough for a block or two of hashes"}"#;
         let before = samples(&registry);
-        let explained = router
-            .route("/v1/completions", Some(body), None, false)
-            .unwrap();
-        assert!(explained.tentative.is_none());
+        let explained = router.explain("/v1/completions", Some(body), None).unwrap();
         assert_eq!(samples(&registry), before, "explain counts nothing");
         assert_eq!(router.scheduler.tentative().holds(), 0);
-        let routed = router
-            .route("/v1/completions", Some(body), None, true)
-            .unwrap();
+        let routed = router.route("/v1/completions", Some(body), None).unwrap();
         assert_eq!(
             routed.decision.primary().label,
             explained.decision.primary().label,

@@ -3,7 +3,7 @@
 //! When the routing ext_proc stream ends after the request phase, the response is seen by
 //! another source: Envoy's access log (the recommended `envoy/envoy.yaml`) or a second filter in
 //! `observability_mode` (`envoy/envoy-observer.yaml`), neither delaying it. The routing stream
-//! deposits its [`PendingRoute`] here under a route key, which it also puts in the request's
+//! deposits its [`Ticket`] here under a route key, which it also puts in the request's
 //! `envoy.lb` metadata; the other source claims the route by that key (else by the request's
 //! `x-request-id`) when the response ends, or drops it on abort. The key is the request id,
 //! unless a route already waits under that id (a client that reuses its ids): then it is the id
@@ -19,43 +19,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::endpoints::InflightGuard;
-use crate::hashing::BlockHash;
-use crate::metrics::RouterMetrics;
-use crate::routing::Routed;
-use crate::scheduler::TentativeHold;
+use super::Ticket;
 
 const SHARDS: usize = 16;
-
-/// What completion needs to record a routed request.
-#[derive(Debug)]
-pub struct PendingRoute {
-    pub model: String,
-    pub hashes: Vec<BlockHash>,
-    /// Keeps the primary pod's in-flight count until completion or abort.
-    pub guard: InflightGuard,
-    /// The affinity mode's decision-time record, held until completion, rollback or expiry.
-    pub tentative: Option<TentativeHold>,
-    /// Affinity mode: blocks the primary pick held at the decision ([`Decision`]), checked
-    /// against its engine's `cached_tokens` report.
-    ///
-    /// [`Decision`]: crate::scheduler::Decision
-    pub predicted_blocks: usize,
-}
-
-impl PendingRoute {
-    /// The ticket of a routed request: holds the primary pod's in-flight count (and, in the
-    /// affinity mode, the prompt) until the request ends.
-    pub fn new(routed: Routed, metrics: &RouterMetrics) -> PendingRoute {
-        PendingRoute {
-            guard: InflightGuard::new(routed.decision.primary().clone(), metrics),
-            predicted_blocks: routed.decision.predicted_blocks,
-            model: routed.model,
-            hashes: routed.decision.hashes,
-            tentative: routed.tentative,
-        }
-    }
-}
 
 /// What [`PendingRoutes::expire`] dropped.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +33,7 @@ pub struct Expired {
 
 #[derive(Debug)]
 pub struct PendingRoutes {
-    shards: Vec<Mutex<HashMap<String, (Instant, PendingRoute)>>>,
+    shards: Vec<Mutex<HashMap<String, (Instant, Ticket)>>>,
     hasher: RandomState,
     ttl: Duration,
     /// Numbers the keys of routes whose request id was already waiting.
@@ -84,13 +50,13 @@ impl PendingRoutes {
         }
     }
 
-    fn shard(&self, key: &str) -> &Mutex<HashMap<String, (Instant, PendingRoute)>> {
+    fn shard(&self, key: &str) -> &Mutex<HashMap<String, (Instant, Ticket)>> {
         &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
     }
 
     /// Keeps `route` until claimed or expired; returns its key: `request_id`, or, when a route
     /// already waits under it, `request_id~N` (never replacing a waiting route).
-    pub fn insert(&self, request_id: &str, route: PendingRoute) -> String {
+    pub fn insert(&self, request_id: &str, route: Ticket) -> String {
         let deadline = Instant::now() + self.ttl;
         let mut key = request_id.to_string();
         loop {
@@ -107,7 +73,7 @@ impl PendingRoutes {
 
     /// Claims the route waiting under `key` (a route key, or a request id, which is the key of
     /// the first route with that id).
-    pub fn take(&self, key: &str) -> Option<PendingRoute> {
+    pub fn take(&self, key: &str) -> Option<Ticket> {
         self.shard(key).lock().remove(key).map(|(_, r)| r)
     }
 
@@ -141,13 +107,15 @@ impl PendingRoutes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::endpoints::InflightGuard;
     use crate::envoy::stream::tests::{PORTS, addr, endpoint, router};
+    use crate::hashing::BlockHash;
 
     #[test]
     fn a_reused_request_id_gets_its_own_key_and_replaces_nothing() {
         let router = router();
         let pod = endpoint(&router, addr(PORTS[0]));
-        let route = |tag: u64| PendingRoute {
+        let route = |tag: u64| Ticket {
             model: "m".to_string(),
             hashes: vec![BlockHash(tag)],
             guard: InflightGuard::new(pod.clone(), &router.metrics),

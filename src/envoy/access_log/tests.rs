@@ -10,7 +10,6 @@ use envoy_types::pb::google::protobuf::{UInt32Value, Value, value::Kind};
 use super::*;
 use crate::envoy::stream::tests::{PORTS, addr, entries, router, total_entries};
 use crate::envoy::wire::{LB_NAMESPACE, ROUTE_KEY, SERVED_KEY};
-use crate::routing::pending::PendingRoute;
 use tokio_util::sync::CancellationToken;
 
 fn sink(router: &Arc<Router>) -> AccessLogSink {
@@ -31,12 +30,10 @@ fn prompt(tag: &str) -> Vec<u8> {
 /// primary pick and the route key.
 fn route_keyed(router: &Arc<Router>, id: &str, body: &[u8]) -> (SocketAddr, String) {
     let routed = router
-        .route("/v1/completions", Some(body), None, true)
+        .route("/v1/completions", Some(body), None)
         .expect("routed");
     let primary = routed.decision.primary().clone();
-    let key = router
-        .pending
-        .insert(id, PendingRoute::new(routed, &router.metrics));
+    let key = router.pending.insert(id, routed.ticket);
     (primary.spec.address, key)
 }
 

@@ -22,6 +22,7 @@
 //!   left in flight at the end.
 
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;

@@ -2,6 +2,7 @@
 //! static endpoints on 127.0.0.1.
 
 use std::collections::HashSet;
+use std::net::SocketAddr;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderMap;
 use envoy_types::pb::google::protobuf::ListValue;
@@ -1796,11 +1797,10 @@ fn destination_lists_primary_then_fallbacks() {
         "127.0.0.1:18003,127.0.0.1:18002,127.0.0.1:18001"
     );
     let routed = router
-        .route(
+        .explain(
             "/v1/completions",
             Some(br#"{"model":"m","prompt":"x"}"#),
             None,
-            false,
         )
         .unwrap();
     let d = destination(&routed.decision.ranked);

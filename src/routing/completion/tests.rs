@@ -1,4 +1,4 @@
-//! The affinity mode's record path, at `route` and `finish_route`: decision-time records that
+//! The affinity mode's record path, at `route` and `complete`: decision-time records that
 //! the next request sees, confirmed, moved or rolled back at completion, never outliving their
 //! request; and a config without the mode deciding exactly as Kthena.
 
@@ -11,7 +11,7 @@ use super::*;
 use crate::config::Config;
 use crate::endpoints::{EndpointSpec, EngineStats, PodId, Update};
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
-use crate::routing::pending::PendingRoutes;
+use crate::routing::PendingRoutes;
 
 const PODS: usize = 4;
 
@@ -64,15 +64,15 @@ fn prefix(seed: usize) -> String {
 }
 
 /// Routes as the ext_proc stream does and returns the ticket.
-fn route(router: &Router, body: &[u8]) -> PendingRoute {
-    let routed = router
-        .route("/v1/completions", Some(body), None, true)
-        .expect("routed");
-    PendingRoute::new(routed, &router.metrics)
+fn route(router: &Router, body: &[u8]) -> Ticket {
+    router
+        .route("/v1/completions", Some(body), None)
+        .expect("routed")
+        .ticket
 }
 
-fn primary(route: &PendingRoute) -> SocketAddr {
-    route.guard.endpoint().spec.address
+fn primary(route: &Ticket) -> SocketAddr {
+    route.primary().spec.address
 }
 
 fn ok(served: Served) -> Ending {
@@ -99,14 +99,14 @@ fn holds(router: &Router) -> usize {
 fn sixteen_concurrent_requests_of_a_new_prefix_land_on_one_pod() {
     let router = affinity_router();
     let p = prefix(1);
-    let tickets: Vec<PendingRoute> = (0..16)
+    let tickets: Vec<Ticket> = (0..16)
         .map(|q| route(&router, &body(&p, &format!("question {q}"))))
         .collect();
     let first = primary(&tickets[0]);
     assert!(tickets.iter().all(|t| primary(t) == first));
     assert_eq!(holds(&router), 16);
     for t in tickets {
-        finish_route(&router, t, ok(Served::NotReported));
+        router.complete(t, ok(Served::NotReported));
     }
     assert_eq!(tentative(&router, TentativeOutcome::Confirmed), 16);
     assert_eq!(holds(&router), 0);
@@ -146,7 +146,7 @@ fn a_failed_or_cut_request_leaves_nothing_behind() {
     {
         let t = route(&router, &body(&prefix(2), "q"));
         assert_eq!(holds(&router), 1);
-        finish_route(&router, t, ending);
+        router.complete(t, ending);
         assert_eq!(holds(&router), 0);
         assert_eq!(router.scheduler.tentative().blocks(), 0);
         assert_eq!(router.scheduler.prefix_cache().index().entries(), 0);
@@ -164,7 +164,7 @@ fn a_fallback_moves_the_record_to_the_pod_that_served() {
     let picked = primary(&t);
     let other = (0..PODS).map(addr).find(|a| *a != picked).unwrap();
     let served = Served::at(&router, Some(other));
-    finish_route(&router, t, ok(served));
+    router.complete(t, ok(served));
     assert_eq!(tentative(&router, TentativeOutcome::Moved), 1);
     let index = router.scheduler.prefix_cache().index();
     let set = router.endpoints.snapshot();
@@ -193,10 +193,9 @@ fn an_expired_route_releases_its_hold() {
 #[test]
 fn explain_holds_nothing() {
     let router = affinity_router();
-    let routed = router
-        .route("/v1/completions", Some(&body(&prefix(5), "q")), None, false)
+    router
+        .explain("/v1/completions", Some(&body(&prefix(5), "q")), None)
         .unwrap();
-    assert!(routed.tentative.is_none());
     assert_eq!(holds(&router), 0);
 }
 
@@ -206,7 +205,7 @@ fn a_hot_prefix_spreads_to_a_second_pod_under_load_and_returns_to_one() {
     let p = prefix(6);
     let first = route(&router, &body(&p, "q0"));
     let home = primary(&first);
-    finish_route(&router, first, ok(Served::NotReported));
+    router.complete(first, ok(Served::NotReported));
     // The home pod's engine queues: the prefix spills, and the spill pod holds it too.
     let set = router.endpoints.snapshot();
     set.by_address(&home).unwrap().set_stats(EngineStats {
@@ -216,7 +215,7 @@ fn a_hot_prefix_spreads_to_a_second_pod_under_load_and_returns_to_one() {
     let spilled = route(&router, &body(&p, "q1"));
     let second = primary(&spilled);
     assert_ne!(second, home);
-    finish_route(&router, spilled, ok(Served::NotReported));
+    router.complete(spilled, ok(Served::NotReported));
     // Load gone: both hold the prefix, and the tie rule sends every request to one of them.
     set.by_address(&home)
         .unwrap()
@@ -225,7 +224,7 @@ fn a_hot_prefix_spreads_to_a_second_pod_under_load_and_returns_to_one() {
         .map(|q| {
             let t = route(&router, &body(&p, &format!("q{q}")));
             let a = primary(&t);
-            finish_route(&router, t, ok(Served::NotReported));
+            router.complete(t, ok(Served::NotReported));
             a
         })
         .collect();
@@ -271,11 +270,11 @@ proptest! {
                     let key = live.swap_remove(ticket % live.len());
                     let t = pending.take(&key).unwrap();
                     served_ok += usize::from(status == 200);
-                    finish_route(&router, t, Ending::Completed { status: Some(u32::from(status)), served: Served::NotReported, cached_tokens: None });
+                    router.complete(t, Ending::Completed { status: Some(u32::from(status)), served: Served::NotReported, cached_tokens: None });
                 }
                 Step::Abort { ticket } if !live.is_empty() => {
                     let key = live.swap_remove(ticket % live.len());
-                    finish_route(&router, pending.take(&key).unwrap(), Ending::Aborted);
+                    router.complete(pending.take(&key).unwrap(), Ending::Aborted);
                 }
                 Step::Expire => {
                     let expired = pending.expire(Instant::now() + Duration::from_secs(7200));
@@ -301,16 +300,16 @@ proptest! {
         let off = router_from("picker: {seed: 5, affinity: {enabled: false}}\n");
         for (p, q, complete) in requests {
             let body = body(&prefix(p), &q.to_string());
-            let route_both = |r: &Router| r.route("/v1/completions", Some(&body), None, true).unwrap();
+            let route_both = |r: &Router| r.route("/v1/completions", Some(&body), None).unwrap();
             let (a, b) = (route_both(&kthena), route_both(&off));
             let ranked = |d: &crate::scheduler::Decision<Arc<crate::endpoints::Endpoint>>| d.ranked.iter().map(|e| e.spec.address).collect::<Vec<_>>();
             prop_assert_eq!(ranked(&a.decision), ranked(&b.decision));
             prop_assert_eq!(a.decision.reason, b.decision.reason);
             prop_assert_eq!(&a.decision.plugins, &b.decision.plugins);
-            prop_assert!(a.tentative.is_none() && b.tentative.is_none());
+            prop_assert!(a.ticket.tentative.is_none() && b.ticket.tentative.is_none());
             if complete {
                 for (r, d) in [(&kthena, a), (&off, b)] {
-                    r.record(&d.model, &d.decision.hashes, d.decision.primary(), RecordOrigin::Local);
+                    r.record(&d.ticket.model, &d.ticket.hashes, d.decision.primary(), RecordOrigin::Local);
                 }
             }
         }
@@ -333,11 +332,11 @@ fn long_prompts_are_told_apart_past_8_kib() {
 }
 
 /// Routes to pod 0 only (a subset hint).
-fn route_to_first(router: &Router, body: &[u8]) -> PendingRoute {
-    let routed = router
-        .route("/v1/completions", Some(body), Some(&[addr(0)]), true)
-        .expect("routed");
-    PendingRoute::new(routed, &router.metrics)
+fn route_to_first(router: &Router, body: &[u8]) -> Ticket {
+    router
+        .route("/v1/completions", Some(body), Some(&[addr(0).into()]))
+        .expect("routed")
+        .ticket
 }
 
 fn reported(cached_tokens: u64) -> Ending {
@@ -360,7 +359,7 @@ fn an_engine_reporting_far_fewer_cached_tokens_loses_what_it_no_longer_holds() {
         .clone();
     let score = |b: &[u8]| {
         let routed = router
-            .route("/v1/completions", Some(b), Some(&[addr(0)]), false)
+            .explain("/v1/completions", Some(b), Some(&[addr(0).into()]))
             .unwrap();
         routed.decision.predicted_blocks
     };
@@ -370,7 +369,7 @@ fn an_engine_reporting_far_fewer_cached_tokens_loses_what_it_no_longer_holds() {
         body(&prefix(12), "new"),
     );
     for b in [&old, &a, &new] {
-        finish_route(&router, route_to_first(&router, b), ok(Served::NotReported));
+        router.complete(route_to_first(&router, b), ok(Served::NotReported));
     }
     assert!(score(&old) > 0 && score(&a) > 0 && score(&new) > 0);
     // The engine confirms what was predicted: nothing changes.
@@ -378,12 +377,12 @@ fn an_engine_reporting_far_fewer_cached_tokens_loses_what_it_no_longer_holds() {
     let predicted = t.predicted_blocks as u64 * 256 / 4;
     assert!(predicted > 0);
     let before = index.pod_entries(pod.index.slot());
-    finish_route(&router, t, reported(predicted));
+    router.complete(t, reported(predicted));
     assert_eq!(index.pod_entries(pod.index.slot()), before);
     assert_eq!(router.metrics.estimate_dropped.get(), 0);
     // It reports nothing cached for `old` (its oldest prompt): it lost it, and nothing newer.
     let t = route_to_first(&router, &old);
-    finish_route(&router, t, reported(0));
+    router.complete(t, reported(0));
     assert!(router.metrics.estimate_dropped.get() > 0);
     assert!(score(&new) > 0 && score(&a) > 0, "newer prompts are kept");
     assert!(
@@ -394,7 +393,7 @@ fn an_engine_reporting_far_fewer_cached_tokens_loses_what_it_no_longer_holds() {
     // cached for `a`: `a` and everything older (`new`) leave the list; `old` stays; `a` is
     // recorded again. `new` no longer attracts requests to this pod.
     let t = route_to_first(&router, &a);
-    finish_route(&router, t, reported(0));
+    router.complete(t, reported(0));
     assert_eq!(
         score(&new),
         0,
