@@ -22,4 +22,6 @@ pub mod routing;
 pub mod scheduler;
 pub mod serve;
 pub mod sync;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod tls;

@@ -12,7 +12,7 @@
 
 pub mod access_log;
 pub mod ext_proc;
-pub(crate) mod stream;
+mod stream;
 pub mod wire;
 
 pub use access_log::AccessLogSink;

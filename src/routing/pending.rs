@@ -108,8 +108,8 @@ impl PendingRoutes {
 mod tests {
     use super::*;
     use crate::endpoints::InflightGuard;
-    use crate::envoy::stream::tests::{PORTS, addr, endpoint, router};
     use crate::hashing::BlockHash;
+    use crate::testing::{PORTS, addr, endpoint, router};
 
     #[test]
     fn a_reused_request_id_gets_its_own_key_and_replaces_nothing() {

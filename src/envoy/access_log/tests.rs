@@ -8,8 +8,8 @@ use envoy_types::pb::envoy::data::accesslog::v3::{
 use envoy_types::pb::google::protobuf::{UInt32Value, Value, value::Kind};
 
 use super::*;
-use crate::envoy::stream::tests::{PORTS, addr, entries, router, total_entries};
 use crate::envoy::wire::{LB_NAMESPACE, ROUTE_KEY, SERVED_KEY};
+use crate::testing::{PORTS, addr, entries, router, total_entries};
 use tokio_util::sync::CancellationToken;
 
 fn sink(router: &Arc<Router>) -> AccessLogSink {
@@ -121,7 +121,7 @@ fn count(router: &Router, family: &str, label: &str) -> u64 {
 
 /// In-flight requests over all pods.
 fn inflight(router: &Router) -> i64 {
-    crate::envoy::stream::tests::inflight(router).iter().sum()
+    crate::testing::inflight(router).iter().sum()
 }
 
 #[test]

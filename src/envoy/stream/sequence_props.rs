@@ -27,9 +27,10 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 
-use super::tests::*;
 use super::*;
 use crate::config::PickerConfig;
+use crate::testing::envoy::*;
+use crate::testing::*;
 
 /// `picker.maxBodyBytes` of the routers here, small enough for bodies to exceed it.
 const LIMIT: usize = 2048;

@@ -8,10 +8,9 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 
 use super::*;
-use crate::config::Config;
-use crate::endpoints::{EndpointSpec, EngineStats, PodId, Update};
-use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
+use crate::endpoints::EngineStats;
 use crate::routing::PendingRoutes;
+use crate::testing::{router_from_config, spec};
 
 const PODS: usize = 4;
 
@@ -21,28 +20,10 @@ fn addr(i: usize) -> SocketAddr {
 
 /// A router from a config document (scheduler and picker sections) over `PODS` static pods.
 fn router_from(yaml: &str) -> Router {
-    let config = Config::parse(yaml).expect("valid config");
-    let router = Router::assemble(
-        config.scheduler,
-        config.picker,
-        PrefixCacheMetrics::unregistered(),
-        RouterMetrics::register(&prometheus::Registry::new()),
-    );
-    router.endpoints.apply(Update::Reset(
-        (0..PODS)
-            .map(|i| EndpointSpec {
-                id: PodId {
-                    namespace: "default".into(),
-                    name: format!("pod-{i}"),
-                },
-                address: addr(i),
-                models: vec![],
-                generation: String::new(),
-                role: None,
-            })
-            .collect(),
-    ));
-    router
+    let pods = (0..PODS)
+        .map(|i| spec(&format!("pod-{i}"), addr(i).port(), &[]))
+        .collect();
+    router_from_config(yaml, pods, &prometheus::Registry::new())
 }
 
 /// The shipped scheduler (Kthena's default plugins) with the affinity mode on.
