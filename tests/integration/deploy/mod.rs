@@ -7,23 +7,14 @@
 //! (`monitoring`), the CI workflows checked against the GitHub-workflow schema, and the container
 //! images run as the chart runs them (`image`).
 
-#[expect(
-    dead_code,
-    reason = "the fake API server is shared with kube_discovery, which uses all of it"
-)]
-#[path = "harness/fake_kube.rs"]
-mod fake_kube;
-mod harness;
-#[path = "deploy/image.rs"]
 mod image;
-#[path = "deploy/monitoring.rs"]
 mod monitoring;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use harness::*;
+use crate::harness::*;
 use serde_yaml_ng::Value;
 
 /// The Python of `.venv-deploy` (`$DEPLOY_PYTHON` first). Missing tools are a failure, never a skip.

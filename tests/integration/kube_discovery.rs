@@ -4,13 +4,10 @@
 //! changes, and `prefix-picker serve` (and the GIE form with `--pool-name`) reporting ready only
 //! after the first list.
 
-#[path = "harness/fake_kube.rs"]
-mod fake_kube;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use fake_kube::{Cluster, FakeKube, Kind};
+use crate::harness::fake_kube::{self, Cluster, FakeKube, Kind};
 use prefix_picker::discovery::{DiscoveryConfig, DiscoveryMetrics, KubernetesDiscovery};
 use prefix_picker::endpoints::{EndpointSpec, Endpoints, PodId};
 use prefix_picker::hashing::BlockHash;

@@ -19,10 +19,10 @@ use std::process::{Command, Output};
 
 use serde_yaml_ng::Value;
 
-use crate::fake_kube::{self, FakeKube, Kind};
+use super::{deploy_check, documents, show};
+use crate::harness::fake_kube::{self, FakeKube, Kind};
 use crate::harness::redis_server::RedisServer;
 use crate::harness::*;
-use crate::{deploy_check, documents, show};
 
 const DASHBOARD: &str = "deploy/grafana/prefix-picker.json";
 const RULES: &str = "deploy/helm/prefix-picker/files/prometheus-rules.yaml";

@@ -15,9 +15,9 @@ use serde_json::Value as Json;
 use serde_yaml_ng::Value;
 use tokio::io::AsyncBufReadExt;
 
-use super::fake_kube::{self, FakeKube, Kind};
-use super::harness::{poll, root};
 use super::{documents, render_chart, show};
+use crate::harness::fake_kube::{self, FakeKube, Kind};
+use crate::harness::{poll, root};
 
 /// Fails (never skips) unless the test runs as root: only root can chroot and switch to 65532.
 fn require_root() {

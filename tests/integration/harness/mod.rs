@@ -2,8 +2,6 @@
 //! and a real Envoy per test (dynamic base id, admin and listener on port 0, polled for
 //! readiness). Nothing sleeps for a fixed time: every wait polls a condition with a deadline.
 
-#![allow(dead_code)]
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -19,6 +17,7 @@ use prefix_picker::serve::{self, Running};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+pub mod fake_kube;
 pub mod redis_server;
 
 pub const DEADLINE: Duration = Duration::from_secs(30);
@@ -213,7 +212,7 @@ pub fn picker_config(backends: &[&Backend], extra: &str) -> Config {
 
 /// The `picker:` section of the shipped config (`deploy/local/config.yaml`): the affinity mode.
 pub fn shipped_picker_section() -> &'static str {
-    let local = include_str!("../../deploy/local/config.yaml");
+    let local = include_str!("../../../deploy/local/config.yaml");
     &local[local
         .find("\npicker:")
         .expect("the shipped config has a picker section")

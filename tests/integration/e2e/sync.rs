@@ -11,9 +11,9 @@ use serde_json::Value;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-use super::harness::redis_server::{RedisCluster, RedisServer};
-use super::harness::*;
 use super::{SYSTEM, addrs, chat, send, three_backends};
+use crate::harness::redis_server::{RedisCluster, RedisServer};
+use crate::harness::*;
 
 /// One gateway replica: a picker and the Envoy in front of it.
 struct Replica {

@@ -11,14 +11,12 @@
 //! (the first 30%): live heap bytes (counted by an instrumented global allocator, so a leak of a
 //! few bytes per request shows) and RSS, sampled every 200 ms; the full run asserts both flat.
 
-mod harness;
-
 use std::alloc::System;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use harness::*;
+use crate::harness::*;
 use model_sim::engine::EngineConfig;
 use prefix_picker::endpoints::Update;
 use prefix_picker::serve::static_endpoints;

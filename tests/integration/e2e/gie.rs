@@ -12,7 +12,7 @@ use testkit::Process;
 use tonic::transport::Channel;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
-use super::harness::poll;
+use crate::harness::poll;
 
 /// Every service name a probe or a gateway may ask for.
 const SERVICES: [&str; 5] = [

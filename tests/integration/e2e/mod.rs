@@ -1,15 +1,14 @@
 //! End to end through a real Envoy 1.40: routing, recording, fallbacks, body modes, streaming,
-//! metrics, logs and the CLI. One binary; the harness is in `harness/`.
+//! metrics, logs and the CLI. The harness is in `crate::harness`.
 
 mod gie;
-mod harness;
 mod sync;
 
 use std::process::Command;
 use std::time::Duration;
 
+use crate::harness::*;
 use futures::StreamExt;
-use harness::*;
 use serde_json::{Value, json};
 
 #[derive(Debug)]
