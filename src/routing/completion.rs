@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use crate::endpoints::{Endpoint, InflightGuard};
 use crate::hashing::BlockHash;
-use crate::metrics::RouterMetrics;
+use crate::metrics::{CachedTokens, RouterMetrics};
 use crate::prefix_index::ModelKey;
 use crate::routing::{RecordOrigin, Router};
 use crate::scheduler::{Decision, TentativeHold};
@@ -111,8 +111,10 @@ fn correct_estimate(router: &Router, route: &Ticket, pod: &Endpoint, reported: u
     let per_token = u64::from(a.bytes_per_token);
     let predicted = route.predicted_blocks as u64 * block / per_token;
     let m = &router.metrics.cached_tokens;
-    m.with_label_values(&["predicted"]).inc_by(predicted);
-    m.with_label_values(&["reported"]).inc_by(reported);
+    m.with_label_values(&[CachedTokens::Predicted.as_str()])
+        .inc_by(predicted);
+    m.with_label_values(&[CachedTokens::Reported.as_str()])
+        .inc_by(reported);
     if reported.saturating_mul(2) >= predicted {
         return;
     }
