@@ -1,6 +1,5 @@
-//! The ext_proc gRPC service: one [`StreamState`] per stream, served on its own task.
-//!
-//! [`StreamState`]: super::stream
+//! The ext_proc gRPC service: one stream state machine (`stream.rs`) per stream, served on its
+//! own task.
 
 use std::pin::Pin;
 use std::sync::Arc;
