@@ -6,7 +6,7 @@
 #   docker build --target model-sim -t ghcr.io/prefix-picker/model-sim:0.1.0 .
 #
 # Without a daemon, scripts/image builds images with the same entrypoint, user, ports and command
-# from the host's cargo (FROM scratch plus the host's glibc); tests/deploy.rs runs those and checks
+# from the host's cargo (FROM scratch plus the host's glibc); tests/integration/deploy/mod.rs runs those and checks
 # that this file's runtime stages say the same.
 #
 # Stage `deps` compiles the locked dependencies alone, against stub sources: its layer survives

@@ -394,11 +394,10 @@ fn shipped_router() -> Router {
                 "/v1/chat/completions",
                 Some(&chat_body(1000 + i, PROMPT_BYTES)),
                 None,
-                true,
             )
             .expect("routed");
-        let d = routed.decision;
-        router.record(&routed.model, &d.hashes, d.primary(), RecordOrigin::Local);
+        let (d, t) = (routed.decision, routed.ticket);
+        router.record(&t.model, &t.hashes, d.primary(), RecordOrigin::Local);
     }
     router
 }
@@ -410,7 +409,7 @@ fn check_request_path(router: &Router, bytes: usize) {
     let body = chat_body(90_000 + bytes as u64, bytes);
     let route = || {
         router
-            .route("/v1/chat/completions", Some(&body), None, false)
+            .explain("/v1/chat/completions", Some(&body), None)
             .expect("routed")
     };
     let first = route().decision;
@@ -446,7 +445,7 @@ fn bench_request_path(c: &mut Criterion) {
         g.bench_function(name, |b| {
             b.iter(|| {
                 router
-                    .route("/v1/chat/completions", Some(black_box(&body)), None, true)
+                    .route("/v1/chat/completions", Some(black_box(&body)), None)
                     .expect("routed")
             })
         });

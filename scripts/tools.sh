@@ -48,7 +48,7 @@ ensure_redis() {
   redis-server --version >/dev/null
 }
 
-# Installs Debian's prometheus package for promtool (tests/deploy.rs checks and unit-tests the
+# Installs Debian's prometheus package for promtool (tests/integration/deploy/mod.rs checks and unit-tests the
 # alert rules with it) unless promtool is on PATH, without its recommended exporters. The tests run
 # promtool only: on a host running systemd, the server the package starts is stopped again.
 ensure_promtool() {

@@ -83,15 +83,15 @@ fn api_path(api: Option<&str>, body: &[u8]) -> String {
 
 async fn explain(State(a): State<Admin>, Query(q): Query<ExplainQuery>, body: Bytes) -> Response {
     let path = api_path(q.api.as_deref(), &body);
-    match a.router.route(&path, Some(&body), None, false) {
+    match a.router.explain(&path, Some(&body), None) {
         Err(f) => (
             StatusCode::from_u16(f.status).unwrap_or(StatusCode::BAD_REQUEST),
             [(header::CONTENT_TYPE, "application/json")],
             f.body(),
         )
             .into_response(),
-        Ok(routed) => {
-            let d = &routed.decision;
+        Ok(explained) => {
+            let d = &explained.decision;
             let pods: Vec<Value> = d
                 .candidates
                 .iter()
@@ -117,7 +117,7 @@ async fn explain(State(a): State<Admin>, Query(q): Query<ExplainQuery>, body: By
                 .collect();
             axum::Json(json!({
                 "api": path,
-                "model": routed.model,
+                "model": explained.model,
                 "prompt_bytes": d.prompt_bytes,
                 "blocks": d.hashes.len(),
                 "unscored": d.unscored.map(Unscored::as_str),
@@ -125,7 +125,7 @@ async fn explain(State(a): State<Admin>, Query(q): Query<ExplainQuery>, body: By
                 "pods": pods,
                 "primary": d.primary().label,
                 "fallbacks": d.ranked[1..].iter().map(|e| e.label.clone()).collect::<Vec<_>>(),
-                "destination": crate::extproc::destination(&d.ranked),
+                "destination": crate::envoy::wire::destination(&d.ranked),
                 "reason": d.reason.as_str(),
             }))
             .into_response()

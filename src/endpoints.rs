@@ -13,6 +13,8 @@
 //! ([`Endpoints::engine_started`]). Learning it the first time keeps the pod's state; a later
 //! change is an engine restart, and the pod starts cold as a Kubernetes pod with a new UID does.
 
+mod pattern;
+
 use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
@@ -28,6 +30,7 @@ use crate::prefix_index::{PodHandle, PodSlot, PrefixIndex};
 pub use crate::scheduler::EngineStats;
 use crate::scheduler::affinity::{RecentPicks, rendezvous_key};
 use crate::scheduler::{Candidate, PickError};
+pub use pattern::AddressPattern;
 
 /// A pod's identity: `namespace/name`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -184,31 +187,27 @@ impl EndpointSet {
         self.all.iter().any(|e| !e.spec.models.is_empty())
     }
 
-    /// Pods that may serve `model`, narrowed to `restrict` when given.
+    /// Pods that may serve `model` (`None`: any pod, no model being known), narrowed to
+    /// `restrict` when given.
     pub fn candidates(
         &self,
-        model: &str,
-        restrict: Option<&[SocketAddr]>,
+        model: Option<&str>,
+        restrict: Option<&[AddressPattern]>,
     ) -> Result<Vec<Arc<Endpoint>>, PickError> {
         if self.all.is_empty() {
             return Err(PickError::NoEndpoints);
         }
-        let lists = self.lists_models();
-        let mut out: Vec<Arc<Endpoint>> = self
-            .all
-            .iter()
-            .filter(|e| !lists || e.serves(model))
-            .cloned()
-            .collect();
-        if out.is_empty() {
-            return Err(PickError::UnknownModel(model.to_string()));
+        let mut out = self.all.clone();
+        if let Some(model) = model
+            && self.lists_models()
+        {
+            out.retain(|e| e.serves(model));
+            if out.is_empty() {
+                return Err(PickError::UnknownModel(model.to_string()));
+            }
         }
         if let Some(allowed) = restrict {
-            out.retain(|e| {
-                allowed.iter().any(|a| {
-                    *a == e.spec.address || (a.port() == 0 && a.ip() == e.spec.address.ip())
-                })
-            });
+            out.retain(|e| allowed.iter().any(|a| a.matches(&e.spec.address)));
             if out.is_empty() {
                 return Err(PickError::SubsetUnavailable);
             }
@@ -391,7 +390,7 @@ mod tests {
         let metrics = RouterMetrics::register(&prometheus::Registry::new());
         let eps = Endpoints::new(index, metrics);
         assert_eq!(
-            eps.snapshot().candidates("m", None).unwrap_err(),
+            eps.snapshot().candidates(Some("m"), None).unwrap_err(),
             PickError::NoEndpoints
         );
         eps.apply(Update::Reset(vec![
@@ -403,15 +402,19 @@ mod tests {
             },
         ]));
         let set = eps.snapshot();
-        assert_eq!(set.candidates("m", None).unwrap().len(), 3);
-        let only: SocketAddr = "127.0.0.1:2".parse().unwrap();
-        let c = set.candidates("m", Some(&[only])).unwrap();
+        assert_eq!(set.candidates(Some("m"), None).unwrap().len(), 3);
+        let only = AddressPattern::parse("127.0.0.1:2").unwrap();
+        let c = set.candidates(Some("m"), Some(&[only])).unwrap();
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].label, "default/b");
-        let ip_only: SocketAddr = "127.0.0.3:0".parse().unwrap();
-        assert_eq!(set.candidates("m", Some(&[ip_only])).unwrap().len(), 1);
+        let ip_only = AddressPattern::parse("127.0.0.3").unwrap();
         assert_eq!(
-            set.candidates("m", Some(&[])).unwrap_err(),
+            set.candidates(Some("m"), Some(&[ip_only])).unwrap().len(),
+            1
+        );
+        assert_eq!(set.candidates(None, Some(&[ip_only])).unwrap().len(), 1);
+        assert_eq!(
+            set.candidates(Some("m"), Some(&[])).unwrap_err(),
             PickError::SubsetUnavailable
         );
         // Pods that list models serve those (a pod that lists none serves any).
@@ -425,12 +428,12 @@ mod tests {
             spec("c", 3, ""),
         ]));
         let set = eps.snapshot();
-        assert_eq!(set.candidates("m", None).unwrap().len(), 2);
+        assert_eq!(set.candidates(Some("m"), None).unwrap().len(), 2);
         eps.apply(Update::Add(serving("c", 3, "x")));
         let set = eps.snapshot();
-        assert_eq!(set.candidates("m", None).unwrap().len(), 1);
+        assert_eq!(set.candidates(Some("m"), None).unwrap().len(), 1);
         assert_eq!(
-            set.candidates("n", None).unwrap_err(),
+            set.candidates(Some("n"), None).unwrap_err(),
             PickError::UnknownModel("n".into())
         );
     }

@@ -1,28 +1,41 @@
 //! prefix-picker: a prefix-cache-aware endpoint picker for LLM inference.
 //!
-//! The pure core (request parsing, prompt rendering, block hashing, the prefix index and the
-//! scheduler) knows nothing of Envoy; the ext_proc adapter ([`extproc`]) translates.
+//! Three parts: a pure core that knows nothing of Envoy, configuration files or Prometheus; the
+//! routing seam ([`routing`]: route a request to a ticket, complete the ticket), with the pod set,
+//! discovery, metrics and replica sync around it; and the Envoy adapter ([`envoy`]), the only
+//! part that speaks Envoy's protocols. [`serve`] wires them into a process.
 
-pub mod access_log;
-pub mod admin;
-pub mod cached_tokens;
-pub mod cli;
-pub mod completion;
-pub mod config;
-pub mod discovery;
-pub mod endpoints;
-pub mod extproc;
-pub mod hashing;
-pub mod invariants;
-pub mod lenient_json;
-pub mod metrics;
-pub mod pending;
-pub mod pod_metrics;
-pub mod prefix_index;
-pub mod prompt;
-pub mod request;
-pub mod routing;
-pub mod scheduler;
-pub mod serve;
-pub mod sync;
-pub mod tls;
+// The core: plain Rust.
+pub mod cached_tokens; // the engine's `cached_tokens` report, read from a response body
+pub mod hashing; // the prompt's block-hash chain
+pub mod invariants; // what must hold for any request body (the fuzz target's property)
+pub mod lenient_json; // Go-compatible JSON decoding of request bodies
+pub mod prefix_index; // which pods hold which blocks
+pub mod prompt; // the prompt rendered from a request, as Kthena renders it
+pub mod request; // request parsing: model, prompt, stream
+pub mod scheduler; // filters, scores and the pick: a `Decision`
+
+// Routing and the platform around it.
+pub mod config; // the config file, parsed into types that cannot be invalid
+pub mod discovery; // Kubernetes discovery: pods as `endpoints::Update`s
+pub mod endpoints; // the pod set: identities, addresses, in-flight counts, engine stats
+pub mod metrics; // the Prometheus families, declared together
+pub mod pod_metrics; // engine-metrics scraping
+pub mod routing; // route -> ticket, pending tickets, complete(ticket, ending)
+pub mod sync; // prefix-index sharing between replicas over Redis
+
+// The Envoy adapter.
+pub mod envoy; // ext_proc service, stream state machine, wire, access-log service
+
+// The process.
+pub mod admin; // the admin listener: /metrics, probes, /debug/explain
+pub mod cli; // the command line
+pub mod serve; // start-up, listeners, background tasks and shutdown
+pub mod tls; // TLS on the gRPC port
+
+#[cfg(test)]
+pub(crate) mod testing; // fixtures shared by the unit tests
+
+pub use config::Config;
+pub use routing::Router;
+pub use serve::Running;

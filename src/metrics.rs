@@ -279,8 +279,8 @@ impl RouterMetrics {
             .expect("valid metric"),
         };
         // Both sources exist from the start, so their rates compare from the first report.
-        for source in ["predicted", "reported"] {
-            m.cached_tokens.with_label_values(&[source]);
+        for source in CachedTokens::ALL {
+            m.cached_tokens.with_label_values(&[source.as_str()]);
         }
         register(registry, m.cached_tokens.clone());
         register(registry, m.estimate_dropped.clone());
@@ -338,6 +338,26 @@ pub fn encode(registry: &Registry) -> String {
         .encode(&registry.gather(), &mut buf)
         .expect("text encoding cannot fail");
     String::from_utf8(buf).expect("text format is UTF-8")
+}
+
+/// Whose count of cached tokens (the `source` label of `prefix_picker_cached_tokens_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CachedTokens {
+    /// The blocks the index predicted the pod held.
+    Predicted,
+    /// The engine's `cached_tokens` report.
+    Reported,
+}
+
+impl CachedTokens {
+    pub const ALL: [CachedTokens; 2] = [CachedTokens::Predicted, CachedTokens::Reported];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CachedTokens::Predicted => "predicted",
+            CachedTokens::Reported => "reported",
+        }
+    }
 }
 
 #[cfg(test)]

@@ -22,6 +22,22 @@
 //! sync replay can wait for it (records stamped with an earlier life are then dropped).
 
 pub mod names;
+/// How a scrape ended (the `result` label of `prefix_picker_engine_scrapes_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scrape {
+    Ok,
+    Error,
+}
+
+impl Scrape {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scrape::Ok => "ok",
+            Scrape::Error => "error",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;
 
@@ -398,7 +414,7 @@ pub async fn run(
                     previous.insert(slot, (raw, stats));
                     metrics
                         .engine_scrapes
-                        .with_label_values(&[&e.label, "ok"])
+                        .with_label_values(&[&e.label, Scrape::Ok.as_str()])
                         .inc();
                     metrics
                         .engine_scrape_timestamp
@@ -409,7 +425,7 @@ pub async fn run(
                     tracing::debug!(pod = %e.label, error = %err, "engine metrics scrape failed");
                     metrics
                         .engine_scrapes
-                        .with_label_values(&[&e.label, "error"])
+                        .with_label_values(&[&e.label, Scrape::Error.as_str()])
                         .inc();
                 }
             }

@@ -10,17 +10,18 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tonic_health::pb::health_server::{Health, HealthServer};
 
-use crate::access_log::AccessLogSink;
 use crate::admin::{self, Admin};
-use crate::completion::{RouteOutcome, TentativeOutcome};
 use crate::config::Config;
 use crate::discovery::{DiscoveryMetrics, KubernetesDiscovery, kubernetes};
 use crate::endpoints::{EndpointSpec, PodId, Update};
-use crate::extproc::ExtProc;
+use crate::envoy::ExtProc;
+use crate::envoy::access_log::AccessLogSink;
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
 use crate::pod_metrics::{self, ScrapeConfig};
 use crate::routing::Router;
+use crate::routing::completion::{RouteOutcome, TentativeOutcome};
 
 /// Health service names served on the gRPC port and the health port (besides the ext_proc
 /// service's own name); `inference-extension` is what GIE's chart probes.
@@ -144,10 +145,123 @@ pub async fn start(config: Config, grpc: &str, admin: &str) -> anyhow::Result<Ru
     .await
 }
 
-/// Binds every listener and starts serving.
+/// Binds every listener and starts serving, step by step: listeners, router, discovery, health,
+/// the gRPC, admin and health servers, engine scraping, route expiry, sync, readiness.
 pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result<Running> {
     // A bad certificate stops start-up before anything listens.
     let identity = config.picker.tls.identity()?;
+    let listeners = bind(listen).await?;
+    let (grpc_addr, admin_addr, health_addr) = listeners.addrs()?;
+
+    let registry = prometheus::Registry::new();
+    let (router, prefix_metrics) = router(&config, &registry);
+    let discovery = discovery(&config, &router, &registry).await?;
+
+    let shutdown = CancellationToken::new();
+    let ready = Arc::new(AtomicBool::new(false));
+    let mut tasks = JoinSet::new();
+
+    // Not ready until the sync warm replay is done (or timed out) and discovery has listed the
+    // pods; see `readiness`.
+    let wait_before_ready = discovery.is_some() || config.sync.is_some();
+    let (health, health_service) = health(wait_before_ready).await;
+    if let Some(listener) = listeners.health {
+        serve_health(listener, health_service.clone(), &shutdown, &mut tasks);
+    }
+    serve_grpc(
+        listeners.grpc,
+        &config,
+        identity.as_ref(),
+        health_service,
+        &router,
+        &shutdown,
+        &mut tasks,
+    )?;
+    let admin = Admin {
+        router: router.clone(),
+        registry: registry.clone(),
+        prefix_metrics,
+        ready: ready.clone(),
+    };
+    serve_admin(listeners.admin, admin, &shutdown, &mut tasks);
+    let generations_known = scrape_engines(&config, &router, &registry, &shutdown, &mut tasks);
+    expire_routes(&router, &shutdown, &mut tasks);
+    let pods_listed = discovery.as_ref().map(|d| d.synced());
+    let sync = match &config.sync {
+        Some(sync) => {
+            let env = |name: &str| std::env::var(name).ok();
+            Some(crate::sync::start(
+                &sync.redis,
+                &router,
+                &registry,
+                &env,
+                pods_listed
+                    .iter()
+                    .cloned()
+                    .chain([generations_known])
+                    .collect(),
+                &shutdown,
+                &mut tasks,
+            )?)
+        }
+        None => None,
+    };
+    let ready_waiter = readiness(
+        discovery.zip(pods_listed),
+        sync,
+        &ready,
+        &health,
+        &shutdown,
+        &mut tasks,
+    )
+    .await;
+    let health_shown = health_addr.map_or_else(|| "none".to_string(), |a| a.to_string());
+    tracing::info!(
+        version = crate::metrics::VERSION,
+        revision = crate::metrics::REVISION,
+        %grpc_addr,
+        %admin_addr,
+        health_addr = %health_shown,
+        tls = config.picker.tls.mode.as_str(),
+        endpoints = config.endpoints.len(),
+        mode = %config.scheduler.mode_summary(),
+        "prefix-picker serving"
+    );
+    Ok(Running {
+        grpc_addr,
+        admin_addr,
+        health_addr,
+        router,
+        shutdown,
+        tasks,
+        ready,
+        health,
+        drain_delay: Duration::from_secs_f64(config.picker.shutdown_delay_seconds),
+        grace: Duration::from_secs_f64(config.picker.shutdown_grace_seconds),
+        ready_waiter,
+    })
+}
+
+/// The bound listeners.
+struct Bound {
+    grpc: TcpListener,
+    admin: TcpListener,
+    health: Option<TcpListener>,
+}
+
+impl Bound {
+    fn addrs(&self) -> anyhow::Result<(SocketAddr, SocketAddr, Option<SocketAddr>)> {
+        let health = self
+            .health
+            .as_ref()
+            .map(TcpListener::local_addr)
+            .transpose()?;
+        Ok((self.grpc.local_addr()?, self.admin.local_addr()?, health))
+    }
+}
+
+/// Binds every listener, naming the one that fails.
+async fn bind(listen: Listeners<'_>) -> anyhow::Result<Bound> {
     let bind = |addr: &str, what: &'static str| {
         let addr = addr.to_string();
         async move {
@@ -157,50 +271,62 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
         }
     };
     let grpc = bind(listen.grpc, "gRPC").await?;
-    let admin_listener = bind(listen.admin, "admin").await?;
-    let health_listener = match listen.health {
+    let admin = bind(listen.admin, "admin").await?;
+    let health = match listen.health {
         Some(addr) => Some(bind(addr, "gRPC health").await?),
         None => None,
     };
-    let grpc_addr = grpc.local_addr()?;
-    let admin_addr = admin_listener.local_addr()?;
-    let health_addr = health_listener
-        .as_ref()
-        .map(TcpListener::local_addr)
-        .transpose()?;
+    Ok(Bound {
+        grpc,
+        admin,
+        health,
+    })
+}
 
-    let registry = prometheus::Registry::new();
-    let prefix_metrics = PrefixCacheMetrics::register(&registry);
-    let metrics = RouterMetrics::register(&registry);
+/// The router over the config's static endpoints, its metrics in `registry`.
+fn router(config: &Config, registry: &prometheus::Registry) -> (Arc<Router>, PrefixCacheMetrics) {
+    let prefix_metrics = PrefixCacheMetrics::register(registry);
+    let metrics = RouterMetrics::register(registry);
     let router = Arc::new(Router::assemble(
         config.scheduler.clone(),
         config.picker.clone(),
         prefix_metrics.clone(),
         metrics,
     ));
-    let endpoints = router.endpoints.clone();
-    endpoints.apply(Update::Reset(static_endpoints(&config)));
-    // Kubernetes discovery: not ready until the first full pod list is applied.
-    let discovery = match &config.discovery.kubernetes {
+    router
+        .endpoints
+        .apply(Update::Reset(static_endpoints(config)));
+    (router, prefix_metrics)
+}
+
+/// Kubernetes discovery, when configured: not ready until the first full pod list is applied.
+async fn discovery(
+    config: &Config,
+    router: &Router,
+    registry: &prometheus::Registry,
+) -> anyhow::Result<Option<KubernetesDiscovery>> {
+    Ok(match &config.discovery.kubernetes {
         Some(k) => Some(KubernetesDiscovery::new(
             kubernetes::infer_client().await?,
             k.process_namespace(),
             k.clone(),
-            static_endpoints(&config),
-            endpoints.clone(),
-            DiscoveryMetrics::register(&registry),
+            static_endpoints(config),
+            router.endpoints.clone(),
+            DiscoveryMetrics::register(registry),
         )),
         None => None,
-    };
+    })
+}
 
-    let shutdown = CancellationToken::new();
-    let ready = Arc::new(AtomicBool::new(false));
-    let mut tasks = JoinSet::new();
-
+/// The gRPC health services: serving, except [`READINESS_SERVICES`] when start-up must wait
+/// before reporting ready.
+async fn health(
+    wait_before_ready: bool,
+) -> (
+    tonic_health::server::HealthReporter,
+    HealthServer<impl Health>,
+) {
     let (health, health_service) = tonic_health::server::health_reporter();
-    // Not ready until the sync warm replay is done (or timed out) and discovery has listed the
-    // pods; see below.
-    let wait_before_ready = discovery.is_some() || config.sync.is_some();
     for name in HEALTH_SERVICES {
         let status = if wait_before_ready && READINESS_SERVICES.contains(&name) {
             tonic_health::ServingStatus::NotServing
@@ -212,63 +338,94 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
     health
         .set_serving::<envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer<ExtProc>>()
         .await;
-    if let Some(listener) = health_listener {
-        let (health_service, token) = (health_service.clone(), shutdown.clone());
-        tasks.spawn(async move {
-            tonic::transport::Server::builder()
-                .add_service(health_service)
-                .serve_with_incoming_shutdown(
-                    tonic::transport::server::TcpIncoming::from(listener),
-                    token.cancelled(),
-                )
-                .await?;
-            Ok(())
-        });
+    (health, health_service)
+}
+
+/// The plaintext health-only listener (kubelet probes cannot speak TLS).
+fn serve_health<H: Health>(
+    listener: TcpListener,
+    health_service: HealthServer<H>,
+    shutdown: &CancellationToken,
+    tasks: &mut JoinSet<anyhow::Result<()>>,
+) {
+    let token = shutdown.clone();
+    tasks.spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(health_service)
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(listener),
+                token.cancelled(),
+            )
+            .await?;
+        Ok(())
+    });
+}
+
+/// The gRPC listener: ext_proc, the access log and health, with TLS when configured.
+fn serve_grpc<H: Health>(
+    listener: TcpListener,
+    config: &Config,
+    identity: Option<&crate::tls::ServerIdentity>,
+    health_service: HealthServer<H>,
+    router: &Arc<Router>,
+    shutdown: &CancellationToken,
+    tasks: &mut JoinSet<anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    let router = router.clone();
+    let token = shutdown.clone();
+    let grace = Duration::from_secs_f64(config.picker.shutdown_grace_seconds);
+    let mut server = tonic::transport::Server::builder();
+    if let Some(id) = identity {
+        server = server.tls_config(tonic::transport::ServerTlsConfig::new().identity(
+            tonic::transport::Identity::from_pem(&id.cert_pem, &id.key_pem),
+        ))?;
     }
-    {
-        let router = router.clone();
-        let token = shutdown.clone();
-        let grace = Duration::from_secs_f64(config.picker.shutdown_grace_seconds);
-        let mut server = tonic::transport::Server::builder();
-        if let Some(id) = &identity {
-            server = server.tls_config(tonic::transport::ServerTlsConfig::new().identity(
-                tonic::transport::Identity::from_pem(&id.cert_pem, &id.key_pem),
-            ))?;
-        }
-        tasks.spawn(async move {
-            server
-                .http2_keepalive_interval(Some(Duration::from_secs(30)))
-                .add_service(health_service)
-                .add_service(AccessLogSink::new(router.clone(), token.clone(), grace).into_server())
-                .add_service(ExtProc::new(router).into_server())
-                .serve_with_incoming_shutdown(
-                    // Envoy waits on every reply: never let Nagle + delayed ACK add 40 ms.
-                    tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true)),
-                    token.cancelled(),
-                )
-                .await?;
-            Ok(())
-        });
-    }
-    {
-        let app = admin::app(Admin {
-            router: router.clone(),
-            registry: registry.clone(),
-            prefix_metrics,
-            ready: ready.clone(),
-        });
-        let token = shutdown.clone();
-        tasks.spawn(async move {
-            axum::serve(admin_listener, app)
-                .with_graceful_shutdown(token.cancelled_owned())
-                .await?;
-            Ok(())
-        });
-    }
-    // Static pods without `generation:` learn it from their engine's first scrape (without
-    // scraping it stays unknown, which matches any record).
+    tasks.spawn(async move {
+        server
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .add_service(health_service)
+            .add_service(AccessLogSink::new(router.clone(), token.clone(), grace).into_server())
+            .add_service(ExtProc::new(router).into_server())
+            .serve_with_incoming_shutdown(
+                // Envoy waits on every reply: never let Nagle + delayed ACK add 40 ms.
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                token.cancelled(),
+            )
+            .await?;
+        Ok(())
+    });
+    Ok(())
+}
+
+/// The admin listener (`/metrics`, probes, `/debug/explain`).
+fn serve_admin(
+    listener: TcpListener,
+    admin: Admin,
+    shutdown: &CancellationToken,
+    tasks: &mut JoinSet<anyhow::Result<()>>,
+) {
+    let app = admin::app(admin);
+    let token = shutdown.clone();
+    tasks.spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(token.cancelled_owned())
+            .await?;
+        Ok(())
+    });
+}
+
+/// Engine-metrics scraping, when enabled. Returns whether the static pods' generations are
+/// known: static pods without `generation:` learn it from their engine's first scrape (without
+/// scraping it stays unknown, which matches any record).
+fn scrape_engines(
+    config: &Config,
+    router: &Router,
+    registry: &prometheus::Registry,
+    shutdown: &CancellationToken,
+    tasks: &mut JoinSet<anyhow::Result<()>>,
+) -> watch::Receiver<bool> {
     let scraping = config.picker.scrape_interval_seconds > 0.0;
-    let scrape_metrics = pod_metrics::ScrapeMetrics::register(&registry);
+    let scrape_metrics = pod_metrics::ScrapeMetrics::register(registry);
     let (first_scrape, generations_known) =
         watch::channel(!scraping || config.endpoints.iter().all(|e| e.generation.is_some()));
     if scraping {
@@ -304,124 +461,93 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
             Ok(())
         });
     }
-    {
-        // Expire completions nobody observed; sample how many still wait.
-        let router = router.clone();
-        let token = shutdown.clone();
-        tasks.spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            loop {
-                tokio::select! {
-                    _ = token.cancelled() => break,
-                    _ = tick.tick() => {
-                        let expired = router.pending.expire(Instant::now());
-                        if expired.routes > 0 {
-                            router.metrics.records.with_label_values(&[RouteOutcome::Expired.as_str()]).inc_by(expired.routes as u64);
-                        }
-                        if expired.tentative > 0 {
-                            router.metrics.tentative.with_label_values(&[TentativeOutcome::Expired.as_str()]).inc_by(expired.tentative as u64);
-                        }
-                        let holds = router.scheduler.tentative().holds();
-                        router.metrics.tentative_holds.set(i64::try_from(holds).unwrap_or(i64::MAX));
-                        let waiting = i64::try_from(router.pending.len()).unwrap_or(i64::MAX);
-                        router.metrics.pending_routes.set(waiting);
+    generations_known
+}
+
+/// Expires completions nobody observed (every second); samples how many still wait.
+fn expire_routes(
+    router: &Arc<Router>,
+    shutdown: &CancellationToken,
+    tasks: &mut JoinSet<anyhow::Result<()>>,
+) {
+    let router = router.clone();
+    let token = shutdown.clone();
+    tasks.spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = token.cancelled() => break,
+                _ = tick.tick() => {
+                    let expired = router.pending.expire(Instant::now());
+                    if expired.routes > 0 {
+                        router.metrics.records.with_label_values(&[RouteOutcome::Expired.as_str()]).inc_by(expired.routes as u64);
                     }
+                    if expired.tentative > 0 {
+                        router.metrics.tentative.with_label_values(&[TentativeOutcome::Expired.as_str()]).inc_by(expired.tentative as u64);
+                    }
+                    let holds = router.scheduler.tentative().holds();
+                    router.metrics.tentative_holds.set(i64::try_from(holds).unwrap_or(i64::MAX));
+                    let waiting = i64::try_from(router.pending.len()).unwrap_or(i64::MAX);
+                    router.metrics.pending_routes.set(waiting);
                 }
             }
-            Ok(())
-        });
-    }
-    let pods_listed = discovery.as_ref().map(|d| d.synced());
-    let sync = match &config.sync {
-        Some(sync) => {
-            let env = |name: &str| std::env::var(name).ok();
-            Some(crate::sync::start(
-                &sync.redis,
-                &router,
-                &registry,
-                &env,
-                pods_listed
-                    .iter()
-                    .cloned()
-                    .chain([generations_known])
-                    .collect(),
-                &shutdown,
-                &mut tasks,
-            )?)
         }
-        None => None,
+        Ok(())
+    });
+}
+
+/// Reports ready: with Kubernetes discovery, after the first pod list and then the sync warm
+/// replay (which needs the pods), from a waiter task that is returned; else once the warm
+/// replay (if any) is done.
+async fn readiness(
+    discovery: Option<(KubernetesDiscovery, watch::Receiver<bool>)>,
+    sync: Option<crate::sync::Sync>,
+    ready: &Arc<AtomicBool>,
+    health: &tonic_health::server::HealthReporter,
+    shutdown: &CancellationToken,
+    tasks: &mut JoinSet<anyhow::Result<()>>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let Some((discovery, mut listed)) = discovery else {
+        if let Some(sync) = sync {
+            sync.warm().await;
+        }
+        ready.store(true, Ordering::Relaxed);
+        for name in READINESS_SERVICES {
+            health
+                .set_service_status(name, tonic_health::ServingStatus::Serving)
+                .await;
+        }
+        return None;
     };
-    let mut ready_waiter = None;
-    match (discovery, pods_listed) {
-        (Some(discovery), Some(mut listed)) => {
-            // Ready after the first pod list, then the warm replay (which needs the pods).
-            let token = shutdown.clone();
-            tasks.spawn(async move {
-                discovery.run(token).await;
-                Ok(())
-            });
-            let (ready, health, token) = (ready.clone(), health.clone(), shutdown.clone());
-            ready_waiter = Some(tokio::spawn(async move {
-                let warmed = async {
-                    if listed.wait_for(|l| *l).await.is_err() {
-                        return false;
-                    }
-                    tracing::info!("Kubernetes pods listed");
-                    if let Some(sync) = sync {
-                        sync.warm().await;
-                    }
-                    true
-                };
-                let warmed = tokio::select! {
-                    _ = token.cancelled() => false,
-                    w = warmed => w,
-                };
-                if warmed {
-                    ready.store(true, Ordering::Relaxed);
-                    for name in READINESS_SERVICES {
-                        health
-                            .set_service_status(name, tonic_health::ServingStatus::Serving)
-                            .await;
-                    }
-                    tracing::info!("ready");
-                }
-            }));
-        }
-        _ => {
+    let token = shutdown.clone();
+    tasks.spawn(async move {
+        discovery.run(token).await;
+        Ok(())
+    });
+    let (ready, health, token) = (ready.clone(), health.clone(), shutdown.clone());
+    Some(tokio::spawn(async move {
+        let warmed = async {
+            if listed.wait_for(|l| *l).await.is_err() {
+                return false;
+            }
+            tracing::info!("Kubernetes pods listed");
             if let Some(sync) = sync {
                 sync.warm().await;
             }
+            true
+        };
+        let warmed = tokio::select! {
+            _ = token.cancelled() => false,
+            w = warmed => w,
+        };
+        if warmed {
             ready.store(true, Ordering::Relaxed);
             for name in READINESS_SERVICES {
                 health
                     .set_service_status(name, tonic_health::ServingStatus::Serving)
                     .await;
             }
+            tracing::info!("ready");
         }
-    }
-    let health_shown = health_addr.map_or_else(|| "none".to_string(), |a| a.to_string());
-    tracing::info!(
-        version = crate::metrics::VERSION,
-        revision = crate::metrics::REVISION,
-        %grpc_addr,
-        %admin_addr,
-        health_addr = %health_shown,
-        tls = config.picker.tls.mode.as_str(),
-        endpoints = config.endpoints.len(),
-        mode = %config.scheduler.mode_summary(),
-        "prefix-picker serving"
-    );
-    Ok(Running {
-        grpc_addr,
-        admin_addr,
-        health_addr,
-        router,
-        shutdown,
-        tasks,
-        ready,
-        health,
-        drain_delay: Duration::from_secs_f64(config.picker.shutdown_delay_seconds),
-        grace: Duration::from_secs_f64(config.picker.shutdown_grace_seconds),
-        ready_waiter,
-    })
+    }))
 }

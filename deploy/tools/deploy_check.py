@@ -1,6 +1,6 @@
 """Renders the Helm chart and validates Kubernetes manifests without a cluster.
 
-Run by tests/deploy.rs with the pinned tools of .venv-deploy (scripts/tools.sh):
+Run by tests/integration/deploy/mod.rs with the pinned tools of .venv-deploy (scripts/tools.sh):
 
   deploy_check.py render OUT_DIR        lint the chart (strict) and render every scenario to
                                         OUT_DIR/<scenario>.yaml (the gateway examples'

@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::config::{KubernetesConfig, Source};
 use super::inference_pool::{self, InferencePool};
-use super::metrics::DiscoveryMetrics;
+use super::metrics::{DiscoveryMetrics, Resource, RestartReason, WatchEvent};
 use super::pod::{PodEndpoints, PodLabels, PodState};
 use super::target::Target;
 use crate::endpoints::{EndpointSpec, Endpoints, Update};
@@ -136,7 +136,7 @@ impl KubernetesDiscovery {
                         continue;
                     }
                     if pod_events.is_some() && new.is_some() {
-                        self.metrics.watch_restarts.with_label_values(&["pod", "target"]).inc();
+                        self.metrics.restart(Resource::Pod, RestartReason::Target);
                     }
                     pod_events = new.as_ref().map(|t| self.watch_pods(t));
                     target = new;
@@ -182,25 +182,16 @@ impl KubernetesDiscovery {
         event: Result<Event<InferencePool>, watcher::Error>,
         listing: &mut Option<Option<InferencePool>>,
     ) -> Option<Option<InferencePool>> {
-        let count = |event: &str| {
-            self.metrics
-                .events
-                .with_label_values(&["inferencepool", event])
-                .inc()
-        };
+        let count = |event| self.metrics.event(Resource::InferencePool, event);
         match event {
             Ok(Event::Init) => {
                 if self
                     .metrics
-                    .events
-                    .with_label_values(&["inferencepool", "resync"])
-                    .get()
+                    .events_of(Resource::InferencePool, WatchEvent::Resync)
                     > 0
                 {
                     self.metrics
-                        .watch_restarts
-                        .with_label_values(&["inferencepool", "relist"])
-                        .inc();
+                        .restart(Resource::InferencePool, RestartReason::Relist);
                 }
                 *listing = Some(None);
                 None
@@ -212,7 +203,7 @@ impl KubernetesDiscovery {
                 None
             }
             Ok(Event::InitDone) => {
-                count("resync");
+                count(WatchEvent::Resync);
                 let pool = listing.take().flatten();
                 if pool.is_none() {
                     tracing::warn!(namespace = %self.namespace, "InferencePool not found: no pods selected");
@@ -220,19 +211,16 @@ impl KubernetesDiscovery {
                 Some(pool)
             }
             Ok(Event::Apply(pool)) => {
-                count("apply");
+                count(WatchEvent::Apply);
                 Some(Some(pool))
             }
             Ok(Event::Delete(pool)) => {
-                count("delete");
+                count(WatchEvent::Delete);
                 tracing::warn!(pool = %pool.name_any(), "InferencePool deleted: no pods selected");
                 Some(None)
             }
             Err(e) => {
-                self.metrics
-                    .watch_errors
-                    .with_label_values(&["inferencepool"])
-                    .inc();
+                self.metrics.watch_error(Resource::InferencePool);
                 tracing::warn!(error = %e, "InferencePool watch error; retrying with backoff");
                 None
             }
@@ -255,14 +243,11 @@ impl KubernetesDiscovery {
         set: &mut PodSet,
         ports: &[u16],
     ) {
-        let count = |event: &str| self.metrics.events.with_label_values(&["pod", event]).inc();
+        let count = |event| self.metrics.event(Resource::Pod, event);
         match event {
             Ok(Event::Init) => {
                 if set.lists > 0 {
-                    self.metrics
-                        .watch_restarts
-                        .with_label_values(&["pod", "relist"])
-                        .inc();
+                    self.metrics.restart(Resource::Pod, RestartReason::Relist);
                     tracing::info!("pod watch restarted: relisting");
                 }
                 set.lists += 1;
@@ -278,12 +263,12 @@ impl KubernetesDiscovery {
                 let Some(relist) = set.relist.take() else {
                     return;
                 };
-                count("resync");
+                count(WatchEvent::Resync);
                 set.pods = relist;
                 self.reset(set);
             }
             Ok(Event::Apply(pod)) => {
-                count("apply");
+                count(WatchEvent::Apply);
                 let name = pod.name_any();
                 let view = PodEndpoints::of(&pod, &self.namespace, ports, &self.labels);
                 let old = set.pods.insert(name.clone(), view.clone());
@@ -298,7 +283,7 @@ impl KubernetesDiscovery {
                 self.update_gauges(set);
             }
             Ok(Event::Delete(pod)) => {
-                count("delete");
+                count(WatchEvent::Delete);
                 let name = pod.name_any();
                 if let Some(old) = set.pods.remove(&name) {
                     tracing::info!(pod = %format!("{}/{name}", self.namespace), "pod deleted");
@@ -307,7 +292,7 @@ impl KubernetesDiscovery {
                 self.update_gauges(set);
             }
             Err(e) => {
-                self.metrics.watch_errors.with_label_values(&["pod"]).inc();
+                self.metrics.watch_error(Resource::Pod);
                 tracing::warn!(error = %e, "pod watch error; retrying with backoff");
             }
         }

@@ -65,4 +65,85 @@ impl DiscoveryMetrics {
         }
         m
     }
+
+    /// Counts a watch event applied.
+    pub fn event(&self, resource: Resource, event: WatchEvent) {
+        self.events
+            .with_label_values(&[resource.as_str(), event.as_str()])
+            .inc();
+    }
+
+    /// The number of `event`s of `resource` applied so far.
+    pub fn events_of(&self, resource: Resource, event: WatchEvent) -> u64 {
+        self.events
+            .with_label_values(&[resource.as_str(), event.as_str()])
+            .get()
+    }
+
+    /// Counts a watch restarted with a full list.
+    pub fn restart(&self, resource: Resource, reason: RestartReason) {
+        self.watch_restarts
+            .with_label_values(&[resource.as_str(), reason.as_str()])
+            .inc();
+    }
+
+    /// Counts an error from a watch stream.
+    pub fn watch_error(&self, resource: Resource) {
+        self.watch_errors
+            .with_label_values(&[resource.as_str()])
+            .inc();
+    }
+}
+
+/// The watched resource (the `resource` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resource {
+    Pod,
+    InferencePool,
+}
+
+impl Resource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Resource::Pod => "pod",
+            Resource::InferencePool => "inferencepool",
+        }
+    }
+}
+
+/// A watch event applied (the `event` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchEvent {
+    Apply,
+    Delete,
+    /// A completed full list.
+    Resync,
+}
+
+impl WatchEvent {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WatchEvent::Apply => "apply",
+            WatchEvent::Delete => "delete",
+            WatchEvent::Resync => "resync",
+        }
+    }
+}
+
+/// Why a watch restarted with a full list (the `reason` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartReason {
+    /// A relist after the first (410 Gone, a failed list, ...).
+    Relist,
+    /// The pod watch restarted for a new pool selector.
+    Target,
+}
+
+impl RestartReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RestartReason::Relist => "relist",
+            RestartReason::Target => "target",
+        }
+    }
 }

@@ -34,7 +34,7 @@ use ep::{BodyResponse, HeadersResponse, ProcessingRequest, ProcessingResponse, T
 use tokio::net::TcpListener;
 use tonic::{Request, Response, Status, Streaming};
 
-use prefix_picker::extproc::{
+use prefix_picker::envoy::{
     ReplyStream, StreamHandler, drive_stream, ext_proc_server, reply, streamed_body,
 };
 

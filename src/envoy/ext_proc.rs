@@ -1,0 +1,91 @@
+//! The ext_proc gRPC service: one stream state machine (`stream.rs`) per stream, served on its
+//! own task.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
+use ep::ProcessingRequest;
+use ep::ProcessingResponse;
+use ep::external_processor_server::{ExternalProcessor, ExternalProcessorServer};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::stream::StreamState;
+use crate::routing::Router;
+
+/// The ext_proc gRPC service.
+#[derive(Debug, Clone)]
+pub struct ExtProc {
+    router: Arc<Router>,
+}
+
+impl ExtProc {
+    pub fn new(router: Arc<Router>) -> ExtProc {
+        ExtProc { router }
+    }
+
+    pub fn into_server(self) -> ExternalProcessorServer<ExtProc> {
+        ext_proc_server(self)
+    }
+}
+
+/// An ext_proc service with the message limits Envoy's bodies need (64 MiB each way).
+pub fn ext_proc_server<T: ExternalProcessor>(service: T) -> ExternalProcessorServer<T> {
+    ExternalProcessorServer::new(service)
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20)
+}
+
+pub type ReplyStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
+
+/// What one ext_proc stream does with its messages (see [`drive_stream`]).
+pub trait StreamHandler: Send + 'static {
+    /// The replies to one message, in order.
+    fn replies(&mut self, message: ProcessingRequest) -> Vec<ProcessingResponse>;
+    /// Nothing more to learn: end our side of the stream now. Envoy keeps an
+    /// observability-mode stream open for `deferred_close_timeout` (5 s) after the request
+    /// unless the server closes it, and every open stream counts against the processor
+    /// cluster's `max_requests` circuit breaker.
+    fn done(&self) -> bool;
+    /// The stream ended (normally or not).
+    fn finish(&mut self) {}
+}
+
+/// Serves one stream on its own task: each message's replies are sent in order until the
+/// handler is done, Envoy ends the stream, or nobody reads the replies any more.
+pub fn drive_stream<H: StreamHandler>(
+    mut inbound: Streaming<ProcessingRequest>,
+    mut handler: H,
+) -> ReplyStream {
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(async move {
+        'stream: while let Ok(Some(message)) = inbound.message().await {
+            for reply in handler.replies(message) {
+                if tx.send(Ok(reply)).await.is_err() {
+                    break 'stream;
+                }
+            }
+            if handler.done() {
+                break;
+            }
+        }
+        handler.finish();
+    });
+    Box::pin(ReceiverStream::new(rx))
+}
+
+#[tonic::async_trait]
+impl ExternalProcessor for ExtProc {
+    type ProcessStream = ReplyStream;
+
+    async fn process(
+        &self,
+        request: Request<Streaming<ProcessingRequest>>,
+    ) -> Result<Response<Self::ProcessStream>, Status> {
+        let stream = StreamState::new(self.router.clone());
+        Ok(Response::new(drive_stream(request.into_inner(), stream)))
+    }
+}

@@ -1,0 +1,549 @@
+//! The Envoy adapter: one ext_proc stream per HTTP request, translated to [`Router`] calls.
+//!
+//! Request phase (protocol.md §2): with `BUFFERED` bodies the headers are answered CONTINUE and
+//! the pick rides on the body reply (Envoy sends the whole body in one message; `end_of_stream`
+//! is false only when request trailers follow); with `FULL_DUPLEX_STREAMED` the headers reply is
+//! held until the body's end (`end_of_stream` or the request trailers), then sent with the pick
+//! and `clear_route_cache`, followed by the body itself as `streamed_response` chunks of at most
+//! 62,000 bytes (the last one ends the stream unless trailers do). A request without a body is
+//! answered at once. `BUFFERED_PARTIAL` is `BUFFERED` until Envoy's buffer fills: a body cut
+//! there arrives without `end_of_stream`, like a whole body that trailers follow, and is told
+//! apart by not parsing whole (then 413). The pick goes in the `x-gateway-destination-endpoint`
+//! header (overwriting any client-supplied one) and in `envoy.lb` dynamic metadata, with
+//! identical values; `x-request-id` is generated when missing. Failures are immediate responses
+//! with OpenAI-style JSON errors. A body that arrives without request headers (a filter with
+//! `request_header_mode: SKIP`, whose requests Envoy forwards before any pick) is answered,
+//! routed by load, counted as unscored `no_request_path`, and warned about once. A stream decides
+//! once: after an immediate response it answers nothing more of the request, and after a pick
+//! any further request message (Envoy sends none) gets a plain reply of its kind (FULL_DUPLEX
+//! body bytes are still sent back).
+//!
+//! Response phase: the pod that served is `upstream.address` (response attribute), else the
+//! `x-gateway-destination-endpoint-served` metadata key, else the primary pick. Completion is the
+//! response body's `end_of_stream` or response trailers; with response body mode `NONE` it is the
+//! response headers (so aborted streams are then recorded too). A 2xx completion records the
+//! prompt for the serving pod; anything else, or a stream that ends first, records nothing.
+//! `FULL_DUPLEX_STREAMED` response chunks are echoed back at once; streams in
+//! `observability_mode` are never answered. Once the response has completed the picker ends the
+//! stream itself (Envoy would hold an observability-mode stream open for 5 s more). When this
+//! stream will not see the response (response body mode `NONE` or unknown), the routed state
+//! waits in [`PendingRoutes`] under a route key (the request id, made unique if a client reused
+//! it; also sent as [`ROUTE_KEY`] in `envoy.lb` metadata) for Envoy's access log
+//! ([`crate::envoy::access_log`]) or an observer stream (a second ext_proc filter) to claim it;
+//! [`crate::routing::completion`] decides what is recorded.
+//!
+//! [`PendingRoutes`]: crate::routing::PendingRoutes
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
+use envoy_types::pb::envoy::r#type::v3::HttpStatus;
+use envoy_types::pb::google::protobuf::{Struct, value::Kind};
+use ep::processing_request::Request as In;
+use ep::processing_response::Response as Out;
+use ep::{
+    BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, HttpBody, HttpHeaders,
+    ImmediateResponse, ProcessingRequest, ProcessingResponse, TrailersResponse,
+};
+
+use super::ext_proc::StreamHandler;
+use super::wire::{
+    BodyEnd, BodyMode, CONFORMANCE_SERVED_HEADER, DESTINATION_HEADER, TEST_SELECTION_HEADER,
+    body_chunks, destination, header_value, lb_metadata, merge_metadata, read_subset_hint, reply,
+    route_key_from_metadata, served_from_metadata, set_header, streamed_body,
+};
+use crate::cached_tokens::CachedTokensScan;
+use crate::endpoints::AddressPattern;
+use crate::routing::{Ending, RouteFailure, Router, Served, Ticket};
+
+impl StreamHandler for StreamState {
+    fn replies(&mut self, message: ProcessingRequest) -> Vec<ProcessingResponse> {
+        self.handle(message)
+    }
+
+    fn done(&self) -> bool {
+        self.completed
+    }
+
+    fn finish(&mut self) {
+        StreamState::finish(self);
+    }
+}
+
+/// Per-stream state.
+pub(super) struct StreamState {
+    router: Arc<Router>,
+    _open: OpenStream,
+    observer: bool,
+    request_mode: Option<BodyMode>,
+    response_mode: Option<BodyMode>,
+    path: String,
+    request_id: Option<String>,
+    set_request_id: bool,
+    test_selection: Option<Vec<AddressPattern>>,
+    metadata: HashMap<String, Struct>,
+    body: Vec<u8>,
+    holding_headers: bool,
+    /// The request was refused with an immediate response: Envoy ends the stream, so later
+    /// messages of the request are not answered.
+    rejected: bool,
+    /// The request was routed: later request messages (which Envoy does not send) get a plain
+    /// reply of their kind and never a second pick.
+    routed: bool,
+    /// Routed state when this stream observes the completion itself.
+    route: Option<Ticket>,
+    /// The key this stream's route waits under in [`PendingRoutes`] when another source will
+    /// see the response.
+    ///
+    /// [`PendingRoutes`]: crate::routing::PendingRoutes
+    route_key: Option<String>,
+    status: Option<u32>,
+    served: Served,
+    completed: bool,
+    /// The engine's `cached_tokens` in the response body (affinity mode with `engineBudget`,
+    /// when this stream sees the response body).
+    usage: Option<CachedTokensScan>,
+}
+
+/// Counts an open stream in `prefix_picker_inflight_streams` until dropped.
+struct OpenStream(prometheus::IntGauge);
+
+impl OpenStream {
+    fn new(g: &prometheus::IntGauge) -> OpenStream {
+        g.inc();
+        OpenStream(g.clone())
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+impl StreamState {
+    pub(super) fn new(router: Arc<Router>) -> StreamState {
+        let usage = router
+            .scheduler
+            .affinity()
+            .filter(|a| a.engine_budget)
+            .map(|_| CachedTokensScan::default());
+        StreamState {
+            _open: OpenStream::new(&router.metrics.inflight_streams),
+            router,
+            observer: false,
+            request_mode: None,
+            response_mode: None,
+            path: String::new(),
+            request_id: None,
+            set_request_id: false,
+            test_selection: None,
+            metadata: HashMap::new(),
+            body: Vec::new(),
+            holding_headers: false,
+            rejected: false,
+            routed: false,
+            route: None,
+            route_key: None,
+            status: None,
+            served: Served::NotReported,
+            completed: false,
+            usage,
+        }
+    }
+
+    fn handle(&mut self, message: ProcessingRequest) -> Vec<ProcessingResponse> {
+        if message.observability_mode {
+            self.observer = true;
+        }
+        if let Some(pc) = &message.protocol_config {
+            self.request_mode = Some(BodyMode::from_i32(pc.request_body_mode));
+            self.response_mode = Some(BodyMode::from_i32(pc.response_body_mode));
+        }
+        if let Some(md) = message.metadata_context {
+            merge_metadata(&mut self.metadata, md);
+        }
+        let replies = match message.request {
+            Some(In::RequestHeaders(h)) => self.on_request_headers(h),
+            Some(In::RequestBody(b)) => self.on_request_body(b),
+            Some(In::RequestTrailers(_)) => self.on_request_trailers(),
+            Some(In::ResponseHeaders(h)) => self.on_response_headers(h, &message.attributes),
+            Some(In::ResponseBody(b)) => self.on_response_body(b),
+            Some(In::ResponseTrailers(_)) => {
+                self.complete();
+                vec![reply(Out::ResponseTrailers(TrailersResponse::default()))]
+            }
+            None => vec![],
+        };
+        if self.observer { vec![] } else { replies }
+    }
+
+    fn on_request_headers(&mut self, h: HttpHeaders) -> Vec<ProcessingResponse> {
+        for header in h.headers.iter().flat_map(|m| &m.headers) {
+            let value = header_value(header);
+            match header.key.as_str() {
+                ":path" => self.path = value.into_owned(),
+                "x-request-id" if !value.is_empty() => self.request_id = Some(value.into_owned()),
+                TEST_SELECTION_HEADER if self.router.config.allow_test_endpoint_selection => {
+                    self.test_selection = Some(AddressPattern::parse_list(&value));
+                }
+                _ => {}
+            }
+        }
+        if self.observer || self.rejected {
+            return vec![];
+        }
+        if self.routed {
+            return vec![reply(Out::RequestHeaders(HeadersResponse::default()))];
+        }
+        if self.request_id.is_none() {
+            self.request_id = Some(uuid::Uuid::new_v4().to_string());
+            self.set_request_id = true;
+        }
+        if h.end_of_stream {
+            return self.route_now(None, BodyEnd::EndOfStream);
+        }
+        match self.request_mode {
+            Some(BodyMode::FullDuplex) => {
+                self.holding_headers = true;
+                vec![]
+            }
+            Some(BodyMode::None) => self.route_now(None, BodyEnd::EndOfStream),
+            _ => vec![reply(Out::RequestHeaders(HeadersResponse::default()))],
+        }
+    }
+
+    fn on_request_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
+        if self.observer || self.rejected {
+            return vec![];
+        }
+        if self.routed {
+            return match self.request_mode {
+                Some(BodyMode::FullDuplex) => vec![reply(Out::RequestBody(streamed_body(
+                    b.body,
+                    b.end_of_stream,
+                )))],
+                _ => vec![reply(Out::RequestBody(BodyResponse::default()))],
+            };
+        }
+        if self.path.is_empty() && self.body.is_empty() {
+            warn_request_headers_skipped();
+        }
+        if self.body.len() + b.body.len() > self.router.config.max_body_bytes {
+            return vec![self.immediate(&RouteFailure::new(
+                413,
+                "invalid_request_error",
+                format!(
+                    "request body exceeds the limit of {} bytes",
+                    self.router.config.max_body_bytes
+                ),
+            ))];
+        }
+        // BUFFERED: Envoy sends the whole body in one message, with `end_of_stream` false only
+        // when request trailers follow it (its ext_proc filter sends the buffered body when the
+        // trailers arrive, headers still held), so that message is the body's end too.
+        if b.end_of_stream || self.request_mode == Some(BodyMode::Buffered) {
+            // The usual case is one message with the whole body: route it without a copy.
+            if self.body.is_empty() {
+                self.body = b.body;
+            } else {
+                self.body.extend_from_slice(&b.body);
+            }
+            let end = if b.end_of_stream {
+                BodyEnd::EndOfStream
+            } else {
+                BodyEnd::Trailers
+            };
+            return self.route_body(end);
+        }
+        self.body.extend_from_slice(&b.body);
+        match self.request_mode {
+            Some(BodyMode::FullDuplex) => vec![],
+            Some(BodyMode::BufferedPartial) => {
+                // Envoy sends `end_of_stream` false both for a body cut at its buffer limit and
+                // for a whole body that request trailers follow: one that parses whole is the
+                // latter.
+                if crate::lenient_json::parse_value(&self.body).is_ok() {
+                    return self.route_body(BodyEnd::Trailers);
+                }
+                vec![self.immediate(&RouteFailure::new(
+                    413,
+                    "invalid_request_error",
+                    "request body exceeds Envoy's buffer limit",
+                ))]
+            }
+            _ => vec![reply(Out::RequestBody(BodyResponse::default()))],
+        }
+    }
+
+    fn on_request_trailers(&mut self) -> Vec<ProcessingResponse> {
+        if self.rejected {
+            return vec![];
+        }
+        if self.holding_headers {
+            // FULL_DUPLEX body ended with trailers instead of end_of_stream.
+            let mut replies = self.route_body(BodyEnd::Trailers);
+            if !self.rejected {
+                replies.push(reply(Out::RequestTrailers(TrailersResponse::default())));
+            }
+            return replies;
+        }
+        vec![reply(Out::RequestTrailers(TrailersResponse::default()))]
+    }
+
+    /// Routes on the whole body gathered so far ([`StreamState::route_now`]).
+    fn route_body(&mut self, end: BodyEnd) -> Vec<ProcessingResponse> {
+        let body = std::mem::take(&mut self.body);
+        let replies = self.route_now(Some(&body), end);
+        self.body = body;
+        replies
+    }
+
+    /// Routes and builds the replies that carry the pick (or the immediate error).
+    fn route_now(&mut self, body: Option<&[u8]>, end: BodyEnd) -> Vec<ProcessingResponse> {
+        let restrict = match self.restriction() {
+            Ok(r) => r,
+            Err(f) => return vec![self.immediate(&f)],
+        };
+        let routed = self.router.route(&self.path, body, restrict.as_deref());
+        let routed = match routed {
+            Ok(r) => r,
+            Err(f) => return vec![self.immediate(&f)],
+        };
+        let destination = destination(&routed.decision.ranked);
+        tracing::debug!(
+            request_id = self.request_id.as_deref().unwrap_or(""),
+            model = %routed.ticket.model,
+            destination = %destination,
+            reason = routed.decision.reason.as_str(),
+            "picked"
+        );
+        self.routed = true;
+        self.route_key = self.keep_route(routed.ticket);
+        let mut set_headers = vec![set_header(DESTINATION_HEADER, &destination)];
+        if self.set_request_id {
+            set_headers.push(set_header(
+                "x-request-id",
+                self.request_id.as_deref().unwrap_or_default(),
+            ));
+        }
+        let common = CommonResponse {
+            header_mutation: Some(HeaderMutation {
+                set_headers,
+                remove_headers: vec![],
+            }),
+            clear_route_cache: true,
+            ..CommonResponse::default()
+        };
+        let metadata = Some(lb_metadata(&destination, self.route_key.as_deref()));
+        let full_duplex_body = self.holding_headers && body.is_some();
+        if body.is_none() || self.holding_headers {
+            self.holding_headers = false;
+            let mut replies = vec![ProcessingResponse {
+                response: Some(Out::RequestHeaders(HeadersResponse {
+                    response: Some(common),
+                })),
+                dynamic_metadata: metadata,
+                ..ProcessingResponse::default()
+            }];
+            if full_duplex_body {
+                replies.extend(body_chunks(body.unwrap_or_default(), end));
+            }
+            return replies;
+        }
+        vec![ProcessingResponse {
+            response: Some(Out::RequestBody(BodyResponse {
+                response: Some(common),
+            })),
+            dynamic_metadata: metadata,
+            ..ProcessingResponse::default()
+        }]
+    }
+
+    /// Keeps the ticket for completion: on this stream, or (when this stream will not see the
+    /// response) in [`PendingRoutes`], returning the route key it waits under (the request id,
+    /// unless a route with that id already waits).
+    ///
+    /// [`PendingRoutes`]: crate::routing::PendingRoutes
+    fn keep_route(&mut self, route: Ticket) -> Option<String> {
+        match (self.response_mode, &self.request_id) {
+            (Some(BodyMode::None) | None, Some(id)) => Some(self.router.pending.insert(id, route)),
+            _ => {
+                self.route = Some(route);
+                None
+            }
+        }
+    }
+
+    /// The key a pending route is claimed by: this stream's own route key if it routed; for an
+    /// observer, the [`ROUTE_KEY`] the routing stream put in `envoy.lb` metadata (exact even when
+    /// a client reused its request id), else the `x-request-id` header it saw.
+    fn pending_key(&self) -> Option<&str> {
+        self.route_key
+            .as_deref()
+            .or_else(|| route_key_from_metadata(&self.metadata))
+            .or(self.request_id.as_deref())
+    }
+
+    /// Candidate restriction from the subset hint and (when enabled) the conformance header.
+    fn restriction(&self) -> Result<Option<Vec<AddressPattern>>, RouteFailure> {
+        let hint = read_subset_hint(&self.metadata);
+        if hint.as_ref().is_some_and(Vec::is_empty) {
+            return Err(RouteFailure::new(
+                503,
+                "service_unavailable",
+                "the subset hint lists no endpoint",
+            ));
+        }
+        Ok(match (hint, &self.test_selection) {
+            (hint, None) => hint,
+            (None, Some(selection)) => Some(selection.clone()),
+            (Some(hint), Some(selection)) => Some(AddressPattern::narrow(hint, selection)),
+        })
+    }
+
+    fn on_response_headers(
+        &mut self,
+        h: HttpHeaders,
+        attributes: &HashMap<String, Struct>,
+    ) -> Vec<ProcessingResponse> {
+        self.status = h
+            .headers
+            .iter()
+            .flat_map(|m| &m.headers)
+            .find(|hv| hv.key == ":status")
+            .and_then(|hv| header_value(hv).parse().ok());
+        self.served = self.served_endpoint(attributes);
+        let mut response = HeadersResponse::default();
+        if self.router.config.allow_test_endpoint_selection
+            && let Served::Pod(e) = &self.served
+        {
+            response.response = Some(CommonResponse {
+                header_mutation: Some(HeaderMutation {
+                    set_headers: vec![set_header(CONFORMANCE_SERVED_HEADER, &e.host)],
+                    remove_headers: vec![],
+                }),
+                ..CommonResponse::default()
+            });
+        }
+        if h.end_of_stream || (!self.observer && self.response_mode == Some(BodyMode::None)) {
+            self.complete();
+        }
+        vec![reply(Out::ResponseHeaders(response))]
+    }
+
+    fn on_response_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
+        let eos = b.end_of_stream;
+        if let Some(scan) = &mut self.usage {
+            scan.feed(&b.body);
+        }
+        let replies = if self.response_mode == Some(BodyMode::FullDuplex) {
+            vec![reply(Out::ResponseBody(streamed_body(b.body, eos)))]
+        } else {
+            vec![reply(Out::ResponseBody(BodyResponse::default()))]
+        };
+        if eos {
+            self.complete();
+        }
+        replies
+    }
+
+    /// The pod Envoy says served: `upstream.address`, else the `-served` metadata key.
+    /// `Served::Unknown` when Envoy names an address that is not (or no longer) in the set.
+    fn served_endpoint(&self, attributes: &HashMap<String, Struct>) -> Served {
+        let from_attribute = attributes
+            .values()
+            .filter_map(|s| s.fields.get("upstream.address"))
+            .find_map(|v| match &v.kind {
+                Some(Kind::StringValue(s)) => AddressPattern::parse(s).map(|p| p.addr()),
+                _ => None,
+            });
+        let address = from_attribute.or_else(|| served_from_metadata(&self.metadata));
+        Served::at(&self.router, address)
+    }
+
+    /// The response ended: record a 2xx for the serving pod, release the in-flight count.
+    fn complete(&mut self) {
+        if self.completed {
+            return;
+        }
+        self.completed = true;
+        let route = self.route.take().or_else(|| {
+            self.pending_key()
+                .and_then(|id| self.router.pending.take(id))
+        });
+        if let Some(route) = route {
+            let ending = Ending::Completed {
+                status: self.status,
+                served: std::mem::replace(&mut self.served, Served::NotReported),
+                cached_tokens: self.usage.as_ref().and_then(CachedTokensScan::value),
+            };
+            self.router.complete(route, ending);
+        }
+    }
+
+    /// The stream ended (normally or not).
+    fn finish(&mut self) {
+        if self.completed {
+            return;
+        }
+        if let Some(route) = self.route.take() {
+            self.router.complete(route, Ending::Aborted);
+        }
+        if self.observer
+            && let Some(route) = self
+                .pending_key()
+                .and_then(|id| self.router.pending.take(id))
+        {
+            self.router.complete(route, Ending::Aborted);
+        }
+    }
+
+    /// The immediate response refusing the request (the stream answers nothing more).
+    fn immediate(&mut self, failure: &RouteFailure) -> ProcessingResponse {
+        self.rejected = true;
+        self.router
+            .metrics
+            .immediate_responses
+            .with_label_values(&[&failure.status.to_string()])
+            .inc();
+        tracing::debug!(status = failure.status, message = %failure.message, "immediate response");
+        let mut set_headers = vec![set_header("content-type", "application/json")];
+        if let Some(id) = &self.request_id {
+            set_headers.push(set_header("x-request-id", id));
+        }
+        reply(Out::ImmediateResponse(ImmediateResponse {
+            status: Some(HttpStatus {
+                code: i32::from(failure.status),
+            }),
+            headers: Some(HeaderMutation {
+                set_headers,
+                remove_headers: vec![],
+            }),
+            body: failure.body(),
+            details: format!("prefix_picker_{}", failure.status),
+            grpc_status: None,
+        }))
+    }
+}
+
+/// A routing stream whose first message is the request body: the filter skips request headers,
+/// so Envoy has already sent the request on (to a host of its own choosing) and will ignore the
+/// pick. Such requests are routed by load and counted as unscored (`no_request_path`); this
+/// says why, once per process.
+fn warn_request_headers_skipped() {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            "a request body arrived without its request headers: the ext_proc filter skips them \
+             (request_header_mode: SKIP), so Envoy forwards each request before the pick and \
+             ignores it; set processing_mode.request_header_mode: SEND"
+        );
+    }
+}
+
+#[cfg(test)]
+mod sequence_props;
+#[cfg(test)]
+pub(crate) mod tests;

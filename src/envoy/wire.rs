@@ -1,0 +1,214 @@
+//! What goes on the wire: the names prefix-picker and Envoy agree on (headers, metadata keys),
+//! Envoy's body modes, the reply builders and the metadata readers the ext_proc stream and the
+//! access log share.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendAction;
+use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption, Metadata};
+use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
+use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
+use ep::processing_response::Response as Out;
+use ep::{
+    BodyMutation, BodyResponse, CommonResponse, ProcessingResponse, StreamedBodyResponse,
+    body_mutation,
+};
+
+use crate::endpoints::AddressPattern;
+use crate::endpoints::Endpoint;
+
+pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
+pub const SERVED_KEY: &str = "x-gateway-destination-endpoint-served";
+/// `envoy.lb` metadata key naming a routed request waiting in [`PendingRoutes`] (its request
+/// id): an observer filter that skips request headers, or an access-log entry without a
+/// request id, finds its request by it.
+///
+/// [`PendingRoutes`]: crate::routing::PendingRoutes
+pub const ROUTE_KEY: &str = "x-prefix-picker-route";
+pub const LB_NAMESPACE: &str = "envoy.lb";
+pub const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
+pub const SUBSET_KEY: &str = "x-gateway-destination-endpoint-subset";
+pub const TEST_SELECTION_HEADER: &str = "test-epp-endpoint-selection";
+pub const CONFORMANCE_SERVED_HEADER: &str = "x-conformance-test-served-endpoint";
+/// Largest body chunk sent back in FULL_DUPLEX_STREAMED mode (as the GIE reference picker).
+pub const BODY_CHUNK: usize = 62_000;
+
+/// Envoy's `ProcessingMode.BodySendMode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyMode {
+    None,
+    Streamed,
+    Buffered,
+    BufferedPartial,
+    FullDuplex,
+}
+
+impl BodyMode {
+    pub(crate) fn from_i32(v: i32) -> BodyMode {
+        match v {
+            1 => BodyMode::Streamed,
+            2 => BodyMode::Buffered,
+            3 => BodyMode::BufferedPartial,
+            4 => BodyMode::FullDuplex,
+            _ => BodyMode::None,
+        }
+    }
+}
+
+/// How the request body ended: with `end_of_stream` on its last message, or with request
+/// trailers after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyEnd {
+    EndOfStream,
+    Trailers,
+}
+
+/// A body reply that sends `body` on (FULL_DUPLEX_STREAMED mode: Envoy forwards what the
+/// processor sends back).
+pub fn streamed_body(body: Vec<u8>, end_of_stream: bool) -> BodyResponse {
+    BodyResponse {
+        response: Some(CommonResponse {
+            body_mutation: Some(BodyMutation {
+                mutation: Some(body_mutation::Mutation::StreamedResponse(
+                    StreamedBodyResponse {
+                        body,
+                        end_of_stream,
+                        ..StreamedBodyResponse::default()
+                    },
+                )),
+            }),
+            ..CommonResponse::default()
+        }),
+    }
+}
+
+/// A reply carrying `response` and nothing else.
+pub fn reply(response: Out) -> ProcessingResponse {
+    ProcessingResponse {
+        response: Some(response),
+        ..ProcessingResponse::default()
+    }
+}
+
+pub(crate) fn header_value(h: &HeaderValue) -> std::borrow::Cow<'_, str> {
+    if h.raw_value.is_empty() {
+        std::borrow::Cow::Borrowed(h.value.as_str())
+    } else {
+        String::from_utf8_lossy(&h.raw_value)
+    }
+}
+
+pub(crate) fn set_header(key: &str, value: &str) -> HeaderValueOption {
+    HeaderValueOption {
+        header: Some(HeaderValue {
+            key: key.to_string(),
+            value: String::new(),
+            raw_value: value.as_bytes().to_vec(),
+        }),
+        append_action: HeaderAppendAction::OverwriteIfExistsOrAdd as i32,
+        ..HeaderValueOption::default()
+    }
+}
+
+pub(crate) fn string_value(s: &str) -> Value {
+    Value {
+        kind: Some(Kind::StringValue(s.to_string())),
+    }
+}
+
+/// `{"envoy.lb": {"x-gateway-destination-endpoint": destination}}`, plus the [`ROUTE_KEY`] of
+/// a route left for an observer stream.
+/// `ip:port[,ip:port...]`, primary first: the pick as Envoy reads it (header and metadata).
+pub fn destination(ranked: &[Arc<Endpoint>]) -> String {
+    ranked
+        .iter()
+        .map(|e| e.host.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+pub(crate) fn lb_metadata(destination: &str, route_key: Option<&str>) -> Struct {
+    let mut fields = HashMap::from([(DESTINATION_HEADER.to_string(), string_value(destination))]);
+    if let Some(id) = route_key {
+        fields.insert(ROUTE_KEY.to_string(), string_value(id));
+    }
+    let inner = Struct { fields };
+    Struct {
+        fields: HashMap::from([(
+            LB_NAMESPACE.to_string(),
+            Value {
+                kind: Some(Kind::StructValue(inner)),
+            },
+        )]),
+    }
+}
+
+/// A FULL_DUPLEX_STREAMED request body sent back as `streamed_response` chunks. Only a body that
+/// ended the stream is sent with `end_of_stream` on its last chunk (an empty one if need be);
+/// when trailers follow, Envoy ends the stream with them (a body ending with `end_of_stream`
+/// before the trailers left Envoy waiting for the request until `stream_idle_timeout`).
+pub(crate) fn body_chunks(body: &[u8], end: BodyEnd) -> Vec<ProcessingResponse> {
+    let mut chunks: Vec<&[u8]> = body.chunks(BODY_CHUNK).collect();
+    if chunks.is_empty() && end == BodyEnd::EndOfStream {
+        chunks.push(&[]);
+    }
+    let last = chunks.len().saturating_sub(1);
+    chunks
+        .into_iter()
+        .enumerate()
+        .map(|(i, chunk)| {
+            let ends_stream = i == last && end == BodyEnd::EndOfStream;
+            reply(Out::RequestBody(streamed_body(chunk.to_vec(), ends_stream)))
+        })
+        .collect()
+}
+
+/// The string at `key` in the `envoy.lb` namespace of `metadata`.
+pub(crate) fn lb_string<'a>(metadata: &'a HashMap<String, Struct>, key: &str) -> Option<&'a str> {
+    match metadata.get(LB_NAMESPACE)?.fields.get(key)?.kind.as_ref()? {
+        Kind::StringValue(s) => Some(s.as_str()),
+        _ => None,
+    }
+}
+
+/// The `-served` key Envoy's `override_host` policy writes in `envoy.lb` metadata.
+pub fn served_from_metadata(metadata: &HashMap<String, Struct>) -> Option<SocketAddr> {
+    lb_string(metadata, SERVED_KEY)
+        .and_then(AddressPattern::parse)
+        .map(|p| p.addr())
+}
+
+/// The [`ROUTE_KEY`] in `envoy.lb` metadata.
+pub fn route_key_from_metadata(metadata: &HashMap<String, Struct>) -> Option<&str> {
+    lb_string(metadata, ROUTE_KEY)
+}
+
+/// The subset hint (`envoy.lb.subset_hint`: a list, or a comma-separated string) when the
+/// metadata carries one; entries that do not parse are skipped (the list may end up empty).
+pub(crate) fn read_subset_hint(metadata: &HashMap<String, Struct>) -> Option<Vec<AddressPattern>> {
+    let value = metadata.get(SUBSET_NAMESPACE)?.fields.get(SUBSET_KEY)?;
+    Some(match &value.kind {
+        Some(Kind::ListValue(l)) => l
+            .values
+            .iter()
+            .filter_map(|v| match &v.kind {
+                Some(Kind::StringValue(s)) => AddressPattern::parse(s),
+                _ => None,
+            })
+            .collect(),
+        Some(Kind::StringValue(s)) => AddressPattern::parse_list(s),
+        _ => vec![],
+    })
+}
+
+/// Merges a message's metadata into the stream's (fields of later messages win).
+pub(crate) fn merge_metadata(into: &mut HashMap<String, Struct>, md: Metadata) {
+    for (namespace, fields) in md.filter_metadata {
+        into.entry(namespace)
+            .or_default()
+            .fields
+            .extend(fields.fields);
+    }
+}

@@ -1,0 +1,244 @@
+//! What happens when a routed request ends ([`Router::complete`]): the prompt is recorded for
+//! the pod that served it, on a 2xx completion only.
+//!
+//! Two sources report endings: an ext_proc stream that sees the response (its own routing
+//! stream, or an observer filter's stream), and Envoy's gRPC access log
+//! ([`crate::envoy::access_log`]). Both hand over the [`Ticket`] and the [`Ending`] (the
+//! response status and [`Served`]); the outcome is counted in
+//! `prefix_picker_records_total{outcome}`:
+//! - `aborted`: the response did not complete (client gone, upstream reset, timeout);
+//! - `failed`: completed with a non-2xx status (or none);
+//! - `unscored`: 2xx, but the request had no prompt blocks to record;
+//! - `unknown_pod`: 2xx, but Envoy named a serving address outside the endpoint set;
+//! - `recorded`: 2xx, the blocks recorded for the serving pod (Envoy's report, else the
+//!   primary pick). Dropping the route releases the primary pod's in-flight count.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use crate::endpoints::{Endpoint, InflightGuard};
+use crate::hashing::BlockHash;
+use crate::metrics::{CachedTokens, RouterMetrics};
+use crate::prefix_index::ModelKey;
+use crate::routing::{RecordOrigin, Router};
+use crate::scheduler::{Decision, TentativeHold};
+
+/// A routed request until it ends: what completion needs to record it. Holds the primary pod's
+/// in-flight count (and, in the affinity mode, the tentative hold) until completed, or dropped
+/// (aborted, expired).
+#[derive(Debug)]
+pub struct Ticket {
+    pub model: String,
+    pub hashes: Vec<BlockHash>,
+    /// Keeps the primary pod's in-flight count until completion or abort.
+    pub guard: InflightGuard,
+    /// The affinity mode's decision-time record, held until completion, rollback or expiry.
+    pub tentative: Option<TentativeHold>,
+    /// Affinity mode: blocks the primary pick held at the decision ([`Decision`]), checked
+    /// against its engine's `cached_tokens` report.
+    pub predicted_blocks: usize,
+}
+
+impl Ticket {
+    /// The ticket of `decision` (its hashes move into the ticket).
+    pub(super) fn new(
+        model: &str,
+        decision: &mut Decision<Arc<Endpoint>>,
+        tentative: Option<TentativeHold>,
+        metrics: &RouterMetrics,
+    ) -> Ticket {
+        Ticket {
+            model: model.to_string(),
+            hashes: std::mem::take(&mut decision.hashes),
+            guard: InflightGuard::new(decision.primary().clone(), metrics),
+            tentative,
+            predicted_blocks: decision.predicted_blocks,
+        }
+    }
+
+    /// The primary pick.
+    pub fn primary(&self) -> &Arc<Endpoint> {
+        self.guard.endpoint()
+    }
+}
+
+/// Who served the response, as far as Envoy told.
+#[derive(Debug, Clone)]
+pub enum Served {
+    /// Envoy did not say (no attribute, no metadata): the primary pick is assumed.
+    NotReported,
+    Pod(Arc<Endpoint>),
+    /// Envoy named an address outside the endpoint set: nothing is recorded.
+    Unknown,
+}
+
+impl Served {
+    /// The endpoint at `address` (None: not reported).
+    pub fn at(router: &Router, address: Option<SocketAddr>) -> Served {
+        match address {
+            None => Served::NotReported,
+            Some(address) => match router.endpoints.snapshot().by_address(&address) {
+                Some(e) => Served::Pod(e.clone()),
+                None => Served::Unknown,
+            },
+        }
+    }
+}
+
+/// How a routed request ended.
+#[derive(Debug, Clone)]
+pub enum Ending {
+    /// The response ended normally with this status (None: no status seen), and the
+    /// `cached_tokens` the engine reported in it, when the source saw the response body.
+    Completed {
+        status: Option<u32>,
+        served: Served,
+        cached_tokens: Option<u64>,
+    },
+    /// It did not complete.
+    Aborted,
+}
+
+/// Checks the engine's `cached_tokens` report against the blocks the pod was predicted to
+/// hold (affinity mode with `engineBudget`): when it reports under half of the prediction, the
+/// first block it missed and every entry older than it leave the pod's list, before the prompt
+/// is recorded again (the engine holds it now, having computed it).
+fn correct_estimate(router: &Router, route: &Ticket, pod: &Endpoint, reported: u64) {
+    let Some(a) = router.scheduler.affinity().filter(|a| a.engine_budget) else {
+        return;
+    };
+    let block = router.scheduler.prefix_cache().args().block_size_to_hash as u64;
+    let per_token = u64::from(a.bytes_per_token);
+    let predicted = route.predicted_blocks as u64 * block / per_token;
+    let m = &router.metrics.cached_tokens;
+    m.with_label_values(&[CachedTokens::Predicted.as_str()])
+        .inc_by(predicted);
+    m.with_label_values(&[CachedTokens::Reported.as_str()])
+        .inc_by(reported);
+    if reported.saturating_mul(2) >= predicted {
+        return;
+    }
+    let held = usize::try_from(reported * per_token / block).unwrap_or(usize::MAX);
+    let Some(&missing) = route.hashes.get(held) else {
+        return;
+    };
+    let dropped = router.scheduler.prefix_cache().index().drop_older(
+        &pod.index,
+        ModelKey::of(&route.model),
+        missing,
+    );
+    router.metrics.estimate_dropped.inc_by(dropped as u64);
+    tracing::debug!(pod = %pod.label, predicted, reported, dropped, "engine holds less than predicted");
+}
+
+/// How a routed request ended (the `outcome` label of `prefix_picker_records_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteOutcome {
+    Recorded,
+    Failed,
+    Aborted,
+    Unscored,
+    UnknownPod,
+    /// No completion arrived within `responseTimeoutSeconds`.
+    Expired,
+}
+
+impl RouteOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouteOutcome::Recorded => "recorded",
+            RouteOutcome::Failed => "failed",
+            RouteOutcome::Aborted => "aborted",
+            RouteOutcome::Unscored => "unscored",
+            RouteOutcome::UnknownPod => "unknown_pod",
+            RouteOutcome::Expired => "expired",
+        }
+    }
+}
+
+/// How a decision-time record ended (`prefix_picker_tentative_records_total{outcome}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TentativeOutcome {
+    /// Recorded for the pod it was held for.
+    Confirmed,
+    /// Recorded for another pod (Envoy fell back), the hold dropped.
+    Moved,
+    /// The request failed, was cut or served from an unknown address: the hold dropped.
+    RolledBack,
+    /// No completion arrived within `responseTimeoutSeconds`.
+    Expired,
+}
+
+impl TentativeOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TentativeOutcome::Confirmed => "confirmed",
+            TentativeOutcome::Moved => "moved",
+            TentativeOutcome::RolledBack => "rolled_back",
+            TentativeOutcome::Expired => "expired",
+        }
+    }
+}
+
+impl Router {
+    /// Finishes `ticket` as `ending` says: records a 2xx completion for the pod that served and
+    /// counts the outcome. A tentative hold is confirmed (the record lands before the hold goes,
+    /// so the prefix never looks unheld), moved, or rolled back.
+    pub fn complete(&self, ticket: Ticket, ending: Ending) {
+        complete(self, ticket, ending);
+    }
+}
+
+fn complete(router: &Router, mut route: Ticket, ending: Ending) {
+    let mut served_slot = None;
+    let outcome = match ending {
+        Ending::Aborted => RouteOutcome::Aborted,
+        Ending::Completed { status, .. } if !status.is_some_and(|s| (200..300).contains(&s)) => {
+            RouteOutcome::Failed
+        }
+        Ending::Completed { .. } if route.hashes.is_empty() => RouteOutcome::Unscored,
+        Ending::Completed {
+            served: Served::Unknown,
+            ..
+        } => RouteOutcome::UnknownPod,
+        Ending::Completed {
+            served,
+            cached_tokens,
+            ..
+        } => {
+            let pod = match served {
+                Served::Pod(e) => e,
+                _ => route.guard.endpoint().clone(),
+            };
+            if Arc::ptr_eq(&pod, route.guard.endpoint())
+                && let Some(reported) = cached_tokens
+            {
+                correct_estimate(router, &route, &pod, reported);
+            }
+            router.record(&route.model, &route.hashes, &pod, RecordOrigin::Local);
+            served_slot = Some(pod.index.slot());
+            RouteOutcome::Recorded
+        }
+    };
+    router
+        .metrics
+        .records
+        .with_label_values(&[outcome.as_str()])
+        .inc();
+    if let Some(hold) = route.tentative.take() {
+        let tentative = match served_slot {
+            Some(slot) if slot == hold.pod() => TentativeOutcome::Confirmed,
+            Some(_) => TentativeOutcome::Moved,
+            None => TentativeOutcome::RolledBack,
+        };
+        drop(hold);
+        router
+            .metrics
+            .tentative
+            .with_label_values(&[tentative.as_str()])
+            .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,315 @@
+//! The routing seam, independent of Envoy: [`Router::route`] turns a request (path + body) into
+//! a decision and a [`Ticket`]; [`Router::complete`] finishes the ticket with the request's
+//! [`Ending`]; [`Router::explain`] shows the decision `route` would make, changing nothing.
+//! A ticket whose ending another source reports waits in [`PendingRoutes`].
+//!
+//! Unknown API paths (e.g. `/v1/models`) are routed by load only, to any endpoint. Inference
+//! APIs need a JSON body with a string `model` (else 400); a body without a renderable prompt is
+//! routed by load only. Candidate pods can be narrowed by [`AddressPattern`]s (a subset hint or,
+//! when enabled, the conformance header). Failures map to HTTP statuses with OpenAI-style JSON
+//! error bodies.
+
+pub mod completion;
+pub mod pending;
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::config::{PickerConfig, SchedulerConfig};
+use crate::endpoints::{AddressPattern, Endpoint, Endpoints};
+use crate::hashing::BlockHash;
+use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
+use crate::request::{Api, InferenceRequest};
+use crate::scheduler::{Decision, Observation, PickError, RouteRequest, Scheduler, Unscored};
+pub use completion::{Ending, Served, Ticket};
+pub use pending::PendingRoutes;
+
+/// A request the picker answers itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteFailure {
+    pub status: u16,
+    /// OpenAI error `type`.
+    pub kind: &'static str,
+    pub message: String,
+}
+
+impl RouteFailure {
+    pub fn new(status: u16, kind: &'static str, message: impl Into<String>) -> RouteFailure {
+        RouteFailure {
+            status,
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// OpenAI-style JSON error body.
+    pub fn body(&self) -> Vec<u8> {
+        serde_json::to_vec(&json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": null,
+            "code": self.status,
+        }}))
+        .expect("serializable")
+    }
+}
+
+impl From<PickError> for RouteFailure {
+    fn from(e: PickError) -> Self {
+        let status = match e {
+            PickError::UnknownModel(_) => 404,
+            _ => 503,
+        };
+        let kind = if status == 404 {
+            "invalid_request_error"
+        } else {
+            "service_unavailable"
+        };
+        RouteFailure::new(status, kind, e.to_string())
+    }
+}
+
+/// A routed request: the decision and the ticket that ends it. The decision's block hashes
+/// moved into the ticket (`decision.hashes` is empty).
+#[derive(Debug)]
+pub struct Routed {
+    pub decision: Decision<Arc<Endpoint>>,
+    pub ticket: Ticket,
+}
+
+/// What [`Router::route`] would decide (nothing counted, held or committed).
+#[derive(Debug)]
+pub struct Explained {
+    pub model: String,
+    pub decision: Decision<Arc<Endpoint>>,
+}
+
+/// Where a record comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordOrigin {
+    /// A completion this replica saw (published to the record sink).
+    Local,
+    /// A record another replica made (never published again).
+    Replica,
+}
+
+/// Receives every local record (after a served request), e.g. to share it with other replicas.
+/// Called on the routing path: it must not block.
+pub trait RecordSink: Send + Sync + std::fmt::Debug {
+    fn recorded(&self, model: &str, hashes: &[BlockHash], endpoint: &Endpoint);
+}
+
+/// Everything routing needs, shared by all streams and the admin listener.
+#[derive(Debug)]
+pub struct Router {
+    pub scheduler: Arc<Scheduler>,
+    pub endpoints: Arc<Endpoints>,
+    pub metrics: RouterMetrics,
+    /// prefix-cache's metrics (Kthena's names), counted from what the scheduler returns.
+    pub prefix_metrics: PrefixCacheMetrics,
+    pub config: PickerConfig,
+    pub pending: PendingRoutes,
+    sink: OnceLock<Arc<dyn RecordSink>>,
+}
+
+impl Router {
+    /// A router over an empty endpoint set: the scheduler from `scheduler`, the picker's
+    /// knobs from `picker`, metrics into the given families.
+    pub fn assemble(
+        scheduler: SchedulerConfig,
+        picker: PickerConfig,
+        prefix_metrics: PrefixCacheMetrics,
+        metrics: RouterMetrics,
+    ) -> Router {
+        let scheduler = Arc::new(Scheduler::new(scheduler, picker.max_endpoints, picker.seed));
+        let endpoints = Arc::new(Endpoints::new(
+            scheduler.prefix_cache().index().clone(),
+            metrics.clone(),
+        ));
+        Router {
+            scheduler,
+            endpoints,
+            metrics,
+            prefix_metrics,
+            pending: PendingRoutes::new(Duration::from_secs(picker.response_timeout_seconds)),
+            config: picker,
+            sink: OnceLock::new(),
+        }
+    }
+
+    /// Installs the record sink (once); `false` if one was already set.
+    pub fn set_record_sink(&self, sink: Arc<dyn RecordSink>) -> bool {
+        self.sink.set(sink).is_ok()
+    }
+
+    /// Records a served request's prompt for the pod that served it: the one record path, for
+    /// this replica's completions ([`RecordOrigin::Local`], shared with the other replicas
+    /// through the sink) and for theirs ([`RecordOrigin::Replica`], applied as they made them).
+    /// Evictions are counted by the evicted entry's model.
+    pub fn record(
+        &self,
+        model: &str,
+        hashes: &[BlockHash],
+        endpoint: &Endpoint,
+        origin: RecordOrigin,
+    ) -> usize {
+        if !self.scheduler.prefix_enabled() {
+            return 0;
+        }
+        if origin == RecordOrigin::Local
+            && let Some(sink) = self.sink.get()
+        {
+            sink.recorded(model, hashes, endpoint);
+        }
+        let outcome = self.scheduler.record(model, hashes, &endpoint.index);
+        if !hashes.is_empty() {
+            self.prefix_metrics.count_record(model, &outcome);
+        }
+        outcome.inserted
+    }
+
+    /// Counts a routed decision (reason, why unscored, duration, plugin times, match ratios)
+    /// and writes Kthena's score lines.
+    fn observe(&self, model: &str, decision: &Decision<Arc<Endpoint>>) {
+        self.count(model, &decision.observations);
+        self.metrics
+            .decisions
+            .with_label_values(&[decision.reason.as_str()])
+            .inc();
+        if let Some(u) = decision.unscored {
+            self.metrics.unscored.with_label_values(&[u.as_str()]).inc();
+        }
+        self.metrics
+            .decision_duration
+            .observe(decision.duration.as_secs_f64());
+        decision.log_scores();
+    }
+
+    /// Counts plugin times and match ratios.
+    fn count(&self, model: &str, observations: &[Observation]) {
+        for o in observations {
+            match *o {
+                Observation::PluginTime {
+                    plugin,
+                    kind,
+                    elapsed,
+                } => self
+                    .metrics
+                    .plugin_duration
+                    .with_label_values(&[model, plugin, kind.as_str()])
+                    .observe(elapsed.as_secs_f64()),
+                Observation::MatchRatio(ratio) => self
+                    .prefix_metrics
+                    .match_ratio
+                    .with_label_values(&[model])
+                    .observe(ratio),
+            }
+        }
+    }
+
+    /// Routes one request: decides, counts the decision, commits it (the affinity mode's
+    /// tentative hold) and returns the ticket, which holds the primary pod's in-flight count
+    /// until [`Router::complete`] (or until dropped). `body` is `None` for a request without a
+    /// body; `restrict` narrows the candidates.
+    pub fn route(
+        &self,
+        path: &str,
+        body: Option<&[u8]>,
+        restrict: Option<&[AddressPattern]>,
+    ) -> Result<Routed, RouteFailure> {
+        let parsed = Parsed::new(path, body)?;
+        let (request, candidates) = self.prepare(&parsed, restrict)?;
+        let model = request.model;
+        let mut decision = self
+            .scheduler
+            .schedule(request, candidates)
+            .inspect_err(|f| self.count(model, &f.observations))
+            .map_err(PickError::from)?;
+        self.observe(model, &decision);
+        self.metrics
+            .pod_picks
+            .with_label_values(&[&decision.primary().label])
+            .inc();
+        let tentative = self.scheduler.commit(model, &decision);
+        let ticket = Ticket::new(model, &mut decision, tentative, &self.metrics);
+        Ok(Routed { decision, ticket })
+    }
+
+    /// The decision [`Router::route`] would make for this request, without counting it or
+    /// changing any state (`/debug/explain`).
+    pub fn explain(
+        &self,
+        path: &str,
+        body: Option<&[u8]>,
+        restrict: Option<&[AddressPattern]>,
+    ) -> Result<Explained, RouteFailure> {
+        let parsed = Parsed::new(path, body)?;
+        let (request, candidates) = self.prepare(&parsed, restrict)?;
+        let model = request.model.to_string();
+        let decision = self
+            .scheduler
+            .explain(request, candidates)
+            .map_err(PickError::from)?;
+        Ok(Explained { model, decision })
+    }
+
+    /// The scheduler's request and the candidate pods: any pod for an unknown API (no model is
+    /// known), else the pods serving the model; narrowed to `restrict`.
+    fn prepare<'a>(
+        &self,
+        parsed: &'a Parsed,
+        restrict: Option<&[AddressPattern]>,
+    ) -> Result<(RouteRequest<'a>, Vec<Arc<Endpoint>>), PickError> {
+        let model = parsed.request.as_ref().map(|r| r.model.as_str());
+        let candidates = self.endpoints.snapshot().candidates(model, restrict)?;
+        let prompt = match &parsed.request {
+            // No path at all: the ext_proc filter skips request headers (see envoy).
+            None if parsed.no_path => Err(Unscored::NoRequestPath),
+            None => Err(Unscored::UnknownApi),
+            Some(r) => match &r.prompt {
+                Ok(p) => Ok(p.as_str()),
+                Err(reason) => Err(Unscored::NoPrompt(*reason)),
+            },
+        };
+        let request = RouteRequest {
+            model: model.unwrap_or(""),
+            prompt,
+        };
+        Ok((request, candidates))
+    }
+}
+
+/// A request as routing reads it: the inference request for a known API, none for another path.
+struct Parsed {
+    request: Option<InferenceRequest>,
+    /// The path was empty (Envoy sent no request headers).
+    no_path: bool,
+}
+
+impl Parsed {
+    fn new(path: &str, body: Option<&[u8]>) -> Result<Parsed, RouteFailure> {
+        let request = match (Api::from_path(path), body) {
+            (None, _) => None,
+            (Some(_), None) => {
+                return Err(RouteFailure::new(
+                    400,
+                    "invalid_request_error",
+                    "request has no body",
+                ));
+            }
+            (Some(_), Some(body)) => Some(
+                InferenceRequest::parse(body)
+                    .map_err(|e| RouteFailure::new(400, "invalid_request_error", e.to_string()))?,
+            ),
+        };
+        Ok(Parsed {
+            request,
+            no_path: path.is_empty(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,266 @@
+//! Routing semantics at [`Router::route`] and [`Router::explain`]: which pods a request may go
+//! to, which requests fail and how, what explain leaves alone. The wire (how Envoy carries a
+//! hint or an error) is tested in the Envoy adapter.
+
+use prometheus::proto::MetricType;
+
+use super::*;
+use crate::config::PickerConfig;
+use crate::testing::{router, router_from_config, router_with, spec, three};
+
+/// Samples of every series in `registry` (counts for histograms), by family name.
+fn samples(registry: &prometheus::Registry) -> Vec<(String, f64)> {
+    registry
+        .gather()
+        .iter()
+        .flat_map(|f| {
+            f.get_metric().iter().map(|m| {
+                let v = match f.get_field_type() {
+                    MetricType::HISTOGRAM => m.get_histogram().get_sample_count() as f64,
+                    MetricType::COUNTER => m.get_counter().get_value(),
+                    _ => m.get_gauge().get_value(),
+                };
+                (f.name().to_string(), v)
+            })
+        })
+        .filter(|(_, v)| *v != 0.0)
+        .collect()
+}
+
+#[test]
+fn explain_changes_no_state_and_counts_nothing() {
+    let registry = prometheus::Registry::new();
+    let router = router_from_config("picker: {affinity: {}}\n", three(), &registry);
+    let body = br#"{"model": "m", "prompt": "an explained prompt, long enough for a block or two of hashes"}"#;
+    let before = samples(&registry);
+    let explained = router.explain("/v1/completions", Some(body), None).unwrap();
+    assert_eq!(samples(&registry), before, "explain counts nothing");
+    assert_eq!(router.scheduler.tentative().holds(), 0);
+    let routed = router.route("/v1/completions", Some(body), None).unwrap();
+    assert_eq!(
+        routed.decision.primary().label,
+        explained.decision.primary().label,
+        "explain shows the next decision"
+    );
+    assert_eq!(router.scheduler.tentative().holds(), 1);
+    let counted: Vec<String> = samples(&registry).into_iter().map(|(n, _)| n).collect();
+    for family in [
+        "kthena_router_scheduler_plugin_duration_seconds",
+        "kthena_router_prefix_cache_match_ratio",
+        "prefix_picker_decisions_total",
+        "prefix_picker_decision_duration_seconds",
+        "prefix_picker_pod_picks_total",
+    ] {
+        assert!(
+            counted.iter().any(|n| n == family),
+            "{family} in {counted:?}"
+        );
+    }
+}
+
+#[test]
+fn failure_body_is_openai_shaped() {
+    let f = RouteFailure::new(400, "invalid_request_error", "bad");
+    let v: serde_json::Value = serde_json::from_slice(&f.body()).unwrap();
+    assert_eq!(v["error"]["message"], "bad");
+    assert_eq!(v["error"]["code"], 400);
+}
+
+const PROMPT: &[u8] =
+    br#"{"model": "m", "prompt": "a prompt long enough for a block of hashes or two"}"#;
+
+fn status(r: Result<Routed, RouteFailure>) -> u16 {
+    r.map(|_| 200).unwrap_or_else(|f| f.status)
+}
+
+#[test]
+fn failures_by_request_and_pod_set() {
+    let listing = || {
+        router_with(
+            PickerConfig::default(),
+            vec![spec("a", 18001, &["m"]), spec("b", 18002, &["x"])],
+        )
+    };
+    let none = || router_with(PickerConfig::default(), vec![]);
+    let only = |s: &str| AddressPattern::parse_list(s);
+    type Case<'a> = (
+        &'a str,
+        Arc<Router>,
+        &'a str,
+        Option<&'a [u8]>,
+        Option<Vec<AddressPattern>>,
+        u16,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "routed",
+            router(),
+            "/v1/completions",
+            Some(PROMPT),
+            None,
+            200,
+        ),
+        ("no body", router(), "/v1/completions", None, None, 400),
+        (
+            "not JSON",
+            router(),
+            "/v1/completions",
+            Some(b"{"),
+            None,
+            400,
+        ),
+        (
+            "no model",
+            router(),
+            "/v1/completions",
+            Some(br#"{"prompt": "x"}"#),
+            None,
+            400,
+        ),
+        (
+            "unknown model",
+            listing(),
+            "/v1/completions",
+            Some(br#"{"model": "n", "prompt": "x"}"#),
+            None,
+            404,
+        ),
+        (
+            "listed model",
+            listing(),
+            "/v1/completions",
+            Some(PROMPT),
+            None,
+            200,
+        ),
+        (
+            "no pods",
+            none(),
+            "/v1/completions",
+            Some(PROMPT),
+            None,
+            503,
+        ),
+        (
+            "no pods, unknown API",
+            none(),
+            "/v1/models",
+            None,
+            None,
+            503,
+        ),
+        (
+            "empty restriction",
+            router(),
+            "/v1/completions",
+            Some(PROMPT),
+            Some(vec![]),
+            503,
+        ),
+        (
+            "restriction naming no pod",
+            router(),
+            "/v1/completions",
+            Some(PROMPT),
+            Some(only("10.9.9.9")),
+            503,
+        ),
+        (
+            "restriction, unknown API",
+            router(),
+            "/v1/models",
+            None,
+            Some(only("10.9.9.9")),
+            503,
+        ),
+        // The model is checked before the restriction.
+        (
+            "unknown model, restricted",
+            listing(),
+            "/v1/completions",
+            Some(br#"{"model": "n", "prompt": "x"}"#),
+            Some(only("10.9.9.9")),
+            404,
+        ),
+    ];
+    for (name, router, path, body, restrict, want) in cases {
+        let got = status(router.route(path, body, restrict.as_deref()));
+        assert_eq!(got, want, "{name}");
+        let explained = router.explain(path, body, restrict.as_deref());
+        assert_eq!(
+            explained.map(|_| 200).unwrap_or_else(|f| f.status),
+            want,
+            "{name} (explain)"
+        );
+    }
+}
+
+#[test]
+fn a_restriction_keeps_the_pods_its_patterns_name() {
+    let router = router();
+    for (patterns, allowed) in [
+        ("127.0.0.1:18002", vec![18002]),
+        ("127.0.0.1:18002,127.0.0.1:18003", vec![18002, 18003]),
+        ("127.0.0.1", vec![18001, 18002, 18003]),
+        ("127.0.0.1:18003, 10.0.0.1", vec![18003]),
+    ] {
+        let restrict = AddressPattern::parse_list(patterns);
+        for path in ["/v1/completions", "/v1/models"] {
+            let body = (path != "/v1/models").then_some(PROMPT);
+            let routed = router.route(path, body, Some(&restrict)).unwrap();
+            let picked: Vec<u16> = routed
+                .decision
+                .ranked
+                .iter()
+                .map(|e| e.spec.address.port())
+                .collect();
+            assert!(
+                picked.iter().all(|p| allowed.contains(p)) && picked.len() == allowed.len(),
+                "{patterns} on {path}: {picked:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn unknown_apis_and_missing_paths_go_by_load_unscored() {
+    let router = router();
+    for (path, body, unscored) in [
+        ("/v1/models", None, Unscored::UnknownApi),
+        ("/v1/models", Some(PROMPT), Unscored::UnknownApi),
+        ("", Some(PROMPT), Unscored::NoRequestPath),
+    ] {
+        let routed = router.route(path, body, None).unwrap();
+        assert_eq!(routed.decision.unscored, Some(unscored), "{path:?}");
+        assert!(routed.ticket.hashes.is_empty());
+        assert_eq!(routed.ticket.model, "");
+    }
+    let routed = router.route("/v1/completions", Some(PROMPT), None).unwrap();
+    assert_eq!(routed.decision.unscored, None);
+    assert_eq!(routed.ticket.model, "m");
+    assert!(
+        !routed.ticket.hashes.is_empty(),
+        "the hashes move into the ticket"
+    );
+    assert!(routed.decision.hashes.is_empty());
+}
+
+#[test]
+fn a_ticket_holds_the_primary_in_flight_until_it_ends() {
+    let router = router();
+    let routed = router.route("/v1/completions", Some(PROMPT), None).unwrap();
+    let primary = routed.ticket.primary().clone();
+    assert_eq!(primary.spec.address, routed.decision.primary().spec.address);
+    assert_eq!(primary.inflight(), 1);
+    router.complete(routed.ticket, Ending::Aborted);
+    assert_eq!(primary.inflight(), 0);
+    let dropped = router.route("/v1/completions", Some(PROMPT), None).unwrap();
+    let primary = dropped.ticket.primary().clone();
+    assert_eq!(primary.inflight(), 1);
+    drop(dropped);
+    assert_eq!(
+        primary.inflight(),
+        0,
+        "a dropped ticket releases its count too"
+    );
+}

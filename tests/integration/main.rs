@@ -1,0 +1,16 @@
+//! The integration tests: one binary, a module per concern, sharing one harness.
+//!
+//! - [`e2e`]: through a real Envoy (routing, recording, fallbacks, body modes, observers, TLS,
+//!   metrics, logs, the CLI, GIE's shape, replica sync);
+//! - [`deploy`]: `deploy/`, the gateway examples, monitoring and the images, without a cluster;
+//! - [`kube_discovery`]: Kubernetes discovery against an in-process fake API server;
+//! - [`docs`]: the documentation's relative links;
+//! - [`soak`]: pod churn under load (a short smoke by default; the full run is ignored, see
+//!   `scripts/soak`).
+
+mod deploy;
+mod docs;
+mod e2e;
+mod harness;
+mod kube_discovery;
+mod soak;
