@@ -15,6 +15,7 @@ pub mod extproc;
 pub mod hashing;
 pub mod invariants;
 pub mod lenient_json;
+pub mod logging;
 pub mod metrics;
 pub mod pending;
 pub mod pod_metrics;

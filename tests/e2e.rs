@@ -3,6 +3,7 @@
 
 mod gie;
 mod harness;
+mod logs;
 mod sync;
 
 use std::process::Command;
