@@ -87,27 +87,36 @@ impl AccessLogSink {
     /// Ends the routed request `entry` reports, if the picker routed it and still waits.
     pub fn on_entry(&self, entry: HttpAccessLogEntry) {
         let router = &self.router;
-        let result = match claim(router, entry) {
-            Claim::Intermediate => "intermediate",
-            Claim::Unclaimed => "unclaimed",
-            Claim::Claimed => "claimed",
-        };
+        let result = claim(router, entry);
         router
             .metrics
             .access_log_entries
-            .with_label_values(&[result])
+            .with_label_values(&[result.as_str()])
             .inc();
     }
 }
 
-/// What one entry did.
-enum Claim {
+/// What one entry did (`prefix_picker_access_log_entries_total{result}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
     /// Not a stream's last entry: ignored.
     Intermediate,
     /// No route waits under its request id or route key.
     Unclaimed,
     /// It ended a waiting route.
     Claimed,
+}
+
+impl Claim {
+    pub const ALL: [Claim; 3] = [Claim::Claimed, Claim::Unclaimed, Claim::Intermediate];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Claim::Intermediate => "intermediate",
+            Claim::Unclaimed => "unclaimed",
+            Claim::Claimed => "claimed",
+        }
+    }
 }
 
 /// Takes the route `entry` ends, if one waits, and finishes it as the entry says.
