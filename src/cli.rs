@@ -11,7 +11,8 @@
 //! - The two forms differ only in two defaults: the GIE form serves TLS (`--secure-serving`,
 //!   self-signed unless `--cert-path`) and gRPC health on port 9003 (`--grpc-health-port`).
 //! - Flags win over the config file; each alias pair (`--config`/`--config-file`,
-//!   `--grpc-addr`/`--grpc-port`, `--admin-addr`/`--metrics-port`) takes one member.
+//!   `--grpc-addr`/`--grpc-port`, `--admin-addr`/`--metrics-port`,
+//!   `--log-format`/`--zap-encoder`) takes one member.
 //!
 //! docs/cli.md lists every flag and its GIE meaning.
 
@@ -37,12 +38,13 @@ pub enum Form {
     Gie,
 }
 
-/// The log line format.
+/// The log line format ([`crate::logging`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
     /// Human-readable lines (zap's `console`).
     #[default]
-    Console,
+    #[value(alias = "console")]
+    Text,
     /// One JSON object per line.
     Json,
 }
@@ -98,7 +100,10 @@ pub struct ServeArgs {
     /// Verbosity like klog: 2 = info, 4 = per-pod score lines, 5 = trace [default: 2].
     #[arg(long, value_name = "N")]
     pub v: Option<u8>,
-    /// Log format (GIE's zap encoder) [default: console].
+    /// Log format: text or json (one JSON object per line) [default: text].
+    #[arg(long, value_name = "FORMAT")]
+    pub log_format: Option<LogFormat>,
+    /// GIE's name for --log-format (console = text).
     #[arg(long, value_name = "FORMAT")]
     pub zap_encoder: Option<LogFormat>,
     /// Engine metric of queued requests: `name` or `name{label=value,...}`, "" = off
@@ -122,6 +127,10 @@ pub struct ServePlan {
     pub health_addr: Option<String>,
     pub v: u8,
     pub log_format: LogFormat,
+    /// Where the config came from: its path, `--config-text`, or `none`.
+    pub config_origin: String,
+    /// SHA-256 of the config text as given, hex (what `sha256sum FILE` prints); empty without one.
+    pub config_sha256: String,
     /// Flags overriding the config, ignored flags: log them once logging is up.
     pub warnings: Vec<String>,
 }
@@ -311,7 +320,24 @@ pub fn pool_namespace(flag: Option<&str>, host: &Host<'_>) -> String {
         .unwrap_or_else(|| "default".to_string())
 }
 
+fn sha256_hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    digest.as_ref().iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
 impl ServeArgs {
+    /// The verbosity and log format asked for (set up logging before [`ServeArgs::resolve`]).
+    pub fn logging(&self) -> (u8, LogFormat) {
+        (
+            self.v.unwrap_or(2),
+            self.log_format.or(self.zap_encoder).unwrap_or_default(),
+        )
+    }
+
     /// Applies the form's defaults, loads the config and folds the flags into it. Errors are
     /// complete sentences naming the flags involved.
     pub fn resolve(self, form: Form, host: &Host<'_>) -> Result<ServePlan, Vec<String>> {
@@ -341,6 +367,12 @@ impl ServeArgs {
             "admin-addr",
             "metrics-port",
             self.admin_addr.is_some() && self.metrics_port.is_some(),
+        );
+        pair(
+            &mut errors,
+            "log-format",
+            "zap-encoder",
+            self.log_format.is_some() && self.zap_encoder.is_some(),
         );
         let file = self.config.as_ref().or(self.config_file.as_ref());
         if file.is_some() && self.config_text.is_some() {
@@ -475,7 +507,17 @@ impl ServeArgs {
                 .unwrap_or_else(|| any(9090)),
             health_addr: health_port.map(any),
             v: self.v.unwrap_or(2),
-            log_format: self.zap_encoder.unwrap_or_default(),
+            log_format: self.log_format.or(self.zap_encoder).unwrap_or_default(),
+            config_sha256: if origin.is_empty() {
+                String::new()
+            } else {
+                sha256_hex(text.as_bytes())
+            },
+            config_origin: if origin.is_empty() {
+                "none".into()
+            } else {
+                origin
+            },
             warnings,
         })
     }

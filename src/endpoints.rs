@@ -140,7 +140,9 @@ pub struct InflightGuard {
 impl InflightGuard {
     pub fn new(endpoint: Arc<Endpoint>, metrics: &RouterMetrics) -> InflightGuard {
         endpoint.inflight.fetch_add(1, Ordering::Relaxed);
-        let gauge = metrics.pod_inflight.with_label_values(&[&endpoint.label]);
+        let gauge = metrics
+            .pod_inflight
+            .with_label_values(&crate::metrics::pod_label_values(&endpoint.spec.id));
         gauge.inc();
         InflightGuard { endpoint, gauge }
     }
@@ -286,7 +288,7 @@ impl Endpoints {
                 .iter()
                 .any(|n| n.spec.id == e.spec.id);
             if !still_there {
-                self.metrics.forget_pod(&e.label);
+                self.metrics.forget_pod(&e.spec.id);
                 left.push(e.spec.id.clone());
             }
         }
@@ -495,12 +497,16 @@ mod tests {
         drop(g2);
         assert_eq!(a.inflight(), 0);
         assert_eq!(
-            metrics.pod_inflight.with_label_values(&["default/a"]).get(),
+            metrics
+                .pod_inflight
+                .with_label_values(&["a", "default"])
+                .get(),
             0
         );
     }
 
-    /// The exported `prefix_picker_pod_inflight_requests` series, by pod.
+    /// The exported `prefix_picker_pod_inflight_requests` series, by `namespace/pod` (their
+    /// labels `model_server_namespace`, `model_server_pod`, in that order once exported).
     fn inflight_series(registry: &prometheus::Registry) -> Vec<(String, i64)> {
         registry
             .gather()
@@ -508,13 +514,17 @@ mod tests {
             .filter(|f| f.name() == "prefix_picker_pod_inflight_requests")
             .flat_map(|f| f.get_metric())
             .map(|m| {
-                (
-                    m.get_label()[0].value().to_string(),
-                    m.get_gauge().get_value() as i64,
-                )
+                let labels: Vec<_> = m
+                    .get_label()
+                    .iter()
+                    .map(|l| format!("{}={}", l.name(), l.value()))
+                    .collect();
+                (labels.join(","), m.get_gauge().get_value() as i64)
             })
             .collect()
     }
+
+    const A_LABELS: &str = "model_server_namespace=default,model_server_pod=a";
 
     #[test]
     fn a_departed_pods_inflight_series_does_not_come_back() {
@@ -524,7 +534,7 @@ mod tests {
         eps.apply(Update::Reset(vec![spec("a", 1, ""), spec("b", 2, "")]));
         let a = eps.snapshot().all()[0].clone();
         let old = InflightGuard::new(a.clone(), &metrics);
-        assert_eq!(inflight_series(&registry), [("default/a".to_string(), 1)]);
+        assert_eq!(inflight_series(&registry), [(A_LABELS.to_string(), 1)]);
         eps.apply(Update::Remove(a.spec.id.clone()));
         assert!(
             inflight_series(&registry).is_empty(),
@@ -535,9 +545,9 @@ mod tests {
         let a2 = eps.snapshot().all()[0].clone();
         let new = InflightGuard::new(a2, &metrics);
         drop(old);
-        assert_eq!(inflight_series(&registry), [("default/a".to_string(), 1)]);
+        assert_eq!(inflight_series(&registry), [(A_LABELS.to_string(), 1)]);
         drop(new);
-        assert_eq!(inflight_series(&registry), [("default/a".to_string(), 0)]);
+        assert_eq!(inflight_series(&registry), [(A_LABELS.to_string(), 0)]);
         eps.apply(Update::Remove(a.spec.id.clone()));
         assert!(inflight_series(&registry).is_empty());
     }

@@ -30,6 +30,7 @@ pub mod envoy; // ext_proc service, stream state machine, wire, access-log servi
 // The process.
 pub mod admin; // the admin listener: /metrics, probes, /debug/explain
 pub mod cli; // the command line
+pub mod logging; // text or JSON log lines, panics included
 pub mod serve; // start-up, listeners, background tasks and shutdown
 pub mod tls; // TLS on the gRPC port
 

@@ -7,9 +7,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use prefix_picker::cli::{self, Form, Host, LogFormat, ServeArgs};
+use prefix_picker::cli::{self, Form, Host, ServeArgs};
 use prefix_picker::config::Config;
 use prefix_picker::hashing::{BlockChain, ChainScheme};
+use prefix_picker::logging;
 use prefix_picker::request::InferenceRequest;
 
 #[derive(Debug, Parser)]
@@ -67,25 +68,6 @@ fn read_input(file: Option<&PathBuf>) -> std::io::Result<Vec<u8>> {
     }
 }
 
-fn init_logging(v: u8, format: LogFormat) {
-    use tracing_subscriber::EnvFilter;
-    let default = match v {
-        0 | 1 => "warn",
-        2 | 3 => "info",
-        4 => "info,scores=debug,prefix_picker=debug",
-        _ => "trace",
-    };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    use std::io::IsTerminal;
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Console => logs.with_ansi(std::io::stderr().is_terminal()).init(),
-        LogFormat::Json => logs.json().flatten_event(true).init(),
-    }
-}
-
 /// Commands that are not the sidecar; their arguments go to clap as given.
 const TOOLS: [&str; 4] = ["validate", "render", "hash", "help"];
 
@@ -96,14 +78,29 @@ fn main() -> ExitCode {
     // The sidecar's flags in Go syntax too, GIE's unused ones dropped (logged below).
     let mut ignored = Vec::new();
     let first = argv.get(1).map(String::as_str);
-    if !first.is_some_and(|c| TOOLS.contains(&c)) {
+    let sidecar = !first.is_some_and(|c| TOOLS.contains(&c));
+    if sidecar {
         let start = if first == Some("serve") { 2 } else { 1 };
         let (flags, dropped) = cli::normalize(&argv[start..], &cli::serve_flags());
         argv.truncate(start);
         argv.extend(flags);
         ignored = dropped;
     }
-    let cli = Cli::parse_from(argv);
+    let cli = match Cli::try_parse_from(&argv) {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            let format = logging::requested_format(&argv);
+            let shown = matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion);
+            if !sidecar || shown || format == cli::LogFormat::Text {
+                e.exit();
+            }
+            // The sidecar asked for JSON logs: the usage error is one of them.
+            logging::init(2, format);
+            tracing::error!("{}", e.to_string().trim_end());
+            return ExitCode::from(2);
+        }
+    };
     let command = match cli.command {
         None => return serve(Form::Gie, cli.serve, &ignored),
         Some(Command::Serve(args)) => return serve(Form::Serve, *args, &ignored),
@@ -215,7 +212,8 @@ fn main() -> ExitCode {
 
 /// Runs the sidecar until SIGTERM/SIGINT (then drains) or until a listener fails.
 fn serve(form: Form, args: ServeArgs, ignored: &[String]) -> ExitCode {
-    init_logging(args.v.unwrap_or(2), args.zap_encoder.unwrap_or_default());
+    let (v, format) = args.logging();
+    logging::init(v, format);
     for w in ignored {
         tracing::warn!("{w}");
     }
@@ -223,8 +221,7 @@ fn serve(form: Form, args: ServeArgs, ignored: &[String]) -> ExitCode {
         Ok(plan) => plan,
         Err(errors) => {
             for e in &errors {
-                tracing::error!("{e}");
-                eprintln!("error: {e}");
+                logging::fatal(format, e);
             }
             return ExitCode::from(1);
         }
@@ -235,7 +232,7 @@ fn serve(form: Form, args: ServeArgs, ignored: &[String]) -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
+            logging::fatal(format, &format!("cannot start the runtime: {e}"));
             return ExitCode::from(1);
         }
     };
@@ -245,7 +242,26 @@ fn serve(form: Form, args: ServeArgs, ignored: &[String]) -> ExitCode {
             admin: &plan.admin_addr,
             health: plan.health_addr.as_deref(),
         };
+        let (tls, endpoints) = (plan.config.picker.tls.mode, plan.config.endpoints.len());
+        let mode = plan.config.scheduler.mode_summary();
         let mut running = prefix_picker::serve::start_with(plan.config, listen).await?;
+        let health_shown = running
+            .health_addr
+            .map_or_else(|| "none".to_string(), |a| a.to_string());
+        // The start-up line: which build runs which config, and where it listens.
+        tracing::info!(
+            version = prefix_picker::metrics::VERSION,
+            revision = prefix_picker::metrics::REVISION,
+            config = %plan.config_origin,
+            config_sha256 = %plan.config_sha256,
+            grpc_addr = %running.grpc_addr,
+            admin_addr = %running.admin_addr,
+            health_addr = %health_shown,
+            tls = tls.as_str(),
+            endpoints,
+            %mode,
+            "prefix-picker serving"
+        );
         let signalled = tokio::select! {
             _ = shutdown_signal() => true,
             r = running.wait() => { r?; false }
@@ -259,8 +275,7 @@ fn serve(form: Form, args: ServeArgs, ignored: &[String]) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("error: {e:#}");
+            logging::fatal(format, &format!("{e:#}"));
             ExitCode::from(1)
         }
     }

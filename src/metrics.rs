@@ -1,10 +1,13 @@
 //! Every metric prefix-picker exports, declared together and registered explicitly.
 //!
 //! Kthena's names are kept where they exist (semantics doc §7); prefix-picker's own metrics use the
-//! `prefix_picker_` prefix, seconds for durations and enum-valued labels. Per-pod series are
-//! removed when a pod leaves. docs/metrics.md lists them all.
+//! `prefix_picker_` prefix, seconds for durations and enum-valued labels. A help string lists
+//! the values of each enum-valued label, generated from the enum ([`listing`]). Per-pod series
+//! carry [`POD_LABELS`] and are removed when a pod leaves. The process metrics
+//! (`process_cpu_seconds_total`, `process_resident_memory_bytes`, ...) come with the router's.
+//! docs/metrics.md lists them all.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -13,12 +16,74 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::endpoints::PodId;
+use crate::envoy::access_log::Claim;
 use crate::prefix_index::{ModelKey, RecordOutcome};
+use crate::routing::completion::{RouteOutcome, TentativeOutcome};
+use crate::scheduler::{DecisionReason, Unscored};
 
 /// This build's version (`Cargo.toml`).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// This build's git revision (`build.rs`: `PREFIX_PICKER_REVISION`, else git, else `unknown`).
 pub const REVISION: &str = env!("PREFIX_PICKER_REVISION");
+
+/// The labels of per-pod series: the model server's pod name and namespace. Not `pod` and
+/// `namespace`: Prometheus' Kubernetes discovery sets those on every series to the picker's own.
+pub const POD_LABELS: [&str; 2] = ["model_server_pod", "model_server_namespace"];
+
+/// A pod's values of [`POD_LABELS`].
+pub fn pod_label_values(id: &PodId) -> [&str; 2] {
+    [&id.name, &id.namespace]
+}
+
+/// Help text that lists the values of enum-valued labels: `text (label: a, b; other: c, d)`.
+/// Tests read the list back and compare it with what is emitted.
+pub fn listing(text: &str, labels: &[(&str, &[&str])]) -> String {
+    let lists: Vec<String> = labels
+        .iter()
+        .map(|(label, values)| format!("{label}: {}", values.join(", ")))
+        .collect();
+    format!("{text} ({})", lists.join("; "))
+}
+
+/// The label lists of a help string written by [`listing`]: `text (label: a, b; other: c)`.
+pub fn listed(help: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let Some(open) = help.rfind(" (").filter(|_| help.ends_with(')')) else {
+        return BTreeMap::new();
+    };
+    help[open + 2..help.len() - 1]
+        .split("; ")
+        .map_while(|list| {
+            let (label, values) = list.split_once(": ")?;
+            let is_name = label.chars().all(|c| c.is_ascii_lowercase() || c == '_');
+            is_name.then(|| {
+                let values = values.split(", ").map(str::to_string).collect();
+                (label.to_string(), values)
+            })
+        })
+        .collect()
+}
+
+/// The `result` of an engine scrape (`prefix_picker_engine_scrapes_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScrapeResult {
+    Ok,
+    Error,
+}
+
+impl ScrapeResult {
+    pub const ALL: [ScrapeResult; 2] = [ScrapeResult::Ok, ScrapeResult::Error];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScrapeResult::Ok => "ok",
+            ScrapeResult::Error => "error",
+        }
+    }
+}
+
+/// The `source` of `prefix_picker_cached_tokens_total`.
+pub const CACHED_TOKEN_SOURCES: [&str; 2] = ["predicted", "reported"];
 
 /// Buckets of `kthena_router_prefix_cache_match_ratio` (Kthena's).
 pub const MATCH_RATIO_BUCKETS: [f64; 9] = [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0];
@@ -147,9 +212,10 @@ impl RouterMetrics {
             decisions: IntCounterVec::new(
                 Opts::new(
                     "prefix_picker_decisions_total",
-                    "Routing decisions, by reason (prefix_hit, prefix_overruled, prefix_miss, \
-                     unscored; affinity mode: affinity_hit, affinity_miss, affinity_spill, \
-                     affinity_saturated)",
+                    listing(
+                        "Routing decisions, by reason (affinity_* in the affinity mode only)",
+                        &[("reason", &DecisionReason::ALL.map(DecisionReason::as_str))],
+                    ),
                 ),
                 &["reason"],
             )
@@ -165,7 +231,10 @@ impl RouterMetrics {
             unscored: IntCounterVec::new(
                 Opts::new(
                     "prefix_picker_unscored_requests_total",
-                    "Requests routed without prefix scoring, by reason",
+                    listing(
+                        "Requests routed without prefix scoring, by reason",
+                        &[("reason", &Unscored::ALL.map(Unscored::as_str))],
+                    ),
                 ),
                 &["reason"],
             )
@@ -173,7 +242,10 @@ impl RouterMetrics {
             records: IntCounterVec::new(
                 Opts::new(
                     "prefix_picker_records_total",
-                    "Request completions, by outcome (recorded, failed, aborted, unknown_pod, unscored, expired)",
+                    listing(
+                        "Request completions, by outcome",
+                        &[("outcome", &RouteOutcome::ALL.map(RouteOutcome::as_str))],
+                    ),
                 ),
                 &["outcome"],
             )
@@ -181,7 +253,10 @@ impl RouterMetrics {
             access_log_entries: IntCounterVec::new(
                 Opts::new(
                     "prefix_picker_access_log_entries_total",
-                    "Envoy access-log entries received, by result (claimed a routed request, unclaimed, intermediate)",
+                    listing(
+                        "Envoy access-log entries received, by result (claimed: ended a routed request)",
+                        &[("result", &Claim::ALL.map(Claim::as_str))],
+                    ),
                 ),
                 &["result"],
             )
@@ -202,7 +277,7 @@ impl RouterMetrics {
                     "prefix_picker_pod_inflight_requests",
                     "Requests picked for a pod (primary) and not yet completed",
                 ),
-                &["pod"],
+                &POD_LABELS,
             )
             .expect("valid metric"),
             pod_picks: IntCounterVec::new(
@@ -210,7 +285,7 @@ impl RouterMetrics {
                     "prefix_picker_pod_picks_total",
                     "Requests whose primary pick was this pod",
                 ),
-                &["pod"],
+                &POD_LABELS,
             )
             .expect("valid metric"),
             immediate_responses: IntCounterVec::new(
@@ -224,9 +299,12 @@ impl RouterMetrics {
             engine_scrapes: IntCounterVec::new(
                 Opts::new(
                     "prefix_picker_engine_scrapes_total",
-                    "Engine /metrics scrapes, by pod and result (ok, error)",
+                    listing(
+                        "Engine /metrics scrapes, by pod and result",
+                        &[("result", &ScrapeResult::ALL.map(ScrapeResult::as_str))],
+                    ),
                 ),
-                &["pod", "result"],
+                &[POD_LABELS[0], POD_LABELS[1], "result"],
             )
             .expect("valid metric"),
             engine_scrape_timestamp: GaugeVec::new(
@@ -234,14 +312,20 @@ impl RouterMetrics {
                     "prefix_picker_engine_scrape_timestamp_seconds",
                     "Unix time of the last successful engine scrape (staleness = time() - value)",
                 ),
-                &["pod"],
+                &POD_LABELS,
             )
             .expect("valid metric"),
             tentative: IntCounterVec::new(
                 Opts::new(
                     "prefix_picker_tentative_records_total",
-                    "Affinity mode: decision-time records ended, by outcome (confirmed for the \
-                     picked pod, moved to the pod that served, rolled_back, expired)",
+                    listing(
+                        "Affinity mode: decision-time records ended, by outcome (confirmed for \
+                         the picked pod, moved to the pod that served)",
+                        &[(
+                            "outcome",
+                            &TentativeOutcome::ALL.map(TentativeOutcome::as_str),
+                        )],
+                    ),
                 ),
                 &["outcome"],
             )
@@ -255,9 +339,12 @@ impl RouterMetrics {
             cached_tokens: IntCounterVec::new(
                 Opts::new(
                     "prefix_picker_cached_tokens_total",
-                    "Affinity mode: prompt tokens the picker predicted the serving engine held \
-                     (source=predicted) and the engine reported as cached (source=reported), \
-                     over completions whose response carried usage.prompt_tokens_details",
+                    listing(
+                        "Affinity mode: prompt tokens the picker predicted the serving engine \
+                         held and the engine reported as cached, over completions whose \
+                         response carried usage.prompt_tokens_details",
+                        &[("source", &CACHED_TOKEN_SOURCES)],
+                    ),
                 ),
                 &["source"],
             )
@@ -274,13 +361,30 @@ impl RouterMetrics {
                     "Affinity mode: a pod's prefix-index budget in entries, sized from its \
                      engine's KV capacity",
                 ),
-                &["pod"],
+                &POD_LABELS,
             )
             .expect("valid metric"),
         };
-        // Both sources exist from the start, so their rates compare from the first report.
+        // Every value of an enum-valued label exists at 0 from the start ("none yet" is a
+        // value, not an absence; rates compare from the first event), so the exposition lists
+        // what the help string does.
         for source in CachedTokens::ALL {
             m.cached_tokens.with_label_values(&[source.as_str()]);
+        }
+        for reason in DecisionReason::ALL {
+            m.decisions.with_label_values(&[reason.as_str()]);
+        }
+        for reason in Unscored::ALL {
+            m.unscored.with_label_values(&[reason.as_str()]);
+        }
+        for outcome in RouteOutcome::ALL {
+            m.records.with_label_values(&[outcome.as_str()]);
+        }
+        for result in Claim::ALL {
+            m.access_log_entries.with_label_values(&[result.as_str()]);
+        }
+        for outcome in TentativeOutcome::ALL {
+            m.tentative.with_label_values(&[outcome.as_str()]);
         }
         register(registry, m.cached_tokens.clone());
         register(registry, m.estimate_dropped.clone());
@@ -310,17 +414,34 @@ impl RouterMetrics {
         .expect("valid metric");
         build.with_label_values(&[VERSION, REVISION]).set(1);
         register(registry, build);
+        // The process's CPU, memory, file descriptors and start time (Linux only).
+        #[cfg(target_os = "linux")]
+        register(
+            registry,
+            prometheus::process_collector::ProcessCollector::for_self(),
+        );
         m
     }
 
+    /// Counts an engine scrape of a pod.
+    pub fn count_scrape(&self, pod: &PodId, result: ScrapeResult) {
+        let [name, namespace] = pod_label_values(pod);
+        self.engine_scrapes
+            .with_label_values(&[name, namespace, result.as_str()])
+            .inc();
+    }
+
     /// Removes a departed pod's series.
-    pub fn forget_pod(&self, pod: &str) {
-        let _ = self.pod_inflight.remove_label_values(&[pod]);
-        let _ = self.pod_picks.remove_label_values(&[pod]);
-        let _ = self.engine_scrape_timestamp.remove_label_values(&[pod]);
-        let _ = self.pod_budget.remove_label_values(&[pod]);
-        for result in ["ok", "error"] {
-            let _ = self.engine_scrapes.remove_label_values(&[pod, result]);
+    pub fn forget_pod(&self, pod: &PodId) {
+        let labels = pod_label_values(pod);
+        let _ = self.pod_inflight.remove_label_values(&labels);
+        let _ = self.pod_picks.remove_label_values(&labels);
+        let _ = self.engine_scrape_timestamp.remove_label_values(&labels);
+        let _ = self.pod_budget.remove_label_values(&labels);
+        for result in ScrapeResult::ALL {
+            let _ =
+                self.engine_scrapes
+                    .remove_label_values(&[labels[0], labels[1], result.as_str()]);
         }
     }
 }
@@ -361,53 +482,4 @@ impl CachedTokens {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn records_count_evictions_by_the_evicted_model() {
-        let m = PrefixCacheMetrics::unregistered();
-        let (a, b) = (ModelKey::of("a"), ModelKey::of("b"));
-        let outcome = |evicted| RecordOutcome {
-            inserted: 1,
-            evicted,
-        };
-        m.count_record("b", &outcome(vec![]));
-        m.count_record("a", &outcome(vec![(a, 2)]));
-        assert_eq!(m.evictions.with_label_values(&["a"]).get(), 2);
-        m.count_record("a", &outcome(vec![(b, 1), (ModelKey(7), 3)]));
-        assert_eq!(m.evictions.with_label_values(&["b"]).get(), 1);
-        assert_eq!(
-            m.evictions.with_label_values(&["0000000000000007"]).get(),
-            3
-        );
-    }
-
-    #[test]
-    fn match_ratio_buckets_are_kthenas() {
-        let m = PrefixCacheMetrics::unregistered();
-        let h = m.match_ratio.with_label_values(&["m"]);
-        h.observe(0.0);
-        h.observe(0.75);
-        let registry = Registry::new();
-        registry.register(Box::new(m.match_ratio.clone())).unwrap();
-        let text = encode(&registry);
-        assert!(
-            text.contains("kthena_router_prefix_cache_match_ratio_bucket{model=\"m\",le=\"0\"} 1")
-        );
-        assert!(text.contains("kthena_router_prefix_cache_match_ratio_sum{model=\"m\"} 0.75"));
-    }
-
-    #[test]
-    fn build_info_names_this_build() {
-        let registry = Registry::new();
-        RouterMetrics::register(&registry);
-        let text = encode(&registry);
-        let line = format!(
-            "prefix_picker_build_info{{revision=\"{REVISION}\",version=\"{}\"}} 1",
-            env!("CARGO_PKG_VERSION")
-        );
-        assert!(text.contains(&line), "{line} not in:\n{text}");
-        assert!(!REVISION.is_empty());
-    }
-}
+mod tests;

@@ -22,21 +22,6 @@
 //! sync replay can wait for it (records stamped with an earlier life are then dropped).
 
 pub mod names;
-/// How a scrape ended (the `result` label of `prefix_picker_engine_scrapes_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scrape {
-    Ok,
-    Error,
-}
-
-impl Scrape {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Scrape::Ok => "ok",
-            Scrape::Error => "error",
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests;
@@ -53,7 +38,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::endpoints::{Endpoint, Endpoints, EngineStats};
-use crate::metrics::RouterMetrics;
+use crate::metrics::{RouterMetrics, ScrapeResult, listing, pod_label_values};
 use crate::prefix_index::PodSlot;
 use crate::scheduler::affinity::AffinityConfig;
 
@@ -82,8 +67,11 @@ impl ScrapeMetrics {
         let missing = IntCounterVec::new(
             Opts::new(
                 "prefix_picker_engine_metric_missing_total",
-                "Successful engine scrapes that found none of a signal's metric names (the signal \
-                 keeps its last value), by signal: waiting, running, kv_cache_usage, ttft, tpot",
+                listing(
+                    "Successful engine scrapes that found none of a signal's metric names (the \
+                     signal keeps its last value), by signal",
+                    &[("signal", &Signal::ALL.map(Signal::as_str))],
+                ),
             ),
             &["signal"],
         )
@@ -412,21 +400,15 @@ pub async fn run(
                         apply_budget(&endpoints, &metrics, &e, budget, tokens);
                     }
                     previous.insert(slot, (raw, stats));
-                    metrics
-                        .engine_scrapes
-                        .with_label_values(&[&e.label, Scrape::Ok.as_str()])
-                        .inc();
+                    metrics.count_scrape(&e.spec.id, ScrapeResult::Ok);
                     metrics
                         .engine_scrape_timestamp
-                        .with_label_values(&[&e.label])
+                        .with_label_values(&pod_label_values(&e.spec.id))
                         .set(now);
                 }
                 Err(err) => {
                     tracing::debug!(pod = %e.label, error = %err, "engine metrics scrape failed");
-                    metrics
-                        .engine_scrapes
-                        .with_label_values(&[&e.label, Scrape::Error.as_str()])
-                        .inc();
+                    metrics.count_scrape(&e.spec.id, ScrapeResult::Error);
                 }
             }
         }
@@ -455,7 +437,7 @@ fn apply_budget(
         .sum();
     metrics
         .pod_budget
-        .with_label_values(&[&e.label])
+        .with_label_values(&pod_label_values(&e.spec.id))
         .set(i64::try_from(entries).unwrap_or(i64::MAX));
     tracing::info!(pod = %e.label, engine_tokens = tokens, entries, dropped, "index budget sized from the engine");
 }

@@ -215,18 +215,6 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
         &mut tasks,
     )
     .await;
-    let health_shown = health_addr.map_or_else(|| "none".to_string(), |a| a.to_string());
-    tracing::info!(
-        version = crate::metrics::VERSION,
-        revision = crate::metrics::REVISION,
-        %grpc_addr,
-        %admin_addr,
-        health_addr = %health_shown,
-        tls = config.picker.tls.mode.as_str(),
-        endpoints = config.endpoints.len(),
-        mode = %config.scheduler.mode_summary(),
-        "prefix-picker serving"
-    );
     Ok(Running {
         grpc_addr,
         admin_addr,

@@ -107,6 +107,8 @@ pub enum Claim {
 }
 
 impl Claim {
+    pub const ALL: [Claim; 3] = [Claim::Claimed, Claim::Unclaimed, Claim::Intermediate];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Claim::Intermediate => "intermediate",

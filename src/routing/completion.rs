@@ -144,6 +144,15 @@ pub enum RouteOutcome {
 }
 
 impl RouteOutcome {
+    pub const ALL: [RouteOutcome; 6] = [
+        RouteOutcome::Recorded,
+        RouteOutcome::Failed,
+        RouteOutcome::Aborted,
+        RouteOutcome::Unscored,
+        RouteOutcome::UnknownPod,
+        RouteOutcome::Expired,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             RouteOutcome::Recorded => "recorded",
@@ -170,6 +179,13 @@ pub enum TentativeOutcome {
 }
 
 impl TentativeOutcome {
+    pub const ALL: [TentativeOutcome; 4] = [
+        TentativeOutcome::Confirmed,
+        TentativeOutcome::Moved,
+        TentativeOutcome::RolledBack,
+        TentativeOutcome::Expired,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             TentativeOutcome::Confirmed => "confirmed",

@@ -230,7 +230,9 @@ impl Router {
         self.observe(model, &decision);
         self.metrics
             .pod_picks
-            .with_label_values(&[&decision.primary().label])
+            .with_label_values(&crate::metrics::pod_label_values(
+                &decision.primary().spec.id,
+            ))
             .inc();
         let tentative = self.scheduler.commit(model, &decision);
         let ticket = Ticket::new(model, &mut decision, tentative, &self.metrics);

@@ -86,6 +86,17 @@ pub enum DecisionReason {
 }
 
 impl DecisionReason {
+    pub const ALL: [DecisionReason; 8] = [
+        DecisionReason::PrefixHit,
+        DecisionReason::PrefixOverruled,
+        DecisionReason::PrefixMiss,
+        DecisionReason::Unscored,
+        DecisionReason::AffinityHit,
+        DecisionReason::AffinityMiss,
+        DecisionReason::AffinitySpill,
+        DecisionReason::AffinitySaturated,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             DecisionReason::PrefixHit => "prefix_hit",
@@ -128,6 +139,17 @@ pub enum Unscored {
 }
 
 impl Unscored {
+    pub const ALL: [Unscored; 8] = [
+        Unscored::NoPrompt(NoPrompt::PromptNotString),
+        Unscored::NoPrompt(NoPrompt::MessagesNotList),
+        Unscored::NoPrompt(NoPrompt::InputNotStringOrList),
+        Unscored::NoPrompt(NoPrompt::NoPromptField),
+        Unscored::UnknownApi,
+        Unscored::NoRequestPath,
+        Unscored::EmptyPrompt,
+        Unscored::PrefixCacheDisabled,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Unscored::NoPrompt(reason) => reason.as_str(),

@@ -2,6 +2,8 @@
 
 use prometheus::{Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
+use crate::metrics::listing;
+
 /// Why a record was not published or not applied (the `reason` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DropReason {
@@ -49,6 +51,8 @@ pub enum Role {
 }
 
 impl Role {
+    pub const ALL: [Role; 2] = [Role::Publisher, Role::Tailer];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Role::Publisher => "publisher",
@@ -64,7 +68,7 @@ pub struct SyncMetrics {
     pub dropped: IntCounterVec,
     pub replay_seconds: Gauge,
     pub replayed: IntCounter,
-    pub lag_ms: IntGauge,
+    pub lag_seconds: Gauge,
     pub lag_entries: IntGauge,
     pub connected: IntGaugeVec,
     pub reconnects: IntCounterVec,
@@ -86,7 +90,10 @@ impl SyncMetrics {
             dropped: IntCounterVec::new(
                 Opts::new(
                     "prefix_picker_sync_dropped_total",
-                    "Records not published or not applied, by reason",
+                    listing(
+                        "Records not published or not applied, by reason",
+                        &[("reason", &DropReason::ALL.map(DropReason::as_str))],
+                    ),
                 ),
                 &["reason"],
             )
@@ -101,8 +108,8 @@ impl SyncMetrics {
                 "Stream entries read by the warm replay at start-up",
             )
             .expect("valid metric"),
-            lag_ms: IntGauge::new(
-                "prefix_picker_sync_lag_milliseconds",
+            lag_seconds: Gauge::new(
+                "prefix_picker_sync_lag_seconds",
                 "Age of the last stream entry read when it was read (0 when caught up)",
             )
             .expect("valid metric"),
@@ -114,7 +121,10 @@ impl SyncMetrics {
             connected: IntGaugeVec::new(
                 Opts::new(
                     "prefix_picker_sync_redis_connected",
-                    "1 while the connection to Redis is up, by role",
+                    listing(
+                        "1 while the connection to Redis is up, by role",
+                        &[("role", &Role::ALL.map(Role::as_str))],
+                    ),
                 ),
                 &["role"],
             )
@@ -122,7 +132,10 @@ impl SyncMetrics {
             reconnects: IntCounterVec::new(
                 Opts::new(
                     "prefix_picker_sync_redis_connects_total",
-                    "Successful connections to Redis, by role",
+                    listing(
+                        "Successful connections to Redis, by role",
+                        &[("role", &Role::ALL.map(Role::as_str))],
+                    ),
                 ),
                 &["role"],
             )
@@ -141,15 +154,16 @@ impl SyncMetrics {
         registry
             .register(Box::new(m.replay_seconds.clone()))
             .expect("unique metric");
-        for g in [&m.lag_ms, &m.lag_entries] {
-            registry
-                .register(Box::new(g.clone()))
-                .expect("unique metric");
-        }
+        registry
+            .register(Box::new(m.lag_seconds.clone()))
+            .expect("unique metric");
+        registry
+            .register(Box::new(m.lag_entries.clone()))
+            .expect("unique metric");
         registry
             .register(Box::new(m.connected.clone()))
             .expect("unique metric");
-        for role in [Role::Publisher, Role::Tailer] {
+        for role in Role::ALL {
             m.connected.with_label_values(&[role.as_str()]).set(0);
             m.reconnects.with_label_values(&[role.as_str()]);
         }

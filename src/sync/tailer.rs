@@ -9,7 +9,7 @@
 //! trimmed entries it never saw, it logs that records were missed and goes on from the oldest
 //! retained entry.
 //!
-//! Lag: `lag_milliseconds` is the age (now minus the id's timestamp, Redis clock) of the newest
+//! Lag: `lag_seconds` is the age (now minus the id's timestamp, Redis clock) of the newest
 //! entry of each read, 0 when a blocking read returns nothing. `lag_entries` is
 //! `entries-added` (from `XINFO STREAM`, polled at most once a second) minus the ordinal of the
 //! last entry read; ordinals are anchored at each connection (first retained entry =
@@ -212,7 +212,7 @@ impl Tailer {
         let entries = stream_entries(reply);
         if entries.is_empty() {
             if block.is_some() {
-                self.metrics.lag_ms.set(0);
+                self.metrics.lag_seconds.set(0.0);
                 self.metrics.lag_entries.set(0);
             }
             return Ok(0);
@@ -232,7 +232,9 @@ impl Tailer {
             let now = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64);
-            self.metrics.lag_ms.set(now.saturating_sub(last.ms) as i64);
+            self.metrics
+                .lag_seconds
+                .set(now.saturating_sub(last.ms) as f64 / 1000.0);
         }
         Ok(n)
     }

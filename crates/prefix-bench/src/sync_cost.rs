@@ -6,7 +6,7 @@
 //! hashes, the first half drawn from 8 shared system prefixes, the rest fresh) for `seconds`.
 //! Measured on the picker process: CPU seconds (`/proc/<pid>/stat`) over the publishing window
 //! and until every record is applied, RSS before and after (`VmRSS`), index entries, the largest
-//! `prefix_picker_sync_lag_milliseconds` seen (sampled every 200 ms), and, on the Redis side,
+//! `prefix_picker_sync_lag_seconds` seen (sampled every 200 ms, reported in ms), and, on the Redis side,
 //! bytes per stream entry (`MEMORY USAGE`) and the payload size.
 
 use std::path::{Path, PathBuf};
@@ -184,8 +184,8 @@ pub async fn run(
         }
         pipe.query_async::<()>(&mut conn).await?;
         if Instant::now() >= next_sample {
-            max_lag =
-                max_lag.max(metric(&http, &admin, "prefix_picker_sync_lag_milliseconds").await);
+            let lag = metric(&http, &admin, "prefix_picker_sync_lag_seconds").await;
+            max_lag = max_lag.max(lag * 1000.0);
             next_sample = Instant::now() + Duration::from_millis(200);
         }
     }

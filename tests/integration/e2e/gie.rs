@@ -32,12 +32,12 @@ fn bin() -> Command {
 }
 
 /// The picker's listeners as logged at start (`0.0.0.0:PORT` read as loopback).
-struct Started {
-    process: Process,
-    log: String,
-    grpc: SocketAddr,
-    admin: SocketAddr,
-    health: SocketAddr,
+pub(crate) struct Started {
+    pub process: Process,
+    pub log: String,
+    pub grpc: SocketAddr,
+    pub admin: SocketAddr,
+    pub health: SocketAddr,
 }
 
 /// A field of the "prefix-picker serving" line, console (`key=value`) or JSON.
@@ -55,7 +55,7 @@ fn logged(line: &str, key: &str) -> Option<SocketAddr> {
     Some(SocketAddr::from(([127, 0, 0, 1], addr.port())))
 }
 
-async fn start(args: &[&str], dir: &Path) -> Started {
+pub(crate) async fn start(args: &[&str], dir: &Path) -> Started {
     let log_path = dir.join("picker.log");
     let child = bin()
         .args(args)

@@ -2,6 +2,7 @@
 //! metrics, logs and the CLI. The harness is in `crate::harness`.
 
 mod gie;
+mod logs;
 mod sync;
 
 use std::process::Command;
@@ -142,7 +143,7 @@ const SYSTEM: &str = "You are a support assistant for Kthena. Answer briefly and
 
 /// Sends `body` twice through `envoy`: the second lands where the first was served and recorded.
 async fn assert_sticky(envoy: &Envoy, picker: &serve_alias::Running, path: &str, body: &Value) {
-    // Created by the first completion: absent before it (the wait below needs it to exist).
+    // 0 (or absent) before the first completion.
     let recorded = metric_opt(picker, "prefix_picker_records_total")
         .await
         .unwrap_or(0.0);
@@ -238,11 +239,14 @@ async fn an_api_published_under_a_path_prefix_is_scored() {
         1.0,
     )
     .await;
-    assert_metric_absent(
-        &picker,
-        "prefix_picker_unscored_requests_total{reason=\"unknown_api\"}",
-    )
-    .await;
+    assert_eq!(
+        metric(
+            &picker,
+            "prefix_picker_unscored_requests_total{reason=\"unknown_api\"}"
+        )
+        .await,
+        0.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -788,7 +792,10 @@ async fn client_abort_records_nothing(file: &str) {
     )
     .await;
     wait_metric_eq(&picker, "prefix_picker_pod_inflight_requests", 0.0).await;
-    assert_metric_absent(&picker, "prefix_picker_records_total{outcome=\"recorded\"}").await;
+    assert_eq!(
+        metric(&picker, "prefix_picker_records_total{outcome=\"recorded\"}").await,
+        0.0
+    );
     assert_eq!(prefix_score(&picker, &body, &served).await, 0);
     // Let the backend finish its side.
     backends
@@ -809,8 +816,12 @@ async fn a_pod_leaving_with_a_request_in_flight_takes_its_series_along() {
     let (backends, picker, envoy) = stack("envoy.yaml", "", |s| s).await;
     let body = json!({"model": "m", "stream": true, "prompt": "GATED while its pod leaves"});
     let (served, chunks) = open_gated_stream(&envoy, &body).await;
-    let inflight = format!("prefix_picker_pod_inflight_requests{{pod=\"default/{served}\"}}");
-    let picks = format!("prefix_picker_pod_picks_total{{pod=\"default/{served}\"}}");
+    let inflight = format!(
+        "prefix_picker_pod_inflight_requests{{model_server_namespace=\"default\",model_server_pod=\"{served}\"}}"
+    );
+    let picks = format!(
+        "prefix_picker_pod_picks_total{{model_server_namespace=\"default\",model_server_pod=\"{served}\"}}"
+    );
     assert_eq!(metric(&picker, &inflight).await, 1.0);
     assert_eq!(metric(&picker, &picks).await, 1.0);
     let id = PodId {
@@ -841,7 +852,10 @@ async fn a_pod_leaving_with_a_request_in_flight_takes_its_series_along() {
     .await;
     assert_eq!(metric_opt(&picker, &inflight).await, None, "not recreated");
     assert_eq!(metric_opt(&picker, &picks).await, None, "not recreated");
-    assert_metric_absent(&picker, "prefix_picker_records_total{outcome=\"recorded\"}").await;
+    assert_eq!(
+        metric(&picker, "prefix_picker_records_total{outcome=\"recorded\"}").await,
+        0.0
+    );
     // Back (a new incarnation): its series start anew with its first pick.
     picker.router.endpoints.apply(Update::Add(spec));
     let mut n = 0;
@@ -1526,7 +1540,9 @@ async fn an_unfinished_response_expires(picker_section: &str, affinity: bool) {
     let (backends, picker, envoy) = stack("envoy.yaml", picker_section, |s| s).await;
     let body = json!({"model": "m", "stream": true, "prompt": "GATED and held past the timeout"});
     let (served, chunks) = open_gated_stream(&envoy, &body).await;
-    let pod_inflight = format!("prefix_picker_pod_inflight_requests{{pod=\"default/{served}\"}}");
+    let pod_inflight = format!(
+        "prefix_picker_pod_inflight_requests{{model_server_namespace=\"default\",model_server_pod=\"{served}\"}}"
+    );
     // The route waits for the access log (the routing stream ended with the request), holding
     // the prompt in the affinity mode (both gauges sampled together, every second).
     poll("the route waiting", || async {
@@ -1567,7 +1583,10 @@ async fn an_unfinished_response_expires(picker_section: &str, affinity: bool) {
         1.0,
     )
     .await;
-    assert_metric_absent(&picker, "prefix_picker_records_total{outcome=\"recorded\"}").await;
+    assert_eq!(
+        metric(&picker, "prefix_picker_records_total{outcome=\"recorded\"}").await,
+        0.0
+    );
     assert_eq!(prefix_score(&picker, &body, &served).await, 0);
     assert_eq!(metric(&picker, &pod_inflight).await, 0.0, "released once");
     assert_eq!(
@@ -1812,7 +1831,10 @@ async fn two_replicas_in_the_gie_shape_record_every_completion_once() {
         assert!(metric(r, recorded).await > 0.0, "both replicas routed");
         wait_metric_eq(r, "prefix_picker_pod_inflight_requests", 0.0).await;
         assert_eq!(metric(r, "prefix_picker_pending_routes").await, 0.0);
-        assert_metric_absent(r, "prefix_picker_records_total{outcome=\"expired\"}").await;
+        assert_eq!(
+            metric(r, "prefix_picker_records_total{outcome=\"expired\"}").await,
+            0.0
+        );
         assert_eq!(
             metric(
                 r,

@@ -265,19 +265,6 @@ pub async fn metric(picker: &Running, series: &str) -> f64 {
     })
 }
 
-/// Asserts that no series matches `series` while its metric family is exported (so a renamed
-/// metric fails here too): for label sets that are created on first use, or removed.
-pub async fn assert_metric_absent(picker: &Running, series: &str) {
-    let text = exposition(picker).await;
-    let family = series.split('{').next().unwrap();
-    assert!(
-        text.lines()
-            .any(|l| l.strip_prefix("# TYPE ").and_then(|t| t.split(' ').next()) == Some(family)),
-        "metric family {family} not exported (renamed?):\n{text}"
-    );
-    assert_eq!(sample(&text, series), None, "{series} exists:\n{text}");
-}
-
 /// Waits until `series` exists and equals `value`.
 pub async fn wait_metric_eq(picker: &Running, series: &str, value: f64) {
     poll(&format!("{series} == {value}"), || async {

@@ -58,7 +58,9 @@ fn buffered_pick_rides_on_the_body_reply() {
         router
             .metrics
             .pod_picks
-            .with_label_values(&[&endpoint(&router, pick[0]).label])
+            .with_label_values(&crate::metrics::pod_label_values(
+                &endpoint(&router, pick[0]).spec.id
+            ))
             .get(),
         1
     );

@@ -1,0 +1,239 @@
+//! The sidecar's logs as the real binary writes them: with `--log-format json` (or GIE's
+//! `--zap-encoder json`) every stderr line is one JSON object, start-up and usage errors
+//! included; `--v 4` carries Kthena's score lines unchanged in `message` and no prompt text;
+//! the start-up line names the build and the config. (Panics: `src/logging.rs`'s tests.)
+
+use std::process::Command;
+
+use serde_json::{Value, json};
+
+use super::gie;
+use crate::harness::*;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_prefix-picker"))
+}
+
+/// Every line of `log` as JSON (a line that does not parse fails the test).
+fn json_lines(log: &str) -> Vec<Value> {
+    log.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?} in:\n{log}")))
+        .collect()
+}
+
+fn sha256_hex(text: &str) -> String {
+    ring::digest::digest(&ring::digest::SHA256, text.as_bytes())
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Words no log line may carry below `--v 5`.
+const SECRET: &str = "ZEBRA-PAPAYA-7731 is the launch code";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_at_v4_parse_carry_kthena_score_lines_and_no_prompt() {
+    let sims = [
+        Sim::start("sim-a", Default::default()).await,
+        Sim::start("sim-b", Default::default()).await,
+    ];
+    let config = format!(
+        "{}{}picker: {{scrapeIntervalSeconds: 0}}\n",
+        testkit::scheduler_section(include_str!("../fixtures/kthena-router-config.yaml")),
+        testkit::endpoints_yaml(sims.iter().map(|s| (s.name.as_str(), s.addr))),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let picker = gie::start(
+        &[
+            "--secure-serving=false",
+            "--grpc-port=0",
+            "--grpc-health-port=0",
+            "--metrics-port=0",
+            "--config-text",
+            &config,
+            "--log-format",
+            "json",
+            "-v=4",
+        ],
+        dir.path(),
+    )
+    .await;
+    let addrs: Vec<_> = sims.iter().map(|s| s.addr).collect();
+    let envoy = start_envoy(render_envoy(
+        "envoy.yaml",
+        picker.grpc.port(),
+        &addrs,
+        |s| s,
+    ))
+    .await;
+    let body = json!({"model": "m", "max_tokens": 1, "messages": [
+        {"role": "system", "content": format!("{SECRET}. {}", "Be brief. ".repeat(40))},
+        {"role": "user", "content": SECRET},
+    ]});
+    for _ in 0..2 {
+        let r = reqwest::Client::new()
+            .post(envoy.url("/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{}", envoy.log());
+    }
+    // Each request's score lines are written before its reply.
+    let log_path = dir.path().join("picker.log");
+    poll("the score lines", || {
+        let log = std::fs::read_to_string(&log_path).unwrap();
+        async move { (log.matches("Final Pod Scores:").count() >= 2).then_some(()) }
+    })
+    .await;
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    drop(picker.process);
+    let lines = json_lines(&log);
+
+    // Kthena's klog.V(4) lines, the text unchanged in `message`.
+    let messages: Vec<&str> = lines
+        .iter()
+        .filter(|l| l["target"] == "scores")
+        .map(|l| l["message"].as_str().unwrap())
+        .collect();
+    assert!(
+        messages.contains(&"ScorePlugin: prefix-cache"),
+        "{messages:?}"
+    );
+    assert!(messages.contains(&"Final Pod Scores:"), "{messages:?}");
+    for pod in ["sim-a", "sim-b"] {
+        for prefix in [
+            format!("Pod: default/{pod}, Score: "),
+            format!("  Pod: default/{pod}, Final Score: "),
+        ] {
+            assert!(
+                messages.iter().any(|m| m
+                    .strip_prefix(&prefix)
+                    .is_some_and(|n| n.parse::<u64>().is_ok())),
+                "{prefix:?} in {messages:?}"
+            );
+        }
+    }
+    assert!(
+        lines.iter().any(|l| l["message"] == "picked"),
+        "prefix-picker's own debug lines are on at --v 4"
+    );
+    assert!(
+        !log.contains("ZEBRA"),
+        "prompt text logged below --v 5:\n{log}"
+    );
+
+    // The start-up line: build, config, listeners.
+    let started = lines
+        .iter()
+        .find(|l| l["message"] == "prefix-picker serving")
+        .unwrap();
+    assert_eq!(started["version"], env!("CARGO_PKG_VERSION"));
+    assert!(started["revision"].as_str().is_some_and(|r| !r.is_empty()));
+    assert_eq!(started["config"], "--config-text");
+    assert_eq!(started["config_sha256"], sha256_hex(&config));
+    assert_eq!(started["level"], "INFO");
+}
+
+#[test]
+fn start_up_errors_in_json_are_json_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "endpoints: [{name: p, address: 127.0.0.1:9}]\npicker: {scrapeIntervalSeconds: 0}\n",
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().unwrap().to_string();
+    let cases: [(&[&str], &str); 5] = [
+        // Flags that contradict each other (the plan fails).
+        (
+            &[
+                "--zap-encoder=json",
+                "--config",
+                config,
+                "--config-file",
+                config,
+            ],
+            "--config and --config-file name the same setting: give only one",
+        ),
+        // A config that is not valid.
+        (
+            &[
+                "serve",
+                "--log-format=json",
+                "--config-text",
+                "scheduler: [",
+            ],
+            "config is not valid YAML",
+        ),
+        // A listener that cannot bind (the runtime's error).
+        (
+            &[
+                "serve",
+                "--log-format",
+                "json",
+                "--config",
+                config,
+                "--grpc-addr",
+                &taken,
+                "--admin-addr=127.0.0.1:0",
+            ],
+            "cannot listen on",
+        ),
+        // A value clap refuses, GIE's flag spelling.
+        (
+            &["-zap-encoder", "json", "--v", "many", "--config", config],
+            "invalid value 'many' for '--v <N>'",
+        ),
+        // A usage error, serve form.
+        (
+            &["serve", "--log-format=json", "--grpc-port"],
+            "a value is required for '--grpc-port <PORT>'",
+        ),
+    ];
+    for (args, message) in cases {
+        let out = bin().args(args).env_remove("RUST_LOG").output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {stderr}");
+        let lines = json_lines(&stderr);
+        let error = lines
+            .iter()
+            .find(|l| l["level"] == "ERROR")
+            .unwrap_or_else(|| panic!("{args:?}: no error line: {stderr}"));
+        assert!(
+            error["message"].as_str().unwrap().contains(message),
+            "{args:?}: {stderr}"
+        );
+    }
+    // The same error in text: the log line and the `error:` line a terminal user reads.
+    let out = bin()
+        .args(["serve", "--config-text", "scheduler: ["])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("error: config is not valid YAML"),
+        "{stderr}"
+    );
+    // Both format flags at once: one setting.
+    let out = bin()
+        .args([
+            "--log-format=text",
+            "--zap-encoder=json",
+            "--config",
+            config,
+        ])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--log-format and --zap-encoder name the same setting"),
+        "{stderr}"
+    );
+}
