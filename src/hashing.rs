@@ -14,6 +14,13 @@
 //! XXH3-64 seeded by the previous hash (`prev = XXH3(model, 0)`, `cur = XXH3(block, prev)`):
 //! the same chain property without the decimal text and the copy per block, about twice as fast
 //! over a 220 KB prompt.
+//!
+//! A request's `cache_salt` (vLLM's per-tenant cache isolation, [`CacheSalt`]) extends the bytes
+//! the first `prev` is hashed from, in both schemes: `model ++ 0x00 ++ salt` instead of `model`
+//! (so Kthena's seed becomes `XXH64(model ++ 0x00 ++ salt, 0)`). Without a salt nothing changes.
+//! Vectors in `docs/routing.md` ("Cache salts").
+
+use std::fmt;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 use xxhash_rust::xxh64::xxh64;
@@ -37,6 +44,56 @@ impl ChainScheme {
     }
 }
 
+/// A request's `cache_salt`: a non-empty string that namespaces its chain, so prompts the engine
+/// will not share across salts never match. Its `Debug` hides the value: a salt is a tenant's
+/// secret and is never logged.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct CacheSalt(String);
+
+impl CacheSalt {
+    /// A salt, or `None` for an empty string (vLLM refuses `""`; it namespaces nothing).
+    pub fn new(salt: impl Into<String>) -> Option<CacheSalt> {
+        let salt = salt.into();
+        (!salt.is_empty()).then_some(CacheSalt(salt))
+    }
+
+    /// The salt's text, for hashing (never for a log line).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for CacheSalt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CacheSalt(<redacted>)")
+    }
+}
+
+/// The bytes a chain's first `prev` is hashed from: `model`, or `model ++ 0x00 ++ salt`.
+fn with_seed_bytes<T>(model: &str, salt: Option<&CacheSalt>, f: impl FnOnce(&[u8]) -> T) -> T {
+    match salt {
+        None => f(model.as_bytes()),
+        Some(salt) => {
+            let mut bytes = Vec::with_capacity(model.len() + 1 + salt.0.len());
+            bytes.extend_from_slice(model.as_bytes());
+            bytes.push(0);
+            bytes.extend_from_slice(salt.0.as_bytes());
+            f(&bytes)
+        }
+    }
+}
+
+impl ChainScheme {
+    /// The chain's first `prev`: `XXH64` (Kthena) or `XXH3` (seeded) of `model`, or of
+    /// `model ++ 0x00 ++ salt` when the request has a salt.
+    pub fn seed(self, model: &str, salt: Option<&CacheSalt>) -> u64 {
+        with_seed_bytes(model, salt, |bytes| match self {
+            ChainScheme::Kthena => xxh64(bytes, 0),
+            ChainScheme::Seeded => xxh3_64_with_seed(bytes, 0),
+        })
+    }
+}
+
 /// One chained block hash (identifies a prompt prefix for one model).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BlockHash(pub u64);
@@ -56,14 +113,12 @@ impl BlockChain {
 
     /// Hashes `prompt` for `model` into `out` (cleared first).
     pub fn hash_into(&self, model: &str, prompt: &[u8], out: &mut Vec<BlockHash>) {
-        out.clear();
-        if prompt.is_empty() || self.block_size == 0 || self.max_blocks == 0 {
-            return;
-        }
-        let covered = &prompt[..prompt.len().min(self.coverage())];
-        out.reserve(covered.len().div_ceil(self.block_size));
+        self.hash_salted(ChainScheme::Kthena, model, None, prompt, out);
+    }
+
+    /// Kthena's chain from `prev` (the seed).
+    fn kthena_from(&self, mut prev: u64, covered: &[u8], out: &mut Vec<BlockHash>) {
         let mut buf = Vec::with_capacity(20 + self.block_size);
-        let mut prev = xxh64(model.as_bytes(), 0);
         for block in covered.chunks(self.block_size) {
             buf.clear();
             push_decimal(&mut buf, prev);
@@ -81,16 +136,30 @@ impl BlockChain {
         prompt: &[u8],
         out: &mut Vec<BlockHash>,
     ) {
+        self.hash_salted(scheme, model, None, prompt, out);
+    }
+
+    /// Hashes `prompt` for `model` and the request's `salt` into `out` (cleared first) with
+    /// `scheme`; without a salt, the same as [`BlockChain::hash_with`].
+    pub fn hash_salted(
+        &self,
+        scheme: ChainScheme,
+        model: &str,
+        salt: Option<&CacheSalt>,
+        prompt: &[u8],
+        out: &mut Vec<BlockHash>,
+    ) {
+        out.clear();
+        if prompt.is_empty() || self.block_size == 0 || self.max_blocks == 0 {
+            return;
+        }
+        let covered = &prompt[..prompt.len().min(self.coverage())];
+        out.reserve(covered.len().div_ceil(self.block_size));
+        let seed = scheme.seed(model, salt);
         match scheme {
-            ChainScheme::Kthena => self.hash_into(model, prompt, out),
+            ChainScheme::Kthena => self.kthena_from(seed, covered, out),
             ChainScheme::Seeded => {
-                out.clear();
-                if prompt.is_empty() || self.block_size == 0 || self.max_blocks == 0 {
-                    return;
-                }
-                let covered = &prompt[..prompt.len().min(self.coverage())];
-                out.reserve(covered.len().div_ceil(self.block_size));
-                let mut prev = xxh3_64_with_seed(model.as_bytes(), 0);
+                let mut prev = seed;
                 for block in covered.chunks(self.block_size) {
                     prev = xxh3_64_with_seed(block, prev);
                     out.push(BlockHash(prev));
@@ -246,5 +315,157 @@ mod seeded_tests {
         // The vector: XXH3(model) seeds the first block.
         let first = xxh3_64_with_seed(b"aaaa", xxh3_64_with_seed(b"m", 0));
         assert_eq!(short[0], BlockHash(first));
+    }
+}
+
+#[cfg(test)]
+mod salt_tests {
+    use super::*;
+
+    const LONG: &[u8] =
+        b"This is a longer prompt that should span multiple blocks based on the block size";
+
+    fn salt(s: &str) -> CacheSalt {
+        CacheSalt::new(s).unwrap()
+    }
+
+    fn hash(
+        scheme: ChainScheme,
+        salt: Option<&CacheSalt>,
+        prompt: &[u8],
+        block_size: usize,
+    ) -> Vec<u64> {
+        let chain = BlockChain {
+            block_size,
+            max_blocks: 128,
+        };
+        let mut out = Vec::new();
+        chain.hash_salted(scheme, "test-model", salt, prompt, &mut out);
+        out.into_iter().map(|h| h.0).collect()
+    }
+
+    /// The published vectors (docs/routing.md, "Cache salts"), also computed independently with
+    /// python-xxhash 4.1.0.
+    #[test]
+    fn salted_vectors() {
+        let a = salt("tenant-a");
+        let b = salt("tenant-b");
+        assert_eq!(
+            ChainScheme::Kthena.seed("test-model", Some(&a)),
+            13287527446802729876
+        );
+        assert_eq!(xxh64(b"test-model\0tenant-a", 0), 13287527446802729876);
+        assert_eq!(
+            ChainScheme::Kthena.seed("test-model", Some(&b)),
+            17520345827515491585
+        );
+        assert_eq!(
+            ChainScheme::Seeded.seed("test-model", Some(&a)),
+            12075836082345028361
+        );
+        let kthena = ChainScheme::Kthena;
+        assert_eq!(
+            hash(kthena, Some(&a), b"Hello World", 64),
+            [6447818609939814824]
+        );
+        assert_eq!(
+            hash(kthena, Some(&b), b"Hello World", 64),
+            [15564487492622865154]
+        );
+        assert_eq!(
+            hash(kthena, Some(&a), LONG, 20),
+            [
+                15126298957882171758,
+                7954115306578130989,
+                16740251641848740211,
+                7615991603394404393
+            ]
+        );
+        let seeded = ChainScheme::Seeded;
+        assert_eq!(
+            hash(seeded, None, LONG, 20),
+            [
+                7148680427111760044,
+                2723262065007942063,
+                11415240876371371027,
+                7146414074292079233
+            ]
+        );
+        assert_eq!(
+            hash(seeded, Some(&a), LONG, 20),
+            [
+                15646180716209337870,
+                11566986798757205445,
+                12594206405602097053,
+                17838813379075059271
+            ]
+        );
+        assert_eq!(
+            hash(seeded, Some(&a), b"Hello World", 128),
+            [5682365100187000960]
+        );
+    }
+
+    #[test]
+    fn no_salt_is_the_kthena_chain_unchanged() {
+        for scheme in [ChainScheme::Kthena, ChainScheme::Seeded] {
+            let chain = BlockChain {
+                block_size: 20,
+                max_blocks: 128,
+            };
+            let mut with = Vec::new();
+            chain.hash_with(scheme, "test-model", LONG, &mut with);
+            let with: Vec<u64> = with.into_iter().map(|h| h.0).collect();
+            assert_eq!(hash(scheme, None, LONG, 20), with);
+        }
+        assert_eq!(
+            ChainScheme::Kthena.seed("test-model", None),
+            3725054772343846052
+        );
+        assert_eq!(
+            hash(ChainScheme::Kthena, None, b"Hello World", 64),
+            [1993528491812861608]
+        );
+    }
+
+    /// Within one model, the seed bytes are `model` or `model ++ 0x00 ++ salt`: distinct salts
+    /// give distinct bytes (and none equals the unsalted `model`), so distinct chains.
+    #[test]
+    fn salts_never_share_a_block() {
+        let salts = [
+            None,
+            Some(salt("a")),
+            Some(salt("b")),
+            Some(salt("ab")),
+            Some(salt("\0")),
+            Some(salt("a\0")),
+            Some(salt("test-model")),
+        ];
+        let prompt = "shared system prompt ".repeat(20);
+        for scheme in [ChainScheme::Kthena, ChainScheme::Seeded] {
+            let chains: Vec<Vec<u64>> = salts
+                .iter()
+                .map(|s| hash(scheme, s.as_ref(), prompt.as_bytes(), 16))
+                .collect();
+            for (i, x) in chains.iter().enumerate() {
+                for y in &chains[i + 1..] {
+                    assert!(
+                        x.iter().all(|h| !y.contains(h)),
+                        "{} {:?}",
+                        scheme.as_str(),
+                        salts[i]
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_empty_salt_is_no_salt_and_debug_hides_the_salt() {
+        assert_eq!(CacheSalt::new(""), None);
+        let s = salt("tenant-secret-42");
+        assert_eq!(s.expose(), "tenant-secret-42");
+        assert_eq!(format!("{s:?}"), "CacheSalt(<redacted>)");
+        assert!(!format!("{:?}", Some(&s)).contains("secret"));
     }
 }
