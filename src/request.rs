@@ -5,10 +5,17 @@
 //! body without a renderable prompt is not an error: its prompt is `Err(NoPrompt)` and the request
 //! is routed by the load-aware plugins only. JSON is decoded with Go's leniency (see
 //! [`crate::lenient_json`]); on duplicate keys the last one wins.
+//!
+//! `cache_salt` (vLLM's per-tenant cache isolation, any of the three APIs) becomes the request's
+//! [`CacheSalt`] when it is a non-empty string. Any other value (a number, `null`, `""`) is
+//! ignored, as a malformed `stream` is: the request is hashed unsalted, never rejected. An
+//! engine that takes the field refuses such a body (vLLM: 400), so nothing is recorded for it;
+//! one that ignores the field shares its cache unsalted, which is what the hash then says.
 
 use serde_json::Value;
 use thiserror::Error;
 
+use crate::hashing::CacheSalt;
 use crate::lenient_json;
 use crate::prompt::{self, NoPrompt};
 use body::{Body, Json};
@@ -71,6 +78,8 @@ pub struct InferenceRequest {
     pub model: String,
     pub prompt: Result<String, NoPrompt>,
     pub stream: bool,
+    /// `cache_salt`, when it is a non-empty string (its `Debug` hides it).
+    pub salt: Option<CacheSalt>,
 }
 
 /// Names a JSON value's type for error messages.
@@ -117,6 +126,10 @@ impl InferenceRequest {
             Some(other) => return Err(RequestError::ModelNotString(other.kind())),
         };
         let stream = matches!(fields.stream, Some(Json::Bool(true)));
+        let salt = match fields.cache_salt.take() {
+            Some(Json::String(s)) => CacheSalt::new(s.into_owned()),
+            _ => None,
+        };
         let prompt = match &mut fields.prompt {
             Some(Json::String(p)) => Ok(std::mem::take(p).into_owned()),
             _ => prompt::render_fields(|key| fields.get(key)),
@@ -125,6 +138,7 @@ impl InferenceRequest {
             model,
             prompt,
             stream,
+            salt,
         })
     }
 
@@ -142,11 +156,16 @@ impl InferenceRequest {
             Some(other) => return Err(RequestError::ModelNotString(json_kind(other))),
         };
         let stream = matches!(map.get("stream"), Some(Value::Bool(true)));
+        let salt = match map.get("cache_salt") {
+            Some(Value::String(s)) => CacheSalt::new(s.as_str()),
+            _ => None,
+        };
         let prompt = prompt::render_owned(map);
         Ok(InferenceRequest {
             model,
             prompt,
             stream,
+            salt,
         })
     }
 }
@@ -211,5 +230,59 @@ mod tests {
         assert_eq!(r.model, "b");
         assert_eq!(r.prompt, Err(NoPrompt::PromptNotString));
         assert!(!r.stream);
+    }
+
+    #[test]
+    fn cache_salt_is_read_in_every_api() {
+        for body in [
+            &br#"{"model":"m","prompt":"hi","cache_salt":"tenant-a"}"#[..],
+            br#"{"cache_salt":"tenant-a","model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+            br#"{"model":"m","input":"hi","cache_salt":"tenant-a"}"#,
+            // Escaped (the serde path's owned string) and duplicated (the last wins).
+            br#"{"model":"m","prompt":"hi","cache_salt":"x","cache_salt":"tenant\u002da"}"#,
+        ] {
+            for r in [
+                InferenceRequest::parse(body).unwrap(),
+                InferenceRequest::parse_by_value(body).unwrap(),
+            ] {
+                assert_eq!(r.salt.as_ref().map(CacheSalt::expose), Some("tenant-a"));
+                assert!(r.prompt.is_ok());
+            }
+        }
+        // The salt is not part of the prompt.
+        let salted = InferenceRequest::parse(br#"{"model":"m","prompt":"hi","cache_salt":"s"}"#);
+        assert_eq!(salted.unwrap().prompt, Ok("hi".to_string()));
+    }
+
+    /// A malformed `cache_salt` is ignored as a malformed `stream` is: no salt, never a 400
+    /// (Kthena routes such a body; vLLM answers it 400 itself, so nothing is recorded).
+    #[test]
+    fn a_malformed_cache_salt_is_no_salt() {
+        for salt in ["null", "42", "true", "[\"a\"]", "{\"a\":1}", "\"\""] {
+            let body = format!(r#"{{"model":"m","prompt":"hi","cache_salt":{salt}}}"#);
+            for r in [
+                InferenceRequest::parse(body.as_bytes()),
+                InferenceRequest::parse_by_value(body.as_bytes()),
+            ] {
+                let r = r.unwrap();
+                assert_eq!(r.salt, None, "{body}");
+                assert_eq!(r.prompt, Ok("hi".to_string()));
+            }
+        }
+        // Lenient JSON (Go's decoding) applies to the salt as to every string.
+        let r = InferenceRequest::parse(
+            b"{\"model\":\"m\",\"prompt\":\"hi\",\"cache_salt\":\"a\xffb\"}",
+        )
+        .unwrap();
+        assert_eq!(r.salt.as_ref().map(CacheSalt::expose), Some("a\u{fffd}b"));
+    }
+
+    #[test]
+    fn the_parsed_request_never_shows_its_salt() {
+        let r =
+            InferenceRequest::parse(br#"{"model":"m","prompt":"hi","cache_salt":"s3cr3t-salt"}"#)
+                .unwrap();
+        assert!(!format!("{r:?}").contains("s3cr3t"));
+        assert!(!format!("{r:#?}").contains("s3cr3t"));
     }
 }

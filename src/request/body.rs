@@ -86,6 +86,8 @@ pub struct Fields<'a> {
     pub system: Option<Json<'a>>,
     pub input: Option<Json<'a>>,
     pub instructions: Option<Json<'a>>,
+    /// vLLM's per-tenant cache salt: namespaces the hash chain, never rendered.
+    pub cache_salt: Option<Json<'a>>,
 }
 
 impl<'a> Fields<'a> {
@@ -103,6 +105,7 @@ impl<'a> Fields<'a> {
             "system" => &self.system,
             "input" => &self.input,
             "instructions" => &self.instructions,
+            "cache_salt" => &self.cache_salt,
             _ => return None,
         })
     }
@@ -116,6 +119,7 @@ impl<'a> Fields<'a> {
             "system" => &mut self.system,
             "input" => &mut self.input,
             "instructions" => &mut self.instructions,
+            "cache_salt" => &mut self.cache_salt,
             _ => return None,
         })
     }
@@ -395,7 +399,7 @@ mod tests {
         prop_oneof![
             6 => prop::sample::select(vec![
                 "model", "prompt", "messages", "system", "input", "instructions", "stream",
-                "role", "content", "type", "text", "message", "user", "input_text",
+                "role", "content", "type", "text", "message", "user", "input_text", "cache_salt",
             ])
             .prop_map(|k| format!("\"{k}\"").into_bytes()),
             1 => Just(br#""mod\u0065l""#.to_vec()),
@@ -530,7 +534,7 @@ mod tests {
                 let key = prop_oneof![
                     3 => prop::sample::select(vec![
                         "model", "prompt", "messages", "system", "input", "role", "content", "type",
-                        "text", "stream",
+                        "text", "stream", "cache_salt",
                     ])
                     .prop_map(|k| format!("\"{k}\"").into_bytes()),
                     1 => string(),
@@ -555,8 +559,13 @@ mod tests {
         ]
     }
 
+    /// The parse's result as text, the salt included (its `Debug` hides it).
     fn outcome(parsed: Result<InferenceRequest, crate::request::RequestError>) -> String {
-        format!("{:?}", parsed.map_err(|e| e.to_string()))
+        let salt = parsed
+            .as_ref()
+            .ok()
+            .and_then(|r| r.salt.as_ref().map(|s| s.expose().to_string()));
+        format!("{:?} salt {salt:?}", parsed.map_err(|e| e.to_string()))
     }
 
     proptest! {
