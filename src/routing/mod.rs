@@ -278,6 +278,7 @@ impl Router {
         let request = RouteRequest {
             model: model.unwrap_or(""),
             prompt,
+            salt: parsed.request.as_ref().and_then(|r| r.salt.as_ref()),
         };
         Ok((request, candidates))
     }

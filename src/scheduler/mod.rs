@@ -29,7 +29,7 @@ use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use thiserror::Error;
 
-use crate::hashing::BlockHash;
+use crate::hashing::{BlockHash, CacheSalt};
 use crate::prefix_index::{HoldId, ModelKey, PodHandle, RecordOutcome, TentativeEntries};
 use crate::prompt::NoPrompt;
 use affinity::{AffinityConfig, AffinityReason, PodLoad};
@@ -256,6 +256,9 @@ pub struct RouteRequest<'a> {
     pub model: &'a str,
     /// The rendered prompt, or why there is none.
     pub prompt: Result<&'a str, Unscored>,
+    /// The request's `cache_salt`: it seeds the prompt's chain (the hashes are salted, the
+    /// model's key in the index is not).
+    pub salt: Option<&'a CacheSalt>,
 }
 
 /// The scheduler. Shared by all streams (`Arc`); holds the prefix index.
@@ -386,7 +389,9 @@ impl Scheduler {
         let mut unscored = None;
         // Affinity mode: the pick from every candidate's longest match (index and tentative).
         if let (Some(config), Ok(prompt)) = (&self.config.affinity, request.prompt) {
-            hashes = self.prefix.hash(model, prompt.as_bytes());
+            hashes = self
+                .prefix
+                .hash_salted(model, request.salt, prompt.as_bytes());
             let slots: Vec<_> = candidates.iter().map(|e| e.slot()).collect();
             if let Some(scored) = self
                 .prefix
@@ -418,7 +423,9 @@ impl Scheduler {
                         None
                     }
                     Ok(prompt) => {
-                        hashes = self.prefix.hash(model, prompt.as_bytes());
+                        hashes = self
+                            .prefix
+                            .hash_salted(model, request.salt, prompt.as_bytes());
                         let scored = if hashes.is_empty() {
                             None
                         } else {

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
-use crate::hashing::{BlockChain, BlockHash, ChainScheme};
+use crate::hashing::{BlockChain, BlockHash, CacheSalt, ChainScheme};
 use crate::prefix_index::{
     ModelKey, PodHandle, PodSlot, PrefixIndex, RecordOutcome, TentativeEntries,
 };
@@ -114,8 +114,20 @@ impl PrefixCache {
 
     /// The block hashes of a prompt for a model.
     pub fn hash(&self, model: &str, prompt: &[u8]) -> Vec<BlockHash> {
+        self.hash_salted(model, None, prompt)
+    }
+
+    /// The block hashes of a prompt for a model and the request's `cache_salt`: a salt seeds
+    /// the chain, so the index keeps a model's salts apart without a key of their own.
+    pub fn hash_salted(
+        &self,
+        model: &str,
+        salt: Option<&CacheSalt>,
+        prompt: &[u8],
+    ) -> Vec<BlockHash> {
         let mut out = Vec::new();
-        self.chain.hash_with(self.scheme, model, prompt, &mut out);
+        self.chain
+            .hash_salted(self.scheme, model, salt, prompt, &mut out);
         out
     }
 

@@ -78,6 +78,7 @@ fn req(prompt: &str) -> RouteRequest<'_> {
     RouteRequest {
         model: "m",
         prompt: Ok(prompt),
+        salt: None,
     }
 }
 
@@ -147,6 +148,7 @@ fn no_prompt_is_unscored_not_rejected() {
             RouteRequest {
                 model: "m",
                 prompt: Err(Unscored::NoPrompt(crate::prompt::NoPrompt::PromptNotString)),
+                salt: None,
             },
             pods.clone(),
         )
@@ -252,4 +254,201 @@ fn at_most_five_are_ranked() {
     let d = s.schedule(req("x"), pods).unwrap();
     assert_eq!(d.ranked.len(), 5);
     assert_eq!(d.candidates.len(), 7);
+}
+
+/// Cache salts and LoRA adapters: prompts the engine will not share never score against each
+/// other (issue 27, point 4).
+mod namespaces {
+    use super::*;
+    use crate::hashing::CacheSalt;
+    use crate::request::InferenceRequest;
+
+    fn salted<'a>(
+        model: &'a str,
+        prompt: &'a str,
+        salt: Option<&'a CacheSalt>,
+    ) -> RouteRequest<'a> {
+        RouteRequest {
+            model,
+            prompt: Ok(prompt),
+            salt,
+        }
+    }
+
+    fn prefix_scores<C>(d: &Decision<C>) -> Vec<u32> {
+        d.plugins
+            .iter()
+            .find(|p| p.plugin == "prefix-cache")
+            .and_then(|p| p.scores.clone())
+            .unwrap()
+    }
+
+    fn kthena() -> (Scheduler, Vec<Arc<Pod>>) {
+        setup(SchedulerConfig::default().scorers, 4)
+    }
+
+    fn affinity() -> (Scheduler, Vec<Arc<Pod>>) {
+        let mut config = SchedulerConfig::default();
+        config.apply_affinity(Some(AffinityConfig::default()));
+        setup_with(config, 4, EngineStats::default())
+    }
+
+    #[test]
+    fn salts_never_score_against_each_other_in_kthena_mode() {
+        let (s, pods) = kthena();
+        let (a, b) = (CacheSalt::new("tenant-a"), CacheSalt::new("tenant-b"));
+        let prompt = "You are a helpful assistant. ".repeat(20);
+        let first = s
+            .schedule(salted("m", &prompt, a.as_ref()), pods.clone())
+            .unwrap();
+        let holder = first.primary().clone();
+        let recorded = s.record("m", &first.hashes, &holder.handle);
+        assert_eq!(recorded.inserted, first.hashes.len());
+        // The same salt hits the pod that served it.
+        let again = s
+            .schedule(salted("m", &prompt, a.as_ref()), pods.clone())
+            .unwrap();
+        assert_eq!(again.reason, DecisionReason::PrefixHit);
+        assert_eq!(again.primary().label, holder.label);
+        assert_eq!(match_ratios(&again), [1.0]);
+        // Another salt, and no salt, match nothing: explicit zeros, a miss.
+        for other in [b.as_ref(), None] {
+            let d = s
+                .schedule(salted("m", &prompt, other), pods.clone())
+                .unwrap();
+            assert_eq!(d.reason, DecisionReason::PrefixMiss, "{other:?}");
+            assert_eq!(prefix_scores(&d), [0, 0, 0, 0]);
+            assert_eq!(match_ratios(&d), [0.0]);
+            assert!(d.hashes.iter().all(|h| !first.hashes.contains(h)));
+        }
+        // One pod holding the prompt under two salts keeps both (one model key, distinct
+        // hashes): neither replaces the other.
+        let d = s
+            .schedule(salted("m", &prompt, b.as_ref()), pods.clone())
+            .unwrap();
+        let both = s.record("m", &d.hashes, &holder.handle);
+        assert_eq!(both.inserted, d.hashes.len());
+        assert_eq!(
+            s.prefix_cache().index().entries(),
+            first.hashes.len() + d.hashes.len()
+        );
+    }
+
+    /// The affinity mode's tentative holds are keyed by model and salted hashes: a burst of one
+    /// tenant does not pull another tenant's identical prompt.
+    #[test]
+    fn salts_never_share_a_hold_or_a_record_in_affinity_mode() {
+        let (s, pods) = affinity();
+        let (a, b) = (CacheSalt::new("tenant-a"), CacheSalt::new("tenant-b"));
+        let prompt = "agent tool preamble ".repeat(200);
+        let d = s
+            .schedule(salted("m", &prompt, a.as_ref()), pods.clone())
+            .unwrap();
+        let hold = s.commit("m", &d).expect("tentative is on");
+        let same = s
+            .explain(salted("m", &prompt, a.as_ref()), pods.clone())
+            .unwrap();
+        assert_eq!(same.reason, DecisionReason::AffinityHit, "the hold counts");
+        for other in [b.as_ref(), None] {
+            let e = s
+                .explain(salted("m", &prompt, other), pods.clone())
+                .unwrap();
+            assert_eq!(e.reason, DecisionReason::AffinityMiss, "{other:?}");
+            assert_eq!(prefix_scores(&e), [0, 0, 0, 0]);
+        }
+        s.record("m", &d.hashes, &d.primary().handle);
+        drop(hold);
+        for other in [b.as_ref(), None] {
+            let e = s
+                .explain(salted("m", &prompt, other), pods.clone())
+                .unwrap();
+            assert_eq!(e.reason, DecisionReason::AffinityMiss, "{other:?}");
+            assert_eq!(e.predicted_blocks, 0);
+        }
+        let e = s.explain(salted("m", &prompt, a.as_ref()), pods).unwrap();
+        assert_eq!(e.reason, DecisionReason::AffinityHit);
+        assert_eq!(e.primary().label, d.primary().label);
+    }
+
+    /// A LoRA adapter is requested by its own `model` name, which seeds the chain and keys the
+    /// index: the adapter and its base model never share entries, either way round.
+    #[test]
+    fn an_adapter_and_its_base_model_never_share_entries() {
+        for (s, pods) in [kthena(), affinity()] {
+            let prompt = "shared system prompt ".repeat(30);
+            for (served, asked) in [("llama-3", "llama-3-sql-lora"), ("sql-lora", "base")] {
+                let d = s
+                    .schedule(salted(served, &prompt, None), pods.clone())
+                    .unwrap();
+                s.record(served, &d.hashes, &d.primary().handle);
+                let hit = s
+                    .explain(salted(served, &prompt, None), pods.clone())
+                    .unwrap();
+                assert!(matches!(
+                    hit.reason,
+                    DecisionReason::PrefixHit | DecisionReason::AffinityHit
+                ));
+                let other = s
+                    .explain(salted(asked, &prompt, None), pods.clone())
+                    .unwrap();
+                assert!(
+                    matches!(
+                        other.reason,
+                        DecisionReason::PrefixMiss | DecisionReason::AffinityMiss
+                    ),
+                    "{asked} after {served}: {:?}",
+                    other.reason
+                );
+                assert_eq!(prefix_scores(&other), [0, 0, 0, 0]);
+            }
+        }
+    }
+
+    /// Through the request path: bodies parsed by the request module, the salt carried into
+    /// the route request, for chat and completions alike.
+    #[test]
+    fn salted_bodies_through_the_request_path() {
+        let (s, pods) = kthena();
+        let body = |salt: &str, chat: bool| {
+            let salt = if salt.is_empty() {
+                String::new()
+            } else {
+                format!(r#","cache_salt":"{salt}""#)
+            };
+            let text = "Summarise the quarterly report. ".repeat(10);
+            if chat {
+                format!(
+                    r#"{{"model":"m","messages":[{{"role":"user","content":"{text}"}}]{salt}}}"#
+                )
+            } else {
+                format!(r#"{{"model":"m","prompt":"{text}"{salt}}}"#)
+            }
+        };
+        for chat in [false, true] {
+            let route = |body: &str| {
+                let parsed = InferenceRequest::parse(body.as_bytes()).unwrap();
+                let request = RouteRequest {
+                    model: &parsed.model,
+                    prompt: parsed.prompt.as_deref().map_err(|&r| Unscored::NoPrompt(r)),
+                    salt: parsed.salt.as_ref(),
+                };
+                s.schedule(request, pods.clone()).unwrap()
+            };
+            let tenant = format!("tenant-{chat}");
+            let first = route(&body(&tenant, chat));
+            s.record("m", &first.hashes, &first.primary().handle);
+            let same = route(&body(&tenant, chat));
+            assert_eq!(same.reason, DecisionReason::PrefixHit, "chat {chat}");
+            assert_eq!(same.primary().label, first.primary().label);
+            for other in ["other-tenant", ""] {
+                let d = route(&body(other, chat));
+                assert_eq!(
+                    d.reason,
+                    DecisionReason::PrefixMiss,
+                    "chat {chat} {other:?}"
+                );
+                assert_eq!(prefix_scores(&d), [0, 0, 0, 0]);
+            }
+        }
+    }
 }
