@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use prefix_picker::cli::{self, Form, Host, ServeArgs};
 use prefix_picker::config::Config;
-use prefix_picker::hashing::{BlockChain, ChainScheme};
+use prefix_picker::hashing::{BlockChain, CacheSalt, ChainScheme};
 use prefix_picker::logging;
 use prefix_picker::request::InferenceRequest;
 
@@ -49,6 +49,9 @@ enum Command {
         block_size: usize,
         #[arg(long, default_value_t = 128)]
         max_blocks: usize,
+        /// The request's `cache_salt`: the chain is seeded by `model ++ 0x00 ++ salt`.
+        #[arg(long)]
+        salt: Option<String>,
         /// Take the block layout from this config (the Kthena plugin args, or the affinity
         /// mode's `blockBytes`/`maxPromptBytes` when it is on) instead of the two flags.
         #[arg(long, conflicts_with_all = ["block_size", "max_blocks"])]
@@ -143,9 +146,18 @@ fn main() -> ExitCode {
             model,
             mut block_size,
             mut max_blocks,
+            salt,
             config,
             file,
         } => {
+            let salt = match salt.map(CacheSalt::new) {
+                None => None,
+                Some(Some(salt)) => Some(salt),
+                Some(None) => {
+                    eprintln!("error: --salt must not be empty");
+                    return ExitCode::from(2);
+                }
+            };
             let mut scheme = ChainScheme::Kthena;
             if let Some(path) = config {
                 match Config::load(&path) {
@@ -179,7 +191,7 @@ fn main() -> ExitCode {
             };
             let mut out = std::io::stdout().lock();
             let mut hashes = Vec::new();
-            chain.hash_with(scheme, &model, &prompt, &mut hashes);
+            chain.hash_salted(scheme, &model, salt.as_ref(), &prompt, &mut hashes);
             for h in hashes {
                 if writeln!(out, "{}", h.0).is_err() {
                     return ExitCode::from(1);

@@ -1041,6 +1041,17 @@ fn render_and_hash_commands() {
         String::from_utf8_lossy(&out.stdout),
         "8626393537367828840\n16829149375953976751\n13000309909902416355\n4164474810863779859\n"
     );
+    // A cache salt seeds the chain (docs/routing.md, "Cache salts").
+    let out = run(
+        &["hash", "--model", "test-model", "--salt", "tenant-a"],
+        b"Hello World",
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "6447818609939814824\n"
+    );
+    let out = run(&["hash", "--model", "m", "--salt", ""], b"x");
+    assert_eq!(out.status.code(), Some(2));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1083,6 +1094,78 @@ async fn verbose_four_prints_kthena_score_lines() {
         async move { ok.then_some(()) }
     })
     .await;
+}
+
+/// `cache_salt` through Envoy and the binary at `--v 5` (everything at trace, the picker's
+/// request lines included): a salted prompt is recorded and matched under its own salt only,
+/// and the salt never reaches the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_salt_isolates_prompts_and_is_never_logged() {
+    const SALT: &str = "s4lt-never-logged-7f3a";
+    let backends = three_backends().await;
+    let dir = tempfile::tempdir().unwrap();
+    let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_prefix-picker"));
+    let (picker, admin) =
+        testkit::start_picker(&bin, dir.path(), &endpoints_yaml(&backends), 5).unwrap();
+    let envoy = envoy_for("envoy.yaml", picker.addr.port(), &backends).await;
+    let mut chat_body = chat(SYSTEM, "salted");
+    chat_body["cache_salt"] = json!(SALT);
+    let completion =
+        json!({"model": "m", "prompt": format!("{SYSTEM} salted"), "cache_salt": SALT});
+    let records = || async {
+        let text = reqwest::get(format!("http://{admin}/metrics"))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        sample(&text, "prefix_picker_records_total{outcome=\"recorded\"}")
+    };
+    let explain = |body: Value| async move {
+        let r: Value = reqwest::Client::new()
+            .post(format!("http://{admin}/debug/explain"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        (
+            r["reason"].as_str().unwrap().to_string(),
+            r["primary"].as_str().unwrap().to_string(),
+        )
+    };
+    for (n, (path, body)) in [
+        ("/v1/chat/completions", &chat_body),
+        ("/v1/completions", &completion),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let r = send(&envoy, path, body).await;
+        assert_eq!(r.status, 200);
+        poll("the record", || async {
+            records().await.filter(|&v| v >= (n + 1) as f64).map(|_| ())
+        })
+        .await;
+        let (reason, primary) = explain(body.clone()).await;
+        assert_eq!(reason, "prefix_hit", "{path}: the same salt matches");
+        assert_eq!(format!("default/{}", r.served_by), primary);
+        for other in [json!("another-tenant"), Value::Null] {
+            let mut body = body.clone();
+            body["cache_salt"] = other.clone();
+            let (reason, _) = explain(body).await;
+            assert_eq!(reason, "prefix_miss", "{path} with salt {other}");
+        }
+    }
+    let log = std::fs::read_to_string(dir.path().join("picker.log")).unwrap();
+    assert!(
+        log.contains("picked") && log.contains("model=m") && log.contains("TRACE"),
+        "--v 5 logs each request's details: {log}"
+    );
+    assert!(!log.contains(SALT), "the salt is in the log:\n{log}");
+    assert!(!log.contains("s4lt"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
