@@ -150,6 +150,7 @@ pub async fn start(config: Config, grpc: &str, admin: &str) -> anyhow::Result<Ru
 pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result<Running> {
     // A bad certificate stops start-up before anything listens.
     let identity = config.picker.tls.identity()?;
+    let debug_access = Arc::new(config.picker.debug.access().await?);
     let listeners = bind(listen).await?;
     let (grpc_addr, admin_addr, health_addr) = listeners.addrs()?;
 
@@ -182,6 +183,7 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
         registry: registry.clone(),
         prefix_metrics,
         ready: ready.clone(),
+        debug: debug_access.clone(),
     };
     serve_admin(listeners.admin, admin, &shutdown, &mut tasks);
     let generations_known = scrape_engines(&config, &router, &registry, &shutdown, &mut tasks);
@@ -223,6 +225,7 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
         %admin_addr,
         health_addr = %health_shown,
         tls = config.picker.tls.mode.as_str(),
+        debug_endpoints = debug_access.as_str(),
         endpoints = config.endpoints.len(),
         mode = %config.scheduler.mode_summary(),
         "prefix-picker serving"
@@ -407,9 +410,12 @@ fn serve_admin(
     let app = admin::app(admin);
     let token = shutdown.clone();
     tasks.spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(token.cancelled_owned())
-            .await?;
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(token.cancelled_owned())
+        .await?;
         Ok(())
     });
 }
