@@ -181,7 +181,7 @@ impl RouterMetrics {
             access_log_entries: IntCounterVec::new(
                 Opts::new(
                     "prefix_picker_access_log_entries_total",
-                    "Envoy access-log entries received, by result (claimed a routed request, unclaimed, intermediate)",
+                    "Envoy access-log entries received, by result (claimed a routed request, unclaimed, no_route_key, forged, intermediate)",
                 ),
                 &["result"],
             )
