@@ -2,6 +2,7 @@
 //! metrics, logs and the CLI. The harness is in `crate::harness`.
 
 mod gie;
+mod security;
 mod sync;
 
 use std::process::Command;
