@@ -3,15 +3,18 @@
 //! `/debug/explain?api=/v1/chat/completions` (or `api=chat|completions|responses`; inferred from
 //! the body when absent: `messages` -> chat, `input` -> responses, else completions) takes an
 //! OpenAI request body and returns the decision the picker would make, with every plugin's score
-//! per pod, without routing, recording or counting anything.
+//! per pod, without routing, recording or counting anything. The `/debug/*` routes are off
+//! unless enabled, and then guarded ([`access`]).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router as Http;
 use axum::body::Bytes;
-use axum::extract::{Query, State};
+use axum::extract::{ConnectInfo, Query, Request, State};
 use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
@@ -21,6 +24,9 @@ use crate::metrics::{PrefixCacheMetrics, encode};
 use crate::routing::Router;
 use crate::scheduler::Unscored;
 
+pub mod access;
+pub use access::{DebugAccess, DebugConfig};
+
 /// Shared state of the admin listener.
 #[derive(Debug, Clone)]
 pub struct Admin {
@@ -28,15 +34,37 @@ pub struct Admin {
     pub registry: prometheus::Registry,
     pub prefix_metrics: PrefixCacheMetrics,
     pub ready: Arc<AtomicBool>,
+    /// Who may call `/debug/*` ([`DebugAccess::Off`]: not served).
+    pub debug: Arc<DebugAccess>,
 }
 
+/// The admin routes. Serve with `into_make_service_with_connect_info::<SocketAddr>()`: the
+/// debug guard reads the peer address.
 pub fn app(admin: Admin) -> Http {
-    Http::new()
+    let mut app = Http::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/debug/explain", post(explain))
-        .with_state(admin)
+        .route("/readyz", get(readyz));
+    if admin.debug.enabled() {
+        let debug = Http::new()
+            .route("/debug/explain", post(explain))
+            .route_layer(middleware::from_fn_with_state(admin.debug.clone(), guard));
+        app = app.merge(debug);
+    }
+    app.with_state(admin)
+}
+
+/// Lets a request through to a debug route only if [`DebugAccess::check`] does.
+async fn guard(
+    State(access): State<Arc<DebugAccess>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match access.check(peer, request.headers()).await {
+        Ok(()) => next.run(request).await,
+        Err(refused) => refused,
+    }
 }
 
 async fn metrics(State(a): State<Admin>) -> Response {

@@ -82,6 +82,10 @@ pub struct ServeArgs {
     /// With TLS: serve DIR/tls.crt and DIR/tls.key instead of a self-signed certificate.
     #[arg(long, value_name = "DIR")]
     pub cert_path: Option<PathBuf>,
+    /// Serve `/debug/*` on the admin listener (loopback peers only unless picker.debug names a
+    /// credential) [default: the config's picker.debug.enabled, false].
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub debug_endpoints: Option<bool>,
     /// Discover pods through this InferencePool.
     #[arg(long, value_name = "NAME")]
     pub pool_name: Option<String>,
@@ -488,6 +492,10 @@ impl ServeArgs {
                 };
             }
             None => {}
+        }
+
+        if let Some(on) = self.debug_endpoints {
+            config.picker.debug.enabled = on;
         }
 
         let any = |port: u16| format!("0.0.0.0:{port}");

@@ -23,6 +23,7 @@
 //!   shutdownDelaySeconds: 0       # SIGTERM: not-ready for this long before closing
 //!   shutdownGraceSeconds: 30      # SIGTERM: open streams get this long to finish
 //!   tls: {mode: plaintext}        # gRPC port: plaintext | selfSigned | files (see `tls`)
+//!   debug: {enabled: false}       # /debug/* on the admin port: off, loopback, token (admin::access)
 //! sync: {redis: {url: ...}}       # optional index sharing through Redis (crate::sync::config)
 //! ```
 //! Kthena's leniencies are kept and warned about: unknown top-level keys, unknown plugin names
@@ -37,6 +38,7 @@ use serde::Deserialize;
 use serde_yaml_ng::{Mapping, Value as Yaml};
 use thiserror::Error;
 
+use crate::admin::DebugConfig;
 use crate::discovery::{DiscoveryConfig, DiscoveryError};
 use crate::pod_metrics::names::EngineMetricNames;
 use crate::scheduler::affinity::AffinityConfig;
@@ -102,6 +104,8 @@ pub struct PickerConfig {
     pub shutdown_grace_seconds: f64,
     /// TLS on the gRPC port.
     pub tls: TlsConfig,
+    /// The admin listener's `/debug/*` routes: off unless enabled (see [`crate::admin::access`]).
+    pub debug: DebugConfig,
     /// The affinity mode (`picker.affinity`); absent: Kthena's scheduler, exactly.
     pub affinity: Option<AffinitySection>,
 }
@@ -249,6 +253,7 @@ impl Default for PickerConfig {
             shutdown_delay_seconds: 0.0,
             shutdown_grace_seconds: 30.0,
             tls: TlsConfig::default(),
+            debug: DebugConfig::default(),
             affinity: None,
         }
     }
@@ -401,6 +406,9 @@ impl Config {
             }
         }
         for e in config.picker.tls.validate() {
+            errors.push(ConfigError::Picker(e.to_string()));
+        }
+        for e in config.picker.debug.validate() {
             errors.push(ConfigError::Picker(e.to_string()));
         }
         if errors.is_empty() {

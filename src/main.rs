@@ -270,6 +270,7 @@ fn serve(form: Form, args: ServeArgs, ignored: &[String]) -> ExitCode {
             admin_addr = %running.admin_addr,
             health_addr = %health_shown,
             tls = tls.as_str(),
+            debug_endpoints = running.debug_endpoints,
             endpoints,
             %mode,
             "prefix-picker serving"

@@ -44,6 +44,8 @@ pub struct Running {
     pub grpc_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub health_addr: Option<SocketAddr>,
+    /// Who may call the debug endpoints (`off`, `loopback`, ...), for the start-up line.
+    pub debug_endpoints: &'static str,
     pub router: Arc<Router>,
     pub shutdown: CancellationToken,
     tasks: JoinSet<anyhow::Result<()>>,
@@ -150,6 +152,7 @@ pub async fn start(config: Config, grpc: &str, admin: &str) -> anyhow::Result<Ru
 pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result<Running> {
     // A bad certificate stops start-up before anything listens.
     let identity = config.picker.tls.identity()?;
+    let debug_access = Arc::new(config.picker.debug.access().await?);
     let listeners = bind(listen).await?;
     let (grpc_addr, admin_addr, health_addr) = listeners.addrs()?;
 
@@ -182,6 +185,7 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
         registry: registry.clone(),
         prefix_metrics,
         ready: ready.clone(),
+        debug: debug_access.clone(),
     };
     serve_admin(listeners.admin, admin, &shutdown, &mut tasks);
     let generations_known = scrape_engines(&config, &router, &registry, &shutdown, &mut tasks);
@@ -219,6 +223,7 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
         grpc_addr,
         admin_addr,
         health_addr,
+        debug_endpoints: debug_access.as_str(),
         router,
         shutdown,
         tasks,
@@ -395,9 +400,12 @@ fn serve_admin(
     let app = admin::app(admin);
     let token = shutdown.clone();
     tasks.spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(token.cancelled_owned())
-            .await?;
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(token.cancelled_owned())
+        .await?;
         Ok(())
     });
 }

@@ -654,3 +654,28 @@ fn engine_metric_flags_set_the_config_and_name_themselves_in_errors() {
         ]
     );
 }
+
+#[test]
+fn debug_endpoints_are_off_unless_the_flag_or_the_config_turns_them_on() {
+    for form in [Form::Serve, Form::Gie] {
+        let off = resolve(&["--config-text", ONE_ENDPOINT], form).unwrap();
+        assert!(!off.config.picker.debug.enabled, "{form:?}");
+        let on = resolve(&["--config-text", ONE_ENDPOINT, "--debug-endpoints"], form).unwrap();
+        assert!(on.config.picker.debug.enabled, "{form:?}");
+        let go = resolve(
+            &["--config-text", ONE_ENDPOINT, "-debug-endpoints=true"],
+            form,
+        )
+        .unwrap();
+        assert!(go.config.picker.debug.enabled, "{form:?}");
+    }
+    let config = format!("{ONE_ENDPOINT}\npicker: {{debug: {{enabled: true}}}}");
+    let from_config = resolve(&["--config-text", &config], Form::Serve).unwrap();
+    assert!(from_config.config.picker.debug.enabled);
+    let overridden = resolve(
+        &["--config-text", &config, "--debug-endpoints=false"],
+        Form::Serve,
+    )
+    .unwrap();
+    assert!(!overridden.config.picker.debug.enabled);
+}

@@ -8,9 +8,11 @@
 //! three or more messages. prefix-picker serves the `AccessLogService` on its gRPC port.
 //!
 //! Each final HTTP entry (`DownstreamEnd`; start and periodic entries are skipped) claims the routed
-//! request waiting in [`PendingRoutes`]: by the [`ROUTE_KEY`] of the `envoy.lb` metadata (which
-//! tells apart two requests whose client reused an `x-request-id`), else by
-//! `request.request_id`. Its ending ([`completion`]):
+//! request waiting in [`PendingRoutes`] by the [`ROUTE_KEY`] of the `envoy.lb` metadata: a key
+//! this replica issued, unguessable, so anyone who reaches the gRPC port cannot forge
+//! completions (the client-settable `request.request_id` claims nothing). Envoy copies the
+//! metadata into the entry by itself, so Istio's `envoyHttpAls` and Envoy Gateway's ALS sink
+//! work unchanged. Its ending ([`completion`]):
 //! - aborted when a response flag says the stream was cut (downstream or upstream reset or
 //!   termination, local reset, idle, request or duration timeout, protocol errors, overload);
 //! - otherwise completed with `response.response_code`, served by
@@ -21,9 +23,11 @@
 //! once no routed request waits for its completion (or the grace period is over), so draining
 //! still records the responses in flight.
 //!
-//! Entries that claim nothing (requests the picker did not route, or routes that already
-//! expired) are counted and dropped: `prefix_picker_access_log_entries_total{result}` is
-//! `claimed`, `unclaimed` or `intermediate` (not a final entry).
+//! Entries that claim nothing are counted and dropped: `prefix_picker_access_log_entries_total
+//! {result}` is `claimed`, `unclaimed` (a well-formed key no route waits under: expired, claimed
+//! already), `no_route_key` (a request the picker did not route, or a forgery), `forged` (a key
+//! this replica did not issue, or a guessed secret: the route keeps waiting) or `intermediate`
+//! (not a final entry).
 //!
 //! [`PendingRoutes`]: crate::routing::PendingRoutes
 //! [`ROUTE_KEY`]: crate::envoy::wire::ROUTE_KEY
@@ -51,6 +55,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::wire::{route_key_from_metadata, served_from_metadata};
 use crate::routing::Router;
+use crate::routing::pending::Miss;
 use crate::routing::{Ending, Served};
 
 /// How often a draining access-log stream checks whether routes are still waiting.
@@ -100,19 +105,31 @@ impl AccessLogSink {
 pub enum Claim {
     /// Not a stream's last entry: ignored.
     Intermediate,
-    /// No route waits under its request id or route key.
+    /// No route waits under its route key.
     Unclaimed,
+    /// No route key: a request the picker did not route, or a forgery.
+    NoRouteKey,
+    /// A route key this replica did not issue (or a wrong secret).
+    Forged,
     /// It ended a waiting route.
     Claimed,
 }
 
 impl Claim {
-    pub const ALL: [Claim; 3] = [Claim::Claimed, Claim::Unclaimed, Claim::Intermediate];
+    pub const ALL: [Claim; 5] = [
+        Claim::Claimed,
+        Claim::Unclaimed,
+        Claim::NoRouteKey,
+        Claim::Forged,
+        Claim::Intermediate,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Claim::Intermediate => "intermediate",
             Claim::Unclaimed => "unclaimed",
+            Claim::NoRouteKey => "no_route_key",
+            Claim::Forged => "forged",
             Claim::Claimed => "claimed",
         }
     }
@@ -128,17 +145,13 @@ fn claim(router: &Router, entry: HttpAccessLogEntry) -> Claim {
         .metadata
         .map(|m| m.filter_metadata)
         .unwrap_or_default();
-    let request_id = entry
-        .request
-        .as_ref()
-        .map(|r| r.request_id.as_str())
-        .filter(|id| !id.is_empty());
-    // The route key first: unlike the request id, it tells apart two requests with one id.
-    let route = route_key_from_metadata(&metadata)
-        .and_then(|key| router.pending.take(key))
-        .or_else(|| request_id.and_then(|id| router.pending.take(id)));
-    let Some(route) = route else {
-        return Claim::Unclaimed;
+    let Some(key) = route_key_from_metadata(&metadata) else {
+        return Claim::NoRouteKey;
+    };
+    let route = match router.pending.take(key) {
+        Ok(route) => route,
+        Err(Miss::Unknown) => return Claim::Unclaimed,
+        Err(Miss::Forged) => return Claim::Forged,
     };
     let ending = if common.response_flags.as_ref().is_some_and(was_cut) {
         Ending::Aborted

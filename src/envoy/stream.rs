@@ -27,8 +27,8 @@
 //! `observability_mode` are never answered. Once the response has completed the picker ends the
 //! stream itself (Envoy would hold an observability-mode stream open for 5 s more). When this
 //! stream will not see the response (response body mode `NONE` or unknown), the routed state
-//! waits in [`PendingRoutes`] under a route key (the request id, made unique if a client reused
-//! it; also sent as [`ROUTE_KEY`] in `envoy.lb` metadata) for Envoy's access log
+//! waits in [`PendingRoutes`] under an issued, unguessable route key (sent as [`ROUTE_KEY`] in
+//! `envoy.lb` metadata; never the client's `x-request-id`) for Envoy's access log
 //! ([`crate::envoy::access_log`]) or an observer stream (a second ext_proc filter) to claim it;
 //! [`crate::routing::completion`] decides what is recorded.
 //!
@@ -362,13 +362,14 @@ impl StreamState {
     }
 
     /// Keeps the ticket for completion: on this stream, or (when this stream will not see the
-    /// response) in [`PendingRoutes`], returning the route key it waits under (the request id,
-    /// unless a route with that id already waits).
+    /// response) in [`PendingRoutes`], returning the issued route key it waits under.
     ///
     /// [`PendingRoutes`]: crate::routing::PendingRoutes
     fn keep_route(&mut self, route: Ticket) -> Option<String> {
+        // A stream without request headers (no request id) keeps its route, as before keys
+        // were issued: it ends with the stream.
         match (self.response_mode, &self.request_id) {
-            (Some(BodyMode::None) | None, Some(id)) => Some(self.router.pending.insert(id, route)),
+            (Some(BodyMode::None) | None, Some(_)) => Some(self.router.pending.insert(route)),
             _ => {
                 self.route = Some(route);
                 None
@@ -377,13 +378,12 @@ impl StreamState {
     }
 
     /// The key a pending route is claimed by: this stream's own route key if it routed; for an
-    /// observer, the [`ROUTE_KEY`] the routing stream put in `envoy.lb` metadata (exact even when
-    /// a client reused its request id), else the `x-request-id` header it saw.
+    /// observer, the [`ROUTE_KEY`] the routing stream put in `envoy.lb` metadata (the client's
+    /// `x-request-id` claims nothing: anyone can send it).
     fn pending_key(&self) -> Option<&str> {
         self.route_key
             .as_deref()
             .or_else(|| route_key_from_metadata(&self.metadata))
-            .or(self.request_id.as_deref())
     }
 
     /// Candidate restriction from the subset hint and (when enabled) the conformance header.
@@ -471,7 +471,7 @@ impl StreamState {
         self.completed = true;
         let route = self.route.take().or_else(|| {
             self.pending_key()
-                .and_then(|id| self.router.pending.take(id))
+                .and_then(|key| self.router.pending.take(key).ok())
         });
         if let Some(route) = route {
             let ending = Ending::Completed {
@@ -494,7 +494,7 @@ impl StreamState {
         if self.observer
             && let Some(route) = self
                 .pending_key()
-                .and_then(|id| self.router.pending.take(id))
+                .and_then(|key| self.router.pending.take(key).ok())
         {
             self.router.complete(route, Ending::Aborted);
         }

@@ -21,9 +21,8 @@ use crate::endpoints::Endpoint;
 
 pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
 pub const SERVED_KEY: &str = "x-gateway-destination-endpoint-served";
-/// `envoy.lb` metadata key naming a routed request waiting in [`PendingRoutes`] (its request
-/// id): an observer filter that skips request headers, or an access-log entry without a
-/// request id, finds its request by it.
+/// `envoy.lb` metadata key naming a routed request waiting in [`PendingRoutes`] (an issued,
+/// unguessable key): an observer filter or an access-log entry claims its request by it.
 ///
 /// [`PendingRoutes`]: crate::routing::PendingRoutes
 pub const ROUTE_KEY: &str = "x-prefix-picker-route";

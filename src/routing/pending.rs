@@ -3,25 +3,30 @@
 //! When the routing ext_proc stream ends after the request phase, the response is seen by
 //! another source: Envoy's access log (the recommended `envoy/envoy.yaml`) or a second filter in
 //! `observability_mode` (`envoy/envoy-observer.yaml`), neither delaying it. The routing stream
-//! deposits its [`Ticket`] here under a route key, which it also puts in the request's
-//! `envoy.lb` metadata; the other source claims the route by that key (else by the request's
-//! `x-request-id`) when the response ends, or drops it on abort. The key is the request id,
-//! unless a route already waits under that id (a client that reuses its ids): then it is the id
-//! with `~N` appended, N from a process-wide counter, so two requests with one id are still told
-//! apart by their metadata. Unclaimed entries expire after `picker.responseTimeoutSeconds`,
-//! which releases their in-flight count without recording anything. Sharded by key; no lock
-//! spans all shards.
+//! deposits its [`Ticket`] here and puts the route key it gets back in the request's `envoy.lb`
+//! metadata; the other source claims the route by that key when the response ends, or drops it
+//! on abort. Anyone who reaches the gRPC port can send access-log entries, so a key is issued,
+//! not guessable: `N.SECRET`, N a process-wide counter (the map key) and SECRET 128 random bits
+//! from a CSPRNG (`rand`'s thread RNG), compared in constant time. The client-settable
+//! `x-request-id` claims nothing. A key with the right N and a wrong secret is [`Miss::Forged`]
+//! and leaves the route waiting. Unclaimed entries expire after `picker.responseTimeoutSeconds`,
+//! which releases their in-flight count without recording anything. Sharded by N; no lock spans
+//! all shards.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use rand::Rng;
+use subtle::ConstantTimeEq;
 
 use super::Ticket;
 
 const SHARDS: usize = 16;
+
+/// Bytes of a route key's secret.
+const SECRET_BYTES: usize = 16;
 
 /// What [`PendingRoutes::expire`] dropped.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -31,50 +36,76 @@ pub struct Expired {
     pub tentative: usize,
 }
 
+/// Why [`PendingRoutes::take`] claimed nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Miss {
+    /// A well-formed key naming no waiting route: claimed already, expired, or never issued.
+    Unknown,
+    /// Not a key this replica could have issued, or a waiting route's number with a wrong secret.
+    Forged,
+}
+
+struct Waiting {
+    deadline: Instant,
+    secret: [u8; SECRET_BYTES],
+    route: Ticket,
+}
+
 #[derive(Debug)]
 pub struct PendingRoutes {
-    shards: Vec<Mutex<HashMap<String, (Instant, Ticket)>>>,
-    hasher: RandomState,
+    shards: Vec<Mutex<HashMap<u64, Waiting>>>,
     ttl: Duration,
-    /// Numbers the keys of routes whose request id was already waiting.
-    repeats: AtomicU64,
+    next: AtomicU64,
+}
+
+impl std::fmt::Debug for Waiting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waiting")
+            .field("deadline", &self.deadline)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PendingRoutes {
     pub fn new(ttl: Duration) -> PendingRoutes {
         PendingRoutes {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: RandomState::new(),
             ttl,
-            repeats: AtomicU64::new(0),
+            next: AtomicU64::new(0),
         }
     }
 
-    fn shard(&self, key: &str) -> &Mutex<HashMap<String, (Instant, Ticket)>> {
-        &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
+    fn shard(&self, n: u64) -> &Mutex<HashMap<u64, Waiting>> {
+        &self.shards[(n % SHARDS as u64) as usize]
     }
 
-    /// Keeps `route` until claimed or expired; returns its key: `request_id`, or, when a route
-    /// already waits under it, `request_id~N` (never replacing a waiting route).
-    pub fn insert(&self, request_id: &str, route: Ticket) -> String {
-        let deadline = Instant::now() + self.ttl;
-        let mut key = request_id.to_string();
-        loop {
-            let mut shard = self.shard(&key).lock();
-            if !shard.contains_key(&key) {
-                shard.insert(key.clone(), (deadline, route));
-                return key;
-            }
-            drop(shard);
-            let n = self.repeats.fetch_add(1, Ordering::Relaxed);
-            key = format!("{request_id}~{n}");
+    /// Keeps `route` until claimed or expired; returns the key it is claimed by (`N.SECRET`).
+    pub fn insert(&self, route: Ticket) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut secret = [0u8; SECRET_BYTES];
+        rand::rng().fill(&mut secret);
+        let waiting = Waiting {
+            deadline: Instant::now() + self.ttl,
+            secret,
+            route,
+        };
+        self.shard(n).lock().insert(n, waiting);
+        let mut key = format!("{n}.");
+        for b in secret {
+            key.push_str(&format!("{b:02x}"));
         }
+        key
     }
 
-    /// Claims the route waiting under `key` (a route key, or a request id, which is the key of
-    /// the first route with that id).
-    pub fn take(&self, key: &str) -> Option<Ticket> {
-        self.shard(key).lock().remove(key).map(|(_, r)| r)
+    /// Claims the route `key` names, if it waits and the secret matches.
+    pub fn take(&self, key: &str) -> Result<Ticket, Miss> {
+        let (n, secret) = parse_key(key).ok_or(Miss::Forged)?;
+        let mut shard = self.shard(n).lock();
+        let waiting = shard.get(&n).ok_or(Miss::Unknown)?;
+        if !bool::from(waiting.secret.ct_eq(&secret)) {
+            return Err(Miss::Forged);
+        }
+        Ok(shard.remove(&n).expect("checked above").route)
     }
 
     pub fn len(&self) -> usize {
@@ -91,17 +122,31 @@ impl PendingRoutes {
         let mut out = Expired::default();
         for shard in &self.shards {
             let mut shard = shard.lock();
-            shard.retain(|_, (deadline, route)| {
-                let keep = *deadline > now;
+            shard.retain(|_, w| {
+                let keep = w.deadline > now;
                 if !keep {
                     out.routes += 1;
-                    out.tentative += usize::from(route.tentative.is_some());
+                    out.tentative += usize::from(w.route.tentative.is_some());
                 }
                 keep
             });
         }
         out
     }
+}
+
+/// `N.SECRET` (SECRET: 32 lowercase hex digits) as its parts.
+fn parse_key(key: &str) -> Option<(u64, [u8; SECRET_BYTES])> {
+    let (n, hex) = key.split_once('.')?;
+    if hex.len() != 2 * SECRET_BYTES || n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n = n.parse().ok()?;
+    let mut secret = [0u8; SECRET_BYTES];
+    for (i, byte) in secret.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some((n, secret))
 }
 
 #[cfg(test)]
@@ -111,29 +156,93 @@ mod tests {
     use crate::hashing::BlockHash;
     use crate::testing::{PORTS, addr, endpoint, router};
 
-    #[test]
-    fn a_reused_request_id_gets_its_own_key_and_replaces_nothing() {
-        let router = router();
-        let pod = endpoint(&router, addr(PORTS[0]));
-        let route = |tag: u64| Ticket {
+    fn route(
+        router: &crate::routing::Router,
+        pod: &std::sync::Arc<crate::endpoints::Endpoint>,
+        tag: u64,
+    ) -> Ticket {
+        Ticket {
             model: "m".to_string(),
             hashes: vec![BlockHash(tag)],
             guard: InflightGuard::new(pod.clone(), &router.metrics),
             tentative: None,
             predicted_blocks: 0,
-        };
+        }
+    }
+
+    #[test]
+    fn keys_are_unique_and_claim_their_own_route_once() {
+        let router = router();
+        let pod = endpoint(&router, addr(PORTS[0]));
         let pending = PendingRoutes::new(Duration::from_secs(60));
-        assert_eq!(pending.insert("req", route(1)), "req");
-        let second = pending.insert("req", route(2));
-        let third = pending.insert("req", route(3));
-        assert!(second.starts_with("req~") && third.starts_with("req~"));
-        assert_ne!(second, third);
-        assert_eq!(pending.len(), 3);
-        assert_eq!(pod.inflight(), 3, "no waiting route was dropped");
-        assert_eq!(pending.take(&third).unwrap().hashes, [BlockHash(3)]);
-        assert_eq!(pending.take("req").unwrap().hashes, [BlockHash(1)]);
-        assert_eq!(pending.take(&second).unwrap().hashes, [BlockHash(2)]);
+        let keys: Vec<String> = (1..=3)
+            .map(|t| pending.insert(route(&router, &pod, t)))
+            .collect();
+        assert_ne!(keys[0], keys[1]);
+        assert_eq!(pod.inflight(), 3);
+        assert_eq!(pending.take(&keys[2]).unwrap().hashes, [BlockHash(3)]);
+        assert_eq!(pending.take(&keys[2]).unwrap_err(), Miss::Unknown);
+        assert_eq!(pending.take(&keys[0]).unwrap().hashes, [BlockHash(1)]);
+        assert_eq!(pending.take(&keys[1]).unwrap().hashes, [BlockHash(2)]);
         assert!(pending.is_empty());
         assert_eq!(pod.inflight(), 0);
+    }
+
+    #[test]
+    fn a_guessed_secret_claims_nothing_and_leaves_the_route_waiting() {
+        let router = router();
+        let pod = endpoint(&router, addr(PORTS[0]));
+        let pending = PendingRoutes::new(Duration::from_secs(60));
+        let key = pending.insert(route(&router, &pod, 1));
+        let (n, secret) = key.split_once('.').unwrap();
+        assert_eq!(secret.len(), 32);
+        let flipped = format!(
+            "{n}.{}{}",
+            if secret.starts_with('0') { '1' } else { '0' },
+            &secret[1..]
+        );
+        for forged in [
+            flipped.as_str(),
+            n,
+            "",
+            "x-request-id",
+            "0.zz",
+            &format!("{n}.{secret}0"),
+        ] {
+            assert_eq!(
+                pending.take(forged).unwrap_err(),
+                Miss::Forged,
+                "{forged:?}"
+            );
+        }
+        assert_eq!(
+            pending
+                .take(&format!("{}.{secret}", n.parse::<u64>().unwrap() + 1))
+                .unwrap_err(),
+            Miss::Unknown
+        );
+        assert_eq!(pending.len(), 1, "the genuine route still waits");
+        assert!(pending.take(&key).is_ok());
+    }
+
+    #[test]
+    fn secrets_differ_between_routes_and_replicas() {
+        let router = router();
+        let pod = endpoint(&router, addr(PORTS[0]));
+        let (a, b) = (
+            PendingRoutes::new(Duration::from_secs(60)),
+            PendingRoutes::new(Duration::from_secs(60)),
+        );
+        let (ka, kb) = (
+            a.insert(route(&router, &pod, 1)),
+            b.insert(route(&router, &pod, 2)),
+        );
+        assert_eq!(
+            ka.split_once('.').unwrap().0,
+            kb.split_once('.').unwrap().0,
+            "same N"
+        );
+        assert_ne!(ka, kb);
+        assert_eq!(a.take(&kb).unwrap_err(), Miss::Forged);
     }
 }

@@ -26,20 +26,14 @@ fn prompt(tag: &str) -> Vec<u8> {
 }
 
 /// Routes `body` as the routing ext_proc stream would with response body mode NONE: the
-/// route waits under `id` (or under `id~N` if a route with that id already waits). Returns the
-/// primary pick and the route key.
-fn route_keyed(router: &Arc<Router>, id: &str, body: &[u8]) -> (SocketAddr, String) {
+/// route waits under the key it is issued. Returns the primary pick and the route key.
+fn route(router: &Arc<Router>, body: &[u8]) -> (SocketAddr, String) {
     let routed = router
         .route("/v1/completions", Some(body), None)
         .expect("routed");
     let primary = routed.decision.primary().clone();
-    let key = router.pending.insert(id, routed.ticket);
+    let key = router.pending.insert(routed.ticket);
     (primary.spec.address, key)
-}
-
-/// [`route_keyed`], returning the primary pick.
-fn route(router: &Arc<Router>, id: &str, body: &[u8]) -> SocketAddr {
-    route_keyed(router, id, body).0
 }
 
 fn socket(a: SocketAddr) -> Address {
@@ -72,22 +66,28 @@ fn lb(fields: &[(&str, &str)]) -> Metadata {
     }
 }
 
+/// A final entry carrying `route_key` (none if empty) and `more` in its `envoy.lb` metadata; its
+/// request id is a constant (the client's, which claims nothing).
 fn entry(
-    request_id: &str,
+    route_key: &str,
     status: Option<u32>,
     upstream: Option<SocketAddr>,
     flags: ResponseFlags,
-    metadata: Option<Metadata>,
+    more: &[(&str, &str)],
 ) -> HttpAccessLogEntry {
+    let mut fields = more.to_vec();
+    if !route_key.is_empty() {
+        fields.push((ROUTE_KEY, route_key));
+    }
     HttpAccessLogEntry {
         common_properties: Some(AccessLogCommon {
             upstream_remote_address: upstream.map(socket),
             response_flags: Some(flags),
-            metadata,
+            metadata: (!fields.is_empty()).then(|| lb(&fields)),
             ..AccessLogCommon::default()
         }),
         request: Some(HttpRequestProperties {
-            request_id: request_id.to_string(),
+            request_id: "client-request-id".to_string(),
             ..HttpRequestProperties::default()
         }),
         response: Some(HttpResponseProperties {
@@ -98,13 +98,13 @@ fn entry(
     }
 }
 
-fn ok(request_id: &str, upstream: Option<SocketAddr>) -> HttpAccessLogEntry {
+fn ok(route_key: &str, upstream: Option<SocketAddr>) -> HttpAccessLogEntry {
     entry(
-        request_id,
+        route_key,
         Some(200),
         upstream,
         ResponseFlags::default(),
-        None,
+        &[],
     )
 }
 
@@ -128,11 +128,11 @@ fn inflight(router: &Router) -> i64 {
 fn a_2xx_entry_records_for_the_upstream_that_served() {
     let router = router();
     let sink = sink(&router);
-    let primary = route(&router, "r-1", &prompt("a"));
+    let (primary, key) = route(&router, &prompt("a"));
     assert_eq!(inflight(&router), 1);
     // A retry moved the request to another pod: the log names it.
     let served = PORTS.map(addr).into_iter().find(|&a| a != primary).unwrap();
-    sink.on_entry(ok("r-1", Some(served)));
+    sink.on_entry(ok(&key, Some(served)));
     assert!(router.pending.is_empty());
     assert!(entries(&router, served) > 0);
     assert_eq!(total_entries(&router), entries(&router, served));
@@ -140,7 +140,7 @@ fn a_2xx_entry_records_for_the_upstream_that_served() {
     assert_eq!(count(&router, "entries", "claimed"), 1);
     assert_eq!(inflight(&router), 0);
     // The same prompt now goes where it was served.
-    let again = route(&router, "r-2", &prompt("a"));
+    let (again, _) = route(&router, &prompt("a"));
     assert_eq!(again, served);
 }
 
@@ -148,68 +148,71 @@ fn a_2xx_entry_records_for_the_upstream_that_served() {
 fn served_falls_back_to_the_metadata_then_the_primary() {
     let router = router();
     let sink = sink(&router);
-    let primary = route(&router, "m-1", &prompt("b"));
+    let (primary, key) = route(&router, &prompt("b"));
     let other = PORTS.map(addr).into_iter().find(|&a| a != primary).unwrap();
-    let md = lb(&[(SERVED_KEY, &other.to_string())]);
+    let other_text = other.to_string();
     sink.on_entry(entry(
-        "m-1",
+        &key,
         Some(200),
         None,
         ResponseFlags::default(),
-        Some(md),
+        &[(SERVED_KEY, &other_text)],
     ));
     assert!(entries(&router, other) > 0);
 
-    let primary = route(&router, "m-2", &prompt("c"));
+    let (primary, key) = route(&router, &prompt("c"));
     let before = entries(&router, primary);
-    sink.on_entry(ok("m-2", None));
+    sink.on_entry(ok(&key, None));
     assert!(entries(&router, primary) > before);
     assert_eq!(count(&router, "records", "recorded"), 2);
 }
 
 #[test]
-fn two_requests_with_one_request_id_are_told_apart_by_their_route_keys() {
+fn two_requests_are_told_apart_by_their_route_keys() {
     let router = router();
     let sink = sink(&router);
-    let (_, first) = route_keyed(&router, "dup", &prompt("e"));
-    let (_, second) = route_keyed(&router, "dup", &prompt("f"));
-    assert_eq!(first, "dup");
+    let (_, first) = route(&router, &prompt("e"));
+    let (_, second) = route(&router, &prompt("f"));
     assert_ne!(second, first);
     assert_eq!(inflight(&router), 2);
     // The second request ends first, served by pod 0; then the first, served by pod 1.
     let [pod0, pod1, _] = PORTS.map(addr);
     for (key, served) in [(&second, pod0), (&first, pod1)] {
-        let md = lb(&[(ROUTE_KEY, key)]);
-        sink.on_entry(entry(
-            "dup",
-            Some(200),
-            Some(served),
-            ResponseFlags::default(),
-            Some(md),
-        ));
+        sink.on_entry(ok(key, Some(served)));
     }
     assert!(router.pending.is_empty());
     assert_eq!(inflight(&router), 0);
     assert_eq!(count(&router, "records", "recorded"), 2);
     // Each prompt was recorded for the pod that served it.
-    assert_eq!(route(&router, "next-f", &prompt("f")), pod0);
-    assert_eq!(route(&router, "next-e", &prompt("e")), pod1);
+    assert_eq!(route(&router, &prompt("f")).0, pod0);
+    assert_eq!(route(&router, &prompt("e")).0, pod1);
 }
 
+/// Anyone who reaches the gRPC port can send entries: only a route key this replica issued
+/// claims, never the client-settable request id, a missing key or a guessed secret.
 #[test]
-fn the_route_key_in_the_metadata_claims_when_the_request_id_is_missing() {
+fn forged_entries_record_nothing_and_are_counted() {
     let router = router();
     let sink = sink(&router);
-    route(&router, "k-1", &prompt("d"));
-    let md = lb(&[(ROUTE_KEY, "k-1")]);
-    sink.on_entry(entry(
-        "",
-        Some(200),
-        None,
-        ResponseFlags::default(),
-        Some(md),
-    ));
-    assert!(router.pending.is_empty());
+    let (primary, key) = route(&router, &prompt("forged"));
+    let (n, secret) = key.split_once('.').unwrap();
+    let guessed = format!("{n}.{}", "0".repeat(secret.len()));
+    let other_replica = format!("{n}.{}", "f".repeat(secret.len()));
+    // No route key: the request id (even one a route was routed with) claims nothing.
+    sink.on_entry(ok("", Some(primary)));
+    for forged in [guessed.as_str(), &other_replica, "client-request-id", n] {
+        assert_ne!(forged, key);
+        sink.on_entry(ok(forged, Some(primary)));
+    }
+    assert_eq!(count(&router, "entries", "no_route_key"), 1);
+    assert_eq!(count(&router, "entries", "forged"), 4);
+    assert_eq!(count(&router, "entries", "claimed"), 0);
+    assert_eq!(total_entries(&router), 0, "nothing recorded");
+    assert_eq!(router.pending.len(), 1, "the genuine route still waits");
+    assert_eq!(inflight(&router), 1);
+    // The genuine entry still claims it.
+    sink.on_entry(ok(&key, Some(primary)));
+    assert_eq!(count(&router, "entries", "claimed"), 1);
     assert_eq!(count(&router, "records", "recorded"), 1);
 }
 
@@ -232,27 +235,26 @@ fn failures_and_cut_streams_record_nothing() {
         },
     ];
     for (i, flags) in cut.into_iter().enumerate() {
-        let id = format!("cut-{i}");
-        let served = route(&router, &id, &prompt(&id));
+        let (served, key) = route(&router, &prompt(&format!("cut-{i}")));
         // The response began with 200 before the stream was cut.
-        sink.on_entry(entry(&id, Some(200), Some(served), flags, None));
+        sink.on_entry(entry(&key, Some(200), Some(served), flags, &[]));
     }
     assert_eq!(count(&router, "records", "aborted"), 3);
-    let served = route(&router, "f-1", &prompt("f"));
+    let (served, key) = route(&router, &prompt("f"));
     sink.on_entry(entry(
-        "f-1",
+        &key,
         Some(503),
         Some(served),
         ResponseFlags::default(),
-        None,
+        &[],
     ));
-    let served = route(&router, "f-2", &prompt("g"));
+    let (served, key) = route(&router, &prompt("g"));
     sink.on_entry(entry(
-        "f-2",
+        &key,
         None,
         Some(served),
         ResponseFlags::default(),
-        None,
+        &[],
     ));
     assert_eq!(count(&router, "records", "failed"), 2);
     assert_eq!(total_entries(&router), 0);
@@ -264,8 +266,8 @@ fn failures_and_cut_streams_record_nothing() {
 fn an_address_outside_the_endpoint_set_records_nothing() {
     let router = router();
     let sink = sink(&router);
-    route(&router, "u-1", &prompt("h"));
-    sink.on_entry(ok("u-1", Some(addr(9))));
+    let (_, key) = route(&router, &prompt("h"));
+    sink.on_entry(ok(&key, Some(addr(9))));
     assert_eq!(count(&router, "records", "unknown_pod"), 1);
     assert_eq!(total_entries(&router), 0);
 }
@@ -274,24 +276,27 @@ fn an_address_outside_the_endpoint_set_records_nothing() {
 fn unclaimed_and_intermediate_entries_change_nothing() {
     let router = router();
     let sink = sink(&router);
-    route(&router, "i-1", &prompt("i"));
+    let (_, key) = route(&router, &prompt("i"));
     for kind in [
         AccessLogType::DownstreamStart,
         AccessLogType::DownstreamPeriodic,
     ] {
-        let mut intermediate = ok("i-1", None);
+        let mut intermediate = ok(&key, None);
         if let Some(c) = intermediate.common_properties.as_mut() {
             c.access_log_type = kind as i32;
         }
         sink.on_entry(intermediate);
     }
-    sink.on_entry(ok("someone-else", None));
+    let (n, secret) = key.split_once('.').unwrap();
+    let next = n.parse::<u64>().unwrap() + 1;
+    sink.on_entry(ok(&format!("{next}.{secret}"), None));
     sink.on_entry(HttpAccessLogEntry::default());
     assert_eq!(router.pending.len(), 1, "still waiting for its final entry");
     assert_eq!(count(&router, "entries", "intermediate"), 2);
-    assert_eq!(count(&router, "entries", "unclaimed"), 2);
+    assert_eq!(count(&router, "entries", "unclaimed"), 1);
+    assert_eq!(count(&router, "entries", "no_route_key"), 1);
     assert_eq!(total_entries(&router), 0);
-    let mut end = ok("i-1", None);
+    let mut end = ok(&key, None);
     if let Some(c) = end.common_properties.as_mut() {
         c.access_log_type = AccessLogType::DownstreamEnd as i32;
     }
@@ -353,9 +358,9 @@ async fn a_stream_drains_then_ends_itself_at_shutdown() {
             .await
     });
 
-    route(&router, "s-1", &prompt("s1"));
-    route(&router, "s-2", &prompt("s2"));
-    tx.send(message(vec![ok("s-1", None)])).await.unwrap();
+    let (_, s1) = route(&router, &prompt("s1"));
+    let (_, s2) = route(&router, &prompt("s2"));
+    tx.send(message(vec![ok(&s1, None)])).await.unwrap();
     let poll = || async {
         for _ in 0..200 {
             if router.pending.len() <= 1 {
@@ -369,10 +374,10 @@ async fn a_stream_drains_then_ends_itself_at_shutdown() {
     assert_eq!(count(&router, "records", "recorded"), 1);
 
     shutdown.cancel();
-    // "s-2" still waits: the stream stays open for its entry.
+    // s2 still waits: the stream stays open for its entry.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!call.is_finished(), "ended while a route was waiting");
-    tx.send(message(vec![ok("s-2", None)])).await.unwrap();
+    tx.send(message(vec![ok(&s2, None)])).await.unwrap();
     let ended = tokio::time::timeout(Duration::from_secs(10), call)
         .await
         .expect("the stream ends once nothing waits")

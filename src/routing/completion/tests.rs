@@ -163,7 +163,7 @@ fn a_fallback_moves_the_record_to_the_pod_that_served() {
 fn an_expired_route_releases_its_hold() {
     let router = affinity_router();
     let pending = PendingRoutes::new(Duration::ZERO);
-    pending.insert("id", route(&router, &body(&prefix(4), "q")));
+    pending.insert(route(&router, &body(&prefix(4), "q")));
     assert_eq!(holds(&router), 1);
     let expired = pending.expire(Instant::now() + Duration::from_millis(1));
     assert_eq!((expired.routes, expired.tentative), (1, 1));
@@ -241,10 +241,10 @@ proptest! {
         let pending = PendingRoutes::new(Duration::from_secs(3600));
         let mut live: Vec<String> = Vec::new();
         let mut served_ok = 0;
-        for (n, s) in steps.into_iter().enumerate() {
+        for s in steps {
             match s {
                 Step::Route { prefix: p, question } => {
-                    let key = pending.insert(&format!("r{n}"), route(&router, &body(&prefix(p), &question.to_string())));
+                    let key = pending.insert(route(&router, &body(&prefix(p), &question.to_string())));
                     live.push(key);
                 }
                 Step::Complete { ticket, status } if !live.is_empty() => {

@@ -7,6 +7,7 @@
 //! (`monitoring`), the CI workflows checked against the GitHub-workflow schema, and the container
 //! images run as the chart runs them (`image`).
 
+mod debug_rbac;
 mod image;
 mod monitoring;
 

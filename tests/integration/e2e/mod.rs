@@ -4,6 +4,7 @@
 mod gie;
 mod health;
 mod logs;
+mod security;
 mod sync;
 
 use std::process::Command;

@@ -73,9 +73,16 @@ pub struct Cluster {
     epoch: u64,
     lists: u64,
     watches: u64,
+    /// TokenReview: token -> username of the tokens the server authenticates.
+    tokens: BTreeMap<String, String>,
 }
 
 impl Cluster {
+    /// Makes TokenReviews of `token` answer authenticated as `username`.
+    pub fn authenticate(&mut self, token: &str, username: &str) {
+        self.tokens.insert(token.into(), username.into());
+    }
+
     /// Creates or replaces an object (by kind, `metadata.namespace`, `metadata.name`).
     pub fn put(&mut self, kind: Kind, mut object: Value) {
         self.rv += 1;
@@ -157,6 +164,10 @@ impl FakeKube {
                 "/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools",
                 get(|s, p, q| serve(s, p, q, Kind::InferencePool)),
             )
+            .route(
+                "/apis/authentication.k8s.io/v1/tokenreviews",
+                axum::routing::post(token_review),
+            )
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -231,6 +242,24 @@ async fn serve(
         "items": items,
     });
     axum::Json(list).into_response()
+}
+
+/// `POST tokenreviews`: authenticated when the token was registered with
+/// [`Cluster::authenticate`] (the review echoed back with its status, as the API server does).
+async fn token_review(
+    State(shared): State<Arc<Shared>>,
+    axum::Json(mut review): axum::Json<Value>,
+) -> Response {
+    let token = review["spec"]["token"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let user = shared.cluster.lock().unwrap().tokens.get(&token).cloned();
+    review["status"] = match user {
+        Some(username) => json!({"authenticated": true, "user": {"username": username}}),
+        None => json!({"authenticated": false, "error": "invalid bearer token"}),
+    };
+    (StatusCode::CREATED, axum::Json(review)).into_response()
 }
 
 fn watch(

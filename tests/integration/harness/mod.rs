@@ -219,7 +219,9 @@ pub fn shipped_picker_section() -> &'static str {
         + 1..]
 }
 
-pub async fn start_picker(config: Config) -> Running {
+/// Starts a picker with `/debug/explain` on (tests read decisions through it; loopback only).
+pub async fn start_picker(mut config: Config) -> Running {
+    config.picker.debug.enabled = true;
     serve::start(config, "127.0.0.1:0", "127.0.0.1:0")
         .await
         .unwrap()
