@@ -210,138 +210,152 @@ fn missing_protocol_config_behaves_as_buffered() {
 /// Checks the FULL_DUPLEX answer to the body's end: headers reply with the pick, then the body,
 /// with `end_of_stream` on its last chunk unless the body ended with trailers.
 fn assert_full_duplex_answer(
+    name: &str,
     r: &[ProcessingResponse],
     original: &[u8],
     end: BodyEnd,
 ) -> Vec<SocketAddr> {
-    assert!(r.len() >= 2, "{r:?}");
-    assert!(is_request_headers(&r[0]), "{:?}", r[0]);
+    assert!(r.len() >= 2, "{name}: {r:?}");
+    assert!(is_request_headers(&r[0]), "{name}: {:?}", r[0]);
     let c = common(&r[0]).unwrap();
-    assert!(c.clear_route_cache);
-    assert!(c.body_mutation.is_none());
+    assert!(c.clear_route_cache, "{name}");
+    assert!(c.body_mutation.is_none(), "{name}");
     let pick = pick_of(&r[0]);
     let chunks = &r[1..];
     let ends_stream = end == BodyEnd::EndOfStream;
     let min_chunks = usize::from(ends_stream);
     assert_eq!(
         chunks.len(),
-        original.len().div_ceil(BODY_CHUNK).max(min_chunks)
+        original.len().div_ceil(BODY_CHUNK).max(min_chunks),
+        "{name}"
     );
     let mut resent = Vec::new();
     for (i, chunk) in chunks.iter().enumerate() {
-        assert!(is_request_body(chunk), "{chunk:?}");
-        assert!(chunk.dynamic_metadata.is_none());
+        assert!(is_request_body(chunk), "{name}: {chunk:?}");
+        assert!(chunk.dynamic_metadata.is_none(), "{name}");
         let c = common(chunk).unwrap();
-        assert!(c.header_mutation.is_none());
+        assert!(c.header_mutation.is_none(), "{name}");
         let (bytes, eos) = streamed(chunk).expect("streamed_response");
-        assert!(bytes.len() <= BODY_CHUNK);
+        assert!(bytes.len() <= BODY_CHUNK, "{name}");
         assert_eq!(
             eos,
             ends_stream && i == chunks.len() - 1,
-            "end_of_stream only on the last chunk, and only if the body ended the stream"
+            "{name}: end_of_stream only on the last chunk, and only if the body ended the stream"
         );
         resent.extend_from_slice(bytes);
     }
-    assert_eq!(resent, original, "the body is sent back unchanged");
+    assert_eq!(resent, original, "{name}: the body is sent back unchanged");
     pick
 }
 
+/// One FULL_DUPLEX request: its body cut at `cuts` and ended by end_of_stream or by trailers.
+struct FullDuplex {
+    name: &'static str,
+    path: &'static str,
+    request_id: Option<&'static str>,
+    body: Vec<u8>,
+    cuts: Vec<usize>,
+    end: BodyEnd,
+}
+
+/// Headers and body chunks are held (no reply) until the body ends; then the pick rides on the
+/// held headers' reply and the body is sent back unchanged, whatever the API or the pieces.
 #[test]
-fn full_duplex_holds_headers_and_resends_a_200kb_body() {
-    let router = router();
-    let mut s = StreamState::new(router.clone());
-    let r = s.handle(modes(
-        headers("/v1/completions", false, &[("x-request-id", "fd-1")]),
-        FULL_DUPLEX,
-        FULL_DUPLEX,
-    ));
-    assert!(r.is_empty(), "headers are held: {r:?}");
-    let original = completion("m", &"0123456789abcdef".repeat(12_500));
-    assert!(original.len() > 200_000);
-    let pieces: Vec<&[u8]> = original.chunks(45_000).collect();
-    assert_eq!(pieces.len(), 5);
-    let last = pieces.len() - 1;
-    let mut answer = vec![];
-    for (i, piece) in pieces.iter().enumerate() {
-        let r = s.handle(body(piece, i == last));
-        if i < last {
-            assert!(r.is_empty(), "no reply to a non-final chunk: {r:?}");
-        } else {
-            answer = r;
+fn full_duplex_holds_headers_and_resends_the_body() {
+    let big = completion("m", &"0123456789abcdef".repeat(12_500));
+    assert!(big.len() > 200_000);
+    let rows = [
+        FullDuplex {
+            name: "200 KB body in five pieces",
+            path: "/v1/completions",
+            request_id: Some("fd-1"),
+            cuts: (1..5).map(|i| i * 45_000).collect(),
+            body: big,
+            end: BodyEnd::EndOfStream,
+        },
+        FullDuplex {
+            name: "small body in one chunk",
+            path: "/v1/completions",
+            request_id: None,
+            body: completion("m", "hi"),
+            cuts: vec![],
+            end: BodyEnd::EndOfStream,
+        },
+        FullDuplex {
+            name: "body ended by trailers",
+            path: "/v1/completions",
+            request_id: None,
+            body: completion("m", &long_prompt("trailers")),
+            cuts: vec![10],
+            end: BodyEnd::Trailers,
+        },
+        // Not an inference API: the body is not parsed (may be anything) but still sent back.
+        FullDuplex {
+            name: "unknown API body",
+            path: "/v1/embeddings",
+            request_id: None,
+            body: b"\x00\x01 not json".to_vec(),
+            cuts: vec![],
+            end: BodyEnd::EndOfStream,
+        },
+    ];
+    for row in rows {
+        let name = row.name;
+        let router = router();
+        let mut s = StreamState::new(router.clone());
+        let extra: Vec<_> = row
+            .request_id
+            .map(|id| ("x-request-id", id))
+            .into_iter()
+            .collect();
+        let r = s.handle(modes(
+            headers(row.path, false, &extra),
+            FULL_DUPLEX,
+            FULL_DUPLEX,
+        ));
+        assert!(r.is_empty(), "{name}: headers are held: {r:?}");
+        let mut pieces = Vec::new();
+        let mut at = 0;
+        for &cut in row.cuts.iter().chain([row.body.len()].iter()) {
+            pieces.push(&row.body[at..cut]);
+            at = cut;
         }
+        assert_eq!(pieces.len(), row.cuts.len() + 1, "{name}");
+        let last = pieces.len() - 1;
+        let mut answer = vec![];
+        for (i, piece) in pieces.iter().enumerate() {
+            let ends = i == last && row.end == BodyEnd::EndOfStream;
+            let r = s.handle(body(piece, ends));
+            if ends {
+                answer = r;
+            } else {
+                assert!(r.is_empty(), "{name}: no reply to a non-final chunk: {r:?}");
+            }
+        }
+        if row.end == BodyEnd::Trailers {
+            answer = s.handle(request_trailers());
+            assert!(
+                matches!(
+                    answer.pop().expect("a trailers reply").response,
+                    Some(Out::RequestTrailers(_))
+                ),
+                "{name}"
+            );
+        }
+        assert_eq!(
+            answer.len(),
+            1 + row.body.len().div_ceil(BODY_CHUNK).max(1),
+            "{name}: the headers reply, then the body"
+        );
+        let pick = assert_full_duplex_answer(name, &answer, &row.body, row.end);
+        assert_eq!(pick.len(), 3, "{name}");
+        // A given request id is not touched; a generated one is part of the held headers' mutation.
+        let id = set_header_of(&answer[0], "x-request-id");
+        assert_eq!(id.is_some(), row.request_id.is_none(), "{name}: {id:?}");
+        assert_eq!(endpoint(&router, pick[0]).inflight(), 1, "{name}");
+        s.finish();
+        assert_eq!(inflight(&router), [0, 0, 0], "{name}");
     }
-    assert_eq!(answer.len(), 1 + original.len().div_ceil(BODY_CHUNK));
-    let pick = assert_full_duplex_answer(&answer, &original, BodyEnd::EndOfStream);
-    assert_eq!(pick.len(), 3);
-    assert_eq!(set_header_of(&answer[0], "x-request-id"), None);
-    assert_eq!(endpoint(&router, pick[0]).inflight(), 1);
-    s.finish();
-    assert_eq!(inflight(&router), [0, 0, 0]);
-}
-
-#[test]
-fn full_duplex_small_body_in_one_chunk() {
-    let router = router();
-    let mut s = StreamState::new(router.clone());
-    assert!(
-        s.handle(modes(
-            headers("/v1/completions", false, &[]),
-            FULL_DUPLEX,
-            FULL_DUPLEX
-        ))
-        .is_empty()
-    );
-    let original = completion("m", "hi");
-    let r = s.handle(body(&original, true));
-    assert_eq!(r.len(), 2);
-    assert_full_duplex_answer(&r, &original, BodyEnd::EndOfStream);
-    // The generated request id is part of the held headers' mutation.
-    assert!(set_header_of(&r[0], "x-request-id").is_some());
-}
-
-#[test]
-fn full_duplex_body_ended_by_trailers() {
-    let router = router();
-    let mut s = StreamState::new(router.clone());
-    assert!(
-        s.handle(modes(
-            headers("/v1/completions", false, &[]),
-            FULL_DUPLEX,
-            FULL_DUPLEX
-        ))
-        .is_empty()
-    );
-    let original = completion("m", &long_prompt("trailers"));
-    let (a, z) = original.split_at(10);
-    assert!(s.handle(body(a, false)).is_empty());
-    assert!(s.handle(body(z, false)).is_empty());
-    let r = s.handle(request_trailers());
-    assert!(matches!(
-        r.last().unwrap().response,
-        Some(Out::RequestTrailers(_))
-    ));
-    assert_full_duplex_answer(&r[..r.len() - 1], &original, BodyEnd::Trailers);
-}
-
-#[test]
-fn full_duplex_unknown_api_body_is_routed_by_load_and_resent() {
-    // Not an inference API: the body is not parsed (may be anything) but still sent back.
-    let router = router();
-    let mut s = StreamState::new(router.clone());
-    assert!(
-        s.handle(modes(
-            headers("/v1/embeddings", false, &[]),
-            FULL_DUPLEX,
-            FULL_DUPLEX
-        ))
-        .is_empty()
-    );
-    let original = b"\x00\x01 not json".to_vec();
-    let r = s.handle(body(&original, true));
-    assert_eq!(
-        assert_full_duplex_answer(&r, &original, BodyEnd::EndOfStream).len(),
-        3
-    );
 }
 
 #[test]

@@ -81,34 +81,6 @@ fn subset_hint_arriving_on_the_body_message_is_honoured() {
 }
 
 #[test]
-fn test_selection_bare_ip_intersects_a_port_specific_hint() {
-    let router = test_selection_router();
-    let r = route_with_hint(
-        &router,
-        Some(subset_hint(list_value(&[
-            "127.0.0.1:18001",
-            "127.0.0.1:18002",
-        ]))),
-        &[(TEST_SELECTION_HEADER, "127.0.0.1")],
-    );
-    assert_eq!(pick_set(&r), HashSet::from([addr(18001), addr(18002)]));
-}
-
-#[test]
-
-fn bare_ip_subset_hint_intersects_a_port_specific_test_selection() {
-    // The subset hint accepts a bare IP as "any port" (it alone routes to all three pods), and
-    // the header alone restricts to 18002; together they must leave 18002, not nothing.
-    let router = test_selection_router();
-    let r = route_with_hint(
-        &router,
-        Some(subset_hint(string_value("127.0.0.1"))),
-        &[(TEST_SELECTION_HEADER, "127.0.0.1:18002")],
-    );
-    assert_eq!(pick_set(&r), HashSet::from([addr(18002)]));
-}
-
-#[test]
 fn destination_lists_primary_then_fallbacks() {
     let router = router();
     let ranked: Vec<_> = PORTS

@@ -50,148 +50,165 @@ fn success_records_for_the_pod_that_served() {
     assert_eq!(pick2[0], served);
 }
 
-#[test]
-fn response_trailers_or_header_eos_also_complete() {
-    let router = router();
-    let (mut s, pick) = route_buffered(
-        &router,
-        "t-1",
-        &completion("m", &long_prompt("t")),
-        STREAMED,
-    );
-    s.handle(response_headers(200, Some(&pick[2].to_string())));
-    s.handle(response_body(b"partial", false));
-    let r = s.handle(response_trailers());
-    assert_eq!(r.len(), 1);
-    assert!(matches!(r[0].response, Some(Out::ResponseTrailers(_))));
-    assert!(entries(&router, pick[2]) > 0);
-    assert_eq!(inflight(&router), [0, 0, 0]);
-
-    let router = router_with(PickerConfig::default(), three());
-    let (mut s, pick) = route_buffered(
-        &router,
-        "t-2",
-        &completion("m", &long_prompt("h")),
-        STREAMED,
-    );
-    s.handle(response_headers_eos(204, Some(&pick[1].to_string()), true));
-    assert!(entries(&router, pick[1]) > 0);
-    assert_eq!(inflight(&router), [0, 0, 0]);
+/// How a routed stream's response ends (`pick` is primary first), and what that must record.
+struct Ending {
+    name: &'static str,
+    respond: fn(&str, &Router, StreamState, &[SocketAddr]),
+    /// The index in the pick of the pod credited with the prompt; `None`: nobody.
+    credited: Option<usize>,
+    /// `records_total{outcome}` counted once; `None`: no outcome asserted.
+    outcome: Option<&'static str>,
 }
 
+/// Every ending releases the in-flight count and leaves no pending route; the prompt is recorded
+/// for the pod that served (attribute, then the `...-served` metadata key, then the primary) and
+/// only for a complete successful response.
 #[test]
-fn served_pod_falls_back_to_metadata_then_primary() {
-    // No attribute: the override_host `...-served` metadata key names the served pod.
-    let router = router();
-    let (mut s, pick) = route_buffered(
-        &router,
-        "md",
-        &completion("m", &long_prompt("md")),
-        STREAMED,
-    );
-    let served = pick[2];
-    s.handle(with_metadata(
-        response_headers(200, None),
-        metadata(LB_NAMESPACE, SERVED_KEY, string_value(&served.to_string())),
-    ));
-    s.handle(response_body(b"", true));
-    assert!(entries(&router, served) > 0);
-    assert_eq!(total_entries(&router), entries(&router, served));
-
-    // Neither: the primary pick.
-    let router = router_with(PickerConfig::default(), three());
-    let (mut s, pick) = route_buffered(
-        &router,
-        "pr",
-        &completion("m", &long_prompt("pr")),
-        STREAMED,
-    );
-    s.handle(response_headers(200, None));
-    s.handle(response_body(b"", true));
-    assert!(entries(&router, pick[0]) > 0);
-    assert_eq!(total_entries(&router), entries(&router, pick[0]));
-}
-
-#[test]
-
-fn unknown_served_address_is_not_credited_to_the_primary() {
-    // Envoy reports that a pod outside the endpoint set served (e.g. the fallback LB policy):
-    // the primary did not serve this prompt and must not be credited with its prefix.
-    let router = router();
-    let (mut s, pick) = route_buffered(
-        &router,
-        "unk",
-        &completion("m", &long_prompt("u")),
-        STREAMED,
-    );
-    s.handle(response_headers(200, Some("10.20.30.40:8000")));
-    s.handle(response_body(b"", true));
-    assert_eq!(
-        entries(&router, pick[0]),
-        0,
-        "primary credited with a prompt it never saw"
-    );
-    assert_eq!(total_entries(&router), 0);
-    assert_eq!(inflight(&router), [0, 0, 0]);
-}
-
-#[test]
-fn failed_response_records_nothing() {
-    let router = router();
-    let (mut s, pick) = route_buffered(
-        &router,
-        "f-1",
-        &completion("m", &long_prompt("f")),
-        STREAMED,
-    );
-    s.handle(response_headers(500, Some(&pick[0].to_string())));
-    s.handle(response_body(b"{\"error\":{}}", true));
-    assert_eq!(total_entries(&router), 0);
-    assert_eq!(inflight(&router), [0, 0, 0]);
-    assert_eq!(records(&router, "failed"), 1);
-    assert_eq!(records(&router, "recorded"), 0);
-    s.finish();
-    assert_eq!(records(&router, "aborted"), 0);
-}
-
-#[test]
-fn stream_ending_before_the_response_end_records_nothing() {
-    let router = router();
-    // Ends after the response headers.
-    let (mut s, pick) = route_buffered(
-        &router,
-        "ab-1",
-        &completion("m", &long_prompt("a")),
-        STREAMED,
-    );
-    s.handle(response_headers(200, Some(&pick[0].to_string())));
-    s.handle(response_body(b"data: {}\n\n", false));
-    assert_eq!(endpoint(&router, pick[0]).inflight(), 1);
-    s.finish();
-    assert_eq!(total_entries(&router), 0);
-    assert_eq!(inflight(&router), [0, 0, 0]);
-    assert_eq!(records(&router, "aborted"), 1);
-    // Ends right after routing.
-    let (mut s, _) = route_buffered(
-        &router,
-        "ab-2",
-        &completion("m", &long_prompt("a")),
-        STREAMED,
-    );
-    s.finish();
-    assert_eq!(inflight(&router), [0, 0, 0]);
-    assert_eq!(records(&router, "aborted"), 2);
-    assert!(router.pending.is_empty());
-    // Dropping the stream without finish() also releases the count.
-    let (s, _) = route_buffered(
-        &router,
-        "ab-3",
-        &completion("m", &long_prompt("a")),
-        STREAMED,
-    );
-    drop(s);
-    assert_eq!(inflight(&router), [0, 0, 0]);
-    assert_eq!(total_entries(&router), 0);
+fn response_endings_record_for_the_pod_that_served_or_nothing() {
+    let rows = [
+        Ending {
+            name: "response trailers",
+            respond: |name, _, mut s, pick| {
+                s.handle(response_headers(200, Some(&pick[2].to_string())));
+                s.handle(response_body(b"partial", false));
+                let r = s.handle(response_trailers());
+                assert_eq!(r.len(), 1, "{name}");
+                assert!(
+                    matches!(r[0].response, Some(Out::ResponseTrailers(_))),
+                    "{name}"
+                );
+                s.finish();
+            },
+            credited: Some(2),
+            outcome: Some("recorded"),
+        },
+        Ending {
+            name: "response headers with end_of_stream",
+            respond: |_, _, mut s, pick| {
+                s.handle(response_headers_eos(204, Some(&pick[1].to_string()), true));
+                s.finish();
+            },
+            credited: Some(1),
+            outcome: Some("recorded"),
+        },
+        // No attribute: the override_host `...-served` metadata key names the served pod.
+        Ending {
+            name: "served metadata key",
+            respond: |_, _, mut s, pick| {
+                s.handle(with_metadata(
+                    response_headers(200, None),
+                    metadata(LB_NAMESPACE, SERVED_KEY, string_value(&pick[2].to_string())),
+                ));
+                s.handle(response_body(b"", true));
+                s.finish();
+            },
+            credited: Some(2),
+            outcome: Some("recorded"),
+        },
+        Ending {
+            name: "neither attribute nor metadata: the primary",
+            respond: |_, _, mut s, _| {
+                s.handle(response_headers(200, None));
+                s.handle(response_body(b"", true));
+                s.finish();
+            },
+            credited: Some(0),
+            outcome: Some("recorded"),
+        },
+        // Envoy reports that a pod outside the endpoint set served (e.g. the fallback LB
+        // policy): the primary did not serve this prompt and must not be credited with its prefix.
+        Ending {
+            name: "an address outside the endpoint set",
+            respond: |_, _, mut s, _| {
+                s.handle(response_headers(200, Some("10.20.30.40:8000")));
+                s.handle(response_body(b"", true));
+                s.finish();
+            },
+            credited: None,
+            outcome: Some("unknown_pod"),
+        },
+        Ending {
+            name: "a 500",
+            respond: |_, _, mut s, pick| {
+                s.handle(response_headers(500, Some(&pick[0].to_string())));
+                s.handle(response_body(b"{\"error\":{}}", true));
+                s.finish();
+            },
+            credited: None,
+            outcome: Some("failed"),
+        },
+        Ending {
+            name: "stream ending after the response headers",
+            respond: |name, router, mut s, pick| {
+                s.handle(response_headers(200, Some(&pick[0].to_string())));
+                s.handle(response_body(b"data: {}\n\n", false));
+                assert_eq!(endpoint(router, pick[0]).inflight(), 1, "{name}");
+                s.finish();
+            },
+            credited: None,
+            outcome: Some("aborted"),
+        },
+        Ending {
+            name: "stream ending right after routing",
+            respond: |_, _, mut s, _| s.finish(),
+            credited: None,
+            outcome: Some("aborted"),
+        },
+        // Dropping the stream without finish() also releases the count.
+        Ending {
+            name: "stream dropped without finish()",
+            respond: |_, _, s, _| drop(s),
+            credited: None,
+            outcome: None,
+        },
+    ];
+    for Ending {
+        name,
+        respond,
+        credited,
+        outcome,
+    } in rows
+    {
+        let router = router();
+        let (s, pick) = route_buffered(
+            &router,
+            name,
+            &completion("m", &long_prompt(name)),
+            STREAMED,
+        );
+        assert_eq!(pick.len(), 3, "{name}");
+        assert_eq!(endpoint(&router, pick[0]).inflight(), 1, "{name}");
+        respond(name, &router, s, &pick);
+        assert_eq!(
+            inflight(&router),
+            [0, 0, 0],
+            "{name}: in-flight count released"
+        );
+        assert!(router.pending.is_empty(), "{name}: no pending route");
+        match credited {
+            Some(i) => {
+                assert!(
+                    entries(&router, pick[i]) > 0,
+                    "{name}: recorded for pick[{i}]"
+                );
+                assert_eq!(
+                    total_entries(&router),
+                    entries(&router, pick[i]),
+                    "{name}: only there"
+                );
+            }
+            None => assert_eq!(total_entries(&router), 0, "{name}: nothing recorded"),
+        }
+        if let Some(outcome) = outcome {
+            for o in ["recorded", "failed", "aborted", "unknown_pod"] {
+                assert_eq!(
+                    records(&router, o),
+                    u64::from(o == outcome),
+                    "{name}: records {{outcome={o}}}"
+                );
+            }
+        }
+    }
 }
 
 #[test]

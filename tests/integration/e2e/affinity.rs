@@ -1,0 +1,224 @@
+//! The affinity mode (the shipped config) through Envoy: a burst of a new prefix stays on one pod,
+//! a failed request is rolled back, evictions the engine reports are forgotten, and a hot prefix
+//! spreads under load and comes back. (The expiry of a held route is in `completions`.)
+
+use super::{chat, send, stack};
+use crate::harness::*;
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+/// The shipped config's routing mode through Envoy: sixteen concurrent requests of a new prefix
+/// land on one pod (each sees the first one's decision-time record), every record confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn affinity_keeps_a_burst_of_a_new_prefix_on_one_pod() {
+    let (_backends, picker, envoy) = stack("envoy.yaml", shipped_picker_section(), |s| s).await;
+    let system = "A new shared document, never seen before. ".repeat(40);
+    let bodies: Vec<Value> = (0..16)
+        .map(|q| chat(&system, &format!("question {q}")))
+        .collect();
+    let replies = futures::future::join_all(
+        bodies
+            .iter()
+            .map(|b| send(&envoy, "/v1/chat/completions", b)),
+    )
+    .await;
+    assert!(replies.iter().all(|r| r.status == 200));
+    let pods: std::collections::BTreeSet<&str> =
+        replies.iter().map(|r| r.served_by.as_str()).collect();
+    assert_eq!(pods.len(), 1, "{pods:?}");
+    wait_metric(
+        &picker,
+        "prefix_picker_tentative_records_total{outcome=\"confirmed\"}",
+        16.0,
+    )
+    .await;
+    assert_eq!(
+        metric(
+            &picker,
+            "prefix_picker_decisions_total{reason=\"affinity_hit\"}"
+        )
+        .await,
+        15.0
+    );
+    wait_metric_eq(&picker, "prefix_picker_tentative_holds", 0.0).await;
+}
+
+/// A failed request's decision-time record is rolled back: nothing is left in the index or
+/// held, and the next request with that prompt is a miss again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn affinity_rolls_back_a_failed_request() {
+    let (_backends, picker, envoy) = stack("envoy.yaml", shipped_picker_section(), |s| s).await;
+    let body = json!({"model": "m", "prompt": "FAIL-500 please, a prompt no pod has seen"});
+    let r = send(&envoy, "/v1/completions", &body).await;
+    assert_eq!(r.status, 500);
+    wait_metric(
+        &picker,
+        "prefix_picker_tentative_records_total{outcome=\"rolled_back\"}",
+        1.0,
+    )
+    .await;
+    assert_eq!(
+        metric(&picker, "kthena_router_prefix_cache_entries").await,
+        0.0
+    );
+    wait_metric_eq(&picker, "prefix_picker_tentative_holds", 0.0).await;
+    assert_eq!(prefix_score(&picker, &body, &r.served_by).await, 0);
+    wait_metric_eq(&picker, "prefix_picker_pod_inflight_requests", 0.0).await;
+}
+
+/// Through the observer shape (it sees response bodies): an engine that reports far fewer
+/// cached tokens than predicted loses, in the picker's index, the prompt it missed and every
+/// older one, so an evicted prefix stops attracting requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn affinity_forgets_what_the_engine_reports_evicted() {
+    use model_sim::engine::EngineConfig;
+    let sim = Sim::start(
+        "sim-0",
+        EngineConfig {
+            time_scale: 100.0,
+            kv_blocks: 64,
+            ..EngineConfig::default()
+        },
+    )
+    .await;
+    let sims = [sim];
+    let picker = start_picker(sims_config(
+        &sims,
+        "picker: {scrapeIntervalSeconds: 0.05, affinity: {}}\n",
+    ))
+    .await;
+    let envoy = start_envoy(render_envoy(
+        "envoy-observer.yaml",
+        picker.grpc_addr.port(),
+        &[sims[0].addr],
+        |s| s,
+    ))
+    .await;
+    let prompt =
+        |tag: &str| json!({"model": "m", "prompt": format!("{tag} ").repeat(200), "max_tokens": 1});
+    let (old, recent) = (prompt("older document"), prompt("recent document"));
+    for body in [&old, &recent] {
+        assert_eq!(send(&envoy, "/v1/completions", body).await.status, 200);
+    }
+    wait_metric(
+        &picker,
+        "prefix_picker_records_total{outcome=\"recorded\"}",
+        2.0,
+    )
+    .await;
+    assert!(prefix_score(&picker, &old, "sim-0").await > 0);
+    // The engine's cache turns over behind the picker's back (requests sent to it directly).
+    let client = reqwest::Client::new();
+    for i in 0..4 {
+        let r = client
+            .post(format!("http://{}/v1/completions", sims[0].addr))
+            .json(&prompt(&format!("filler {i}")))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success());
+    }
+    // The recent document again: predicted cached, reported nothing.
+    assert_eq!(send(&envoy, "/v1/completions", &recent).await.status, 200);
+    wait_metric(
+        &picker,
+        "prefix_picker_records_total{outcome=\"recorded\"}",
+        3.0,
+    )
+    .await;
+    assert!(metric(&picker, "prefix_picker_estimate_dropped_entries_total").await > 0.0);
+    assert_eq!(
+        prefix_score(&picker, &old, "sim-0").await,
+        0,
+        "the evicted older document no longer attracts requests"
+    );
+    assert!(
+        prefix_score(&picker, &recent, "sim-0").await > 0,
+        "recomputed, held again"
+    );
+}
+
+/// Under load a hot prefix spreads to a second pod (its engine queues: saturated), and returns
+/// to one pod when the load is gone (the tie rule sends every request to one of the two).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn affinity_spreads_a_hot_prefix_under_load_and_returns_to_one_pod() {
+    use model_sim::engine::EngineConfig;
+    let engine = EngineConfig {
+        max_num_seqs: 1,
+        time_scale: 4.0,
+        ..EngineConfig::default()
+    };
+    let sims = [
+        Sim::start("sim-0", engine.clone()).await,
+        Sim::start("sim-1", engine).await,
+    ];
+    let picker = start_picker(sims_config(
+        &sims,
+        "picker: {scrapeIntervalSeconds: 0.02, affinity: {}}\n",
+    ))
+    .await;
+    let envoy = start_envoy_for_sims(&picker, &sims).await;
+    let hot = "The hot shared system prompt of this test. ".repeat(30);
+    let body =
+        |q: usize| json!({"model": "m", "prompt": format!("{hot} question {q}"), "max_tokens": 8});
+    // Load: requests keep arriving while the first pod's engine queues.
+    let bodies: Vec<Value> = (0..24).map(body).collect();
+    let mut pending = futures::stream::FuturesUnordered::new();
+    let mut served = std::collections::BTreeSet::new();
+    for (i, b) in bodies.iter().enumerate() {
+        pending.push(send(&envoy, "/v1/completions", b));
+        if i >= 3 {
+            // Each new request waits for one to finish: the queue stays non-empty.
+            let r = pending.next().await.unwrap();
+            assert_eq!(r.status, 200);
+            served.insert(r.served_by);
+        }
+    }
+    while let Some(r) = pending.next().await {
+        assert_eq!(r.status, 200);
+        served.insert(r.served_by);
+    }
+    assert_eq!(
+        served.len(),
+        2,
+        "the hot prefix spread under load: {served:?}"
+    );
+    assert!(
+        metric(
+            &picker,
+            "prefix_picker_decisions_total{reason=\"affinity_spill\"}"
+        )
+        .await
+            > 0.0
+    );
+    // Load gone (both engines idle, scraped as such): every request goes to one pod.
+    poll("engines idle and scraped", || async {
+        let idle = sims
+            .iter()
+            .all(|s| s.engine.waiting() == 0 && s.engine.running() == 0);
+        let before = metric(&picker, "prefix_picker_engine_scrapes_total").await;
+        let scraped_after = async {
+            loop {
+                if metric(&picker, "prefix_picker_engine_scrapes_total").await >= before + 4.0 {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+        };
+        if !idle {
+            return None;
+        }
+        scraped_after.await;
+        Some(())
+    })
+    .await;
+    let mut after = std::collections::BTreeSet::new();
+    for q in 100..106 {
+        // One at a time: the previous completion has reached the picker (no pod is busier).
+        wait_metric_eq(&picker, "prefix_picker_pod_inflight_requests", 0.0).await;
+        let r = send(&envoy, "/v1/completions", &body(q)).await;
+        assert_eq!(r.status, 200);
+        after.insert(r.served_by);
+    }
+    assert_eq!(after.len(), 1, "back on one pod: {after:?}");
+}
