@@ -16,27 +16,43 @@ pub mod request; // request parsing: model, prompt, stream
 pub mod scheduler; // filters, scores and the pick: a `Decision`
 
 // Routing and the platform around it.
+#[cfg(feature = "sidecar")]
 pub mod config; // the config file, parsed into types that cannot be invalid
+#[cfg(feature = "sidecar")]
 pub mod discovery; // Kubernetes discovery: pods as `endpoints::Update`s
+#[cfg(feature = "sidecar")]
 pub mod endpoints; // the pod set: identities, addresses, in-flight counts, engine stats
+#[cfg(feature = "sidecar")]
 pub mod metrics; // the Prometheus families, declared together
+#[cfg(feature = "sidecar")]
 pub mod pod_metrics; // engine-metrics scraping
+#[cfg(feature = "sidecar")]
 pub mod routing; // route -> ticket, pending tickets, complete(ticket, ending)
+#[cfg(feature = "sidecar")]
 pub mod sync; // prefix-index sharing between replicas over Redis
 
 // The Envoy adapter.
+#[cfg(feature = "sidecar")]
 pub mod envoy; // ext_proc service, stream state machine, wire, access-log service
 
 // The process.
+#[cfg(feature = "sidecar")]
 pub mod admin; // the admin listener: /metrics, probes, /debug/explain
+#[cfg(feature = "sidecar")]
 pub mod cli; // the command line
+#[cfg(feature = "sidecar")]
 pub mod logging; // text or JSON log lines, panics included
+#[cfg(feature = "sidecar")]
 pub mod serve; // start-up, listeners, background tasks and shutdown
+#[cfg(feature = "sidecar")]
 pub mod tls; // TLS on the gRPC port
 
-#[cfg(test)]
+#[cfg(all(test, feature = "sidecar"))]
 pub(crate) mod testing; // fixtures shared by the unit tests
 
+#[cfg(feature = "sidecar")]
 pub use config::Config;
+#[cfg(feature = "sidecar")]
 pub use routing::Router;
+#[cfg(feature = "sidecar")]
 pub use serve::Running;
