@@ -174,8 +174,12 @@ async fn cache_salt_isolates_prompts_and_is_never_logged() {
     let backends = three_backends().await;
     let dir = tempfile::tempdir().unwrap();
     let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_prefix-picker"));
-    let (picker, admin) =
-        testkit::start_picker(&bin, dir.path(), &endpoints_yaml(&backends), 5).unwrap();
+    // `/debug/explain` reads the decisions (loopback only).
+    let config = format!(
+        "{}picker:\n  debug: {{enabled: true}}\n",
+        endpoints_yaml(&backends)
+    );
+    let (picker, admin) = testkit::start_picker(&bin, dir.path(), &config, 5).unwrap();
     let envoy = envoy_for("envoy.yaml", picker.addr.port(), &backends).await;
     let mut chat_body = chat(SYSTEM, "salted");
     chat_body["cache_salt"] = json!(SALT);
