@@ -24,6 +24,7 @@
 //!   shutdownGraceSeconds: 30      # SIGTERM: open streams get this long to finish
 //!   tls: {mode: plaintext}        # gRPC port: plaintext | selfSigned | files (see `tls`)
 //!   debug: {enabled: false}       # /debug/* on the admin port: off, loopback, token (admin::access)
+//!   sessions: {enabled: false}    # session affinity by a request header (routing::sessions)
 //! sync: {redis: {url: ...}}       # optional index sharing through Redis (crate::sync::config)
 //! ```
 //! Kthena's leniencies are kept and warned about: unknown top-level keys, unknown plugin names
@@ -41,6 +42,7 @@ use thiserror::Error;
 use crate::admin::DebugConfig;
 use crate::discovery::{DiscoveryConfig, DiscoveryError};
 use crate::pod_metrics::names::EngineMetricNames;
+use crate::routing::sessions::SessionsConfig;
 use crate::scheduler::affinity::AffinityConfig;
 pub use crate::scheduler::config::{FilterKind, SchedulerConfig, ScorerKind};
 use crate::scheduler::prefix_cache::PrefixCacheArgs;
@@ -108,6 +110,8 @@ pub struct PickerConfig {
     pub debug: DebugConfig,
     /// The affinity mode (`picker.affinity`); absent: Kthena's scheduler, exactly.
     pub affinity: Option<AffinitySection>,
+    /// Session affinity (`picker.sessions`, see [`crate::routing::sessions`]); off by default.
+    pub sessions: SessionsConfig,
 }
 
 /// `picker.affinity`, as written (see [`AffinityConfig`] and docs/routing.md for each key).
@@ -255,6 +259,7 @@ impl Default for PickerConfig {
             tls: TlsConfig::default(),
             debug: DebugConfig::default(),
             affinity: None,
+            sessions: SessionsConfig::default(),
         }
     }
 }
@@ -409,6 +414,9 @@ impl Config {
             errors.push(ConfigError::Picker(e.to_string()));
         }
         for e in config.picker.debug.validate() {
+            errors.push(ConfigError::Picker(e.to_string()));
+        }
+        for e in config.picker.sessions.validate() {
             errors.push(ConfigError::Picker(e.to_string()));
         }
         if errors.is_empty() {

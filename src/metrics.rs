@@ -20,6 +20,7 @@ use crate::endpoints::PodId;
 use crate::envoy::access_log::Claim;
 use crate::prefix_index::{ModelKey, RecordOutcome};
 use crate::routing::completion::{RouteOutcome, TentativeOutcome};
+use crate::routing::sessions::{SessionDrop, SessionOutcome};
 use crate::scheduler::{DecisionReason, Unscored};
 
 /// This build's version (`Cargo.toml`).
@@ -195,6 +196,9 @@ pub struct RouterMetrics {
     pub pod_budget: IntGaugeVec,
     pub cached_tokens: IntCounterVec,
     pub estimate_dropped: IntCounter,
+    pub sessions: IntGauge,
+    pub session_requests: IntCounterVec,
+    pub sessions_dropped: IntCounterVec,
 }
 
 impl RouterMetrics {
@@ -213,7 +217,8 @@ impl RouterMetrics {
                 Opts::new(
                     "prefix_picker_decisions_total",
                     listing(
-                        "Routing decisions, by reason (affinity_* in the affinity mode only)",
+                        "Routing decisions, by reason (affinity_* in the affinity mode only, \
+                         session with session affinity only)",
                         &[("reason", &DecisionReason::ALL.map(DecisionReason::as_str))],
                     ),
                 ),
@@ -355,6 +360,35 @@ impl RouterMetrics {
                  cached tokens than predicted (the missing block and everything older)",
             )
             .expect("valid metric"),
+            sessions: IntGauge::new(
+                "prefix_picker_sessions",
+                "Session affinity: sessions this replica remembers",
+            )
+            .expect("valid metric"),
+            session_requests: IntCounterVec::new(
+                Opts::new(
+                    "prefix_picker_session_requests_total",
+                    listing(
+                        "Session affinity: routed requests that carried the session header, by \
+                         where they went (kept on the session's pod; moved because it was \
+                         saturated, filtered out or gone; new session)",
+                        &[("outcome", &SessionOutcome::ALL.map(SessionOutcome::as_str))],
+                    ),
+                ),
+                &["outcome"],
+            )
+            .expect("valid metric"),
+            sessions_dropped: IntCounterVec::new(
+                Opts::new(
+                    "prefix_picker_sessions_dropped_total",
+                    listing(
+                        "Session affinity: sessions forgotten, by reason",
+                        &[("reason", &SessionDrop::ALL.map(SessionDrop::as_str))],
+                    ),
+                ),
+                &["reason"],
+            )
+            .expect("valid metric"),
             pod_budget: IntGaugeVec::new(
                 Opts::new(
                     "prefix_picker_pod_index_budget_entries",
@@ -386,11 +420,20 @@ impl RouterMetrics {
         for outcome in TentativeOutcome::ALL {
             m.tentative.with_label_values(&[outcome.as_str()]);
         }
+        for outcome in SessionOutcome::ALL {
+            m.session_requests.with_label_values(&[outcome.as_str()]);
+        }
+        for reason in SessionDrop::ALL {
+            m.sessions_dropped.with_label_values(&[reason.as_str()]);
+        }
         register(registry, m.cached_tokens.clone());
         register(registry, m.estimate_dropped.clone());
         register(registry, m.tentative.clone());
         register(registry, m.tentative_holds.clone());
         register(registry, m.pod_budget.clone());
+        register(registry, m.sessions.clone());
+        register(registry, m.session_requests.clone());
+        register(registry, m.sessions_dropped.clone());
         register(registry, m.engine_scrapes.clone());
         register(registry, m.engine_scrape_timestamp.clone());
         register(registry, m.plugin_duration.clone());

@@ -82,6 +82,8 @@ pub(super) struct StreamState {
     request_id: Option<String>,
     set_request_id: bool,
     test_selection: Option<Vec<AddressPattern>>,
+    /// The session header's value (session affinity on).
+    session: Option<String>,
     metadata: HashMap<String, Struct>,
     body: Vec<u8>,
     holding_headers: bool,
@@ -139,6 +141,7 @@ impl StreamState {
             request_id: None,
             set_request_id: false,
             test_selection: None,
+            session: None,
             metadata: HashMap::new(),
             body: Vec::new(),
             holding_headers: false,
@@ -187,6 +190,12 @@ impl StreamState {
                 "x-request-id" if !value.is_empty() => self.request_id = Some(value.into_owned()),
                 TEST_SELECTION_HEADER if self.router.config.allow_test_endpoint_selection => {
                     self.test_selection = Some(AddressPattern::parse_list(&value));
+                }
+                key if self.router.sessions.is_some()
+                    && key == self.router.config.sessions.header
+                    && !value.is_empty() =>
+                {
+                    self.session = Some(value.into_owned());
                 }
                 _ => {}
             }
@@ -306,7 +315,12 @@ impl StreamState {
             Ok(r) => r,
             Err(f) => return vec![self.immediate(&f)],
         };
-        let routed = self.router.route(&self.path, body, restrict.as_deref());
+        let routed = self.router.route_in_session(
+            &self.path,
+            body,
+            restrict.as_deref(),
+            self.session.as_deref().map(str::as_bytes),
+        );
         let routed = match routed {
             Ok(r) => r,
             Err(f) => return vec![self.immediate(&f)],
@@ -317,6 +331,7 @@ impl StreamState {
             model = %routed.ticket.model,
             destination = %destination,
             reason = routed.decision.reason.as_str(),
+            session = %routed.ticket.session.map(|k| k.to_string()).unwrap_or_default(),
             "picked"
         );
         self.routed = true;

@@ -12,6 +12,8 @@
 //! - `unknown_pod`: 2xx, but Envoy named a serving address outside the endpoint set;
 //! - `recorded`: 2xx, the blocks recorded for the serving pod (Envoy's report, else the
 //!   primary pick). Dropping the route releases the primary pod's in-flight count.
+//!
+//! A 2xx completion served by another pod than the pick moves the request's session there.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,6 +22,7 @@ use crate::endpoints::{Endpoint, InflightGuard};
 use crate::hashing::BlockHash;
 use crate::metrics::{CachedTokens, RouterMetrics};
 use crate::prefix_index::ModelKey;
+use crate::routing::sessions::SessionKey;
 use crate::routing::{RecordOrigin, Router};
 use crate::scheduler::{Decision, TentativeHold};
 
@@ -37,6 +40,8 @@ pub struct Ticket {
     /// Affinity mode: blocks the primary pick held at the decision ([`Decision`]), checked
     /// against its engine's `cached_tokens` report.
     pub predicted_blocks: usize,
+    /// Session affinity: the request's session, which follows the pod that serves it.
+    pub session: Option<SessionKey>,
 }
 
 impl Ticket {
@@ -53,6 +58,7 @@ impl Ticket {
             guard: InflightGuard::new(decision.primary().clone(), metrics),
             tentative,
             predicted_blocks: decision.predicted_blocks,
+            session: None,
         }
     }
 
@@ -206,6 +212,20 @@ impl Router {
 }
 
 fn complete(router: &Router, mut route: Ticket, ending: Ending) {
+    // A session follows the pod that served it (Envoy fell back: not the pick).
+    if let (
+        Some(key),
+        Ending::Completed {
+            status: Some(status),
+            served: Served::Pod(pod),
+            ..
+        },
+    ) = (route.session, &ending)
+        && (200..300).contains(status)
+        && !Arc::ptr_eq(pod, route.guard.endpoint())
+    {
+        router.remember_session(key, pod.spec.address);
+    }
     let mut served_slot = None;
     let outcome = match ending {
         Ending::Aborted => RouteOutcome::Aborted,

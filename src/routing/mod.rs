@@ -11,6 +11,7 @@
 
 pub mod completion;
 pub mod pending;
+pub mod sessions;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -22,9 +23,12 @@ use crate::endpoints::{AddressPattern, Endpoint, Endpoints};
 use crate::hashing::BlockHash;
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
 use crate::request::{Api, InferenceRequest};
-use crate::scheduler::{Decision, Observation, PickError, RouteRequest, Scheduler, Unscored};
+use crate::scheduler::{
+    Decision, DecisionReason, Observation, PickError, RouteRequest, Scheduler, Unscored,
+};
 pub use completion::{Ending, Served, Ticket};
 pub use pending::PendingRoutes;
+use sessions::{SessionDrop, SessionKey, SessionOutcome, Sessions};
 
 /// A request the picker answers itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,6 +115,8 @@ pub struct Router {
     pub prefix_metrics: PrefixCacheMetrics,
     pub config: PickerConfig,
     pub pending: PendingRoutes,
+    /// Session affinity's map, when `picker.sessions` is enabled.
+    pub sessions: Option<Sessions>,
     sink: OnceLock<Arc<dyn RecordSink>>,
 }
 
@@ -134,6 +140,10 @@ impl Router {
             metrics,
             prefix_metrics,
             pending: PendingRoutes::new(Duration::from_secs(picker.response_timeout_seconds)),
+            sessions: picker
+                .sessions
+                .enabled
+                .then(|| Sessions::new(&picker.sessions, picker.seed)),
             config: picker,
             sink: OnceLock::new(),
         }
@@ -219,8 +229,25 @@ impl Router {
         body: Option<&[u8]>,
         restrict: Option<&[AddressPattern]>,
     ) -> Result<Routed, RouteFailure> {
+        self.route_in_session(path, body, restrict, None)
+    }
+
+    /// [`Router::route`] for a request that may belong to a session: `session` is the value of
+    /// the session header (`picker.sessions.header`), ignored unless session affinity is on.
+    /// The session's pod is the pick while it has headroom; the pick becomes the session's pod.
+    pub fn route_in_session(
+        &self,
+        path: &str,
+        body: Option<&[u8]>,
+        restrict: Option<&[AddressPattern]>,
+        session: Option<&[u8]>,
+    ) -> Result<Routed, RouteFailure> {
         let parsed = Parsed::new(path, body)?;
-        let (request, candidates) = self.prepare(&parsed, restrict)?;
+        let (mut request, candidates) = self.prepare(&parsed, restrict)?;
+        let session = self.session_pod(session, &candidates);
+        if let Some((_, pod)) = &session {
+            request.session_pod = pod.as_ref().map(|e| e.index.slot());
+        }
         let model = request.model;
         let mut decision = self
             .scheduler
@@ -235,8 +262,60 @@ impl Router {
             ))
             .inc();
         let tentative = self.scheduler.commit(model, &decision);
-        let ticket = Ticket::new(model, &mut decision, tentative, &self.metrics);
+        let mut ticket = Ticket::new(model, &mut decision, tentative, &self.metrics);
+        if let Some((key, pod)) = session {
+            let outcome = match pod {
+                None => SessionOutcome::New,
+                Some(_) if decision.reason == DecisionReason::Session => SessionOutcome::Kept,
+                Some(_) => SessionOutcome::Moved,
+            };
+            self.metrics
+                .session_requests
+                .with_label_values(&[outcome.as_str()])
+                .inc();
+            tracing::trace!(session = %key, outcome = outcome.as_str(), "session");
+            self.remember_session(key, decision.primary().spec.address);
+            ticket.session = Some(key);
+        }
         Ok(Routed { decision, ticket })
+    }
+
+    /// The session's key and, when it has one among `candidates`, its pod (`None` without a
+    /// session header or with session affinity off).
+    fn session_pod(
+        &self,
+        id: Option<&[u8]>,
+        candidates: &[Arc<Endpoint>],
+    ) -> Option<(SessionKey, Option<Arc<Endpoint>>)> {
+        let (sessions, id) = (self.sessions.as_ref()?, id?);
+        let key = sessions.key(id);
+        let mut dropped = Vec::new();
+        let address = sessions.lookup(key, &mut dropped);
+        self.count_dropped(&dropped);
+        let pod = address.and_then(|a| candidates.iter().find(|e| e.spec.address == a).cloned());
+        Some((key, pod))
+    }
+
+    /// The session's last request went to `pod` (at the pick, then the pod that served).
+    pub(crate) fn remember_session(&self, key: SessionKey, pod: std::net::SocketAddr) {
+        let Some(sessions) = &self.sessions else {
+            return;
+        };
+        let mut dropped = Vec::new();
+        sessions.remember(key, pod, &mut dropped);
+        self.count_dropped(&dropped);
+    }
+
+    fn count_dropped(&self, dropped: &[SessionDrop]) {
+        for d in dropped {
+            self.metrics
+                .sessions_dropped
+                .with_label_values(&[d.as_str()])
+                .inc();
+        }
+        if let Some(sessions) = &self.sessions {
+            self.metrics.sessions.set(sessions.len() as i64);
+        }
     }
 
     /// The decision [`Router::route`] would make for this request, without counting it or
@@ -279,6 +358,7 @@ impl Router {
             model: model.unwrap_or(""),
             prompt,
             salt: parsed.request.as_ref().and_then(|r| r.salt.as_ref()),
+            session_pod: None,
         };
         Ok((request, candidates))
     }

@@ -17,6 +17,9 @@
 //! - nothing is available: the least-loaded pod that is not saturated, else the least-loaded
 //!   pod (`affinity_saturated`).
 //!
+//! Before all of these, a request of a session (`picker.sessions`) goes to the pod that served
+//! the session's last request unless that pod is saturated (`session`).
+//!
 //! Ties (equal longest match) go to the least-loaded tied pods (in-flight plus engine queue,
 //! within `tieLoadSlack` requests of the least), then by rendezvous hashing of the deepest
 //! block the tied pods hold (the first block when none holds any) over their addresses
@@ -122,6 +125,8 @@ pub enum AffinityReason {
     Miss,
     Spill,
     Saturated,
+    /// The session's pod (session affinity), not saturated.
+    Session,
 }
 
 /// A pod's share of recent picks: an exponential moving average over picks (each pick keeps
@@ -211,6 +216,7 @@ pub fn pick<R: Rng>(
     held: &[usize],
     loads: &[PodLoad],
     hashes: &[BlockHash],
+    session: Option<usize>,
     rng: &mut R,
 ) -> (usize, AffinityReason) {
     let n = matched.len();
@@ -258,6 +264,10 @@ pub fn pick<R: Rng>(
                 > config.spill_loss * hashes.len() as f64
     };
     let available = |i: usize| !saturated(i) && (!over(i) || keeps(i));
+    // A session stays on its pod while the pod is not saturated (over its share or not).
+    if let Some(i) = session.filter(|&i| i < n && !saturated(i)) {
+        return (i, AffinityReason::Session);
+    }
 
     let best_all = matched.iter().copied().max().unwrap_or(0);
     let best_available = (0..n).filter(|&i| available(i)).map(|i| matched[i]).max();

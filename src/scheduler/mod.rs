@@ -30,7 +30,9 @@ use rand::seq::SliceRandom;
 use thiserror::Error;
 
 use crate::hashing::{BlockHash, CacheSalt};
-use crate::prefix_index::{HoldId, ModelKey, PodHandle, RecordOutcome, TentativeEntries};
+use crate::prefix_index::{
+    HoldId, ModelKey, PodHandle, PodSlot, RecordOutcome, TentativeEntries,
+};
 use crate::prompt::NoPrompt;
 use affinity::{AffinityConfig, AffinityReason, PodLoad};
 pub use candidate::{Candidate, EngineStats};
@@ -83,10 +85,12 @@ pub enum DecisionReason {
     AffinitySpill,
     /// Affinity mode: every pod was saturated or over its share.
     AffinitySaturated,
+    /// Session affinity: the pod that served the session's last request, with headroom.
+    Session,
 }
 
 impl DecisionReason {
-    pub const ALL: [DecisionReason; 8] = [
+    pub const ALL: [DecisionReason; 9] = [
         DecisionReason::PrefixHit,
         DecisionReason::PrefixOverruled,
         DecisionReason::PrefixMiss,
@@ -95,6 +99,7 @@ impl DecisionReason {
         DecisionReason::AffinityMiss,
         DecisionReason::AffinitySpill,
         DecisionReason::AffinitySaturated,
+        DecisionReason::Session,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -107,6 +112,7 @@ impl DecisionReason {
             DecisionReason::AffinityMiss => "affinity_miss",
             DecisionReason::AffinitySpill => "affinity_spill",
             DecisionReason::AffinitySaturated => "affinity_saturated",
+            DecisionReason::Session => "session",
         }
     }
 }
@@ -118,6 +124,7 @@ impl From<AffinityReason> for DecisionReason {
             AffinityReason::Miss => DecisionReason::AffinityMiss,
             AffinityReason::Spill => DecisionReason::AffinitySpill,
             AffinityReason::Saturated => DecisionReason::AffinitySaturated,
+            AffinityReason::Session => DecisionReason::Session,
         }
     }
 }
@@ -259,6 +266,9 @@ pub struct RouteRequest<'a> {
     /// The request's `cache_salt`: it seeds the prompt's chain (the hashes are salted, the
     /// model's key in the index is not).
     pub salt: Option<&'a CacheSalt>,
+    /// Session affinity: the pod that served the session's last request. It is the pick while
+    /// it has headroom (it passed the filters, or, in the affinity mode, is not saturated).
+    pub session_pod: Option<PodSlot>,
 }
 
 /// The scheduler. Shared by all streams (`Arc`); holds the prefix index.
@@ -398,14 +408,16 @@ impl Scheduler {
                 .score_chained(model, &hashes, &slots, &self.tentative)
             {
                 observations.push(Observation::MatchRatio(scored.match_ratio()));
+                let session = session_position(&candidates, request.session_pod);
                 let mut decision = self.affinity_decision(
                     config,
                     candidates,
                     scored,
                     hashes,
-                    prompt.len(),
+                    session,
                     &mut rng,
                 );
+                decision.prompt_bytes = prompt.len();
                 decision.observations = observations;
                 decision.duration = started.elapsed();
                 return Ok(decision);
@@ -477,7 +489,13 @@ impl Scheduler {
             .iter()
             .find(|p| p.plugin == ScorerKind::PrefixCache.as_str())
             .and_then(|p| p.scores.as_ref());
+        // Session affinity: the session's pod, if the filters kept it, leads.
+        let session = session_position(&candidates, request.session_pod);
+        if let Some(at) = session.and_then(|i| order.iter().position(|&o| o == i)) {
+            order[..=at].rotate_right(1);
+        }
         let reason = match prefix_scores {
+            _ if session.is_some() => DecisionReason::Session,
             None => DecisionReason::Unscored,
             Some(s) if s[order[0]] > 0 => DecisionReason::PrefixHit,
             Some(s) if s.iter().any(|&x| x > 0) => DecisionReason::PrefixOverruled,
@@ -512,10 +530,11 @@ impl Scheduler {
         candidates: Vec<C>,
         scored: prefix_cache::PrefixScores,
         hashes: Vec<BlockHash>,
-        prompt_bytes: usize,
+        session: Option<usize>,
         rng: &mut SmallRng,
     ) -> Decision<C> {
-        let (primary, why) = self.affinity_pick(config, &candidates, &scored, &hashes, rng);
+        let (primary, why) =
+            self.affinity_pick(config, &candidates, &scored, &hashes, session, rng);
         // Fallbacks: longest match first, then least loaded (only the few kept are sorted).
         let mut rest: Vec<(std::cmp::Reverse<usize>, i64, usize)> = (0..candidates.len())
             .filter(|&i| i != primary)
@@ -557,7 +576,7 @@ impl Scheduler {
             reason: why.into(),
             predicted_blocks: scored.held_blocks[primary],
             hashes,
-            prompt_bytes,
+            prompt_bytes: 0,
             unscored: None,
             observations: Vec::new(),
             duration: Duration::ZERO,
@@ -572,6 +591,7 @@ impl Scheduler {
         candidates: &[C],
         scored: &prefix_cache::PrefixScores,
         hashes: &[BlockHash],
+        session: Option<usize>,
         rng: &mut SmallRng,
     ) -> (usize, AffinityReason) {
         let now = self.picks.load(Ordering::Relaxed) as u32;
@@ -593,6 +613,7 @@ impl Scheduler {
             &scored.held_blocks,
             &loads,
             hashes,
+            session,
             rng,
         )
     }
@@ -612,6 +633,7 @@ impl Scheduler {
                 | DecisionReason::AffinityMiss
                 | DecisionReason::AffinitySpill
                 | DecisionReason::AffinitySaturated
+                | DecisionReason::Session
         );
         if affinity_pick {
             let keep = affinity::keep_factor(config.share_window, decision.candidates.len());
@@ -652,6 +674,12 @@ impl Scheduler {
         }
         self.prefix.record(model, hashes, pod)
     }
+}
+
+/// Where the session's pod is among `candidates`, if it is one.
+fn session_position<C: Candidate>(candidates: &[C], pod: Option<PodSlot>) -> Option<usize> {
+    let pod = pod?;
+    candidates.iter().position(|c| c.slot() == pod)
 }
 
 /// A prompt held tentatively for a pod ([`Scheduler::hold_tentative`]), released when dropped:

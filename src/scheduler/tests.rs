@@ -79,6 +79,7 @@ fn req(prompt: &str) -> RouteRequest<'_> {
         model: "m",
         prompt: Ok(prompt),
         salt: None,
+        session_pod: None,
     }
 }
 
@@ -149,6 +150,7 @@ fn no_prompt_is_unscored_not_rejected() {
                 model: "m",
                 prompt: Err(Unscored::NoPrompt(crate::prompt::NoPrompt::PromptNotString)),
                 salt: None,
+                session_pod: None,
             },
             pods.clone(),
         )
@@ -248,6 +250,46 @@ fn all_filtered_is_an_error_with_the_filter_times() {
     assert_eq!(PickError::from(err), PickError::Filtered("least-request"));
 }
 
+/// Kthena's scheduler with session affinity: the session's pod leads while the filters keep it,
+/// whatever the scores; a filtered-out session pod leaves the decision as Kthena's.
+#[test]
+fn a_session_pod_leads_while_the_filters_keep_it() {
+    let (s, pods) = setup(SchedulerConfig::default().scorers, 3);
+    let prompt = "system prompt ".repeat(50);
+    let first = s.schedule(req(&prompt), pods.clone()).unwrap();
+    s.record("m", &first.hashes, &first.primary().handle);
+    let holder = first.primary().slot();
+    let o = pods.iter().position(|p| p.slot() != holder).unwrap();
+    let other = pods[o].clone();
+    let mut request = req(&prompt);
+    request.session_pod = Some(other.slot());
+    let d = s.schedule(request, pods.clone()).unwrap();
+    assert_eq!(d.reason, DecisionReason::Session);
+    assert_eq!(d.primary().slot(), other.slot());
+    assert_eq!(d.ranked[1].slot(), holder, "the fallbacks keep their order");
+    assert_eq!(d.ranked.len(), 3);
+    // The least-request filter removes the session's pod when its engine queues too much:
+    // the decision is Kthena's.
+    let mut pods = pods;
+    let busy = SchedulerConfig::default().max_waiting_requests as f64;
+    pods[o] = Arc::new(Pod {
+        handle: other.handle.clone(),
+        label: other.label.clone(),
+        stats: EngineStats {
+            waiting: busy,
+            ..EngineStats::default()
+        },
+        recent: RecentPicks::default(),
+        rendezvous: other.rendezvous,
+    });
+    let mut request = req(&prompt);
+    request.session_pod = Some(other.slot());
+    let d = s.schedule(request, pods.clone()).unwrap();
+    assert_eq!(d.reason, DecisionReason::PrefixHit);
+    assert_eq!(d.primary().slot(), holder);
+    assert!(d.candidates.iter().all(|c| c.slot() != other.slot()));
+}
+
 #[test]
 fn at_most_five_are_ranked() {
     let (s, pods) = setup(vec![(ScorerKind::LeastRequest, 1)], 7);
@@ -272,6 +314,7 @@ mod namespaces {
             model,
             prompt: Ok(prompt),
             salt,
+            session_pod: None,
         }
     }
 
@@ -431,6 +474,7 @@ mod namespaces {
                     model: &parsed.model,
                     prompt: parsed.prompt.as_deref().map_err(|&r| Unscored::NoPrompt(r)),
                     salt: parsed.salt.as_ref(),
+                    session_pod: None,
                 };
                 s.schedule(request, pods.clone()).unwrap()
             };

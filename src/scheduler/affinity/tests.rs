@@ -31,6 +31,7 @@ fn pick_one(
         matched,
         loads,
         h,
+        None,
         &mut SmallRng::seed_from_u64(7),
     )
 }
@@ -144,6 +145,7 @@ fn ties_consolidate_on_the_deepest_block_held() {
                 &[4, 4, 4, 0, 4, 4, 4, 4],
                 &l,
                 &h,
+                None,
                 &mut SmallRng::seed_from_u64(s),
             )
             .0
@@ -172,6 +174,7 @@ fn without_consolidation_ties_are_random() {
                 &[2, 2, 2, 2],
                 &l,
                 &hashes(4),
+                None,
                 &mut SmallRng::seed_from_u64(s),
             )
             .0
@@ -215,6 +218,7 @@ fn a_match_held_only_in_flight_counts_when_it_covers_most_of_the_prompt() {
             &[0, 0],
             &l,
             &h,
+            None,
             &mut SmallRng::seed_from_u64(1)
         ),
         (1, AffinityReason::Hit)
@@ -227,6 +231,7 @@ fn a_match_held_only_in_flight_counts_when_it_covers_most_of_the_prompt() {
             &[0, 0],
             &l,
             &h,
+            None,
             &mut SmallRng::seed_from_u64(1)
         )
         .1,
@@ -256,6 +261,7 @@ fn a_burst_in_progress_stays_on_an_over_share_pod_new_work_does_not() {
             &[0, 0, 0, 0],
             &l,
             &hashes(8),
+            None,
             &mut SmallRng::seed_from_u64(1)
         ),
         (0, AffinityReason::Hit)
@@ -274,6 +280,7 @@ fn a_burst_in_progress_stays_on_an_over_share_pod_new_work_does_not() {
             &[0, 0, 0, 0],
             &l,
             &hashes(8),
+            None,
             &mut SmallRng::seed_from_u64(1)
         )
         .1,
@@ -351,4 +358,31 @@ fn new_prefixes_go_to_the_least_recent_share_among_the_least_loaded() {
         pick_one(&c, &[3, 0, 0, 0], &l, &hashes(8)),
         (0, AffinityReason::Hit)
     );
+}
+
+#[test]
+fn a_session_keeps_its_pod_until_the_pod_is_saturated() {
+    let c = AffinityConfig::default();
+    let mut l = loads(3);
+    // Pod 0 holds the whole prompt; the session's pod 2 holds nothing and is over its share.
+    l[2].share = 0.9;
+    l[2].inflight = i64::from(c.pod_capacity) - 1;
+    let pick_with = |l: &[PodLoad], session| {
+        pick(
+            &c,
+            &[8, 0, 0],
+            &[8, 0, 0],
+            l,
+            &hashes(8),
+            session,
+            &mut SmallRng::seed_from_u64(3),
+        )
+    };
+    assert_eq!(pick_with(&l, Some(2)), (2, AffinityReason::Session));
+    assert_eq!(pick_with(&l, None), (0, AffinityReason::Hit));
+    l[2].inflight = i64::from(c.pod_capacity);
+    assert_eq!(pick_with(&l, Some(2)), (0, AffinityReason::Hit), "saturated");
+    l[2].inflight = 0;
+    l[2].waiting = 1.0;
+    assert_eq!(pick_with(&l, Some(2)), (0, AffinityReason::Hit), "queueing");
 }
