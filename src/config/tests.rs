@@ -285,3 +285,25 @@ fn engine_metric_names_are_parsed_once_and_a_bad_spec_names_the_key() {
         "{e}"
     );
 }
+
+#[test]
+fn client_certificate_keys_are_checked_with_the_rest_of_the_picker_section() {
+    let errors: Vec<String> = Config::parse(
+        "picker: {tls: {clientCaFile: ca.pem, clientAuth: none, requireClientCertFor: [accessLog]}}",
+    )
+    .unwrap_err()
+    .0
+    .iter()
+    .map(|e| e.to_string())
+    .collect();
+    assert_eq!(
+        errors,
+        [
+            "picker: tls: clientCaFile needs mode selfSigned or files, got mode plaintext",
+            "picker: tls: clientCaFile is unused with clientAuth none",
+            "picker: tls: requireClientCertFor accessLog needs client certificates: set clientCaFile, with clientAuth optional or required",
+        ]
+    );
+    let c = Config::parse("picker: {tls: {mode: selfSigned, clientCaFile: ca.pem}}").unwrap();
+    assert_eq!(c.picker.tls.client_auth(), crate::tls::ClientAuth::Optional);
+}
