@@ -442,14 +442,8 @@ impl Scheduler {
                 .score_chained(model, &hashes, &slots, &self.tentative)
             {
                 observations.push(Observation::MatchRatio(scored.match_ratio()));
-                let mut decision = self.affinity_decision(
-                    config,
-                    candidates,
-                    scored,
-                    hashes,
-                    &mut rng,
-                    keep,
-                );
+                let mut decision =
+                    self.affinity_decision(config, candidates, scored, hashes, &mut rng, keep);
                 decision.prompt_bytes = prompt.len();
                 decision.observations = observations;
                 decision.duration = started.elapsed();

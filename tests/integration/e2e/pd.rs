@@ -121,6 +121,10 @@ async fn decode_sim_serves_and_its_groups_prefill_sim_prefills_both_recorded() {
     let entries = metric(&picker, "kthena_router_prefix_cache_entries").await;
     assert!(entries >= 2.0 && entries % 2.0 == 0.0, "{entries}");
 
+    // /debug/explain names the pair the next request gets.
+    let e = explain(&picker, &body).await;
+    assert_eq!(e["primary"], format!("default/{decoded}"), "{e}");
+    assert_eq!(e["prefill"]["pod"], format!("default/{prefilled}"), "{e}");
     // The same prefix again: the same pair, and the prefill sim's cache hits.
     let again = chat(&system, "second question");
     let (status, decoded2, prefilled2) = send_forged(&envoy, &again).await;
