@@ -9,7 +9,9 @@
 //! score lines), explained (`/debug/explain`) and tested, and what it observed (plugin times,
 //! match ratios) for the caller to count: the core writes no metrics. A routed decision is then
 //! committed (the affinity pick's share, the tentative hold); an explained one changes nothing.
-//! Candidates are anything that implements [`Candidate`]. One file per plugin.
+//! Candidates are anything that implements [`Candidate`]. One file per plugin. With a `pdGroup`,
+//! [`pd`] runs this decision once over the decode pods and once over each kept decode pod's
+//! prefill pods (Kthena's PD scheduling).
 
 pub mod affinity;
 pub mod candidate;
