@@ -131,6 +131,7 @@ pub fn static_endpoints(config: &Config) -> Vec<EndpointSpec> {
             models: e.models.clone(),
             generation: e.generation.clone().unwrap_or_default(),
             role: None,
+            labels: e.labels.clone(),
         })
         .collect()
 }
@@ -300,14 +301,17 @@ async fn discovery(
     registry: &prometheus::Registry,
 ) -> anyhow::Result<Option<KubernetesDiscovery>> {
     Ok(match &config.discovery.kubernetes {
-        Some(k) => Some(KubernetesDiscovery::new(
-            kubernetes::infer_client().await?,
-            k.process_namespace(),
-            k.clone(),
-            static_endpoints(config),
-            router.endpoints.clone(),
-            DiscoveryMetrics::register(registry),
-        )),
+        Some(k) => Some(
+            KubernetesDiscovery::new(
+                kubernetes::infer_client().await?,
+                k.process_namespace(),
+                k.clone(),
+                static_endpoints(config),
+                router.endpoints.clone(),
+                DiscoveryMetrics::register(registry),
+            )
+            .with_pd_group(config.scheduler.pd.clone()),
+        ),
         None => None,
     })
 }

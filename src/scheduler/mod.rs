@@ -9,7 +9,9 @@
 //! score lines), explained (`/debug/explain`) and tested, and what it observed (plugin times,
 //! match ratios) for the caller to count: the core writes no metrics. A routed decision is then
 //! committed (the affinity pick's share, the tentative hold); an explained one changes nothing.
-//! Candidates are anything that implements [`Candidate`]. One file per plugin.
+//! Candidates are anything that implements [`Candidate`]. One file per plugin. With a `pdGroup`,
+//! [`pd`] runs this decision once over the decode pods and once over each kept decode pod's
+//! prefill pods (Kthena's PD scheduling).
 
 pub mod affinity;
 pub mod candidate;
@@ -17,6 +19,7 @@ pub mod config;
 pub mod gpu_usage;
 pub mod least_latency;
 pub mod least_request;
+pub mod pd;
 pub mod prefix_cache;
 pub mod random;
 
@@ -35,6 +38,7 @@ use crate::prompt::NoPrompt;
 use affinity::{AffinityConfig, AffinityReason, PodLoad};
 pub use candidate::{Candidate, EngineStats};
 use config::{FilterKind, SchedulerConfig, ScorerKind};
+pub use pd::{PdGroup, PdPairing, PdRole, PrefillPass, Unpaired};
 use prefix_cache::PrefixCache;
 
 /// Why a request could not be routed.
@@ -48,6 +52,12 @@ pub enum PickError {
     SubsetUnavailable,
     #[error("all endpoints were filtered out by the {0} filter")]
     Filtered(&'static str),
+    /// PD mode: no pod carries the decode labels (Kthena's text).
+    #[error("no decode pod found")]
+    NoDecodePod,
+    /// PD mode: no kept decode pod has a prefill pod of its group (Kthena's text).
+    #[error("no valid prefill-decode pod pairs found")]
+    NoPdPair,
 }
 
 /// The filters left no pod: the filter that removed the last ones, and what was observed
@@ -222,6 +232,9 @@ pub struct Decision<C> {
     pub observations: Vec<Observation>,
     /// Time the decision took.
     pub duration: Duration,
+    /// PD mode: the prefill pod paired with the primary decode pod, and every prefill pass
+    /// (the fields above are the decode pass's).
+    pub pd: Option<PdPairing<C>>,
 }
 
 impl<C> Decision<C> {
@@ -231,11 +244,42 @@ impl<C> Decision<C> {
 }
 
 impl<C: Candidate> Decision<C> {
-    /// Kthena's `--v=4` score lines, verbatim, at debug level on the `scores` target.
+    /// Kthena's `--v=4` score lines, verbatim, at debug level on the `scores` target; in PD
+    /// mode with Kthena's phase lines before the decode pass and each prefill pass.
     pub fn log_scores(&self) {
         if !tracing::enabled!(target: "scores", tracing::Level::DEBUG) {
             return;
         }
+        let Some(pd) = &self.pd else {
+            self.log_pass();
+            return;
+        };
+        tracing::debug!(target: "scores", "Using optimized PD disaggregated scheduling");
+        tracing::debug!(target: "scores", "Running score plugins for decode pod");
+        self.log_pass();
+        for pass in &pd.passes {
+            match pass {
+                PrefillPass::Scored { decision, .. } => {
+                    tracing::debug!(target: "scores", "Running score plugins for prefill pod");
+                    decision.log_pass();
+                }
+                PrefillPass::NoPrefillPods { decode } => tracing::debug!(
+                    target: "scores",
+                    decode_instance = decode.label(),
+                    "prefill pods for decode group not found"
+                ),
+                PrefillPass::FilteredOut { decode, filter } => tracing::debug!(
+                    target: "scores",
+                    decode_instance = decode.label(),
+                    filter,
+                    "prefill pods were filtered out"
+                ),
+            }
+        }
+    }
+
+    /// One pass's score lines.
+    fn log_pass(&self) {
         for p in &self.plugins {
             let Some(scores) = &p.scores else { continue };
             tracing::debug!(target: "scores", "ScorePlugin: {}", p.plugin);
@@ -338,7 +382,7 @@ impl Scheduler {
         request: RouteRequest<'_>,
         candidates: Vec<C>,
     ) -> Result<Decision<C>, Filtered> {
-        self.decide(request, candidates, true)
+        self.decide(request, candidates, true, self.max_endpoints)
     }
 
     /// The decision [`schedule`](Scheduler::schedule) would make now, changing no state (its
@@ -348,15 +392,17 @@ impl Scheduler {
         request: RouteRequest<'_>,
         candidates: Vec<C>,
     ) -> Result<Decision<C>, Filtered> {
-        self.decide(request, candidates, false)
+        self.decide(request, candidates, false, self.max_endpoints)
     }
 
-    /// `take` = false: a dry run that leaves the decision and scoring counters as they are.
+    /// `take` = false: a dry run that leaves the decision and scoring counters as they are;
+    /// `keep`: pods ranked (primary + fallbacks).
     fn decide<C: Candidate + Clone>(
         &self,
         request: RouteRequest<'_>,
         mut candidates: Vec<C>,
         take: bool,
+        keep: usize,
     ) -> Result<Decision<C>, Filtered> {
         let started = Instant::now();
         let model = request.model;
@@ -398,14 +444,9 @@ impl Scheduler {
                 .score_chained(model, &hashes, &slots, &self.tentative)
             {
                 observations.push(Observation::MatchRatio(scored.match_ratio()));
-                let mut decision = self.affinity_decision(
-                    config,
-                    candidates,
-                    scored,
-                    hashes,
-                    prompt.len(),
-                    &mut rng,
-                );
+                let mut decision =
+                    self.affinity_decision(config, candidates, scored, hashes, &mut rng, keep);
+                decision.prompt_bytes = prompt.len();
                 decision.observations = observations;
                 decision.duration = started.elapsed();
                 return Ok(decision);
@@ -485,7 +526,7 @@ impl Scheduler {
         };
         let ranked: Vec<C> = order
             .iter()
-            .take(self.max_endpoints)
+            .take(keep)
             .map(|&i| candidates[i].clone())
             .collect();
         Ok(Decision {
@@ -500,6 +541,7 @@ impl Scheduler {
             predicted_blocks: 0,
             observations,
             duration: started.elapsed(),
+            pd: None,
         })
     }
 
@@ -512,8 +554,8 @@ impl Scheduler {
         candidates: Vec<C>,
         scored: prefix_cache::PrefixScores,
         hashes: Vec<BlockHash>,
-        prompt_bytes: usize,
         rng: &mut SmallRng,
+        keep: usize,
     ) -> Decision<C> {
         let (primary, why) = self.affinity_pick(config, &candidates, &scored, &hashes, rng);
         // Fallbacks: longest match first, then least loaded (only the few kept are sorted).
@@ -524,7 +566,7 @@ impl Scheduler {
                 (std::cmp::Reverse(scored.matched_blocks[i]), load, i)
             })
             .collect();
-        let keep = (self.max_endpoints - 1).min(rest.len());
+        let keep = (keep.max(1) - 1).min(rest.len());
         if keep > 0 && keep < rest.len() {
             rest.select_nth_unstable(keep - 1);
         }
@@ -557,10 +599,11 @@ impl Scheduler {
             reason: why.into(),
             predicted_blocks: scored.held_blocks[primary],
             hashes,
-            prompt_bytes,
+            prompt_bytes: 0,
             unscored: None,
             observations: Vec::new(),
             duration: Duration::ZERO,
+            pd: None,
         }
     }
 
@@ -619,6 +662,31 @@ impl Scheduler {
             decision.primary().recent().add(now, keep);
         }
         self.hold_tentative(model, &decision.hashes, decision.primary().slot())
+    }
+
+    /// [`commit`](Scheduler::commit) for a PD decision's prefill pod: an affinity pick joins its
+    /// recent share, and (with `tentative`) the prompt is held for it too. `None` outside PD
+    /// mode or with nothing to hold.
+    pub fn commit_prefill<C: Candidate>(
+        &self,
+        model: &str,
+        decision: &Decision<C>,
+    ) -> Option<TentativeHold> {
+        let config = self.config.affinity.as_ref()?;
+        let pd = decision.pd.as_ref()?;
+        let affinity_pick = matches!(
+            pd.prefill_reason,
+            DecisionReason::AffinityHit
+                | DecisionReason::AffinityMiss
+                | DecisionReason::AffinitySpill
+                | DecisionReason::AffinitySaturated
+        );
+        if affinity_pick {
+            let keep = affinity::keep_factor(config.share_window, pd.prefill_candidates);
+            let now = self.picks.fetch_add(1, Ordering::Relaxed) as u32;
+            pd.prefill.recent().add(now, keep);
+        }
+        self.hold_tentative(model, &decision.hashes, pd.prefill.slot())
     }
 
     /// Holds `hashes` tentatively for the pod in `slot` until the request completes (affinity
