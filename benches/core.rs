@@ -385,6 +385,7 @@ fn shipped_router() -> Router {
             models: vec![],
             generation: String::new(),
             role: None,
+            labels: Default::default(),
         })
         .collect();
     router.endpoints.apply(Update::Reset(specs));

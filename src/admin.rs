@@ -155,6 +155,9 @@ async fn explain(State(a): State<Admin>, Query(q): Query<ExplainQuery>, body: By
                 "fallbacks": d.ranked[1..].iter().map(|e| e.label.clone()).collect::<Vec<_>>(),
                 "destination": crate::envoy::wire::destination(&d.ranked),
                 "reason": d.reason.as_str(),
+                // PD mode: the prefill pod sent in x-prefiller-host-port (`pods` are the
+                // decode pass's).
+                "prefill": d.pd.as_ref().map(|pd| json!({"pod": pd.prefill.label, "address": pd.prefill.host})),
             }))
             .into_response()
         }

@@ -468,27 +468,37 @@ impl ServeArgs {
                 }
                 config.picker.tls = TlsConfig::default();
             }
+            // The flags choose the server certificate; the config's client-certificate keys
+            // (clientCaFile, clientAuth, requireClientCertFor) still apply.
             Some(true) => {
                 if tls_in_config {
-                    warnings.push("--secure-serving overrides picker.tls".into());
+                    warnings.push(
+                        "--secure-serving overrides picker.tls mode, certFile and keyFile".into(),
+                    );
                 }
+                let client = std::mem::take(&mut config.picker.tls);
                 config.picker.tls = match &self.cert_path {
                     Some(dir) => TlsConfig {
                         mode: TlsMode::Files,
                         cert_file: Some(dir.join("tls.crt")),
                         key_file: Some(dir.join("tls.key")),
+                        ..client
                     },
                     None => TlsConfig {
                         mode: TlsMode::SelfSigned,
-                        ..TlsConfig::default()
+                        cert_file: None,
+                        key_file: None,
+                        ..client
                     },
                 };
             }
             None if self.cert_path.is_some() => {
+                let client = std::mem::take(&mut config.picker.tls);
                 config.picker.tls = TlsConfig {
                     mode: TlsMode::Files,
                     cert_file: self.cert_path.as_ref().map(|d| d.join("tls.crt")),
                     key_file: self.cert_path.as_ref().map(|d| d.join("tls.key")),
+                    ..client
                 };
             }
             None => {}

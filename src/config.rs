@@ -9,7 +9,12 @@
 //! auth: {...}           # accepted and ignored (warning)
 //! endpoints:            # static discovery
 //! - {name: my-model-0, namespace: default, address: 127.0.0.1:8001, models: [m]}  # generation: optional
+//! - {name: p-0, address: 127.0.0.1:8002, labels: {role: prefill, group: g0}}  # pdGroup reads labels
 //! discovery: {kubernetes: {...}}   # Kubernetes pods, joining the static ones (crate::discovery)
+//! pdGroup:              # prefill/decode pairs, Kthena's ModelServer workloadSelector.pdGroup
+//!   groupKey: group     # pods pair only within one value of this label
+//!   prefillLabels: {role: prefill}
+//!   decodeLabels: {role: decode}
 //! picker:               # prefix-picker's own knobs (strict: unknown keys are errors)
 //!   seed: 0             # tie-breaking RNG seed
 //!   maxEndpoints: 5     # primary + fallbacks in the pick (1 for ORIGINAL_DST gateways)
@@ -32,6 +37,7 @@
 //! (removed). Errors stop start-up and are all reported at once; the weight error is Kthena's
 //! exact text.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 
@@ -45,6 +51,7 @@ use crate::pod_metrics::names::EngineMetricNames;
 use crate::routing::sessions::SessionsConfig;
 use crate::scheduler::affinity::AffinityConfig;
 pub use crate::scheduler::config::{FilterKind, SchedulerConfig, ScorerKind};
+use crate::scheduler::pd::{PdGroup, PdGroupError};
 use crate::scheduler::prefix_cache::PrefixCacheArgs;
 use crate::tls::TlsConfig;
 
@@ -66,6 +73,18 @@ pub struct StaticEndpoint {
     /// the engine's `process_start_time_seconds`, learned by the engine scrape.
     #[serde(default, deserialize_with = "generation")]
     pub generation: Option<String>,
+    /// The pod's labels (`pdGroup` sorts pods into prefill and decode by them).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// `pdGroup:`, as written (Kthena's ModelServer `spec.workloadSelector.pdGroup`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct PdGroupSection {
+    group_key: String,
+    prefill_labels: BTreeMap<String, String>,
+    decode_labels: BTreeMap<String, String>,
 }
 
 /// A `generation:` value: a string, or a number taken as written.
@@ -307,6 +326,10 @@ pub enum ConfigError {
     Discovery(#[from] DiscoveryError),
     #[error("sync: {0}")]
     Sync(String),
+    #[error("pdGroup: {0}")]
+    PdGroupSyntax(String),
+    #[error("{0}")]
+    PdGroup(#[from] PdGroupError),
     #[error(
         "this is GIE's EndpointPickerConfig ({0}); prefix-picker takes a Kthena routerConfiguration (scheduler:, endpoints:, discovery:, picker:). With GIE's inferencepool chart set inferenceExtension.pluginsCustomConfig.<file> to a routerConfiguration and inferenceExtension.pluginsConfigFile to <file>, or pass one with --config-text (see docs/gateways.md)"
     )]
@@ -344,6 +367,7 @@ impl Config {
         }
         let mut config = Config::default();
         let mut errors = Vec::new();
+        let mut pd = None;
         for (key, value) in &root {
             match key.as_str() {
                 Some("scheduler") => {
@@ -368,12 +392,28 @@ impl Config {
                     Ok(s) => config.sync = Some(s),
                     Err(e) => errors.push(ConfigError::Sync(e)),
                 },
+                Some("pdGroup") => match parse_pd_group(value) {
+                    Ok(g) => pd = Some(g),
+                    Err(e) => errors.push(e),
+                },
                 _ => config
                     .warnings
                     .push(format!("unknown top-level key {} ignored", show(key))),
             }
         }
         validate_endpoints(&config.endpoints, &mut errors);
+        if let Some(g) = &pd {
+            warn_unpaired(g, &config.endpoints, &mut config.warnings);
+        }
+        config.scheduler.pd = pd;
+        if config
+            .discovery
+            .kubernetes
+            .as_ref()
+            .is_some_and(|k| k.role_label.is_some())
+        {
+            config.warnings.push(ROLE_LABEL_DEPRECATED.into());
+        }
         if config.endpoints.is_empty() && config.discovery.kubernetes.is_none() {
             config.warnings.push(NO_ENDPOINTS.into());
         }
@@ -423,6 +463,38 @@ impl Config {
             Ok(config)
         } else {
             Err(ConfigErrors(errors))
+        }
+    }
+}
+
+/// The warning for `discovery.kubernetes.roleLabel`.
+pub const ROLE_LABEL_DEPRECATED: &str = "discovery.kubernetes.roleLabel is deprecated and will be removed in the next release: it only labels prefix_picker_discovery_endpoints; prefill/decode routing is configured with pdGroup (docs/configuration.md)";
+
+/// `pdGroup:` into a [`PdGroup`]; errors name the key and the value.
+fn parse_pd_group(value: &Yaml) -> Result<PdGroup, ConfigError> {
+    let section: PdGroupSection = serde_yaml_ng::from_value(value.clone())
+        .map_err(|e| ConfigError::PdGroupSyntax(e.to_string()))?;
+    Ok(PdGroup::try_new(
+        section.group_key,
+        section.prefill_labels,
+        section.decode_labels,
+    )?)
+}
+
+/// Warns of static endpoints `group` sorts into neither role: they get no inference traffic.
+fn warn_unpaired(group: &PdGroup, endpoints: &[StaticEndpoint], warnings: &mut Vec<String>) {
+    for e in endpoints {
+        if group
+            .classify(|k| e.labels.get(k).map(String::as_str))
+            .is_none()
+        {
+            warnings.push(format!(
+                "endpoint {}/{} is neither a prefill nor a decode pod of pdGroup (labels {:?}; a pod needs a non-empty {:?} label and every prefillLabels or decodeLabels label): it gets no inference traffic",
+                e.namespace,
+                e.name,
+                e.labels,
+                group.group_key()
+            ));
         }
     }
 }

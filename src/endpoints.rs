@@ -15,7 +15,7 @@
 
 mod pattern;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -55,8 +55,12 @@ pub struct EndpointSpec {
     /// Changes when the pod restarts (Kubernetes UID, or a static endpoint's `generation:`); a
     /// new value starts the pod cold. Empty: unknown (the engine scrape may learn it).
     pub generation: String,
-    /// Prefill/decode role (Kubernetes discovery's `roleLabel`); `None` = no role.
+    /// The value of Kubernetes discovery's deprecated `roleLabel` (it labels a discovery
+    /// metric only); `None` = no role.
     pub role: Option<String>,
+    /// Pod labels (a static endpoint's `labels:`; of a Kubernetes pod, those `pdGroup` reads):
+    /// `pdGroup` sorts pods into prefill and decode by them.
+    pub labels: BTreeMap<String, String>,
 }
 
 /// One routable pod.
@@ -125,6 +129,10 @@ impl Candidate for Endpoint {
 
     fn label(&self) -> &str {
         &self.label
+    }
+
+    fn pod_label(&self, key: &str) -> Option<&str> {
+        self.spec.labels.get(key).map(String::as_str)
     }
 }
 
@@ -352,6 +360,7 @@ mod tests {
             models: vec![],
             generation: generation.into(),
             role: None,
+            labels: BTreeMap::new(),
         }
     }
 

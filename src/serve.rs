@@ -22,6 +22,7 @@ use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
 use crate::pod_metrics::{self, ScrapeConfig};
 use crate::routing::Router;
 use crate::routing::completion::{RouteOutcome, TentativeOutcome};
+use crate::tls::{ClientAuth, ClientCertFor, ServerTls};
 
 /// Health service names served on the gRPC port and the health port (besides the ext_proc
 /// service's own name); `inference-extension` is what GIE's chart probes.
@@ -130,6 +131,7 @@ pub fn static_endpoints(config: &Config) -> Vec<EndpointSpec> {
             models: e.models.clone(),
             generation: e.generation.clone().unwrap_or_default(),
             role: None,
+            labels: e.labels.clone(),
         })
         .collect()
 }
@@ -151,7 +153,7 @@ pub async fn start(config: Config, grpc: &str, admin: &str) -> anyhow::Result<Ru
 /// the gRPC, admin and health servers, engine scraping, route expiry, sync, readiness.
 pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result<Running> {
     // A bad certificate stops start-up before anything listens.
-    let identity = config.picker.tls.identity()?;
+    let tls = config.picker.tls.server()?;
     let debug_access = Arc::new(config.picker.debug.access().await?);
     let listeners = bind(listen).await?;
     let (grpc_addr, admin_addr, health_addr) = listeners.addrs()?;
@@ -174,7 +176,7 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
     serve_grpc(
         listeners.grpc,
         &config,
-        identity.as_ref(),
+        tls.as_ref(),
         health_service,
         &router,
         &shutdown,
@@ -299,14 +301,17 @@ async fn discovery(
     registry: &prometheus::Registry,
 ) -> anyhow::Result<Option<KubernetesDiscovery>> {
     Ok(match &config.discovery.kubernetes {
-        Some(k) => Some(KubernetesDiscovery::new(
-            kubernetes::infer_client().await?,
-            k.process_namespace(),
-            k.clone(),
-            static_endpoints(config),
-            router.endpoints.clone(),
-            DiscoveryMetrics::register(registry),
-        )),
+        Some(k) => Some(
+            KubernetesDiscovery::new(
+                kubernetes::infer_client().await?,
+                k.process_namespace(),
+                k.clone(),
+                static_endpoints(config),
+                router.endpoints.clone(),
+                DiscoveryMetrics::register(registry),
+            )
+            .with_pd_group(config.scheduler.pd.clone()),
+        ),
         None => None,
     })
 }
@@ -358,7 +363,7 @@ fn serve_health<H: Health>(
 fn serve_grpc<H: Health>(
     listener: TcpListener,
     config: &Config,
-    identity: Option<&crate::tls::ServerIdentity>,
+    tls: Option<&ServerTls>,
     health_service: HealthServer<H>,
     router: &Arc<Router>,
     shutdown: &CancellationToken,
@@ -368,16 +373,20 @@ fn serve_grpc<H: Health>(
     let token = shutdown.clone();
     let grace = Duration::from_secs_f64(config.picker.shutdown_grace_seconds);
     let mut server = tonic::transport::Server::builder();
-    if let Some(id) = identity {
-        server = server.tls_config(tonic::transport::ServerTlsConfig::new().identity(
-            tonic::transport::Identity::from_pem(&id.cert_pem, &id.key_pem),
-        ))?;
+    if let Some(tls) = tls {
+        server = server.tls_config(server_tls_config(tls))?;
     }
+    let access_log = AccessLogSink::new(router.clone(), token.clone(), grace).require_client_cert(
+        config
+            .picker
+            .tls
+            .requires_client_cert(ClientCertFor::AccessLog),
+    );
     tasks.spawn(async move {
         server
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .add_service(health_service)
-            .add_service(AccessLogSink::new(router.clone(), token.clone(), grace).into_server())
+            .add_service(access_log.into_server())
             .add_service(ExtProc::new(router).into_server())
             .serve_with_incoming_shutdown(
                 // Envoy waits on every reply: never let Nagle + delayed ACK add 40 ms.
@@ -388,6 +397,20 @@ fn serve_grpc<H: Health>(
         Ok(())
     });
     Ok(())
+}
+
+/// tonic's TLS settings: the identity, and the client CAs when client certificates are asked for
+/// (`optional`: rustls's verifier with unauthenticated clients allowed).
+fn server_tls_config(tls: &ServerTls) -> tonic::transport::ServerTlsConfig {
+    use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+    let id = &tls.identity;
+    let config = ServerTlsConfig::new().identity(Identity::from_pem(&id.cert_pem, &id.key_pem));
+    match &tls.client_ca_pem {
+        Some(cas) => config
+            .client_ca_root(Certificate::from_pem(cas))
+            .client_auth_optional(tls.client_auth != ClientAuth::Required),
+        None => config,
+    }
 }
 
 /// The admin listener (`/metrics`, probes, `/debug/explain`).

@@ -1,4 +1,5 @@
-//! TLS on the gRPC (ext_proc) port. The admin port (`/metrics`, probes) stays plaintext.
+//! TLS on the gRPC (ext_proc) port, optionally verifying client certificates. The admin port
+//! (`/metrics`, probes) stays plaintext.
 //!
 //! ```yaml
 //! picker:
@@ -6,6 +7,9 @@
 //!     mode: plaintext     # plaintext (default) | selfSigned | files
 //!     certFile: ""        # files: PEM certificate chain
 //!     keyFile: ""         # files: PEM private key
+//!     clientCaFile: ""    # PEM bundle of the CAs trusted for client certificates
+//!     clientAuth: none    # none | optional | required; default optional with clientCaFile
+//!     requireClientCertFor: []   # [accessLog]: its entries count only from a certified peer
 //! ```
 //! - `plaintext`: for the sidecar pair, where Envoy reaches the picker over loopback.
 //! - `selfSigned`: a fresh certificate (ECDSA P-256, SANs `localhost`, `127.0.0.1`, `::1` and the
@@ -14,6 +18,14 @@
 //!   `UpstreamTlsContext` without a `validation_context`, see `envoy/envoy-tls.yaml`).
 //! - `files`: a certificate and key from disk (e.g. a cert-manager Secret), read once at start;
 //!   rotate by restarting (a rolling update).
+//!
+//! Client certificates (either TLS mode): with `clientCaFile` (read once at start, like
+//! `certFile`) the handshake asks for one and verifies it against those CAs. `optional` (the
+//! default) lets a client without a certificate in, so ext_proc from a gateway that has none
+//! keeps working, while a certificate that does not verify fails the handshake; `required`
+//! refuses clients without one. `requireClientCertFor: [accessLog]` then makes the access-log
+//! service refuse the entries of a peer that presented none (counted as `no_client_cert`,
+//! [`crate::envoy::access_log`]); ext_proc is never restricted by it.
 //!
 //! Either TLS mode offers ALPN `h2` (tonic), which Envoy's gRPC client requires.
 
@@ -32,6 +44,27 @@ pub enum TlsMode {
     Files,
 }
 
+/// Whether the handshake asks for a client certificate (`picker.tls.clientAuth`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ClientAuth {
+    /// No client certificate is asked for.
+    None,
+    /// Asked for and verified when sent; a client without one still connects.
+    Optional,
+    /// A client without a verified certificate fails the handshake.
+    Required,
+}
+
+/// A gRPC service that can be limited to peers with a verified client certificate
+/// (`picker.tls.requireClientCertFor`). ext_proc is deliberately not one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ClientCertFor {
+    /// The access-log service: entries from other peers are refused.
+    AccessLog,
+}
+
 /// The `picker.tls` section.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
@@ -39,6 +72,11 @@ pub struct TlsConfig {
     pub mode: TlsMode,
     pub cert_file: Option<PathBuf>,
     pub key_file: Option<PathBuf>,
+    /// PEM bundle of the CAs trusted for client certificates.
+    pub client_ca_file: Option<PathBuf>,
+    /// Unset: `optional` with `client_ca_file`, else `none` (see [`TlsConfig::client_auth`]).
+    pub client_auth: Option<ClientAuth>,
+    pub require_client_cert_for: Vec<ClientCertFor>,
 }
 
 /// A server certificate chain and key, PEM encoded.
@@ -46,6 +84,18 @@ pub struct TlsConfig {
 pub struct ServerIdentity {
     pub cert_pem: String,
     pub key_pem: String,
+}
+
+/// What the gRPC port serves with when TLS is on: its identity and, optionally, the CAs that
+/// client certificates are verified against.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    pub identity: ServerIdentity,
+    /// PEM bundle of the trusted client CAs (each certificate checked to be usable as a trust
+    /// anchor); `None` when no client certificate is asked for.
+    pub client_ca_pem: Option<String>,
+    /// `Optional` or `Required` whenever `client_ca_pem` is set.
+    pub client_auth: ClientAuth,
 }
 
 impl std::fmt::Debug for ServerIdentity {
@@ -72,6 +122,22 @@ pub enum TlsError {
     NotPem { path: PathBuf, what: &'static str },
     #[error("tls: cannot generate a self-signed certificate: {0}")]
     Generate(String),
+    #[error("tls: clientCaFile needs mode selfSigned or files, got mode {mode}")]
+    ClientCaWithoutTls { mode: &'static str },
+    #[error("tls: clientAuth {client_auth} needs clientCaFile")]
+    ClientAuthWithoutCa { client_auth: &'static str },
+    #[error("tls: clientCaFile is unused with clientAuth none")]
+    ClientCaUnused,
+    #[error(
+        "tls: requireClientCertFor {service} needs client certificates: set clientCaFile, with clientAuth optional or required"
+    )]
+    CertRequiredWithoutClientAuth { service: &'static str },
+    #[error("tls: {path}: {bad} of {total} certificates cannot serve as a client CA")]
+    BadClientCa {
+        path: PathBuf,
+        bad: usize,
+        total: usize,
+    },
 }
 
 impl TlsMode {
@@ -84,11 +150,45 @@ impl TlsMode {
     }
 }
 
+impl ClientAuth {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientAuth::None => "none",
+            ClientAuth::Optional => "optional",
+            ClientAuth::Required => "required",
+        }
+    }
+}
+
+impl ClientCertFor {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientCertFor::AccessLog => "accessLog",
+        }
+    }
+}
+
 impl TlsConfig {
+    /// `clientAuth` as set, else `optional` when `clientCaFile` is set, else `none`.
+    pub fn client_auth(&self) -> ClientAuth {
+        self.client_auth
+            .unwrap_or(if self.client_ca_file.is_some() {
+                ClientAuth::Optional
+            } else {
+                ClientAuth::None
+            })
+    }
+
+    /// Whether `service` serves only peers that presented a verified client certificate.
+    pub fn requires_client_cert(&self, service: ClientCertFor) -> bool {
+        self.require_client_cert_for.contains(&service)
+    }
+
     /// Problems a config check can report without touching the files' contents.
     pub fn validate(&self) -> Vec<TlsError> {
         let mode = self.mode.as_str();
         let mut errors = Vec::new();
+        self.validate_client_auth(&mut errors);
         match self.mode {
             TlsMode::Files => {
                 if self.cert_file.is_none() {
@@ -120,6 +220,50 @@ impl TlsConfig {
             }
         }
         errors
+    }
+
+    /// The client-certificate keys: a CA needs TLS and a client-auth mode that uses it, and a
+    /// service can require certificates only when some are asked for.
+    fn validate_client_auth(&self, errors: &mut Vec<TlsError>) {
+        if self.client_ca_file.is_some() && self.mode == TlsMode::Plaintext {
+            errors.push(TlsError::ClientCaWithoutTls {
+                mode: self.mode.as_str(),
+            });
+        }
+        let client_auth = self.client_auth();
+        match (client_auth, self.client_ca_file.is_some()) {
+            (ClientAuth::Optional | ClientAuth::Required, false) => {
+                errors.push(TlsError::ClientAuthWithoutCa {
+                    client_auth: client_auth.as_str(),
+                });
+            }
+            (ClientAuth::None, true) => errors.push(TlsError::ClientCaUnused),
+            _ => {}
+        }
+        if client_auth == ClientAuth::None {
+            for service in &self.require_client_cert_for {
+                errors.push(TlsError::CertRequiredWithoutClientAuth {
+                    service: service.as_str(),
+                });
+            }
+        }
+    }
+
+    /// What to serve with, or `None` for plaintext. Reads (or generates) the certificate and
+    /// reads the client CAs now.
+    pub fn server(&self) -> Result<Option<ServerTls>, TlsError> {
+        let Some(identity) = self.identity()? else {
+            return Ok(None);
+        };
+        let client_ca_pem = match &self.client_ca_file {
+            Some(path) => Some(read_client_cas(path)?),
+            None => None,
+        };
+        Ok(Some(ServerTls {
+            identity,
+            client_ca_pem,
+            client_auth: self.client_auth(),
+        }))
     }
 
     /// The identity to serve with, or `None` for plaintext. Reads or generates it now.
@@ -182,88 +326,36 @@ fn read_pem(path: &Path, what: &'static str) -> Result<String, TlsError> {
     Ok(text)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Reads a PEM bundle of client CAs: at least one certificate, each usable as a trust anchor
+/// (the TLS stack would otherwise skip the bad ones silently, or fail without naming the file).
+fn read_client_cas(path: &Path) -> Result<String, TlsError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
 
-    #[test]
-    fn plaintext_is_the_default_and_has_no_identity() {
-        let tls = TlsConfig::default();
-        assert_eq!(tls.mode, TlsMode::Plaintext);
-        assert!(tls.identity().unwrap().is_none());
+    let text = read_pem(path, "CERTIFICATE")?;
+    let certs = CertificateDer::pem_slice_iter(text.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError::Read {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::NotPem {
+            path: path.to_path_buf(),
+            what: "CERTIFICATE",
+        });
     }
-
-    #[test]
-    fn files_mode_needs_both_files() {
-        let tls = TlsConfig {
-            mode: TlsMode::Files,
-            ..TlsConfig::default()
-        };
-        let errors: Vec<String> = tls.validate().iter().map(|e| e.to_string()).collect();
-        assert_eq!(
-            errors,
-            [
-                "tls: mode files needs certFile",
-                "tls: mode files needs keyFile"
-            ]
-        );
+    let total = certs.len();
+    let (_, bad) = rustls::RootCertStore::empty().add_parsable_certificates(certs);
+    if bad > 0 {
+        return Err(TlsError::BadClientCa {
+            path: path.to_path_buf(),
+            bad,
+            total,
+        });
     }
-
-    #[test]
-    fn files_outside_files_mode_are_errors() {
-        let tls = TlsConfig {
-            mode: TlsMode::SelfSigned,
-            cert_file: Some("c.pem".into()),
-            ..TlsConfig::default()
-        };
-        assert_eq!(
-            tls.validate()[0].to_string(),
-            "tls: certFile is only used with mode files, got mode selfSigned"
-        );
-    }
-
-    #[test]
-    fn self_signed_identity_is_pem() {
-        let id = TlsConfig {
-            mode: TlsMode::SelfSigned,
-            ..TlsConfig::default()
-        }
-        .identity()
-        .unwrap()
-        .unwrap();
-        assert!(id.cert_pem.starts_with("-----BEGIN CERTIFICATE-----"));
-        assert!(id.key_pem.starts_with("-----BEGIN PRIVATE KEY-----"));
-    }
-
-    #[test]
-    fn files_are_read_and_checked() {
-        let dir = tempfile::tempdir().unwrap();
-        let generated = self_signed().unwrap();
-        let (cert, key, junk) = (
-            dir.path().join("tls.crt"),
-            dir.path().join("tls.key"),
-            dir.path().join("junk"),
-        );
-        std::fs::write(&cert, &generated.cert_pem).unwrap();
-        std::fs::write(&key, &generated.key_pem).unwrap();
-        std::fs::write(&junk, "not pem").unwrap();
-        let files = |c: &Path, k: &Path| TlsConfig {
-            mode: TlsMode::Files,
-            cert_file: Some(c.to_path_buf()),
-            key_file: Some(k.to_path_buf()),
-        };
-        let id = files(&cert, &key).identity().unwrap().unwrap();
-        assert_eq!(id.cert_pem, generated.cert_pem);
-        let err = files(&junk, &key).identity().unwrap_err().to_string();
-        assert_eq!(
-            err,
-            format!("tls: {} holds no PEM CERTIFICATE", junk.display())
-        );
-        let missing = dir.path().join("missing.crt");
-        let err = files(&missing, &key).identity().unwrap_err().to_string();
-        assert!(
-            err.starts_with(&format!("tls: cannot read {}: ", missing.display())),
-            "{err}"
-        );
-    }
+    Ok(text)
 }
+
+#[cfg(test)]
+mod tests;

@@ -2,6 +2,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::*;
+use crate::tls::ClientCertFor;
 
 fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| s.to_string()).collect()
@@ -319,6 +320,26 @@ fn the_forms_differ_in_tls_and_health_defaults() {
     let text = format!("{ONE_ENDPOINT}\npicker: {{tls: {{mode: plaintext}}}}");
     let kept = resolve(&["--config-text", &text], Form::Gie).unwrap();
     assert_eq!(kept.config.picker.tls.mode, TlsMode::Plaintext);
+    // The flags choose the server certificate; the config's client-certificate keys stay.
+    let text = format!(
+        "{ONE_ENDPOINT}\npicker: {{tls: {{mode: selfSigned, clientCaFile: /ca.pem, requireClientCertFor: [accessLog]}}}}"
+    );
+    for flags in [&["--secure-serving"][..], &["--cert-path", "/certs"]] {
+        let args: Vec<&str> = ["--config-text", text.as_str()]
+            .into_iter()
+            .chain(flags.iter().copied())
+            .collect();
+        let tls = resolve(&args, Form::Gie).unwrap().config.picker.tls;
+        assert_eq!(
+            tls.client_ca_file.as_deref(),
+            Some(Path::new("/ca.pem")),
+            "{flags:?}"
+        );
+        assert!(
+            tls.requires_client_cert(ClientCertFor::AccessLog),
+            "{flags:?}"
+        );
+    }
     let json = resolve(
         &[
             "--config-text",

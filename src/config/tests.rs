@@ -285,3 +285,102 @@ fn engine_metric_names_are_parsed_once_and_a_bad_spec_names_the_key() {
         "{e}"
     );
 }
+
+#[test]
+fn client_certificate_keys_are_checked_with_the_rest_of_the_picker_section() {
+    let errors: Vec<String> = Config::parse(
+        "picker: {tls: {clientCaFile: ca.pem, clientAuth: none, requireClientCertFor: [accessLog]}}",
+    )
+    .unwrap_err()
+    .0
+    .iter()
+    .map(|e| e.to_string())
+    .collect();
+    assert_eq!(
+        errors,
+        [
+            "picker: tls: clientCaFile needs mode selfSigned or files, got mode plaintext",
+            "picker: tls: clientCaFile is unused with clientAuth none",
+            "picker: tls: requireClientCertFor accessLog needs client certificates: set clientCaFile, with clientAuth optional or required",
+        ]
+    );
+    let c = Config::parse("picker: {tls: {mode: selfSigned, clientCaFile: ca.pem}}").unwrap();
+    assert_eq!(c.picker.tls.client_auth(), crate::tls::ClientAuth::Optional);
+}
+
+#[test]
+fn pd_group_mirrors_kthenas_workload_selector_and_labels_static_endpoints() {
+    let c = Config::parse(
+        r#"
+pdGroup:
+  groupKey: kthena.io/group
+  prefillLabels: {kthena.io/role: prefill}
+  decodeLabels: {kthena.io/role: decode, tier: gpu}
+endpoints:
+- {name: d0, address: 127.0.0.1:8001, labels: {kthena.io/role: decode, tier: gpu, kthena.io/group: g0}}
+- {name: p0, address: 127.0.0.1:8002, labels: {kthena.io/role: prefill, kthena.io/group: g0}}
+- {name: stray, address: 127.0.0.1:8003, labels: {kthena.io/role: decode}}
+"#,
+    )
+    .unwrap();
+    let g = c.scheduler.pd.as_ref().expect("pdGroup");
+    assert_eq!(g.group_key(), "kthena.io/group");
+    assert_eq!(g.decode_labels().len(), 2);
+    assert_eq!(c.endpoints[1].labels["kthena.io/role"], "prefill");
+    // The scheduler block is Kthena's default, untouched by the section.
+    assert_eq!(
+        SchedulerConfig {
+            pd: None,
+            ..c.scheduler.clone()
+        },
+        SchedulerConfig::default()
+    );
+    // `stray` has no group value: warned, it gets no inference traffic.
+    let stray: Vec<_> = c
+        .warnings
+        .iter()
+        .filter(|w| w.contains("no inference traffic"))
+        .collect();
+    assert_eq!(stray.len(), 1, "{:?}", c.warnings);
+    assert!(stray[0].starts_with("endpoint default/stray "), "{stray:?}");
+    assert!(c.scheduler.mode_summary().contains("kthena.io/group"));
+    // Without the section, labels are kept and nothing is paired.
+    let c =
+        Config::parse("endpoints:\n- {name: a, address: 127.0.0.1:1, labels: {x: y}}\n").unwrap();
+    assert!(c.scheduler.pd.is_none());
+    assert_eq!(c.endpoints[0].labels["x"], "y");
+}
+
+#[test]
+fn a_bad_pd_group_is_refused_naming_the_key() {
+    let err = |doc: &str| Config::parse(doc).unwrap_err().to_string();
+    assert_eq!(
+        err("pdGroup: {groupKey: '', prefillLabels: {r: p}, decodeLabels: {r: d}}"),
+        "pdGroup.groupKey must be a non-empty label key, got \"\""
+    );
+    assert_eq!(
+        err("pdGroup: {groupKey: g, prefillLabels: {}, decodeLabels: {r: d}}"),
+        "pdGroup.prefillLabels must list at least one label (an empty set matches no pod)"
+    );
+    let e = err("pdGroup: {groupKey: g, prefillLabels: {r: p}}");
+    assert!(
+        e.starts_with("pdGroup: missing field `decodeLabels`"),
+        "{e}"
+    );
+    let e = err("pdGroup: {groupKey: g, prefillLabels: {r: p}, decodeLabels: {r: d}, role: x}");
+    assert!(e.starts_with("pdGroup: unknown field `role`"), "{e}");
+    let e = err("endpoints:\n- {name: a, address: 127.0.0.1:1, labels: [x]}\n");
+    assert!(e.starts_with("endpoints: "), "{e}");
+}
+
+#[test]
+fn role_label_is_a_deprecated_alias_warned_about() {
+    let c = Config::parse(
+        "discovery: {kubernetes: {selector: app=vllm, targetPorts: [8000], roleLabel: role}}",
+    )
+    .unwrap();
+    assert!(c.warnings.iter().any(|w| w == ROLE_LABEL_DEPRECATED));
+    let c = Config::parse("discovery: {kubernetes: {selector: app=vllm, targetPorts: [8000]}}")
+        .unwrap();
+    assert!(!c.warnings.iter().any(|w| w == ROLE_LABEL_DEPRECATED));
+}

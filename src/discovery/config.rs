@@ -9,7 +9,7 @@
 //!     inferencePool: ""    # InferencePool name; selector and ports then come from the pool (watched)
 //!                          # or {name, namespace, group} (GIE's --pool-name/-namespace/-group); the
 //!                          # pool's namespace is the namespace above, group inference.networking.k8s.io
-//!     roleLabel: ""        # pod label holding the prefill/decode role
+//!     roleLabel: ""        # deprecated: labels prefix_picker_discovery_endpoints only (use pdGroup)
 //!     modelLabel: ""       # pod label holding the served model name
 //! ```
 //! `selector`/`targetPorts` and `inferencePool` exclude each other. Discovered pods join the

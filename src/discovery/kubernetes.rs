@@ -40,6 +40,7 @@ use super::metrics::{DiscoveryMetrics, Resource, RestartReason, WatchEvent};
 use super::pod::{PodEndpoints, PodLabels, PodState};
 use super::target::Target;
 use crate::endpoints::{EndpointSpec, Endpoints, Update};
+use crate::scheduler::PdGroup;
 
 type Events<K> = BoxStream<'static, Result<Event<K>, watcher::Error>>;
 
@@ -94,6 +95,7 @@ impl KubernetesDiscovery {
         let labels = PodLabels {
             role: config.role_label.clone(),
             model: config.model_label.clone(),
+            pd: None,
         };
         KubernetesDiscovery {
             client,
@@ -104,6 +106,26 @@ impl KubernetesDiscovery {
             endpoints,
             metrics,
             synced: watch::Sender::new(false),
+        }
+    }
+
+    /// Sorts pods by `pdGroup`: endpoints carry the labels it reads, and a pod it sorts into
+    /// neither role is warned about (it gets no inference traffic).
+    pub fn with_pd_group(mut self, group: Option<PdGroup>) -> KubernetesDiscovery {
+        self.labels.pd = group;
+        self
+    }
+
+    /// Warns of endpoints `pdGroup` sorts into neither role.
+    fn warn_unpaired<'a>(&self, added: impl Iterator<Item = &'a EndpointSpec>) {
+        let Some(group) = &self.labels.pd else { return };
+        for e in added {
+            if group
+                .classify(|k| e.labels.get(k).map(String::as_str))
+                .is_none()
+            {
+                tracing::warn!(pod = %e.id, labels = ?e.labels, group_key = group.group_key(), "pod is neither a prefill nor a decode pod of pdGroup: it gets no inference traffic");
+            }
         }
     }
 
@@ -309,12 +331,20 @@ impl KubernetesDiscovery {
                 self.endpoints.apply(Update::Add(n.clone()));
             }
         }
+        self.warn_unpaired(new.iter().filter(|n| !old.iter().any(|o| o.id == n.id)));
     }
 
     /// Replaces the whole set with the static endpoints plus every counted pod.
     fn reset(&self, set: &PodSet) {
         let mut all = self.statics.clone();
         all.extend(set.pods.values().flat_map(|p| p.endpoints.iter().cloned()));
+        let before = self.endpoints.snapshot();
+        self.warn_unpaired(
+            set.pods
+                .values()
+                .flat_map(|p| &p.endpoints)
+                .filter(|e| before.all().iter().all(|b| b.spec.id != e.id)),
+        );
         let left = self.endpoints.apply(Update::Reset(all));
         for id in &left {
             tracing::info!(pod = %id, "pod gone after a full list");

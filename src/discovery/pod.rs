@@ -5,14 +5,18 @@
 //! A counted pod yields one endpoint per target port, at `podIP:port`. Endpoint names: the pod
 //! name when there is one target port, `pod-name:port` when there are several (so each
 //! `namespace/name` in logs and metrics stays unique). The generation is the pod UID, so a pod
-//! recreated under the same name starts cold. `roleLabel` and `modelLabel` name pod labels
-//! holding the prefill/decode role and the served model (an absent label: no role, any model).
+//! recreated under the same name starts cold. `modelLabel` names the pod label holding the
+//! served model (absent: any model). With `pdGroup`, an endpoint carries the pod labels the group
+//! reads (its `groupKey` and label keys; other labels are left out, so changing them does not
+//! restart the pod cold), and its role for the endpoints metric is the group's sorting
+//! (`prefill`, `decode`, or none); without it the deprecated `roleLabel` names that role.
 
 use std::net::{IpAddr, SocketAddr};
 
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::endpoints::{EndpointSpec, PodId};
+use crate::scheduler::PdGroup;
 
 /// Why a pod does or does not count; `as_str()` is the `state` label of
 /// `prefix_picker_discovery_pods`.
@@ -47,6 +51,8 @@ impl PodState {
 pub struct PodLabels {
     pub role: Option<String>,
     pub model: Option<String>,
+    /// `pdGroup`: the labels it reads are kept on the endpoints.
+    pub pd: Option<PdGroup>,
 }
 
 /// A pod as discovery sees it: its state and, when ready, its endpoints.
@@ -87,7 +93,19 @@ impl PodEndpoints {
                 .filter(|v| !v.is_empty())
                 .cloned()
         };
-        let role = label(&labels.role);
+        let mut kept = std::collections::BTreeMap::new();
+        let mut role = label(&labels.role);
+        if let Some(group) = &labels.pd {
+            let all = meta.labels.as_ref();
+            for key in group.label_keys() {
+                if let Some(v) = all.and_then(|l| l.get(key)) {
+                    kept.insert(key.to_string(), v.clone());
+                }
+            }
+            role = group
+                .classify(|k| kept.get(k).map(String::as_str))
+                .map(|(r, _)| r.as_str().to_string());
+        }
         let models: Vec<String> = label(&labels.model).into_iter().collect();
         let generation = meta.uid.clone().unwrap_or_default();
         let endpoints = ports
@@ -105,6 +123,7 @@ impl PodEndpoints {
                 models: models.clone(),
                 generation: generation.clone(),
                 role: role.clone(),
+                labels: kept.clone(),
             })
             .collect();
         PodEndpoints {
@@ -135,6 +154,7 @@ mod tests {
     const LABELS: PodLabels = PodLabels {
         role: None,
         model: None,
+        pd: None,
     };
 
     #[test]
@@ -156,6 +176,7 @@ mod tests {
         let labels = PodLabels {
             role: Some("role".into()),
             model: Some("model".into()),
+            pd: None,
         };
         let one = PodEndpoints::of(&pod(json!({}), ready("10.0.0.1")), "x", &[8000], &labels);
         let e = &one.endpoints[0];
@@ -174,5 +195,37 @@ mod tests {
         assert_eq!(names, ["ns/vllm-0:8000", "ns/vllm-0:8001"]);
         assert_eq!(two.endpoints[1].address.to_string(), "[fd00::1]:8001");
         assert!(two.endpoints[0].models.is_empty() && two.endpoints[0].role.is_none());
+    }
+
+    #[test]
+    fn pd_group_keeps_the_labels_it_reads_and_names_the_role() {
+        let group = PdGroup::try_new(
+            "group".into(),
+            [("role".to_string(), "prefill".to_string())].into(),
+            [("role".to_string(), "decode".to_string())].into(),
+        )
+        .unwrap();
+        let labels = PodLabels {
+            role: Some("model".into()),
+            model: None,
+            pd: Some(group),
+        };
+        let grouped = pod(
+            json!({"labels": {"app": "vllm", "role": "decode", "group": "g1"}}),
+            ready("10.0.0.1"),
+        );
+        let e = &PodEndpoints::of(&grouped, "x", &[8000], &labels).endpoints[0];
+        let kept: Vec<_> = e.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        assert_eq!(
+            kept,
+            ["group=g1", "role=decode"],
+            "app is not read by the group"
+        );
+        assert_eq!(e.role.as_deref(), Some("decode"), "pdGroup names the role");
+        // No group value: no role, whatever roleLabel says.
+        let e = &PodEndpoints::of(&pod(json!({}), ready("10.0.0.1")), "x", &[8000], &labels)
+            .endpoints[0];
+        assert!(e.role.is_none());
+        assert_eq!(e.labels.len(), 1);
     }
 }

@@ -23,11 +23,15 @@
 //! once no routed request waits for its completion (or the grace period is over), so draining
 //! still records the responses in flight.
 //!
+//! With `picker.tls.requireClientCertFor: [accessLog]` ([`crate::tls`]) a stream counts only
+//! when its peer presented a client certificate, which the TLS handshake verified against
+//! `clientCaFile`; every entry of another stream is refused unread (`no_client_cert`).
+//!
 //! Entries that claim nothing are counted and dropped: `prefix_picker_access_log_entries_total
 //! {result}` is `claimed`, `unclaimed` (a well-formed key no route waits under: expired, claimed
 //! already), `no_route_key` (a request the picker did not route, or a forgery), `forged` (a key
-//! this replica did not issue, or a guessed secret: the route keeps waiting) or `intermediate`
-//! (not a final entry).
+//! this replica did not issue, or a guessed secret: the route keeps waiting), `no_client_cert`
+//! (refused: no client certificate, when one is required) or `intermediate` (not a final entry).
 //!
 //! [`PendingRoutes`]: crate::routing::PendingRoutes
 //! [`ROUTE_KEY`]: crate::envoy::wire::ROUTE_KEY
@@ -67,6 +71,7 @@ pub struct AccessLogSink {
     router: Arc<Router>,
     shutdown: CancellationToken,
     linger: Duration,
+    require_client_cert: bool,
 }
 
 impl AccessLogSink {
@@ -82,6 +87,16 @@ impl AccessLogSink {
             router,
             shutdown,
             linger,
+            require_client_cert: false,
+        }
+    }
+
+    /// With `required`, entries count only from a peer that presented a verified client
+    /// certificate; the others are refused as [`Claim::NoClientCert`].
+    pub fn require_client_cert(self, required: bool) -> AccessLogSink {
+        AccessLogSink {
+            require_client_cert: required,
+            ..self
         }
     }
 
@@ -91,13 +106,23 @@ impl AccessLogSink {
 
     /// Ends the routed request `entry` reports, if the picker routed it and still waits.
     pub fn on_entry(&self, entry: HttpAccessLogEntry) {
-        let result = claim(&self.router, entry);
+        self.count(claim(&self.router, entry), 1);
+    }
+
+    fn count(&self, result: Claim, entries: usize) {
         self.router
             .metrics
             .access_log_entries
             .with_label_values(&[result.as_str()])
-            .inc();
+            .inc_by(entries as u64);
     }
+}
+
+/// Whether the stream's peer presented a client certificate. The TLS acceptor verified any
+/// chain it accepted against `clientCaFile` (optional client auth lets a client send none,
+/// never an unverified one), so a chain here is a verified one; plaintext streams have none.
+fn has_client_cert<T>(request: &Request<T>) -> bool {
+    request.peer_certs().is_some_and(|chain| !chain.is_empty())
 }
 
 /// What one entry did (the `result` label of `prefix_picker_access_log_entries_total`).
@@ -111,16 +136,19 @@ pub enum Claim {
     NoRouteKey,
     /// A route key this replica did not issue (or a wrong secret).
     Forged,
+    /// Refused unread: the peer presented no client certificate, and the access log requires one.
+    NoClientCert,
     /// It ended a waiting route.
     Claimed,
 }
 
 impl Claim {
-    pub const ALL: [Claim; 5] = [
+    pub const ALL: [Claim; 6] = [
         Claim::Claimed,
         Claim::Unclaimed,
         Claim::NoRouteKey,
         Claim::Forged,
+        Claim::NoClientCert,
         Claim::Intermediate,
     ];
 
@@ -130,6 +158,7 @@ impl Claim {
             Claim::Unclaimed => "unclaimed",
             Claim::NoRouteKey => "no_route_key",
             Claim::Forged => "forged",
+            Claim::NoClientCert => "no_client_cert",
             Claim::Claimed => "claimed",
         }
     }
@@ -218,6 +247,14 @@ impl AccessLogService for AccessLogSink {
         &self,
         request: Request<Streaming<StreamAccessLogsMessage>>,
     ) -> Result<Response<StreamAccessLogsResponse>, Status> {
+        let refused = self.require_client_cert && !has_client_cert(&request);
+        if refused {
+            tracing::warn!(
+                peer = ?request.remote_addr(),
+                "access-log stream without a client certificate: its entries are refused \
+                 (picker.tls.requireClientCertFor: [accessLog])"
+            );
+        }
         let mut stream = request.into_inner();
         let mut drain_deadline: Option<Instant> = None;
         loop {
@@ -237,10 +274,16 @@ impl AccessLogService for AccessLogSink {
             let Some(message) = message else {
                 break;
             };
-            if let Some(LogEntries::HttpLogs(logs)) = message.log_entries {
-                for entry in logs.log_entry {
-                    self.on_entry(entry);
+            match message.log_entries {
+                Some(LogEntries::HttpLogs(logs)) if refused => {
+                    self.count(Claim::NoClientCert, logs.log_entry.len());
                 }
+                Some(LogEntries::HttpLogs(logs)) => {
+                    for entry in logs.log_entry {
+                        self.on_entry(entry);
+                    }
+                }
+                _ => {}
             }
         }
         Ok(Response::new(StreamAccessLogsResponse {}))

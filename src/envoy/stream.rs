@@ -10,7 +10,9 @@
 //! there arrives without `end_of_stream`, like a whole body that trailers follow, and is told
 //! apart by not parsing whole (then 413). The pick goes in the `x-gateway-destination-endpoint`
 //! header (overwriting any client-supplied one) and in `envoy.lb` dynamic metadata, with
-//! identical values; `x-request-id` is generated when missing. Failures are immediate responses
+//! identical values; `x-request-id` is generated when missing. In PD mode the same reply sets
+//! `x-prefiller-host-port` to the paired prefill pod; otherwise it removes any client-supplied
+//! one, so the header reaching a pod is always the picker's. Failures are immediate responses
 //! with OpenAI-style JSON errors. A body that arrives without request headers (a filter with
 //! `request_header_mode: SKIP`, whose requests Envoy forwards before any pick) is answered,
 //! routed by load, counted as unscored `no_request_path`, and warned about once. A stream decides
@@ -49,9 +51,10 @@ use ep::{
 
 use super::ext_proc::StreamHandler;
 use super::wire::{
-    BodyEnd, BodyMode, CONFORMANCE_SERVED_HEADER, DESTINATION_HEADER, TEST_SELECTION_HEADER,
-    body_chunks, destination, header_value, lb_metadata, merge_metadata, read_subset_hint, reply,
-    route_key_from_metadata, served_from_metadata, set_header, streamed_body,
+    BodyEnd, BodyMode, CONFORMANCE_SERVED_HEADER, DESTINATION_HEADER, PREFILLER_HEADER,
+    TEST_SELECTION_HEADER, body_chunks, destination, header_value, lb_metadata, merge_metadata,
+    read_subset_hint, reply, route_key_from_metadata, served_from_metadata, set_header,
+    streamed_body,
 };
 use crate::cached_tokens::CachedTokensScan;
 use crate::endpoints::AddressPattern;
@@ -326,10 +329,16 @@ impl StreamState {
             Err(f) => return vec![self.immediate(&f)],
         };
         let destination = destination(&routed.decision.ranked);
+        let prefill = routed
+            .decision
+            .pd
+            .as_ref()
+            .map(|pd| pd.prefill.host.as_str());
         tracing::debug!(
             request_id = self.request_id.as_deref().unwrap_or(""),
             model = %routed.ticket.model,
             destination = %destination,
+            prefill = prefill.unwrap_or(""),
             reason = routed.decision.reason.as_str(),
             session = %routed.ticket.session.map(|k| k.to_string()).unwrap_or_default(),
             "picked"
@@ -337,6 +346,12 @@ impl StreamState {
         self.routed = true;
         self.route_key = self.keep_route(routed.ticket);
         let mut set_headers = vec![set_header(DESTINATION_HEADER, &destination)];
+        // Overwritten in PD mode (every value of the header replaced), removed otherwise.
+        let mut remove_headers = vec![];
+        match prefill {
+            Some(host) => set_headers.push(set_header(PREFILLER_HEADER, host)),
+            None => remove_headers.push(PREFILLER_HEADER.to_string()),
+        }
         if self.set_request_id {
             set_headers.push(set_header(
                 "x-request-id",
@@ -346,7 +361,7 @@ impl StreamState {
         let common = CommonResponse {
             header_mutation: Some(HeaderMutation {
                 set_headers,
-                remove_headers: vec![],
+                remove_headers,
             }),
             clear_route_cache: true,
             ..CommonResponse::default()

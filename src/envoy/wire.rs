@@ -29,6 +29,9 @@ pub const ROUTE_KEY: &str = "x-prefix-picker-route";
 pub const LB_NAMESPACE: &str = "envoy.lb";
 pub const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
 pub const SUBSET_KEY: &str = "x-gateway-destination-endpoint-subset";
+/// PD mode: the prefill pod paired with the decode pick, `host:port` (llm-d's decode-side
+/// sidecar reads it); a client-supplied value never reaches a pod.
+pub const PREFILLER_HEADER: &str = "x-prefiller-host-port";
 pub const TEST_SELECTION_HEADER: &str = "test-epp-endpoint-selection";
 pub const CONFORMANCE_SERVED_HEADER: &str = "x-conformance-test-served-endpoint";
 /// Largest body chunk sent back in FULL_DUPLEX_STREAMED mode (as the GIE reference picker).

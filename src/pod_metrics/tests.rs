@@ -235,6 +235,7 @@ async fn the_scrape_counts_a_missing_signal_and_keeps_its_value() {
         models: vec![],
         generation: String::new(),
         role: None,
+        labels: Default::default(),
     }]));
     let scrape_metrics = ScrapeMetrics::register(&registry);
     let missing = |s: Signal| {

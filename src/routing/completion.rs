@@ -11,7 +11,11 @@
 //! - `unscored`: 2xx, but the request had no prompt blocks to record;
 //! - `unknown_pod`: 2xx, but Envoy named a serving address outside the endpoint set;
 //! - `recorded`: 2xx, the blocks recorded for the serving pod (Envoy's report, else the
-//!   primary pick). Dropping the route releases the primary pod's in-flight count.
+//!   primary pick) and, in PD mode, for the prefill pod named in `x-prefiller-host-port` (an
+//!   ordinary record in its index). Dropping the route releases the in-flight counts.
+//!
+//! A tentative hold (affinity mode) is confirmed, moved or rolled back per pod: the decode
+//! pod's by who served, the prefill pod's confirmed with the record or rolled back without it.
 //!
 //! A 2xx completion served by another pod than the pick moves the request's session there.
 
@@ -42,6 +46,22 @@ pub struct Ticket {
     pub predicted_blocks: usize,
     /// Session affinity: the request's session, which follows the pod that serves it.
     pub session: Option<SessionKey>,
+    /// PD mode: the prefill pod paired with the primary (named in `x-prefiller-host-port`).
+    pub prefill: Option<PrefillTicket>,
+}
+
+/// The prefill pod of a PD route: counted in flight until the route ends (the picker does not
+/// see the prefill's own end), its tentative hold released then.
+#[derive(Debug)]
+pub struct PrefillTicket {
+    pub guard: InflightGuard,
+    pub tentative: Option<TentativeHold>,
+}
+
+impl PrefillTicket {
+    pub fn pod(&self) -> &Arc<Endpoint> {
+        self.guard.endpoint()
+    }
 }
 
 impl Ticket {
@@ -50,6 +70,7 @@ impl Ticket {
         model: &str,
         decision: &mut Decision<Arc<Endpoint>>,
         tentative: Option<TentativeHold>,
+        prefill_tentative: Option<TentativeHold>,
         metrics: &RouterMetrics,
     ) -> Ticket {
         Ticket {
@@ -59,7 +80,17 @@ impl Ticket {
             tentative,
             predicted_blocks: decision.predicted_blocks,
             session: None,
+            prefill: decision.pd.as_ref().map(|pd| PrefillTicket {
+                guard: InflightGuard::new(pd.prefill.clone(), metrics),
+                tentative: prefill_tentative,
+            }),
         }
+    }
+
+    /// Tentative holds this route keeps (decode and prefill pods).
+    pub fn tentative_holds(&self) -> usize {
+        usize::from(self.tentative.is_some())
+            + usize::from(self.prefill.as_ref().is_some_and(|p| p.tentative.is_some()))
     }
 
     /// The primary pick.
@@ -252,6 +283,14 @@ fn complete(router: &Router, mut route: Ticket, ending: Ending) {
                 correct_estimate(router, &route, &pod, reported);
             }
             router.record(&route.model, &route.hashes, &pod, RecordOrigin::Local);
+            if let Some(prefill) = &route.prefill {
+                router.record(
+                    &route.model,
+                    &route.hashes,
+                    prefill.pod(),
+                    RecordOrigin::Local,
+                );
+            }
             served_slot = Some(pod.index.slot());
             RouteOutcome::Recorded
         }
@@ -261,6 +300,13 @@ fn complete(router: &Router, mut route: Ticket, ending: Ending) {
         .records
         .with_label_values(&[outcome.as_str()])
         .inc();
+    let count = |outcome: TentativeOutcome| {
+        router
+            .metrics
+            .tentative
+            .with_label_values(&[outcome.as_str()])
+            .inc();
+    };
     if let Some(hold) = route.tentative.take() {
         let tentative = match served_slot {
             Some(slot) if slot == hold.pod() => TentativeOutcome::Confirmed,
@@ -268,11 +314,16 @@ fn complete(router: &Router, mut route: Ticket, ending: Ending) {
             None => TentativeOutcome::RolledBack,
         };
         drop(hold);
-        router
-            .metrics
-            .tentative
-            .with_label_values(&[tentative.as_str()])
-            .inc();
+        count(tentative);
+    }
+    if let Some(hold) = route.prefill.as_mut().and_then(|p| p.tentative.take()) {
+        // The prefill pod is the one named in the header, whoever decoded.
+        let tentative = match served_slot {
+            Some(_) => TentativeOutcome::Confirmed,
+            None => TentativeOutcome::RolledBack,
+        };
+        drop(hold);
+        count(tentative);
     }
 }
 

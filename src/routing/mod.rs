@@ -7,7 +7,8 @@
 //! APIs need a JSON body with a string `model` (else 400); a body without a renderable prompt is
 //! routed by load only. Candidate pods can be narrowed by [`AddressPattern`]s (a subset hint or,
 //! when enabled, the conformance header). Failures map to HTTP statuses with OpenAI-style JSON
-//! error bodies.
+//! error bodies. With `pdGroup` every request is scheduled as a prefill/decode pair
+//! ([`crate::scheduler::pd`]): the decision's `pd` names the prefill pod the adapter sends on.
 
 pub mod completion;
 pub mod pending;
@@ -24,9 +25,9 @@ use crate::hashing::BlockHash;
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
 use crate::request::{Api, InferenceRequest};
 use crate::scheduler::{
-    Decision, DecisionReason, Observation, PickError, RouteRequest, Scheduler, Unscored,
+    Decision, DecisionReason, Observation, PickError, RouteRequest, Scheduler, Unpaired, Unscored,
 };
-pub use completion::{Ending, Served, Ticket};
+pub use completion::{Ending, PrefillTicket, Served, Ticket};
 pub use pending::PendingRoutes;
 use sessions::{SessionDrop, SessionKey, SessionOutcome, Sessions};
 
@@ -250,8 +251,7 @@ impl Router {
         }
         let model = request.model;
         let mut decision = self
-            .scheduler
-            .schedule(request, candidates)
+            .decide(request, candidates, true)
             .inspect_err(|f| self.count(model, &f.observations))
             .map_err(PickError::from)?;
         self.observe(model, &decision);
@@ -262,7 +262,14 @@ impl Router {
             ))
             .inc();
         let tentative = self.scheduler.commit(model, &decision);
-        let mut ticket = Ticket::new(model, &mut decision, tentative, &self.metrics);
+        let prefill_tentative = self.scheduler.commit_prefill(model, &decision);
+        let mut ticket = Ticket::new(
+            model,
+            &mut decision,
+            tentative,
+            prefill_tentative,
+            &self.metrics,
+        );
         if let Some((key, pod)) = session {
             let outcome = match pod {
                 None => SessionOutcome::New,
@@ -330,10 +337,26 @@ impl Router {
         let (request, candidates) = self.prepare(&parsed, restrict)?;
         let model = request.model.to_string();
         let decision = self
-            .scheduler
-            .explain(request, candidates)
+            .decide(request, candidates, false)
             .map_err(PickError::from)?;
         Ok(Explained { model, decision })
+    }
+
+    /// The scheduler's decision, as a PD pair when `pdGroup` is set; `routed` = false: a dry
+    /// run (explain).
+    fn decide(
+        &self,
+        request: RouteRequest<'_>,
+        candidates: Vec<Arc<Endpoint>>,
+        routed: bool,
+    ) -> Result<Decision<Arc<Endpoint>>, Unpaired> {
+        let s = &self.scheduler;
+        match (&s.config().pd, routed) {
+            (Some(group), true) => s.schedule_pd(request, candidates, group),
+            (Some(group), false) => s.explain_pd(request, candidates, group),
+            (None, true) => s.schedule(request, candidates).map_err(Unpaired::from),
+            (None, false) => s.explain(request, candidates).map_err(Unpaired::from),
+        }
     }
 
     /// The scheduler's request and the candidate pods: any pod for an unknown API (no model is

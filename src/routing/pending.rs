@@ -32,7 +32,7 @@ const SECRET_BYTES: usize = 16;
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Expired {
     pub routes: usize,
-    /// Of them, routes holding a tentative record (rolled back).
+    /// Of them, tentative holds released (a PD route holds one per pod).
     pub tentative: usize,
 }
 
@@ -117,7 +117,7 @@ impl PendingRoutes {
     }
 
     /// Drops expired entries (releasing their in-flight counts and tentative holds); returns
-    /// how many, and how many of them held a tentative record.
+    /// how many, and how many tentative holds they released.
     pub fn expire(&self, now: Instant) -> Expired {
         let mut out = Expired::default();
         for shard in &self.shards {
@@ -126,7 +126,7 @@ impl PendingRoutes {
                 let keep = w.deadline > now;
                 if !keep {
                     out.routes += 1;
-                    out.tentative += usize::from(w.route.tentative.is_some());
+                    out.tentative += w.route.tentative_holds();
                 }
                 keep
             });
@@ -168,6 +168,7 @@ mod tests {
             tentative: None,
             predicted_blocks: 0,
             session: None,
+            prefill: None,
         }
     }
 

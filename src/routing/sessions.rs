@@ -302,9 +302,7 @@ mod tests {
     fn a_full_map_drops_expired_then_least_recent_sessions() {
         // One session per shard: every key that lands in a shard replaces its occupant.
         let s = Sessions::new(&config(1, 100), 7);
-        let keys: Vec<SessionKey> = (0..10_000u32)
-            .map(|i| s.key(&i.to_le_bytes()))
-            .collect();
+        let keys: Vec<SessionKey> = (0..10_000u32).map(|i| s.key(&i.to_le_bytes())).collect();
         let shard = |k: SessionKey| (k.0 >> 58) as usize % SHARDS;
         let same: Vec<SessionKey> = keys
             .iter()

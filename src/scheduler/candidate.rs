@@ -34,6 +34,11 @@ pub trait Candidate {
     fn rendezvous(&self) -> u64;
     /// `namespace/name`, as Kthena's score lines name pods.
     fn label(&self) -> &str;
+    /// The pod label `key` (PD mode sorts pods by them); `None` when absent.
+    fn pod_label(&self, key: &str) -> Option<&str> {
+        let _ = key;
+        None
+    }
 }
 
 impl<C: Candidate + ?Sized> Candidate for Arc<C> {
@@ -59,5 +64,9 @@ impl<C: Candidate + ?Sized> Candidate for Arc<C> {
 
     fn label(&self) -> &str {
         (**self).label()
+    }
+
+    fn pod_label(&self, key: &str) -> Option<&str> {
+        (**self).pod_label(key)
     }
 }

@@ -3,6 +3,7 @@
 //! every value here is already in range.
 
 use super::affinity::AffinityConfig;
+use super::pd::PdGroup;
 use super::prefix_cache::PrefixCacheArgs;
 use crate::hashing::ChainScheme;
 
@@ -65,6 +66,9 @@ pub struct SchedulerConfig {
     pub ttft_tpot_weight_factor: f64,
     /// The affinity mode (`picker.affinity`); `None` is Kthena's scheduler.
     pub affinity: Option<AffinityConfig>,
+    /// Prefill/decode disaggregation (top-level `pdGroup:`); `None`: every pod serves whole
+    /// requests.
+    pub pd: Option<PdGroup>,
 }
 
 impl Default for SchedulerConfig {
@@ -81,6 +85,7 @@ impl Default for SchedulerConfig {
             max_waiting_requests: 10,
             ttft_tpot_weight_factor: 0.5,
             affinity: None,
+            pd: None,
         }
     }
 }
@@ -122,6 +127,15 @@ impl SchedulerConfig {
             p.max_blocks_to_match * p.block_size_to_hash / 1024,
             p.max_hash_cache_size
         );
+        let chain = match &self.pd {
+            None => chain,
+            Some(g) => format!(
+                "{chain}; prefill/decode pairs by label {} (prefill {:?}, decode {:?})",
+                g.group_key(),
+                g.prefill_labels(),
+                g.decode_labels()
+            ),
+        };
         match &self.affinity {
             None => format!("routing mode: kthena (weighted plugin scores); {chain}"),
             Some(a) => {

@@ -9,7 +9,9 @@
 //! score lines), explained (`/debug/explain`) and tested, and what it observed (plugin times,
 //! match ratios) for the caller to count: the core writes no metrics. A routed decision is then
 //! committed (the affinity pick's share, the tentative hold); an explained one changes nothing.
-//! Candidates are anything that implements [`Candidate`]. One file per plugin.
+//! Candidates are anything that implements [`Candidate`]. One file per plugin. With a `pdGroup`,
+//! [`pd`] runs this decision once over the decode pods and once over each kept decode pod's
+//! prefill pods (Kthena's PD scheduling).
 
 pub mod affinity;
 pub mod candidate;
@@ -17,6 +19,7 @@ pub mod config;
 pub mod gpu_usage;
 pub mod least_latency;
 pub mod least_request;
+pub mod pd;
 pub mod prefix_cache;
 pub mod random;
 
@@ -30,13 +33,12 @@ use rand::seq::SliceRandom;
 use thiserror::Error;
 
 use crate::hashing::{BlockHash, CacheSalt};
-use crate::prefix_index::{
-    HoldId, ModelKey, PodHandle, PodSlot, RecordOutcome, TentativeEntries,
-};
+use crate::prefix_index::{HoldId, ModelKey, PodHandle, PodSlot, RecordOutcome, TentativeEntries};
 use crate::prompt::NoPrompt;
 use affinity::{AffinityConfig, AffinityReason, PodLoad};
 pub use candidate::{Candidate, EngineStats};
 use config::{FilterKind, SchedulerConfig, ScorerKind};
+pub use pd::{PdGroup, PdPairing, PdRole, PrefillPass, Unpaired};
 use prefix_cache::PrefixCache;
 
 /// Why a request could not be routed.
@@ -50,6 +52,12 @@ pub enum PickError {
     SubsetUnavailable,
     #[error("all endpoints were filtered out by the {0} filter")]
     Filtered(&'static str),
+    /// PD mode: no pod carries the decode labels (Kthena's text).
+    #[error("no decode pod found")]
+    NoDecodePod,
+    /// PD mode: no kept decode pod has a prefill pod of its group (Kthena's text).
+    #[error("no valid prefill-decode pod pairs found")]
+    NoPdPair,
 }
 
 /// The filters left no pod: the filter that removed the last ones, and what was observed
@@ -229,6 +237,9 @@ pub struct Decision<C> {
     pub observations: Vec<Observation>,
     /// Time the decision took.
     pub duration: Duration,
+    /// PD mode: the prefill pod paired with the primary decode pod, and every prefill pass
+    /// (the fields above are the decode pass's).
+    pub pd: Option<PdPairing<C>>,
 }
 
 impl<C> Decision<C> {
@@ -238,11 +249,42 @@ impl<C> Decision<C> {
 }
 
 impl<C: Candidate> Decision<C> {
-    /// Kthena's `--v=4` score lines, verbatim, at debug level on the `scores` target.
+    /// Kthena's `--v=4` score lines, verbatim, at debug level on the `scores` target; in PD
+    /// mode with Kthena's phase lines before the decode pass and each prefill pass.
     pub fn log_scores(&self) {
         if !tracing::enabled!(target: "scores", tracing::Level::DEBUG) {
             return;
         }
+        let Some(pd) = &self.pd else {
+            self.log_pass();
+            return;
+        };
+        tracing::debug!(target: "scores", "Using optimized PD disaggregated scheduling");
+        tracing::debug!(target: "scores", "Running score plugins for decode pod");
+        self.log_pass();
+        for pass in &pd.passes {
+            match pass {
+                PrefillPass::Scored { decision, .. } => {
+                    tracing::debug!(target: "scores", "Running score plugins for prefill pod");
+                    decision.log_pass();
+                }
+                PrefillPass::NoPrefillPods { decode } => tracing::debug!(
+                    target: "scores",
+                    decode_instance = decode.label(),
+                    "prefill pods for decode group not found"
+                ),
+                PrefillPass::FilteredOut { decode, filter } => tracing::debug!(
+                    target: "scores",
+                    decode_instance = decode.label(),
+                    filter,
+                    "prefill pods were filtered out"
+                ),
+            }
+        }
+    }
+
+    /// One pass's score lines.
+    fn log_pass(&self) {
         for p in &self.plugins {
             let Some(scores) = &p.scores else { continue };
             tracing::debug!(target: "scores", "ScorePlugin: {}", p.plugin);
@@ -348,7 +390,7 @@ impl Scheduler {
         request: RouteRequest<'_>,
         candidates: Vec<C>,
     ) -> Result<Decision<C>, Filtered> {
-        self.decide(request, candidates, true)
+        self.decide(request, candidates, true, self.max_endpoints)
     }
 
     /// The decision [`schedule`](Scheduler::schedule) would make now, changing no state (its
@@ -358,15 +400,17 @@ impl Scheduler {
         request: RouteRequest<'_>,
         candidates: Vec<C>,
     ) -> Result<Decision<C>, Filtered> {
-        self.decide(request, candidates, false)
+        self.decide(request, candidates, false, self.max_endpoints)
     }
 
-    /// `take` = false: a dry run that leaves the decision and scoring counters as they are.
+    /// `take` = false: a dry run that leaves the decision and scoring counters as they are;
+    /// `keep`: pods ranked (primary + fallbacks).
     fn decide<C: Candidate + Clone>(
         &self,
         request: RouteRequest<'_>,
         mut candidates: Vec<C>,
         take: bool,
+        keep: usize,
     ) -> Result<Decision<C>, Filtered> {
         let started = Instant::now();
         let model = request.model;
@@ -409,14 +453,8 @@ impl Scheduler {
             {
                 observations.push(Observation::MatchRatio(scored.match_ratio()));
                 let session = session_position(&candidates, request.session_pod);
-                let mut decision = self.affinity_decision(
-                    config,
-                    candidates,
-                    scored,
-                    hashes,
-                    session,
-                    &mut rng,
-                );
+                let mut decision = self
+                    .affinity_decision(config, candidates, scored, hashes, session, &mut rng, keep);
                 decision.prompt_bytes = prompt.len();
                 decision.observations = observations;
                 decision.duration = started.elapsed();
@@ -503,7 +541,7 @@ impl Scheduler {
         };
         let ranked: Vec<C> = order
             .iter()
-            .take(self.max_endpoints)
+            .take(keep)
             .map(|&i| candidates[i].clone())
             .collect();
         Ok(Decision {
@@ -518,12 +556,17 @@ impl Scheduler {
             predicted_blocks: 0,
             observations,
             duration: started.elapsed(),
+            pd: None,
         })
     }
 
     /// The affinity mode's decision: its pick first, then the other candidates by longest
     /// match and load. The weighted load plugins are not scored (the mode replaces their sum);
     /// the score lines show prefix-cache's percentages.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the pick's inputs, each used once; a struct would only rename them"
+    )]
     fn affinity_decision<C: Candidate + Clone>(
         &self,
         config: &AffinityConfig,
@@ -532,6 +575,7 @@ impl Scheduler {
         hashes: Vec<BlockHash>,
         session: Option<usize>,
         rng: &mut SmallRng,
+        keep: usize,
     ) -> Decision<C> {
         let (primary, why) =
             self.affinity_pick(config, &candidates, &scored, &hashes, session, rng);
@@ -543,7 +587,7 @@ impl Scheduler {
                 (std::cmp::Reverse(scored.matched_blocks[i]), load, i)
             })
             .collect();
-        let keep = (self.max_endpoints - 1).min(rest.len());
+        let keep = (keep.max(1) - 1).min(rest.len());
         if keep > 0 && keep < rest.len() {
             rest.select_nth_unstable(keep - 1);
         }
@@ -580,6 +624,7 @@ impl Scheduler {
             unscored: None,
             observations: Vec::new(),
             duration: Duration::ZERO,
+            pd: None,
         }
     }
 
@@ -641,6 +686,31 @@ impl Scheduler {
             decision.primary().recent().add(now, keep);
         }
         self.hold_tentative(model, &decision.hashes, decision.primary().slot())
+    }
+
+    /// [`commit`](Scheduler::commit) for a PD decision's prefill pod: an affinity pick joins its
+    /// recent share, and (with `tentative`) the prompt is held for it too. `None` outside PD
+    /// mode or with nothing to hold.
+    pub fn commit_prefill<C: Candidate>(
+        &self,
+        model: &str,
+        decision: &Decision<C>,
+    ) -> Option<TentativeHold> {
+        let config = self.config.affinity.as_ref()?;
+        let pd = decision.pd.as_ref()?;
+        let affinity_pick = matches!(
+            pd.prefill_reason,
+            DecisionReason::AffinityHit
+                | DecisionReason::AffinityMiss
+                | DecisionReason::AffinitySpill
+                | DecisionReason::AffinitySaturated
+        );
+        if affinity_pick {
+            let keep = affinity::keep_factor(config.share_window, pd.prefill_candidates);
+            let now = self.picks.fetch_add(1, Ordering::Relaxed) as u32;
+            pd.prefill.recent().add(now, keep);
+        }
+        self.hold_tentative(model, &decision.hashes, pd.prefill.slot())
     }
 
     /// Holds `hashes` tentatively for the pod in `slot` until the request completes (affinity

@@ -349,6 +349,7 @@ mod applier {
             models: vec![],
             generation: generation.into(),
             role: None,
+            labels: Default::default(),
         }
     }
 

@@ -23,6 +23,7 @@ pub(crate) fn spec(name: &str, port: u16, models: &[&str]) -> EndpointSpec {
         models: models.iter().map(|m| m.to_string()).collect(),
         generation: String::new(),
         role: None,
+        labels: Default::default(),
     }
 }
 

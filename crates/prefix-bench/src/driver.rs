@@ -114,7 +114,8 @@ fn pods_per_group<'a>(served: impl Iterator<Item = (u32, &'a str)>) -> f64 {
         / total as f64
 }
 
-async fn engine_counters(client: &reqwest::Client, sims: &[String]) -> (f64, f64) {
+/// The engines' `vllm:prefix_cache_hits_total` and `vllm:prefix_cache_queries_total`, summed.
+pub async fn engine_counters(client: &reqwest::Client, sims: &[String]) -> (f64, f64) {
     let mut hits = 0.0;
     let mut queries = 0.0;
     for s in sims {
@@ -137,11 +138,11 @@ async fn engine_counters(client: &reqwest::Client, sims: &[String]) -> (f64, f64
 
 async fn one(client: &reqwest::Client, base: &str, r: &BenchRequest, t0: Instant) -> Sample {
     let start = Instant::now();
-    let sent = client
-        .post(format!("{base}{}", r.path))
-        .json(&r.body)
-        .send()
-        .await;
+    let mut request = client.post(format!("{base}{}", r.path)).json(&r.body);
+    for (name, value) in &r.headers {
+        request = request.header(*name, value);
+    }
+    let sent = request.send().await;
     let Ok(resp) = sent else {
         return Sample::default();
     };

@@ -4,6 +4,7 @@ pub mod driver;
 pub mod noop_ext_proc;
 pub mod oracle;
 pub mod overhead;
+pub mod pd;
 pub mod placement_search;
 pub mod probe;
 pub mod report;

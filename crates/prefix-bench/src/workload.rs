@@ -72,6 +72,8 @@ pub struct BenchRequest {
     pub group: Option<u32>,
     /// Send straight to this engine (by index) instead of the router (the oracle's placement).
     pub pin_to: Option<usize>,
+    /// Extra request headers (the PD baseline names its prefill pod in one).
+    pub headers: Vec<(&'static str, String)>,
 }
 
 impl BenchRequest {
@@ -85,6 +87,7 @@ impl BenchRequest {
             at_ms: None,
             group,
             pin_to: None,
+            headers: Vec::new(),
         }
     }
 

@@ -386,3 +386,41 @@ async fn a_stream_drains_then_ends_itself_at_shutdown() {
     assert_eq!(count(&router, "records", "recorded"), 2);
     drop(tx);
 }
+
+/// When the access log requires a client certificate, a stream without one (plaintext here)
+/// has every entry refused and counted, even one with a route key the picker issued, and the
+/// route keeps waiting; without the requirement the same entry is claimed.
+#[tokio::test]
+async fn without_a_client_certificate_entries_are_refused_when_one_is_required() {
+    use envoy_types::pb::envoy::service::accesslog::v3::access_log_service_client::AccessLogServiceClient;
+
+    let router = router();
+    let (_, key) = route(&router, &prompt("uncertified"));
+    for required in [true, false] {
+        let service = sink(&router).require_client_cert(required);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service.into_server())
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+        );
+        let mut client = AccessLogServiceClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+        let entries = vec![ok(&key, None), HttpAccessLogEntry::default()];
+        // The call returns once the service has read the whole stream.
+        client
+            .stream_access_logs(futures::stream::iter([message(entries)]))
+            .await
+            .unwrap();
+        if required {
+            assert_eq!(count(&router, "entries", "no_client_cert"), 2);
+            assert_eq!(count(&router, "entries", "claimed"), 0);
+            assert_eq!(router.pending.len(), 1, "the route keeps waiting");
+        } else {
+            assert_eq!(count(&router, "entries", "claimed"), 1);
+            assert_eq!(count(&router, "records", "recorded"), 1);
+        }
+    }
+}

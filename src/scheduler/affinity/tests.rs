@@ -381,7 +381,11 @@ fn a_session_keeps_its_pod_until_the_pod_is_saturated() {
     assert_eq!(pick_with(&l, Some(2)), (2, AffinityReason::Session));
     assert_eq!(pick_with(&l, None), (0, AffinityReason::Hit));
     l[2].inflight = i64::from(c.pod_capacity);
-    assert_eq!(pick_with(&l, Some(2)), (0, AffinityReason::Hit), "saturated");
+    assert_eq!(
+        pick_with(&l, Some(2)),
+        (0, AffinityReason::Hit),
+        "saturated"
+    );
     l[2].inflight = 0;
     l[2].waiting = 1.0;
     assert_eq!(pick_with(&l, Some(2)), (0, AffinityReason::Hit), "queueing");

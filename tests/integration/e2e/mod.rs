@@ -10,6 +10,7 @@ mod failures;
 mod gie;
 mod health;
 mod logs;
+mod pd;
 mod replicas;
 mod routing;
 mod security;

@@ -5,6 +5,7 @@ mod body_modes;
 mod failures;
 mod metadata;
 mod observer;
+mod pd;
 mod recording;
 mod restriction;
 
