@@ -1,9 +1,10 @@
 //! The scheduler's configuration, validated: which filters and score plugins run, with what
-//! weights and arguments, and the affinity mode. Parsed from Kthena's YAML by the sidecar's config;
+//! weights and arguments, the affinity mode and load shedding. Parsed from Kthena's YAML by the sidecar's config;
 //! every value here is already in range.
 
 use super::affinity::AffinityConfig;
 use super::prefix_cache::PrefixCacheArgs;
+use super::saturation::SaturationLimits;
 use crate::hashing::ChainScheme;
 
 /// Plugins prefix-picker implements.
@@ -65,6 +66,8 @@ pub struct SchedulerConfig {
     pub ttft_tpot_weight_factor: f64,
     /// The affinity mode (`picker.affinity`); `None` is Kthena's scheduler.
     pub affinity: Option<AffinityConfig>,
+    /// Load shedding (`picker.loadShedding`); `None`: never shed.
+    pub load_shedding: Option<SaturationLimits>,
 }
 
 impl Default for SchedulerConfig {
@@ -81,6 +84,7 @@ impl Default for SchedulerConfig {
             max_waiting_requests: 10,
             ttft_tpot_weight_factor: 0.5,
             affinity: None,
+            load_shedding: None,
         }
     }
 }
@@ -122,7 +126,7 @@ impl SchedulerConfig {
             p.max_blocks_to_match * p.block_size_to_hash / 1024,
             p.max_hash_cache_size
         );
-        match &self.affinity {
+        let mode = match &self.affinity {
             None => format!("routing mode: kthena (weighted plugin scores); {chain}"),
             Some(a) => {
                 let on = |b: bool| if b { "on" } else { "off" };
@@ -146,6 +150,17 @@ impl SchedulerConfig {
                     a.engine_tokens
                 )
             }
+        };
+        match &self.load_shedding {
+            None => mode,
+            Some(l) => format!(
+                "{mode}; load shedding on (queueDepth {}, kvCacheUtilization {}, maxInFlightPerPod {}, metrics stale after {} s)",
+                l.queue_depth,
+                l.kv_cache_utilization,
+                l.max_inflight
+                    .map_or_else(|| "unset".to_string(), |m| m.to_string()),
+                l.staleness.as_secs_f64()
+            ),
         }
     }
 }
