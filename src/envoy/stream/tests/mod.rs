@@ -7,6 +7,7 @@ mod metadata;
 mod observer;
 mod recording;
 mod restriction;
+mod shedding;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
