@@ -6,8 +6,10 @@
 //! Unknown API paths (e.g. `/v1/models`) are routed by load only, to any endpoint. Inference
 //! APIs need a JSON body with a string `model` (else 400); a body without a renderable prompt is
 //! routed by load only. Candidate pods can be narrowed by [`AddressPattern`]s (a subset hint or,
-//! when enabled, the conformance header). Failures map to HTTP statuses with OpenAI-style JSON
-//! error bodies. With `pdGroup` every request is scheduled as a prefill/decode pair
+//! when enabled, the conformance header). With load shedding on, an inference request whose
+//! candidates are all saturated is refused (429, `retry-after`) before the filters run: no
+//! ticket, nothing held or recorded. Failures map to HTTP statuses with OpenAI-style JSON error
+//! bodies. With `pdGroup` every request is scheduled as a prefill/decode pair
 //! ([`crate::scheduler::pd`]): the decision's `pd` names the prefill pod the adapter sends on.
 
 pub mod completion;
@@ -23,6 +25,7 @@ use crate::endpoints::{AddressPattern, Endpoint, Endpoints};
 use crate::hashing::BlockHash;
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
 use crate::request::{Api, InferenceRequest};
+use crate::scheduler::saturation::Shed;
 use crate::scheduler::{
     Decision, Observation, PickError, RouteRequest, Scheduler, Unpaired, Unscored,
 };
@@ -36,6 +39,8 @@ pub struct RouteFailure {
     /// OpenAI error `type`.
     pub kind: &'static str,
     pub message: String,
+    /// Seconds for a `retry-after` header (a shed request).
+    pub retry_after: Option<u32>,
 }
 
 impl RouteFailure {
@@ -44,6 +49,27 @@ impl RouteFailure {
             status,
             kind,
             message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// 429 for a request shed because every candidate is saturated, to be retried after
+    /// `retry_after` seconds.
+    pub fn shed(shed: &Shed, retry_after: u32) -> RouteFailure {
+        RouteFailure {
+            retry_after: Some(retry_after),
+            ..RouteFailure::new(
+                429,
+                "rate_limit_exceeded",
+                format!(
+                    "system saturated, request shed: all {} endpoints are over a load limit \
+                     (engine queue {}, KV cache {}, in flight {}); retry after {retry_after} s",
+                    shed.candidates(),
+                    shed.queue,
+                    shed.kv_cache,
+                    shed.in_flight
+                ),
+            )
         }
     }
 
@@ -224,6 +250,10 @@ impl Router {
     ) -> Result<Routed, RouteFailure> {
         let parsed = Parsed::new(path, body)?;
         let (request, candidates) = self.prepare(&parsed, restrict)?;
+        if let Some(refused) = self.shed(&parsed, &candidates) {
+            self.metrics.shed.inc();
+            return Err(refused);
+        }
         let model = request.model;
         let mut decision = self
             .decide(request, candidates, true)
@@ -258,6 +288,9 @@ impl Router {
     ) -> Result<Explained, RouteFailure> {
         let parsed = Parsed::new(path, body)?;
         let (request, candidates) = self.prepare(&parsed, restrict)?;
+        if let Some(refused) = self.shed(&parsed, &candidates) {
+            return Err(refused);
+        }
         let model = request.model.to_string();
         let decision = self
             .decide(request, candidates, false)
@@ -280,6 +313,19 @@ impl Router {
             (None, true) => s.schedule(request, candidates).map_err(Unpaired::from),
             (None, false) => s.explain(request, candidates).map_err(Unpaired::from),
         }
+    }
+
+    /// Load shedding, before the filters: the 429 for an inference request when every candidate
+    /// is saturated (other paths, e.g. `/v1/models`, put no load on the engines: never shed).
+    fn shed(&self, parsed: &Parsed, candidates: &[Arc<Endpoint>]) -> Option<RouteFailure> {
+        parsed.request.as_ref()?;
+        let shed = self.scheduler.shed(candidates)?;
+        let retry_after = self
+            .config
+            .load_shedding
+            .as_ref()
+            .map_or(1, |s| s.retry_after_seconds);
+        Some(RouteFailure::shed(&shed, retry_after))
     }
 
     /// The scheduler's request and the candidate pods: any pod for an unknown API (no model is

@@ -9,6 +9,7 @@ mod completions;
 mod failures;
 mod gie;
 mod health;
+mod load_shedding;
 mod logs;
 mod pd;
 mod replicas;
