@@ -29,6 +29,9 @@
 //!   shutdownGraceSeconds: 30      # SIGTERM: open streams get this long to finish
 //!   tls: {mode: plaintext}        # gRPC port: plaintext | selfSigned | files (see `tls`)
 //!   debug: {enabled: false}       # /debug/* on the admin port: off, loopback, token (admin::access)
+//!   affinity: {...}               # the affinity mode (crate::scheduler::affinity)
+//!   loadShedding: {queueDepth: 5, kvCacheUtilization: 0.8, retryAfterSeconds: 1}  # 429 when every
+//!                                 # pod is saturated (crate::scheduler::saturation); absent: off
 //!   sessions: {enabled: false}    # session affinity by a request header (routing::sessions)
 //! sync: {redis: {url: ...}}       # optional index sharing through Redis (crate::sync::config)
 //! ```
@@ -40,6 +43,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::time::Duration;
 
 use serde::Deserialize;
 use serde_yaml_ng::{Mapping, Value as Yaml};
@@ -53,6 +57,7 @@ use crate::scheduler::affinity::AffinityConfig;
 pub use crate::scheduler::config::{FilterKind, SchedulerConfig, ScorerKind};
 use crate::scheduler::pd::{PdGroup, PdGroupError};
 use crate::scheduler::prefix_cache::PrefixCacheArgs;
+use crate::scheduler::saturation::SaturationLimits;
 use crate::tls::TlsConfig;
 
 /// Plugin names Kthena knows that prefix-picker skips (with Kthena's own warning).
@@ -131,6 +136,117 @@ pub struct PickerConfig {
     pub affinity: Option<AffinitySection>,
     /// Session affinity (`picker.sessions`, see [`crate::routing::sessions`]); off by default.
     pub sessions: SessionsConfig,
+    /// Load shedding (`picker.loadShedding`); absent: never shed.
+    #[serde(deserialize_with = "load_shedding")]
+    pub load_shedding: Option<LoadSheddingSection>,
+}
+
+/// `picker.loadShedding`, its errors naming the key (`loadShedding.queueDepth: invalid type`).
+fn load_shedding<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<LoadSheddingSection>, D::Error> {
+    use serde::de::Error;
+    let value = Yaml::deserialize(d)?;
+    if value.is_null() {
+        return Ok(None);
+    }
+    serde_path_to_error::deserialize(value)
+        .map(Some)
+        .map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            if path == "." {
+                D::Error::custom(format!("loadShedding: {inner}"))
+            } else {
+                D::Error::custom(format!("loadShedding.{path}: {inner}"))
+            }
+        })
+}
+
+/// `picker.loadShedding`, as written (see [`SaturationLimits`] and docs/routing.md).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct LoadSheddingSection {
+    pub enabled: bool,
+    pub queue_depth: u32,
+    pub kv_cache_utilization: f64,
+    pub max_in_flight_per_pod: Option<u32>,
+    /// Unset: three scrape intervals.
+    pub metrics_staleness_seconds: Option<f64>,
+    pub retry_after_seconds: u32,
+}
+
+impl Default for LoadSheddingSection {
+    fn default() -> Self {
+        let d = SaturationLimits::default();
+        LoadSheddingSection {
+            enabled: true,
+            queue_depth: d.queue_depth,
+            kv_cache_utilization: d.kv_cache_utilization,
+            max_in_flight_per_pod: d.max_inflight,
+            metrics_staleness_seconds: None,
+            retry_after_seconds: 1,
+        }
+    }
+}
+
+impl LoadSheddingSection {
+    /// The validated limits, `None` when `enabled: false`; errors name the key and value.
+    /// `scrape_interval` (seconds, 0 = off) sizes the default staleness bound.
+    pub fn validate(&self, scrape_interval: f64) -> Result<Option<SaturationLimits>, ConfigError> {
+        let bad = |key: &str, value: String, want: &str| {
+            Err(ConfigError::Picker(format!(
+                "loadShedding.{key} must be {want}, got {value}"
+            )))
+        };
+        if !self.enabled {
+            return Ok(None);
+        }
+        if !(0.0..=1.0).contains(&self.kv_cache_utilization) {
+            return bad(
+                "kvCacheUtilization",
+                self.kv_cache_utilization.to_string(),
+                "in 0..=1",
+            );
+        }
+        if self.max_in_flight_per_pod == Some(0) {
+            return bad("maxInFlightPerPod", "0".into(), "> 0 (or unset)");
+        }
+        if !(1..=3600).contains(&self.retry_after_seconds) {
+            return bad(
+                "retryAfterSeconds",
+                self.retry_after_seconds.to_string(),
+                "in 1..=3600",
+            );
+        }
+        let staleness = match self.metrics_staleness_seconds {
+            Some(s) if !(s.is_finite() && s > 0.0 && s <= 86_400.0) => {
+                return bad(
+                    "metricsStalenessSeconds",
+                    s.to_string(),
+                    "a number of seconds in (0, 86400]",
+                );
+            }
+            Some(s) if s < scrape_interval => {
+                return bad(
+                    "metricsStalenessSeconds",
+                    s.to_string(),
+                    &format!(
+                        "at least scrapeIntervalSeconds ({scrape_interval}), or every pod's engine metrics go stale between scrapes"
+                    ),
+                );
+            }
+            Some(s) => s,
+            None if scrape_interval > 0.0 => 3.0 * scrape_interval,
+            None => 3.0,
+        };
+        Ok(Some(SaturationLimits {
+            queue_depth: self.queue_depth,
+            kv_cache_utilization: self.kv_cache_utilization,
+            max_inflight: self.max_in_flight_per_pod,
+            staleness: Duration::try_from_secs_f64(staleness).unwrap_or(Duration::MAX),
+        }))
+    }
 }
 
 /// `picker.affinity`, as written (see [`AffinityConfig`] and docs/routing.md for each key).
@@ -279,9 +395,13 @@ impl Default for PickerConfig {
             debug: DebugConfig::default(),
             affinity: None,
             sessions: SessionsConfig::default(),
+            load_shedding: None,
         }
     }
 }
+
+/// The warning for load shedding that can never shed.
+pub const NOTHING_TO_SHED: &str = "picker.loadShedding never sheds: engine scraping is off (scrapeIntervalSeconds: 0) and maxInFlightPerPod is unset";
 
 /// The warning for a config with neither `endpoints:` nor `discovery:`.
 pub const NO_ENDPOINTS: &str = "no endpoints configured: every request will get 503";
@@ -447,6 +567,19 @@ impl Config {
         if let Some(section) = &config.picker.affinity {
             match section.validate() {
                 Ok(mode) => config.scheduler.apply_affinity(mode),
+                Err(e) => errors.push(e),
+            }
+        }
+        if let Some(section) = &config.picker.load_shedding {
+            match section.validate(p.scrape_interval_seconds) {
+                Ok(limits) => {
+                    let blind = limits.is_some_and(|l| l.max_inflight.is_none())
+                        && config.picker.scrape_interval_seconds == 0.0;
+                    if blind {
+                        config.warnings.push(NOTHING_TO_SHED.into());
+                    }
+                    config.scheduler.load_shedding = limits;
+                }
                 Err(e) => errors.push(e),
             }
         }

@@ -20,6 +20,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock};
@@ -73,7 +74,8 @@ pub struct Endpoint {
     pub host: String,
     pub index: PodHandle,
     inflight: AtomicI64,
-    stats: RwLock<EngineStats>,
+    /// The engine's last stats and when they were set (`None`: never scraped).
+    stats: RwLock<(EngineStats, Option<Instant>)>,
     /// Share of recent picks (the affinity mode's balance signal).
     pub recent: RecentPicks,
     /// The pod's rendezvous identity, the same on every replica (the affinity mode's ties).
@@ -89,11 +91,16 @@ impl Endpoint {
     }
 
     pub fn stats(&self) -> EngineStats {
-        *self.stats.read()
+        self.stats.read().0
+    }
+
+    /// How long ago the stats were set (by the engine scrape); `None`: never.
+    pub fn stats_age(&self) -> Option<Duration> {
+        self.stats.read().1.map(|at| at.elapsed())
     }
 
     pub fn set_stats(&self, stats: EngineStats) {
-        *self.stats.write() = stats;
+        *self.stats.write() = (stats, Some(Instant::now()));
     }
 
     /// The pod's incarnation (see the module doc); empty while unknown, which matches any.
@@ -117,6 +124,10 @@ impl Candidate for Endpoint {
 
     fn stats(&self) -> EngineStats {
         Endpoint::stats(self)
+    }
+
+    fn stats_age(&self) -> Option<Duration> {
+        Endpoint::stats_age(self)
     }
 
     fn recent(&self) -> &RecentPicks {
@@ -310,7 +321,7 @@ impl Endpoints {
             host: spec.address.to_string(),
             index: self.index.add_pod(),
             inflight: AtomicI64::new(0),
-            stats: RwLock::new(EngineStats::default()),
+            stats: RwLock::new((EngineStats::default(), None)),
             recent: RecentPicks::default(),
             rendezvous: rendezvous_key(&spec.address),
             generation: RwLock::new(generation),

@@ -189,6 +189,7 @@ pub struct RouterMetrics {
     pub pod_inflight: IntGaugeVec,
     pub pod_picks: IntCounterVec,
     pub immediate_responses: IntCounterVec,
+    pub shed: IntCounter,
     pub engine_scrapes: IntCounterVec,
     pub engine_scrape_timestamp: GaugeVec,
     pub tentative: IntCounterVec,
@@ -299,6 +300,12 @@ impl RouterMetrics {
                     "Requests answered by the picker itself, by HTTP status",
                 ),
                 &["status"],
+            )
+            .expect("valid metric"),
+            shed: IntCounter::new(
+                "prefix_picker_shed_requests_total",
+                "Requests refused with 429 by load shedding: every candidate pod was over a \
+                 picker.loadShedding limit",
             )
             .expect("valid metric"),
             engine_scrapes: IntCounterVec::new(
@@ -447,6 +454,7 @@ impl RouterMetrics {
         register(registry, m.pod_inflight.clone());
         register(registry, m.pod_picks.clone());
         register(registry, m.immediate_responses.clone());
+        register(registry, m.shed.clone());
         let build = IntGaugeVec::new(
             Opts::new(
                 "prefix_picker_build_info",

@@ -384,3 +384,132 @@ fn role_label_is_a_deprecated_alias_warned_about() {
         .unwrap();
     assert!(!c.warnings.iter().any(|w| w == ROLE_LABEL_DEPRECATED));
 }
+
+#[test]
+fn load_shedding_is_off_unless_configured() {
+    let limits = |doc: &str| Config::parse(doc).unwrap().scheduler.load_shedding;
+    assert_eq!(limits(""), None);
+    assert_eq!(limits(KTHENA_HELM_DEFAULT), None);
+    assert_eq!(limits("picker: {loadShedding: {enabled: false}}\n"), None);
+    // The section alone turns it on with GIE's thresholds; staleness is three scrape periods.
+    assert_eq!(
+        limits("picker: {loadShedding: {}}\n"),
+        Some(SaturationLimits {
+            queue_depth: 5,
+            kv_cache_utilization: 0.8,
+            max_inflight: None,
+            staleness: Duration::from_secs(3),
+        })
+    );
+    let c = Config::parse(
+        "picker:\n  scrapeIntervalSeconds: 0.5\n  loadShedding: {queueDepth: 0, kvCacheUtilization: 1, maxInFlightPerPod: 32, retryAfterSeconds: 7}\n",
+    )
+    .unwrap();
+    assert_eq!(
+        c.scheduler.load_shedding,
+        Some(SaturationLimits {
+            queue_depth: 0,
+            kv_cache_utilization: 1.0,
+            max_inflight: Some(32),
+            staleness: Duration::from_millis(1500),
+        })
+    );
+    assert_eq!(
+        c.picker.load_shedding.map(|s| s.retry_after_seconds),
+        Some(7)
+    );
+    assert!(c.scheduler.mode_summary().contains(
+        "load shedding on (queueDepth 0, kvCacheUtilization 1, maxInFlightPerPod 32, metrics stale after 1.5 s)"
+    ));
+    assert!(
+        !Config::parse("")
+            .unwrap()
+            .scheduler
+            .mode_summary()
+            .contains("shedding")
+    );
+}
+
+#[test]
+fn load_shedding_values_are_refused_naming_the_key_and_value() {
+    let cases = [
+        (
+            "kvCacheUtilization: 1.5",
+            "loadShedding.kvCacheUtilization must be in 0..=1, got 1.5",
+        ),
+        (
+            "kvCacheUtilization: -0.1",
+            "loadShedding.kvCacheUtilization must be in 0..=1, got -0.1",
+        ),
+        (
+            "kvCacheUtilization: .nan",
+            "loadShedding.kvCacheUtilization must be in 0..=1, got NaN",
+        ),
+        (
+            "maxInFlightPerPod: 0",
+            "loadShedding.maxInFlightPerPod must be > 0 (or unset), got 0",
+        ),
+        (
+            "retryAfterSeconds: 0",
+            "loadShedding.retryAfterSeconds must be in 1..=3600, got 0",
+        ),
+        (
+            "retryAfterSeconds: 3601",
+            "loadShedding.retryAfterSeconds must be in 1..=3600, got 3601",
+        ),
+        (
+            "metricsStalenessSeconds: 0",
+            "loadShedding.metricsStalenessSeconds must be a number of seconds in (0, 86400], got 0",
+        ),
+        (
+            "metricsStalenessSeconds: .inf",
+            "loadShedding.metricsStalenessSeconds must be a number of seconds in (0, 86400], got inf",
+        ),
+        (
+            "metricsStalenessSeconds: 0.5",
+            "loadShedding.metricsStalenessSeconds must be at least scrapeIntervalSeconds (1), or every pod's engine metrics go stale between scrapes, got 0.5",
+        ),
+    ];
+    for (value, expected) in cases {
+        let doc = format!("picker: {{loadShedding: {{{value}}}}}\n");
+        let err = Config::parse(&doc).unwrap_err();
+        assert_eq!(err.0, [ConfigError::Picker(expected.into())], "{value}");
+        assert_eq!(err.to_string(), format!("picker: {expected}"));
+    }
+    // Wrong types and unknown keys: serde's message, naming the key.
+    for (value, key) in [
+        ("retryAfterSeconds: 1.5", "retryAfterSeconds"),
+        ("queueDepth: -1", "queueDepth"),
+        ("queueDepth: lots", "queueDepth"),
+        ("maxInflight: 3", "maxInflight"),
+    ] {
+        let doc = format!("picker: {{loadShedding: {{{value}}}}}\n");
+        let err = Config::parse(&doc).unwrap_err().to_string();
+        assert!(
+            err.starts_with(&format!("picker: loadShedding.{key}: ")),
+            "{value}: {err}"
+        );
+    }
+    // A disabled section is not checked further (as `affinity: {enabled: false}`).
+    assert!(
+        Config::parse("picker: {loadShedding: {enabled: false, retryAfterSeconds: 0}}\n").is_ok()
+    );
+}
+
+#[test]
+fn load_shedding_that_can_never_shed_is_warned_about() {
+    let c = Config::parse("picker: {scrapeIntervalSeconds: 0, loadShedding: {}}\n").unwrap();
+    assert!(
+        c.warnings.iter().any(|w| w == NOTHING_TO_SHED),
+        "{:?}",
+        c.warnings
+    );
+    for doc in [
+        "picker: {scrapeIntervalSeconds: 0, loadShedding: {maxInFlightPerPod: 8}}\n",
+        "picker: {loadShedding: {}}\n",
+        "picker: {scrapeIntervalSeconds: 0, loadShedding: {enabled: false}}\n",
+    ] {
+        let c = Config::parse(doc).unwrap();
+        assert!(!c.warnings.iter().any(|w| w == NOTHING_TO_SHED), "{doc}");
+    }
+}

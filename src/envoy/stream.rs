@@ -13,7 +13,8 @@
 //! identical values; `x-request-id` is generated when missing. In PD mode the same reply sets
 //! `x-prefiller-host-port` to the paired prefill pod; otherwise it removes any client-supplied
 //! one, so the header reaching a pod is always the picker's. Failures are immediate responses
-//! with OpenAI-style JSON errors. A body that arrives without request headers (a filter with
+//! with OpenAI-style JSON errors (a shed request's 429 with `retry-after`). A body that arrives
+//! without request headers (a filter with
 //! `request_header_mode: SKIP`, whose requests Envoy forwards before any pick) is answered,
 //! routed by load, counted as unscored `no_request_path`, and warned about once. A stream decides
 //! once: after an immediate response it answers nothing more of the request, and after a pick
@@ -542,6 +543,9 @@ impl StreamState {
         let mut set_headers = vec![set_header("content-type", "application/json")];
         if let Some(id) = &self.request_id {
             set_headers.push(set_header("x-request-id", id));
+        }
+        if let Some(seconds) = failure.retry_after {
+            set_headers.push(set_header("retry-after", &seconds.to_string()));
         }
         reply(Out::ImmediateResponse(ImmediateResponse {
             status: Some(HttpStatus {

@@ -6,8 +6,10 @@
 //! Unknown API paths (e.g. `/v1/models`) are routed by load only, to any endpoint. Inference
 //! APIs need a JSON body with a string `model` (else 400); a body without a renderable prompt is
 //! routed by load only. Candidate pods can be narrowed by [`AddressPattern`]s (a subset hint or,
-//! when enabled, the conformance header). Failures map to HTTP statuses with OpenAI-style JSON
-//! error bodies. With `pdGroup` every request is scheduled as a prefill/decode pair
+//! when enabled, the conformance header). With load shedding on, an inference request whose
+//! candidates are all saturated is refused (429, `retry-after`) before the filters run: no
+//! ticket, nothing held or recorded. Failures map to HTTP statuses with OpenAI-style JSON error
+//! bodies. With `pdGroup` every request is scheduled as a prefill/decode pair
 //! ([`crate::scheduler::pd`]): the decision's `pd` names the prefill pod the adapter sends on.
 
 pub mod completion;
@@ -24,6 +26,7 @@ use crate::endpoints::{AddressPattern, Endpoint, Endpoints};
 use crate::hashing::BlockHash;
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
 use crate::request::{Api, InferenceRequest};
+use crate::scheduler::saturation::Shed;
 use crate::scheduler::{
     Decision, DecisionReason, Observation, PickError, RouteRequest, Scheduler, Unpaired, Unscored,
 };
@@ -38,6 +41,8 @@ pub struct RouteFailure {
     /// OpenAI error `type`.
     pub kind: &'static str,
     pub message: String,
+    /// Seconds for a `retry-after` header (a shed request).
+    pub retry_after: Option<u32>,
 }
 
 impl RouteFailure {
@@ -46,6 +51,27 @@ impl RouteFailure {
             status,
             kind,
             message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// 429 for a request shed because every candidate is saturated, to be retried after
+    /// `retry_after` seconds.
+    pub fn shed(shed: &Shed, retry_after: u32) -> RouteFailure {
+        RouteFailure {
+            retry_after: Some(retry_after),
+            ..RouteFailure::new(
+                429,
+                "rate_limit_exceeded",
+                format!(
+                    "system saturated, request shed: all {} endpoints are over a load limit \
+                     (engine queue {}, KV cache {}, in flight {}); retry after {retry_after} s",
+                    shed.candidates(),
+                    shed.queue,
+                    shed.kv_cache,
+                    shed.in_flight
+                ),
+            )
         }
     }
 
@@ -245,9 +271,13 @@ impl Router {
     ) -> Result<Routed, RouteFailure> {
         let parsed = Parsed::new(path, body)?;
         let (mut request, candidates) = self.prepare(&parsed, restrict)?;
+        if let Some(refused) = self.shed(&parsed, &candidates) {
+            self.metrics.shed.inc();
+            return Err(refused);
+        }
         let session = self.session_pod(session, &candidates);
-        if let Some((_, pod)) = &session {
-            request.session_pod = pod.as_ref().map(|e| e.index.slot());
+        if let Some((_, SessionPod::Candidate(pod))) = &session {
+            request.session_pod = Some(pod.index.slot());
         }
         let model = request.model;
         let mut decision = self
@@ -272,9 +302,11 @@ impl Router {
         );
         if let Some((key, pod)) = session {
             let outcome = match pod {
-                None => SessionOutcome::New,
-                Some(_) if decision.reason == DecisionReason::Session => SessionOutcome::Kept,
-                Some(_) => SessionOutcome::Moved,
+                SessionPod::New => SessionOutcome::New,
+                SessionPod::Candidate(_) if decision.reason == DecisionReason::Session => {
+                    SessionOutcome::Kept
+                }
+                _ => SessionOutcome::Moved,
             };
             self.metrics
                 .session_requests
@@ -287,19 +319,27 @@ impl Router {
         Ok(Routed { decision, ticket })
     }
 
-    /// The session's key and, when it has one among `candidates`, its pod (`None` without a
-    /// session header or with session affinity off).
+    /// The session's key and where its pod is (`None` without a session header or with
+    /// session affinity off).
     fn session_pod(
         &self,
         id: Option<&[u8]>,
         candidates: &[Arc<Endpoint>],
-    ) -> Option<(SessionKey, Option<Arc<Endpoint>>)> {
+    ) -> Option<(SessionKey, SessionPod)> {
         let (sessions, id) = (self.sessions.as_ref()?, id?);
         let key = sessions.key(id);
         let mut dropped = Vec::new();
         let address = sessions.lookup(key, &mut dropped);
         self.count_dropped(&dropped);
-        let pod = address.and_then(|a| candidates.iter().find(|e| e.spec.address == a).cloned());
+        let pod = match address {
+            None => SessionPod::New,
+            Some(a) => candidates
+                .iter()
+                .find(|e| e.spec.address == a)
+                .map_or(SessionPod::NotCandidate, |e| {
+                    SessionPod::Candidate(e.clone())
+                }),
+        };
         Some((key, pod))
     }
 
@@ -335,6 +375,9 @@ impl Router {
     ) -> Result<Explained, RouteFailure> {
         let parsed = Parsed::new(path, body)?;
         let (request, candidates) = self.prepare(&parsed, restrict)?;
+        if let Some(refused) = self.shed(&parsed, &candidates) {
+            return Err(refused);
+        }
         let model = request.model.to_string();
         let decision = self
             .decide(request, candidates, false)
@@ -357,6 +400,19 @@ impl Router {
             (None, true) => s.schedule(request, candidates).map_err(Unpaired::from),
             (None, false) => s.explain(request, candidates).map_err(Unpaired::from),
         }
+    }
+
+    /// Load shedding, before the filters: the 429 for an inference request when every candidate
+    /// is saturated (other paths, e.g. `/v1/models`, put no load on the engines: never shed).
+    fn shed(&self, parsed: &Parsed, candidates: &[Arc<Endpoint>]) -> Option<RouteFailure> {
+        parsed.request.as_ref()?;
+        let shed = self.scheduler.shed(candidates)?;
+        let retry_after = self
+            .config
+            .load_shedding
+            .as_ref()
+            .map_or(1, |s| s.retry_after_seconds);
+        Some(RouteFailure::shed(&shed, retry_after))
     }
 
     /// The scheduler's request and the candidate pods: any pod for an unknown API (no model is
@@ -385,6 +441,15 @@ impl Router {
         };
         Ok((request, candidates))
     }
+}
+
+/// Where a session's pod is, for one request.
+enum SessionPod {
+    /// No pod yet: a new session, or one forgotten.
+    New,
+    /// Its pod is not a candidate (gone, or outside the subset hint).
+    NotCandidate,
+    Candidate(Arc<Endpoint>),
 }
 
 /// A request as routing reads it: the inference request for a known API, none for another path.

@@ -264,3 +264,107 @@ fn a_ticket_holds_the_primary_in_flight_until_it_ends() {
         "a dropped ticket releases its count too"
     );
 }
+
+fn session_outcomes(router: &Router) -> [u64; 3] {
+    SessionOutcome::ALL.map(|o| {
+        router
+            .metrics
+            .session_requests
+            .with_label_values(&[o.as_str()])
+            .get()
+    })
+}
+
+/// Session affinity at `route`: ten turns with unrelated prompts stay on the session's pod
+/// (affinity alone would spread them by share), the turns are still recorded, a fallback that
+/// served moves the session, and a saturated pod gives the session up.
+#[test]
+fn a_session_stays_on_its_pod_until_it_is_saturated() {
+    let registry = prometheus::Registry::new();
+    let router = router_from_config(
+        "picker:\n  affinity: {podCapacity: 4}\n  sessions: {enabled: true}\n",
+        three(),
+        &registry,
+    );
+    let body = |turn: usize| {
+        format!(
+            r#"{{"model": "m", "prompt": "turn {turn}: {}"}}"#,
+            "unrelated words ".repeat(turn + 8)
+        )
+    };
+    let route = |turn: usize, session: &str| {
+        router
+            .route_in_session(
+                "/v1/completions",
+                Some(body(turn).as_bytes()),
+                None,
+                Some(session.as_bytes()),
+            )
+            .unwrap()
+    };
+    let complete = |routed: Routed, served: Served| {
+        router.complete(
+            routed.ticket,
+            Ending::Completed {
+                status: Some(200),
+                served,
+                cached_tokens: None,
+            },
+        )
+    };
+    let first = route(0, "s-1");
+    let pod = first.decision.primary().clone();
+    complete(first, Served::NotReported);
+    for turn in 1..10 {
+        let r = route(turn, "s-1");
+        assert_eq!(r.decision.reason, DecisionReason::Session, "turn {turn}");
+        assert_eq!(r.decision.primary().spec.address, pod.spec.address);
+        complete(r, Served::NotReported);
+    }
+    assert_eq!(session_outcomes(&router), [9, 0, 1]);
+    assert_eq!(crate::testing::records(&router, "recorded"), 10);
+    // Without the header, the same turn goes by affinity alone (another pod, by share).
+    let plain = router
+        .route("/v1/completions", Some(body(10).as_bytes()), None)
+        .unwrap();
+    assert_ne!(plain.decision.primary().spec.address, pod.spec.address);
+    drop(plain);
+    // Envoy fell back: the session follows the pod that served.
+    let r = route(11, "s-1");
+    let other = router
+        .endpoints
+        .snapshot()
+        .candidates(None, None)
+        .unwrap()
+        .into_iter()
+        .find(|e| e.spec.address != pod.spec.address)
+        .unwrap();
+    complete(r, Served::Pod(other.clone()));
+    let r = route(12, "s-1");
+    assert_eq!(r.decision.primary().spec.address, other.spec.address);
+    // Saturated (in flight at podCapacity, this request's own ticket included): moved.
+    let held: Vec<Routed> = (0..3).map(|t| route(20 + t, "s-1")).collect();
+    assert!(
+        held.iter()
+            .all(|h| h.decision.primary().spec.address == other.spec.address)
+    );
+    let moved = route(30, "s-1");
+    assert_ne!(moved.decision.primary().spec.address, other.spec.address);
+    assert_ne!(moved.decision.reason, DecisionReason::Session);
+    let [kept, was_moved, new] = session_outcomes(&router);
+    assert_eq!((was_moved, new), (1, 1), "kept {kept}");
+    assert_eq!(router.metrics.sessions.get(), 1);
+}
+
+#[test]
+fn sessions_are_off_unless_enabled() {
+    let registry = prometheus::Registry::new();
+    let router = router_from_config("picker: {affinity: {}}\n", three(), &registry);
+    assert!(router.sessions.is_none());
+    let body = br#"{"model": "m", "prompt": "a prompt"}"#;
+    let r = router
+        .route_in_session("/v1/completions", Some(body), None, Some(b"s"))
+        .unwrap();
+    assert_eq!(r.ticket.session, None);
+    assert_eq!(session_outcomes(&router), [0, 0, 0]);
+}

@@ -1,8 +1,9 @@
 //! What the scheduler sees of a candidate pod: its prefix-index slot, its load and its engine's
-//! last scraped stats. The sidecar's endpoint store implements [`Candidate`] for its pods; the
-//! core's tests implement it for plain structs.
+//! last scraped stats and their age. The sidecar's endpoint store implements [`Candidate`] for
+//! its pods; the core's tests implement it for plain structs.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::affinity::RecentPicks;
 use crate::prefix_index::PodSlot;
@@ -28,6 +29,10 @@ pub trait Candidate {
     fn inflight(&self) -> i64;
     /// The engine's last scraped stats.
     fn stats(&self) -> EngineStats;
+    /// How long ago those stats were scraped; `None`: never (or unknown).
+    fn stats_age(&self) -> Option<Duration> {
+        None
+    }
     /// The pod's share of recent picks (the affinity mode's balance signal).
     fn recent(&self) -> &RecentPicks;
     /// The pod's rendezvous identity, the same on every replica (the affinity mode's ties).
@@ -52,6 +57,10 @@ impl<C: Candidate + ?Sized> Candidate for Arc<C> {
 
     fn stats(&self) -> EngineStats {
         (**self).stats()
+    }
+
+    fn stats_age(&self) -> Option<Duration> {
+        (**self).stats_age()
     }
 
     fn recent(&self) -> &RecentPicks {

@@ -1,10 +1,11 @@
 //! The scheduler's configuration, validated: which filters and score plugins run, with what
-//! weights and arguments, and the affinity mode. Parsed from Kthena's YAML by the sidecar's config;
+//! weights and arguments, the affinity mode and load shedding. Parsed from Kthena's YAML by the sidecar's config;
 //! every value here is already in range.
 
 use super::affinity::AffinityConfig;
 use super::pd::PdGroup;
 use super::prefix_cache::PrefixCacheArgs;
+use super::saturation::SaturationLimits;
 use crate::hashing::ChainScheme;
 
 /// Plugins prefix-picker implements.
@@ -69,6 +70,8 @@ pub struct SchedulerConfig {
     /// Prefill/decode disaggregation (top-level `pdGroup:`); `None`: every pod serves whole
     /// requests.
     pub pd: Option<PdGroup>,
+    /// Load shedding (`picker.loadShedding`); `None`: never shed.
+    pub load_shedding: Option<SaturationLimits>,
 }
 
 impl Default for SchedulerConfig {
@@ -86,6 +89,7 @@ impl Default for SchedulerConfig {
             ttft_tpot_weight_factor: 0.5,
             affinity: None,
             pd: None,
+            load_shedding: None,
         }
     }
 }
@@ -136,7 +140,7 @@ impl SchedulerConfig {
                 g.decode_labels()
             ),
         };
-        match &self.affinity {
+        let mode = match &self.affinity {
             None => format!("routing mode: kthena (weighted plugin scores); {chain}"),
             Some(a) => {
                 let on = |b: bool| if b { "on" } else { "off" };
@@ -160,6 +164,17 @@ impl SchedulerConfig {
                     a.engine_tokens
                 )
             }
+        };
+        match &self.load_shedding {
+            None => mode,
+            Some(l) => format!(
+                "{mode}; load shedding on (queueDepth {}, kvCacheUtilization {}, maxInFlightPerPod {}, metrics stale after {} s)",
+                l.queue_depth,
+                l.kv_cache_utilization,
+                l.max_inflight
+                    .map_or_else(|| "unset".to_string(), |m| m.to_string()),
+                l.staleness.as_secs_f64()
+            ),
         }
     }
 }

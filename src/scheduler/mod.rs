@@ -9,9 +9,11 @@
 //! score lines), explained (`/debug/explain`) and tested, and what it observed (plugin times,
 //! match ratios) for the caller to count: the core writes no metrics. A routed decision is then
 //! committed (the affinity pick's share, the tentative hold); an explained one changes nothing.
-//! Candidates are anything that implements [`Candidate`]. One file per plugin. With a `pdGroup`,
-//! [`pd`] runs this decision once over the decode pods and once over each kept decode pod's
-//! prefill pods (Kthena's PD scheduling).
+//! Before any of it, with load shedding on, [`Scheduler::shed`] says whether every candidate is
+//! saturated (the request is then refused, [`saturation`]). Candidates are anything that
+//! implements [`Candidate`]. One file per plugin. With a `pdGroup`, [`pd`] runs this decision
+//! once over the decode pods and once over each kept decode pod's prefill pods (Kthena's PD
+//! scheduling).
 
 pub mod affinity;
 pub mod candidate;
@@ -22,6 +24,7 @@ pub mod least_request;
 pub mod pd;
 pub mod prefix_cache;
 pub mod random;
+pub mod saturation;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -381,6 +384,12 @@ impl Scheduler {
     /// Whether prompts are hashed and recorded (prefix-cache scores, or the affinity mode).
     pub fn prefix_enabled(&self) -> bool {
         self.prefix_enabled
+    }
+
+    /// Load shedding: `Some` when it is on and every candidate is saturated (the request is
+    /// to be refused before the filters run); changes nothing, so explain calls it too.
+    pub fn shed<C: Candidate>(&self, candidates: &[C]) -> Option<saturation::Shed> {
+        self.config.load_shedding.as_ref()?.shed(candidates)
     }
 
     /// Runs filters and score plugins and picks. The decision returns what it observed; a

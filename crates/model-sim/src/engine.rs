@@ -250,6 +250,22 @@ impl Running {
     }
 }
 
+/// A request in the queue: counted in `waiting` until dropped.
+struct Queued<'a>(&'a Gauge);
+
+impl<'a> Queued<'a> {
+    fn new(waiting: &'a Gauge) -> Queued<'a> {
+        waiting.inc();
+        Queued(waiting)
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 impl Drop for Running {
     fn drop(&mut self) {
         let mut kv = self.engine.kv.lock();
@@ -296,14 +312,15 @@ impl Engine {
     }
 
     async fn admit_from(self: &Arc<Self>, model: &str, prompt: &[u8], received: bool) -> Running {
-        self.metrics.waiting.inc();
+        // Counted while queued, also when the client hangs up and this future is dropped.
+        let queued = Queued::new(&self.metrics.waiting);
         let slot = self
             .slots
             .clone()
             .acquire_owned()
             .await
             .expect("never closed");
-        self.metrics.waiting.dec();
+        drop(queued);
         self.metrics.running.inc();
         let admission = {
             let mut kv = self.kv.lock();

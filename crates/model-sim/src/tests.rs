@@ -287,6 +287,48 @@ async fn requests_beyond_max_num_seqs_wait() {
     assert_eq!((engine.running(), engine.waiting()), (0, 0));
 }
 
+/// Clients that hang up while running or queued leave no count behind (a load test that aborts
+/// its requests sees the engine idle again).
+#[tokio::test]
+async fn disconnected_requests_leave_the_queue() {
+    let (base, engine) = start(EngineConfig {
+        max_num_seqs: 1,
+        inter_token_latency: Duration::from_millis(20),
+        ..EngineConfig::default()
+    })
+    .await;
+    let url = format!("{base}/v1/completions");
+    let tasks: Vec<_> = (0..3)
+        .map(|i| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                post(
+                    &url,
+                    &json!({"model": "m", "prompt": format!("p{i}"), "max_tokens": 100_000}),
+                )
+                .await
+            })
+        })
+        .collect();
+    let start = tokio::time::Instant::now();
+    while !(engine.running() == 1 && engine.waiting() == 2) {
+        assert!(start.elapsed() < Duration::from_secs(10), "never queued");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    for t in tasks {
+        t.abort();
+    }
+    while (engine.running(), engine.waiting()) != (0, 0) {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "left {} running, {} waiting",
+            engine.running(),
+            engine.waiting()
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 #[tokio::test]
 async fn render_and_tokenize_return_token_ids_for_peer_routers() {
     let (base, _) = start(fast()).await;

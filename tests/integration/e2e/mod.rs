@@ -9,11 +9,13 @@ mod completions;
 mod failures;
 mod gie;
 mod health;
+mod load_shedding;
 mod logs;
 mod pd;
 mod replicas;
 mod routing;
 mod security;
+mod sessions;
 mod sync;
 mod tls;
 

@@ -8,6 +8,7 @@ mod observer;
 mod pd;
 mod recording;
 mod restriction;
+mod shedding;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
