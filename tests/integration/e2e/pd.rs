@@ -125,7 +125,7 @@ async fn decode_sim_serves_and_its_groups_prefill_sim_prefills_both_recorded() {
     let e = explain(&picker, &body).await;
     assert_eq!(e["primary"], format!("default/{decoded}"), "{e}");
     assert_eq!(e["prefill"]["pod"], format!("default/{prefilled}"), "{e}");
-    // The same prefix again: the same pair, and the prefill sim's cache hits.
+    // The same prefix again: the same pair, and both sims' caches hit.
     let again = chat(&system, "second question");
     let (status, decoded2, prefilled2) = send_forged(&envoy, &again).await;
     assert_eq!(status, 200);
@@ -134,6 +134,10 @@ async fn decode_sim_serves_and_its_groups_prefill_sim_prefills_both_recorded() {
     let p = sim_metrics(prefill).await;
     assert_eq!(counter(&p, "vllm:time_to_first_token_seconds_count"), 2.0);
     assert!(counter(&p, "vllm:prefix_cache_hits_total") > 0.0, "{p}");
+    // The decode sim kept the prompt it received: its own cache hits too.
+    let decode = &sims.iter().find(|(s, ..)| s.name == decoded).unwrap().0;
+    let d = sim_metrics(decode).await;
+    assert!(counter(&d, "vllm:prefix_cache_hits_total") > 0.0, "{d}");
     // The other group's sims saw nothing.
     let other = if group == "0" { "1" } else { "0" };
     for name in [format!("prefill-{other}"), format!("decode-{other}")] {
