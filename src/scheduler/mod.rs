@@ -25,6 +25,8 @@ pub mod pd;
 pub mod prefix_cache;
 pub mod random;
 pub mod saturation;
+#[cfg(test)]
+pub(crate) mod test_pod;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -5,42 +5,7 @@ use std::net::SocketAddr;
 use super::*;
 use affinity::{RecentPicks, rendezvous_key};
 use config::SchedulerConfig;
-
-/// A candidate pod as the core sees it.
-#[derive(Debug)]
-struct Pod {
-    handle: PodHandle,
-    label: String,
-    stats: EngineStats,
-    recent: RecentPicks,
-    rendezvous: u64,
-}
-
-impl Candidate for Pod {
-    fn slot(&self) -> crate::prefix_index::PodSlot {
-        self.handle.slot()
-    }
-
-    fn inflight(&self) -> i64 {
-        0
-    }
-
-    fn stats(&self) -> EngineStats {
-        self.stats
-    }
-
-    fn recent(&self) -> &RecentPicks {
-        &self.recent
-    }
-
-    fn rendezvous(&self) -> u64 {
-        self.rendezvous
-    }
-
-    fn label(&self) -> &str {
-        &self.label
-    }
-}
+use test_pod::Pod;
 
 fn setup(scorers: Vec<(ScorerKind, u32)>, pods: usize) -> (Scheduler, Vec<Arc<Pod>>) {
     setup_with(
@@ -65,6 +30,7 @@ fn setup_with(
             Arc::new(Pod {
                 handle: s.prefix_cache().index().add_pod(),
                 label: format!("default/pod-{i}"),
+                labels: Default::default(),
                 stats,
                 recent: RecentPicks::default(),
                 rendezvous: rendezvous_key(&address),
@@ -275,6 +241,7 @@ fn a_session_pod_leads_while_the_filters_keep_it() {
     pods[o] = Arc::new(Pod {
         handle: other.handle.clone(),
         label: other.label.clone(),
+        labels: Default::default(),
         stats: EngineStats {
             waiting: busy,
             ..EngineStats::default()

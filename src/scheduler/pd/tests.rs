@@ -5,50 +5,10 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use super::*;
-use crate::prefix_index::{PodHandle, PodSlot};
 use crate::scheduler::affinity::{AffinityConfig, RecentPicks, rendezvous_key};
 use crate::scheduler::config::{SchedulerConfig, ScorerKind};
+use crate::scheduler::test_pod::Pod;
 use crate::scheduler::{EngineStats, PluginType};
-
-#[derive(Debug)]
-struct Pod {
-    handle: PodHandle,
-    label: String,
-    labels: BTreeMap<String, String>,
-    stats: EngineStats,
-    recent: RecentPicks,
-    rendezvous: u64,
-}
-
-impl Candidate for Pod {
-    fn slot(&self) -> PodSlot {
-        self.handle.slot()
-    }
-
-    fn inflight(&self) -> i64 {
-        0
-    }
-
-    fn stats(&self) -> EngineStats {
-        self.stats
-    }
-
-    fn recent(&self) -> &RecentPicks {
-        &self.recent
-    }
-
-    fn rendezvous(&self) -> u64 {
-        self.rendezvous
-    }
-
-    fn label(&self) -> &str {
-        &self.label
-    }
-
-    fn pod_label(&self, key: &str) -> Option<&str> {
-        self.labels.get(key).map(String::as_str)
-    }
-}
 
 fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs

@@ -1,0 +1,49 @@
+//! The candidate pod of the scheduler's unit tests: a plain struct, no endpoint store.
+
+use std::collections::BTreeMap;
+
+use super::affinity::RecentPicks;
+use super::{Candidate, EngineStats};
+use crate::prefix_index::{PodHandle, PodSlot};
+
+/// A candidate pod as the core sees it (nothing in flight).
+#[derive(Debug)]
+pub(crate) struct Pod {
+    pub handle: PodHandle,
+    pub label: String,
+    /// Pod labels (PD mode sorts pods by them).
+    pub labels: BTreeMap<String, String>,
+    pub stats: EngineStats,
+    pub recent: RecentPicks,
+    pub rendezvous: u64,
+}
+
+impl Candidate for Pod {
+    fn slot(&self) -> PodSlot {
+        self.handle.slot()
+    }
+
+    fn inflight(&self) -> i64 {
+        0
+    }
+
+    fn stats(&self) -> EngineStats {
+        self.stats
+    }
+
+    fn recent(&self) -> &RecentPicks {
+        &self.recent
+    }
+
+    fn rendezvous(&self) -> u64 {
+        self.rendezvous
+    }
+
+    fn label(&self) -> &str {
+        &self.label
+    }
+
+    fn pod_label(&self, key: &str) -> Option<&str> {
+        self.labels.get(key).map(String::as_str)
+    }
+}
