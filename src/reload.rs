@@ -254,17 +254,32 @@ fn set_info(router: &Router, old: Option<&str>, new: &str) {
 
 /// Reloads on SIGHUP and, when the config came from `file`, whenever its content hash changes
 /// (checked every `interval`). `load` resolves the config again, as at start-up. Without a
-/// file (`--config-text`, or no config), SIGHUP is logged and ignored.
-pub async fn watch<L>(
+/// file (`--config-text`, or no config), SIGHUP is logged and ignored. SIGHUP is handled from
+/// the call on (its default action would end the process), before the future first runs.
+pub fn watch<L>(
     reloader: Arc<Reloader>,
     file: Option<PathBuf>,
     interval: Duration,
     load: L,
     token: CancellationToken,
+) -> impl std::future::Future<Output = ()> + Send
+where
+    L: Fn() -> Result<(Config, String), Vec<String>> + Send,
+{
+    let hangup = hangup();
+    watching(reloader, file, interval, load, token, hangup)
+}
+
+async fn watching<L>(
+    reloader: Arc<Reloader>,
+    file: Option<PathBuf>,
+    interval: Duration,
+    load: L,
+    token: CancellationToken,
+    mut hangup: Hangup,
 ) where
     L: Fn() -> Result<(Config, String), Vec<String>>,
 {
-    let mut hangup = hangup();
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut seen = reloader.sha256();
