@@ -295,19 +295,23 @@ async fn watching<L>(
             );
             continue;
         };
-        if !signalled {
-            // A ConfigMap swap can leave the path missing for a moment: check again next tick.
-            let Ok(text) = tokio::fs::read(path).await else {
-                continue;
-            };
-            let hash = crate::cli::sha256_hex(&text);
-            if hash == seen {
-                continue;
-            }
-            seen = hash;
-            tracing::info!(config = %path.display(), "config file changed; reloading");
-        } else {
+        // A ConfigMap swap can leave the path missing for a moment: the poll checks again at
+        // the next tick, a SIGHUP reload reports the read error.
+        let hash = tokio::fs::read(path)
+            .await
+            .map(|text| crate::cli::sha256_hex(&text));
+        if signalled {
             tracing::info!(config = %path.display(), "SIGHUP; reloading the config");
+        } else {
+            match &hash {
+                Ok(h) if *h != seen => {
+                    tracing::info!(config = %path.display(), "config file changed; reloading")
+                }
+                _ => continue,
+            }
+        }
+        if let Ok(h) = hash {
+            seen = h;
         }
         reloader.reload(load());
     }

@@ -35,7 +35,7 @@ impl LiveScheduler {
     pub fn new(scheduler: Scheduler, picker: PickerConfig) -> LiveScheduler {
         let index_owner = scheduler
             .prefix_cache()
-            .sharing(scheduler.prefix_cache().args(), 0)
+            .sharing(scheduler.prefix_cache().args(), picker.seed)
             .with_scheme(scheduler.prefix_cache().scheme());
         let tentative = scheduler.tentative().clone();
         LiveScheduler {
