@@ -68,7 +68,7 @@ async fn guard(
 }
 
 async fn metrics(State(a): State<Admin>) -> Response {
-    let entries = a.router.scheduler.prefix_cache().index().entries();
+    let entries = a.router.scheduler.index().entries();
     a.prefix_metrics.entries.set(entries as i64);
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],

@@ -324,7 +324,8 @@ pub fn pool_namespace(flag: Option<&str>, host: &Host<'_>) -> String {
         .unwrap_or_else(|| "default".to_string())
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
+/// SHA-256 of `bytes`, hex (what `sha256sum` prints): the config hash of the logs and metrics.
+pub fn sha256_hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
     let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
     digest.as_ref().iter().fold(String::new(), |mut s, b| {

@@ -43,6 +43,8 @@ pub mod cli; // the command line
 #[cfg(feature = "sidecar")]
 pub mod logging; // text or JSON log lines, panics included
 #[cfg(feature = "sidecar")]
+pub mod reload; // config reload: SIGHUP or a changed config file
+#[cfg(feature = "sidecar")]
 pub mod serve; // start-up, listeners, background tasks and shutdown
 #[cfg(feature = "sidecar")]
 pub mod tls; // TLS on the gRPC port

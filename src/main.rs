@@ -5,12 +5,14 @@
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use prefix_picker::cli::{self, Form, Host, ServeArgs};
 use prefix_picker::config::Config;
 use prefix_picker::hashing::{BlockChain, CacheSalt, ChainScheme};
 use prefix_picker::logging;
+use prefix_picker::reload::{self, Reloader};
 use prefix_picker::request::InferenceRequest;
 
 #[derive(Debug, Parser)]
@@ -229,6 +231,9 @@ fn serve(form: Form, args: ServeArgs, ignored: &[String]) -> ExitCode {
     for w in ignored {
         tracing::warn!("{w}");
     }
+    // Kept to resolve the config again on a reload, flags included.
+    let reload_args = args.clone();
+    let config_file = args.config.clone().or_else(|| args.config_file.clone());
     let plan = match args.resolve(form, &Host::process()) {
         Ok(plan) => plan,
         Err(errors) => {
@@ -256,7 +261,31 @@ fn serve(form: Form, args: ServeArgs, ignored: &[String]) -> ExitCode {
         };
         let (tls, endpoints) = (plan.config.picker.tls.mode, plan.config.endpoints.len());
         let mode = plan.config.scheduler.mode_summary();
+        let started = plan.config.clone();
         let mut running = prefix_picker::serve::start_with(plan.config, listen).await?;
+        let reloader = Arc::new(Reloader::new(
+            running.router.clone(),
+            started,
+            plan.config_sha256.clone(),
+        ));
+        let load = move || {
+            reload_args
+                .clone()
+                .resolve(form, &Host::process())
+                .map(|plan| {
+                    for w in &plan.warnings {
+                        tracing::warn!("{w}");
+                    }
+                    (plan.config, plan.config_sha256)
+                })
+        };
+        tokio::spawn(reload::watch(
+            reloader,
+            config_file,
+            reload::POLL_INTERVAL,
+            load,
+            running.shutdown.clone(),
+        ));
         let health_shown = running
             .health_addr
             .map_or_else(|| "none".to_string(), |a| a.to_string());

@@ -83,6 +83,33 @@ impl ScrapeResult {
     }
 }
 
+/// The `result` of a config reload (`prefix_picker_config_reloads_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReloadResult {
+    /// The new config is live.
+    Success,
+    /// Refused (invalid, or a key that needs a restart changed): the old config stays.
+    Failure,
+    /// Nothing that matters changed (e.g. a comment, or a SIGHUP with the same file).
+    Unchanged,
+}
+
+impl ReloadResult {
+    pub const ALL: [ReloadResult; 3] = [
+        ReloadResult::Success,
+        ReloadResult::Failure,
+        ReloadResult::Unchanged,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReloadResult::Success => "success",
+            ReloadResult::Failure => "failure",
+            ReloadResult::Unchanged => "unchanged",
+        }
+    }
+}
+
 /// The `source` of `prefix_picker_cached_tokens_total`.
 pub const CACHED_TOKEN_SOURCES: [&str; 2] = ["predicted", "reported"];
 
@@ -200,6 +227,8 @@ pub struct RouterMetrics {
     pub sessions: IntGauge,
     pub session_requests: IntCounterVec,
     pub sessions_dropped: IntCounterVec,
+    pub config_reloads: IntCounterVec,
+    pub config_info: IntGaugeVec,
 }
 
 impl RouterMetrics {
@@ -306,6 +335,26 @@ impl RouterMetrics {
                 "prefix_picker_shed_requests_total",
                 "Requests refused with 429 by load shedding: every candidate pod was over a \
                  picker.loadShedding limit",
+            )
+            .expect("valid metric"),
+            config_reloads: IntCounterVec::new(
+                Opts::new(
+                    "prefix_picker_config_reloads_total",
+                    listing(
+                        "Config reloads (SIGHUP or a changed config file), by result",
+                        &[("result", &ReloadResult::ALL.map(ReloadResult::as_str))],
+                    ),
+                ),
+                &["result"],
+            )
+            .expect("valid metric"),
+            config_info: IntGaugeVec::new(
+                Opts::new(
+                    "prefix_picker_config_info",
+                    "Always 1; the sha256 label is the SHA-256 of the live config text (as \
+                     sha256sum prints it)",
+                ),
+                &["sha256"],
             )
             .expect("valid metric"),
             engine_scrapes: IntCounterVec::new(
@@ -455,6 +504,11 @@ impl RouterMetrics {
         register(registry, m.pod_picks.clone());
         register(registry, m.immediate_responses.clone());
         register(registry, m.shed.clone());
+        for result in ReloadResult::ALL {
+            m.config_reloads.with_label_values(&[result.as_str()]);
+        }
+        register(registry, m.config_reloads.clone());
+        register(registry, m.config_info.clone());
         let build = IntGaugeVec::new(
             Opts::new(
                 "prefix_picker_build_info",

@@ -132,6 +132,8 @@ impl StreamState {
     pub(super) fn new(router: Arc<Router>) -> StreamState {
         let usage = router
             .scheduler
+            .load()
+            .scheduler
             .affinity()
             .filter(|a| a.engine_budget)
             .map(|_| CachedTokensScan::default());

@@ -294,6 +294,28 @@ impl PrefixIndex {
         };
         let mut state = entry.state.lock();
         state.removed = true;
+        self.drain_pod(slot, &mut state)
+    }
+
+    /// Drops every pod's entries, keeping the pods registered (their handles keep recording):
+    /// the block layout changed, so no stored hash can match a new prompt. Returns the number of
+    /// entries dropped (these are not evictions).
+    pub fn clear(&self) -> usize {
+        let pods: Vec<Arc<PodEntry>> = self.pods.read().values().cloned().collect();
+        pods.iter()
+            .map(|entry| {
+                let mut state = entry.state.lock();
+                if state.removed {
+                    0
+                } else {
+                    self.drain_pod(entry.slot, &mut state)
+                }
+            })
+            .sum()
+    }
+
+    /// Empties one pod's list and removes the pod from the reverse map's sets.
+    fn drain_pod(&self, slot: PodSlot, state: &mut PodState) -> usize {
         let keys: Vec<Hashed> = state
             .lru
             .drain()

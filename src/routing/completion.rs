@@ -141,10 +141,11 @@ pub enum Ending {
 /// first block it missed and every entry older than it leave the pod's list, before the prompt
 /// is recorded again (the engine holds it now, having computed it).
 fn correct_estimate(router: &Router, route: &Ticket, pod: &Endpoint, reported: u64) {
-    let Some(a) = router.scheduler.affinity().filter(|a| a.engine_budget) else {
+    let live = router.scheduler.load();
+    let Some(a) = live.scheduler.affinity().filter(|a| a.engine_budget) else {
         return;
     };
-    let block = router.scheduler.prefix_cache().args().block_size_to_hash as u64;
+    let block = live.scheduler.prefix_cache().args().block_size_to_hash as u64;
     let per_token = u64::from(a.bytes_per_token);
     let predicted = route.predicted_blocks as u64 * block / per_token;
     let m = &router.metrics.cached_tokens;
@@ -159,11 +160,11 @@ fn correct_estimate(router: &Router, route: &Ticket, pod: &Endpoint, reported: u
     let Some(&missing) = route.hashes.get(held) else {
         return;
     };
-    let dropped = router.scheduler.prefix_cache().index().drop_older(
-        &pod.index,
-        ModelKey::of(&route.model),
-        missing,
-    );
+    let dropped =
+        router
+            .scheduler
+            .index()
+            .drop_older(&pod.index, ModelKey::of(&route.model), missing);
     router.metrics.estimate_dropped.inc_by(dropped as u64);
     tracing::debug!(pod = %pod.label, predicted, reported, dropped, "engine holds less than predicted");
 }

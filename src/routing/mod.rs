@@ -13,6 +13,7 @@
 //! ([`crate::scheduler::pd`]): the decision's `pd` names the prefill pod the adapter sends on.
 
 pub mod completion;
+pub mod live;
 pub mod pending;
 pub mod sessions;
 
@@ -31,6 +32,7 @@ use crate::scheduler::{
     Decision, DecisionReason, Observation, PickError, RouteRequest, Scheduler, Unpaired, Unscored,
 };
 pub use completion::{Ending, PrefillTicket, Served, Ticket};
+pub use live::{Generation, LiveScheduler};
 pub use pending::PendingRoutes;
 use sessions::{SessionDrop, SessionKey, SessionOutcome, Sessions};
 
@@ -135,11 +137,14 @@ pub trait RecordSink: Send + Sync + std::fmt::Debug {
 /// Everything routing needs, shared by all streams and the admin listener.
 #[derive(Debug)]
 pub struct Router {
-    pub scheduler: Arc<Scheduler>,
+    /// The scheduler, swapped whole by a config reload ([`crate::reload`]).
+    pub scheduler: LiveScheduler,
     pub endpoints: Arc<Endpoints>,
     pub metrics: RouterMetrics,
     /// prefix-cache's metrics (Kthena's names), counted from what the scheduler returns.
     pub prefix_metrics: PrefixCacheMetrics,
+    /// The picker section as started; the keys a reload may change are read from
+    /// `scheduler.load().picker`, the others (refused by a reload) from here.
     pub config: PickerConfig,
     pub pending: PendingRoutes,
     /// Session affinity's map, when `picker.sessions` is enabled.
@@ -156,11 +161,9 @@ impl Router {
         prefix_metrics: PrefixCacheMetrics,
         metrics: RouterMetrics,
     ) -> Router {
-        let scheduler = Arc::new(Scheduler::new(scheduler, picker.max_endpoints, picker.seed));
-        let endpoints = Arc::new(Endpoints::new(
-            scheduler.prefix_cache().index().clone(),
-            metrics.clone(),
-        ));
+        let scheduler = Scheduler::new(scheduler, picker.max_endpoints, picker.seed);
+        let scheduler = LiveScheduler::new(scheduler, picker.clone());
+        let endpoints = Arc::new(Endpoints::new(scheduler.index().clone(), metrics.clone()));
         Router {
             scheduler,
             endpoints,
@@ -192,7 +195,8 @@ impl Router {
         endpoint: &Endpoint,
         origin: RecordOrigin,
     ) -> usize {
-        if !self.scheduler.prefix_enabled() {
+        let live = self.scheduler.load();
+        if !live.scheduler.prefix_enabled() {
             return 0;
         }
         if origin == RecordOrigin::Local
@@ -200,7 +204,7 @@ impl Router {
         {
             sink.recorded(model, hashes, endpoint);
         }
-        let outcome = self.scheduler.record(model, hashes, &endpoint.index);
+        let outcome = live.scheduler.record(model, hashes, &endpoint.index);
         if !hashes.is_empty() {
             self.prefix_metrics.count_record(model, &outcome);
         }
@@ -271,7 +275,8 @@ impl Router {
     ) -> Result<Routed, RouteFailure> {
         let parsed = Parsed::new(path, body)?;
         let (mut request, candidates) = self.prepare(&parsed, restrict)?;
-        if let Some(refused) = self.shed(&parsed, &candidates) {
+        let live = self.scheduler.load();
+        if let Some(refused) = Router::shed(&live, &parsed, &candidates) {
             self.metrics.shed.inc();
             return Err(refused);
         }
@@ -280,8 +285,7 @@ impl Router {
             request.session_pod = Some(pod.index.slot());
         }
         let model = request.model;
-        let mut decision = self
-            .decide(request, candidates, true)
+        let mut decision = Router::decide(&live.scheduler, request, candidates, true)
             .inspect_err(|f| self.count(model, &f.observations))
             .map_err(PickError::from)?;
         self.observe(model, &decision);
@@ -291,8 +295,8 @@ impl Router {
                 &decision.primary().spec.id,
             ))
             .inc();
-        let tentative = self.scheduler.commit(model, &decision);
-        let prefill_tentative = self.scheduler.commit_prefill(model, &decision);
+        let tentative = live.scheduler.commit(model, &decision);
+        let prefill_tentative = live.scheduler.commit_prefill(model, &decision);
         let mut ticket = Ticket::new(
             model,
             &mut decision,
@@ -375,25 +379,24 @@ impl Router {
     ) -> Result<Explained, RouteFailure> {
         let parsed = Parsed::new(path, body)?;
         let (request, candidates) = self.prepare(&parsed, restrict)?;
-        if let Some(refused) = self.shed(&parsed, &candidates) {
+        let live = self.scheduler.load();
+        if let Some(refused) = Router::shed(&live, &parsed, &candidates) {
             return Err(refused);
         }
         let model = request.model.to_string();
-        let decision = self
-            .decide(request, candidates, false)
-            .map_err(PickError::from)?;
+        let decision =
+            Router::decide(&live.scheduler, request, candidates, false).map_err(PickError::from)?;
         Ok(Explained { model, decision })
     }
 
     /// The scheduler's decision, as a PD pair when `pdGroup` is set; `routed` = false: a dry
     /// run (explain).
     fn decide(
-        &self,
+        s: &Scheduler,
         request: RouteRequest<'_>,
         candidates: Vec<Arc<Endpoint>>,
         routed: bool,
     ) -> Result<Decision<Arc<Endpoint>>, Unpaired> {
-        let s = &self.scheduler;
         match (&s.config().pd, routed) {
             (Some(group), true) => s.schedule_pd(request, candidates, group),
             (Some(group), false) => s.explain_pd(request, candidates, group),
@@ -404,11 +407,15 @@ impl Router {
 
     /// Load shedding, before the filters: the 429 for an inference request when every candidate
     /// is saturated (other paths, e.g. `/v1/models`, put no load on the engines: never shed).
-    fn shed(&self, parsed: &Parsed, candidates: &[Arc<Endpoint>]) -> Option<RouteFailure> {
+    fn shed(
+        live: &Generation,
+        parsed: &Parsed,
+        candidates: &[Arc<Endpoint>],
+    ) -> Option<RouteFailure> {
         parsed.request.as_ref()?;
-        let shed = self.scheduler.shed(candidates)?;
-        let retry_after = self
-            .config
+        let shed = live.scheduler.shed(candidates)?;
+        let retry_after = live
+            .picker
             .load_shedding
             .as_ref()
             .map_or(1, |s| s.retry_after_seconds);

@@ -8,6 +8,24 @@ use super::prefix_cache::PrefixCacheArgs;
 use super::saturation::SaturationLimits;
 use crate::hashing::ChainScheme;
 
+/// How prompts are cut into hashed blocks ([`SchedulerConfig::block_layout`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockLayout {
+    pub block_size: usize,
+    pub scheme: ChainScheme,
+}
+
+impl std::fmt::Display for BlockLayout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} blocks of {} bytes",
+            self.scheme.as_str(),
+            self.block_size
+        )
+    }
+}
+
 /// Plugins prefix-picker implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ScorerKind {
@@ -117,6 +135,15 @@ impl SchedulerConfig {
         match self.affinity {
             Some(a) if a.long_prompts => ChainScheme::Seeded,
             _ => ChainScheme::Kthena,
+        }
+    }
+
+    /// What the block hashes depend on besides the prompt: the block size and the chain
+    /// scheme. Hashes made under one layout never match a prompt hashed under another.
+    pub fn block_layout(&self) -> BlockLayout {
+        BlockLayout {
+            block_size: self.prefix_cache.block_size_to_hash,
+            scheme: self.chain_scheme(),
         }
     }
 

@@ -326,12 +326,19 @@ pub struct Scheduler {
     prefix_enabled: bool,
     max_endpoints: usize,
     seed: u64,
+    /// The sequences, shared with the schedulers a reload makes from this one.
+    counters: Arc<Counters>,
+    /// The affinity mode's tentative entries (empty unless `tentative` is on).
+    tentative: Arc<TentativeEntries>,
+}
+
+/// A scheduler's sequences, kept across a config reload.
+#[derive(Debug, Default)]
+struct Counters {
     /// Decisions made (seeds each decision's RNG).
     decisions: AtomicU64,
     /// Prefix scorings made (seeds the tie-break beyond `topKMatches`).
     scorings: AtomicU64,
-    /// The affinity mode's tentative entries (empty unless `tentative` is on).
-    tentative: Arc<TentativeEntries>,
     /// Affinity picks made (the clock of the pods' recent shares).
     picks: AtomicU64,
 }
@@ -347,21 +354,62 @@ fn next(counter: &AtomicU64, take: bool) -> u64 {
 
 impl Scheduler {
     pub fn new(config: SchedulerConfig, max_endpoints: usize, seed: u64) -> Scheduler {
+        let prefix = PrefixCache::new(config.prefix_cache, seed).with_scheme(config.chain_scheme());
+        Scheduler::assemble(
+            config,
+            prefix,
+            max_endpoints,
+            seed,
+            Arc::default(),
+            Arc::default(),
+        )
+    }
+
+    /// A scheduler with new settings over this one's state (a config reload): the prefix index,
+    /// the tentative entries and the sequences are shared, so pods keep what they hold. The
+    /// index's per-pod capacity stays as it was built; when the block layout
+    /// ([`SchedulerConfig::block_layout`]) changes the caller must clear the index.
+    pub fn reconfigured(
+        &self,
+        config: SchedulerConfig,
+        max_endpoints: usize,
+        seed: u64,
+    ) -> Scheduler {
+        let prefix = self
+            .prefix
+            .sharing(config.prefix_cache, seed)
+            .with_scheme(config.chain_scheme());
+        Scheduler::assemble(
+            config,
+            prefix,
+            max_endpoints,
+            seed,
+            self.counters.clone(),
+            self.tentative.clone(),
+        )
+    }
+
+    fn assemble(
+        config: SchedulerConfig,
+        prefix: PrefixCache,
+        max_endpoints: usize,
+        seed: u64,
+        counters: Arc<Counters>,
+        tentative: Arc<TentativeEntries>,
+    ) -> Scheduler {
         let prefix_enabled = config.affinity.is_some()
             || config
                 .scorers
                 .iter()
                 .any(|(k, _)| *k == ScorerKind::PrefixCache);
         Scheduler {
-            prefix: PrefixCache::new(config.prefix_cache, seed).with_scheme(config.chain_scheme()),
+            prefix,
             prefix_enabled,
             config,
             max_endpoints: max_endpoints.clamp(1, 5),
             seed,
-            decisions: AtomicU64::new(0),
-            scorings: AtomicU64::new(0),
-            tentative: Arc::new(TentativeEntries::default()),
-            picks: AtomicU64::new(0),
+            counters,
+            tentative,
         }
     }
 
@@ -448,7 +496,7 @@ impl Scheduler {
             }
         }
 
-        let n = next(&self.decisions, take);
+        let n = next(&self.counters.decisions, take);
         let mut rng = SmallRng::seed_from_u64(self.seed ^ n.wrapping_mul(0xA076_1D64_78BD_642F));
         let mut hashes = Vec::new();
         let mut unscored = None;
@@ -491,7 +539,7 @@ impl Scheduler {
                             None
                         } else {
                             let slots: Vec<_> = candidates.iter().map(|e| e.slot()).collect();
-                            let scoring = next(&self.scorings, take);
+                            let scoring = next(&self.counters.scorings, take);
                             self.prefix.score(model, &hashes, &slots, scoring)
                         };
                         match &scored {
@@ -650,7 +698,7 @@ impl Scheduler {
         session: Option<usize>,
         rng: &mut SmallRng,
     ) -> (usize, AffinityReason) {
-        let now = self.picks.load(Ordering::Relaxed) as u32;
+        let now = self.counters.picks.load(Ordering::Relaxed) as u32;
         let keep = affinity::keep_factor(config.share_window, candidates.len());
         let loads: Vec<PodLoad> = candidates
             .iter()
@@ -693,7 +741,7 @@ impl Scheduler {
         );
         if affinity_pick {
             let keep = affinity::keep_factor(config.share_window, decision.candidates.len());
-            let now = self.picks.fetch_add(1, Ordering::Relaxed) as u32;
+            let now = self.counters.picks.fetch_add(1, Ordering::Relaxed) as u32;
             decision.primary().recent().add(now, keep);
         }
         self.hold_tentative(model, &decision.hashes, decision.primary().slot())
@@ -718,7 +766,7 @@ impl Scheduler {
         );
         if affinity_pick {
             let keep = affinity::keep_factor(config.share_window, pd.prefill_candidates);
-            let now = self.picks.fetch_add(1, Ordering::Relaxed) as u32;
+            let now = self.counters.picks.fetch_add(1, Ordering::Relaxed) as u32;
             pd.prefill.recent().add(now, keep);
         }
         self.hold_tentative(model, &decision.hashes, pd.prefill.slot())

@@ -94,6 +94,19 @@ impl PrefixCache {
         }
     }
 
+    /// The plugin with new arguments and seed over this one's index (a config reload). The
+    /// index keeps its per-pod capacity (`maxHashCacheSize` is read once); when the block layout
+    /// changes the caller clears the index.
+    pub fn sharing(&self, args: PrefixCacheArgs, seed: u64) -> PrefixCache {
+        PrefixCache {
+            args,
+            chain: args.chain(),
+            scheme: ChainScheme::Kthena,
+            index: self.index.clone(),
+            seed,
+        }
+    }
+
     pub fn args(&self) -> PrefixCacheArgs {
         self.args
     }

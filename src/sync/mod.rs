@@ -89,11 +89,13 @@ impl Sync {
 
 /// The hashing parameters of this replica (records hashed otherwise are not applied).
 pub fn hash_params(router: &Router) -> HashParams {
-    let args = router.scheduler.prefix_cache().args();
+    let live = router.scheduler.load();
+    let prefix = live.scheduler.prefix_cache();
+    let args = prefix.args();
     HashParams {
         block_size_to_hash: args.block_size_to_hash as u32,
         max_blocks_to_match: args.max_blocks_to_match as u32,
-        scheme: router.scheduler.prefix_cache().scheme(),
+        scheme: prefix.scheme(),
     }
 }
 

@@ -43,6 +43,7 @@ const FREE_FORM_LABELS: &[&str] = &[
     "status",
     "version",
     "revision",
+    "sha256",
     "le",
     "model_server_pod",
     "model_server_namespace",

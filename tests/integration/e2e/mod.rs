@@ -12,6 +12,7 @@ mod health;
 mod load_shedding;
 mod logs;
 mod pd;
+mod reload;
 mod replicas;
 mod routing;
 mod security;
