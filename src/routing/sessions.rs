@@ -322,6 +322,12 @@ mod tests {
         assert_eq!(s.len(), 1);
     }
 
+    /// docs/routing.md gives the memory per session from this size.
+    #[test]
+    fn a_session_entry_is_48_bytes() {
+        assert_eq!(std::mem::size_of::<(SessionKey, Entry)>(), 48);
+    }
+
     #[test]
     fn keys_are_seeded_and_shown_as_hex() {
         let a = Sessions::new(&config(10, 10), 1);
