@@ -26,6 +26,7 @@ use crate::config::{PickerConfig, SchedulerConfig};
 use crate::endpoints::{AddressPattern, Endpoint, Endpoints};
 use crate::hashing::BlockHash;
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
+use crate::prefix_index::PodSlot;
 use crate::request::{Api, InferenceRequest};
 use crate::scheduler::saturation::Shed;
 use crate::scheduler::{
@@ -281,8 +282,8 @@ impl Router {
             return Err(refused);
         }
         let session = self.session_pod(session, &candidates);
-        if let Some((_, SessionPod::Candidate(pod))) = &session {
-            request.session_pod = Some(pod.index.slot());
+        if let Some((_, SessionPod::Candidate(slot))) = session {
+            request.session_pod = Some(slot);
         }
         let model = request.model;
         let mut decision = Router::decide(&live.scheduler, request, candidates, true)
@@ -341,7 +342,7 @@ impl Router {
                 .iter()
                 .find(|e| e.spec.address == a)
                 .map_or(SessionPod::NotCandidate, |e| {
-                    SessionPod::Candidate(e.clone())
+                    SessionPod::Candidate(e.index.slot())
                 }),
         };
         Some((key, pod))
@@ -445,18 +446,21 @@ impl Router {
             prompt,
             salt: parsed.request.as_ref().and_then(|r| r.salt.as_ref()),
             session_pod: None,
+            hashes: None,
         };
         Ok((request, candidates))
     }
 }
 
 /// Where a session's pod is, for one request.
+#[derive(Clone, Copy)]
 enum SessionPod {
     /// No pod yet: a new session, or one forgotten.
     New,
     /// Its pod is not a candidate (gone, or outside the subset hint).
     NotCandidate,
-    Candidate(Arc<Endpoint>),
+    /// A candidate, in this prefix-index slot.
+    Candidate(PodSlot),
 }
 
 /// A request as routing reads it: the inference request for a known API, none for another path.

@@ -316,6 +316,9 @@ pub struct RouteRequest<'a> {
     /// Session affinity: the pod that served the session's last request. It is the pick while
     /// it has headroom (it passed the filters, or, in the affinity mode, is not saturated).
     pub session_pod: Option<PodSlot>,
+    /// The prompt's block hashes, when a pass before this one computed them (PD: the decode
+    /// pass's, reused by each prefill pass); `None`: hashed here.
+    pub hashes: Option<&'a [BlockHash]>,
 }
 
 /// The scheduler. Shared by all streams (`Arc`); holds the prefix index.
@@ -502,9 +505,7 @@ impl Scheduler {
         let mut unscored = None;
         // Affinity mode: the pick from every candidate's longest match (index and tentative).
         if let (Some(config), Ok(prompt)) = (&self.config.affinity, request.prompt) {
-            hashes = self
-                .prefix
-                .hash_salted(model, request.salt, prompt.as_bytes());
+            hashes = self.hashes_of(&request, prompt);
             let slots: Vec<_> = candidates.iter().map(|e| e.slot()).collect();
             if let Some(scored) = self
                 .prefix
@@ -532,9 +533,7 @@ impl Scheduler {
                         None
                     }
                     Ok(prompt) => {
-                        hashes = self
-                            .prefix
-                            .hash_salted(model, request.salt, prompt.as_bytes());
+                        hashes = self.hashes_of(&request, prompt);
                         let scored = if hashes.is_empty() {
                             None
                         } else {
@@ -802,6 +801,18 @@ impl Scheduler {
             return RecordOutcome::default();
         }
         self.prefix.record(model, hashes, pod)
+    }
+}
+
+impl Scheduler {
+    /// The prompt's block hashes: the request's own when a pass before computed them.
+    fn hashes_of(&self, request: &RouteRequest<'_>, prompt: &str) -> Vec<BlockHash> {
+        match request.hashes {
+            Some(hashes) => hashes.to_vec(),
+            None => self
+                .prefix
+                .hash_salted(request.model, request.salt, prompt.as_bytes()),
+        }
     }
 }
 

@@ -236,6 +236,11 @@ impl Scheduler {
         }
         let mut decision = self.decide(request, decode, take, TOP_DECODE)?;
         let mut observations = std::mem::take(&mut decision.observations);
+        // The prefill passes score the same prompt: hashed once, by the decode pass.
+        let prefill_request = RouteRequest {
+            hashes: Some(&decision.hashes),
+            ..request
+        };
         let mut passes = Vec::with_capacity(decision.ranked.len());
         let mut paired = None;
         for (i, d) in decision.ranked.iter().enumerate() {
@@ -250,7 +255,7 @@ impl Scheduler {
                 passes.push(PrefillPass::NoPrefillPods { decode: d.clone() });
                 continue;
             }
-            match self.decide(request, prefill, take, 1) {
+            match self.decide(prefill_request, prefill, take, 1) {
                 Err(f) => {
                     observations.extend(f.observations);
                     passes.push(PrefillPass::FilteredOut {

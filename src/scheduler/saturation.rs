@@ -48,16 +48,6 @@ pub enum Saturation {
     KvCache,
 }
 
-impl Saturation {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Saturation::InFlight => "in_flight",
-            Saturation::Queue => "queue",
-            Saturation::KvCache => "kv_cache",
-        }
-    }
-}
-
 /// Every candidate was saturated: how many, and over which limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Shed {

@@ -46,6 +46,7 @@ fn req(prompt: &str) -> RouteRequest<'_> {
         prompt: Ok(prompt),
         salt: None,
         session_pod: None,
+        hashes: None,
     }
 }
 
@@ -117,6 +118,7 @@ fn no_prompt_is_unscored_not_rejected() {
                 prompt: Err(Unscored::NoPrompt(crate::prompt::NoPrompt::PromptNotString)),
                 salt: None,
                 session_pod: None,
+                hashes: None,
             },
             pods.clone(),
         )
@@ -282,6 +284,7 @@ mod namespaces {
             prompt: Ok(prompt),
             salt,
             session_pod: None,
+            hashes: None,
         }
     }
 
@@ -442,6 +445,7 @@ mod namespaces {
                     prompt: parsed.prompt.as_deref().map_err(|&r| Unscored::NoPrompt(r)),
                     salt: parsed.salt.as_ref(),
                     session_pod: None,
+                    hashes: None,
                 };
                 s.schedule(request, pods.clone()).unwrap()
             };

@@ -66,6 +66,7 @@ fn req(prompt: &str) -> RouteRequest<'_> {
         prompt: Ok(prompt),
         salt: None,
         session_pod: None,
+        hashes: None,
     }
 }
 
