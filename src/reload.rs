@@ -97,6 +97,17 @@ pub fn check(old: &Config, new: &Config) -> Result<Option<Plan>, Refused> {
     .into_iter()
     .filter_map(|(key, changed)| changed.then_some(key))
     .collect();
+    // A picker key missing from the list above (one added later) is refused, not ignored.
+    let start_up_only = |p: &crate::config::PickerConfig| crate::config::PickerConfig {
+        seed: 0,
+        max_endpoints: 0,
+        affinity: None,
+        load_shedding: None,
+        ..p.clone()
+    };
+    if keys.is_empty() && start_up_only(o) != start_up_only(n) {
+        keys.push("picker (a key read at start-up)");
+    }
     let (os, ns) = (&old.scheduler, &new.scheduler);
     let layout =
         (os.block_layout() != ns.block_layout()).then(|| (os.block_layout(), ns.block_layout()));
