@@ -272,6 +272,8 @@ pub struct AffinitySection {
     pub engine_tokens: u64,
     pub balance_new: bool,
     pub spill_hot_only: bool,
+    pub place_by_churn: bool,
+    pub churn_slack: f64,
 }
 
 impl Default for AffinitySection {
@@ -297,6 +299,8 @@ impl Default for AffinitySection {
             engine_tokens: d.engine_tokens,
             balance_new: d.balance_new,
             spill_hot_only: d.spill_hot_only,
+            place_by_churn: d.place_by_churn,
+            churn_slack: d.churn_slack,
         }
     }
 }
@@ -354,6 +358,9 @@ impl AffinitySection {
         if self.bytes_per_token == 0 {
             return bad("bytesPerToken", "0".into(), "> 0");
         }
+        if !(self.churn_slack.is_finite() && self.churn_slack >= 0.0) {
+            return bad("churnSlack", self.churn_slack.to_string(), "a number >= 0");
+        }
         Ok(Some(AffinityConfig {
             tentative: self.tentative,
             consolidate_ties: self.consolidate_ties,
@@ -373,6 +380,8 @@ impl AffinitySection {
             engine_tokens: self.engine_tokens,
             balance_new: self.balance_new,
             spill_hot_only: self.spill_hot_only,
+            place_by_churn: self.place_by_churn,
+            churn_slack: self.churn_slack,
         }))
     }
 }

@@ -118,6 +118,10 @@ impl Candidate for Endpoint {
         self.index.slot()
     }
 
+    fn index_pod(&self) -> Option<&PodHandle> {
+        Some(&self.index)
+    }
+
     fn inflight(&self) -> i64 {
         Endpoint::inflight(self)
     }

@@ -67,6 +67,7 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use rand::Rng;
 use rand::seq::index::sample;
 
+use crate::decaying_sum::DecayingSum;
 use crate::hashing::BlockHash;
 use candidates::CandidatePositions;
 use models::{ModelId, ModelIds};
@@ -183,6 +184,9 @@ struct RecordScratch {
 struct PodEntry {
     slot: PodSlot,
     state: Mutex<PodState>,
+    /// Entries this pod's records evicted, as a fraction of its capacity, decaying per record
+    /// of the whole index ([`PrefixIndex::churn`]).
+    churn: DecayingSum,
 }
 
 /// A registered pod. Recording goes through the handle; after `remove_pod` it records nothing.
@@ -248,7 +252,14 @@ pub struct PrefixIndex {
     shards: Box<[RwLock<ReverseShard>]>,
     pods: RwLock<HashMap<PodSlot, Arc<PodEntry>>>,
     next_slot: AtomicU32,
+    /// Records made so far: the clock of the pods' churn.
+    records: AtomicU32,
+    /// Pods registered (the churn's window scales with it).
+    pod_count: AtomicU32,
 }
+
+/// Records per pod over which a pod's churn is averaged (an exponential moving average).
+pub const CHURN_WINDOW: u32 = 16;
 
 impl PrefixIndex {
     /// An empty index holding up to `capacity` entries per pod (`maxHashCacheSize`).
@@ -264,11 +275,27 @@ impl PrefixIndex {
                 .collect(),
             pods: RwLock::new(HashMap::new()),
             next_slot: AtomicU32::new(0),
+            records: AtomicU32::new(0),
+            pod_count: AtomicU32::new(0),
         }
     }
 
     pub fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    /// How fast `pod`'s records evict: entries evicted over about the last [`CHURN_WINDOW`]
+    /// records per pod, as a fraction of its capacity (0 for a pod with room). A pod with low
+    /// churn keeps what it is sent longest, so new work evicts least there.
+    pub fn churn(&self, pod: &PodHandle) -> f64 {
+        pod.0
+            .churn
+            .value(self.records.load(Ordering::Relaxed), self.churn_keep())
+    }
+
+    fn churn_keep(&self) -> f64 {
+        let pods = self.pod_count.load(Ordering::Relaxed).max(1);
+        1.0 - 1.0 / f64::from(CHURN_WINDOW.saturating_mul(pods))
     }
 
     /// Registers a new pod with an empty list.
@@ -281,8 +308,10 @@ impl PrefixIndex {
                 lru: PodLru::new(self.capacity),
                 removed: false,
             }),
+            churn: DecayingSum::default(),
         });
         self.pods.write().insert(slot, entry.clone());
+        self.pod_count.fetch_add(1, Ordering::Relaxed);
         PodHandle(entry)
     }
 
@@ -292,6 +321,7 @@ impl PrefixIndex {
         let Some(entry) = self.pods.write().remove(&slot) else {
             return 0;
         };
+        self.pod_count.fetch_sub(1, Ordering::Relaxed);
         let mut state = entry.state.lock();
         state.removed = true;
         self.drain_pod(slot, &mut state)
@@ -509,7 +539,15 @@ impl PrefixIndex {
         let evicted = self.update_list(lru, keys, held, earlier, at, changes, &mut outcome);
         // 3. The reverse map.
         self.apply_changes(slot, changes, batch);
+        let capacity = lru.capacity();
         drop(guard);
+        let evicted_entries: u64 = evicted.iter().map(|&(_, n)| n).sum();
+        let now = self.records.fetch_add(1, Ordering::Relaxed);
+        pod.0.churn.add(
+            now,
+            self.churn_keep(),
+            evicted_entries as f64 / capacity as f64,
+        );
         if !evicted.is_empty() {
             outcome.evicted = self
                 .models

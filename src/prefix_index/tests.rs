@@ -69,6 +69,28 @@ fn evictions_are_counted_under_the_evicted_model() {
 }
 
 #[test]
+fn churn_is_what_a_pod_evicted_per_capacity_decaying_with_every_record() {
+    let index = PrefixIndex::new(4);
+    let (full, roomy) = (index.add_pod(), index.add_pod());
+    // Filling a list evicts nothing: no churn.
+    index.record(&full, M, &hashes(&[1, 2, 3, 4]));
+    index.record(&roomy, M, &hashes(&[1]));
+    assert_eq!(index.churn(&full), 0.0);
+    // Two evictions out of a capacity of 4.
+    index.record(&full, M, &hashes(&[5, 6]));
+    let after = index.churn(&full);
+    assert!((after - 0.5).abs() < 1e-6, "{after}");
+    assert_eq!(index.churn(&roomy), 0.0);
+    // Each record anywhere decays it (window: CHURN_WINDOW records per pod).
+    index.record(&roomy, M, &hashes(&[2]));
+    let keep = 1.0 - 1.0 / f64::from(CHURN_WINDOW * 2);
+    assert!((index.churn(&full) - 0.5 * keep).abs() < 1e-6);
+    // Refreshing held entries evicts nothing.
+    index.record(&full, M, &hashes(&[5, 6]));
+    assert!((index.churn(&full) - 0.5 * keep * keep).abs() < 1e-6);
+}
+
+#[test]
 fn longest_match_per_pod() {
     let index = PrefixIndex::new(100);
     let p: Vec<PodHandle> = (0..3).map(|_| index.add_pod()).collect();

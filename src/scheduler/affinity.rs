@@ -35,11 +35,10 @@
 //! whose match there is held by requests in flight and would lose more than a quarter of the
 //! prompt elsewhere).
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use rand::Rng;
+use std::net::SocketAddr;
 
+use crate::decaying_sum::DecayingSum;
 use crate::hashing::BlockHash;
 
 /// The affinity mode's settings (validated: every number in range).
@@ -81,6 +80,10 @@ pub struct AffinityConfig {
     /// An over-share pod spills only requests whose head makes up at least half of its
     /// requests in flight (the prefix that drives its load), not its cold prefixes.
     pub spill_hot_only: bool,
+    /// New prefixes go, among the available pods within the share headroom, to those whose
+    /// index evicts least ([`crate::prefix_index::PrefixIndex::churn`]), within `churnSlack`.
+    pub place_by_churn: bool,
+    pub churn_slack: f64,
 }
 
 impl Default for AffinityConfig {
@@ -100,10 +103,12 @@ impl Default for AffinityConfig {
             block_bytes: 128,
             max_prompt_bytes: 256 << 10,
             engine_budget: true,
-            bytes_per_token: 5,
+            bytes_per_token: 4,
             engine_tokens: 0,
             balance_new: true,
             spill_hot_only: true,
+            place_by_churn: true,
+            churn_slack: 0.0,
         }
     }
 }
@@ -130,47 +135,19 @@ pub enum AffinityReason {
 }
 
 /// A pod's share of recent picks: an exponential moving average over picks (each pick keeps
-/// `keep` of the share before it and adds `1 - keep` to its pod's), stored with the pick count
-/// it was last brought to (one word, updated without a lock).
+/// `keep` of the share before it and adds `1 - keep` to its pod's).
 #[derive(Debug, Default)]
-pub struct RecentPicks(AtomicU64);
+pub struct RecentPicks(DecayingSum);
 
 impl RecentPicks {
-    fn unpack(v: u64) -> (u32, f32) {
-        ((v >> 32) as u32, f32::from_bits(v as u32))
-    }
-
-    fn pack(at: u32, share: f32) -> u64 {
-        (u64::from(at) << 32) | u64::from(share.to_bits())
-    }
-
-    fn decayed(v: u64, now: u32, keep: f64) -> f64 {
-        let (at, share) = Self::unpack(v);
-        let steps = now.wrapping_sub(at);
-        if steps == 0 || share == 0.0 {
-            return f64::from(share);
-        }
-        if steps > 1 << 20 {
-            return 0.0;
-        }
-        // keep^steps, as one exp (a powi is a libcall loop).
-        f64::from(share) * (keep.ln() * f64::from(steps)).exp()
-    }
-
     /// The share at pick number `now`, each pick keeping `keep` of the share before it.
     pub fn share(&self, now: u32, keep: f64) -> f64 {
-        Self::decayed(self.0.load(Ordering::Relaxed), now, keep)
+        self.0.value(now, keep)
     }
 
     /// Counts pick number `now` for this pod.
     pub fn add(&self, now: u32, keep: f64) {
-        let _ = self
-            .0
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                // Picks before `now` decay the stored share; this one adds its weight.
-                let share = Self::decayed(v, now, keep) * keep + (1.0 - keep);
-                Some(Self::pack(now.wrapping_add(1), share as f32))
-            });
+        self.0.add(now, keep, 1.0 - keep);
     }
 }
 
@@ -209,7 +186,12 @@ fn mix(x: u64) -> u64 {
     (p as u64) ^ ((p >> 64) as u64)
 }
 
-/// The pick: the chosen candidate's position and why.
+/// The pick: the chosen candidate's position and why. `churn(i)` is candidate `i`'s churn,
+/// read only for new work.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the pick's inputs, each used once; a struct would only rename them"
+)]
 pub fn pick<R: Rng>(
     config: &AffinityConfig,
     matched: &[usize],
@@ -217,6 +199,7 @@ pub fn pick<R: Rng>(
     loads: &[PodLoad],
     hashes: &[BlockHash],
     session: Option<usize>,
+    churn: &dyn Fn(usize) -> f64,
     rng: &mut R,
 ) -> (usize, AffinityReason) {
     let n = matched.len();
@@ -277,13 +260,13 @@ pub fn pick<R: Rng>(
     match best_available {
         // No available pod holds any block: new work for this pod set, by share.
         Some(0) if config.balance_new => {
-            let i = balance(
-                config,
-                (0..n).filter(|&i| available(i)),
-                loads,
-                tie_key(0),
-                rng,
-            );
+            let pool: Vec<usize> = (0..n).filter(|&i| available(i)).collect();
+            let pool = if config.place_by_churn {
+                quietest(config, pool, loads, limit, churn)
+            } else {
+                pool
+            };
+            let i = balance(config, pool.iter().copied(), loads, tie_key(0), rng);
             (
                 i,
                 if best_all == 0 {
@@ -359,6 +342,31 @@ pub fn pick<R: Rng>(
             (i, AffinityReason::Saturated)
         }
     }
+}
+
+/// The pods of `pool` (non-empty) that new work evicts least from: those within the share
+/// `limit` (all of them when none is), then those whose churn is within `churnSlack` of the
+/// least.
+fn quietest(
+    config: &AffinityConfig,
+    pool: Vec<usize>,
+    loads: &[PodLoad],
+    limit: f64,
+    churn: &dyn Fn(usize) -> f64,
+) -> Vec<usize> {
+    let within: Vec<usize> = pool
+        .iter()
+        .copied()
+        .filter(|&i| loads[i].share <= limit)
+        .collect();
+    let pool = if within.is_empty() { pool } else { within };
+    let churns: Vec<f64> = pool.iter().map(|&i| churn(i)).collect();
+    let least = churns.iter().copied().fold(f64::INFINITY, f64::min);
+    pool.into_iter()
+        .zip(churns)
+        .filter(|&(_, c)| c <= least + config.churn_slack)
+        .map(|(i, _)| i)
+        .collect()
 }
 
 /// One of `pods` (non-empty) for new work: the least recent share among the pods within

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::affinity::RecentPicks;
-use crate::prefix_index::PodSlot;
+use crate::prefix_index::{PodHandle, PodSlot};
 
 /// Engine metrics last scraped from a pod (missing values are 0).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -25,6 +25,11 @@ pub struct EngineStats {
 pub trait Candidate {
     /// The pod's slot in the prefix index.
     fn slot(&self) -> PodSlot;
+    /// The pod's handle in the prefix index (the affinity mode reads its churn); `None`: the
+    /// pod's churn counts as 0.
+    fn index_pod(&self) -> Option<&PodHandle> {
+        None
+    }
     /// Requests picked for this pod and not yet completed (the router's own count).
     fn inflight(&self) -> i64;
     /// The engine's last scraped stats.
@@ -49,6 +54,10 @@ pub trait Candidate {
 impl<C: Candidate + ?Sized> Candidate for Arc<C> {
     fn slot(&self) -> PodSlot {
         (**self).slot()
+    }
+
+    fn index_pod(&self) -> Option<&PodHandle> {
+        (**self).index_pod()
     }
 
     fn inflight(&self) -> i64 {

@@ -172,11 +172,13 @@ impl SchedulerConfig {
             Some(a) => {
                 let on = |b: bool| if b { "on" } else { "off" };
                 format!(
-                    "routing mode: affinity (tentative {} [tentativeMinRatio {}], consolidateTies {}, balanceNew {}, loadGate {} [spillHotOnly {}, podCapacity {}, maxQueue {}, shareHeadroom {}, shareWindow {}, tieLoadSlack {}, spillLoss {}], longPrompts {}, engineBudget {} [bytesPerToken {}, engineTokens {}]); {chain}",
+                    "routing mode: affinity (tentative {} [tentativeMinRatio {}], consolidateTies {}, balanceNew {} [placeByChurn {}, churnSlack {}], loadGate {} [spillHotOnly {}, podCapacity {}, maxQueue {}, shareHeadroom {}, shareWindow {}, tieLoadSlack {}, spillLoss {}], longPrompts {}, engineBudget {} [bytesPerToken {}, engineTokens {}]); {chain}",
                     on(a.tentative),
                     a.tentative_min_ratio,
                     on(a.consolidate_ties),
                     on(a.balance_new),
+                    on(a.place_by_churn),
+                    a.churn_slack,
                     on(a.load_gate),
                     on(a.spill_hot_only),
                     a.pod_capacity,

@@ -710,6 +710,8 @@ impl Scheduler {
                 head_inflight: scored.head_inflight.get(i).copied().unwrap_or(0),
             })
             .collect();
+        let index = self.prefix.index();
+        let churn = |i: usize| candidates[i].index_pod().map_or(0.0, |p| index.churn(p));
         affinity::pick(
             config,
             &scored.matched_blocks,
@@ -717,6 +719,7 @@ impl Scheduler {
             &loads,
             hashes,
             session,
+            &churn,
             rng,
         )
     }

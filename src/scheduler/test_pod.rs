@@ -23,6 +23,10 @@ impl Candidate for Pod {
         self.handle.slot()
     }
 
+    fn index_pod(&self) -> Option<&PodHandle> {
+        Some(&self.handle)
+    }
+
     fn inflight(&self) -> i64 {
         0
     }

@@ -40,6 +40,10 @@ pub struct Sample {
     pub output_tokens: u64,
     pub served_by: String,
     pub group: Option<u32>,
+    /// The engine's `usage.prompt_tokens` and `prompt_tokens_details.cached_tokens` (from the
+    /// stream's usage chunk; 0 when the stream carried none).
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
 }
 
 /// Percentiles in milliseconds.
@@ -159,6 +163,8 @@ async fn one(client: &reqwest::Client, base: &str, r: &BenchRequest, t0: Instant
     let mut ttft = None;
     let mut events = 0u64;
     let mut usage_chunks = 0u64;
+    // The stream's last bytes, where the usage chunk is.
+    let mut tail: Vec<u8> = Vec::new();
     while let Some(chunk) = stream.next().await {
         let Ok(chunk) = chunk else {
             return Sample::default();
@@ -169,6 +175,10 @@ async fn one(client: &reqwest::Client, base: &str, r: &BenchRequest, t0: Instant
         events += chunk.windows(6).filter(|w| w == b"data: ").count() as u64;
         // Not a token: the usage chunk of `stream_options.include_usage` (no choices).
         usage_chunks += chunk.windows(14).filter(|w| w == b"\"choices\":[]").count() as u64;
+        tail.extend_from_slice(&chunk);
+        if tail.len() > USAGE_TAIL_BYTES {
+            tail.drain(..tail.len() - USAGE_TAIL_BYTES);
+        }
     }
     Sample {
         ok: true,
@@ -178,7 +188,26 @@ async fn one(client: &reqwest::Client, base: &str, r: &BenchRequest, t0: Instant
         served_by,
         group: r.group,
         start: start.duration_since(t0).as_secs_f64(),
+        prompt_tokens: usage_count(&tail, b"\"prompt_tokens\":"),
+        cached_tokens: usage_count(&tail, b"\"cached_tokens\":"),
     }
+}
+
+/// Bytes of a stream's end kept for its usage chunk.
+const USAGE_TAIL_BYTES: usize = 1024;
+
+/// The number after the last `key` in `bytes` (0 when there is none).
+fn usage_count(bytes: &[u8], key: &[u8]) -> u64 {
+    let Some(at) = bytes.windows(key.len()).rposition(|w| w == key) else {
+        return 0;
+    };
+    bytes[at + key.len()..]
+        .iter()
+        .skip_while(|b| b.is_ascii_whitespace())
+        .take_while(|b| b.is_ascii_digit())
+        .fold(0u64, |n, &b| {
+            n.saturating_mul(10).saturating_add(u64::from(b - b'0'))
+        })
 }
 
 /// A unit of work: one request, a conversation (in order) or a burst (all at once).
@@ -423,5 +452,13 @@ mod tests {
         let served = [(1, "a"), (1, "a"), (1, "a"), (2, "a"), (2, "b")];
         assert!((pods_per_group(served.into_iter()) - (3.0 + 2.0 * 2.0) / 5.0).abs() < 1e-9);
         assert_eq!(pods_per_group(std::iter::empty()), 0.0);
+    }
+
+    #[test]
+    fn usage_counts_come_from_the_last_usage_chunk() {
+        let tail = b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\": 1712,\"prompt_tokens_details\":{\"cached_tokens\":1536}}}\n\ndata: [DONE]";
+        assert_eq!(usage_count(tail, b"\"prompt_tokens\":"), 1712);
+        assert_eq!(usage_count(tail, b"\"cached_tokens\":"), 1536);
+        assert_eq!(usage_count(b"data: [DONE]", b"\"cached_tokens\":"), 0);
     }
 }

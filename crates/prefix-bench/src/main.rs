@@ -434,10 +434,11 @@ fn shipped_affinity() -> anyhow::Result<Option<serde_json::Value>> {
 }
 
 /// The `picker.affinity` switches the ablation turns off, one at a time.
-const ABLATION_SWITCHES: [&str; 5] = [
+const ABLATION_SWITCHES: [&str; 6] = [
     "tentative",
     "consolidateTies",
     "loadGate",
+    "placeByChurn",
     "longPrompts",
     "engineBudget",
 ];

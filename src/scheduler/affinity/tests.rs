@@ -32,6 +32,7 @@ fn pick_one(
         loads,
         h,
         None,
+        &|_| 0.0,
         &mut SmallRng::seed_from_u64(7),
     )
 }
@@ -146,6 +147,7 @@ fn ties_consolidate_on_the_deepest_block_held() {
                 &l,
                 &h,
                 None,
+                &|_| 0.0,
                 &mut SmallRng::seed_from_u64(s),
             )
             .0
@@ -175,6 +177,7 @@ fn without_consolidation_ties_are_random() {
                 &l,
                 &hashes(4),
                 None,
+                &|_| 0.0,
                 &mut SmallRng::seed_from_u64(s),
             )
             .0
@@ -200,8 +203,8 @@ fn recent_share_is_a_moving_average_over_picks() {
 #[test]
 fn budgets_follow_engine_tokens() {
     let c = AffinityConfig::default();
-    // 4096 blocks x 16 tokens x 5 bytes / 256-byte blocks.
-    assert_eq!(c.budget_entries(65_536, 256), 1280);
+    // 4096 blocks x 16 tokens x 4 bytes / 256-byte blocks.
+    assert_eq!(c.budget_entries(65_536, 256), 1024);
     assert_eq!(c.budget_entries(0, 256), 1);
 }
 
@@ -219,6 +222,7 @@ fn a_match_held_only_in_flight_counts_when_it_covers_most_of_the_prompt() {
             &l,
             &h,
             None,
+            &|_| 0.0,
             &mut SmallRng::seed_from_u64(1)
         ),
         (1, AffinityReason::Hit)
@@ -232,6 +236,7 @@ fn a_match_held_only_in_flight_counts_when_it_covers_most_of_the_prompt() {
             &l,
             &h,
             None,
+            &|_| 0.0,
             &mut SmallRng::seed_from_u64(1)
         )
         .1,
@@ -262,6 +267,7 @@ fn a_burst_in_progress_stays_on_an_over_share_pod_new_work_does_not() {
             &l,
             &hashes(8),
             None,
+            &|_| 0.0,
             &mut SmallRng::seed_from_u64(1)
         ),
         (0, AffinityReason::Hit)
@@ -281,6 +287,7 @@ fn a_burst_in_progress_stays_on_an_over_share_pod_new_work_does_not() {
             &l,
             &hashes(8),
             None,
+            &|_| 0.0,
             &mut SmallRng::seed_from_u64(1)
         )
         .1,
@@ -375,6 +382,7 @@ fn a_session_keeps_its_pod_until_the_pod_is_saturated() {
             l,
             &hashes(8),
             session,
+            &|_| 0.0,
             &mut SmallRng::seed_from_u64(3),
         )
     };
@@ -389,4 +397,70 @@ fn a_session_keeps_its_pod_until_the_pod_is_saturated() {
     l[2].inflight = 0;
     l[2].waiting = 1.0;
     assert_eq!(pick_with(&l, Some(2)), (0, AffinityReason::Hit), "queueing");
+}
+
+#[test]
+fn new_prefixes_go_to_the_pod_that_evicts_least_within_its_share() {
+    let c = AffinityConfig::default();
+    assert!(c.place_by_churn && c.balance_new);
+    let mut l = loads(4);
+    // Pod 2 has the least share and the least load, but evicts a third of its cache per window;
+    // pod 1 evicts least.
+    l[2].share = 0.05;
+    let churn = [0.2, 0.02, 0.3, 0.1];
+    let pick_new = |c: &AffinityConfig, l: &[PodLoad], k: u64| {
+        pick(
+            c,
+            &[0; 4],
+            &[0; 4],
+            l,
+            &[BlockHash(k)],
+            None,
+            &|i| churn[i],
+            &mut SmallRng::seed_from_u64(1),
+        )
+    };
+    for k in 0..16 {
+        assert_eq!(pick_new(&c, &l, k), (1, AffinityReason::Miss));
+    }
+    // Over the share limit (1.25 x the mean, at least 1/4), the quiet pod is passed over.
+    l[1].share = 0.9;
+    assert_eq!(pick_new(&c, &l, 3).0, 3);
+    // Within `churnSlack` of the least, the share decides again.
+    l[0].share = 0.1;
+    l[3].share = 0.1;
+    let slack = AffinityConfig {
+        churn_slack: 0.25,
+        ..c
+    };
+    assert_eq!(pick_new(&slack, &l, 3).0, 2);
+    // Off: churn is not read at all.
+    let off = AffinityConfig {
+        place_by_churn: false,
+        ..c
+    };
+    let panics = |_: usize| -> f64 { panic!("churn read with placeByChurn off") };
+    let (i, _) = pick(
+        &off,
+        &[0; 4],
+        &[0; 4],
+        &l,
+        &[BlockHash(3)],
+        None,
+        &panics,
+        &mut SmallRng::seed_from_u64(1),
+    );
+    assert_eq!(i, 2);
+    // A match is never moved by churn.
+    let (i, why) = pick(
+        &c,
+        &[4, 0, 0, 0],
+        &[4, 0, 0, 0],
+        &loads(4),
+        &hashes(8),
+        None,
+        &|i| churn[i],
+        &mut SmallRng::seed_from_u64(1),
+    );
+    assert_eq!((i, why), (0, AffinityReason::Hit));
 }
