@@ -513,3 +513,42 @@ fn load_shedding_that_can_never_shed_is_warned_about() {
         assert!(!c.warnings.iter().any(|w| w == NOTHING_TO_SHED), "{doc}");
     }
 }
+
+#[test]
+fn affinity_errors_name_the_key_and_the_value() {
+    let cases = [
+        ("podCapacity: 0", "affinity.podCapacity must be > 0, got 0"),
+        (
+            "shareHeadroom: -0.1",
+            "affinity.shareHeadroom must be a number >= 0, got -0.1",
+        ),
+        ("shareWindow: 0", "affinity.shareWindow must be > 0, got 0"),
+        (
+            "tentativeMinRatio: 1.5",
+            "affinity.tentativeMinRatio must be in 0..=1, got 1.5",
+        ),
+        (
+            "churnSlack: -1",
+            "affinity.churnSlack must be a number >= 0, got -1",
+        ),
+        (
+            "churnSlack: .nan",
+            "affinity.churnSlack must be a number >= 0, got NaN",
+        ),
+        (
+            "bytesPerToken: 0",
+            "affinity.bytesPerToken must be > 0, got 0",
+        ),
+    ];
+    for (value, expected) in cases {
+        let doc = format!("picker: {{affinity: {{{value}}}}}\n");
+        let err = Config::parse(&doc).unwrap_err();
+        assert_eq!(err.to_string(), format!("picker: {expected}"), "{value}");
+    }
+    // The new-work keys reach the scheduler.
+    let c = Config::parse("picker: {affinity: {placeByChurn: false, churnSlack: 0.1}}\n").unwrap();
+    let a = c.scheduler.affinity.expect("affinity mode");
+    assert!(!a.place_by_churn);
+    assert_eq!(a.churn_slack, 0.1);
+    assert_eq!(a.bytes_per_token, 4);
+}

@@ -8,6 +8,10 @@
 //!   tasks rarely meet. "Does this pod hold the entry, and where" is a reverse-map lookup, so the
 //!   lists need no lookup table of their own.
 //!
+//! Each pod also keeps its churn ([`PrefixIndex::churn`]): the entries its records evicted, as a
+//! fraction of its capacity, a moving average over about [`CHURN_WINDOW`] records per pod (two
+//! atomics per record, no lock); the affinity mode places new work where it is lowest.
+//!
 //! Models are interned to `u32` ids ([`models`]); an entry costs a 20-byte list node plus a
 //! 16-byte reverse slot and its 1-byte tag (shared by the pods holding it) at 47-94 % table load.
 //! The slot stores the key as one word, the block hash xor a keyed salt of the model

@@ -8,8 +8,9 @@
 //! `shareHeadroom` and (`spillHotOnly`) the request's prefix makes up at least half of its
 //! requests in flight; the others are *available*. Then:
 //! - the longest match overall is on an available pod: pick it (`affinity_hit`);
-//! - nobody holds any block: the available pod with the least recent share among the least
-//!   loaded (`balanceNew`; else the tie rule) (`affinity_miss`);
+//! - nobody holds any block: among the available pods within the share headroom, those whose
+//!   index evicts least (`placeByChurn`, within `churnSlack`), then the least recent share among
+//!   the least loaded (`balanceNew`; else the tie rule) (`affinity_miss`);
 //! - the longest match is only on unavailable pods: spill to the available pod with the longest
 //!   match, or the least-loaded available pod when none holds any block (`affinity_spill`); that
 //!   pod then holds the prefix too, so a hot prefix replicates over as many pods as its load
@@ -33,7 +34,7 @@
 //! (picks per candidate that the share remembers, an exponential moving average),
 //! `tieLoadSlack` 0, `spillLoss` 0.25 (an over-share pod keeps a burst in progress: requests
 //! whose match there is held by requests in flight and would lose more than a quarter of the
-//! prompt elsewhere).
+//! prompt elsewhere), `churnSlack` 0.
 
 use rand::Rng;
 use std::net::SocketAddr;

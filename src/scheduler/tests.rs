@@ -467,3 +467,41 @@ mod namespaces {
         }
     }
 }
+
+/// The affinity mode places new prompts on the pod whose index evicts least: with two pods
+/// churning through their budgets and a third full but quiet, every new prompt goes to the third
+/// (without `placeByChurn`, the rendezvous rule spreads them).
+#[test]
+fn new_prompts_go_where_the_index_evicts_least() {
+    for place_by_churn in [true, false] {
+        let mut config = SchedulerConfig::default();
+        config.prefix_cache.max_hash_cache_size = 16;
+        config.apply_affinity(Some(AffinityConfig {
+            place_by_churn,
+            ..AffinityConfig::default()
+        }));
+        let (s, pods) = setup_with(config, 3, EngineStats::default());
+        let text = |i: usize| format!("{i:04} ").repeat(400);
+        let hashes = |prompt: &str| s.explain(req(prompt), pods.clone()).unwrap().hashes;
+        // Pod 2: one prompt that fills its list. Pods 0 and 1: four each, evicting.
+        s.record("m", &hashes(&text(0)), &pods[2].handle);
+        for i in 1..=8 {
+            s.record("m", &hashes(&text(i)), &pods[i % 2].handle);
+        }
+        let index = s.prefix_cache().index();
+        assert_eq!(index.churn(&pods[2].handle), 0.0);
+        assert!(index.churn(&pods[0].handle) > 0.5);
+        let picked: std::collections::HashSet<String> = (100..120)
+            .map(|i| {
+                let d = s.explain(req(&text(i)), pods.clone()).unwrap();
+                assert_eq!(d.reason, DecisionReason::AffinityMiss);
+                d.primary().label.clone()
+            })
+            .collect();
+        if place_by_churn {
+            assert_eq!(picked, ["default/pod-2".to_string()].into());
+        } else {
+            assert!(picked.len() > 1, "{picked:?}");
+        }
+    }
+}
