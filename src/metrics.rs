@@ -222,6 +222,7 @@ pub struct RouterMetrics {
     pub tentative: IntCounterVec,
     pub tentative_holds: IntGauge,
     pub pod_budget: IntGaugeVec,
+    pub pod_churn: GaugeVec,
     pub cached_tokens: IntCounterVec,
     pub estimate_dropped: IntCounter,
     pub sessions: IntGauge,
@@ -454,6 +455,16 @@ impl RouterMetrics {
                 &POD_LABELS,
             )
             .expect("valid metric"),
+            pod_churn: GaugeVec::new(
+                Opts::new(
+                    "prefix_picker_pod_index_churn_ratio",
+                    "Affinity mode with placeByChurn: entries a pod's index evicted over about \
+                     the last 16 records per pod, as a fraction of its budget (new prefixes go \
+                     where it is lowest); sampled every second",
+                ),
+                &POD_LABELS,
+            )
+            .expect("valid metric"),
         };
         // Every value of an enum-valued label exists at 0 from the start ("none yet" is a
         // value, not an absence; rates compare from the first event), so the exposition lists
@@ -487,6 +498,7 @@ impl RouterMetrics {
         register(registry, m.tentative.clone());
         register(registry, m.tentative_holds.clone());
         register(registry, m.pod_budget.clone());
+        register(registry, m.pod_churn.clone());
         register(registry, m.sessions.clone());
         register(registry, m.session_requests.clone());
         register(registry, m.sessions_dropped.clone());
@@ -543,6 +555,7 @@ impl RouterMetrics {
         let _ = self.pod_picks.remove_label_values(&labels);
         let _ = self.engine_scrape_timestamp.remove_label_values(&labels);
         let _ = self.pod_budget.remove_label_values(&labels);
+        let _ = self.pod_churn.remove_label_values(&labels);
         for result in ScrapeResult::ALL {
             let _ =
                 self.engine_scrapes

@@ -18,7 +18,7 @@ use crate::discovery::{DiscoveryMetrics, KubernetesDiscovery, kubernetes};
 use crate::endpoints::{EndpointSpec, PodId, Update};
 use crate::envoy::ExtProc;
 use crate::envoy::access_log::AccessLogSink;
-use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
+use crate::metrics::{PrefixCacheMetrics, RouterMetrics, pod_label_values};
 use crate::pod_metrics::{self, ScrapeConfig};
 use crate::routing::Router;
 use crate::routing::completion::{RouteOutcome, TentativeOutcome};
@@ -493,10 +493,12 @@ fn expire_routes(
     let token = shutdown.clone();
     tasks.spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut churn_series: Vec<PodId> = Vec::new();
         loop {
             tokio::select! {
                 _ = token.cancelled() => break,
                 _ = tick.tick() => {
+                    sample_churn(&router, &mut churn_series);
                     let expired = router.pending.expire(Instant::now());
                     if expired.routes > 0 {
                         router.metrics.records.with_label_values(&[RouteOutcome::Expired.as_str()]).inc_by(expired.routes as u64);
@@ -513,6 +515,38 @@ fn expire_routes(
         }
         Ok(())
     });
+}
+
+/// Sets each pod's `prefix_picker_pod_index_churn_ratio` while the affinity mode places by
+/// churn, and removes the series of pods gone since the last sample (or of every pod, once the
+/// mode is off), so a pod that left mid-sample keeps no series.
+fn sample_churn(router: &Router, series: &mut Vec<PodId>) {
+    let on = router
+        .scheduler
+        .load()
+        .scheduler
+        .affinity()
+        .is_some_and(|a| a.place_by_churn);
+    let set = router.endpoints.snapshot();
+    let index = router.endpoints.index();
+    let mut now: Vec<PodId> = Vec::new();
+    if on {
+        for e in set.all() {
+            router
+                .metrics
+                .pod_churn
+                .with_label_values(&pod_label_values(&e.spec.id))
+                .set(index.churn(&e.index));
+            now.push(e.spec.id.clone());
+        }
+    }
+    for gone in series.iter().filter(|id| !now.contains(id)) {
+        let _ = router
+            .metrics
+            .pod_churn
+            .remove_label_values(&pod_label_values(gone));
+    }
+    *series = now;
 }
 
 /// Reports ready: with Kubernetes discovery, after the first pod list and then the sync warm
