@@ -1,7 +1,7 @@
 //! A sum that decays by a constant factor per step of an outside clock (a count of picks or of
 //! records), kept in one atomic word and updated without a lock. The affinity mode's pick
 //! shares ([`crate::scheduler::affinity::RecentPicks`]) and the prefix index's per-pod eviction
-//! rate ([`crate::prefix_index::PodHandle::churn`]) are such sums.
+//! rate ([`crate::prefix_index::PrefixIndex::churn`]) are such sums.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -1,6 +1,7 @@
 //! Process wiring: builds the router from a config and runs the gRPC and admin listeners until
 //! shutdown. Tests start it in-process on port 0 and stop it through the cancellation token.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -493,7 +494,7 @@ fn expire_routes(
     let token = shutdown.clone();
     tasks.spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
-        let mut churn_series: Vec<PodId> = Vec::new();
+        let mut churn_series: HashSet<PodId> = HashSet::new();
         loop {
             tokio::select! {
                 _ = token.cancelled() => break,
@@ -520,7 +521,7 @@ fn expire_routes(
 /// Sets each pod's `prefix_picker_pod_index_churn_ratio` while the affinity mode places by
 /// churn, and removes the series of pods gone since the last sample (or of every pod, once the
 /// mode is off), so a pod that left mid-sample keeps no series.
-fn sample_churn(router: &Router, series: &mut Vec<PodId>) {
+fn sample_churn(router: &Router, series: &mut HashSet<PodId>) {
     let on = router
         .scheduler
         .load()
@@ -529,7 +530,7 @@ fn sample_churn(router: &Router, series: &mut Vec<PodId>) {
         .is_some_and(|a| a.place_by_churn);
     let set = router.endpoints.snapshot();
     let index = router.endpoints.index();
-    let mut now: Vec<PodId> = Vec::new();
+    let mut now: HashSet<PodId> = HashSet::new();
     if on {
         for e in set.all() {
             router
@@ -537,7 +538,7 @@ fn sample_churn(router: &Router, series: &mut Vec<PodId>) {
                 .pod_churn
                 .with_label_values(&pod_label_values(&e.spec.id))
                 .set(index.churn(&e.index));
-            now.push(e.spec.id.clone());
+            now.insert(e.spec.id.clone());
         }
     }
     for gone in series.iter().filter(|id| !now.contains(id)) {

@@ -36,8 +36,9 @@
 //! whose match there is held by requests in flight and would lose more than a quarter of the
 //! prompt elsewhere), `churnSlack` 0.
 
-use rand::Rng;
 use std::net::SocketAddr;
+
+use rand::Rng;
 
 use crate::decaying_sum::DecayingSum;
 use crate::hashing::BlockHash;
@@ -261,13 +262,19 @@ pub fn pick<R: Rng>(
     match best_available {
         // No available pod holds any block: new work for this pod set, by share.
         Some(0) if config.balance_new => {
-            let pool: Vec<usize> = (0..n).filter(|&i| available(i)).collect();
-            let pool = if config.place_by_churn {
-                quietest(config, pool, loads, limit, churn)
+            let pool = (0..n).filter(|&i| available(i));
+            let i = if config.place_by_churn {
+                let quiet = quietest(config, pool, loads, limit, churn);
+                balance(
+                    config,
+                    quiet.iter().map(|&(i, _)| i),
+                    loads,
+                    tie_key(0),
+                    rng,
+                )
             } else {
-                pool
+                balance(config, pool, loads, tie_key(0), rng)
             };
-            let i = balance(config, pool.iter().copied(), loads, tie_key(0), rng);
             (
                 i,
                 if best_all == 0 {
@@ -345,29 +352,25 @@ pub fn pick<R: Rng>(
     }
 }
 
-/// The pods of `pool` (non-empty) that new work evicts least from: those within the share
-/// `limit` (all of them when none is), then those whose churn is within `churnSlack` of the
-/// least.
+/// The pods of `pool` (non-empty) that new work evicts least from, with their churn: those
+/// within the share `limit` (all of them when none is), then those whose churn is within
+/// `churnSlack` of the least. One allocation; `churn` is read once per pod.
 fn quietest(
     config: &AffinityConfig,
-    pool: Vec<usize>,
+    pool: impl Iterator<Item = usize> + Clone,
     loads: &[PodLoad],
     limit: f64,
     churn: &dyn Fn(usize) -> f64,
-) -> Vec<usize> {
-    let within: Vec<usize> = pool
-        .iter()
-        .copied()
-        .filter(|&i| loads[i].share <= limit)
-        .collect();
-    let pool = if within.is_empty() { pool } else { within };
-    let churns: Vec<f64> = pool.iter().map(|&i| churn(i)).collect();
-    let least = churns.iter().copied().fold(f64::INFINITY, f64::min);
-    pool.into_iter()
-        .zip(churns)
-        .filter(|&(_, c)| c <= least + config.churn_slack)
-        .map(|(i, _)| i)
-        .collect()
+) -> Vec<(usize, f64)> {
+    let mut within = pool.clone().filter(|&i| loads[i].share <= limit).peekable();
+    let mut quiet: Vec<(usize, f64)> = if within.peek().is_some() {
+        within.map(|i| (i, churn(i))).collect()
+    } else {
+        pool.map(|i| (i, churn(i))).collect()
+    };
+    let least = quiet.iter().map(|&(_, c)| c).fold(f64::INFINITY, f64::min);
+    quiet.retain(|&(_, c)| c <= least + config.churn_slack);
+    quiet
 }
 
 /// One of `pods` (non-empty) for new work: the least recent share among the pods within

@@ -1,9 +1,10 @@
-//! The candidate pod of the scheduler's unit tests: a plain struct, no endpoint store.
+//! The candidate pod of the scheduler's unit tests (a plain struct, no endpoint store) and
+//! their plain request.
 
 use std::collections::BTreeMap;
 
 use super::affinity::RecentPicks;
-use super::{Candidate, EngineStats};
+use super::{Candidate, EngineStats, RouteRequest};
 use crate::prefix_index::{PodHandle, PodSlot};
 
 /// A candidate pod as the core sees it (nothing in flight).
@@ -49,5 +50,16 @@ impl Candidate for Pod {
 
     fn pod_label(&self, key: &str) -> Option<&str> {
         self.labels.get(key).map(String::as_str)
+    }
+}
+
+/// A request of model `m` for `prompt`: no salt, no session, hashed by the scheduler.
+pub(crate) fn req(prompt: &str) -> RouteRequest<'_> {
+    RouteRequest {
+        model: "m",
+        prompt: Ok(prompt),
+        salt: None,
+        session_pod: None,
+        hashes: None,
     }
 }

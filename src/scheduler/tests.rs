@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use super::*;
 use affinity::{RecentPicks, rendezvous_key};
 use config::SchedulerConfig;
-use test_pod::Pod;
+use test_pod::{Pod, req};
 
 fn setup(scorers: Vec<(ScorerKind, u32)>, pods: usize) -> (Scheduler, Vec<Arc<Pod>>) {
     setup_with(
@@ -38,16 +38,6 @@ fn setup_with(
         })
         .collect();
     (s, pods)
-}
-
-fn req(prompt: &str) -> RouteRequest<'_> {
-    RouteRequest {
-        model: "m",
-        prompt: Ok(prompt),
-        salt: None,
-        session_pod: None,
-        hashes: None,
-    }
 }
 
 fn match_ratios<C>(d: &Decision<C>) -> Vec<f64> {

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use super::*;
 use crate::scheduler::affinity::{AffinityConfig, RecentPicks, rendezvous_key};
 use crate::scheduler::config::{SchedulerConfig, ScorerKind};
-use crate::scheduler::test_pod::Pod;
+use crate::scheduler::test_pod::{Pod, req};
 use crate::scheduler::{EngineStats, PluginType};
 
 fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -58,16 +58,6 @@ fn cluster(config: SchedulerConfig, spec: &[(&str, &str, &str)]) -> Cluster {
         })
         .collect();
     Cluster { s, pods }
-}
-
-fn req(prompt: &str) -> RouteRequest<'_> {
-    RouteRequest {
-        model: "m",
-        prompt: Ok(prompt),
-        salt: None,
-        session_pod: None,
-        hashes: None,
-    }
 }
 
 fn names(pods: &[Arc<Pod>]) -> Vec<&str> {

@@ -48,6 +48,18 @@ const PD_GROUP: &str =
     "pdGroup: {groupKey: group, prefillLabels: {role: prefill}, decodeLabels: {role: decode}}\n";
 
 /// Sends `body` with a forged prefiller header; returns (status, served by, prefilled by).
+/// Envoy (the shipped `envoy.yaml`) in front of the PD sims.
+async fn envoy_for(picker: &prefix_picker::Running, sims: &[(Sim, &str, &str)]) -> Envoy {
+    let addrs: Vec<std::net::SocketAddr> = sims.iter().map(|(s, ..)| s.addr).collect();
+    start_envoy(render_envoy(
+        "envoy.yaml",
+        picker.grpc_addr.port(),
+        &addrs,
+        |s| s,
+    ))
+    .await
+}
+
 async fn send_forged(envoy: &Envoy, body: &Value) -> (u16, String, String) {
     let r = reqwest::Client::new()
         .post(envoy.url("/v1/chat/completions"))
@@ -88,14 +100,7 @@ async fn sim_metrics(s: &Sim) -> String {
 async fn decode_sim_serves_and_its_groups_prefill_sim_prefills_both_recorded() {
     let sims = pd_sims().await;
     let picker = start_picker(config(&sims, PD_GROUP)).await;
-    let addrs: Vec<std::net::SocketAddr> = sims.iter().map(|(s, ..)| s.addr).collect();
-    let envoy = start_envoy(render_envoy(
-        "envoy.yaml",
-        picker.grpc_addr.port(),
-        &addrs,
-        |s| s,
-    ))
-    .await;
+    let envoy = envoy_for(&picker, &sims).await;
     let system = "You are a careful assistant. Answer from the manual. ".repeat(30);
     let body = chat(&system, "first question");
 
@@ -159,14 +164,7 @@ async fn without_pd_group_a_client_prefiller_header_is_stripped() {
         (sim("decode-1", Role::Decode).await, "decode", "g0"),
     ];
     let picker = start_picker(config(&sims, "")).await;
-    let addrs: Vec<std::net::SocketAddr> = sims.iter().map(|(s, ..)| s.addr).collect();
-    let envoy = start_envoy(render_envoy(
-        "envoy.yaml",
-        picker.grpc_addr.port(),
-        &addrs,
-        |s| s,
-    ))
-    .await;
+    let envoy = envoy_for(&picker, &sims).await;
     let (status, decoded, prefilled) = send_forged(&envoy, &chat("system", "hi")).await;
     assert_eq!(status, 200, "{}", envoy.log());
     assert!(decoded.starts_with("decode-"));

@@ -133,30 +133,23 @@ fn the_prefiller_header_is_the_picked_prefill_pod_and_a_clients_never_passes() {
 
 #[test]
 fn no_pair_is_a_503_with_kthenas_text() {
-    let registry = prometheus::Registry::new();
     let no_prefill: Vec<_> = pd_pods().into_iter().take(2).collect();
-    let router = Arc::new(router_from_config(PD_GROUP, no_prefill, &registry));
-    let mut s = StreamState::new(router.clone());
-    s.handle(modes(
-        headers("/v1/completions", false, &[]),
-        BUFFERED,
-        STREAMED,
-    ));
-    let r = s.handle(body(&completion("m", "x"), true));
-    let message = assert_error(&r, 503);
-    assert_eq!(message, "no valid prefill-decode pod pairs found");
-
-    let registry = prometheus::Registry::new();
     let prefill_only: Vec<_> = pd_pods().into_iter().skip(2).collect();
-    let router = Arc::new(router_from_config(PD_GROUP, prefill_only, &registry));
-    let mut s = StreamState::new(router.clone());
-    s.handle(modes(
-        headers("/v1/completions", false, &[]),
-        BUFFERED,
-        STREAMED,
-    ));
-    let r = s.handle(body(&completion("m", "x"), true));
-    assert_eq!(assert_error(&r, 503), "no decode pod found");
+    for (pods, expected) in [
+        (no_prefill, "no valid prefill-decode pod pairs found"),
+        (prefill_only, "no decode pod found"),
+    ] {
+        let registry = prometheus::Registry::new();
+        let router = Arc::new(router_from_config(PD_GROUP, pods, &registry));
+        let mut s = StreamState::new(router.clone());
+        s.handle(modes(
+            headers("/v1/completions", false, &[]),
+            BUFFERED,
+            STREAMED,
+        ));
+        let r = s.handle(body(&completion("m", "x"), true));
+        assert_eq!(assert_error(&r, 503), expected);
+    }
 }
 
 /// Routes `prompt` on a PD router and ends the response with `status` from the pick's pod
