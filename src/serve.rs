@@ -605,3 +605,67 @@ async fn readiness(
         }
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing::live::Generation;
+    use crate::testing::{router_from_config, spec, three};
+
+    /// The pods with a `prefix_picker_pod_index_churn_ratio` series, sorted.
+    fn churn_pods(registry: &prometheus::Registry) -> Vec<String> {
+        let mut pods: Vec<String> = registry
+            .gather()
+            .iter()
+            .filter(|f| f.name() == "prefix_picker_pod_index_churn_ratio")
+            .flat_map(|f| f.get_metric().iter())
+            .flat_map(|m| m.get_label().iter())
+            .filter(|l| l.name() == "model_server_pod")
+            .map(|l| l.value().to_string())
+            .collect();
+        pods.sort();
+        pods
+    }
+
+    #[test]
+    fn the_churn_gauge_follows_the_pods_and_the_mode() {
+        let registry = prometheus::Registry::new();
+        let router = router_from_config("picker: {affinity: {}}\n", three(), &registry);
+        let mut series = HashSet::new();
+        sample_churn(&router, &mut series);
+        assert_eq!(churn_pods(&registry), ["pod-0", "pod-1", "pod-2"]);
+
+        // A pod gone: its series goes with it.
+        router.endpoints.apply(Update::Reset(three()[..2].to_vec()));
+        sample_churn(&router, &mut series);
+        assert_eq!(churn_pods(&registry), ["pod-0", "pod-1"]);
+
+        // A series set for a pod that left between the snapshot and the set (after the
+        // endpoint store forgot it) is removed by the next sample.
+        let late = spec("pod-9", 18009, &[]);
+        router
+            .metrics
+            .pod_churn
+            .with_label_values(&pod_label_values(&late.id))
+            .set(0.5);
+        series.insert(late.id);
+        assert_eq!(churn_pods(&registry), ["pod-0", "pod-1", "pod-9"]);
+        sample_churn(&router, &mut series);
+        assert_eq!(churn_pods(&registry), ["pod-0", "pod-1"]);
+
+        // The mode reloaded off: no series left.
+        let off = Config::parse("picker: {affinity: {placeByChurn: false}}\n").unwrap();
+        let scheduler = router.scheduler.load().scheduler.reconfigured(
+            off.scheduler,
+            off.picker.max_endpoints,
+            off.picker.seed,
+        );
+        router.scheduler.store(Generation {
+            scheduler,
+            picker: off.picker,
+        });
+        sample_churn(&router, &mut series);
+        assert!(churn_pods(&registry).is_empty());
+        assert!(series.is_empty());
+    }
+}
