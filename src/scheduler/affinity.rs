@@ -383,10 +383,7 @@ fn balance<R: Rng>(
     key: Option<u64>,
     rng: &mut R,
 ) -> usize {
-    let load = |i: usize| loads[i].inflight as f64 + loads[i].waiting;
-    let least = pods.clone().map(load).fold(f64::INFINITY, f64::min);
-    let limit = least + f64::from(config.tie_load_slack);
-    let near = pods.filter(move |&i| load(i) <= limit);
+    let near = near_least_loaded(config, pods, loads);
     let least_share = near
         .clone()
         .map(|i| loads[i].share)
@@ -401,7 +398,21 @@ fn balance<R: Rng>(
     )
 }
 
-/// One of `tied` (non-empty): the highest rendezvous weight for `key`, or a random one.
+/// The pods of `pods` within `tieLoadSlack` requests (in flight plus engine queue) of the
+/// least loaded of them.
+fn near_least_loaded<'a>(
+    config: &AffinityConfig,
+    pods: impl Iterator<Item = usize> + Clone + 'a,
+    loads: &'a [PodLoad],
+) -> impl Iterator<Item = usize> + Clone + 'a {
+    let load = |i: usize| loads[i].inflight as f64 + loads[i].waiting;
+    let least = pods.clone().map(load).fold(f64::INFINITY, f64::min);
+    let limit = least + f64::from(config.tie_load_slack);
+    pods.filter(move |&i| load(i) <= limit)
+}
+
+/// One of `tied` (non-empty), among those within `tieLoadSlack` of the least loaded: the
+/// highest rendezvous weight for `key`, or a random one.
 fn tie_break<R: Rng>(
     config: &AffinityConfig,
     tied: impl Iterator<Item = usize> + Clone,
@@ -409,11 +420,7 @@ fn tie_break<R: Rng>(
     key: Option<u64>,
     rng: &mut R,
 ) -> usize {
-    // Only the tied pods within `tieLoadSlack` of the least loaded one.
-    let load = |i: usize| loads[i].inflight as f64 + loads[i].waiting;
-    let least = tied.clone().map(load).fold(f64::INFINITY, f64::min);
-    let limit = least + f64::from(config.tie_load_slack);
-    let tied = tied.filter(move |&i| load(i) <= limit);
+    let tied = near_least_loaded(config, tied, loads);
     match key {
         Some(key) if config.consolidate_ties => tied
             .max_by_key(|&i| mix(key ^ loads[i].key))

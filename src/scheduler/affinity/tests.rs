@@ -15,6 +15,15 @@ fn loads(n: usize) -> Vec<PodLoad> {
         .collect()
 }
 
+/// [`loads`] with each pod's recent share.
+fn with_shares(shares: &[f64]) -> Vec<PodLoad> {
+    let mut l = loads(shares.len());
+    for (p, &share) in l.iter_mut().zip(shares) {
+        p.share = share;
+    }
+    l
+}
+
 fn hashes(n: u64) -> Vec<BlockHash> {
     (1..=n).map(BlockHash).collect()
 }
@@ -40,15 +49,9 @@ fn pick_one(
 #[test]
 fn the_longest_match_wins_whatever_the_load_while_the_pod_has_room() {
     let c = AffinityConfig::default();
-    let mut l = loads(4);
-    // Busier and above the mean share, but within the headroom (limit 1.15 x 0.25).
+    // Busier and above the mean share, but within the headroom (limit 1.25 x 0.25).
+    let mut l = with_shares(&[0.24, 0.24, 0.28, 0.24]);
     l[2].inflight = 40;
-    l[2].share = 0.28;
-    for (i, p) in l.iter_mut().enumerate() {
-        if i != 2 {
-            p.share = 0.24;
-        }
-    }
     assert_eq!(
         pick_one(&c, &[1, 0, 8, 3], &l, &hashes(8)),
         (2, AffinityReason::Hit)
@@ -85,11 +88,7 @@ fn an_over_share_pod_spills_and_the_mean_has_a_floor() {
         spill_hot_only: false,
         ..AffinityConfig::default()
     };
-    let mut l = loads(4);
-    l[0].share = 0.7;
-    l[1].share = 0.1;
-    l[2].share = 0.1;
-    l[3].share = 0.1;
+    let l = with_shares(&[0.7, 0.1, 0.1, 0.1]);
     assert_eq!(
         pick_one(&c, &[8, 0, 0, 0], &l, &hashes(8)).1,
         AffinityReason::Spill
@@ -253,11 +252,7 @@ fn a_burst_in_progress_stays_on_an_over_share_pod_new_work_does_not() {
         spill_hot_only: false,
         ..AffinityConfig::default()
     };
-    let mut l = loads(4);
-    l[0].share = 0.5;
-    for p in &mut l[1..] {
-        p.share = 0.16;
-    }
+    let mut l = with_shares(&[0.5, 0.16, 0.16, 0.16]);
     // Pod 0 holds the prompt only through requests in flight (held 0): the burst stays.
     assert_eq!(
         pick(
@@ -301,12 +296,8 @@ fn an_over_share_pod_spills_only_the_prefix_that_drives_its_load() {
         spill_hot_only: true,
         ..AffinityConfig::default()
     };
-    let mut l = loads(4);
-    l[0].share = 0.7;
+    let mut l = with_shares(&[0.7, 0.1, 0.1, 0.1]);
     l[0].inflight = 6;
-    for p in &mut l[1..] {
-        p.share = 0.1;
-    }
     // A cold prefix (1 of the pod's 6 requests in flight) stays where its blocks are.
     l[0].head_inflight = 1;
     assert_eq!(
@@ -337,11 +328,7 @@ fn new_prefixes_go_to_the_least_recent_share_among_the_least_loaded() {
         balance_new: true,
         ..AffinityConfig::default()
     };
-    let mut l = loads(4);
-    l[0].share = 0.4;
-    l[1].share = 0.3;
-    l[2].share = 0.05;
-    l[3].share = 0.25;
+    let mut l = with_shares(&[0.4, 0.3, 0.05, 0.25]);
     // Every new prefix goes to pod 2, whatever its first block.
     for k in 0..32u64 {
         assert_eq!(
