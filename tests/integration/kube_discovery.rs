@@ -415,14 +415,8 @@ async fn serve_is_ready_only_after_the_first_pod_list() {
     assert!(!String::from_utf8_lossy(&validate.stderr).contains("no endpoints"));
 
     let mut child = tokio::process::Command::new(BIN)
-        .args([
-            "serve",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--admin-addr",
-            "127.0.0.1:0",
-            "--config",
-        ])
+        .args(testkit::SERVE_ON_ANY_PORT)
+        .arg("--config")
         .arg(&config)
         .env("KUBECONFIG", &kubeconfig)
         .env("RUST_LOG", "info")

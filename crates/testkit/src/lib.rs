@@ -247,6 +247,16 @@ pub fn start_sim(bin: &Path, name: &str, args: &[String]) -> anyhow::Result<Proc
     Ok(Process { child, addr })
 }
 
+/// `prefix-picker serve` with its gRPC and admin listeners on ports the system picks (the
+/// bound addresses are logged).
+pub const SERVE_ON_ANY_PORT: [&str; 5] = [
+    "serve",
+    "--grpc-addr",
+    "127.0.0.1:0",
+    "--admin-addr",
+    "127.0.0.1:0",
+];
+
 /// Starts `prefix-picker serve --v V` on port 0 with `config`, logging to `dir/picker.log`;
 /// reads the bound addresses from that log.
 pub fn start_picker(
@@ -260,13 +270,7 @@ pub fn start_picker(
     let log_path = dir.join("picker.log");
     let mut command = Command::new(bin);
     command
-        .args([
-            "serve",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--admin-addr",
-            "127.0.0.1:0",
-        ])
+        .args(SERVE_ON_ANY_PORT)
         .args(["--v", &v.to_string(), "--config"])
         .arg(&cfg)
         .env_remove("RUST_LOG");

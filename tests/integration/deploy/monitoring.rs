@@ -614,14 +614,8 @@ async fn discovering_picker(
     )
     .unwrap();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_prefix-picker"))
-        .args([
-            "serve",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--admin-addr",
-            "127.0.0.1:0",
-            "--config",
-        ])
+        .args(testkit::SERVE_ON_ANY_PORT)
+        .arg("--config")
         .arg(&config)
         .env("KUBECONFIG", &kubeconfig)
         .env("RUST_LOG", "info")

@@ -21,14 +21,6 @@ fn json_lines(log: &str) -> Vec<Value> {
         .collect()
 }
 
-fn sha256_hex(text: &str) -> String {
-    ring::digest::digest(&ring::digest::SHA256, text.as_bytes())
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 /// Words no log line may carry below `--v 5`.
 const SECRET: &str = "ZEBRA-PAPAYA-7731 is the launch code";
 

@@ -51,13 +51,7 @@ const PD_GROUP: &str =
 /// Envoy (the shipped `envoy.yaml`) in front of the PD sims.
 async fn envoy_for(picker: &prefix_picker::Running, sims: &[(Sim, &str, &str)]) -> Envoy {
     let addrs: Vec<std::net::SocketAddr> = sims.iter().map(|(s, ..)| s.addr).collect();
-    start_envoy(render_envoy(
-        "envoy.yaml",
-        picker.grpc_addr.port(),
-        &addrs,
-        |s| s,
-    ))
-    .await
+    start_envoy_for_addrs(picker, &addrs).await
 }
 
 async fn send_forged(envoy: &Envoy, body: &Value) -> (u16, String, String) {

@@ -11,14 +11,6 @@ use serde_json::Value;
 use super::{SYSTEM, chat, envoy_for, send, three_backends};
 use crate::harness::*;
 
-fn sha256_hex(text: &str) -> String {
-    ring::digest::digest(&ring::digest::SHA256, text.as_bytes())
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 /// Kthena's scheduler with prefix-cache at `weight`, explain on.
 fn config(endpoints: &str, weight: i64, picker: &str) -> String {
     format!(
@@ -48,18 +40,6 @@ fn publish(dir: &Path, version: &str, text: &str) {
 
 async fn get(url: String) -> Option<String> {
     reqwest::get(url).await.ok()?.text().await.ok()
-}
-
-async fn explain(admin: std::net::SocketAddr, body: &Value) -> Value {
-    reqwest::Client::new()
-        .post(format!("http://{admin}/debug/explain"))
-        .json(body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
 }
 
 fn prefix_weight(explained: &Value) -> i64 {
@@ -114,7 +94,7 @@ async fn a_changed_weight_reloads_keeping_the_index_and_invalid_configs_are_refu
     let entries = "kthena_router_prefix_cache_entries";
     let held = sample(&metrics().await.unwrap(), entries).unwrap();
     assert!(held > 0.0);
-    let before = explain(admin, &body).await;
+    let before = explain_at(admin, &body).await;
     assert_eq!(prefix_weight(&before), 1);
     assert_eq!(before["reason"], "prefix_hit");
 
@@ -134,7 +114,7 @@ async fn a_changed_weight_reloads_keeping_the_index_and_invalid_configs_are_refu
     wait(reloads("success"), 1.0).await;
     wait(info(&v2), 1.0).await;
     assert_eq!(sample(&metrics().await.unwrap(), &info(&v1)), None);
-    let after = explain(admin, &body).await;
+    let after = explain_at(admin, &body).await;
     assert_eq!(
         prefix_weight(&after),
         10,
@@ -194,7 +174,7 @@ async fn a_changed_weight_reloads_keeping_the_index_and_invalid_configs_are_refu
         "the live config is still v2"
     );
     assert_eq!(sample(&text, &reloads("success")), Some(1.0));
-    assert_eq!(prefix_weight(&explain(admin, &body).await), 10);
+    assert_eq!(prefix_weight(&explain_at(admin, &body).await), 10);
     let r = send(&envoy, "/v1/chat/completions", &body).await;
     assert_eq!(r.status, 200);
     assert_eq!(format!("default/{}", r.served_by), primary);
@@ -208,13 +188,7 @@ async fn sighup_with_config_text_is_logged_and_ignored() {
     let text = config(&endpoints_yaml(&backends), 1, "");
     let log_path = dir.path().join("picker.log");
     let mut child = Command::new(env!("CARGO_BIN_EXE_prefix-picker"))
-        .args([
-            "serve",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--admin-addr",
-            "127.0.0.1:0",
-        ])
+        .args(testkit::SERVE_ON_ANY_PORT)
         .args(["--config-text", &text])
         .env_remove("RUST_LOG")
         .stdout(std::process::Stdio::null())

@@ -287,8 +287,13 @@ pub async fn wait_metric(picker: &Running, series: &str, value: f64) {
 }
 
 pub async fn explain(picker: &Running, body: &serde_json::Value) -> serde_json::Value {
+    explain_at(picker.admin_addr, body).await
+}
+
+/// `/debug/explain` of the picker whose admin listener is `admin`.
+pub async fn explain_at(admin: SocketAddr, body: &serde_json::Value) -> serde_json::Value {
     reqwest::Client::new()
-        .post(format!("http://{}/debug/explain", picker.admin_addr))
+        .post(format!("http://{admin}/debug/explain"))
         .json(body)
         .send()
         .await
@@ -425,11 +430,25 @@ pub fn sims_config(sims: &[Sim], extra: &str) -> Config {
 /// through `picker`.
 pub async fn start_envoy_for_sims(picker: &Running, sims: &[Sim]) -> Envoy {
     let addrs: Vec<SocketAddr> = sims.iter().map(|s| s.addr).collect();
+    start_envoy_for_addrs(picker, &addrs).await
+}
+
+/// [`start_envoy_for_sims`] for backends given by address.
+pub async fn start_envoy_for_addrs(picker: &Running, addrs: &[SocketAddr]) -> Envoy {
     start_envoy(render_envoy(
         "envoy.yaml",
         picker.grpc_addr.port(),
-        &addrs,
+        addrs,
         |s| s,
     ))
     .await
+}
+
+/// Lower-case hex SHA-256 of `text` (the `config_sha256` the picker logs and exports).
+pub fn sha256_hex(text: &str) -> String {
+    ring::digest::digest(&ring::digest::SHA256, text.as_bytes())
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
