@@ -274,6 +274,7 @@ pub struct AffinitySection {
     pub spill_hot_only: bool,
     pub place_by_churn: bool,
     pub churn_slack: f64,
+    pub latency_model: bool,
 }
 
 impl Default for AffinitySection {
@@ -301,6 +302,7 @@ impl Default for AffinitySection {
             spill_hot_only: d.spill_hot_only,
             place_by_churn: d.place_by_churn,
             churn_slack: d.churn_slack,
+            latency_model: d.latency_model,
         }
     }
 }
@@ -382,6 +384,7 @@ impl AffinitySection {
             spill_hot_only: self.spill_hot_only,
             place_by_churn: self.place_by_churn,
             churn_slack: self.churn_slack,
+            latency_model: self.latency_model,
         }))
     }
 }

@@ -30,6 +30,7 @@ use crate::metrics::RouterMetrics;
 use crate::prefix_index::{PodHandle, PodSlot, PrefixIndex};
 pub use crate::scheduler::EngineStats;
 use crate::scheduler::affinity::{RecentPicks, rendezvous_key};
+use crate::scheduler::latency::PodTiming;
 use crate::scheduler::{Candidate, PickError};
 pub use pattern::AddressPattern;
 
@@ -78,6 +79,9 @@ pub struct Endpoint {
     stats: RwLock<(EngineStats, Option<Instant>)>,
     /// Share of recent picks (the affinity mode's balance signal).
     pub recent: RecentPicks,
+    /// What the latency model learned of the pod (concurrency from scrapes, service time from
+    /// completions).
+    pub timing: PodTiming,
     /// The pod's rendezvous identity, the same on every replica (the affinity mode's ties).
     pub rendezvous: u64,
     /// `spec.generation`, or the one the engine scrape learned when that is empty.
@@ -100,6 +104,7 @@ impl Endpoint {
     }
 
     pub fn set_stats(&self, stats: EngineStats) {
+        self.timing.observe_engine(stats.running, stats.waiting);
         *self.stats.write() = (stats, Some(Instant::now()));
     }
 
@@ -136,6 +141,10 @@ impl Candidate for Endpoint {
 
     fn recent(&self) -> &RecentPicks {
         &self.recent
+    }
+
+    fn timing(&self) -> Option<&PodTiming> {
+        Some(&self.timing)
     }
 
     fn rendezvous(&self) -> u64 {
@@ -327,6 +336,7 @@ impl Endpoints {
             inflight: AtomicI64::new(0),
             stats: RwLock::new((EngineStats::default(), None)),
             recent: RecentPicks::default(),
+            timing: PodTiming::default(),
             rendezvous: rendezvous_key(&spec.address),
             generation: RwLock::new(generation),
             spec,

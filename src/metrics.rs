@@ -225,6 +225,7 @@ pub struct RouterMetrics {
     pub pod_churn: GaugeVec,
     pub cached_tokens: IntCounterVec,
     pub estimate_dropped: IntCounter,
+    pub latency_model_ratio: Histogram,
     pub sessions: IntGauge,
     pub session_requests: IntCounterVec,
     pub sessions_dropped: IntCounterVec,
@@ -417,6 +418,15 @@ impl RouterMetrics {
                  cached tokens than predicted (the missing block and everything older)",
             )
             .expect("valid metric"),
+            latency_model_ratio: Histogram::with_opts(
+                HistogramOpts::new(
+                    "prefix_picker_latency_model_ratio",
+                    "Affinity mode: a completion's time from the pick to its end over the \
+                     latency model's prediction for it (1 = exact), once the model is fitted",
+                )
+                .buckets(vec![0.25, 0.5, 0.67, 0.8, 0.9, 1.1, 1.25, 1.5, 2.0, 4.0]),
+            )
+            .expect("valid metric"),
             sessions: IntGauge::new(
                 "prefix_picker_sessions",
                 "Session affinity: sessions this replica remembers",
@@ -495,6 +505,7 @@ impl RouterMetrics {
         }
         register(registry, m.cached_tokens.clone());
         register(registry, m.estimate_dropped.clone());
+        register(registry, m.latency_model_ratio.clone());
         register(registry, m.tentative.clone());
         register(registry, m.tentative_holds.clone());
         register(registry, m.pod_budget.clone());

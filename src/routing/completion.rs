@@ -21,6 +21,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::endpoints::{Endpoint, InflightGuard};
 use crate::hashing::BlockHash;
@@ -28,6 +29,7 @@ use crate::metrics::{CachedTokens, RouterMetrics};
 use crate::prefix_index::ModelKey;
 use crate::routing::sessions::SessionKey;
 use crate::routing::{RecordOrigin, Router};
+use crate::scheduler::latency::Prediction;
 use crate::scheduler::{Decision, TentativeHold};
 
 /// A routed request until it ends: what completion needs to record it. Holds the primary pod's
@@ -48,6 +50,9 @@ pub struct Ticket {
     pub session: Option<SessionKey>,
     /// PD mode: the prefill pod paired with the primary (named in `x-prefiller-host-port`).
     pub prefill: Option<PrefillTicket>,
+    /// Affinity mode: the latency model's prediction for the primary, and when it was made;
+    /// a completion by the primary teaches the model ([`crate::scheduler::latency`]).
+    pub prediction: Option<(Prediction, Instant)>,
 }
 
 /// The prefill pod of a PD route: counted in flight until the route ends (the picker does not
@@ -79,6 +84,7 @@ impl Ticket {
             guard: InflightGuard::new(decision.primary().clone(), metrics),
             tentative,
             predicted_blocks: decision.predicted_blocks,
+            prediction: decision.primary_prediction().map(|p| (p, Instant::now())),
             session: None,
             prefill: decision.pd.as_ref().map(|pd| PrefillTicket {
                 guard: InflightGuard::new(pd.prefill.clone(), metrics),
@@ -167,6 +173,28 @@ fn correct_estimate(router: &Router, route: &Ticket, pod: &Endpoint, reported: u
             .drop_older(&pod.index, ModelKey::of(&route.model), missing);
     router.metrics.estimate_dropped.inc_by(dropped as u64);
     tracing::debug!(pod = %pod.label, predicted, reported, dropped, "engine holds less than predicted");
+}
+
+/// Teaches the latency model a 2xx completion by the primary pick, `seconds` after the pick:
+/// requests picked with a free slot time the pod's service and the prefill rate; every one
+/// counts the model's error (observed over predicted time to completion).
+fn learn_latency(router: &Router, pod: &Endpoint, prediction: Prediction, seconds: f64) {
+    let live = router.scheduler.load();
+    let rate = live.scheduler.prefill_rate();
+    if rate.is_fitted() {
+        let predicted = prediction.wait + rate.base() + prediction.prefill;
+        if predicted > 0.0 {
+            router
+                .metrics
+                .latency_model_ratio
+                .observe(seconds / predicted);
+        }
+    }
+    if prediction.has_slot {
+        pod.timing.observe_service(seconds);
+        live.scheduler
+            .observe_completion(prediction.uncached_tokens, seconds);
+    }
 }
 
 /// How a routed request ended (the `outcome` label of `prefix_picker_records_total`).
@@ -278,10 +306,13 @@ fn complete(router: &Router, mut route: Ticket, ending: Ending) {
                 Served::Pod(e) => e,
                 _ => route.guard.endpoint().clone(),
             };
-            if Arc::ptr_eq(&pod, route.guard.endpoint())
-                && let Some(reported) = cached_tokens
-            {
-                correct_estimate(router, &route, &pod, reported);
+            if Arc::ptr_eq(&pod, route.guard.endpoint()) {
+                if let Some(reported) = cached_tokens {
+                    correct_estimate(router, &route, &pod, reported);
+                }
+                if let Some((prediction, at)) = route.prediction {
+                    learn_latency(router, &pod, prediction, at.elapsed().as_secs_f64());
+                }
             }
             router.record(&route.model, &route.hashes, &pod, RecordOrigin::Local);
             if let Some(prefill) = &route.prefill {

@@ -167,6 +167,7 @@ mod tests {
             guard: InflightGuard::new(pod.clone(), &router.metrics),
             tentative: None,
             predicted_blocks: 0,
+            prediction: None,
             session: None,
             prefill: None,
         }

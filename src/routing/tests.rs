@@ -285,7 +285,7 @@ fn session_outcomes(router: &Router) -> [u64; 3] {
 fn a_session_stays_on_its_pod_until_it_is_saturated() {
     let registry = prometheus::Registry::new();
     let router = router_from_config(
-        "picker:\n  affinity: {podCapacity: 4}\n  sessions: {enabled: true}\n",
+        "picker:\n  affinity: {podCapacity: 4, latencyModel: false}\n  sessions: {enabled: true}\n",
         three(),
         &registry,
     );

@@ -86,36 +86,43 @@ pub struct AffinityConfig {
     /// index evicts least ([`crate::prefix_index::PrefixIndex::churn`]), within `churnSlack`.
     pub place_by_churn: bool,
     pub churn_slack: f64,
+    /// Gate affinity by each candidate's predicted time to first token ([`super::latency`])
+    /// instead of `podCapacity` and `maxQueue`.
+    pub latency_model: bool,
 }
 
 impl Default for AffinityConfig {
     fn default() -> Self {
-        AffinityConfig {
-            tentative: true,
-            consolidate_ties: true,
-            load_gate: true,
-            pod_capacity: 64,
-            max_queue: 0,
-            share_headroom: 0.25,
-            share_window: 16,
-            tie_load_slack: 0,
-            spill_loss: 0.25,
-            tentative_min_ratio: 0.9,
-            long_prompts: true,
-            block_bytes: 128,
-            max_prompt_bytes: 256 << 10,
-            engine_budget: true,
-            bytes_per_token: 4,
-            engine_tokens: 0,
-            balance_new: true,
-            spill_hot_only: true,
-            place_by_churn: true,
-            churn_slack: 0.0,
-        }
+        AffinityConfig::DEFAULT
     }
 }
 
 impl AffinityConfig {
+    /// Every key at its default.
+    pub const DEFAULT: AffinityConfig = AffinityConfig {
+        tentative: true,
+        consolidate_ties: true,
+        load_gate: true,
+        pod_capacity: 64,
+        max_queue: 0,
+        share_headroom: 0.25,
+        share_window: 16,
+        tie_load_slack: 0,
+        spill_loss: 0.25,
+        tentative_min_ratio: 0.9,
+        long_prompts: true,
+        block_bytes: 128,
+        max_prompt_bytes: 256 << 10,
+        engine_budget: true,
+        bytes_per_token: 4,
+        engine_tokens: 0,
+        balance_new: true,
+        spill_hot_only: true,
+        place_by_churn: true,
+        churn_slack: 0.0,
+        latency_model: true,
+    };
+
     /// Index entries for a pod whose engine holds `tokens` tokens of KV cache.
     pub fn budget_entries(&self, tokens: u64, block_bytes: usize) -> usize {
         let bytes = tokens.saturating_mul(u64::from(self.bytes_per_token));
@@ -165,6 +172,8 @@ pub struct PodLoad {
     pub share: f64,
     /// Requests in flight on this pod that share the prompt's first block.
     pub head_inflight: u32,
+    /// Seconds a request picked now waits for a slot ([`super::latency::PodTiming::wait`]).
+    pub wait: f64,
 }
 
 /// The rendezvous identity of a pod: its address, hashed.
@@ -189,7 +198,8 @@ fn mix(x: u64) -> u64 {
 }
 
 /// The pick: the chosen candidate's position and why. `churn(i)` is candidate `i`'s churn,
-/// read only for new work.
+/// read only for new work; `prefill_per_block` the seconds one uncached block of the prompt
+/// costs (the latency model's; unused without it).
 #[expect(
     clippy::too_many_arguments,
     reason = "the pick's inputs, each used once; a struct would only rename them"
@@ -202,6 +212,7 @@ pub fn pick<R: Rng>(
     hashes: &[BlockHash],
     session: Option<usize>,
     churn: &dyn Fn(usize) -> f64,
+    prefill_per_block: f64,
     rng: &mut R,
 ) -> (usize, AffinityReason) {
     let n = matched.len();
@@ -223,10 +234,16 @@ pub fn pick<R: Rng>(
         })
         .collect();
     let matched = &effective[..];
-    let saturated = |i: usize| {
-        config.load_gate
-            && (loads[i].waiting > f64::from(config.max_queue)
-                || loads[i].inflight >= i64::from(config.pod_capacity))
+    let latency = config.load_gate && config.latency_model;
+    // Without the latency model: in flight at `podCapacity` or an engine queue over `maxQueue`.
+    let queued = |i: usize| {
+        if latency {
+            loads[i].wait > 0.0
+        } else {
+            config.load_gate
+                && (loads[i].waiting > f64::from(config.max_queue)
+                    || loads[i].inflight >= i64::from(config.pod_capacity))
+        }
     };
     let mean = loads.iter().map(|l| l.share).sum::<f64>() / n as f64;
     let limit = (1.0 + config.share_headroom) * mean.max(1.0 / n as f64);
@@ -239,7 +256,7 @@ pub fn pick<R: Rng>(
     // An over-share pod keeps a request whose match there is held by requests in flight (a
     // burst in progress) and would lose more than `spillLoss` of its prompt elsewhere.
     let elsewhere = (0..n)
-        .filter(|&i| !saturated(i) && !over(i))
+        .filter(|&i| !queued(i) && !over(i))
         .map(|i| matched[i])
         .max()
         .unwrap_or(0);
@@ -248,12 +265,59 @@ pub fn pick<R: Rng>(
             && (matched[i].saturating_sub(elsewhere)) as f64
                 > config.spill_loss * hashes.len() as f64
     };
-    let available = |i: usize| !saturated(i) && (!over(i) || keeps(i));
+    let share_ok = |i: usize| !over(i) || keeps(i);
+    // The latency model: a pod whose predicted wait plus prefill exceeds the least among the
+    // pods within their share counts as saturated (the match it holds is not worth its queue).
+    let cost = |i: usize| loads[i].wait + (total - matched[i] as f64) * prefill_per_block;
+    let least_cost = {
+        let within = (0..n).filter(|&i| share_ok(i)).map(cost);
+        let least = within.fold(f64::INFINITY, f64::min);
+        if least.is_finite() {
+            least
+        } else {
+            (0..n).map(cost).fold(f64::INFINITY, f64::min)
+        }
+    };
+    let saturated = |i: usize| {
+        if latency {
+            cost(i) > least_cost + 1e-9 * least_cost.abs()
+        } else {
+            queued(i)
+        }
+    };
+    let available = |i: usize| !saturated(i) && share_ok(i);
     // A session stays on its pod while the pod is not saturated (over its share or not).
     if let Some(i) = session.filter(|&i| i < n && !saturated(i)) {
         return (i, AffinityReason::Session);
     }
+    let (i, why) = place(
+        config, matched, loads, hashes, &available, &saturated, churn, limit, rng,
+    );
+    // The latency model's pick waits in a queue only when every pod would.
+    if latency && loads[i].wait > 0.0 && loads.iter().all(|l| l.wait > 0.0) {
+        return (i, AffinityReason::Saturated);
+    }
+    (i, why)
+}
 
+/// The pick once each pod's availability is known: the longest match on an available pod, new
+/// work by share (and churn), a spill, or the least-loaded pod when nothing is available.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the placement's inputs, each used once; a struct would only rename them"
+)]
+fn place<R: Rng>(
+    config: &AffinityConfig,
+    matched: &[usize],
+    loads: &[PodLoad],
+    hashes: &[BlockHash],
+    available: &dyn Fn(usize) -> bool,
+    saturated: &dyn Fn(usize) -> bool,
+    churn: &dyn Fn(usize) -> f64,
+    limit: f64,
+    rng: &mut R,
+) -> (usize, AffinityReason) {
+    let n = matched.len();
     let best_all = matched.iter().copied().max().unwrap_or(0);
     let best_available = (0..n).filter(|&i| available(i)).map(|i| matched[i]).max();
     // The tie key: the deepest block the tied pods hold (the first block without a match).

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::affinity::RecentPicks;
+use super::latency::PodTiming;
 use crate::prefix_index::{PodHandle, PodSlot};
 
 /// Engine metrics last scraped from a pod (missing values are 0).
@@ -40,6 +41,10 @@ pub trait Candidate {
     }
     /// The pod's share of recent picks (the affinity mode's balance signal).
     fn recent(&self) -> &RecentPicks;
+    /// What the latency model learned of the pod; `None`: nothing (no wait predicted).
+    fn timing(&self) -> Option<&PodTiming> {
+        None
+    }
     /// The pod's rendezvous identity, the same on every replica (the affinity mode's ties).
     fn rendezvous(&self) -> u64;
     /// `namespace/name`, as Kthena's score lines name pods.
@@ -74,6 +79,10 @@ impl<C: Candidate + ?Sized> Candidate for Arc<C> {
 
     fn recent(&self) -> &RecentPicks {
         (**self).recent()
+    }
+
+    fn timing(&self) -> Option<&PodTiming> {
+        (**self).timing()
     }
 
     fn rendezvous(&self) -> u64 {

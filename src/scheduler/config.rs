@@ -172,7 +172,7 @@ impl SchedulerConfig {
             Some(a) => {
                 let on = |b: bool| if b { "on" } else { "off" };
                 format!(
-                    "routing mode: affinity (tentative {} [tentativeMinRatio {}], consolidateTies {}, balanceNew {} [placeByChurn {}, churnSlack {}], loadGate {} [spillHotOnly {}, podCapacity {}, maxQueue {}, shareHeadroom {}, shareWindow {}, tieLoadSlack {}, spillLoss {}], longPrompts {}, engineBudget {} [bytesPerToken {}, engineTokens {}]); {chain}",
+                    "routing mode: affinity (tentative {} [tentativeMinRatio {}], consolidateTies {}, balanceNew {} [placeByChurn {}, churnSlack {}], loadGate {} [latencyModel {}, spillHotOnly {}, podCapacity {}, maxQueue {}, shareHeadroom {}, shareWindow {}, tieLoadSlack {}, spillLoss {}], longPrompts {}, engineBudget {} [bytesPerToken {}, engineTokens {}]); {chain}",
                     on(a.tentative),
                     a.tentative_min_ratio,
                     on(a.consolidate_ties),
@@ -180,6 +180,7 @@ impl SchedulerConfig {
                     on(a.place_by_churn),
                     a.churn_slack,
                     on(a.load_gate),
+                    on(a.latency_model),
                     on(a.spill_hot_only),
                     a.pod_capacity,
                     a.max_queue,

@@ -19,6 +19,7 @@ pub mod affinity;
 pub mod candidate;
 pub mod config;
 pub mod gpu_usage;
+pub mod latency;
 pub mod least_latency;
 pub mod least_request;
 pub mod pd;
@@ -238,6 +239,8 @@ pub struct Decision<C> {
     /// Affinity mode: blocks of the prompt the primary pick holds in the index (what its
     /// engine should report as cached).
     pub predicted_blocks: usize,
+    /// Affinity mode: the latency model's prediction per candidate (empty otherwise).
+    pub predictions: Vec<latency::Prediction>,
     /// Plugin times and match ratios, in the order they happened.
     pub observations: Vec<Observation>,
     /// Time the decision took.
@@ -254,6 +257,13 @@ impl<C> Decision<C> {
 }
 
 impl<C: Candidate> Decision<C> {
+    /// The latency model's prediction for the primary pick (affinity mode only).
+    pub fn primary_prediction(&self) -> Option<latency::Prediction> {
+        let slot = self.primary().slot();
+        let at = self.candidates.iter().position(|c| c.slot() == slot)?;
+        self.predictions.get(at).copied()
+    }
+
     /// Kthena's `--v=4` score lines, verbatim, at debug level on the `scores` target; in PD
     /// mode with Kthena's phase lines before the decode pass and each prefill pass.
     pub fn log_scores(&self) {
@@ -301,6 +311,21 @@ impl<C: Candidate> Decision<C> {
         for (e, t) in self.candidates.iter().zip(&self.totals) {
             tracing::debug!(target: "scores", "  Pod: {}, Final Score: {}", e.label(), t);
         }
+        if self.predictions.is_empty() {
+            return;
+        }
+        tracing::debug!(target: "scores", "Predicted TTFT:");
+        for (e, p) in self.candidates.iter().zip(&self.predictions) {
+            tracing::debug!(
+                target: "scores",
+                "  Pod: {}, Predicted TTFT: {:.1} ms (wait {:.1} ms, prefill {:.1} ms of {:.0} tokens)",
+                e.label(),
+                p.ttft() * 1e3,
+                p.wait * 1e3,
+                p.prefill * 1e3,
+                p.uncached_tokens
+            );
+        }
     }
 }
 
@@ -344,6 +369,8 @@ struct Counters {
     scorings: AtomicU64,
     /// Affinity picks made (the clock of the pods' recent shares).
     picks: AtomicU64,
+    /// The latency model's prefill rate, learned over every pod.
+    prefill: latency::PrefillRate,
 }
 
 /// The next number of a sequence; a dry run (explain) reads it without taking it.
@@ -612,6 +639,7 @@ impl Scheduler {
             prompt_bytes,
             unscored,
             predicted_blocks: 0,
+            predictions: Vec::new(),
             observations,
             duration: started.elapsed(),
             pd: None,
@@ -635,7 +663,7 @@ impl Scheduler {
         rng: &mut SmallRng,
         keep: usize,
     ) -> Decision<C> {
-        let (primary, why) =
+        let (primary, why, predictions) =
             self.affinity_pick(config, &candidates, &scored, &hashes, session, rng);
         // Fallbacks: longest match first, then least loaded (only the few kept are sorted).
         let mut rest: Vec<(std::cmp::Reverse<usize>, i64, usize)> = (0..candidates.len())
@@ -677,6 +705,7 @@ impl Scheduler {
             ranked,
             reason: why.into(),
             predicted_blocks: scored.held_blocks[primary],
+            predictions,
             hashes,
             prompt_bytes: 0,
             unscored: None,
@@ -696,9 +725,28 @@ impl Scheduler {
         hashes: &[BlockHash],
         session: Option<usize>,
         rng: &mut SmallRng,
-    ) -> (usize, AffinityReason) {
+    ) -> (usize, AffinityReason, Vec<latency::Prediction>) {
         let now = self.counters.picks.load(Ordering::Relaxed) as u32;
         let keep = affinity::keep_factor(config.share_window, candidates.len());
+        let per_token = self.counters.prefill.seconds_per_token();
+        let tokens_per_block = self.tokens_per_block(config);
+        let predictions: Vec<latency::Prediction> = candidates
+            .iter()
+            .zip(&scored.matched_blocks)
+            .map(|(e, &m)| {
+                let uncached_tokens = hashes.len().saturating_sub(m) as f64 * tokens_per_block;
+                latency::Prediction {
+                    wait: if config.latency_model {
+                        self.predicted_wait(e)
+                    } else {
+                        0.0
+                    },
+                    prefill: uncached_tokens * per_token,
+                    uncached_tokens,
+                    has_slot: e.timing().is_none_or(|t| t.has_slot(e.inflight())),
+                }
+            })
+            .collect();
         let loads: Vec<PodLoad> = candidates
             .iter()
             .enumerate()
@@ -708,11 +756,12 @@ impl Scheduler {
                 waiting: e.stats().waiting,
                 share: e.recent().share(now, keep),
                 head_inflight: scored.head_inflight.get(i).copied().unwrap_or(0),
+                wait: predictions[i].wait,
             })
             .collect();
         let index = self.prefix.index();
         let churn = |i: usize| candidates[i].index_pod().map_or(0.0, |p| index.churn(p));
-        affinity::pick(
+        let (i, why) = affinity::pick(
             config,
             &scored.matched_blocks,
             &scored.held_blocks,
@@ -720,8 +769,39 @@ impl Scheduler {
             hashes,
             session,
             &churn,
+            per_token * tokens_per_block,
             rng,
+        );
+        (i, why, predictions)
+    }
+
+    /// The latency model's predicted wait of a request picked now on `candidate`.
+    fn predicted_wait<C: Candidate>(&self, candidate: &C) -> f64 {
+        let Some(timing) = candidate.timing() else {
+            return 0.0;
+        };
+        timing.wait(
+            candidate.inflight(),
+            candidate.stats().waiting,
+            candidate.stats_age(),
+            self.counters.prefill.service(),
         )
+    }
+
+    /// Engine tokens in one prompt block.
+    fn tokens_per_block(&self, config: &AffinityConfig) -> f64 {
+        self.prefix.args().block_size_to_hash as f64 / f64::from(config.bytes_per_token.max(1))
+    }
+
+    /// Learns from a completed request that was picked with a free slot: its `uncached` prompt
+    /// tokens (predicted at the pick) and `seconds` from the pick to the completion.
+    pub fn observe_completion(&self, uncached: f64, seconds: f64) {
+        self.counters.prefill.observe(uncached, seconds);
+    }
+
+    /// The learned prefill rate (the latency model's, over every pod).
+    pub fn prefill_rate(&self) -> &latency::PrefillRate {
+        &self.counters.prefill
     }
 
     /// Makes a routed decision's pick count: an affinity pick joins its pod's recent share, and

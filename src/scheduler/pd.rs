@@ -148,7 +148,10 @@ impl PdGroup {
 pub enum PrefillPass<C> {
     /// The prefill pods of the decode pod's group were scored; the decision's primary is the
     /// best (its hashes are the request's, kept once in the outer decision).
-    Scored { decode: C, decision: Decision<C> },
+    Scored {
+        decode: C,
+        decision: Box<Decision<C>>,
+    },
     /// The decode pod's group has no prefill pod.
     NoPrefillPods { decode: C },
     /// The filters left none of the group's prefill pods.
@@ -279,7 +282,7 @@ impl Scheduler {
                     }
                     passes.push(PrefillPass::Scored {
                         decode: d.clone(),
-                        decision: p,
+                        decision: Box::new(p),
                     });
                 }
             }

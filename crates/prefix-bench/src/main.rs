@@ -254,6 +254,14 @@ fn workloads(quick: bool, seed: u64) -> anyhow::Result<Vec<WorkloadSpec>> {
                 2048,
             ),
             WorkloadSpec::new(
+                "busy-tenants",
+                "busy-tenants (12 tenants x 6 KB system, Zipf 1, 64 sessions of 1-3 turns, out 32; max-num-seqs 4, 24 clients for 16 slots)",
+                workload::multi_tenant(12, 64, TENANT_SYSTEM_TOKENS, 64, 32, 1.0, seed, m),
+                Arrival::Closed { concurrency: 24 },
+                BUSY_KV_BLOCKS,
+            )
+            .max_num_seqs(4),
+            WorkloadSpec::new(
                 "hot-prefix",
                 "hot-prefix (8 prefixes, 50% on one, 96 requests, system 512 tok, out 16; max-num-seqs 8)",
                 workload::hot_prefix(8, 96, 0.5, 512, 64, 16, seed, m),
@@ -315,6 +323,22 @@ fn workloads(quick: bool, seed: u64) -> anyhow::Result<Vec<WorkloadSpec>> {
                 2048,
             ),
             WorkloadSpec::new(
+                "busy-tenants",
+                "busy-tenants (12 tenants x 6 KB system, Zipf 1, 256 sessions of 1-3 turns, question 128 tok, out 64; max-num-seqs 4, 24 clients for 16 slots)",
+                workload::multi_tenant(12, 256, TENANT_SYSTEM_TOKENS, 128, 64, 1.0, seed, m),
+                Arrival::Closed { concurrency: 24 },
+                BUSY_KV_BLOCKS,
+            )
+            .max_num_seqs(4),
+            WorkloadSpec::new(
+                "ramp",
+                "ramp (12 tenants x 6 KB system, Zipf 1, 640 single questions, out 64; open loop 10 -> 130 -> 10 requests/s, ~1.5x the capacity of 4 pods x max-num-seqs 4 at the peak)",
+                ramp_requests(640, seed, m),
+                Arrival::Trace,
+                BUSY_KV_BLOCKS,
+            )
+            .max_num_seqs(4),
+            WorkloadSpec::new(
                 "hot-prefix",
                 "hot-prefix (16 prefixes, 50% on one, 512 requests, system 1024 tok, question 128, out 64; max-num-seqs 8)",
                 workload::hot_prefix(16, 512, 0.5, 1024, 128, 64, seed, m),
@@ -341,6 +365,26 @@ fn workloads(quick: bool, seed: u64) -> anyhow::Result<Vec<WorkloadSpec>> {
         ));
     }
     Ok(w)
+}
+
+/// KV blocks per sim of the busy workloads: room for every tenant's prompt on every pod (the
+/// pressure there is the queue, not the cache).
+const BUSY_KV_BLOCKS: usize = 4096;
+
+/// The `ramp` workload: single questions to 12 Zipf tenants, arriving 10 -> 130 -> 10 per second.
+fn ramp_requests(n: usize, seed: u64, model: &str) -> Vec<BenchRequest> {
+    let mut requests: Vec<BenchRequest> =
+        workload::multi_tenant(12, n * 2, TENANT_SYSTEM_TOKENS, 128, 64, 1.0, seed, model)
+            .into_iter()
+            .filter(|r| r.body["messages"].as_array().is_some_and(|m| m.len() == 2))
+            .take(n)
+            .map(|mut r| {
+                r.conversation = None;
+                r
+            })
+            .collect();
+    workload::ramp(&mut requests, 10.0, 130.0);
+    requests
 }
 
 const SIMS: usize = 4;
@@ -434,10 +478,11 @@ fn shipped_affinity() -> anyhow::Result<Option<serde_json::Value>> {
 }
 
 /// The `picker.affinity` switches the ablation turns off, one at a time.
-const ABLATION_SWITCHES: [&str; 6] = [
+const ABLATION_SWITCHES: [&str; 7] = [
     "tentative",
     "consolidateTies",
     "loadGate",
+    "latencyModel",
     "placeByChurn",
     "longPrompts",
     "engineBudget",

@@ -13,6 +13,8 @@
 //! - `agent`: one shared tool preamble longer than the router's 8 KiB hash coverage, then
 //!   sessions that grow append-only over several turns (tool calls and results).
 //! - `hot-prefix`: one prefix carries `hot_share` of the requests, the others share the rest.
+//! - [`ramp`]: arrival times that rise linearly from a low rate to a peak and back (open loop),
+//!   for a load that crosses the cluster's capacity and leaves it again.
 //!
 //! Every request names its affinity group (`group`: the shared prefix, tenant or session), so
 //! [`super::oracle`] can place groups with perfect knowledge. Streams ask
@@ -617,5 +619,24 @@ mod trace_tests {
         let expected = (tokens(&p1[..4096]) / 16.0).floor() * 16.0 / (tokens(p0) + tokens(p1));
         assert!((c - expected).abs() < 0.02, "{c} vs {expected}");
         assert_eq!(w[0].group, w[1].group);
+    }
+}
+
+/// Open-loop arrival times for `requests`, in order: a rate rising linearly from `low` to
+/// `peak` requests/s over the first half of the run and falling back over the second (the run
+/// lasts `2 n / (low + peak)` seconds). Request `k` arrives when the expected count reaches
+/// `k + 1/2`.
+pub fn ramp(requests: &mut [BenchRequest], low: f64, peak: f64) {
+    let n = requests.len() as f64;
+    let seconds = 2.0 * n / (low + peak).max(1e-9);
+    let rate = |t: f64| low + (peak - low) * (1.0 - (2.0 * t / seconds - 1.0).abs());
+    let (mut t, mut arrived, step) = (0.0f64, 0.0f64, 1e-4);
+    for (k, r) in requests.iter_mut().enumerate() {
+        let due = k as f64 + 0.5;
+        while arrived < due && t < seconds {
+            arrived += rate(t + step / 2.0) * step;
+            t += step;
+        }
+        r.at_ms = Some(t * 1000.0);
     }
 }

@@ -187,9 +187,12 @@ fn a_hot_prefix_spreads_to_a_second_pod_under_load_and_returns_to_one() {
     let first = route(&router, &body(&p, "q0"));
     let home = primary(&first);
     router.complete(first, ok(Served::NotReported));
-    // The home pod's engine queues: the prefix spills, and the spill pod holds it too.
+    // The home pod's engine queues (2 running, 3 waiting, 0.5 s a request): the prefix
+    // spills, and the spill pod holds it too.
     let set = router.endpoints.snapshot();
+    set.by_address(&home).unwrap().timing.observe_service(0.5);
     set.by_address(&home).unwrap().set_stats(EngineStats {
+        running: 2.0,
         waiting: 3.0,
         ..EngineStats::default()
     });

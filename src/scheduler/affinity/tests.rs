@@ -11,6 +11,7 @@ fn loads(n: usize) -> Vec<PodLoad> {
             waiting: 0.0,
             share: 0.0,
             head_inflight: 0,
+            wait: 0.0,
         })
         .collect()
 }
@@ -23,6 +24,12 @@ fn with_shares(shares: &[f64]) -> Vec<PodLoad> {
     }
     l
 }
+
+/// The gates of `latencyModel: false` (`podCapacity`, `maxQueue`).
+const GATES: AffinityConfig = AffinityConfig {
+    latency_model: false,
+    ..AffinityConfig::DEFAULT
+};
 
 fn hashes(n: u64) -> Vec<BlockHash> {
     (1..=n).map(BlockHash).collect()
@@ -42,6 +49,7 @@ fn pick_one(
         h,
         None,
         &|_| 0.0,
+        0.0,
         &mut SmallRng::seed_from_u64(7),
     )
 }
@@ -60,7 +68,7 @@ fn the_longest_match_wins_whatever_the_load_while_the_pod_has_room() {
 
 #[test]
 fn a_saturated_pod_loses_affinity_and_the_prefix_spills() {
-    let c = AffinityConfig::default();
+    let c = GATES;
     let mut l = loads(4);
     l[2].waiting = 1.0;
     l[1].inflight = 3;
@@ -119,7 +127,7 @@ fn without_the_load_gate_the_match_always_wins() {
 
 #[test]
 fn everything_saturated_goes_to_the_least_loaded() {
-    let c = AffinityConfig::default();
+    let c = GATES;
     let mut l = loads(3);
     for (i, p) in l.iter_mut().enumerate() {
         p.waiting = 5.0 - i as f64;
@@ -147,6 +155,7 @@ fn ties_consolidate_on_the_deepest_block_held() {
                 &h,
                 None,
                 &|_| 0.0,
+                0.0,
                 &mut SmallRng::seed_from_u64(s),
             )
             .0
@@ -177,6 +186,7 @@ fn without_consolidation_ties_are_random() {
                 &hashes(4),
                 None,
                 &|_| 0.0,
+                0.0,
                 &mut SmallRng::seed_from_u64(s),
             )
             .0
@@ -222,6 +232,7 @@ fn a_match_held_only_in_flight_counts_when_it_covers_most_of_the_prompt() {
             &h,
             None,
             &|_| 0.0,
+            0.0,
             &mut SmallRng::seed_from_u64(1)
         ),
         (1, AffinityReason::Hit)
@@ -236,6 +247,7 @@ fn a_match_held_only_in_flight_counts_when_it_covers_most_of_the_prompt() {
             &h,
             None,
             &|_| 0.0,
+            0.0,
             &mut SmallRng::seed_from_u64(1)
         )
         .1,
@@ -250,7 +262,7 @@ fn a_burst_in_progress_stays_on_an_over_share_pod_new_work_does_not() {
     // Every prefix on an over-share pod may spill (the hot-only rule has its own test).
     let c = AffinityConfig {
         spill_hot_only: false,
-        ..AffinityConfig::default()
+        ..GATES
     };
     let mut l = with_shares(&[0.5, 0.16, 0.16, 0.16]);
     // Pod 0 holds the prompt only through requests in flight (held 0): the burst stays.
@@ -263,6 +275,7 @@ fn a_burst_in_progress_stays_on_an_over_share_pod_new_work_does_not() {
             &hashes(8),
             None,
             &|_| 0.0,
+            0.0,
             &mut SmallRng::seed_from_u64(1)
         ),
         (0, AffinityReason::Hit)
@@ -283,6 +296,7 @@ fn a_burst_in_progress_stays_on_an_over_share_pod_new_work_does_not() {
             &hashes(8),
             None,
             &|_| 0.0,
+            0.0,
             &mut SmallRng::seed_from_u64(1)
         )
         .1,
@@ -356,7 +370,7 @@ fn new_prefixes_go_to_the_least_recent_share_among_the_least_loaded() {
 
 #[test]
 fn a_session_keeps_its_pod_until_the_pod_is_saturated() {
-    let c = AffinityConfig::default();
+    let c = GATES;
     let mut l = loads(3);
     // Pod 0 holds the whole prompt; the session's pod 2 holds nothing and is over its share.
     l[2].share = 0.9;
@@ -370,6 +384,7 @@ fn a_session_keeps_its_pod_until_the_pod_is_saturated() {
             &hashes(8),
             session,
             &|_| 0.0,
+            0.0,
             &mut SmallRng::seed_from_u64(3),
         )
     };
@@ -404,6 +419,7 @@ fn new_prefixes_go_to_the_pod_that_evicts_least_within_its_share() {
             &[BlockHash(k)],
             None,
             &|i| churn[i],
+            0.0,
             &mut SmallRng::seed_from_u64(1),
         )
     };
@@ -435,6 +451,7 @@ fn new_prefixes_go_to_the_pod_that_evicts_least_within_its_share() {
         &[BlockHash(3)],
         None,
         &panics,
+        0.0,
         &mut SmallRng::seed_from_u64(1),
     );
     assert_eq!(i, 2);
@@ -447,7 +464,68 @@ fn new_prefixes_go_to_the_pod_that_evicts_least_within_its_share() {
         &hashes(8),
         None,
         &|i| churn[i],
+        0.0,
         &mut SmallRng::seed_from_u64(1),
     );
     assert_eq!((i, why), (0, AffinityReason::Hit));
+}
+
+/// [`pick`] with the latency model's inputs: each pod's predicted wait and the seconds one
+/// uncached block costs.
+fn pick_timed(matched: &[usize], waits: &[f64], per_block: f64) -> (usize, AffinityReason) {
+    let mut l = loads(matched.len());
+    for (p, &w) in l.iter_mut().zip(waits) {
+        p.wait = w;
+    }
+    pick(
+        &AffinityConfig::default(),
+        matched,
+        matched,
+        &l,
+        &hashes(8),
+        None,
+        &|_| 0.0,
+        per_block,
+        &mut SmallRng::seed_from_u64(7),
+    )
+}
+
+#[test]
+fn a_full_match_on_a_queueing_pod_loses_to_a_half_match_on_an_idle_one() {
+    // 10 ms a block: the half match prefills 40 ms; the full match waits 200 ms.
+    assert_eq!(
+        pick_timed(&[8, 4, 0], &[0.2, 0.0, 0.0], 0.01),
+        (1, AffinityReason::Spill)
+    );
+    // Nobody else holds any of it: the idle pod with nothing costs 80 ms, still less.
+    let (i, why) = pick_timed(&[8, 0, 0], &[0.2, 0.0, 0.0], 0.01);
+    assert!(i == 1 || i == 2, "{i}");
+    assert_eq!(why, AffinityReason::Spill);
+}
+
+#[test]
+fn a_full_match_wins_while_its_queue_costs_less_than_the_prefill_it_saves() {
+    // A free slot: no wait at all.
+    assert_eq!(
+        pick_timed(&[8, 4, 0], &[0.0, 0.0, 0.0], 0.01),
+        (0, AffinityReason::Hit)
+    );
+    // A short queue (30 ms) is cheaper than prefilling half the prompt (40 ms) elsewhere.
+    assert_eq!(
+        pick_timed(&[8, 4, 0], &[0.03, 0.0, 0.0], 0.01),
+        (0, AffinityReason::Hit)
+    );
+}
+
+#[test]
+fn when_every_pod_queues_the_pick_is_the_least_predicted_ttft() {
+    // Waits 0.3, 0.1, 0.2 s; pod 2 holds the whole prompt (saves 80 ms): 0.3, 0.18, 0.2.
+    assert_eq!(
+        pick_timed(&[0, 0, 8], &[0.3, 0.1, 0.2], 0.01),
+        (1, AffinityReason::Saturated)
+    );
+    assert_eq!(
+        pick_timed(&[0, 0, 8], &[0.3, 0.15, 0.1], 0.01),
+        (2, AffinityReason::Saturated)
+    );
 }

@@ -1,0 +1,261 @@
+//! The affinity mode's latency model: each candidate's expected time to first token, so a
+//! prefix keeps its pod while the pod has room and moves the moment a queue would cost more
+//! than the prefill it saves.
+//!
+//! `predicted TTFT = wait + prefill`, per candidate:
+//! - `wait = k x service / concurrency`: the request needs `k` completions before a slot frees,
+//!   with `k = max(inflight + 1 - concurrency, engine queue left + 1)`; `inflight` is the
+//!   picker's own count (instant), the engine queue is the last scrape's `waiting` drained at
+//!   `concurrency / service` requests per second over the scrape's age (so a stale scrape fades
+//!   instead of steering). No queue ever seen on a pod: no wait predicted.
+//! - `prefill = base + uncached tokens x seconds per token`, the uncached tokens being the
+//!   prompt's blocks the pod does not hold (index and holds), converted with `bytesPerToken`.
+//!
+//! Learned, per pod ([`PodTiming`]):
+//! - `concurrency`: the engine's `running` in every scrape that shows a queue (`waiting` > 0),
+//!   averaged (half weight to each new sample); raised at once to `running` when more run
+//!   without a queue. vLLM and SGLang export both gauges.
+//! - `service`: the mean time from the pick to the completion of requests picked while the pod
+//!   had a free slot, a moving average over about [`SERVICE_WINDOW`] completions.
+//!
+//! Learned over all pods ([`PrefillRate`]): seconds per uncached token and the base, by a
+//! least-squares fit of those completions' durations on their uncached tokens, weighted
+//! towards the last [`PREFILL_WINDOW`] completions; until the fit has [`PREFILL_MIN_SAMPLES`]
+//! with spread in their uncached tokens, [`PRIOR_SECONDS_PER_TOKEN`] (a 7-8B model on one H100
+//! prefills ~10,000 tokens/s).
+//!
+//! Reads are atomic loads (the request path takes no lock); learning happens on completion and
+//! scrape.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+/// Completions the per-pod service time averages over.
+pub const SERVICE_WINDOW: f64 = 32.0;
+/// Completions the prefill fit is weighted towards.
+pub const PREFILL_WINDOW: f64 = 512.0;
+/// Completions the prefill fit needs before it replaces the prior.
+pub const PREFILL_MIN_SAMPLES: f64 = 32.0;
+/// Seconds per prefilled token until learned (10,000 tokens/s).
+pub const PRIOR_SECONDS_PER_TOKEN: f64 = 1e-4;
+/// Seconds one completion frees a slot after, when a pod has shown a queue but no completion
+/// has been timed yet on any pod.
+pub const UNKNOWN_SERVICE_SECONDS: f64 = 1.0;
+
+/// The latency model's prediction for one candidate (seconds).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Prediction {
+    /// Waiting for a slot ([`PodTiming::wait`]).
+    pub wait: f64,
+    /// Prefilling the prompt tokens the pod does not hold.
+    pub prefill: f64,
+    /// Those tokens.
+    pub uncached_tokens: f64,
+    /// A slot was free for this request (its completion then times the pod's service).
+    pub has_slot: bool,
+}
+
+impl Prediction {
+    /// The time to first token the pick controls: the wait and the prefill (the engine's fixed
+    /// per-request overhead left out).
+    pub fn ttft(&self) -> f64 {
+        self.wait + self.prefill
+    }
+}
+
+/// An `f64` in an atomic (0 = unknown).
+#[derive(Debug, Default)]
+struct AtomicF64(AtomicU64);
+
+impl AtomicF64 {
+    fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(Ordering::Relaxed))
+    }
+
+    fn set(&self, v: f64) {
+        self.0.store(v.to_bits(), Ordering::Relaxed);
+    }
+
+    /// `Some` when set to a positive value.
+    fn known(&self) -> Option<f64> {
+        Some(self.get()).filter(|v| *v > 0.0)
+    }
+
+    /// Moves the value towards `sample` by `weight` (to `sample` when unknown).
+    fn average(&self, sample: f64, weight: f64) {
+        let mut current = self.0.load(Ordering::Relaxed);
+        loop {
+            let old = f64::from_bits(current);
+            let new = if old > 0.0 {
+                old + weight * (sample - old)
+            } else {
+                sample
+            };
+            match self.0.compare_exchange_weak(
+                current,
+                new.to_bits(),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(seen) => current = seen,
+            }
+        }
+    }
+}
+
+/// What the latency model has learned of one pod.
+#[derive(Debug, Default)]
+pub struct PodTiming {
+    concurrency: AtomicF64,
+    service: AtomicF64,
+}
+
+impl PodTiming {
+    /// Learns from one engine scrape: `running` requests while `waiting` queue.
+    pub fn observe_engine(&self, running: f64, waiting: f64) {
+        if !(running.is_finite() && waiting.is_finite()) || running < 1.0 {
+            return;
+        }
+        if waiting >= 1.0 {
+            self.concurrency.average(running, 0.5);
+        } else if self.concurrency.known().is_some_and(|c| running > c) {
+            self.concurrency.set(running);
+        }
+    }
+
+    /// Learns from one completion picked while the pod had a free slot: `seconds` from the
+    /// pick to the completion.
+    pub fn observe_service(&self, seconds: f64) {
+        if seconds.is_finite() && seconds > 0.0 {
+            self.service.average(seconds, 1.0 / SERVICE_WINDOW);
+        }
+    }
+
+    /// Requests the engine runs at once; `None` until a scrape showed a queue.
+    pub fn concurrency(&self) -> Option<f64> {
+        self.concurrency.known()
+    }
+
+    /// Mean seconds from pick to completion without a queue; `None` until timed.
+    pub fn service(&self) -> Option<f64> {
+        self.service.known()
+    }
+
+    /// Whether a request picked now, with `inflight` requests of this picker on the pod, finds
+    /// a free slot (unknown concurrency: yes).
+    pub fn has_slot(&self, inflight: i64) -> bool {
+        self.concurrency().is_none_or(|c| (inflight as f64) < c)
+    }
+
+    /// The expected seconds a request picked now waits for a slot: `inflight` this picker has
+    /// on the pod, the engine's scraped queue `waiting` and that scrape's `age` (`None`: never
+    /// scraped); `fallback_service` when this pod's service time is not learned yet.
+    pub fn wait(
+        &self,
+        inflight: i64,
+        waiting: f64,
+        age: Option<Duration>,
+        fallback_service: Option<f64>,
+    ) -> f64 {
+        let Some(concurrency) = self.concurrency() else {
+            return 0.0;
+        };
+        let service = self
+            .service()
+            .or(fallback_service)
+            .unwrap_or(UNKNOWN_SERVICE_SECONDS);
+        let rate = concurrency / service;
+        let own = inflight as f64 + 1.0 - concurrency;
+        let engine = match age {
+            Some(age) if waiting > 0.0 => {
+                let left = waiting - age.as_secs_f64() * rate;
+                if left > 0.0 { left + 1.0 } else { 0.0 }
+            }
+            _ => 0.0,
+        };
+        own.max(engine).max(0.0) / rate
+    }
+}
+
+/// The prefill fit's weighted sums (decaying).
+#[derive(Debug, Default, Clone, Copy)]
+struct Fit {
+    n: f64,
+    x: f64,
+    y: f64,
+    xx: f64,
+    xy: f64,
+}
+
+/// Seconds per uncached prompt token and the base of every request, fitted over all pods.
+#[derive(Debug, Default)]
+pub struct PrefillRate {
+    fit: Mutex<Fit>,
+    per_token: AtomicF64,
+    base: AtomicF64,
+    fitted: AtomicBool,
+    /// The mean service time over all pods (the fallback of pods not timed yet).
+    service: AtomicF64,
+}
+
+impl PrefillRate {
+    /// Learns from one completion picked with a free slot: `uncached` prompt tokens predicted
+    /// at the pick, `seconds` from the pick to the completion.
+    pub fn observe(&self, uncached: f64, seconds: f64) {
+        if !(uncached.is_finite() && seconds.is_finite() && uncached >= 0.0 && seconds > 0.0) {
+            return;
+        }
+        self.service.average(seconds, 1.0 / SERVICE_WINDOW);
+        let keep = 1.0 - 1.0 / PREFILL_WINDOW;
+        let mut f = self.fit.lock();
+        f.n = f.n * keep + 1.0;
+        f.x = f.x * keep + uncached;
+        f.y = f.y * keep + seconds;
+        f.xx = f.xx * keep + uncached * uncached;
+        f.xy = f.xy * keep + uncached * seconds;
+        if f.n < PREFILL_MIN_SAMPLES {
+            return;
+        }
+        let (mx, my) = (f.x / f.n, f.y / f.n);
+        let var = f.xx / f.n - mx * mx;
+        // Less than a 64-token spread in the uncached tokens: nothing to fit a slope on.
+        if var < 64.0 * 64.0 {
+            return;
+        }
+        let slope = ((f.xy / f.n - mx * my) / var).max(0.0);
+        self.per_token.set(slope);
+        self.base.set((my - slope * mx).max(0.0));
+        self.fitted.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the fit replaced the prior.
+    pub fn is_fitted(&self) -> bool {
+        self.fitted.load(Ordering::Relaxed)
+    }
+
+    /// Seconds per uncached token: learned, else [`PRIOR_SECONDS_PER_TOKEN`].
+    pub fn seconds_per_token(&self) -> f64 {
+        if self.fitted.load(Ordering::Relaxed) {
+            self.per_token.get()
+        } else {
+            PRIOR_SECONDS_PER_TOKEN
+        }
+    }
+
+    /// The fitted seconds from pick to completion of a request that prefills nothing (its
+    /// decode included; 0 until fitted).
+    pub fn base(&self) -> f64 {
+        self.base.get()
+    }
+
+    /// The mean service time over all pods; `None` until a completion was timed.
+    pub fn service(&self) -> Option<f64> {
+        self.service.known()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,94 @@
+use super::*;
+
+#[test]
+fn no_queue_seen_predicts_no_wait_whatever_the_count() {
+    let t = PodTiming::default();
+    assert_eq!(t.concurrency(), None);
+    assert_eq!(t.wait(50, 0.0, None, Some(0.2)), 0.0);
+    assert!(t.has_slot(50));
+    // Running without a queue teaches nothing before a queue was seen.
+    t.observe_engine(8.0, 0.0);
+    assert_eq!(t.concurrency(), None);
+}
+
+#[test]
+fn learned_concurrency_converges_on_what_the_engine_runs_with_a_queue() {
+    let t = PodTiming::default();
+    // A sim that runs 4 at once: scrapes with a queue show 4 running (one stale 3 in between).
+    for (running, waiting) in [(4.0, 2.0), (3.0, 1.0), (4.0, 5.0), (4.0, 1.0), (4.0, 3.0)] {
+        t.observe_engine(running, waiting);
+    }
+    let c = t.concurrency().unwrap();
+    assert!((3.9..=4.0).contains(&c), "{c}");
+    // More running without a queue: the engine runs at least that many.
+    t.observe_engine(6.0, 0.0);
+    assert_eq!(t.concurrency(), Some(6.0));
+    // Fewer running without a queue says nothing.
+    t.observe_engine(1.0, 0.0);
+    assert_eq!(t.concurrency(), Some(6.0));
+}
+
+#[test]
+fn the_wait_counts_the_completions_needed_before_a_slot_frees() {
+    let t = PodTiming::default();
+    t.observe_engine(2.0, 1.0);
+    t.observe_service(0.4);
+    // Two slots, 0.4 s each: a slot frees every 0.2 s.
+    assert_eq!(t.wait(0, 0.0, None, None), 0.0);
+    assert_eq!(t.wait(1, 0.0, None, None), 0.0);
+    assert!((t.wait(2, 0.0, None, None) - 0.2).abs() < 1e-9);
+    assert!((t.wait(5, 0.0, None, None) - 0.8).abs() < 1e-9);
+    assert!(!t.has_slot(2) && t.has_slot(1));
+}
+
+#[test]
+fn the_engine_queue_counts_drained_by_its_age() {
+    let t = PodTiming::default();
+    t.observe_engine(2.0, 1.0);
+    t.observe_service(0.4);
+    // Another replica's 3 queued requests, scraped just now: wait for 4 completions.
+    let fresh = t.wait(0, 3.0, Some(Duration::ZERO), None);
+    assert!((fresh - 0.8).abs() < 1e-9, "{fresh}");
+    // 0.4 s later two of them have left (a slot frees every 0.2 s).
+    let aged = t.wait(0, 3.0, Some(Duration::from_millis(400)), None);
+    assert!((aged - 0.4).abs() < 1e-9, "{aged}");
+    // A second later the queue is gone.
+    assert_eq!(t.wait(0, 3.0, Some(Duration::from_secs(1)), None), 0.0);
+}
+
+#[test]
+fn an_untimed_pod_borrows_the_pools_service_time() {
+    let t = PodTiming::default();
+    t.observe_engine(1.0, 1.0);
+    assert!((t.wait(1, 0.0, None, Some(0.3)) - 0.3).abs() < 1e-9);
+    assert!((t.wait(1, 0.0, None, None) - UNKNOWN_SERVICE_SECONDS).abs() < 1e-9);
+}
+
+#[test]
+fn the_prefill_fit_finds_the_per_token_time_under_noise() {
+    let rate = PrefillRate::default();
+    assert_eq!(rate.seconds_per_token(), PRIOR_SECONDS_PER_TOKEN);
+    // Duration = 0.1 s + 30 us per uncached token, +-10 ms of decode noise.
+    for i in 0..400u32 {
+        let uncached = f64::from((i * 37) % 1600);
+        let noise = (f64::from((i * 7919) % 21) - 10.0) * 1e-3;
+        rate.observe(uncached, 0.1 + 30e-6 * uncached + noise);
+    }
+    let p = rate.seconds_per_token();
+    assert!((p - 30e-6).abs() < 3e-6, "{p}");
+    assert!((rate.base() - 0.1).abs() < 0.01, "{}", rate.base());
+    assert!(rate.service().is_some());
+}
+
+#[test]
+fn the_prefill_fit_keeps_the_prior_without_spread() {
+    let rate = PrefillRate::default();
+    for _ in 0..100 {
+        rate.observe(500.0, 0.2);
+    }
+    assert_eq!(rate.seconds_per_token(), PRIOR_SECONDS_PER_TOKEN);
+    // Bad samples are ignored.
+    rate.observe(f64::NAN, 0.1);
+    rate.observe(10.0, -1.0);
+    assert_eq!(rate.seconds_per_token(), PRIOR_SECONDS_PER_TOKEN);
+}
