@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::endpoints::PodId;
@@ -226,6 +226,9 @@ pub struct RouterMetrics {
     pub cached_tokens: IntCounterVec,
     pub estimate_dropped: IntCounter,
     pub latency_model_ratio: Histogram,
+    pub pod_concurrency: GaugeVec,
+    pub pod_service: GaugeVec,
+    pub prefill_per_token: Gauge,
     pub sessions: IntGauge,
     pub session_requests: IntCounterVec,
     pub sessions_dropped: IntCounterVec,
@@ -465,6 +468,31 @@ impl RouterMetrics {
                 &POD_LABELS,
             )
             .expect("valid metric"),
+            pod_concurrency: GaugeVec::new(
+                Opts::new(
+                    "prefix_picker_pod_concurrency",
+                    "Affinity mode's latency model: requests a pod's engine runs at once, learned \
+                     from scrapes that show a queue (absent until one did); sampled every second",
+                ),
+                &POD_LABELS,
+            )
+            .expect("valid metric"),
+            pod_service: GaugeVec::new(
+                Opts::new(
+                    "prefix_picker_pod_service_seconds",
+                    "Affinity mode's latency model: mean seconds from the pick to the completion \
+                     of a pod's requests picked with a free slot (absent until timed); sampled \
+                     every second",
+                ),
+                &POD_LABELS,
+            )
+            .expect("valid metric"),
+            prefill_per_token: Gauge::new(
+                "prefix_picker_prefill_seconds_per_token",
+                "Affinity mode's latency model: seconds one uncached prompt token adds, fitted \
+                 over every pod's completions (the prior until fitted); sampled every second",
+            )
+            .expect("valid metric"),
             pod_churn: GaugeVec::new(
                 Opts::new(
                     "prefix_picker_pod_index_churn_ratio",
@@ -510,6 +538,9 @@ impl RouterMetrics {
         register(registry, m.tentative_holds.clone());
         register(registry, m.pod_budget.clone());
         register(registry, m.pod_churn.clone());
+        register(registry, m.pod_concurrency.clone());
+        register(registry, m.pod_service.clone());
+        register(registry, m.prefill_per_token.clone());
         register(registry, m.sessions.clone());
         register(registry, m.session_requests.clone());
         register(registry, m.sessions_dropped.clone());

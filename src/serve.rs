@@ -519,33 +519,51 @@ fn expire_routes(
 }
 
 /// Sets each pod's `prefix_picker_pod_index_churn_ratio` while the affinity mode places by
-/// churn, and removes the series of pods gone since the last sample (or of every pod, once the
-/// mode is off), so a pod that left mid-sample keeps no series.
+/// churn, and what its latency model learned (`prefix_picker_pod_concurrency`,
+/// `prefix_picker_pod_service_seconds`, `prefix_picker_prefill_seconds_per_token`) while it
+/// runs; removes the series of pods gone since the last sample (or of every pod, once the mode
+/// is off), so a pod that left mid-sample keeps no series.
 fn sample_churn(router: &Router, series: &mut HashSet<PodId>) {
-    let on = router
-        .scheduler
-        .load()
-        .scheduler
-        .affinity()
-        .is_some_and(|a| a.place_by_churn);
+    let live = router.scheduler.load();
+    let affinity = live.scheduler.affinity();
+    let on = affinity.is_some_and(|a| a.place_by_churn);
+    let latency = affinity.is_some_and(|a| a.latency_model);
     let set = router.endpoints.snapshot();
     let index = router.endpoints.index();
+    let m = &router.metrics;
     let mut now: HashSet<PodId> = HashSet::new();
-    if on {
-        for e in set.all() {
-            router
-                .metrics
-                .pod_churn
-                .with_label_values(&pod_label_values(&e.spec.id))
+    for e in set.all() {
+        let labels = pod_label_values(&e.spec.id);
+        if on {
+            m.pod_churn
+                .with_label_values(&labels)
                 .set(index.churn(&e.index));
             now.insert(e.spec.id.clone());
         }
+        if latency {
+            if let Some(c) = e.timing.concurrency() {
+                m.pod_concurrency.with_label_values(&labels).set(c);
+                now.insert(e.spec.id.clone());
+            }
+            if let Some(s) = e.timing.service() {
+                m.pod_service.with_label_values(&labels).set(s);
+                now.insert(e.spec.id.clone());
+            }
+        }
     }
-    for gone in series.iter().filter(|id| !now.contains(id)) {
-        let _ = router
-            .metrics
-            .pod_churn
-            .remove_label_values(&pod_label_values(gone));
+    if latency {
+        m.prefill_per_token
+            .set(live.scheduler.prefill_rate().seconds_per_token());
+    }
+    for gone in series.iter() {
+        let labels = pod_label_values(gone);
+        if !now.contains(gone) || !on {
+            let _ = m.pod_churn.remove_label_values(&labels);
+        }
+        if !now.contains(gone) || !latency {
+            let _ = m.pod_concurrency.remove_label_values(&labels);
+            let _ = m.pod_service.remove_label_values(&labels);
+        }
     }
     *series = now;
 }

@@ -179,6 +179,8 @@ fn correct_estimate(router: &Router, route: &Ticket, pod: &Endpoint, reported: u
 /// requests picked with a free slot time the pod's service and the prefill rate; every one
 /// counts the model's error (observed over predicted time to completion).
 fn learn_latency(router: &Router, pod: &Endpoint, prediction: Prediction, seconds: f64) {
+    pod.timing
+        .observe_completion(Instant::now(), pod.inflight());
     let live = router.scheduler.load();
     let rate = live.scheduler.prefill_rate();
     if rate.is_fitted() {

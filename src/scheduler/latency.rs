@@ -3,7 +3,7 @@
 //! than the prefill it saves.
 //!
 //! `predicted TTFT = wait + prefill`, per candidate:
-//! - `wait = k x service / concurrency`: the request needs `k` completions before a slot frees,
+//! - `wait = k x pace`: the request needs `k` completions before a slot frees,
 //!   with `k = max(inflight + 1 - concurrency, engine queue left + 1)`; `inflight` is the
 //!   picker's own count (instant), the engine queue is the last scrape's `waiting` drained at
 //!   `concurrency / service` requests per second over the scrape's age (so a stale scrape fades
@@ -15,8 +15,12 @@
 //! - `concurrency`: the engine's `running` in every scrape that shows a queue (`waiting` > 0),
 //!   averaged (half weight to each new sample); raised at once to `running` when more run
 //!   without a queue. vLLM and SGLang export both gauges.
+//! - `interval`: the mean gap between two completions of this picker's while every slot stayed
+//!   busy (more in flight than the concurrency at both): the queue's pace under load, a moving
+//!   average over about [`SERVICE_WINDOW`] gaps.
 //! - `service`: the mean time from the pick to the completion of requests picked while the pod
-//!   had a free slot, a moving average over about [`SERVICE_WINDOW`] completions.
+//!   had a free slot (same average); `service / concurrency` stands in for the pace until a
+//!   busy gap was seen.
 //!
 //! Learned over all pods ([`PrefillRate`]): seconds per uncached token and the base, by a
 //! least-squares fit of those completions' durations on their uncached tokens, weighted
@@ -28,7 +32,7 @@
 //! scrape.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -111,6 +115,10 @@ impl AtomicF64 {
 pub struct PodTiming {
     concurrency: AtomicF64,
     service: AtomicF64,
+    /// Mean seconds between completions while every slot is busy (the queue's pace).
+    interval: AtomicF64,
+    /// The last completion that left the pod busy (more in flight than it runs).
+    busy_since: Mutex<Option<Instant>>,
 }
 
 impl PodTiming {
@@ -132,6 +140,29 @@ impl PodTiming {
         if seconds.is_finite() && seconds > 0.0 {
             self.service.average(seconds, 1.0 / SERVICE_WINDOW);
         }
+    }
+
+    /// Learns from one completion of this picker's at `at`, with `inflight` requests on the pod
+    /// (this one included): the gap since the previous completion, when both left every slot
+    /// busy, is one step of the queue.
+    pub fn observe_completion(&self, at: Instant, inflight: i64) {
+        let busy = self.concurrency().is_some_and(|c| inflight as f64 > c);
+        let mut since = self.busy_since.lock();
+        if busy {
+            if let Some(previous) = since.replace(at) {
+                let gap = at.saturating_duration_since(previous).as_secs_f64();
+                if gap > 0.0 {
+                    self.interval.average(gap, 1.0 / SERVICE_WINDOW);
+                }
+            }
+        } else {
+            *since = None;
+        }
+    }
+
+    /// Mean seconds between completions while every slot is busy; `None` until seen.
+    pub fn interval(&self) -> Option<f64> {
+        self.interval.known()
     }
 
     /// Requests the engine runs at once; `None` until a scrape showed a queue.
@@ -163,11 +194,18 @@ impl PodTiming {
         let Some(concurrency) = self.concurrency() else {
             return 0.0;
         };
-        let service = self
-            .service()
-            .or(fallback_service)
-            .unwrap_or(UNKNOWN_SERVICE_SECONDS);
-        let rate = concurrency / service;
+        // Completions per second while the queue lasts: the busy pace seen, else the service
+        // time over the slots.
+        let rate = match self.interval() {
+            Some(interval) => 1.0 / interval,
+            None => {
+                let service = self
+                    .service()
+                    .or(fallback_service)
+                    .unwrap_or(UNKNOWN_SERVICE_SECONDS);
+                concurrency / service
+            }
+        };
         let own = inflight as f64 + 1.0 - concurrency;
         let engine = match age {
             Some(age) if waiting > 0.0 => {

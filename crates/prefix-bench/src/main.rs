@@ -945,6 +945,10 @@ async fn suite(opts: SuiteOpts) -> anyhow::Result<()> {
                         .map(|(reason, n)| format!("{reason} {n}"))
                         .collect();
                     eprintln!("  decisions: {}", shown.join(", "));
+                    let learned = probe::latency_model(admin).await;
+                    if !learned.is_empty() {
+                        eprintln!("  latency model: {learned}");
+                    }
                 }
                 eprintln!(
                     "  hit rate {:.1}% (ceiling {:.1}%), TTFT p50 {:.0} ms, max/mean pod share {:.2}, pods per group {:.2}, errors {}",

@@ -6,6 +6,44 @@ use std::net::SocketAddr;
 
 /// `prefix_picker_decisions_total` by reason, summed over pickers' admin endpoints (a picker
 /// that does not answer counts nothing).
+/// The latency model's learned values in a picker's `/metrics` (concurrency and service time
+/// per pod, seconds per prefilled token), as one line for the run's log; empty without them.
+pub async fn latency_model(admin: SocketAddr) -> String {
+    let url = format!("http://{admin}/metrics");
+    let Ok(r) = reqwest::Client::new().get(url).send().await else {
+        return String::new();
+    };
+    let text = r.text().await.unwrap_or_default();
+    let value = |line: &str| line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+    let mut parts = Vec::new();
+    for line in text.lines() {
+        let pod = || {
+            line.split("model_server_pod=\"")
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+        };
+        if line.starts_with("prefix_picker_pod_concurrency{") {
+            parts.push(format!(
+                "{} runs {:.1}",
+                pod().unwrap_or("?"),
+                value(line).unwrap_or(0.0)
+            ));
+        } else if line.starts_with("prefix_picker_pod_service_seconds{") {
+            parts.push(format!(
+                "{} serves in {:.0} ms",
+                pod().unwrap_or("?"),
+                value(line).unwrap_or(0.0) * 1e3
+            ));
+        } else if line.starts_with("prefix_picker_prefill_seconds_per_token ") {
+            parts.push(format!(
+                "prefill {:.1} us/token",
+                value(line).unwrap_or(0.0) * 1e6
+            ));
+        }
+    }
+    parts.join(", ")
+}
+
 pub async fn decision_reasons(admins: &[SocketAddr]) -> BTreeMap<String, f64> {
     let client = reqwest::Client::new();
     let mut sums = BTreeMap::new();

@@ -92,3 +92,21 @@ fn the_prefill_fit_keeps_the_prior_without_spread() {
     rate.observe(10.0, -1.0);
     assert_eq!(rate.seconds_per_token(), PRIOR_SECONDS_PER_TOKEN);
 }
+
+#[test]
+fn the_queue_pace_is_the_gap_between_completions_of_a_busy_pod() {
+    let t = PodTiming::default();
+    t.observe_engine(2.0, 1.0);
+    t.observe_service(10.0);
+    let t0 = Instant::now();
+    // Busy (3 in flight on 2 slots) at 0, 0.1 and 0.2 s: a slot frees every 0.1 s.
+    for k in 0..3u32 {
+        t.observe_completion(t0 + Duration::from_millis(100) * k, 3);
+    }
+    assert!((t.interval().unwrap() - 0.1).abs() < 1e-9);
+    assert!((t.wait(2, 0.0, None, None) - 0.1).abs() < 1e-9);
+    // A completion that leaves a slot free ends the busy stretch: the next gap is not one.
+    t.observe_completion(t0 + Duration::from_secs(1), 2);
+    t.observe_completion(t0 + Duration::from_secs(5), 3);
+    assert!((t.interval().unwrap() - 0.1).abs() < 1e-9);
+}
