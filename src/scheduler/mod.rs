@@ -506,7 +506,13 @@ impl Scheduler {
         // One entry per plugin, plus prefix-cache's match ratio.
         let mut observations =
             Vec::with_capacity(self.config.filters.len() + self.config.scorers.len() + 1);
-        for filter in &self.config.filters {
+        // The latency model routes around queues itself: Kthena's least-request filter would
+        // only refuse requests once every pod queues (load shedding is the opt-in for that).
+        let filters = match &self.config.affinity {
+            Some(a) if a.load_gate && a.latency_model && request.prompt.is_ok() => &[][..],
+            _ => &self.config.filters[..],
+        };
+        for filter in filters {
             let t = Instant::now();
             match filter {
                 FilterKind::LeastRequest => {
@@ -534,10 +540,16 @@ impl Scheduler {
         if let (Some(config), Ok(prompt)) = (&self.config.affinity, request.prompt) {
             hashes = self.hashes_of(&request, prompt);
             let slots: Vec<_> = candidates.iter().map(|e| e.slot()).collect();
-            if let Some(scored) = self
+            let t = Instant::now();
+            let scored = self
                 .prefix
-                .score_chained(model, &hashes, &slots, &self.tentative)
-            {
+                .score_chained(model, &hashes, &slots, &self.tentative);
+            if let Some(scored) = scored {
+                observations.push(Observation::PluginTime {
+                    plugin: ScorerKind::PrefixCache.as_str(),
+                    kind: PluginType::Score,
+                    elapsed: t.elapsed(),
+                });
                 observations.push(Observation::MatchRatio(scored.match_ratio()));
                 let session = session_position(&candidates, request.session_pod);
                 let mut decision = self

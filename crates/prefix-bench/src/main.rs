@@ -1452,9 +1452,11 @@ async fn main() -> anyhow::Result<()> {
                 .into_iter()
                 .find(|w| w.selected(std::slice::from_ref(&name)))
                 .with_context(|| format!("unknown workload {name:?}"))?;
-            let arrival = match rate {
-                Some(rate) => Arrival::Poisson { rate, seed },
-                None => Arrival::Closed { concurrency },
+            // A workload with its own arrival times (trace, ramp) keeps them.
+            let arrival = match (rate, w.arrival) {
+                (Some(rate), _) => Arrival::Poisson { rate, seed },
+                (None, Arrival::Trace) => Arrival::Trace,
+                (None, _) => Arrival::Closed { concurrency },
             };
             let sims: Vec<String> = sims
                 .split(',')
