@@ -7,7 +7,8 @@
 //!   with `k = max(inflight + 1 - concurrency, engine queue left + 1)`; `inflight` is the
 //!   picker's own count (instant), the engine queue is the last scrape's `waiting` drained at
 //!   `concurrency / service` requests per second over the scrape's age (so a stale scrape fades
-//!   instead of steering). No queue ever seen on a pod: no wait predicted.
+//!   instead of steering). A pod that has not shown a queue yet borrows the least concurrency
+//!   learned among the candidates ([`Pool`]); none anywhere: no wait predicted.
 //! - `prefill = base + uncached tokens x seconds per token`, the uncached tokens being the
 //!   prompt's blocks the pod does not hold (index and holds), converted with `bytesPerToken`.
 //!
@@ -176,22 +177,18 @@ impl PodTiming {
     }
 
     /// Whether a request picked now, with `inflight` requests of this picker on the pod, finds
-    /// a free slot (unknown concurrency: yes).
-    pub fn has_slot(&self, inflight: i64) -> bool {
-        self.concurrency().is_none_or(|c| (inflight as f64) < c)
+    /// a free slot (unknown concurrency here and in `pool`: yes).
+    pub fn has_slot(&self, inflight: i64, pool: Pool) -> bool {
+        self.concurrency()
+            .or(pool.concurrency)
+            .is_none_or(|c| (inflight as f64) < c)
     }
 
     /// The expected seconds a request picked now waits for a slot: `inflight` this picker has
     /// on the pod, the engine's scraped queue `waiting` and that scrape's `age` (`None`: never
-    /// scraped); `fallback_service` when this pod's service time is not learned yet.
-    pub fn wait(
-        &self,
-        inflight: i64,
-        waiting: f64,
-        age: Option<Duration>,
-        fallback_service: Option<f64>,
-    ) -> f64 {
-        let Some(concurrency) = self.concurrency() else {
+    /// scraped); `pool` stands in for what this pod has not learned yet.
+    pub fn wait(&self, inflight: i64, waiting: f64, age: Option<Duration>, pool: Pool) -> f64 {
+        let Some(concurrency) = self.concurrency().or(pool.concurrency) else {
             return 0.0;
         };
         // Completions per second while the queue lasts: the busy pace seen, else the service
@@ -201,7 +198,7 @@ impl PodTiming {
             None => {
                 let service = self
                     .service()
-                    .or(fallback_service)
+                    .or(pool.service)
                     .unwrap_or(UNKNOWN_SERVICE_SECONDS);
                 concurrency / service
             }
@@ -216,6 +213,16 @@ impl PodTiming {
         };
         own.max(engine).max(0.0) / rate
     }
+}
+
+/// What the candidates' pool has learned, for a pod that has not learned it yet (pods of one
+/// pool usually run one engine configuration).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Pool {
+    /// The least concurrency learned among the candidates.
+    pub concurrency: Option<f64>,
+    /// The mean service time over every pod ([`PrefillRate::service`]).
+    pub service: Option<f64>,
 }
 
 /// The prefill fit's weighted sums (decaying).

@@ -742,6 +742,13 @@ impl Scheduler {
         let keep = affinity::keep_factor(config.share_window, candidates.len());
         let per_token = self.counters.prefill.seconds_per_token();
         let tokens_per_block = self.tokens_per_block(config);
+        let pool = latency::Pool {
+            concurrency: candidates
+                .iter()
+                .filter_map(|e| e.timing()?.concurrency())
+                .reduce(f64::min),
+            service: self.counters.prefill.service(),
+        };
         let predictions: Vec<latency::Prediction> = candidates
             .iter()
             .zip(&scored.matched_blocks)
@@ -749,13 +756,13 @@ impl Scheduler {
                 let uncached_tokens = hashes.len().saturating_sub(m) as f64 * tokens_per_block;
                 latency::Prediction {
                     wait: if config.latency_model {
-                        self.predicted_wait(e)
+                        self.predicted_wait(e, pool)
                     } else {
                         0.0
                     },
                     prefill: uncached_tokens * per_token,
                     uncached_tokens,
-                    has_slot: e.timing().is_none_or(|t| t.has_slot(e.inflight())),
+                    has_slot: e.timing().is_none_or(|t| t.has_slot(e.inflight(), pool)),
                 }
             })
             .collect();
@@ -788,7 +795,7 @@ impl Scheduler {
     }
 
     /// The latency model's predicted wait of a request picked now on `candidate`.
-    fn predicted_wait<C: Candidate>(&self, candidate: &C) -> f64 {
+    fn predicted_wait<C: Candidate>(&self, candidate: &C, pool: latency::Pool) -> f64 {
         let Some(timing) = candidate.timing() else {
             return 0.0;
         };
@@ -796,7 +803,7 @@ impl Scheduler {
             candidate.inflight(),
             candidate.stats().waiting,
             candidate.stats_age(),
-            self.counters.prefill.service(),
+            pool,
         )
     }
 

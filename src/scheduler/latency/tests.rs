@@ -4,8 +4,26 @@ use super::*;
 fn no_queue_seen_predicts_no_wait_whatever_the_count() {
     let t = PodTiming::default();
     assert_eq!(t.concurrency(), None);
-    assert_eq!(t.wait(50, 0.0, None, Some(0.2)), 0.0);
-    assert!(t.has_slot(50));
+    assert_eq!(
+        t.wait(
+            50,
+            0.0,
+            None,
+            Pool {
+                service: Some(0.2),
+                concurrency: None
+            }
+        ),
+        0.0
+    );
+    assert!(t.has_slot(50, Pool::default()));
+    // The pool's concurrency stands in: 50 in flight on 4 slots.
+    let pool = Pool {
+        service: Some(0.2),
+        concurrency: Some(4.0),
+    };
+    assert!(!t.has_slot(50, pool));
+    assert!((t.wait(50, 0.0, None, pool) - 47.0 * 0.05).abs() < 1e-9);
     // Running without a queue teaches nothing before a queue was seen.
     t.observe_engine(8.0, 0.0);
     assert_eq!(t.concurrency(), None);
@@ -34,11 +52,11 @@ fn the_wait_counts_the_completions_needed_before_a_slot_frees() {
     t.observe_engine(2.0, 1.0);
     t.observe_service(0.4);
     // Two slots, 0.4 s each: a slot frees every 0.2 s.
-    assert_eq!(t.wait(0, 0.0, None, None), 0.0);
-    assert_eq!(t.wait(1, 0.0, None, None), 0.0);
-    assert!((t.wait(2, 0.0, None, None) - 0.2).abs() < 1e-9);
-    assert!((t.wait(5, 0.0, None, None) - 0.8).abs() < 1e-9);
-    assert!(!t.has_slot(2) && t.has_slot(1));
+    assert_eq!(t.wait(0, 0.0, None, Pool::default()), 0.0);
+    assert_eq!(t.wait(1, 0.0, None, Pool::default()), 0.0);
+    assert!((t.wait(2, 0.0, None, Pool::default()) - 0.2).abs() < 1e-9);
+    assert!((t.wait(5, 0.0, None, Pool::default()) - 0.8).abs() < 1e-9);
+    assert!(!t.has_slot(2, Pool::default()) && t.has_slot(1, Pool::default()));
 }
 
 #[test]
@@ -47,21 +65,36 @@ fn the_engine_queue_counts_drained_by_its_age() {
     t.observe_engine(2.0, 1.0);
     t.observe_service(0.4);
     // Another replica's 3 queued requests, scraped just now: wait for 4 completions.
-    let fresh = t.wait(0, 3.0, Some(Duration::ZERO), None);
+    let fresh = t.wait(0, 3.0, Some(Duration::ZERO), Pool::default());
     assert!((fresh - 0.8).abs() < 1e-9, "{fresh}");
     // 0.4 s later two of them have left (a slot frees every 0.2 s).
-    let aged = t.wait(0, 3.0, Some(Duration::from_millis(400)), None);
+    let aged = t.wait(0, 3.0, Some(Duration::from_millis(400)), Pool::default());
     assert!((aged - 0.4).abs() < 1e-9, "{aged}");
     // A second later the queue is gone.
-    assert_eq!(t.wait(0, 3.0, Some(Duration::from_secs(1)), None), 0.0);
+    assert_eq!(
+        t.wait(0, 3.0, Some(Duration::from_secs(1)), Pool::default()),
+        0.0
+    );
 }
 
 #[test]
 fn an_untimed_pod_borrows_the_pools_service_time() {
     let t = PodTiming::default();
     t.observe_engine(1.0, 1.0);
-    assert!((t.wait(1, 0.0, None, Some(0.3)) - 0.3).abs() < 1e-9);
-    assert!((t.wait(1, 0.0, None, None) - UNKNOWN_SERVICE_SECONDS).abs() < 1e-9);
+    assert!(
+        (t.wait(
+            1,
+            0.0,
+            None,
+            Pool {
+                service: Some(0.3),
+                concurrency: None
+            }
+        ) - 0.3)
+            .abs()
+            < 1e-9
+    );
+    assert!((t.wait(1, 0.0, None, Pool::default()) - UNKNOWN_SERVICE_SECONDS).abs() < 1e-9);
 }
 
 #[test]
@@ -104,7 +137,7 @@ fn the_queue_pace_is_the_gap_between_completions_of_a_busy_pod() {
         t.observe_completion(t0 + Duration::from_millis(100) * k, 3);
     }
     assert!((t.interval().unwrap() - 0.1).abs() < 1e-9);
-    assert!((t.wait(2, 0.0, None, None) - 0.1).abs() < 1e-9);
+    assert!((t.wait(2, 0.0, None, Pool::default()) - 0.1).abs() < 1e-9);
     // A completion that leaves a slot free ends the busy stretch: the next gap is not one.
     t.observe_completion(t0 + Duration::from_secs(1), 2);
     t.observe_completion(t0 + Duration::from_secs(5), 3);

@@ -222,3 +222,85 @@ async fn affinity_spreads_a_hot_prefix_under_load_and_returns_to_one_pod() {
     }
     assert_eq!(after.len(), 1, "back on one pod: {after:?}");
 }
+
+/// The latency model (issue 34) through Envoy, on engines that run two requests at once: once
+/// the picker has seen an engine queue, twelve concurrent requests of a new prefix spread as
+/// far as their queue needs (no engine queues more than a few: all on one pod would queue ten),
+/// and the prefix returns to one pod once the load drops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_model_spreads_a_burst_by_its_queue_and_returns_to_one_pod() {
+    use model_sim::engine::EngineConfig;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let engine = EngineConfig {
+        max_num_seqs: 2,
+        time_scale: 4.0,
+        ..EngineConfig::default()
+    };
+    let sims = std::sync::Arc::new([
+        Sim::start("sim-0", engine.clone()).await,
+        Sim::start("sim-1", engine.clone()).await,
+        Sim::start("sim-2", engine).await,
+    ]);
+    let picker = start_picker(sims_config(
+        &sims[..],
+        "picker: {scrapeIntervalSeconds: 0.02, affinity: {}}\n",
+    ))
+    .await;
+    let envoy = start_envoy_for_sims(&picker, &sims[..]).await;
+    let body = |prefix: &str, q: usize| json!({"model": "m", "prompt": format!("{prefix} question {q}"), "max_tokens": 8});
+    // Warm-up: a burst of one prefix queues on its pod, and a scrape shows it (concurrency 2).
+    let warm = "A warm-up prompt that teaches the picker the engines' concurrency. ".repeat(20);
+    poll("an engine queue seen (concurrency learned)", || async {
+        let burst = (0..6).map(|q| body(&warm, q)).collect::<Vec<_>>();
+        let replies =
+            futures::future::join_all(burst.iter().map(|b| send(&envoy, "/v1/completions", b)))
+                .await;
+        assert!(replies.iter().all(|r| r.status == 200));
+        let text = exposition(&picker).await;
+        text.lines()
+            .any(|l| l.starts_with("prefix_picker_pod_concurrency{") && l.ends_with(" 2"))
+            .then_some(())
+    })
+    .await;
+    // The burst, with every engine's queue sampled while it runs.
+    let deepest = std::sync::Arc::new(AtomicUsize::new(0));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let sampler = tokio::spawn({
+        let (sims, deepest, stop) = (sims.clone(), deepest.clone(), stop.clone());
+        async move {
+            while !stop.is_cancelled() {
+                for s in sims.iter() {
+                    deepest.fetch_max(s.engine.waiting(), Ordering::Relaxed);
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        }
+    });
+    let hot = "A new hot document that every request of the burst shares. ".repeat(20);
+    let burst: Vec<Value> = (0..12).map(|q| body(&hot, q)).collect();
+    let replies =
+        futures::future::join_all(burst.iter().map(|b| send(&envoy, "/v1/completions", b))).await;
+    stop.cancel();
+    sampler.await.unwrap();
+    assert!(replies.iter().all(|r| r.status == 200));
+    let pods: std::collections::BTreeSet<&str> =
+        replies.iter().map(|r| r.served_by.as_str()).collect();
+    let deepest = deepest.load(Ordering::Relaxed);
+    assert!(pods.len() >= 2, "the burst spread by its queue: {pods:?}");
+    assert!(deepest <= 4, "an engine queued {deepest} (pods {pods:?})");
+    // Load gone: one request at a time, every one on one pod.
+    let mut after = std::collections::BTreeSet::new();
+    for q in 100..106 {
+        wait_metric_eq(&picker, "prefix_picker_pod_inflight_requests", 0.0).await;
+        poll("engines idle", || async {
+            sims.iter()
+                .all(|s| s.engine.waiting() == 0 && s.engine.running() == 0)
+                .then_some(())
+        })
+        .await;
+        let r = send(&envoy, "/v1/completions", &body(&hot, q)).await;
+        assert_eq!(r.status, 200);
+        after.insert(r.served_by);
+    }
+    assert_eq!(after.len(), 1, "back on one pod: {after:?}");
+}
