@@ -133,7 +133,13 @@ async fn explain(State(a): State<Admin>, Query(q): Query<ExplainQuery>, body: By
                             (p.plugin.to_string(), s)
                         })
                         .collect();
-                    json!({"pod": e.label, "address": e.host, "scores": scores, "total": d.totals[i]})
+                    // Affinity mode: the latency model's predicted TTFT, in milliseconds.
+                    let prediction = d.predictions.get(i).map(|p| {
+                        json!({"ttft_ms": p.ttft() * 1e3, "wait_ms": p.wait * 1e3,
+                            "prefill_ms": p.prefill * 1e3, "uncached_tokens": p.uncached_tokens})
+                    });
+                    json!({"pod": e.label, "address": e.host, "scores": scores, "total": d.totals[i],
+                        "prediction": prediction})
                 })
                 .collect();
             let plugins: Vec<Value> = d

@@ -55,6 +55,7 @@ use crate::pod_metrics::names::EngineMetricNames;
 use crate::routing::sessions::SessionsConfig;
 use crate::scheduler::affinity::AffinityConfig;
 pub use crate::scheduler::config::{FilterKind, SchedulerConfig, ScorerKind};
+use crate::scheduler::latency::{LatencySignal, Signals};
 use crate::scheduler::pd::{PdGroup, PdGroupError};
 use crate::scheduler::prefix_cache::PrefixCacheArgs;
 use crate::scheduler::saturation::SaturationLimits;
@@ -275,6 +276,7 @@ pub struct AffinitySection {
     pub place_by_churn: bool,
     pub churn_slack: f64,
     pub latency_model: bool,
+    pub latency_signals: Vec<String>,
 }
 
 impl Default for AffinitySection {
@@ -303,6 +305,10 @@ impl Default for AffinitySection {
             place_by_churn: d.place_by_churn,
             churn_slack: d.churn_slack,
             latency_model: d.latency_model,
+            latency_signals: LatencySignal::ALL
+                .iter()
+                .map(|s| s.as_str().to_string())
+                .collect(),
         }
     }
 }
@@ -363,6 +369,19 @@ impl AffinitySection {
         if !(self.churn_slack.is_finite() && self.churn_slack >= 0.0) {
             return bad("churnSlack", self.churn_slack.to_string(), "a number >= 0");
         }
+        let mut signals = Vec::with_capacity(self.latency_signals.len());
+        for name in &self.latency_signals {
+            match LatencySignal::parse(name) {
+                Some(s) => signals.push(s),
+                None => {
+                    return bad(
+                        "latencySignals",
+                        format!("{name:?}"),
+                        "a list of inflight, engineQueue, pace, prefillFit",
+                    );
+                }
+            }
+        }
         Ok(Some(AffinityConfig {
             tentative: self.tentative,
             consolidate_ties: self.consolidate_ties,
@@ -385,6 +404,7 @@ impl AffinitySection {
             place_by_churn: self.place_by_churn,
             churn_slack: self.churn_slack,
             latency_model: self.latency_model,
+            latency_signals: Signals::of(signals),
         }))
     }
 }

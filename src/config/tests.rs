@@ -539,6 +539,10 @@ fn affinity_errors_name_the_key_and_the_value() {
             "bytesPerToken: 0",
             "affinity.bytesPerToken must be > 0, got 0",
         ),
+        (
+            "latencySignals: [inflight, queue]",
+            "affinity.latencySignals must be a list of inflight, engineQueue, pace, prefillFit, got \"queue\"",
+        ),
     ];
     for (value, expected) in cases {
         let doc = format!("picker: {{affinity: {{{value}}}}}\n");
@@ -551,4 +555,14 @@ fn affinity_errors_name_the_key_and_the_value() {
     assert!(!a.place_by_churn);
     assert_eq!(a.churn_slack, 0.1);
     assert_eq!(a.bytes_per_token, 4);
+    // The latency model's signals: all by default, or those listed.
+    use crate::scheduler::latency::{LatencySignal, Signals};
+    assert!(a.latency_model);
+    assert_eq!(a.latency_signals, Signals::ALL);
+    let c = Config::parse("picker: {affinity: {latencySignals: [inflight, pace]}}\n").unwrap();
+    let a = c.scheduler.affinity.expect("affinity mode");
+    assert_eq!(
+        a.latency_signals,
+        Signals::of([LatencySignal::Inflight, LatencySignal::Pace])
+    );
 }

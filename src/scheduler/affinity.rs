@@ -89,6 +89,8 @@ pub struct AffinityConfig {
     /// Gate affinity by each candidate's predicted time to first token ([`super::latency`])
     /// instead of `podCapacity` and `maxQueue`.
     pub latency_model: bool,
+    /// The signals the latency model uses (`latencySignals`; all by default).
+    pub latency_signals: super::latency::Signals,
 }
 
 impl Default for AffinityConfig {
@@ -121,6 +123,7 @@ impl AffinityConfig {
         place_by_churn: true,
         churn_slack: 0.0,
         latency_model: true,
+        latency_signals: super::latency::Signals::ALL,
     };
 
     /// Index entries for a pod whose engine holds `tokens` tokens of KV cache.

@@ -49,6 +49,67 @@ pub const PRIOR_SECONDS_PER_TOKEN: f64 = 1e-4;
 /// has been timed yet on any pod.
 pub const UNKNOWN_SERVICE_SECONDS: f64 = 1.0;
 
+/// One signal of the latency model; `latencySignals` lists those it uses (all by default:
+/// leaving one out is the model's ablation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LatencySignal {
+    /// The picker's own in-flight count against the concurrency.
+    Inflight,
+    /// The engine's scraped queue, drained by its age.
+    EngineQueue,
+    /// The busy pace learned from completions (off: service time over concurrency).
+    Pace,
+    /// The fitted seconds per token (off: the prior).
+    PrefillFit,
+}
+
+impl LatencySignal {
+    /// Every signal, in the order the config names them.
+    pub const ALL: [LatencySignal; 4] = [
+        LatencySignal::Inflight,
+        LatencySignal::EngineQueue,
+        LatencySignal::Pace,
+        LatencySignal::PrefillFit,
+    ];
+
+    /// The config's name (`latencySignals` entries).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LatencySignal::Inflight => "inflight",
+            LatencySignal::EngineQueue => "engineQueue",
+            LatencySignal::Pace => "pace",
+            LatencySignal::PrefillFit => "prefillFit",
+        }
+    }
+
+    /// The signal named `name`, if any.
+    pub fn parse(name: &str) -> Option<LatencySignal> {
+        Self::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+}
+
+/// The signals the model uses (a set of [`LatencySignal`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Signals(u8);
+
+impl Signals {
+    pub const ALL: Signals = Signals(0b1111);
+
+    pub fn of(signals: impl IntoIterator<Item = LatencySignal>) -> Signals {
+        Signals(signals.into_iter().fold(0, |bits, s| bits | 1 << s as u8))
+    }
+
+    pub fn has(self, signal: LatencySignal) -> bool {
+        self.0 & (1 << signal as u8) != 0
+    }
+}
+
+impl Default for Signals {
+    fn default() -> Self {
+        Signals::ALL
+    }
+}
+
 /// The latency model's prediction for one candidate (seconds).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Prediction {
@@ -191,9 +252,10 @@ impl PodTiming {
         let Some(concurrency) = self.concurrency().or(pool.concurrency) else {
             return 0.0;
         };
+        let signals = pool.signals;
         // Completions per second while the queue lasts: the busy pace seen, else the service
         // time over the slots.
-        let rate = match self.interval() {
+        let rate = match self.interval().filter(|_| signals.has(LatencySignal::Pace)) {
             Some(interval) => 1.0 / interval,
             None => {
                 let service = self
@@ -203,9 +265,13 @@ impl PodTiming {
                 concurrency / service
             }
         };
-        let own = inflight as f64 + 1.0 - concurrency;
+        let own = if signals.has(LatencySignal::Inflight) {
+            inflight as f64 + 1.0 - concurrency
+        } else {
+            0.0
+        };
         let engine = match age {
-            Some(age) if waiting > 0.0 => {
+            Some(age) if waiting > 0.0 && signals.has(LatencySignal::EngineQueue) => {
                 let left = waiting - age.as_secs_f64() * rate;
                 if left > 0.0 { left + 1.0 } else { 0.0 }
             }
@@ -223,6 +289,8 @@ pub struct Pool {
     pub concurrency: Option<f64>,
     /// The mean service time over every pod ([`PrefillRate::service`]).
     pub service: Option<f64>,
+    /// The signals the model uses.
+    pub signals: Signals,
 }
 
 /// The prefill fit's weighted sums (decaying).

@@ -740,7 +740,14 @@ impl Scheduler {
     ) -> (usize, AffinityReason, Vec<latency::Prediction>) {
         let now = self.counters.picks.load(Ordering::Relaxed) as u32;
         let keep = affinity::keep_factor(config.share_window, candidates.len());
-        let per_token = self.counters.prefill.seconds_per_token();
+        let per_token = if config
+            .latency_signals
+            .has(latency::LatencySignal::PrefillFit)
+        {
+            self.counters.prefill.seconds_per_token()
+        } else {
+            latency::PRIOR_SECONDS_PER_TOKEN
+        };
         let tokens_per_block = self.tokens_per_block(config);
         let pool = latency::Pool {
             concurrency: candidates
@@ -748,6 +755,7 @@ impl Scheduler {
                 .filter_map(|e| e.timing()?.concurrency())
                 .reduce(f64::min),
             service: self.counters.prefill.service(),
+            signals: config.latency_signals,
         };
         let predictions: Vec<latency::Prediction> = candidates
             .iter()

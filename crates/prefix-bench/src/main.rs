@@ -488,6 +488,9 @@ const ABLATION_SWITCHES: [&str; 7] = [
     "engineBudget",
 ];
 
+/// The latency model's signals (`latencySignals`), each left out alone by the ablation.
+const LATENCY_SIGNALS: [&str; 4] = ["inflight", "engineQueue", "pace", "prefillFit"];
+
 /// The scheduler section of the "prefix-cache only" rows.
 const PREFIX_ONLY: &str = "scheduler:\n  plugins:\n    Filter: {enabled: []}\n    Score:\n      enabled:\n      - {name: prefix-cache, weight: 1}\n";
 
@@ -529,6 +532,25 @@ fn routers(ablation: bool) -> anyhow::Result<Vec<(String, Setup)>> {
                     }
                     out.push((
                         format!("{}{switch}: false", report::ABLATION),
+                        Setup::Envoy {
+                            file: "envoy.yaml".into(),
+                            scheduler: Some(scheduler.clone()),
+                            affinity: Some(a),
+                        },
+                    ));
+                }
+                // The latency model's signals, each left out alone.
+                for signal in LATENCY_SIGNALS {
+                    let mut a = affinity.clone();
+                    if let Some(map) = a.as_object_mut() {
+                        let rest: Vec<&str> = LATENCY_SIGNALS
+                            .into_iter()
+                            .filter(|s| *s != signal)
+                            .collect();
+                        map.insert("latencySignals".into(), rest.into());
+                    }
+                    out.push((
+                        format!("{}latencySignals without {signal}", report::ABLATION),
                         Setup::Envoy {
                             file: "envoy.yaml".into(),
                             scheduler: Some(scheduler.clone()),

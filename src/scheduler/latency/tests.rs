@@ -11,7 +11,8 @@ fn no_queue_seen_predicts_no_wait_whatever_the_count() {
             None,
             Pool {
                 service: Some(0.2),
-                concurrency: None
+                concurrency: None,
+                ..Pool::default()
             }
         ),
         0.0
@@ -21,6 +22,7 @@ fn no_queue_seen_predicts_no_wait_whatever_the_count() {
     let pool = Pool {
         service: Some(0.2),
         concurrency: Some(4.0),
+        ..Pool::default()
     };
     assert!(!t.has_slot(50, pool));
     assert!((t.wait(50, 0.0, None, pool) - 47.0 * 0.05).abs() < 1e-9);
@@ -88,7 +90,8 @@ fn an_untimed_pod_borrows_the_pools_service_time() {
             None,
             Pool {
                 service: Some(0.3),
-                concurrency: None
+                concurrency: None,
+                ..Pool::default()
             }
         ) - 0.3)
             .abs()
@@ -142,4 +145,37 @@ fn the_queue_pace_is_the_gap_between_completions_of_a_busy_pod() {
     t.observe_completion(t0 + Duration::from_secs(1), 2);
     t.observe_completion(t0 + Duration::from_secs(5), 3);
     assert!((t.interval().unwrap() - 0.1).abs() < 1e-9);
+}
+
+#[test]
+fn each_signal_can_be_left_out() {
+    let t = PodTiming::default();
+    t.observe_engine(2.0, 1.0);
+    t.observe_service(0.4);
+    let t0 = Instant::now();
+    for k in 0..3u32 {
+        t.observe_completion(t0 + Duration::from_millis(100) * k, 3);
+    }
+    let without = |signal: LatencySignal| Pool {
+        signals: Signals::of(LatencySignal::ALL.into_iter().filter(|s| *s != signal)),
+        ..Pool::default()
+    };
+    let fresh = Some(Duration::ZERO);
+    // All signals: 3 own in flight on 2 slots (2 completions), pace 0.1 s.
+    assert!((t.wait(3, 0.0, fresh, Pool::default()) - 0.2).abs() < 1e-9);
+    // Without the own count, only the engine's queue counts.
+    assert_eq!(t.wait(3, 0.0, fresh, without(LatencySignal::Inflight)), 0.0);
+    assert!((t.wait(0, 1.0, fresh, without(LatencySignal::Inflight)) - 0.2).abs() < 1e-9);
+    // Without the engine's queue, only the own count.
+    assert_eq!(
+        t.wait(0, 5.0, fresh, without(LatencySignal::EngineQueue)),
+        0.0
+    );
+    // Without the pace, the service time over the slots (0.2 s a slot).
+    assert!((t.wait(3, 0.0, fresh, without(LatencySignal::Pace)) - 0.4).abs() < 1e-9);
+    assert_eq!(
+        LatencySignal::parse("engineQueue"),
+        Some(LatencySignal::EngineQueue)
+    );
+    assert_eq!(LatencySignal::parse("queue"), None);
 }
