@@ -195,7 +195,7 @@ fn learn_latency(router: &Router, pod: &Endpoint, prediction: Prediction, second
     if prediction.has_slot {
         pod.timing.observe_service(seconds);
         live.scheduler
-            .observe_completion(prediction.uncached_tokens, seconds);
+            .observe_completion(prediction.uncached_tokens, prediction.running, seconds);
     }
 }
 

@@ -177,6 +177,8 @@ pub struct PodLoad {
     pub head_inflight: u32,
     /// Seconds a request picked now waits for a slot ([`super::latency::PodTiming::wait`]).
     pub wait: f64,
+    /// The queue it would join, in slots (positions over concurrency; 0 with a free slot).
+    pub backlog: f64,
 }
 
 /// The rendezvous identity of a pod: its address, hashed.
@@ -271,7 +273,9 @@ pub fn pick<R: Rng>(
     let share_ok = |i: usize| !over(i) || keeps(i);
     // The latency model: a pod whose predicted wait plus prefill exceeds the least among the
     // pods within their share counts as saturated (the match it holds is not worth its queue).
-    let cost = |i: usize| loads[i].wait + (total - matched[i] as f64) * prefill_per_block;
+    let cost = |i: usize| {
+        loads[i].wait + (total - matched[i] as f64) * prefill_per_block * (1.0 + loads[i].backlog)
+    };
     let least_cost = {
         let within = (0..n).filter(|&i| share_ok(i)).map(cost);
         let least = within.fold(f64::INFINITY, f64::min);

@@ -24,7 +24,8 @@
 //!   busy gap was seen.
 //!
 //! Learned over all pods ([`PrefillRate`]): seconds per uncached token and the base, by a
-//! least-squares fit of those completions' durations on their uncached tokens, weighted
+//! least-squares fit of those completions' durations on their uncached tokens and the requests
+//! already running on the pod at the pick (so a fuller batch does not pass for prefill), weighted
 //! towards the last [`PREFILL_WINDOW`] completions; until the fit has [`PREFILL_MIN_SAMPLES`]
 //! with spread in their uncached tokens, [`PRIOR_SECONDS_PER_TOKEN`] (a 7-8B model on one H100
 //! prefills ~10,000 tokens/s).
@@ -115,12 +116,16 @@ impl Default for Signals {
 pub struct Prediction {
     /// Waiting for a slot ([`PodTiming::wait`]).
     pub wait: f64,
+    /// The queue it would join, in slots ([`PodTiming::queue`]).
+    pub backlog: f64,
     /// Prefilling the prompt tokens the pod does not hold.
     pub prefill: f64,
     /// Those tokens.
     pub uncached_tokens: f64,
     /// A slot was free for this request (its completion then times the pod's service).
     pub has_slot: bool,
+    /// Requests this picker had on the pod at the pick.
+    pub running: f64,
 }
 
 impl Prediction {
@@ -249,8 +254,20 @@ impl PodTiming {
     /// on the pod, the engine's scraped queue `waiting` and that scrape's `age` (`None`: never
     /// scraped); `pool` stands in for what this pod has not learned yet.
     pub fn wait(&self, inflight: i64, waiting: f64, age: Option<Duration>, pool: Pool) -> f64 {
+        self.queue(inflight, waiting, age, pool).0
+    }
+
+    /// [`PodTiming::wait`], and the queue the request would join in slots (the completions it
+    /// waits for over the concurrency).
+    pub fn queue(
+        &self,
+        inflight: i64,
+        waiting: f64,
+        age: Option<Duration>,
+        pool: Pool,
+    ) -> (f64, f64) {
         let Some(concurrency) = self.concurrency().or(pool.concurrency) else {
-            return 0.0;
+            return (0.0, 0.0);
         };
         let signals = pool.signals;
         // Completions per second while the queue lasts: the busy pace seen, else the service
@@ -277,7 +294,8 @@ impl PodTiming {
             }
             _ => 0.0,
         };
-        own.max(engine).max(0.0) / rate
+        let k = own.max(engine).max(0.0);
+        (k / rate, k / concurrency)
     }
 }
 
@@ -297,10 +315,16 @@ pub struct Pool {
 #[derive(Debug, Default, Clone, Copy)]
 struct Fit {
     n: f64,
+    /// Uncached tokens.
     x: f64,
+    /// Requests already running on the pod at the pick.
+    r: f64,
     y: f64,
     xx: f64,
+    rr: f64,
+    xr: f64,
     xy: f64,
+    ry: f64,
 }
 
 /// Seconds per uncached prompt token and the base of every request, fitted over all pods.
@@ -316,29 +340,48 @@ pub struct PrefillRate {
 
 impl PrefillRate {
     /// Learns from one completion picked with a free slot: `uncached` prompt tokens predicted
-    /// at the pick, `seconds` from the pick to the completion.
-    pub fn observe(&self, uncached: f64, seconds: f64) {
-        if !(uncached.is_finite() && seconds.is_finite() && uncached >= 0.0 && seconds > 0.0) {
+    /// at the pick, `running` requests already on the pod then, `seconds` from the pick to the
+    /// completion.
+    pub fn observe(&self, uncached: f64, running: f64, seconds: f64) {
+        let valid = [uncached, running, seconds]
+            .iter()
+            .all(|v| v.is_finite() && *v >= 0.0);
+        if !valid || seconds == 0.0 {
             return;
         }
         self.service.average(seconds, 1.0 / SERVICE_WINDOW);
         let keep = 1.0 - 1.0 / PREFILL_WINDOW;
         let mut f = self.fit.lock();
+        let (x, r, y) = (uncached, running, seconds);
         f.n = f.n * keep + 1.0;
-        f.x = f.x * keep + uncached;
-        f.y = f.y * keep + seconds;
-        f.xx = f.xx * keep + uncached * uncached;
-        f.xy = f.xy * keep + uncached * seconds;
+        f.x = f.x * keep + x;
+        f.r = f.r * keep + r;
+        f.y = f.y * keep + y;
+        f.xx = f.xx * keep + x * x;
+        f.rr = f.rr * keep + r * r;
+        f.xr = f.xr * keep + x * r;
+        f.xy = f.xy * keep + x * y;
+        f.ry = f.ry * keep + r * y;
         if f.n < PREFILL_MIN_SAMPLES {
             return;
         }
-        let (mx, my) = (f.x / f.n, f.y / f.n);
-        let var = f.xx / f.n - mx * mx;
+        let n = f.n;
+        let (mx, mr, my) = (f.x / n, f.r / n, f.y / n);
+        let (sxx, srr, sxr) = (f.xx / n - mx * mx, f.rr / n - mr * mr, f.xr / n - mx * mr);
+        let (sxy, sry) = (f.xy / n - mx * my, f.ry / n - mr * my);
         // Less than a 64-token spread in the uncached tokens: nothing to fit a slope on.
-        if var < 64.0 * 64.0 {
+        if sxx < 64.0 * 64.0 {
             return;
         }
-        let slope = ((f.xy / f.n - mx * my) / var).max(0.0);
+        // Durations grow with the batch a request runs in, and misses often run in fuller
+        // batches: the batch is fitted beside the tokens so it does not pass for prefill.
+        let det = sxx * srr - sxr * sxr;
+        let slope = if srr > 1e-3 && det > 1e-9 * sxx * srr {
+            (sxy * srr - sry * sxr) / det
+        } else {
+            sxy / sxx
+        }
+        .max(0.0);
         self.per_token.set(slope);
         self.base.set((my - slope * mx).max(0.0));
         self.fitted.store(true, Ordering::Relaxed);

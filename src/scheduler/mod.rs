@@ -762,15 +762,18 @@ impl Scheduler {
             .zip(&scored.matched_blocks)
             .map(|(e, &m)| {
                 let uncached_tokens = hashes.len().saturating_sub(m) as f64 * tokens_per_block;
+                let (wait, backlog) = if config.latency_model {
+                    self.predicted_wait(e, pool)
+                } else {
+                    (0.0, 0.0)
+                };
                 latency::Prediction {
-                    wait: if config.latency_model {
-                        self.predicted_wait(e, pool)
-                    } else {
-                        0.0
-                    },
+                    wait,
+                    backlog,
                     prefill: uncached_tokens * per_token,
                     uncached_tokens,
                     has_slot: e.timing().is_none_or(|t| t.has_slot(e.inflight(), pool)),
+                    running: e.inflight() as f64,
                 }
             })
             .collect();
@@ -784,6 +787,7 @@ impl Scheduler {
                 share: e.recent().share(now, keep),
                 head_inflight: scored.head_inflight.get(i).copied().unwrap_or(0),
                 wait: predictions[i].wait,
+                backlog: predictions[i].backlog,
             })
             .collect();
         let index = self.prefix.index();
@@ -802,12 +806,13 @@ impl Scheduler {
         (i, why, predictions)
     }
 
-    /// The latency model's predicted wait of a request picked now on `candidate`.
-    fn predicted_wait<C: Candidate>(&self, candidate: &C, pool: latency::Pool) -> f64 {
+    /// The latency model's predicted wait of a request picked now on `candidate`, and the
+    /// queue it would join in slots.
+    fn predicted_wait<C: Candidate>(&self, candidate: &C, pool: latency::Pool) -> (f64, f64) {
         let Some(timing) = candidate.timing() else {
-            return 0.0;
+            return (0.0, 0.0);
         };
-        timing.wait(
+        timing.queue(
             candidate.inflight(),
             candidate.stats().waiting,
             candidate.stats_age(),
@@ -821,9 +826,10 @@ impl Scheduler {
     }
 
     /// Learns from a completed request that was picked with a free slot: its `uncached` prompt
-    /// tokens (predicted at the pick) and `seconds` from the pick to the completion.
-    pub fn observe_completion(&self, uncached: f64, seconds: f64) {
-        self.counters.prefill.observe(uncached, seconds);
+    /// tokens (predicted at the pick), the `running` requests on its pod then, and `seconds`
+    /// from the pick to the completion.
+    pub fn observe_completion(&self, uncached: f64, running: f64, seconds: f64) {
+        self.counters.prefill.observe(uncached, running, seconds);
     }
 
     /// The learned prefill rate (the latency model's, over every pod).

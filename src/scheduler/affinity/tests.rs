@@ -12,6 +12,7 @@ fn loads(n: usize) -> Vec<PodLoad> {
             share: 0.0,
             head_inflight: 0,
             wait: 0.0,
+            backlog: 0.0,
         })
         .collect()
 }

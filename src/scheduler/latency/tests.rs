@@ -104,15 +104,34 @@ fn an_untimed_pod_borrows_the_pools_service_time() {
 fn the_prefill_fit_finds_the_per_token_time_under_noise() {
     let rate = PrefillRate::default();
     assert_eq!(rate.seconds_per_token(), PRIOR_SECONDS_PER_TOKEN);
-    // Duration = 0.1 s + 30 us per uncached token, +-10 ms of decode noise.
+    // Duration = 0.1 s + 30 us per uncached token + 20 ms per request already running, +-10 ms
+    // of decode noise; the long prompts (misses) run in fuller batches.
     for i in 0..400u32 {
         let uncached = f64::from((i * 37) % 1600);
+        let running = (uncached / 400.0).floor() + f64::from(i % 2);
         let noise = (f64::from((i * 7919) % 21) - 10.0) * 1e-3;
-        rate.observe(uncached, 0.1 + 30e-6 * uncached + noise);
+        rate.observe(
+            uncached,
+            running,
+            0.1 + 30e-6 * uncached + 0.02 * running + noise,
+        );
     }
     let p = rate.seconds_per_token();
     assert!((p - 30e-6).abs() < 3e-6, "{p}");
-    assert!((rate.base() - 0.1).abs() < 0.01, "{}", rate.base());
+    // The base is a request that prefills nothing in the mean batch (about 1.9 running).
+    assert!((rate.base() - 0.138).abs() < 0.01, "{}", rate.base());
+    // Fitted on the tokens alone, the fuller batches of misses would pass for prefill.
+    let alone = PrefillRate::default();
+    for i in 0..400u32 {
+        let uncached = f64::from((i * 37) % 1600);
+        let running = (uncached / 400.0).floor() + f64::from(i % 2);
+        alone.observe(uncached, 0.0, 0.1 + 30e-6 * uncached + 0.02 * running);
+    }
+    assert!(
+        alone.seconds_per_token() > 70e-6,
+        "{}",
+        alone.seconds_per_token()
+    );
     assert!(rate.service().is_some());
 }
 
@@ -120,12 +139,12 @@ fn the_prefill_fit_finds_the_per_token_time_under_noise() {
 fn the_prefill_fit_keeps_the_prior_without_spread() {
     let rate = PrefillRate::default();
     for _ in 0..100 {
-        rate.observe(500.0, 0.2);
+        rate.observe(500.0, 1.0, 0.2);
     }
     assert_eq!(rate.seconds_per_token(), PRIOR_SECONDS_PER_TOKEN);
     // Bad samples are ignored.
-    rate.observe(f64::NAN, 0.1);
-    rate.observe(10.0, -1.0);
+    rate.observe(f64::NAN, 0.0, 0.1);
+    rate.observe(10.0, 0.0, -1.0);
     assert_eq!(rate.seconds_per_token(), PRIOR_SECONDS_PER_TOKEN);
 }
 
