@@ -2,9 +2,12 @@
 //! keeping pods balanced. Off (no section), the scheduler is Kthena's.
 //!
 //! Per request, each candidate has a longest match (blocks held in the index or tentatively,
-//! [`crate::prefix_index::TentativeEntries`]) and a load. A candidate is *saturated* when its
-//! engine queue exceeds `maxQueue` or its in-flight count reaches `podCapacity`, and
-//! *over-share* when its share of recent picks exceeds the mean (at least `1/n`) by more than
+//! [`crate::prefix_index::TentativeEntries`]) and a load. With the latency model
+//! (`latencyModel`, [`super::latency`]) each candidate costs its predicted wait plus the prefill
+//! of what it does not hold, that prefill counted once more per slot of queue it would delay
+//! (`wait + prefill x (1 + backlog)`); a candidate is *saturated* when it costs more than the
+//! least among those within their share (without the model: when its engine queue exceeds
+//! `maxQueue` or its in-flight count reaches `podCapacity`), and *over-share* when its share of recent picks exceeds the mean (at least `1/n`) by more than
 //! `shareHeadroom` and (`spillHotOnly`) the request's prefix makes up at least half of its
 //! requests in flight; the others are *available*. Then:
 //! - the longest match overall is on an available pod: pick it (`affinity_hit`);
@@ -15,8 +18,9 @@
 //!   match, or the least-loaded available pod when none holds any block (`affinity_spill`); that
 //!   pod then holds the prefix too, so a hot prefix replicates over as many pods as its load
 //!   needs and a cold one stays on one;
-//! - nothing is available: the least-loaded pod that is not saturated, else the least-loaded
-//!   pod (`affinity_saturated`).
+//! - with the latency model, a pick that waits because every pod queues is
+//!   `affinity_saturated`; without it, nothing available: the least-loaded pod that is not
+//!   saturated, else the least-loaded pod (`affinity_saturated`).
 //!
 //! Before all of these, a request of a session (`picker.sessions`) goes to the pod that served
 //! the session's last request unless that pod is saturated (`session`).
@@ -30,7 +34,8 @@
 //! preamble) spreads by load. Without it, a seeded random pick.
 //! Scraped gauges never outweigh a match while the pod is available.
 //!
-//! Knobs (defaults): `podCapacity` 64, `maxQueue` 0, `shareHeadroom` 0.25, `shareWindow` 16
+//! Knobs (defaults): `latencyModel` on (`podCapacity` 64 and `maxQueue` 0 without it),
+//! `shareHeadroom` 0.25, `shareWindow` 16
 //! (picks per candidate that the share remembers, an exponential moving average),
 //! `tieLoadSlack` 0, `spillLoss` 0.25 (an over-share pod keeps a burst in progress: requests
 //! whose match there is held by requests in flight and would lose more than a quarter of the

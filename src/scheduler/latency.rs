@@ -9,8 +9,13 @@
 //!   `concurrency / service` requests per second over the scrape's age (so a stale scrape fades
 //!   instead of steering). A pod that has not shown a queue yet borrows the least concurrency
 //!   learned among the candidates ([`Pool`]); none anywhere: no wait predicted.
-//! - `prefill = base + uncached tokens x seconds per token`, the uncached tokens being the
-//!   prompt's blocks the pod does not hold (index and holds), converted with `bytesPerToken`.
+//! - `prefill = uncached tokens x seconds per token`, the uncached tokens being the prompt's
+//!   blocks the pod does not hold (index and holds), converted with `bytesPerToken`.
+//!
+//! The pick ([`super::affinity::pick`]) weighs a candidate at `wait + prefill x (1 + backlog)`,
+//! `backlog` being the queue it would join in slots (`k / concurrency`): a prefill on a queueing
+//! pod also delays every request queued behind it by its time over the slots, so under load a
+//! match is worth more than one request's prefill.
 //!
 //! Learned, per pod ([`PodTiming`]):
 //! - `concurrency`: the engine's `running` in every scrape that shows a queue (`waiting` > 0),

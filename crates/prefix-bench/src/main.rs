@@ -539,6 +539,19 @@ fn routers(ablation: bool) -> anyhow::Result<Vec<(String, Setup)>> {
                         },
                     ));
                 }
+                // The share gate alone off (the latency model still gates): is it redundant?
+                let mut a = affinity.clone();
+                if let Some(map) = a.as_object_mut() {
+                    map.insert("shareHeadroom".into(), 1e9.into());
+                }
+                out.push((
+                    format!("{}share gate off (shareHeadroom 1e9)", report::ABLATION),
+                    Setup::Envoy {
+                        file: "envoy.yaml".into(),
+                        scheduler: Some(scheduler.clone()),
+                        affinity: Some(a),
+                    },
+                ));
                 // The latency model's signals, each left out alone.
                 for signal in LATENCY_SIGNALS {
                     let mut a = affinity.clone();

@@ -262,6 +262,24 @@ async fn latency_model_spreads_a_burst_by_its_queue_and_returns_to_one_pod() {
             .then_some(())
     })
     .await;
+    // Explain shows each pod's prediction: the pod that holds the warm-up prompt prefills less.
+    let explained = explain(&picker, &body(&warm, 99)).await;
+    let pods = explained["pods"].as_array().unwrap();
+    let prefill = |p: &Value| p["prediction"]["prefill_ms"].as_f64().unwrap();
+    let holder = pods
+        .iter()
+        .find(|p| p["scores"]["prefix-cache"].as_u64() > Some(0))
+        .expect("a pod holds the warm-up prompt");
+    assert!(
+        pods.iter()
+            .all(|p| p["prediction"]["ttft_ms"].as_f64() >= Some(0.0))
+    );
+    assert!(
+        pods.iter()
+            .filter(|p| p["scores"]["prefix-cache"].as_u64() == Some(0))
+            .all(|p| prefill(p) > prefill(holder)),
+        "{explained}"
+    );
     // The burst, with every engine's queue sampled while it runs.
     let deepest = std::sync::Arc::new(AtomicUsize::new(0));
     let stop = tokio_util::sync::CancellationToken::new();
