@@ -757,37 +757,41 @@ impl Scheduler {
             service: self.counters.prefill.service(),
             signals: config.latency_signals,
         };
-        let predictions: Vec<latency::Prediction> = candidates
+        // One pass over the candidates: each one's load and prediction (the engine's stats are
+        // read once per pod; its scrape age only when it reported a queue).
+        let mut predictions = Vec::with_capacity(candidates.len());
+        let loads: Vec<PodLoad> = candidates
             .iter()
-            .zip(&scored.matched_blocks)
-            .map(|(e, &m)| {
-                let uncached_tokens = hashes.len().saturating_sub(m) as f64 * tokens_per_block;
-                let (wait, backlog) = if config.latency_model {
-                    self.predicted_wait(e, pool)
-                } else {
-                    (0.0, 0.0)
+            .enumerate()
+            .map(|(i, e)| {
+                let (inflight, waiting) = (e.inflight(), e.stats().waiting);
+                let uncached_tokens =
+                    hashes.len().saturating_sub(scored.matched_blocks[i]) as f64 * tokens_per_block;
+                let timing = e.timing();
+                let (wait, backlog) = match timing {
+                    Some(t) if config.latency_model => {
+                        let age = if waiting > 0.0 { e.stats_age() } else { None };
+                        t.queue(inflight, waiting, age, pool)
+                    }
+                    _ => (0.0, 0.0),
                 };
-                latency::Prediction {
+                predictions.push(latency::Prediction {
                     wait,
                     backlog,
                     prefill: uncached_tokens * per_token,
                     uncached_tokens,
-                    has_slot: e.timing().is_none_or(|t| t.has_slot(e.inflight(), pool)),
-                    running: e.inflight() as f64,
+                    has_slot: timing.is_none_or(|t| t.has_slot(inflight, pool)),
+                    running: inflight as f64,
+                });
+                PodLoad {
+                    key: e.rendezvous(),
+                    inflight,
+                    waiting,
+                    share: e.recent().share(now, keep),
+                    head_inflight: scored.head_inflight.get(i).copied().unwrap_or(0),
+                    wait,
+                    backlog,
                 }
-            })
-            .collect();
-        let loads: Vec<PodLoad> = candidates
-            .iter()
-            .enumerate()
-            .map(|(i, e)| PodLoad {
-                key: e.rendezvous(),
-                inflight: e.inflight(),
-                waiting: e.stats().waiting,
-                share: e.recent().share(now, keep),
-                head_inflight: scored.head_inflight.get(i).copied().unwrap_or(0),
-                wait: predictions[i].wait,
-                backlog: predictions[i].backlog,
             })
             .collect();
         let index = self.prefix.index();
@@ -804,20 +808,6 @@ impl Scheduler {
             rng,
         );
         (i, why, predictions)
-    }
-
-    /// The latency model's predicted wait of a request picked now on `candidate`, and the
-    /// queue it would join in slots.
-    fn predicted_wait<C: Candidate>(&self, candidate: &C, pool: latency::Pool) -> (f64, f64) {
-        let Some(timing) = candidate.timing() else {
-            return (0.0, 0.0);
-        };
-        timing.queue(
-            candidate.inflight(),
-            candidate.stats().waiting,
-            candidate.stats_age(),
-            pool,
-        )
     }
 
     /// Engine tokens in one prompt block.
