@@ -226,6 +226,7 @@ pub struct RouterMetrics {
     pub cached_tokens: IntCounterVec,
     pub estimate_dropped: IntCounter,
     pub latency_model_ratio: Histogram,
+    pub ttft_prediction_error: Histogram,
     pub pod_concurrency: GaugeVec,
     pub pod_service: GaugeVec,
     pub prefill_per_token: Gauge,
@@ -468,6 +469,19 @@ impl RouterMetrics {
                 &POD_LABELS,
             )
             .expect("valid metric"),
+            ttft_prediction_error: Histogram::with_opts(
+                HistogramOpts::new(
+                    "prefix_picker_ttft_prediction_error_seconds",
+                    "Affinity mode's latency model: observed time to the response's first body \
+                     bytes minus the predicted TTFT (wait + prefill) of the picked pod, for \
+                     completions whose response an ext_proc stream saw (observer and GIE shapes); \
+                     centred on the engine's fixed overhead, which the prediction leaves out",
+                )
+                .buckets(vec![
+                    -1.0, -0.5, -0.2, -0.1, -0.05, -0.02, 0.0, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0,
+                ]),
+            )
+            .expect("valid metric"),
             pod_concurrency: GaugeVec::new(
                 Opts::new(
                     "prefix_picker_pod_concurrency",
@@ -534,6 +548,7 @@ impl RouterMetrics {
         register(registry, m.cached_tokens.clone());
         register(registry, m.estimate_dropped.clone());
         register(registry, m.latency_model_ratio.clone());
+        register(registry, m.ttft_prediction_error.clone());
         register(registry, m.tentative.clone());
         register(registry, m.tentative_holds.clone());
         register(registry, m.pod_budget.clone());

@@ -198,6 +198,7 @@ fn claim(router: &Router, entry: HttpAccessLogEntry) -> Claim {
             served: Served::at(router, address),
             // The access log carries no response body: no engine report.
             cached_tokens: None,
+            first_byte: None,
         }
     };
     router.complete(route, ending);

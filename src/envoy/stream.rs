@@ -39,6 +39,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
@@ -110,6 +111,8 @@ pub(super) struct StreamState {
     /// The engine's `cached_tokens` in the response body (affinity mode with `engineBudget`,
     /// when this stream sees the response body).
     usage: Option<CachedTokensScan>,
+    /// When the first response body bytes arrived (the first token of a stream).
+    first_body: Option<Instant>,
 }
 
 /// Counts an open stream in `prefix_picker_inflight_streams` until dropped.
@@ -159,6 +162,7 @@ impl StreamState {
             served: Served::NotReported,
             completed: false,
             usage,
+            first_body: None,
         }
     }
 
@@ -468,6 +472,9 @@ impl StreamState {
 
     fn on_response_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
         let eos = b.end_of_stream;
+        if self.first_body.is_none() && !b.body.is_empty() {
+            self.first_body = Some(Instant::now());
+        }
         if let Some(scan) = &mut self.usage {
             scan.feed(&b.body);
         }
@@ -511,6 +518,7 @@ impl StreamState {
                 status: self.status,
                 served: std::mem::replace(&mut self.served, Served::NotReported),
                 cached_tokens: self.usage.as_ref().and_then(CachedTokensScan::value),
+                first_byte: self.first_body,
             };
             self.router.complete(route, ending);
         }

@@ -137,6 +137,9 @@ pub enum Ending {
         status: Option<u32>,
         served: Served,
         cached_tokens: Option<u64>,
+        /// When the first response body bytes reached the source (a stream's first token),
+        /// when it saw the body.
+        first_byte: Option<Instant>,
     },
     /// It did not complete.
     Aborted,
@@ -302,6 +305,7 @@ fn complete(router: &Router, mut route: Ticket, ending: Ending) {
         Ending::Completed {
             served,
             cached_tokens,
+            first_byte,
             ..
         } => {
             let pod = match served {
@@ -313,6 +317,13 @@ fn complete(router: &Router, mut route: Ticket, ending: Ending) {
                     correct_estimate(router, &route, &pod, reported);
                 }
                 if let Some((prediction, at)) = route.prediction {
+                    if let Some(first) = first_byte {
+                        let observed = first.saturating_duration_since(at).as_secs_f64();
+                        router
+                            .metrics
+                            .ttft_prediction_error
+                            .observe(observed - prediction.ttft());
+                    }
                     learn_latency(router, &pod, prediction, at.elapsed().as_secs_f64());
                 }
             }

@@ -312,6 +312,7 @@ fn a_session_stays_on_its_pod_until_it_is_saturated() {
                 status: Some(200),
                 served,
                 cached_tokens: None,
+                first_byte: None,
             },
         )
     };

@@ -61,6 +61,7 @@ fn ok(served: Served) -> Ending {
         status: Some(200),
         served,
         cached_tokens: None,
+        first_byte: None,
     }
 }
 
@@ -114,12 +115,14 @@ fn a_failed_or_cut_request_leaves_nothing_behind() {
             status: Some(503),
             served: Served::NotReported,
             cached_tokens: None,
+            first_byte: None,
         },
         Ending::Aborted,
         Ending::Completed {
             status: Some(200),
             served: Served::Unknown,
             cached_tokens: None,
+            first_byte: None,
         },
     ]
     .into_iter()
@@ -254,7 +257,7 @@ proptest! {
                     let key = live.swap_remove(ticket % live.len());
                     let t = pending.take(&key).unwrap();
                     served_ok += usize::from(status == 200);
-                    router.complete(t, Ending::Completed { status: Some(u32::from(status)), served: Served::NotReported, cached_tokens: None });
+                    router.complete(t, Ending::Completed { status: Some(u32::from(status)), served: Served::NotReported, cached_tokens: None, first_byte: None });
                 }
                 Step::Abort { ticket } if !live.is_empty() => {
                     let key = live.swap_remove(ticket % live.len());
@@ -328,6 +331,7 @@ fn reported(cached_tokens: u64) -> Ending {
         status: Some(200),
         served: Served::NotReported,
         cached_tokens: Some(cached_tokens),
+        first_byte: None,
     }
 }
 
@@ -392,4 +396,32 @@ fn an_engine_reporting_far_fewer_cached_tokens_loses_what_it_no_longer_holds() {
             .get(),
         predicted
     );
+}
+
+/// The latency model's error: a completion whose source saw the first response bytes counts
+/// observed minus predicted TTFT; one without (the access log) does not.
+#[test]
+fn a_first_byte_counts_the_ttft_prediction_error() {
+    let router = affinity_router();
+    let p = prefix(4);
+    let errors = || router.metrics.ttft_prediction_error.get_sample_count();
+    let first = route(&router, &body(&p, "q0"));
+    assert!(first.prediction.is_some(), "the affinity pick predicts");
+    router.complete(first, ok(Served::NotReported));
+    assert_eq!(errors(), 0, "no first byte seen: nothing to compare");
+    let second = route(&router, &body(&p, "q1"));
+    let (prediction, at) = second.prediction.unwrap();
+    let seen = at + Duration::from_millis(30);
+    router.complete(
+        second,
+        Ending::Completed {
+            status: Some(200),
+            served: Served::NotReported,
+            cached_tokens: None,
+            first_byte: Some(seen),
+        },
+    );
+    assert_eq!(errors(), 1);
+    let sum = router.metrics.ttft_prediction_error.get_sample_sum();
+    assert!((sum - (0.030 - prediction.ttft())).abs() < 1e-9, "{sum}");
 }

@@ -42,11 +42,14 @@ fn observer_stream_claims_the_pending_route_and_records() {
             .is_empty()
     );
     assert_eq!(total_entries(&router), 0);
+    assert_eq!(obs.first_body, None);
     assert!(
         obs.handle(observed(response_body(b"data: {}\n\n", false)))
             .is_empty()
     );
+    let first = obs.first_body.expect("the first body bytes are timed");
     assert!(obs.handle(observed(response_body(b"", true))).is_empty());
+    assert_eq!(obs.first_body, Some(first), "only the first bytes");
     assert!(router.pending.is_empty());
     assert!(entries(&router, served) > 0);
     assert_eq!(total_entries(&router), entries(&router, served));
