@@ -68,7 +68,8 @@ async fn affinity_rolls_back_a_failed_request() {
 
 /// Through the observer shape (it sees response bodies): an engine that reports far fewer
 /// cached tokens than predicted loses, in the picker's index, the prompt it missed and every
-/// older one, so an evicted prefix stops attracting requests.
+/// older one, so an evicted prefix stops attracting requests; each response's first bytes
+/// count the latency model's TTFT error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn affinity_forgets_what_the_engine_reports_evicted() {
     use model_sim::engine::EngineConfig;
@@ -127,6 +128,11 @@ async fn affinity_forgets_what_the_engine_reports_evicted() {
     )
     .await;
     assert!(metric(&picker, "prefix_picker_estimate_dropped_entries_total").await > 0.0);
+    // The observer saw each response's first bytes: the latency model's TTFT error is counted.
+    assert_eq!(
+        metric(&picker, "prefix_picker_ttft_prediction_error_seconds_count").await,
+        3.0
+    );
     assert_eq!(
         prefix_score(&picker, &old, "sim-0").await,
         0,
