@@ -1,7 +1,8 @@
 //! The sidecar's logs as the real binary writes them: with `--log-format json` (or GIE's
 //! `--zap-encoder json`) every stderr line is one JSON object, start-up and usage errors
 //! included; `--v 4` carries Kthena's score lines unchanged in `message` and no prompt text;
-//! the start-up line names the build and the config. (Panics: `src/logging.rs`'s tests.)
+//! in the affinity mode a `Predicted TTFT` line per pod follows them; the start-up line names
+//! the build and the config. (Panics: `src/logging.rs`'s tests.)
 
 use std::process::Command;
 
@@ -126,6 +127,84 @@ async fn json_logs_at_v4_parse_carry_kthena_score_lines_and_no_prompt() {
     assert_eq!(started["config"], "--config-text");
     assert_eq!(started["config_sha256"], sha256_hex(&config));
     assert_eq!(started["level"], "INFO");
+}
+
+/// The affinity mode at `--v 4`: after prefix-cache's score lines, one `Predicted TTFT` line per
+/// pod (the latency model's wait and prefill), with no prompt text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn affinity_logs_at_v4_carry_each_pods_predicted_ttft() {
+    let sims = [
+        Sim::start("sim-a", Default::default()).await,
+        Sim::start("sim-b", Default::default()).await,
+    ];
+    let config = format!(
+        "{}{}picker: {{scrapeIntervalSeconds: 0, affinity: {{}}}}\n",
+        testkit::scheduler_section(include_str!("../fixtures/kthena-router-config.yaml")),
+        testkit::endpoints_yaml(sims.iter().map(|s| (s.name.as_str(), s.addr))),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let picker = gie::start(
+        &[
+            "--secure-serving=false",
+            "--grpc-port=0",
+            "--grpc-health-port=0",
+            "--metrics-port=0",
+            "--config-text",
+            &config,
+            "--log-format",
+            "json",
+            "-v=4",
+        ],
+        dir.path(),
+    )
+    .await;
+    let addrs: Vec<_> = sims.iter().map(|s| s.addr).collect();
+    let envoy = start_envoy(render_envoy(
+        "envoy.yaml",
+        picker.grpc.port(),
+        &addrs,
+        |s| s,
+    ))
+    .await;
+    let body = json!({"model": "m", "max_tokens": 1, "prompt": format!("{SECRET}. {}", "Be brief. ".repeat(40))});
+    let r = reqwest::Client::new()
+        .post(envoy.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", envoy.log());
+    let log_path = dir.path().join("picker.log");
+    poll("the predicted TTFT lines", || {
+        let log = std::fs::read_to_string(&log_path).unwrap();
+        async move { (log.matches("Predicted TTFT: ").count() >= 2).then_some(()) }
+    })
+    .await;
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    drop(picker.process);
+    let messages: Vec<String> = json_lines(&log)
+        .iter()
+        .filter(|l| l["target"] == "scores")
+        .map(|l| l["message"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        messages.iter().any(|m| m == "Predicted TTFT:"),
+        "{messages:?}"
+    );
+    for pod in ["sim-a", "sim-b"] {
+        let prefix = format!("  Pod: default/{pod}, Predicted TTFT: ");
+        let line = messages
+            .iter()
+            .find(|m| m.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("{prefix:?} in {messages:?}"));
+        // Nothing queues and no pod holds the prompt: no wait, the whole prompt to prefill.
+        assert!(line.contains("(wait 0.0 ms, prefill "), "{line}");
+        assert!(line.ends_with(" tokens)"), "{line}");
+    }
+    assert!(
+        !log.contains("ZEBRA"),
+        "prompt text logged below --v 5:\n{log}"
+    );
 }
 
 #[test]
