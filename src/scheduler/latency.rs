@@ -6,8 +6,7 @@
 //! - `wait = k x pace`: the request needs `k` completions before a slot frees,
 //!   with `k = max(inflight + 1 - concurrency, engine queue left + 1)`; `inflight` is the
 //!   picker's own count (instant), the engine queue is the last scrape's `waiting` drained at
-//!   `concurrency / service` requests per second over the scrape's age (so a stale scrape fades
-//!   instead of steering). A pod that has not shown a queue yet borrows the least concurrency
+//!   the pod's pace over the scrape's age (so a stale scrape fades instead of steering). A pod that has not shown a queue yet borrows the least concurrency
 //!   learned among the candidates ([`Pool`]); none anywhere: no wait predicted.
 //! - `prefill = uncached tokens x seconds per token`, the uncached tokens being the prompt's
 //!   blocks the pod does not hold (index and holds), converted with `bytesPerToken`.
