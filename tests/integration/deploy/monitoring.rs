@@ -33,7 +33,13 @@ const PROMETHEUS_SERIES: &[&str] = &["up"];
 /// Labels Prometheus' Kubernetes discovery puts on every target's series.
 const TARGET_LABELS: &[&str] = &["job", "instance", "namespace"];
 /// Exported families no panel needs: the address-space limit (unlimited: -1 or 2^64).
-const NOT_ON_PANELS: &[&str] = &["process_virtual_memory_max_bytes"];
+/// The latency model's per-pod gauges are exported only once learned (a queue seen, a
+/// completion timed), so no panel can rely on them; docs/metrics.md lists them.
+const NOT_ON_PANELS: &[&str] = &[
+    "process_virtual_memory_max_bytes",
+    "prefix_picker_pod_concurrency",
+    "prefix_picker_pod_service_seconds",
+];
 /// Labels whose values are not an enum: names, numbers, build strings. Every other label's
 /// values are listed in its family's help string.
 const FREE_FORM_LABELS: &[&str] = &[

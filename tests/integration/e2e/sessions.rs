@@ -5,7 +5,8 @@ use super::{finish_gated_stream, open_gated_stream_with, stack};
 use crate::harness::*;
 use serde_json::json;
 
-const SESSIONS: &str = "picker:\n  affinity: {podCapacity: 2}\n  sessions: {enabled: true}\n";
+const SESSIONS: &str =
+    "picker:\n  affinity: {podCapacity: 2, latencyModel: false}\n  sessions: {enabled: true}\n";
 
 /// Ten turns with unrelated prompts (the affinity mode alone spreads new prompts by share) stay
 /// on the session's pod; with that pod at `podCapacity` (two streams held open), the next turn
