@@ -591,6 +591,25 @@ mod new_workload_tests {
         // 1024 shared of ~1160 tokens, all but 16 first requests.
         assert!(c > 0.8 && c < 0.9, "{c}");
     }
+
+    #[test]
+    fn a_ramp_rises_to_its_peak_and_falls_back() {
+        let mut requests: Vec<BenchRequest> = (0..600)
+            .map(|_| BenchRequest::new("/v1/completions", json!({}), None))
+            .collect();
+        ramp(&mut requests, 10.0, 110.0);
+        let at: Vec<f64> = requests.iter().map(|r| r.at_ms.unwrap()).collect();
+        assert!(at.windows(2).all(|w| w[0] <= w[1]), "in order");
+        // 600 requests at a mean of 60/s: about 10 s.
+        assert!((at[599] - 10_000.0).abs() < 200.0, "{}", at[599]);
+        // Gaps: ~100 ms at the start (10/s), ~9 ms at the peak (110/s, the middle).
+        assert!((at[1] - at[0] - 100.0).abs() < 30.0, "{}", at[1] - at[0]);
+        assert!(
+            (at[301] - at[300] - 9.1).abs() < 1.0,
+            "{}",
+            at[301] - at[300]
+        );
+    }
 }
 
 #[cfg(test)]
