@@ -494,12 +494,12 @@ fn expire_routes(
     let token = shutdown.clone();
     tasks.spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
-        let mut churn_series: HashSet<PodId> = HashSet::new();
+        let mut pod_series: HashSet<PodId> = HashSet::new();
         loop {
             tokio::select! {
                 _ = token.cancelled() => break,
                 _ = tick.tick() => {
-                    sample_churn(&router, &mut churn_series);
+                    sample_pod_gauges(&router, &mut pod_series);
                     let expired = router.pending.expire(Instant::now());
                     if expired.routes > 0 {
                         router.metrics.records.with_label_values(&[RouteOutcome::Expired.as_str()]).inc_by(expired.routes as u64);
@@ -518,12 +518,12 @@ fn expire_routes(
     });
 }
 
-/// Sets each pod's `prefix_picker_pod_index_churn_ratio` while the affinity mode places by
-/// churn, and what its latency model learned (`prefix_picker_pod_concurrency`,
+/// Every second: each pod's `prefix_picker_pod_index_churn_ratio` while the affinity mode
+/// places by churn, and what its latency model learned (`prefix_picker_pod_concurrency`,
 /// `prefix_picker_pod_service_seconds`, `prefix_picker_prefill_seconds_per_token`) while it
 /// runs; removes the series of pods gone since the last sample (or of every pod, once the mode
 /// is off), so a pod that left mid-sample keeps no series.
-fn sample_churn(router: &Router, series: &mut HashSet<PodId>) {
+fn sample_pod_gauges(router: &Router, series: &mut HashSet<PodId>) {
     let live = router.scheduler.load();
     let affinity = live.scheduler.affinity();
     let on = affinity.is_some_and(|a| a.place_by_churn);
@@ -650,12 +650,12 @@ mod tests {
         let registry = prometheus::Registry::new();
         let router = router_from_config("picker: {affinity: {}}\n", three(), &registry);
         let mut series = HashSet::new();
-        sample_churn(&router, &mut series);
+        sample_pod_gauges(&router, &mut series);
         assert_eq!(churn_pods(&registry), ["pod-0", "pod-1", "pod-2"]);
 
         // A pod gone: its series goes with it.
         router.endpoints.apply(Update::Reset(three()[..2].to_vec()));
-        sample_churn(&router, &mut series);
+        sample_pod_gauges(&router, &mut series);
         assert_eq!(churn_pods(&registry), ["pod-0", "pod-1"]);
 
         // A series set for a pod that left between the snapshot and the set (after the
@@ -668,7 +668,7 @@ mod tests {
             .set(0.5);
         series.insert(late.id);
         assert_eq!(churn_pods(&registry), ["pod-0", "pod-1", "pod-9"]);
-        sample_churn(&router, &mut series);
+        sample_pod_gauges(&router, &mut series);
         assert_eq!(churn_pods(&registry), ["pod-0", "pod-1"]);
 
         // The mode reloaded off: no series left.
@@ -682,7 +682,7 @@ mod tests {
             scheduler,
             picker: off.picker,
         });
-        sample_churn(&router, &mut series);
+        sample_pod_gauges(&router, &mut series);
         assert!(churn_pods(&registry).is_empty());
         assert!(series.is_empty());
     }

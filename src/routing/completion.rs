@@ -178,27 +178,37 @@ fn correct_estimate(router: &Router, route: &Ticket, pod: &Endpoint, reported: u
     tracing::debug!(pod = %pod.label, predicted, reported, dropped, "engine holds less than predicted");
 }
 
-/// Teaches the latency model a 2xx completion by the primary pick, `seconds` after the pick:
-/// requests picked with a free slot time the pod's service and the prefill rate; every one
-/// counts the model's error (observed over predicted time to completion).
-fn learn_latency(router: &Router, pod: &Endpoint, prediction: Prediction, seconds: f64) {
-    pod.timing
-        .observe_completion(Instant::now(), pod.inflight());
+/// Teaches the latency model a 2xx completion by the primary pick, picked `at`: requests
+/// picked with a free slot time the pod's service and the prefill rate; every one counts the
+/// model's error (observed over predicted time to completion, and observed minus predicted
+/// TTFT when the source saw the `first_byte`).
+fn learn_latency(
+    router: &Router,
+    pod: &Endpoint,
+    prediction: Prediction,
+    at: Instant,
+    first_byte: Option<Instant>,
+) {
+    let now = Instant::now();
+    let seconds = now.saturating_duration_since(at).as_secs_f64();
+    let m = &router.metrics;
+    if let Some(first) = first_byte {
+        let observed = first.saturating_duration_since(at).as_secs_f64();
+        m.ttft_prediction_error
+            .observe(observed - prediction.ttft());
+    }
+    pod.timing.observe_completion(now, pod.inflight());
     let live = router.scheduler.load();
     let rate = live.scheduler.prefill_rate();
     if rate.is_fitted() {
         let predicted = prediction.wait + rate.base() + prediction.prefill;
         if predicted > 0.0 {
-            router
-                .metrics
-                .latency_model_ratio
-                .observe(seconds / predicted);
+            m.latency_model_ratio.observe(seconds / predicted);
         }
     }
     if prediction.has_slot {
         pod.timing.observe_service(seconds);
-        live.scheduler
-            .observe_completion(prediction.uncached_tokens, prediction.running, seconds);
+        rate.observe(prediction.uncached_tokens, prediction.running, seconds);
     }
 }
 
@@ -317,14 +327,7 @@ fn complete(router: &Router, mut route: Ticket, ending: Ending) {
                     correct_estimate(router, &route, &pod, reported);
                 }
                 if let Some((prediction, at)) = route.prediction {
-                    if let Some(first) = first_byte {
-                        let observed = first.saturating_duration_since(at).as_secs_f64();
-                        router
-                            .metrics
-                            .ttft_prediction_error
-                            .observe(observed - prediction.ttft());
-                    }
-                    learn_latency(router, &pod, prediction, at.elapsed().as_secs_f64());
+                    learn_latency(router, &pod, prediction, at, first_byte);
                 }
             }
             router.record(&route.model, &route.hashes, &pod, RecordOrigin::Local);

@@ -815,14 +815,7 @@ impl Scheduler {
         self.prefix.args().block_size_to_hash as f64 / f64::from(config.bytes_per_token.max(1))
     }
 
-    /// Learns from a completed request that was picked with a free slot: its `uncached` prompt
-    /// tokens (predicted at the pick), the `running` requests on its pod then, and `seconds`
-    /// from the pick to the completion.
-    pub fn observe_completion(&self, uncached: f64, running: f64, seconds: f64) {
-        self.counters.prefill.observe(uncached, running, seconds);
-    }
-
-    /// The learned prefill rate (the latency model's, over every pod).
+    /// The learned prefill rate (the latency model's, over every pod; completions teach it).
     pub fn prefill_rate(&self) -> &latency::PrefillRate {
         &self.counters.prefill
     }

@@ -525,51 +525,41 @@ fn routers(ablation: bool) -> anyhow::Result<Vec<(String, Setup)>> {
                 },
             ));
             if ablation {
-                for switch in ABLATION_SWITCHES {
+                // The shipped config with one `picker.affinity` key changed.
+                let mut row = |name: String, key: &str, value: serde_json::Value| {
                     let mut a = affinity.clone();
                     if let Some(map) = a.as_object_mut() {
-                        map.insert(switch.into(), false.into());
+                        map.insert(key.into(), value);
                     }
                     out.push((
-                        format!("{}{switch}: false", report::ABLATION),
+                        format!("{}{name}", report::ABLATION),
                         Setup::Envoy {
                             file: "envoy.yaml".into(),
                             scheduler: Some(scheduler.clone()),
                             affinity: Some(a),
                         },
                     ));
+                };
+                for switch in ABLATION_SWITCHES {
+                    row(format!("{switch}: false"), switch, false.into());
                 }
                 // The share gate alone off (the latency model still gates): is it redundant?
-                let mut a = affinity.clone();
-                if let Some(map) = a.as_object_mut() {
-                    map.insert("shareHeadroom".into(), 1e9.into());
-                }
-                out.push((
-                    format!("{}share gate off (shareHeadroom 1e9)", report::ABLATION),
-                    Setup::Envoy {
-                        file: "envoy.yaml".into(),
-                        scheduler: Some(scheduler.clone()),
-                        affinity: Some(a),
-                    },
-                ));
+                row(
+                    "share gate off (shareHeadroom 1e9)".into(),
+                    "shareHeadroom",
+                    1e9.into(),
+                );
                 // The latency model's signals, each left out alone.
                 for signal in LATENCY_SIGNALS {
-                    let mut a = affinity.clone();
-                    if let Some(map) = a.as_object_mut() {
-                        let rest: Vec<&str> = LATENCY_SIGNALS
-                            .into_iter()
-                            .filter(|s| *s != signal)
-                            .collect();
-                        map.insert("latencySignals".into(), rest.into());
-                    }
-                    out.push((
-                        format!("{}latencySignals without {signal}", report::ABLATION),
-                        Setup::Envoy {
-                            file: "envoy.yaml".into(),
-                            scheduler: Some(scheduler.clone()),
-                            affinity: Some(a),
-                        },
-                    ));
+                    let rest: Vec<&str> = LATENCY_SIGNALS
+                        .into_iter()
+                        .filter(|s| *s != signal)
+                        .collect();
+                    row(
+                        format!("latencySignals without {signal}"),
+                        "latencySignals",
+                        rest.into(),
+                    );
                 }
             }
         }

@@ -25,19 +25,20 @@ fn json_lines(log: &str) -> Vec<Value> {
 /// Words no log line may carry below `--v 5`.
 const SECRET: &str = "ZEBRA-PAPAYA-7731 is the launch code";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn json_logs_at_v4_parse_carry_kthena_score_lines_and_no_prompt() {
+/// Two sims behind Envoy (`envoy/envoy.yaml`) and the real binary, GIE form, with `--log-format
+/// json -v=4` and the Kthena fixture plus `picker` as its config; its log in `dir/picker.log`.
+async fn v4_json_stack(picker: &str) -> ([Sim; 2], String, tempfile::TempDir, gie::Started, Envoy) {
     let sims = [
         Sim::start("sim-a", Default::default()).await,
         Sim::start("sim-b", Default::default()).await,
     ];
     let config = format!(
-        "{}{}picker: {{scrapeIntervalSeconds: 0}}\n",
+        "{}{}picker: {picker}\n",
         testkit::scheduler_section(include_str!("../fixtures/kthena-router-config.yaml")),
         testkit::endpoints_yaml(sims.iter().map(|s| (s.name.as_str(), s.addr))),
     );
     let dir = tempfile::tempdir().unwrap();
-    let picker = gie::start(
+    let started = gie::start(
         &[
             "--secure-serving=false",
             "--grpc-port=0",
@@ -55,11 +56,17 @@ async fn json_logs_at_v4_parse_carry_kthena_score_lines_and_no_prompt() {
     let addrs: Vec<_> = sims.iter().map(|s| s.addr).collect();
     let envoy = start_envoy(render_envoy(
         "envoy.yaml",
-        picker.grpc.port(),
+        started.grpc.port(),
         &addrs,
         |s| s,
     ))
     .await;
+    (sims, config, dir, started, envoy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_at_v4_parse_carry_kthena_score_lines_and_no_prompt() {
+    let (_sims, config, dir, picker, envoy) = v4_json_stack("{scrapeIntervalSeconds: 0}").await;
     let body = json!({"model": "m", "max_tokens": 1, "messages": [
         {"role": "system", "content": format!("{SECRET}. {}", "Be brief. ".repeat(40))},
         {"role": "user", "content": SECRET},
@@ -133,39 +140,8 @@ async fn json_logs_at_v4_parse_carry_kthena_score_lines_and_no_prompt() {
 /// pod (the latency model's wait and prefill), with no prompt text.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn affinity_logs_at_v4_carry_each_pods_predicted_ttft() {
-    let sims = [
-        Sim::start("sim-a", Default::default()).await,
-        Sim::start("sim-b", Default::default()).await,
-    ];
-    let config = format!(
-        "{}{}picker: {{scrapeIntervalSeconds: 0, affinity: {{}}}}\n",
-        testkit::scheduler_section(include_str!("../fixtures/kthena-router-config.yaml")),
-        testkit::endpoints_yaml(sims.iter().map(|s| (s.name.as_str(), s.addr))),
-    );
-    let dir = tempfile::tempdir().unwrap();
-    let picker = gie::start(
-        &[
-            "--secure-serving=false",
-            "--grpc-port=0",
-            "--grpc-health-port=0",
-            "--metrics-port=0",
-            "--config-text",
-            &config,
-            "--log-format",
-            "json",
-            "-v=4",
-        ],
-        dir.path(),
-    )
-    .await;
-    let addrs: Vec<_> = sims.iter().map(|s| s.addr).collect();
-    let envoy = start_envoy(render_envoy(
-        "envoy.yaml",
-        picker.grpc.port(),
-        &addrs,
-        |s| s,
-    ))
-    .await;
+    let (_sims, _config, dir, picker, envoy) =
+        v4_json_stack("{scrapeIntervalSeconds: 0, affinity: {}}").await;
     let body = json!({"model": "m", "max_tokens": 1, "prompt": format!("{SECRET}. {}", "Be brief. ".repeat(40))});
     let r = reqwest::Client::new()
         .post(envoy.url("/v1/completions"))
