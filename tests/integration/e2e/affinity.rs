@@ -8,7 +8,8 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 /// The shipped config's routing mode through Envoy: sixteen concurrent requests of a new prefix
-/// land on one pod (each sees the first one's decision-time record), every record confirmed.
+/// land on one pod (each sees an earlier one's decision-time record, or ties with it), every
+/// record confirmed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn affinity_keeps_a_burst_of_a_new_prefix_on_one_pod() {
     let (_backends, picker, envoy) = stack("envoy.yaml", shipped_picker_section(), |s| s).await;
@@ -32,14 +33,22 @@ async fn affinity_keeps_a_burst_of_a_new_prefix_on_one_pod() {
         16.0,
     )
     .await;
-    assert_eq!(
-        metric(
-            &picker,
-            "prefix_picker_decisions_total{reason=\"affinity_hit\"}"
+    // A decision and its hold are two steps with no lock between them (the request path takes
+    // none), so a request decided on another worker thread before the first one's hold landed
+    // is a second miss, placed on the same pod by the tie rule: at most one per worker thread
+    // (tokio's default, one per core), every other request a hit.
+    let text = exposition(&picker).await;
+    let reason = |r: &str| {
+        sample(
+            &text,
+            &format!("prefix_picker_decisions_total{{reason=\"{r}\"}}"),
         )
-        .await,
-        15.0
-    );
+        .unwrap_or(0.0)
+    };
+    let (hits, misses) = (reason("affinity_hit"), reason("affinity_miss"));
+    assert_eq!(hits + misses, 16.0, "{text}");
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    assert!((1.0..=workers).contains(&misses), "{misses} misses");
     wait_metric_eq(&picker, "prefix_picker_tentative_holds", 0.0).await;
 }
 
