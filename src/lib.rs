@@ -8,6 +8,7 @@
 // The core: plain Rust.
 pub mod cached_tokens; // the engine's `cached_tokens` report, read from a response body
 pub mod decaying_sum; // a lock-free sum that decays per step of a clock
+pub mod engine_view; // what one engine holds, from its KV-cache events
 pub mod hashing; // the prompt's block-hash chain
 pub mod invariants; // what must hold for any request body (the fuzz target's property)
 pub mod lenient_json; // Go-compatible JSON decoding of request bodies

@@ -1,0 +1,256 @@
+//! What one engine holds in its KV cache, from its own KV-cache events: engine truth, beside
+//! the prefix index's estimate.
+//!
+//! An engine names its blocks by its own hashes (vLLM: SHA-256 or Python's `hash` over the
+//! parent's hash, the tokens and extra keys; not reproducible here), so the view re-hashes each
+//! stored block by its token ids, chained on its parent's hash in this view ([`token_chain`]),
+//! and keeps two maps: engine hash -> token-chain hash (to chain the next store and to apply
+//! removals) and token-chain hash -> how many engine blocks carry it. A request is matched by
+//! hashing its engine tokens the same way and finding the longest run of leading blocks the
+//! view holds. A stored block whose parent the view does not know (events missed) is skipped
+//! and counted, and so is everything chained on it.
+//!
+//! One view per pod, behind its own lock: the pod's event consumer writes, requests read; no
+//! lock spans pods. `live` says whether the view is current (events flowing, no unfilled gap);
+//! a pod whose view is not live is routed by the estimate. `max_blocks` bounds the memory of a
+//! view whatever a publisher sends (stores beyond it are refused and counted).
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use parking_lot::RwLock;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// The chain's seed for a first block (no parent).
+const CHAIN_SEED: u64 = 0x656e_6769_6e65_5f76;
+
+/// The token-chain hash of each full block of `tokens` (`block_size` tokens per block): block
+/// `i` hashes its token ids (little-endian u32) seeded by block `i - 1`'s hash.
+pub fn token_chain(tokens: &[u32], block_size: usize) -> Vec<u64> {
+    let block_size = block_size.max(1);
+    let mut out = Vec::with_capacity(tokens.len() / block_size);
+    let mut parent = CHAIN_SEED;
+    let mut bytes = Vec::with_capacity(block_size * 4);
+    for block in tokens.chunks_exact(block_size) {
+        parent = block_hash(parent, block, &mut bytes);
+        out.push(parent);
+    }
+    out
+}
+
+fn block_hash(parent: u64, block: &[u32], bytes: &mut Vec<u8>) -> u64 {
+    bytes.clear();
+    for t in block {
+        bytes.extend_from_slice(&t.to_le_bytes());
+    }
+    xxh3_64_with_seed(bytes, parent)
+}
+
+/// What applying one `BlockStored` did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stored {
+    /// Blocks added to the view (or re-stored).
+    pub added: usize,
+    /// Blocks skipped: unknown parent, too few token ids, or the view at `max_blocks`.
+    pub skipped: usize,
+}
+
+/// A longest match in the engine's view.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineMatch {
+    /// Leading blocks of the request the engine holds.
+    pub blocks: usize,
+    /// Tokens per block (the engine's block size).
+    pub block_size: usize,
+}
+
+impl EngineMatch {
+    pub fn tokens(&self) -> usize {
+        self.blocks * self.block_size
+    }
+}
+
+#[derive(Debug, Default)]
+struct ViewState {
+    /// Tokens per block, from the engine's events (0 until the first store).
+    block_size: usize,
+    /// Engine block hash -> token-chain hash.
+    by_engine: HashMap<u64, u64>,
+    /// Token-chain hash -> engine blocks carrying it (equal tokens under equal parents, e.g.
+    /// stored under two LoRA ids, share one chain hash).
+    held: HashMap<u64, u32>,
+    /// Scratch for hashing a block's token bytes.
+    bytes: Vec<u8>,
+}
+
+/// One engine's KV cache as its events describe it.
+#[derive(Debug)]
+pub struct EngineView {
+    state: RwLock<ViewState>,
+    live: AtomicBool,
+    max_blocks: usize,
+    /// Blocks the view held at its last change (read without the lock, for gauges).
+    blocks: AtomicU64,
+}
+
+impl EngineView {
+    /// An empty view, not live, holding at most `max_blocks` blocks.
+    pub fn new(max_blocks: usize) -> EngineView {
+        EngineView {
+            state: RwLock::new(ViewState::default()),
+            live: AtomicBool::new(false),
+            max_blocks,
+            blocks: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether requests are matched against this view (events flowing, nothing missed).
+    pub fn is_live(&self) -> bool {
+        self.live.load(Ordering::Acquire)
+    }
+
+    pub fn set_live(&self, live: bool) {
+        self.live.store(live, Ordering::Release);
+    }
+
+    /// Blocks held now.
+    pub fn blocks(&self) -> usize {
+        self.blocks.load(Ordering::Relaxed) as usize
+    }
+
+    /// Tokens per block (0 before the first store).
+    pub fn block_size(&self) -> usize {
+        self.state.read().block_size
+    }
+
+    /// Approximate heap bytes of the view's maps.
+    pub fn heap_bytes(&self) -> usize {
+        let s = self.state.read();
+        // hashbrown: one control byte per bucket plus the entry.
+        s.by_engine.capacity() * (16 + 1) + s.held.capacity() * (12 + 1)
+    }
+
+    /// Applies a `BlockStored`: `engine_hashes[i]` holds `token_ids[i * block_size..][..block_size]`,
+    /// chained on `parent` (the engine hash of the block before the first; `None`: the first
+    /// block of a sequence). A block size different from the view's resets the view (an
+    /// engine restarted with another `--block-size`).
+    pub fn store(
+        &self,
+        parent: Option<u64>,
+        engine_hashes: &[u64],
+        token_ids: &[u32],
+        block_size: usize,
+    ) -> Stored {
+        let mut out = Stored::default();
+        if block_size == 0 {
+            out.skipped = engine_hashes.len();
+            return out;
+        }
+        let mut s = self.state.write();
+        if s.block_size != block_size {
+            s.by_engine.clear();
+            s.held.clear();
+            s.block_size = block_size;
+        }
+        let ViewState {
+            by_engine,
+            held,
+            bytes,
+            ..
+        } = &mut *s;
+        let mut chain = match parent {
+            None => Some(CHAIN_SEED),
+            Some(p) => by_engine.get(&p).copied(),
+        };
+        for (i, &engine) in engine_hashes.iter().enumerate() {
+            let tokens = token_ids.get(i * block_size..(i + 1) * block_size);
+            let (Some(parent), Some(tokens)) = (chain, tokens) else {
+                out.skipped += engine_hashes.len() - i;
+                break;
+            };
+            let ours = block_hash(parent, tokens, bytes);
+            match by_engine.entry(engine) {
+                Entry::Occupied(e) => {
+                    // Stored again (vLLM re-announces a block it re-cached): same content.
+                    if *e.get() != ours {
+                        let old = std::mem::replace(e.into_mut(), ours);
+                        release(held, old);
+                        *held.entry(ours).or_insert(0) += 1;
+                    }
+                }
+                Entry::Vacant(e) => {
+                    if held.len() >= self.max_blocks {
+                        out.skipped += engine_hashes.len() - i;
+                        break;
+                    }
+                    e.insert(ours);
+                    *held.entry(ours).or_insert(0) += 1;
+                }
+            }
+            out.added += 1;
+            chain = Some(ours);
+        }
+        self.blocks.store(held.len() as u64, Ordering::Relaxed);
+        out
+    }
+
+    /// Applies a `BlockRemoved`; returns the blocks removed (unknown hashes are ignored).
+    pub fn remove(&self, engine_hashes: &[u64]) -> usize {
+        let mut s = self.state.write();
+        let ViewState {
+            by_engine, held, ..
+        } = &mut *s;
+        let mut removed = 0;
+        for engine in engine_hashes {
+            if let Some(ours) = by_engine.remove(engine) {
+                release(held, ours);
+                removed += 1;
+            }
+        }
+        self.blocks.store(held.len() as u64, Ordering::Relaxed);
+        removed
+    }
+
+    /// Applies `AllBlocksCleared` (or drops a view that can no longer be trusted); returns the
+    /// blocks dropped.
+    pub fn clear(&self) -> usize {
+        let mut s = self.state.write();
+        let dropped = s.held.len();
+        s.by_engine = HashMap::new();
+        s.held = HashMap::new();
+        self.blocks.store(0, Ordering::Relaxed);
+        dropped
+    }
+
+    /// The longest run of leading blocks of `chain` (the request's [`token_chain`] at this
+    /// view's block size) the engine holds, found by bisection: engines evict a sequence's
+    /// deepest blocks first, so a held block's parent is held too; where an engine broke that,
+    /// the match lands between the two, never an error.
+    pub fn longest_match(&self, chain: &[u64]) -> usize {
+        let s = self.state.read();
+        let holds = |i: usize| s.held.contains_key(&chain[i]);
+        let (mut lo, mut hi) = (0usize, chain.len());
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if holds(mid - 1) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    }
+}
+
+fn release(held: &mut HashMap<u64, u32>, ours: u64) {
+    if let Entry::Occupied(mut e) = held.entry(ours) {
+        *e.get_mut() -= 1;
+        if *e.get() == 0 {
+            e.remove();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
