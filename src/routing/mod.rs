@@ -447,6 +447,7 @@ impl Router {
             salt: parsed.request.as_ref().and_then(|r| r.salt.as_ref()),
             session_pod: None,
             hashes: None,
+            engine_tokens: None,
         };
         Ok((request, candidates))
     }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::affinity::RecentPicks;
 use super::latency::PodTiming;
+use crate::engine_view::EngineView;
 use crate::prefix_index::{PodHandle, PodSlot};
 
 /// Engine metrics last scraped from a pod (missing values are 0).
@@ -43,6 +44,11 @@ pub trait Candidate {
     fn recent(&self) -> &RecentPicks;
     /// What the latency model learned of the pod; `None`: nothing (no wait predicted).
     fn timing(&self) -> Option<&PodTiming> {
+        None
+    }
+    /// What the engine holds by its own KV-cache events; `None`: the pod publishes none (the
+    /// affinity mode matches it by the estimate, as it does while the view is not live).
+    fn engine_view(&self) -> Option<&EngineView> {
         None
     }
     /// The pod's rendezvous identity, the same on every replica (the affinity mode's ties).
@@ -83,6 +89,10 @@ impl<C: Candidate + ?Sized> Candidate for Arc<C> {
 
     fn timing(&self) -> Option<&PodTiming> {
         (**self).timing()
+    }
+
+    fn engine_view(&self) -> Option<&EngineView> {
+        (**self).engine_view()
     }
 
     fn rendezvous(&self) -> u64 {

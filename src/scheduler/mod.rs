@@ -18,6 +18,7 @@
 pub mod affinity;
 pub mod candidate;
 pub mod config;
+pub mod engine_match;
 pub mod gpu_usage;
 pub mod latency;
 pub mod least_latency;
@@ -241,6 +242,9 @@ pub struct Decision<C> {
     pub predicted_blocks: usize,
     /// Affinity mode: the latency model's prediction per candidate (empty otherwise).
     pub predictions: Vec<latency::Prediction>,
+    /// Affinity mode: each candidate's match on its engine's view, where it had one (empty when
+    /// none did; [`Decision::match_source`]).
+    pub engine: Vec<Option<engine_match::EngineMatched>>,
     /// Plugin times and match ratios, in the order they happened.
     pub observations: Vec<Observation>,
     /// Time the decision took.
@@ -257,6 +261,18 @@ impl<C> Decision<C> {
 }
 
 impl<C: Candidate> Decision<C> {
+    /// Where candidate `i`'s match came from: its engine's events or the estimate.
+    pub fn match_source(&self, i: usize) -> MatchSource {
+        engine_match::source(&self.engine, i)
+    }
+
+    /// [`Decision::match_source`] of the primary pick.
+    pub fn primary_source(&self) -> MatchSource {
+        let slot = self.primary().slot();
+        let at = self.candidates.iter().position(|c| c.slot() == slot);
+        at.map_or(MatchSource::Estimate, |i| self.match_source(i))
+    }
+
     /// The latency model's prediction for the primary pick (affinity mode only).
     pub fn primary_prediction(&self) -> Option<latency::Prediction> {
         let slot = self.primary().slot();
@@ -344,6 +360,38 @@ pub struct RouteRequest<'a> {
     /// The prompt's block hashes, when a pass before this one computed them (PD: the decode
     /// pass's, reused by each prefill pass); `None`: hashed here.
     pub hashes: Option<&'a [BlockHash]>,
+    /// The prompt's head in the engines' own tokens, when known: the affinity mode matches pods
+    /// with a live [`EngineView`](crate::engine_view::EngineView) by it.
+    pub engine_tokens: Option<EngineTokens<'a>>,
+}
+
+/// Engine token ids of the first `prompt_bytes` bytes of the rendered prompt (its head: the
+/// messages before the last one, or all of it).
+#[derive(Debug, Clone, Copy)]
+pub struct EngineTokens<'a> {
+    pub tokens: &'a [u32],
+    pub prompt_bytes: usize,
+}
+
+/// Where a candidate's match came from (the `source` of explain, `--v 4` and the
+/// `prefix_picker_match_source_total` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MatchSource {
+    /// The engine's own KV-cache events, counted in its tokens.
+    Engine,
+    /// The prefix index's estimate (what the picker sent the pod).
+    Estimate,
+}
+
+impl MatchSource {
+    pub const ALL: [MatchSource; 2] = [MatchSource::Engine, MatchSource::Estimate];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MatchSource::Engine => "engine",
+            MatchSource::Estimate => "estimate",
+        }
+    }
 }
 
 /// The scheduler. Shared by all streams (`Arc`); holds the prefix index.
@@ -541,9 +589,15 @@ impl Scheduler {
             hashes = self.hashes_of(&request, prompt);
             let slots: Vec<_> = candidates.iter().map(|e| e.slot()).collect();
             let t = Instant::now();
-            let scored = self
-                .prefix
-                .score_chained(model, &hashes, &slots, &self.tentative);
+            let engine = engine_match::matches(
+                &candidates,
+                request.engine_tokens,
+                prompt.len(),
+                hashes.len(),
+            );
+            let scored =
+                self.prefix
+                    .score_chained(model, &hashes, &slots, &self.tentative, &engine);
             if let Some(scored) = scored {
                 observations.push(Observation::PluginTime {
                     plugin: ScorerKind::PrefixCache.as_str(),
@@ -555,6 +609,7 @@ impl Scheduler {
                 let mut decision = self
                     .affinity_decision(config, candidates, scored, hashes, session, &mut rng, keep);
                 decision.prompt_bytes = prompt.len();
+                decision.engine = engine;
                 decision.observations = observations;
                 decision.duration = started.elapsed();
                 return Ok(decision);
@@ -652,6 +707,7 @@ impl Scheduler {
             unscored,
             predicted_blocks: 0,
             predictions: Vec::new(),
+            engine: Vec::new(),
             observations,
             duration: started.elapsed(),
             pd: None,
@@ -718,6 +774,7 @@ impl Scheduler {
             reason: why.into(),
             predicted_blocks: scored.held_blocks[primary],
             predictions,
+            engine: Vec::new(),
             hashes,
             prompt_bytes: 0,
             unscored: None,

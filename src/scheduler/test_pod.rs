@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use super::affinity::RecentPicks;
 use super::{Candidate, EngineStats, RouteRequest};
+use crate::engine_view::EngineView;
 use crate::prefix_index::{PodHandle, PodSlot};
 
 /// A candidate pod as the core sees it (nothing in flight).
@@ -17,6 +18,8 @@ pub(crate) struct Pod {
     pub stats: EngineStats,
     pub recent: RecentPicks,
     pub rendezvous: u64,
+    /// Its engine's KV-cache view, when the test gives it one.
+    pub engine: Option<EngineView>,
 }
 
 impl Candidate for Pod {
@@ -40,6 +43,10 @@ impl Candidate for Pod {
         &self.recent
     }
 
+    fn engine_view(&self) -> Option<&EngineView> {
+        self.engine.as_ref()
+    }
+
     fn rendezvous(&self) -> u64 {
         self.rendezvous
     }
@@ -61,5 +68,6 @@ pub(crate) fn req(prompt: &str) -> RouteRequest<'_> {
         salt: None,
         session_pod: None,
         hashes: None,
+        engine_tokens: None,
     }
 }

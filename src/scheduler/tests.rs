@@ -34,6 +34,7 @@ fn setup_with(
                 stats,
                 recent: RecentPicks::default(),
                 rendezvous: rendezvous_key(&address),
+                engine: None,
             })
         })
         .collect();
@@ -109,6 +110,7 @@ fn no_prompt_is_unscored_not_rejected() {
                 salt: None,
                 session_pod: None,
                 hashes: None,
+                engine_tokens: None,
             },
             pods.clone(),
         )
@@ -240,6 +242,7 @@ fn a_session_pod_leads_while_the_filters_keep_it() {
         },
         recent: RecentPicks::default(),
         rendezvous: other.rendezvous,
+        engine: None,
     });
     let mut request = req(&prompt);
     request.session_pod = Some(other.slot());
@@ -275,6 +278,7 @@ mod namespaces {
             salt,
             session_pod: None,
             hashes: None,
+            engine_tokens: None,
         }
     }
 
@@ -436,6 +440,7 @@ mod namespaces {
                     salt: parsed.salt.as_ref(),
                     session_pod: None,
                     hashes: None,
+                    engine_tokens: None,
                 };
                 s.schedule(request, pods.clone()).unwrap()
             };
@@ -494,4 +499,83 @@ fn new_prompts_go_where_the_index_evicts_least() {
             assert!(picked.len() > 1, "{picked:?}");
         }
     }
+}
+
+/// Pods whose engine publishes KV events are matched by what the engine holds, in its tokens:
+/// the estimate's pick (the pod the prompt was sent to) loses to the pod whose engine reports
+/// holding it, and a pod whose view is not live keeps the estimate.
+#[test]
+fn a_live_engine_view_outranks_the_estimate() {
+    use crate::engine_view::EngineView;
+    let mut config = SchedulerConfig::default();
+    config.apply_affinity(Some(AffinityConfig::default()));
+    let s = Scheduler::new(config, 5, 1);
+    let pods: Vec<Arc<Pod>> = (0..3)
+        .map(|i| {
+            let address = SocketAddr::from(([10, 0, 0, i as u8 + 1], 8000));
+            let view = EngineView::new(1 << 16);
+            view.set_live(i != 2);
+            Arc::new(Pod {
+                handle: s.prefix_cache().index().add_pod(),
+                label: format!("default/pod-{i}"),
+                labels: Default::default(),
+                stats: EngineStats::default(),
+                recent: RecentPicks::default(),
+                rendezvous: rendezvous_key(&address),
+                engine: Some(view),
+            })
+        })
+        .collect();
+    let prompt = "You are a helpful assistant. ".repeat(40);
+    let tokens: Vec<u32> = (0..256).collect();
+    let tokens: &'static [u32] = tokens.leak();
+    // The estimate: pod 0 was sent the prompt. The engines: pod 1 holds all of it.
+    let first = s.schedule(req(&prompt), pods.clone()).unwrap();
+    s.record("m", &first.hashes, &pods[0].handle);
+    let engine_hashes: Vec<u64> = (1..=16).collect();
+    pods[1]
+        .engine
+        .as_ref()
+        .unwrap()
+        .store(None, &engine_hashes, tokens, 16);
+    let with_tokens = |tokens: &'static [u32], bytes: usize| {
+        let mut r = req(&prompt);
+        r.engine_tokens = Some(EngineTokens {
+            tokens,
+            prompt_bytes: bytes,
+        });
+        r
+    };
+    let d = s
+        .schedule(with_tokens(tokens, prompt.len()), pods.clone())
+        .unwrap();
+    assert_eq!(
+        d.primary().slot(),
+        pods[1].slot(),
+        "{:?} {:?}",
+        d.engine,
+        d.reason
+    );
+    assert_eq!(d.reason, DecisionReason::AffinityHit);
+    assert_eq!(d.primary_source(), MatchSource::Engine);
+    assert_eq!(d.engine[1].map(|m| m.tokens), Some(256));
+    assert_eq!(
+        d.engine[0].map(|m| m.tokens),
+        Some(0),
+        "its engine holds nothing"
+    );
+    assert_eq!(d.engine[2], None, "not live: the estimate");
+    assert_eq!(d.match_source(2), MatchSource::Estimate);
+    // Without engine tokens for the request, every pod is matched by the estimate.
+    let d = s.schedule(req(&prompt), pods.clone()).unwrap();
+    assert_eq!(d.primary().slot(), pods[0].slot());
+    assert!(d.engine.is_empty());
+    // A head known in tokens (half the prompt) matches in proportion: half the blocks.
+    let d = s
+        .schedule(with_tokens(&tokens[..128], prompt.len() / 2), pods.clone())
+        .unwrap();
+    assert_eq!(d.primary().slot(), pods[1].slot());
+    let blocks = d.hashes.len();
+    let half = d.engine[1].unwrap().blocks;
+    assert!(half.abs_diff(blocks / 2) <= 1, "{half} of {blocks}");
 }

@@ -54,6 +54,7 @@ fn cluster(config: SchedulerConfig, spec: &[(&str, &str, &str)]) -> Cluster {
                 stats: EngineStats::default(),
                 recent: RecentPicks::default(),
                 rendezvous: rendezvous_key(&address),
+                engine: None,
             })
         })
         .collect();
@@ -332,6 +333,7 @@ fn the_filters_apply_to_each_pass() {
                     stats: backed_up,
                     recent: RecentPicks::default(),
                     rendezvous: p.rendezvous,
+                    engine: None,
                 })
             })
             .collect()
