@@ -383,4 +383,63 @@ mod tests {
         assert!(d.pinned.is_empty());
         kv.release(&c.pinned);
     }
+
+    #[test]
+    fn events_report_new_runs_evictions_and_resets_in_order() {
+        let mut kv = KvCache::new(1, 4).record_events(); // 1-token blocks; a word is a token
+        let ids = |text: &str| tokenizer::token_ids(text.as_bytes());
+        let a = kv.admit("m", b"aaaa bbbb");
+        let (ha, _) = kv.block_hashes("m", b"aaaa bbbb");
+        assert_eq!(
+            kv.take_events(),
+            [KvEvent::Stored {
+                blocks: ha.clone(),
+                parent: None,
+                token_ids: ids("aaaa bbbb"),
+            }]
+        );
+        // A prompt that extends it stores only its new block, chained to the last shared one.
+        let b = kv.admit("m", b"aaaa bbbb cccc");
+        let (hb, _) = kv.block_hashes("m", b"aaaa bbbb cccc");
+        assert_eq!(b.cached_tokens, 2);
+        assert_eq!(
+            kv.take_events(),
+            [KvEvent::Stored {
+                blocks: vec![hb[2]],
+                parent: Some(ha[1]),
+                token_ids: ids(" cccc"),
+            }]
+        );
+        assert!(!kv.reset(), "blocks are pinned");
+        assert!(kv.take_events().is_empty());
+        kv.release(&a.pinned);
+        kv.release(&b.pinned);
+        // Full (3 of 4 used): two new blocks evict the least recently freed one first.
+        let c = kv.admit("m", b"dddd eeee");
+        let events = kv.take_events();
+        assert_eq!(events.len(), 2, "{events:?}");
+        assert!(matches!(events[0], KvEvent::Removed(_)));
+        assert!(
+            matches!(&events[1], KvEvent::Stored { blocks, parent: None, .. } if blocks.len() == 2)
+        );
+        kv.release(&c.pinned);
+        assert!(kv.reset());
+        assert_eq!(kv.take_events(), [KvEvent::Cleared]);
+        assert_eq!(kv.cached_blocks(), 0);
+        assert_eq!(kv.admit("m", b"dddd eeee").cached_tokens, 0);
+    }
+
+    #[test]
+    fn without_prefix_caching_nothing_is_shared_kept_or_reported() {
+        let mut kv = KvCache::new(1, 4).record_events().without_prefix_caching();
+        let a = kv.admit("m", b"aaaabbbb");
+        let b = kv.admit("m", b"aaaabbbb");
+        assert_eq!((a.cached_tokens, b.cached_tokens), (0, 0));
+        assert_eq!((a.pinned.len(), b.pinned.len()), (2, 2));
+        assert_eq!(kv.usage(), 1.0);
+        kv.release(&a.pinned);
+        kv.release(&b.pinned);
+        assert_eq!((kv.usage(), kv.cached_blocks()), (0.0, 0));
+        assert!(kv.take_events().is_empty());
+    }
 }

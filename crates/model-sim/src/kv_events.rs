@@ -280,6 +280,9 @@ impl Task {
     }
 }
 
+#[cfg(test)]
+mod tests;
+
 fn frames(frames: Vec<Bytes>) -> ZmqMessage {
     ZmqMessage::try_from(frames).expect("never empty")
 }

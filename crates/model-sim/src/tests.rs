@@ -14,7 +14,12 @@ async fn start(engine: EngineConfig) -> (String, Arc<Engine>) {
 
 /// A sim serving model `m` on port 0, named `name`; its base URL and engine.
 pub(crate) async fn start_named(name: &str, engine: EngineConfig) -> (String, Arc<Engine>) {
-    let engine = Arc::new(Engine::new(engine));
+    serve(name, Engine::new(engine)).await
+}
+
+/// Serves `engine` as sim `name` (model `m`) on port 0; its base URL and engine.
+pub(crate) async fn serve(name: &str, engine: Engine) -> (String, Arc<Engine>) {
+    let engine = Arc::new(engine);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let app = app(
@@ -37,14 +42,14 @@ pub(crate) fn sample(text: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no sample {name} in {text}"))
 }
 
-fn fast() -> EngineConfig {
+pub(crate) fn fast() -> EngineConfig {
     EngineConfig {
         time_scale: 1e9,
         ..EngineConfig::default()
     }
 }
 
-async fn post(url: &str, body: &Value) -> reqwest::Response {
+pub(crate) async fn post(url: &str, body: &Value) -> reqwest::Response {
     reqwest::Client::new()
         .post(url)
         .json(body)
