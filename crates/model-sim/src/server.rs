@@ -132,6 +132,9 @@ async fn render(body: Bytes) -> Response {
     }
 }
 
+#[cfg(test)]
+mod tests;
+
 /// The context length `/tokenize` reports (`max_model_len`).
 pub const MAX_MODEL_LEN: usize = 131_072;
 
