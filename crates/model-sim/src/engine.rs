@@ -252,6 +252,20 @@ impl Running {
         self.engine.scaled(self.engine.config.inter_token_latency)
     }
 
+    /// Caches the blocks `output` fills after `prompt` ([`KvCache::admit_output`]), held until
+    /// the request ends.
+    pub fn hold_output(&mut self, model: &str, prompt: &str, output: &str) {
+        let mut kv = self.engine.kv.lock();
+        kv.admit_output(
+            model,
+            prompt.as_bytes(),
+            output.as_bytes(),
+            &mut self.admission,
+        );
+        self.engine.metrics.kv_usage.set(kv.usage());
+        self.engine.publish(&mut kv);
+    }
+
     pub fn observe_ttft(&self, d: Duration) {
         self.engine.metrics.ttft.observe(d.as_secs_f64());
     }

@@ -10,7 +10,9 @@
 //! leading blocks already present. Admission pins every block of the prompt (allocating missing
 //! ones, evicting free blocks LRU); when no free block is left the rest of the prompt is simply
 //! not cached (vLLM would preempt). Release unpins; a block with no users stays cached until
-//! evicted. `usage` = pinned blocks / capacity (`vllm:kv_cache_usage_perc`).
+//! evicted. `usage` = pinned blocks / capacity (`vllm:kv_cache_usage_perc`). A request's
+//! answer continues its chain ([`KvCache::admit_output`]): the prompt's tokens then the
+//! answer's, full blocks pinned with the request and cached after it, as in vLLM.
 //!
 //! With events on ([`KvCache::record_events`]) the cache logs, in order, what an observer of a
 //! vLLM engine would see ([`KvEvent`]): each run of newly cached consecutive blocks of a prompt
@@ -20,6 +22,7 @@
 //! prefix cache).
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
 
 use xxhash_rust::xxh64::xxh64;
 
@@ -173,7 +176,17 @@ impl KvCache {
     }
 
     fn cut(&self, model: &str, prompt: &[u8], with_ids: bool) -> PromptBlocks {
-        let tokens = tokenizer::tokenize(prompt);
+        self.cut_tokens(model, prompt, &tokenizer::tokenize(prompt), with_ids)
+    }
+
+    /// The blocks of `text` cut into `tokens` (byte ranges covering it).
+    fn cut_tokens(
+        &self,
+        model: &str,
+        text: &[u8],
+        tokens: &[Range<usize>],
+        with_ids: bool,
+    ) -> PromptBlocks {
         let mut prev = xxh64(model.as_bytes(), 0x5EED);
         let mut buf = Vec::new();
         let hashes = tokens
@@ -184,7 +197,7 @@ impl KvCache {
                 for t in block {
                     // The length first: equal bytes cut into other tokens are another block.
                     buf.push((t.end - t.start) as u8);
-                    buf.extend_from_slice(&prompt[t.clone()]);
+                    buf.extend_from_slice(&text[t.clone()]);
                 }
                 prev = xxh64(&buf, 0);
                 KvBlock(prev)
@@ -193,7 +206,7 @@ impl KvCache {
         let token_ids = if with_ids {
             tokens[..hashes.len() * self.block_tokens]
                 .iter()
-                .map(|t| tokenizer::token_id(&prompt[t.clone()]))
+                .map(|t| tokenizer::token_id(&text[t.clone()]))
                 .collect()
         } else {
             Vec::new()
@@ -203,6 +216,57 @@ impl KvCache {
             tokens: tokens.len(),
             token_ids,
         }
+    }
+
+    /// Caches the blocks a request's output fills: the prompt's tokens then the output's
+    /// (each tokenized on its own, as an engine appends generated tokens), chained after the
+    /// prompt's blocks; they are pinned with the request's (added to `admission.pinned`). Nothing
+    /// when the prompt itself did not fit.
+    pub fn admit_output(
+        &mut self,
+        model: &str,
+        prompt: &[u8],
+        output: &[u8],
+        admission: &mut Admission,
+    ) {
+        let mut text = Vec::with_capacity(prompt.len() + output.len());
+        text.extend_from_slice(prompt);
+        text.extend_from_slice(output);
+        let mut tokens = tokenizer::tokenize(prompt);
+        tokens.extend(
+            tokenizer::tokenize(output)
+                .into_iter()
+                .map(|r| r.start + prompt.len()..r.end + prompt.len()),
+        );
+        let all = self.cut_tokens(model, &text, &tokens, self.events.is_some());
+        let held = admission.pinned.len();
+        if held < admission.prompt_tokens / self.block_tokens || held >= all.hashes.len() {
+            return;
+        }
+        if !self.prefix_caching {
+            let extra = self.admit_private(&PromptBlocks {
+                hashes: all.hashes[held..].to_vec(),
+                tokens: 0,
+                token_ids: Vec::new(),
+            });
+            admission.pinned.extend(extra.pinned);
+            return;
+        }
+        let mut run = None;
+        for (i, &h) in all.hashes.iter().enumerate().skip(held) {
+            match self.pin(h) {
+                Pin::Found => self.report_stored(&all, &mut run, i),
+                Pin::New => {
+                    run.get_or_insert(i);
+                }
+                Pin::Full => {
+                    self.report_stored(&all, &mut run, i);
+                    return;
+                }
+            }
+            admission.pinned.push(h);
+        }
+        self.report_stored(&all, &mut run, all.hashes.len());
     }
 
     /// Looks up and pins a prompt's blocks.
@@ -441,5 +505,34 @@ mod tests {
         kv.release(&b.pinned);
         assert_eq!((kv.usage(), kv.cached_blocks()), (0.0, 0));
         assert!(kv.take_events().is_empty());
+    }
+
+    #[test]
+    fn an_answer_fills_blocks_after_its_prompt_held_then_cached() {
+        let mut kv = KvCache::new(2, 100).record_events();
+        let mut a = kv.admit("m", b"aaaa bbbb cccc"); // 3 tokens: 1 full block
+        assert_eq!(a.pinned.len(), 1);
+        kv.take_events();
+        // The prompt's last token and the answer's three fill two more blocks, chained.
+        kv.admit_output("m", b"aaaa bbbb cccc", b" dddd eeee ffff", &mut a);
+        assert_eq!(a.pinned.len(), 3);
+        let events = kv.take_events();
+        let [
+            KvEvent::Stored {
+                blocks,
+                parent,
+                token_ids,
+            },
+        ] = events.as_slice()
+        else {
+            panic!("{events:?}");
+        };
+        assert_eq!((blocks.len(), *parent), (2, Some(a.pinned[0])));
+        assert_eq!(token_ids, &tokenizer::token_ids(b" cccc dddd eeee ffff"));
+        kv.release(&a.pinned);
+        assert_eq!(kv.usage(), 0.0);
+        // A prompt that re-sends the answer hits all three blocks.
+        let again = kv.admit("m", b"aaaa bbbb cccc dddd eeee ffff more");
+        assert_eq!(again.cached_tokens, 6);
     }
 }

@@ -313,7 +313,10 @@ async fn infer(State(s): State<Sim>, uri: Uri, headers: HeaderMap, body: Bytes) 
         Err(answer) => return answer,
     };
     let n = s.requests.fetch_add(1, Ordering::Relaxed);
-    let rng = SmallRng::seed_from_u64(s.config.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut rng = SmallRng::seed_from_u64(s.config.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let words = (0..n_out)
+        .map(|_| WORDS[rng.random_range(0..WORDS.len())])
+        .collect();
     // A decode engine's clock starts when the request reaches it, after the remote prefill.
     let started = Instant::now();
     let running = if prefilled.is_some() {
@@ -328,7 +331,8 @@ async fn infer(State(s): State<Sim>, uri: Uri, headers: HeaderMap, body: Bytes) 
         model: request.model.clone(),
         id: format!("sim-{}-{n}", s.config.name),
         running,
-        rng,
+        prompt: prompt.to_string(),
+        words,
         n_out,
         include_usage,
         started,
@@ -359,15 +363,36 @@ struct Generation {
     model: String,
     id: String,
     running: Running,
-    rng: SmallRng,
+    /// The rendered prompt, which the output's cached blocks continue.
+    prompt: String,
+    /// The output, one word per output token.
+    words: Vec<&'static str>,
     n_out: usize,
     include_usage: bool,
     started: Instant,
 }
 
 impl Generation {
-    fn word(&mut self) -> &'static str {
-        WORDS[self.rng.random_range(0..WORDS.len())]
+    fn text(&self) -> String {
+        self.words.join(" ")
+    }
+
+    /// Once the first token is out, the output's blocks are taken, held until the request
+    /// ends and then left cached, as an engine does while it decodes (here all at once): a
+    /// follow-up that re-sends the answer can hit them, and long answers churn the cache. A
+    /// chat or Responses answer continues the prompt as its next turn renders it (the rendered
+    /// prompt has no generation prompt: the assistant header is part of the continuation); a
+    /// completion, with the text alone.
+    fn hold_output(&mut self) {
+        let text = self.text();
+        let continuation = match self.api {
+            Api::Completions => text,
+            Api::ChatCompletions | Api::Responses => {
+                format!("<|im_start|>assistant\n{text}<|im_end|>")
+            }
+        };
+        self.running
+            .hold_output(&self.model, &self.prompt, &continuation);
     }
 
     fn usage(&self) -> Value {
@@ -388,13 +413,13 @@ impl Generation {
         let ttft = self.running.ttft();
         pause(ttft).await;
         self.running.observe_ttft(self.started.elapsed());
+        self.hold_output();
         let itl = self.running.inter_token();
         pause(itl * (self.n_out as u32 - 1)).await;
         for _ in 1..self.n_out {
             self.running.observe_itl(itl);
         }
-        let text: Vec<&str> = (0..self.n_out).map(|_| self.word()).collect();
-        let text = text.join(" ");
+        let text = self.text();
         let usage = self.usage();
         let (id, model) = (&self.id, &self.model);
         match self.api {
@@ -460,12 +485,13 @@ impl Generation {
             if i == 0 {
                 pause(g.running.ttft()).await;
                 g.running.observe_ttft(g.started.elapsed());
+                g.hold_output();
             } else {
                 let itl = g.running.inter_token();
                 pause(itl).await;
                 g.running.observe_itl(itl);
             }
-            let word = g.word();
+            let word = g.words[i];
             let text = if i == 0 {
                 word.to_string()
             } else {

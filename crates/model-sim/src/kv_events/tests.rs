@@ -209,9 +209,9 @@ async fn tokenize(base: &str, body: Value) -> Vec<u64> {
     tokens
 }
 
-/// `(prompt_tokens, cached_tokens)` of a chat completion.
-async fn chat(base: &str, messages: &Value) -> (u64, u64) {
-    let body = json!({"model": "m", "messages": messages, "max_tokens": 1});
+/// `(prompt_tokens, cached_tokens, answer)` of a chat completion of `max_tokens` tokens.
+async fn chat_n(base: &str, messages: &Value, max_tokens: u32) -> (u64, u64, String) {
+    let body = json!({"model": "m", "messages": messages, "max_tokens": max_tokens});
     let r: Value = post(&format!("{base}/v1/chat/completions"), &body)
         .await
         .json()
@@ -223,29 +223,56 @@ async fn chat(base: &str, messages: &Value) -> (u64, u64) {
         usage["prompt_tokens_details"]["cached_tokens"]
             .as_u64()
             .unwrap(),
+        r["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string(),
     )
 }
 
+/// `(prompt_tokens, cached_tokens)` of a one-token chat completion.
+async fn chat(base: &str, messages: &Value) -> (u64, u64) {
+    let (prompt, cached, _) = chat_n(base, messages, 1).await;
+    (prompt, cached)
+}
+
+/// The number of leading equal blocks of two token sequences.
+fn shared_blocks(a: &[u64], b: &[u64], bt: usize) -> usize {
+    a.chunks_exact(bt)
+        .zip(b.chunks_exact(bt))
+        .take_while(|(x, y)| x == y)
+        .count()
+}
+
+/// A conversation turn as the cache holds it: the tokens of its prompt then of its answer, and
+/// the hashes of their full blocks.
+struct Turn {
+    tokens: Vec<u64>,
+    hashes: Vec<u64>,
+}
+
 #[tokio::test]
-async fn requests_evictions_and_resets_are_published_in_vllm_layout() {
+async fn requests_answers_evictions_and_resets_are_published_in_vllm_layout() {
     let bt = 4;
     let (base, engine) = sim(
         EngineConfig {
             block_tokens: bt,
-            kv_blocks: 16,
+            kv_blocks: 24,
             ..fast()
         },
         false,
     )
     .await;
     let mut sub = Sub::ready(&base, &engine).await;
-    let bt = bt as u64;
+    let mut stored = 0;
 
-    // A first conversation: its full blocks, no parent, the tokens /tokenize gives.
+    // A first conversation: its full blocks, no parent, the tokens /tokenize gives; then the
+    // blocks its answer fills, chained after them.
     let first = json!([{"role": "user", "content": "alpha beta gamma"}]);
     let t1 = tokenize(&base, json!({"model": "m", "messages": first, "add_generation_prompt": true, "add_special_tokens": false})).await;
-    assert_eq!(chat(&base, &first).await, (t1.len() as u64, 0));
-    let n1 = t1.len() / bt as usize;
+    let (prompt, cached, answer) = chat_n(&base, &first, 6).await;
+    assert_eq!((prompt, cached), (t1.len() as u64, 0));
+    let n1 = t1.len() / bt;
     let (_, events) = sub.next().await;
     let [
         Ev::Stored {
@@ -258,27 +285,46 @@ async fn requests_evictions_and_resets_are_published_in_vllm_layout() {
     else {
         panic!("{events:?}");
     };
-    assert_eq!((h1.len(), *block_size), (n1, bt));
-    assert_eq!(token_ids, &t1[..n1 * bt as usize]);
+    assert_eq!((h1.len(), *block_size), (n1, bt as u64));
+    assert_eq!(token_ids, &t1[..n1 * bt]);
+    let continuation = format!("<|im_start|>assistant\n{answer}<|im_end|>");
+    let out = tokenize(&base, json!({"model": "m", "prompt": continuation})).await;
+    let all: Vec<u64> = t1.iter().chain(&out).copied().collect();
+    let full = all.len() / bt;
+    assert!(full > n1, "six words fill a block");
+    let (_, events) = sub.next().await;
+    let [
+        Ev::Stored {
+            hashes: ho,
+            parent: Some(parent),
+            token_ids,
+            ..
+        },
+    ] = events.as_slice()
+    else {
+        panic!("{events:?}");
+    };
+    assert_eq!((*parent, ho.len()), (h1[n1 - 1], full - n1));
+    assert_eq!(token_ids, &all[n1 * bt..full * bt]);
+    let turn1 = Turn {
+        tokens: all,
+        hashes: h1.iter().chain(ho).copied().collect(),
+    };
+    stored += turn1.hashes.len();
 
-    // Its continuation: only the new blocks, chained to the last shared one.
+    // Its continuation re-sends the answer: it hits the answer's blocks too, and stores only
+    // what follows, chained to the last shared block.
     let second = json!([
         {"role": "user", "content": "alpha beta gamma"},
-        {"role": "assistant", "content": "delta"},
+        {"role": "assistant", "content": answer},
         {"role": "user", "content": "epsilon"}
     ]);
     let t2 = tokenize(&base, json!({"model": "m", "messages": second})).await;
-    let shared = t1
-        .chunks_exact(bt as usize)
-        .zip(t2.chunks(bt as usize))
-        .take_while(|(a, b)| a == b)
-        .count();
-    assert!(shared > 0);
-    assert_eq!(
-        chat(&base, &second).await,
-        (t2.len() as u64, shared as u64 * bt)
-    );
-    let n2 = t2.len() / bt as usize;
+    let shared = shared_blocks(&turn1.tokens, &t2, bt);
+    assert!(shared > n1, "the answer's blocks are hit");
+    let (prompt, cached) = chat(&base, &second).await;
+    assert_eq!((prompt, cached), (t2.len() as u64, (shared * bt) as u64));
+    let n2 = t2.len() / bt;
     let (_, events) = sub.next().await;
     let [
         Ev::Stored {
@@ -291,12 +337,17 @@ async fn requests_evictions_and_resets_are_published_in_vllm_layout() {
     else {
         panic!("{events:?}");
     };
-    assert_eq!(*parent, h1[shared - 1]);
+    assert_eq!(*parent, turn1.hashes[shared - 1]);
     assert_eq!(h2.len(), n2 - shared);
-    assert_eq!(token_ids, &t2[shared * bt as usize..n2 * bt as usize]);
+    assert_eq!(token_ids, &t2[shared * bt..n2 * bt]);
+    stored += h2.len();
 
-    // An unrelated prompt that needs more blocks than are free evicts the oldest ones.
-    let long = "one two three four five six seven eight nine ten ".repeat(5);
+    // An unrelated prompt that needs more blocks than are free evicts the block freed first.
+    let long = "one two three four five six seven eight nine ten ".repeat(7);
+    let n3 = tokenize(&base, json!({"model": "m", "prompt": long}))
+        .await
+        .len()
+        / bt;
     let body = json!({"model": "m", "prompt": long, "max_tokens": 1});
     assert_eq!(
         post(&format!("{base}/v1/completions"), &body)
@@ -304,25 +355,36 @@ async fn requests_evictions_and_resets_are_published_in_vllm_layout() {
             .status(),
         200
     );
-    let n3 = tokenize(&base, json!({"model": "m", "prompt": long}))
-        .await
-        .len()
-        / bt as usize;
-    let cached = n1 + n2 - shared;
-    assert!(n3 <= 16 && cached + n3 > 16, "n1 {n1} n2 {n2} n3 {n3}");
-    let (_, events) = sub.next().await;
-    let (removed, stored) = events.split_at(cached + n3 - 16);
-    let ours: Vec<u64> = h1.iter().chain(h2).copied().collect();
+    let mut batch = sub.next().await.1;
+    if let [
+        Ev::Stored {
+            parent: Some(p),
+            hashes,
+            ..
+        },
+    ] = batch.as_slice()
+        && h2.last() == Some(p)
+    {
+        // The blocks the second answer filled.
+        stored += hashes.len();
+        batch = sub.next().await.1;
+    }
+    assert!(n3 <= 24 && stored + n3 > 24, "stored {stored}, n3 {n3}");
+    let (removed, rest) = batch.split_at(stored + n3 - 24);
+    let ours: Vec<u64> = turn1.hashes.iter().chain(h2).copied().collect();
     for e in removed {
         let Ev::Removed(h) = e else {
-            panic!("{events:?}")
+            panic!("{batch:?}")
         };
-        assert!(h.len() == 1 && ours.contains(&h[0]), "{events:?}");
+        assert!(h.len() == 1 && ours.contains(&h[0]), "{batch:?}");
     }
-    // The block freed first goes first: the first request's first one the second did not reuse.
-    let oldest = if shared < n1 { h1[shared] } else { h1[0] };
+    let oldest = turn1.hashes[if shared < turn1.hashes.len() {
+        shared
+    } else {
+        0
+    }];
     assert_eq!(removed[0], Ev::Removed(vec![oldest]));
-    assert!(matches!(stored, [Ev::Stored { hashes, parent: None, .. }] if hashes.len() == n3));
+    assert!(matches!(rest, [Ev::Stored { hashes, parent: None, .. }] if hashes.len() == n3));
 
     let r = reqwest::Client::new()
         .post(format!("{base}/reset_prefix_cache"))
@@ -330,7 +392,17 @@ async fn requests_evictions_and_resets_are_published_in_vllm_layout() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    assert_eq!(sub.next().await.1, [Ev::Cleared]);
+    // After what the long answer may have stored, the reset.
+    loop {
+        let (_, events) = sub.next().await;
+        if events == [Ev::Cleared] {
+            break;
+        }
+        assert!(
+            events.iter().all(|e| !matches!(e, Ev::Cleared)),
+            "{events:?}"
+        );
+    }
     // Nothing is cached any more.
     assert_eq!(chat(&base, &first).await.1, 0);
 }
