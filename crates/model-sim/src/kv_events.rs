@@ -23,7 +23,9 @@
 //!
 //! The engine hands batches over a queue of `max_queue_size` and never waits: a full queue drops
 //! the batch (counted, logged). `hwm` is accepted and not applied (the `zeromq` crate fixes its
-//! own queue). Unknown keys are refused, as vLLM's pydantic config (`extra="forbid"`) does.
+//! own queue). Unknown keys are refused: a misspelt `enable_kv_cache_events` must not leave
+//! events silently off (vLLM validates the flag with pydantic; whether it refuses extra keys
+//! depends on its version's config decorator, not confirmed here).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
