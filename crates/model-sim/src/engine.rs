@@ -10,6 +10,9 @@
 //! to the cache like any other; its tokens the cache lacked cost `kv_transfer_per_token` each
 //! (divided by `time_scale`, not slowed by the batch) instead of `prefill_per_token`, and are
 //! counted in the external counters, not in `prefix_cache_{queries,hits}`.
+//!
+//! With `kv_events` on ([`Engine::start`]) every change the cache makes is published, one batch
+//! per admission or reset, in the cache's order ([`crate::kv_events`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +22,7 @@ use prometheus::{Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, Opts, Re
 use tokio::sync::Semaphore;
 
 use crate::kv_cache::{Admission, KvCache};
+use crate::kv_events::{KvEventPublisher, KvEventsConfig};
 use crate::pd::{PdConfig, PdMetrics};
 
 /// Which engine's metric names to expose.
@@ -41,6 +45,10 @@ pub struct EngineConfig {
     pub time_scale: f64,
     /// PD role and KV transfer ([`crate::pd`]); the default is no role.
     pub pd: PdConfig,
+    /// vLLM's `--kv-events-config`; publishing needs [`Engine::start`].
+    pub kv_events: KvEventsConfig,
+    /// `false`: vLLM's `--no-enable-prefix-caching`.
+    pub prefix_caching: bool,
 }
 
 impl Default for EngineConfig {
@@ -55,6 +63,8 @@ impl Default for EngineConfig {
             inter_token_latency: Duration::from_millis(12),
             time_scale: 1.0,
             pd: PdConfig::default(),
+            kv_events: KvEventsConfig::default(),
+            prefix_caching: true,
         }
     }
 }
@@ -117,7 +127,7 @@ impl EngineMetrics {
         info.with_label_values(&[
             c.block_tokens.to_string().as_str(),
             "auto",
-            "True",
+            if c.prefix_caching { "True" } else { "False" },
             "0.9",
             "0",
             c.kv_blocks.to_string().as_str(),
@@ -192,6 +202,7 @@ pub struct Engine {
     slots: Arc<Semaphore>,
     metrics: EngineMetrics,
     pd: Option<PdMetrics>,
+    events: Option<KvEventPublisher>,
     pub registry: Registry,
 }
 
@@ -241,6 +252,20 @@ impl Running {
         self.engine.scaled(self.engine.config.inter_token_latency)
     }
 
+    /// Caches the blocks `output` fills after `prompt` ([`KvCache::admit_output`]), held until
+    /// the request ends.
+    pub fn hold_output(&mut self, model: &str, prompt: &str, output: &str) {
+        let mut kv = self.engine.kv.lock();
+        kv.admit_output(
+            model,
+            prompt.as_bytes(),
+            output.as_bytes(),
+            &mut self.admission,
+        );
+        self.engine.metrics.kv_usage.set(kv.usage());
+        self.engine.publish(&mut kv);
+    }
+
     pub fn observe_ttft(&self, d: Duration) {
         self.engine.metrics.ttft.observe(d.as_secs_f64());
     }
@@ -271,18 +296,47 @@ impl Drop for Running {
         let mut kv = self.engine.kv.lock();
         kv.release(&self.admission.pinned);
         self.engine.metrics.kv_usage.set(kv.usage());
+        self.engine.publish(&mut kv);
         self.engine.metrics.running.dec();
     }
 }
 
 impl Engine {
+    /// An engine that publishes no KV events (panics if `config.kv_events` asks for them: use
+    /// [`Engine::start`]).
     pub fn new(config: EngineConfig) -> Engine {
+        assert!(
+            !config.kv_events.publishes(),
+            "an engine publishing KV events is built by Engine::start"
+        );
+        Engine::with_publisher(config, None)
+    }
+
+    /// An engine, with its KV event publisher bound when `config.kv_events` enables one.
+    pub async fn start(config: EngineConfig) -> anyhow::Result<Engine> {
+        let publisher = if config.kv_events.publishes() {
+            Some(KvEventPublisher::start(&config.kv_events, config.block_tokens).await?)
+        } else {
+            None
+        };
+        Ok(Engine::with_publisher(config, publisher))
+    }
+
+    fn with_publisher(config: EngineConfig, events: Option<KvEventPublisher>) -> Engine {
         let registry = Registry::new();
         let metrics = EngineMetrics::register(&registry, &config);
         let pd = PdMetrics::register(&registry, &config.pd);
+        let mut kv = KvCache::new(config.block_tokens, config.kv_blocks);
+        if events.is_some() {
+            kv = kv.record_events();
+        }
+        if !config.prefix_caching {
+            kv = kv.without_prefix_caching();
+        }
         Engine {
             pd,
-            kv: Mutex::new(KvCache::new(config.block_tokens, config.kv_blocks)),
+            events,
+            kv: Mutex::new(kv),
             slots: Arc::new(Semaphore::new(config.max_num_seqs.max(1))),
             metrics,
             registry,
@@ -292,6 +346,27 @@ impl Engine {
 
     pub fn config(&self) -> &EngineConfig {
         &self.config
+    }
+
+    /// The running KV event publisher, if any (its bound endpoints).
+    pub fn kv_events(&self) -> Option<&KvEventPublisher> {
+        self.events.as_ref()
+    }
+
+    /// vLLM's `reset_prefix_cache`: drops every cached block, unless a request is running
+    /// (then `false`, nothing changes).
+    pub fn reset_prefix_cache(&self) -> bool {
+        let mut kv = self.kv.lock();
+        let done = kv.reset();
+        self.publish(&mut kv);
+        done
+    }
+
+    /// Publishes what the cache logged; called under its lock, so batches keep its order.
+    fn publish(&self, kv: &mut KvCache) {
+        if let Some(p) = &self.events {
+            p.publish(kv.take_events());
+        }
     }
 
     /// A decode sim's PD metrics (`None` for any other sim).
@@ -326,6 +401,7 @@ impl Engine {
             let mut kv = self.kv.lock();
             let a = kv.admit(model, prompt);
             self.metrics.kv_usage.set(kv.usage());
+            self.publish(&mut kv);
             a
         };
         let cached = admission.cached_tokens as u64;

@@ -4,6 +4,7 @@
 
 pub mod engine;
 pub mod kv_cache;
+pub mod kv_events;
 pub mod pd;
 pub mod server;
 #[cfg(test)]

@@ -6,6 +6,7 @@ use std::time::Duration;
 use axum::serve::ListenerExt;
 use clap::Parser;
 use model_sim::engine::{Engine, EngineConfig, EngineKind};
+use model_sim::kv_events::KvEventsConfig;
 use model_sim::pd::{self, PdConfig, Role};
 use model_sim::server::{SimConfig, app};
 
@@ -64,6 +65,20 @@ struct Args {
     /// The longest a decode sim waits for its prefill peer (wall clock, not scaled), ms.
     #[arg(long, default_value_t = pd::DEFAULT_PREFILL_TIMEOUT.as_millis() as u64)]
     prefill_timeout_ms: u64,
+    /// vLLM's KVEventsConfig as JSON, e.g. `{"enable_kv_cache_events": true, "publisher":
+    /// "zmq", "endpoint": "tcp://*:5557", "topic": "kv-events"}`.
+    #[arg(long, value_parser = parse_kv_events)]
+    kv_events_config: Option<KvEventsConfig>,
+    /// Prefix caching on (the default).
+    #[arg(long, overrides_with = "no_enable_prefix_caching")]
+    enable_prefix_caching: bool,
+    /// vLLM's switch: never reuse the cache (cached_tokens always 0, no BlockStored events).
+    #[arg(long, overrides_with = "enable_prefix_caching")]
+    no_enable_prefix_caching: bool,
+}
+
+fn parse_kv_events(json: &str) -> Result<KvEventsConfig, String> {
+    KvEventsConfig::from_json(json).map_err(|e| format!("invalid KVEventsConfig: {e}"))
 }
 
 fn ms(v: f64) -> Duration {
@@ -79,21 +94,35 @@ async fn main() -> anyhow::Result<()> {
         "--time-scale must be > 0, got {}",
         a.time_scale
     );
-    let engine = Arc::new(Engine::new(EngineConfig {
-        kind: a.engine,
-        block_tokens: a.block_size.max(1),
-        kv_blocks: a.kv_blocks,
-        max_num_seqs: a.max_num_seqs.max(1),
-        overhead: ms(a.overhead_ms),
-        prefill_per_token: ms(a.prefill_ms_per_token),
-        inter_token_latency: ms(a.itl_ms),
-        time_scale: a.time_scale,
-        pd: PdConfig {
-            role: a.role,
-            kv_transfer_per_token: ms(a.kv_transfer_us_per_token / 1000.0),
-            prefill_timeout: Duration::from_millis(a.prefill_timeout_ms),
-        },
-    }));
+    let engine = Arc::new(
+        Engine::start(EngineConfig {
+            kind: a.engine,
+            block_tokens: a.block_size.max(1),
+            kv_blocks: a.kv_blocks,
+            max_num_seqs: a.max_num_seqs.max(1),
+            overhead: ms(a.overhead_ms),
+            prefill_per_token: ms(a.prefill_ms_per_token),
+            inter_token_latency: ms(a.itl_ms),
+            time_scale: a.time_scale,
+            pd: PdConfig {
+                role: a.role,
+                kv_transfer_per_token: ms(a.kv_transfer_us_per_token / 1000.0),
+                prefill_timeout: Duration::from_millis(a.prefill_timeout_ms),
+            },
+            kv_events: a.kv_events_config.unwrap_or_default(),
+            prefix_caching: !a.no_enable_prefix_caching,
+        })
+        .await?,
+    );
+    if let Some(p) = engine.kv_events() {
+        // Not on stdout: its first line is the HTTP address, which scripts read.
+        eprintln!(
+            "model-sim {} publishing KV events on {} (replay: {})",
+            a.name,
+            p.endpoint(),
+            p.replay_endpoint().unwrap_or("none")
+        );
+    }
     let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port)).await?;
     println!(
         "model-sim {} listening on {}",

@@ -1,5 +1,6 @@
 //! The simulator's HTTP surface: OpenAI-style `POST /v1/completions`, `/v1/chat/completions`,
-//! `/v1/responses` (JSON, or SSE with `"stream": true`), `GET /health`, `/v1/models`, `/metrics`.
+//! `/v1/responses` (JSON, or SSE with `"stream": true`), `GET /health`, `/v1/models`, `/metrics`,
+//! `POST /tokenize` (vLLM's or SGLang's shape) and vLLM's `POST /reset_prefix_cache`.
 //!
 //! Prompts are rendered with the router's own renderer. Output length = `max_tokens`
 //! (`max_completion_tokens`, `max_output_tokens`) or the default; output text is words drawn
@@ -25,7 +26,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
-use crate::engine::{Engine, Running, pause};
+use crate::engine::{Engine, EngineKind, Running, pause};
 use crate::pd::{self, Outcome, Role};
 use prefix_picker::request::{Api, InferenceRequest};
 
@@ -81,6 +82,11 @@ pub fn app(config: SimConfig, engine: Arc<Engine>) -> Http {
         .route("/v1/completions/render", axum::routing::post(render))
         .route("/v1/responses/render", axum::routing::post(render))
         .route("/tokenize", axum::routing::post(tokenize))
+        .route("/v1/tokenize", axum::routing::post(tokenize))
+        .route(
+            "/reset_prefix_cache",
+            axum::routing::post(reset_prefix_cache),
+        )
         .fallback(infer)
         .layer(axum::extract::DefaultBodyLimit::max(64 << 20))
         .with_state(sim)
@@ -126,15 +132,96 @@ async fn render(body: Bytes) -> Response {
     }
 }
 
-/// vLLM's `/tokenize`: `{"count", "max_model_len", "tokens"}`.
-async fn tokenize(body: Bytes) -> Response {
-    match InferenceRequest::parse(&body) {
-        Ok(r) => {
-            let tokens = token_ids(r.prompt.as_deref().unwrap_or(""));
-            axum::Json(json!({"count": tokens.len(), "max_model_len": 131_072, "tokens": tokens}))
-                .into_response()
+#[cfg(test)]
+mod tests;
+
+/// The context length `/tokenize` reports (`max_model_len`).
+pub const MAX_MODEL_LEN: usize = 131_072;
+
+/// vLLM's `POST /tokenize` (`TokenizeCompletionRequest` `{model?, prompt, add_special_tokens?,
+/// return_token_strs?}` or `TokenizeChatRequest` `{model?, messages, add_generation_prompt?,
+/// tools?, ...}`) -> `{"count", "max_model_len", "tokens", "token_strs"}`; SGLang's (`--engine
+/// sglang`, also `/v1/tokenize`: `prompt` a string or a list of them) -> `{"tokens", "count",
+/// "max_model_len"}`. Messages render as for a chat completion, so the tokens are exactly those
+/// the cache hashes for it; the sim's template adds no generation prompt and its tokenizer no
+/// special tokens, so those flags change nothing.
+async fn tokenize(State(s): State<Sim>, body: Bytes) -> Response {
+    let Ok(Value::Object(mut fields)) = prefix_picker::lenient_json::parse_value(&body) else {
+        return error(StatusCode::BAD_REQUEST, "body must be a JSON object".into());
+    };
+    match (fields.get("model"), &s.config.model) {
+        (Some(Value::String(m)), Some(served)) if m != served => {
+            return error(
+                StatusCode::NOT_FOUND,
+                format!("The model `{m}` does not exist."),
+            );
         }
-        Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
+        (None | Some(Value::Null), served) => {
+            let model = served.clone().unwrap_or_else(|| "any".into());
+            fields.insert("model".into(), Value::String(model));
+        }
+        _ => {}
+    }
+    let sglang = s.engine.config().kind == EngineKind::Sglang;
+    let ids = |text: &str| token_ids(text);
+    if sglang && let Some(Value::Array(prompts)) = fields.get("prompt") {
+        let Some(prompts) = prompts
+            .iter()
+            .map(Value::as_str)
+            .collect::<Option<Vec<_>>>()
+        else {
+            return error(StatusCode::BAD_REQUEST, "`prompt` must be strings".into());
+        };
+        let tokens: Vec<Vec<u32>> = prompts.into_iter().map(ids).collect();
+        let count: Vec<usize> = tokens.iter().map(Vec::len).collect();
+        return axum::Json(
+            json!({"tokens": tokens, "count": count, "max_model_len": MAX_MODEL_LEN}),
+        )
+        .into_response();
+    }
+    if !matches!(fields.get("prompt"), Some(Value::String(_))) && !fields.contains_key("messages") {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "a string `prompt` or a list of `messages` is required".into(),
+        );
+    }
+    let want_strs = fields.get("return_token_strs") == Some(&Value::Bool(true));
+    let body = serde_json::to_vec(&fields).expect("a JSON map serializes");
+    let prompt = match InferenceRequest::parse(&body) {
+        Ok(r) => match r.prompt {
+            Ok(p) => p,
+            Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+        },
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    let tokens = ids(&prompt);
+    if sglang {
+        return axum::Json(
+            json!({"tokens": tokens, "count": tokens.len(), "max_model_len": MAX_MODEL_LEN}),
+        )
+        .into_response();
+    }
+    let strs = want_strs.then(|| {
+        crate::tokenizer::tokenize(prompt.as_bytes())
+            .into_iter()
+            .map(|r| String::from_utf8_lossy(&prompt.as_bytes()[r]).into_owned())
+            .collect::<Vec<_>>()
+    });
+    axum::Json(json!({"count": tokens.len(), "max_model_len": MAX_MODEL_LEN, "tokens": tokens, "token_strs": strs}))
+        .into_response()
+}
+
+/// vLLM's `POST /reset_prefix_cache` (a dev-mode endpoint there): drops every cached block and
+/// publishes `AllBlocksCleared`. While a request runs nothing changes and it answers 409 (vLLM
+/// logs the failure and answers 200).
+async fn reset_prefix_cache(State(s): State<Sim>) -> Response {
+    if s.engine.reset_prefix_cache() {
+        StatusCode::OK.into_response()
+    } else {
+        error(
+            StatusCode::CONFLICT,
+            "prefix cache not reset: some blocks are still in use by running requests".into(),
+        )
     }
 }
 
@@ -226,7 +313,10 @@ async fn infer(State(s): State<Sim>, uri: Uri, headers: HeaderMap, body: Bytes) 
         Err(answer) => return answer,
     };
     let n = s.requests.fetch_add(1, Ordering::Relaxed);
-    let rng = SmallRng::seed_from_u64(s.config.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut rng = SmallRng::seed_from_u64(s.config.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let words = (0..n_out)
+        .map(|_| WORDS[rng.random_range(0..WORDS.len())])
+        .collect();
     // A decode engine's clock starts when the request reaches it, after the remote prefill.
     let started = Instant::now();
     let running = if prefilled.is_some() {
@@ -241,7 +331,8 @@ async fn infer(State(s): State<Sim>, uri: Uri, headers: HeaderMap, body: Bytes) 
         model: request.model.clone(),
         id: format!("sim-{}-{n}", s.config.name),
         running,
-        rng,
+        prompt: prompt.to_string(),
+        words,
         n_out,
         include_usage,
         started,
@@ -272,15 +363,36 @@ struct Generation {
     model: String,
     id: String,
     running: Running,
-    rng: SmallRng,
+    /// The rendered prompt, which the output's cached blocks continue.
+    prompt: String,
+    /// The output, one word per output token.
+    words: Vec<&'static str>,
     n_out: usize,
     include_usage: bool,
     started: Instant,
 }
 
 impl Generation {
-    fn word(&mut self) -> &'static str {
-        WORDS[self.rng.random_range(0..WORDS.len())]
+    fn text(&self) -> String {
+        self.words.join(" ")
+    }
+
+    /// Once the first token is out, the output's blocks are taken, held until the request
+    /// ends and then left cached, as an engine does while it decodes (here all at once): a
+    /// follow-up that re-sends the answer can hit them, and long answers churn the cache. A
+    /// chat or Responses answer continues the prompt as its next turn renders it (the rendered
+    /// prompt has no generation prompt: the assistant header is part of the continuation); a
+    /// completion, with the text alone.
+    fn hold_output(&mut self) {
+        let text = self.text();
+        let continuation = match self.api {
+            Api::Completions => text,
+            Api::ChatCompletions | Api::Responses => {
+                format!("<|im_start|>assistant\n{text}<|im_end|>")
+            }
+        };
+        self.running
+            .hold_output(&self.model, &self.prompt, &continuation);
     }
 
     fn usage(&self) -> Value {
@@ -301,13 +413,13 @@ impl Generation {
         let ttft = self.running.ttft();
         pause(ttft).await;
         self.running.observe_ttft(self.started.elapsed());
+        self.hold_output();
         let itl = self.running.inter_token();
         pause(itl * (self.n_out as u32 - 1)).await;
         for _ in 1..self.n_out {
             self.running.observe_itl(itl);
         }
-        let text: Vec<&str> = (0..self.n_out).map(|_| self.word()).collect();
-        let text = text.join(" ");
+        let text = self.text();
         let usage = self.usage();
         let (id, model) = (&self.id, &self.model);
         match self.api {
@@ -373,12 +485,13 @@ impl Generation {
             if i == 0 {
                 pause(g.running.ttft()).await;
                 g.running.observe_ttft(g.started.elapsed());
+                g.hold_output();
             } else {
                 let itl = g.running.inter_token();
                 pause(itl).await;
                 g.running.observe_itl(itl);
             }
-            let word = g.word();
+            let word = g.words[i];
             let text = if i == 0 {
                 word.to_string()
             } else {

@@ -77,3 +77,46 @@ async fn pd_roles_from_the_command_line() {
         assert!(metrics.contains(&line), "{metrics}");
     }
 }
+
+/// vLLM's flags: `--no-enable-prefix-caching` never reuses the cache; `--kv-events-config` takes
+/// vLLM's JSON and refuses keys it does not know, as vLLM does.
+#[tokio::test]
+async fn vllm_cache_flags_from_the_command_line() {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_model-sim"));
+    let events = r#"{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:0", "replay_endpoint": "tcp://*:0", "topic": "kv"}"#;
+    let args = [
+        "--time-scale",
+        "1000",
+        "--no-enable-prefix-caching",
+        "--kv-events-config",
+        events,
+    ]
+    .map(String::from);
+    let sim = testkit::start_sim(bin, "sim-0", &args).unwrap();
+    let client = reqwest::Client::new();
+    let body = serde_json::json!({"model": "m", "prompt": "hello ".repeat(200), "max_tokens": 1});
+    for _ in 0..2 {
+        let r: serde_json::Value = client
+            .post(format!("http://{}/v1/completions", sim.addr))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(r["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    }
+    let bad = std::process::Command::new(bin)
+        .args([
+            "--port",
+            "0",
+            "--kv-events-config",
+            r#"{"enable_kv_cache_event": true}"#,
+        ])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(stderr.contains("unknown field"), "{stderr}");
+}
