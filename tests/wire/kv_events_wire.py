@@ -17,6 +17,8 @@ Usage:
       each with `ok`:
         pub SEQ                  publish batch SEQ (MAP layout) and keep it for replay
         lose SEQ                 keep batch SEQ for replay without publishing it
+        restart                  close the publisher and bind it again on the same port,
+                                 forgetting what it held for replay
         raw FRAME...             publish raw frames, each hex (`-` for an empty frame)
         quit
 The publisher is an XPUB socket only so that the test can see its subscription arrive (no
@@ -25,6 +27,7 @@ handler is vLLM's `_service_replay`.
 """
 
 import sys
+import time
 
 import msgspec
 import zmq
@@ -261,6 +264,25 @@ def publish(topic: str):
                 buffer.append((seq, payload))
                 if cmd == "pub":
                     pub.send_multipart((topic_bytes, seq.to_bytes(8, "big"), payload))
+            elif cmd == "restart":
+                # A new publisher process, as the subscriber sees it: the connection drops, the
+                # same port accepts again, nothing is held for replay.
+                port = pub.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1]
+                poller.unregister(pub)
+                pub.close(linger=0)
+                pub = ctx.socket(zmq.XPUB)
+                pub.setsockopt(zmq.XPUB_VERBOSE, 1)
+                # libzmq closes the old listener on its I/O thread: poll until the port is free.
+                for attempt in range(500):
+                    try:
+                        pub.bind(f"tcp://127.0.0.1:{port}")
+                        break
+                    except zmq.ZMQError as e:
+                        if e.errno != zmq.EADDRINUSE or attempt == 499:
+                            raise
+                        time.sleep(0.01)
+                poller.register(pub, zmq.POLLIN)
+                buffer.clear()
             elif cmd == "raw":
                 pub.send_multipart([b"" if a == "-" else bytes.fromhex(a) for a in args])
             else:
