@@ -198,6 +198,7 @@ impl Subscriber {
             config: &self.config,
             stats: &self.stats,
             updates: &updates,
+            cancel: &cancel,
             seq: Sequence::default(),
             warned: Warned::default(),
         };
@@ -221,7 +222,7 @@ impl Subscriber {
                     if !state.send(Update::Connected).await {
                         return;
                     }
-                    match state.receive(socket, monitor, &cancel).await {
+                    match state.receive(socket, monitor).await {
                         End::Stop => return,
                         End::Lost => {
                             tracing::info!(endpoint = %self.config.endpoint, "KV events: connection lost");
@@ -327,6 +328,7 @@ struct State<'a> {
     config: &'a SubscriberConfig,
     stats: &'a SubscriberStats,
     updates: &'a mpsc::Sender<Update>,
+    cancel: &'a CancellationToken,
     seq: Sequence,
     warned: Warned,
 }
@@ -354,22 +356,26 @@ enum Refused {
 }
 
 impl<'a> State<'a> {
-    /// `false` when the consumer is gone.
+    /// `false` when the consumer is gone or the subscriber is cancelled (a consumer that stops
+    /// reading never holds up shutdown).
     async fn send(&self, update: Update) -> bool {
         if let Update::Reset { reason } = &update {
             self.stats.resets.fetch_add(1, Relaxed);
             tracing::warn!(endpoint = %self.config.endpoint, reason = %reason,
                 "KV events: the pod's view is reset");
         }
-        self.updates.send(update).await.is_ok()
+        tokio::select! {
+            _ = self.cancel.cancelled() => false,
+            sent = self.updates.send(update) => sent.is_ok(),
+        }
     }
 
     async fn receive(
         &mut self,
         mut socket: SubSocket,
         mut monitor: impl Stream<Item = SocketEvent> + Unpin,
-        cancel: &CancellationToken,
     ) -> End {
+        let cancel = self.cancel;
         loop {
             let message = tokio::select! {
                 biased;
@@ -384,7 +390,12 @@ impl<'a> State<'a> {
                 },
             };
             self.stats.received.fetch_add(1, Relaxed);
-            if !self.on_message(&message).await {
+            // A replay takes up to REPLAY_TIMEOUT: cancellation must not wait for it.
+            let handled = tokio::select! {
+                _ = cancel.cancelled() => false,
+                handled = self.on_message(&message) => handled,
+            };
+            if !handled {
                 return End::Stop;
             }
         }

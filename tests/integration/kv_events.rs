@@ -21,16 +21,16 @@ use crate::harness::{DEADLINE, root};
 
 /// The Python of `.venv-wire` (`$WIRE_PYTHON` first).
 fn wire_python() -> PathBuf {
-    if let Ok(p) = std::env::var("WIRE_PYTHON") {
-        return PathBuf::from(p);
-    }
-    let venv = root().join(".venv-wire/bin/python");
+    let python = std::env::var_os("WIRE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".venv-wire/bin/python"));
     assert!(
-        venv.exists(),
-        "{} missing: run scripts/test (it installs tests/wire/requirements.txt) or set WIRE_PYTHON",
-        venv.display()
+        python.exists(),
+        "{} missing: run scripts/test (it installs tests/wire/requirements.txt into .venv-wire \
+         and sets WIRE_PYTHON)",
+        python.display()
     );
-    venv
+    python
 }
 
 fn script() -> PathBuf {
