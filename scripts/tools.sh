@@ -30,6 +30,23 @@ ensure_deploy_tools() {
   "$DEPLOY_PYTHON" -c "import helm_python, kubernetes_validate, cloudcoil.models.istio, check_jsonschema"
 }
 
+# Installs tests/wire/requirements.txt (msgspec and pyzmq: the independent KV-event encoder and
+# publisher, tests/wire/kv_events_wire.py) into .venv-wire (again when the requirements change)
+# and exports WIRE_PYTHON. Fails when installing fails.
+ensure_wire_tools() {
+  local stamp=.venv-wire/requirements.txt
+  if [ ! -x .venv-wire/bin/python ] || ! cmp -s tests/wire/requirements.txt "$stamp"; then
+    echo "installing tests/wire/requirements.txt into .venv-wire" >&2
+    rm -rf .venv-wire
+    python3 -m venv .venv-wire
+    .venv-wire/bin/pip install --quiet --disable-pip-version-check -r tests/wire/requirements.txt
+    cp tests/wire/requirements.txt "$stamp"
+  fi
+  WIRE_PYTHON="$PWD/.venv-wire/bin/python"
+  export WIRE_PYTHON
+  "$WIRE_PYTHON" -c "import msgspec, zmq"
+}
+
 # Installs Debian packages with apt-get (as root, or through sudo). Fails when neither is there.
 apt_install() {
   echo "installing $* (apt)" >&2

@@ -4,6 +4,7 @@
 //!   metrics, logs, the CLI, GIE's shape, replica sync);
 //! - [`deploy`]: `deploy/`, the gateway examples, monitoring and the images, without a cluster;
 //! - [`kube_discovery`]: Kubernetes discovery against an in-process fake API server;
+//! - [`kv_events`]: the engines' KV-event subscriber against a msgspec/pyzmq publisher;
 //! - [`docs`]: the documentation's relative links;
 //! - [`soak`]: pod churn under load (a short smoke by default; the full run is ignored, see
 //!   `scripts/soak`).
@@ -13,4 +14,5 @@ mod docs;
 mod e2e;
 mod harness;
 mod kube_discovery;
+mod kv_events;
 mod soak;

@@ -1,0 +1,626 @@
+//! One pod's event stream: a ZeroMQ SUB socket on the engine's publisher, the sequence tracked,
+//! gaps filled through the replay endpoint, the result as [`Update`]s on a channel.
+//!
+//! - Connect: `tcp://host:port` (each attempt bounded by [`CONNECT_TIMEOUT`]), subscribe to the
+//!   configured topic (ZeroMQ filters by prefix, so a message whose topic frame is not exactly the
+//!   topic is dropped and counted). Failed attempts and lost connections are retried with capped
+//!   exponential backoff (100 ms doubling to 5 s, reset once connected). [`Update::Connected`]
+//!   and [`Update::Disconnected`] mark each connection.
+//! - Sequence: every message carries the publisher's counter. The first one is the baseline. The
+//!   next expected is last + 1; a larger one is a gap (messages the PUB socket dropped at its
+//!   high-water mark, or lost in transit): the missing batches are asked from the replay endpoint
+//!   and delivered, in order, before the one that revealed the gap. A smaller one means the
+//!   publisher restarted. A message that cannot be decoded does not advance the sequence, so the
+//!   next one shows a gap and replay gets a second chance at it.
+//! - Across a reconnect a gap is never replayed: a new connection may be a new publisher process
+//!   whose counter restarted and ran past ours, and its replay buffer would hold another life's
+//!   batches. Only `last + 1` continues; anything else resets.
+//! - Replay (vLLM's ROUTER handler): a DEALER sends `["", start_seq as 8-byte big-endian]`; the
+//!   publisher answers with `["", seq, payload]` for every buffered batch with `seq >= start`,
+//!   then `["", -1 as 8 bytes, ""]`. Only the gap is kept; the subscriber stops reading once it
+//!   has it, or at [`REPLAY_TIMEOUT`]. Gaps over [`MAX_REPLAY`] batches are not asked for.
+//! - [`Update::Reset`] when a gap cannot be filled (no replay endpoint, replay incomplete, too
+//!   large, across a reconnect) or the sequence went back: the consumer drops everything it knows
+//!   of the pod; the batches that follow describe only what the engine does from then on.
+//!
+//! Bad input (wrong topic, wrong frames, garbage, a batch over the [`Limits`]) is counted in
+//! [`SubscriberStats`] and warned about once per cause, never fatal.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::{Stream, StreamExt};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use zeromq::{
+    DealerSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage,
+};
+
+use super::event::{EventBatch, Limits, decode_batch};
+use crate::sync::connection::Backoff;
+
+/// How long one connection attempt (TCP and the ZeroMQ handshake) may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a replay may take, from connecting to the last batch of the gap.
+pub const REPLAY_TIMEOUT: Duration = Duration::from_secs(5);
+/// The largest gap asked for: vLLM's default replay buffer (`buffer_steps`).
+pub const MAX_REPLAY: u64 = 10_000;
+/// vLLM's end-of-replay marker: -1 as 8 big-endian bytes.
+const END_SEQ: [u8; 8] = [0xff; 8];
+
+/// Where one pod publishes (vLLM's `KVEventsConfig`, as seen from the router).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubscriberConfig {
+    /// The PUB socket, `tcp://host:port`.
+    pub endpoint: String,
+    /// The replay ROUTER socket, `tcp://host:port`; `None`: gaps always reset.
+    pub replay_endpoint: Option<String>,
+    /// The engine's `topic` (vLLM's default: empty).
+    pub topic: String,
+    pub limits: Limits,
+}
+
+/// What the subscriber tells its consumer, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Update {
+    /// Connected (again): batches follow.
+    Connected,
+    /// One batch, in sequence: a replayed one fills a gap before the batch that revealed it.
+    Batch { seq: u64, batch: EventBatch },
+    /// The view of this pod is lost: drop it; what follows starts from nothing.
+    Reset { reason: ResetReason },
+    /// The connection is lost; the view stays valid until a `Reset` says otherwise.
+    Disconnected,
+}
+
+/// Why a [`Update::Reset`] was sent. `expected..received` are the sequence numbers missed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetReason {
+    /// A gap and no replay endpoint configured.
+    NoReplayEndpoint { expected: u64, received: u64 },
+    /// A gap larger than [`MAX_REPLAY`].
+    GapTooLarge { expected: u64, received: u64 },
+    /// Replay failed or did not return every missing batch (or returned one that failed to
+    /// decode); `replayed` batches had arrived.
+    ReplayIncomplete {
+        expected: u64,
+        received: u64,
+        replayed: u64,
+    },
+    /// The first message after a reconnect was not the next one.
+    Reconnected { expected: u64, received: u64 },
+    /// The sequence went back: the publisher restarted.
+    PublisherRestarted { last: u64, received: u64 },
+}
+
+impl ResetReason {
+    /// A short stable name (a metric label).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ResetReason::NoReplayEndpoint { .. } => "no_replay_endpoint",
+            ResetReason::GapTooLarge { .. } => "gap_too_large",
+            ResetReason::ReplayIncomplete { .. } => "replay_incomplete",
+            ResetReason::Reconnected { .. } => "reconnected",
+            ResetReason::PublisherRestarted { .. } => "publisher_restarted",
+        }
+    }
+}
+
+impl fmt::Display for ResetReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            ResetReason::NoReplayEndpoint { expected, received } => write!(
+                f,
+                "missed batches {expected}..{received} and no replay endpoint"
+            ),
+            ResetReason::GapTooLarge { expected, received } => write!(
+                f,
+                "missed batches {expected}..{received}, more than {MAX_REPLAY} to replay"
+            ),
+            ResetReason::ReplayIncomplete {
+                expected,
+                received,
+                replayed,
+            } => write!(
+                f,
+                "missed batches {expected}..{received}; replay returned {replayed} of them"
+            ),
+            ResetReason::Reconnected { expected, received } => {
+                write!(f, "reconnected at batch {received}, expected {expected}")
+            }
+            ResetReason::PublisherRestarted { last, received } => write!(
+                f,
+                "sequence went back from {last} to {received}: the publisher restarted"
+            ),
+        }
+    }
+}
+
+/// Counters of one subscriber, plain atomics for the integrator to export.
+#[derive(Debug, Default)]
+pub struct SubscriberStats {
+    /// Messages received on the SUB socket (any topic, any shape).
+    pub received: AtomicU64,
+    /// Batches decoded and delivered (live and replayed).
+    pub decoded: AtomicU64,
+    /// Messages refused: wrong frames or a payload that did not decode (limits included).
+    pub decode_errors: AtomicU64,
+    /// Messages whose topic frame was not the configured topic.
+    pub wrong_topic: AtomicU64,
+    /// Events skipped for an unknown tag.
+    pub unknown_events: AtomicU64,
+    /// Gaps in the sequence seen.
+    pub gaps: AtomicU64,
+    /// Replay requests sent.
+    pub replays: AtomicU64,
+    /// Batches delivered from replay.
+    pub replayed_batches: AtomicU64,
+    /// `Reset`s sent.
+    pub resets: AtomicU64,
+    /// Connections established after the first.
+    pub reconnects: AtomicU64,
+    /// Now minus the last decoded batch's `ts`, in milliseconds (0 if the engine's clock is ahead).
+    pub last_lag_ms: AtomicU64,
+}
+
+/// One pod's subscriber. Run it in the caller's join set; [`Subscriber::stats`] before that.
+#[derive(Debug)]
+pub struct Subscriber {
+    config: SubscriberConfig,
+    stats: Arc<SubscriberStats>,
+}
+
+/// Why the receive loop of one connection ended.
+enum End {
+    /// Cancelled, or the consumer dropped its receiver.
+    Stop,
+    /// The connection broke.
+    Lost,
+}
+
+impl Subscriber {
+    pub fn new(config: SubscriberConfig) -> Subscriber {
+        Subscriber {
+            config,
+            stats: Arc::default(),
+        }
+    }
+
+    pub fn stats(&self) -> Arc<SubscriberStats> {
+        Arc::clone(&self.stats)
+    }
+
+    /// Subscribes until `cancel` (or until `updates` is closed), reconnecting with backoff.
+    pub async fn run(self, updates: mpsc::Sender<Update>, cancel: CancellationToken) {
+        let mut state = State {
+            config: &self.config,
+            stats: &self.stats,
+            updates: &updates,
+            cancel: &cancel,
+            seq: Sequence::default(),
+            warned: Warned::default(),
+        };
+        let mut backoff = Backoff::new();
+        let mut connected_before = false;
+        loop {
+            let connected = tokio::select! {
+                _ = cancel.cancelled() => return,
+                c = connect(&self.config) => c,
+            };
+            match connected {
+                Ok((socket, monitor)) => {
+                    if connected_before {
+                        self.stats.reconnects.fetch_add(1, Relaxed);
+                    }
+                    connected_before = true;
+                    backoff.reset();
+                    state.warned.connect = false;
+                    tracing::info!(endpoint = %self.config.endpoint, "KV events: connected");
+                    state.seq.reconnected();
+                    if !state.send(Update::Connected).await {
+                        return;
+                    }
+                    match state.receive(socket, monitor).await {
+                        End::Stop => return,
+                        End::Lost => {
+                            tracing::info!(endpoint = %self.config.endpoint, "KV events: connection lost");
+                            if !state.send(Update::Disconnected).await {
+                                return;
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    if !std::mem::replace(&mut state.warned.connect, true) {
+                        tracing::warn!(endpoint = %self.config.endpoint, error = %e,
+                            "KV events: cannot connect; retrying with backoff");
+                    }
+                }
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(backoff.next_delay()) => {}
+            }
+        }
+    }
+}
+
+/// A connected, subscribed socket and its event stream (to see the connection drop).
+async fn connect(
+    config: &SubscriberConfig,
+) -> Result<(SubSocket, impl Stream<Item = SocketEvent> + Unpin), String> {
+    let mut options = SocketOptions::default();
+    options.connect_timeout(CONNECT_TIMEOUT);
+    let mut socket = SubSocket::with_options(options);
+    let monitor = socket.monitor();
+    socket
+        .subscribe(&config.topic)
+        .await
+        .map_err(|e| e.to_string())?;
+    match tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(&config.endpoint)).await {
+        Ok(Ok(())) => Ok((socket, monitor)),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no connection within {CONNECT_TIMEOUT:?}")),
+    }
+}
+
+/// The sequence as delivered so far.
+#[derive(Debug, Default)]
+struct Sequence {
+    /// The last sequence number delivered.
+    last: Option<u64>,
+    /// No message yet on this connection.
+    fresh: bool,
+}
+
+/// What one sequence number means.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// The next one (or the first ever).
+    Next,
+    /// `expected..received` are missing; replayable.
+    Gap { expected: u64 },
+    /// Not deliverable in sequence: reset, then take this one as the baseline.
+    Reset(ResetReason),
+}
+
+impl Sequence {
+    fn reconnected(&mut self) {
+        self.fresh = true;
+    }
+
+    fn check(&self, received: u64) -> Verdict {
+        let Some(last) = self.last else {
+            return Verdict::Next;
+        };
+        let expected = last.wrapping_add(1);
+        if received == expected {
+            Verdict::Next
+        } else if received < expected {
+            Verdict::Reset(ResetReason::PublisherRestarted { last, received })
+        } else if self.fresh {
+            Verdict::Reset(ResetReason::Reconnected { expected, received })
+        } else {
+            Verdict::Gap { expected }
+        }
+    }
+
+    fn delivered(&mut self, seq: u64) {
+        self.last = Some(seq);
+        self.fresh = false;
+    }
+}
+
+/// Causes already warned about (once each per subscriber).
+#[derive(Debug, Default)]
+struct Warned {
+    connect: bool,
+    topic: bool,
+    frames: bool,
+    decode: bool,
+    unknown: bool,
+    replay: bool,
+}
+
+struct State<'a> {
+    config: &'a SubscriberConfig,
+    stats: &'a SubscriberStats,
+    updates: &'a mpsc::Sender<Update>,
+    cancel: &'a CancellationToken,
+    seq: Sequence,
+    warned: Warned,
+}
+
+/// A message's sequence number and payload, or why it is not one.
+fn split_message(message: &ZmqMessage, topic: &[u8]) -> Result<(u64, Vec<u8>), Refused> {
+    if message.len() != 3 {
+        return Err(Refused::Frames(message.len()));
+    }
+    let frame = |i| message.get(i).expect("three frames");
+    if frame(0).as_ref() != topic {
+        return Err(Refused::Topic);
+    }
+    let seq: [u8; 8] = frame(1)
+        .as_ref()
+        .try_into()
+        .map_err(|_| Refused::SeqFrame(frame(1).len()))?;
+    Ok((u64::from_be_bytes(seq), frame(2).to_vec()))
+}
+
+enum Refused {
+    Frames(usize),
+    Topic,
+    SeqFrame(usize),
+}
+
+impl<'a> State<'a> {
+    /// `false` when the consumer is gone or the subscriber is cancelled (a consumer that stops
+    /// reading never holds up shutdown).
+    async fn send(&self, update: Update) -> bool {
+        if let Update::Reset { reason } = &update {
+            self.stats.resets.fetch_add(1, Relaxed);
+            tracing::warn!(endpoint = %self.config.endpoint, reason = %reason,
+                "KV events: the pod's view is reset");
+        }
+        tokio::select! {
+            _ = self.cancel.cancelled() => false,
+            sent = self.updates.send(update) => sent.is_ok(),
+        }
+    }
+
+    async fn receive(
+        &mut self,
+        mut socket: SubSocket,
+        mut monitor: impl Stream<Item = SocketEvent> + Unpin,
+    ) -> End {
+        let cancel = self.cancel;
+        loop {
+            let message = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return End::Stop,
+                event = monitor.next() => match event {
+                    Some(SocketEvent::Disconnected(_)) | None => return End::Lost,
+                    Some(_) => continue,
+                },
+                m = socket.recv() => match m {
+                    Ok(m) => m,
+                    Err(_) => return End::Lost,
+                },
+            };
+            self.stats.received.fetch_add(1, Relaxed);
+            // A replay takes up to REPLAY_TIMEOUT: cancellation must not wait for it.
+            let handled = tokio::select! {
+                _ = cancel.cancelled() => false,
+                handled = self.on_message(&message) => handled,
+            };
+            if !handled {
+                return End::Stop;
+            }
+        }
+    }
+
+    /// Handles one live message; `false` when the consumer is gone.
+    async fn on_message(&mut self, message: &ZmqMessage) -> bool {
+        let (seq, payload) = match split_message(message, self.config.topic.as_bytes()) {
+            Ok(m) => m,
+            Err(Refused::Topic) => {
+                self.stats.wrong_topic.fetch_add(1, Relaxed);
+                if !std::mem::replace(&mut self.warned.topic, true) {
+                    let got = message
+                        .get(0)
+                        .map(|t| String::from_utf8_lossy(t).into_owned());
+                    tracing::warn!(endpoint = %self.config.endpoint, expected = %self.config.topic,
+                        received = ?got, "KV events: message on another topic dropped (warned once)");
+                }
+                return true;
+            }
+            Err(refused) => {
+                self.stats.decode_errors.fetch_add(1, Relaxed);
+                if !std::mem::replace(&mut self.warned.frames, true) {
+                    let what = match refused {
+                        Refused::Frames(n) => format!("{n} frames, expected 3"),
+                        Refused::SeqFrame(n) => format!("a {n}-byte sequence frame, expected 8"),
+                        Refused::Topic => unreachable!(),
+                    };
+                    tracing::warn!(endpoint = %self.config.endpoint, message = %what,
+                        "KV events: malformed message dropped (warned once)");
+                }
+                return true;
+            }
+        };
+        let Some(batch) = self.decode(seq, &payload) else {
+            return true;
+        };
+        match self.seq.check(seq) {
+            Verdict::Next => {}
+            Verdict::Gap { expected } => {
+                self.stats.gaps.fetch_add(1, Relaxed);
+                match self.replay(expected, seq).await {
+                    Ok(batches) => {
+                        for (s, b) in batches {
+                            self.stats.replayed_batches.fetch_add(1, Relaxed);
+                            if !self.deliver(s, b).await {
+                                return false;
+                            }
+                        }
+                    }
+                    Err(reason) => {
+                        if !self.send(Update::Reset { reason }).await {
+                            return false;
+                        }
+                    }
+                }
+            }
+            Verdict::Reset(reason) => {
+                if !self.send(Update::Reset { reason }).await {
+                    return false;
+                }
+            }
+        }
+        self.deliver(seq, batch).await
+    }
+
+    fn decode(&mut self, seq: u64, payload: &[u8]) -> Option<EventBatch> {
+        match decode_batch(payload, &self.config.limits) {
+            Ok(batch) => {
+                if batch.unknown_events > 0 {
+                    self.stats
+                        .unknown_events
+                        .fetch_add(u64::from(batch.unknown_events), Relaxed);
+                    if !std::mem::replace(&mut self.warned.unknown, true) {
+                        tracing::warn!(endpoint = %self.config.endpoint, seq,
+                            count = batch.unknown_events,
+                            "KV events: events with an unknown tag skipped (warned once)");
+                    }
+                }
+                Some(batch)
+            }
+            Err(e) => {
+                self.stats.decode_errors.fetch_add(1, Relaxed);
+                if !std::mem::replace(&mut self.warned.decode, true) {
+                    tracing::warn!(endpoint = %self.config.endpoint, seq, error = %e,
+                        "KV events: batch refused (warned once; counted)");
+                }
+                None
+            }
+        }
+    }
+
+    async fn deliver(&mut self, seq: u64, batch: EventBatch) -> bool {
+        self.seq.delivered(seq);
+        self.stats.decoded.fetch_add(1, Relaxed);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        let lag_ms = ((now - batch.ts) * 1000.0).max(0.0) as u64;
+        self.stats.last_lag_ms.store(lag_ms, Relaxed);
+        self.send(Update::Batch { seq, batch }).await
+    }
+
+    /// The batches `expected..received` from the replay endpoint, decoded, or why not.
+    async fn replay(
+        &mut self,
+        expected: u64,
+        received: u64,
+    ) -> Result<Vec<(u64, EventBatch)>, ResetReason> {
+        let Some(endpoint) = self.config.replay_endpoint.clone() else {
+            return Err(ResetReason::NoReplayEndpoint { expected, received });
+        };
+        if received - expected > MAX_REPLAY {
+            return Err(ResetReason::GapTooLarge { expected, received });
+        }
+        self.stats.replays.fetch_add(1, Relaxed);
+        let mut got = Vec::new();
+        let outcome = tokio::time::timeout(
+            REPLAY_TIMEOUT,
+            self.fetch(&endpoint, expected, received, &mut got),
+        )
+        .await;
+        let incomplete = ResetReason::ReplayIncomplete {
+            expected,
+            received,
+            replayed: got.len() as u64,
+        };
+        let why = match outcome {
+            Ok(Ok(())) if got.len() as u64 == received - expected => return Ok(got),
+            Ok(Ok(())) => "the publisher no longer holds them".to_string(),
+            Ok(Err(e)) => e,
+            Err(_) => format!("no complete answer within {REPLAY_TIMEOUT:?}"),
+        };
+        if !std::mem::replace(&mut self.warned.replay, true) {
+            tracing::warn!(endpoint = %endpoint, expected, received, why = %why,
+                "KV events: replay failed (warned once)");
+        }
+        Err(incomplete)
+    }
+
+    /// Reads replayed batches into `got` until it holds `expected..received` in order, the
+    /// publisher's end marker, or a batch out of order or undecodable.
+    async fn fetch(
+        &mut self,
+        endpoint: &str,
+        expected: u64,
+        received: u64,
+        got: &mut Vec<(u64, EventBatch)>,
+    ) -> Result<(), String> {
+        let mut options = SocketOptions::default();
+        options.connect_timeout(CONNECT_TIMEOUT);
+        let mut socket = DealerSocket::with_options(options);
+        socket.connect(endpoint).await.map_err(|e| e.to_string())?;
+        let mut request = ZmqMessage::from(Vec::<u8>::new());
+        request.push_back(expected.to_be_bytes().to_vec().into());
+        socket.send(request).await.map_err(|e| e.to_string())?;
+        while (got.len() as u64) < received - expected {
+            let reply = socket.recv().await.map_err(|e| e.to_string())?;
+            // The ROUTER sends [identity, "", seq, payload]; the identity is consumed on the way.
+            let frames: Vec<&[u8]> = reply.iter().map(|f| f.as_ref()).collect();
+            let [b"", seq, payload] = frames.as_slice() else {
+                return Err(format!("a reply of {} frames, expected 3", frames.len()));
+            };
+            if *seq == END_SEQ {
+                return Ok(());
+            }
+            let Ok(seq) = <[u8; 8]>::try_from(*seq).map(u64::from_be_bytes) else {
+                return Err(format!("a {}-byte sequence frame", seq.len()));
+            };
+            let next = expected + got.len() as u64;
+            if seq < next {
+                continue;
+            }
+            if seq > next {
+                return Err(format!("replay skipped from {next} to {seq}"));
+            }
+            match self.decode(seq, payload) {
+                Some(batch) => got.push((seq, batch)),
+                None => return Err(format!("replayed batch {seq} did not decode")),
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn after(seqs: &[u64], fresh: bool) -> Sequence {
+        let mut s = Sequence::default();
+        for &q in seqs {
+            s.delivered(q);
+        }
+        if fresh {
+            s.reconnected();
+        }
+        s
+    }
+
+    #[test]
+    fn sequence_verdicts() {
+        assert_eq!(Sequence::default().check(7), Verdict::Next);
+        assert_eq!(after(&[3], false).check(4), Verdict::Next);
+        assert_eq!(after(&[3], false).check(6), Verdict::Gap { expected: 4 });
+        assert_eq!(
+            after(&[3], false).check(0),
+            Verdict::Reset(ResetReason::PublisherRestarted {
+                last: 3,
+                received: 0
+            })
+        );
+        // The same message repeated is not the next one either.
+        assert!(matches!(after(&[3], false).check(3), Verdict::Reset(_)));
+        // Across a reconnect only the next one continues.
+        assert_eq!(after(&[3], true).check(4), Verdict::Next);
+        assert_eq!(
+            after(&[3], true).check(6),
+            Verdict::Reset(ResetReason::Reconnected {
+                expected: 4,
+                received: 6
+            })
+        );
+        // A first connection has nothing to continue.
+        assert_eq!(after(&[], true).check(9), Verdict::Next);
+    }
+}

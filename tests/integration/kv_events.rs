@@ -1,0 +1,329 @@
+//! The KV-event subscriber against an independent publisher: `tests/wire/kv_events_wire.py`
+//! (msgspec encoding as vLLM declares its structs, pyzmq/libzmq publishing, vLLM's replay
+//! handler), from `.venv-wire`, installed by `scripts/test`. Also checks that the script still
+//! prints the golden payloads the unit tests decode. Missing tools are a failure, never a skip.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use prefix_picker::kv_events::{
+    EngineBlockHash, KvEvent, Limits, ResetReason, Subscriber, SubscriberConfig, SubscriberStats,
+    Update,
+};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::harness::{DEADLINE, root};
+
+/// The Python of `.venv-wire` (`$WIRE_PYTHON` first).
+fn wire_python() -> PathBuf {
+    let python = std::env::var_os("WIRE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".venv-wire/bin/python"));
+    assert!(
+        python.exists(),
+        "{} missing: run scripts/test (it installs tests/wire/requirements.txt into .venv-wire \
+         and sets WIRE_PYTHON)",
+        python.display()
+    );
+    python
+}
+
+fn script() -> PathBuf {
+    root().join("tests/wire/kv_events_wire.py")
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn the_encoder_still_prints_the_golden_payloads() {
+    let out = std::process::Command::new(wire_python())
+        .arg(script())
+        .arg("golden")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let golden = std::fs::read_to_string(root().join("tests/wire/golden.txt")).unwrap();
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        golden,
+        "tests/wire/golden.txt is stale: regenerate it with `kv_events_wire.py golden`"
+    );
+}
+
+/// The publisher script, driven line by line.
+struct Publisher {
+    _child: Child,
+    stdin: ChildStdin,
+    stdout: Lines<BufReader<ChildStdout>>,
+    pub_port: u16,
+    replay_port: u16,
+}
+
+impl Publisher {
+    async fn start(topic: &str) -> Publisher {
+        let mut child = Command::new(wire_python())
+            .arg(script())
+            .args(["publish", topic])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut p = Publisher {
+            _child: child,
+            stdin,
+            stdout,
+            pub_port: 0,
+            replay_port: 0,
+        };
+        let line = p.line().await;
+        let ports: Vec<u16> = line
+            .strip_prefix("ports ")
+            .unwrap_or_else(|| panic!("expected ports, got {line:?}"))
+            .split(' ')
+            .map(|p| p.parse().unwrap())
+            .collect();
+        (p.pub_port, p.replay_port) = (ports[0], ports[1]);
+        p
+    }
+
+    async fn line(&mut self) -> String {
+        match tokio::time::timeout(DEADLINE, self.stdout.next_line()).await {
+            Ok(Ok(Some(line))) => line,
+            other => panic!("the publisher script stopped: {other:?}"),
+        }
+    }
+
+    /// Waits until a subscriber's subscription to `topic` reached the publisher.
+    async fn subscribed(&mut self, topic: &str) {
+        let want = format!("subscribed {}", hex(topic.as_bytes()));
+        while self.line().await != want {}
+    }
+
+    /// Runs one command and waits for its `ok`.
+    async fn run(&mut self, command: &str) {
+        self.stdin
+            .write_all(format!("{command}\n").as_bytes())
+            .await
+            .unwrap();
+        self.stdin.flush().await.unwrap();
+        loop {
+            let line = self.line().await;
+            if line == "ok" {
+                return;
+            }
+            assert!(line.starts_with("subscribed"), "{command}: {line:?}");
+        }
+    }
+
+    /// Publishes raw frames.
+    async fn raw(&mut self, frames: &[&[u8]]) {
+        let args: Vec<String> = frames
+            .iter()
+            .map(|f| if f.is_empty() { "-".into() } else { hex(f) })
+            .collect();
+        self.run(&format!("raw {}", args.join(" "))).await;
+    }
+
+    fn config(&self, topic: &str, replay: bool) -> SubscriberConfig {
+        SubscriberConfig {
+            endpoint: format!("tcp://127.0.0.1:{}", self.pub_port),
+            replay_endpoint: replay.then(|| format!("tcp://127.0.0.1:{}", self.replay_port)),
+            topic: topic.into(),
+            limits: Limits {
+                max_payload_bytes: 4096,
+                ..Limits::default()
+            },
+        }
+    }
+}
+
+/// A running subscriber and its updates.
+struct Running {
+    updates: mpsc::Receiver<Update>,
+    stats: Arc<SubscriberStats>,
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    fn start(config: SubscriberConfig) -> Running {
+        let subscriber = Subscriber::new(config);
+        let stats = subscriber.stats();
+        let (tx, updates) = mpsc::channel(64);
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(subscriber.run(tx, cancel.clone()));
+        Running {
+            updates,
+            stats,
+            cancel,
+            task,
+        }
+    }
+
+    async fn next(&mut self) -> Update {
+        match tokio::time::timeout(DEADLINE, self.updates.recv()).await {
+            Ok(Some(u)) => u,
+            other => panic!("no update: {other:?}"),
+        }
+    }
+
+    /// The next update, which must be batch `seq` as the script builds it.
+    async fn batch(&mut self, seq: u64) {
+        match self.next().await {
+            Update::Batch { seq: s, batch } => {
+                assert_eq!(s, seq);
+                assert_eq!(batch.ts, 1_000_000.0 + seq as f64);
+                assert_eq!(batch.data_parallel_rank, Some(0));
+                let [KvEvent::BlockStored { block_hashes, .. }] = batch.events.as_slice() else {
+                    panic!("batch {seq}: {:?}", batch.events);
+                };
+                assert_eq!(block_hashes, &[EngineBlockHash(1000 + seq)]);
+            }
+            other => panic!("expected batch {seq}, got {other:?}"),
+        }
+    }
+
+    async fn stop(self) {
+        self.cancel.cancel();
+        tokio::time::timeout(DEADLINE, self.task)
+            .await
+            .expect("the subscriber stops when cancelled")
+            .unwrap();
+    }
+}
+
+fn count(c: &std::sync::atomic::AtomicU64) -> u64 {
+    c.load(Relaxed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gaps_are_replayed_or_reset_and_bad_messages_counted() {
+    let topic = "kv@pod-a";
+    let mut publisher = Publisher::start(topic).await;
+    let mut sub = Running::start(publisher.config(topic, true));
+    assert_eq!(sub.next().await, Update::Connected);
+    publisher.subscribed(topic).await;
+
+    publisher.run("pub 0").await;
+    publisher.run("pub 1").await;
+    sub.batch(0).await;
+    sub.batch(1).await;
+
+    // Another topic sharing the prefix, garbage, a payload over the limit, two frames: all
+    // dropped and counted, and none of them advances the sequence.
+    let seq2 = 2u64.to_be_bytes();
+    publisher.raw(&[b"kv@pod-a-other", &seq2, &[0x90]]).await;
+    publisher
+        .raw(&[topic.as_bytes(), &seq2, b"\xde\xad\xbe\xef"])
+        .await;
+    publisher
+        .raw(&[topic.as_bytes(), &seq2, &[0u8; 5000]])
+        .await;
+    publisher.raw(&[topic.as_bytes(), &seq2]).await;
+    publisher.run("pub 2").await;
+    sub.batch(2).await;
+    assert_eq!(count(&sub.stats.wrong_topic), 1);
+    assert_eq!(count(&sub.stats.decode_errors), 3);
+    assert_eq!(count(&sub.stats.gaps), 0);
+
+    // 3 and 4 lost in transit but held for replay: delivered before 5.
+    publisher.run("lose 3").await;
+    publisher.run("lose 4").await;
+    publisher.run("pub 5").await;
+    sub.batch(3).await;
+    sub.batch(4).await;
+    sub.batch(5).await;
+    assert_eq!(count(&sub.stats.gaps), 1);
+    assert_eq!(count(&sub.stats.replays), 1);
+    assert_eq!(count(&sub.stats.replayed_batches), 2);
+
+    // 6 never held: replay cannot fill the gap.
+    publisher.run("pub 7").await;
+    assert_eq!(
+        sub.next().await,
+        Update::Reset {
+            reason: ResetReason::ReplayIncomplete {
+                expected: 6,
+                received: 7,
+                replayed: 0
+            }
+        }
+    );
+    sub.batch(7).await;
+
+    // The sequence goes back: the publisher restarted.
+    publisher.run("pub 0").await;
+    assert_eq!(
+        sub.next().await,
+        Update::Reset {
+            reason: ResetReason::PublisherRestarted {
+                last: 7,
+                received: 0
+            }
+        }
+    );
+    sub.batch(0).await;
+    assert_eq!(count(&sub.stats.resets), 2);
+    assert_eq!(count(&sub.stats.decoded), 8);
+    assert_eq!(count(&sub.stats.received), 10);
+
+    sub.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_replay_a_gap_resets_and_a_lost_connection_comes_back() {
+    let topic = "";
+    let mut publisher = Publisher::start(topic).await;
+    let mut sub = Running::start(publisher.config(topic, false));
+    assert_eq!(sub.next().await, Update::Connected);
+    publisher.subscribed(topic).await;
+
+    publisher.run("pub 0").await;
+    publisher.run("pub 2").await;
+    sub.batch(0).await;
+    assert_eq!(
+        sub.next().await,
+        Update::Reset {
+            reason: ResetReason::NoReplayEndpoint {
+                expected: 1,
+                received: 2
+            }
+        }
+    );
+    sub.batch(2).await;
+
+    // The publisher's socket closes and binds again on the same port: a new connection, whose
+    // first batch is not the next one.
+    publisher.run("restart").await;
+    assert_eq!(sub.next().await, Update::Disconnected);
+    assert_eq!(sub.next().await, Update::Connected);
+    publisher.subscribed(topic).await;
+    publisher.run("pub 5").await;
+    assert_eq!(
+        sub.next().await,
+        Update::Reset {
+            reason: ResetReason::Reconnected {
+                expected: 3,
+                received: 5
+            }
+        }
+    );
+    sub.batch(5).await;
+    assert_eq!(count(&sub.stats.reconnects), 1);
+
+    sub.stop().await;
+}
