@@ -27,6 +27,8 @@
 //! to export.
 
 mod cache;
+#[cfg(feature = "tokenizer-file")]
+pub mod file;
 mod input;
 mod response;
 mod stats;
