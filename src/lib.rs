@@ -34,6 +34,8 @@ pub mod pod_metrics; // engine-metrics scraping
 pub mod routing; // route -> ticket, pending tickets, complete(ticket, ending)
 #[cfg(feature = "sidecar")]
 pub mod sync; // prefix-index sharing between replicas over Redis
+#[cfg(feature = "sidecar")]
+pub mod tokenizer; // the engine's own tokenizer, asked over HTTP, with a cache
 
 // The Envoy adapter.
 #[cfg(feature = "sidecar")]

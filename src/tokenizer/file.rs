@@ -1,0 +1,248 @@
+//! A Hugging Face `tokenizer.json` loaded and run in process (feature `tokenizer-file`): text to
+//! the ids the engine's tokenizer computes, without a network hop. Chat templates are not
+//! rendered here: a chat request goes to the engine ([`super::EngineTokenizer`]).
+//!
+//! Built on the `tokenizers` crate without default features plus `fancy-regex` (pure Rust: no
+//! Oniguruma, no C++ suffix arrays).
+
+use std::path::Path;
+
+use thiserror::Error;
+
+use super::Tokens;
+
+/// A tokenizer read from a `tokenizer.json`.
+pub struct FileTokenizer(tokenizers::Tokenizer);
+
+impl std::fmt::Debug for FileTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileTokenizer")
+            .field("vocab_size", &self.0.get_vocab_size(true))
+            .finish()
+    }
+}
+
+/// A `tokenizer.json` that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum FileTokenizerError {
+    #[error("cannot load the tokenizer {source_name}: {message}")]
+    Load {
+        source_name: String,
+        message: String,
+    },
+    #[error("cannot encode with the tokenizer: {0}")]
+    Encode(String),
+}
+
+impl FileTokenizer {
+    /// Reads `path` (a `tokenizer.json`).
+    pub fn from_file(path: &Path) -> Result<FileTokenizer, FileTokenizerError> {
+        tokenizers::Tokenizer::from_file(path)
+            .map(FileTokenizer)
+            .map_err(|e| FileTokenizerError::Load {
+                source_name: path.display().to_string(),
+                message: e.to_string(),
+            })
+    }
+
+    /// Parses the text of a `tokenizer.json`.
+    pub fn from_json(json: &[u8]) -> Result<FileTokenizer, FileTokenizerError> {
+        tokenizers::Tokenizer::from_bytes(json)
+            .map(FileTokenizer)
+            .map_err(|e| FileTokenizerError::Load {
+                source_name: "(JSON text)".to_owned(),
+                message: e.to_string(),
+            })
+    }
+
+    /// The ids of `text`, with the post-processor's special tokens (a BOS, say) when
+    /// `add_special_tokens`; special tokens written in the text are matched either way.
+    pub fn encode(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Tokens, FileTokenizerError> {
+        let encoding = self
+            .0
+            .encode_fast(text, add_special_tokens)
+            .map_err(|e| FileTokenizerError::Encode(e.to_string()))?;
+        Ok(Tokens::from(encoding.get_ids().to_vec()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+
+    use super::*;
+
+    /// A byte-level BPE (GPT-2 style): `<s>` (0) and `</s>` (1), the 256 byte symbols in code
+    /// point order, then one token per merge; the post-processor puts `<s>` first.
+    fn tiny_tokenizer_json() -> String {
+        let mut alphabet: Vec<char> = ByteLevel::alphabet().into_iter().collect();
+        alphabet.sort_unstable();
+        let merges = [
+            ("h", "e"),
+            ("l", "l"),
+            ("he", "ll"),
+            ("hell", "o"),
+            ("Ġ", "w"),
+            ("o", "r"),
+            ("Ġw", "or"),
+            ("Ġwor", "l"),
+            ("Ġworl", "d"),
+            ("Ġ", "t"),
+            ("Ġt", "h"),
+            ("Ġth", "e"),
+        ];
+        let mut vocab = serde_json::Map::new();
+        vocab.insert("<s>".to_owned(), json!(0));
+        vocab.insert("</s>".to_owned(), json!(1));
+        let symbols = alphabet
+            .iter()
+            .map(char::to_string)
+            .chain(merges.iter().map(|(a, b)| format!("{a}{b}")));
+        for (i, s) in symbols.enumerate() {
+            vocab.insert(s, json!(i + 2));
+        }
+        let special = |id: u32, content: &str| {
+            json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+                   "rstrip": false, "normalized": false, "special": true})
+        };
+        let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false,
+                                "trim_offsets": true, "use_regex": true});
+        let bos = json!({"SpecialToken": {"id": "<s>", "type_id": 0}});
+        let tokenizer = json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": [special(0, "<s>"), special(1, "</s>")],
+            "normalizer": {"type": "NFC"},
+            "pre_tokenizer": byte_level,
+            "post_processor": {
+                "type": "TemplateProcessing",
+                "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}},
+                         {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {"<s>": {"id": "<s>", "ids": [0], "tokens": ["<s>"]}},
+            },
+            "decoder": byte_level,
+            "model": {
+                "type": "BPE", "dropout": null, "unk_token": null,
+                "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                "vocab": vocab,
+                "merges": merges.iter().map(|(a, b)| json!([a, b])).collect::<Vec<Value>>(),
+            },
+        });
+        tokenizer.to_string()
+    }
+
+    const TEXTS: [&str; 5] = [
+        "hello world",
+        "hello the world  \n",
+        "<s>hello</s>",
+        "he\u{301}llo 世界",
+        "",
+    ];
+
+    /// Python `tokenizers` 0.23.3 on `tiny_tokenizer_json()` (tests/wire/tokenizer_ids.py).
+    const WITH_SPECIAL: [&[u32]; 5] = [
+        &[0, 261, 266],
+        &[0, 261, 267, 258, 266, 222, 222, 200],
+        &[0, 0, 261, 1],
+        &[0, 73, 129, 104, 259, 80, 222, 162, 118, 246, 165, 245, 236],
+        &[0],
+    ];
+    const WITHOUT_SPECIAL: [&[u32]; 5] = [
+        &[261, 266],
+        &[261, 267, 258, 266, 222, 222, 200],
+        &[0, 261, 1],
+        &[73, 129, 104, 259, 80, 222, 162, 118, 246, 165, 245, 236],
+        &[],
+    ];
+
+    fn encode_all(t: &FileTokenizer, add_special_tokens: bool) -> Vec<Vec<u32>> {
+        TEXTS
+            .iter()
+            .map(|text| t.encode(text, add_special_tokens).unwrap().to_vec())
+            .collect()
+    }
+
+    #[test]
+    fn the_ids_are_pythons() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        std::fs::write(&path, tiny_tokenizer_json()).unwrap();
+        let t = FileTokenizer::from_file(&path).unwrap();
+        assert_eq!(encode_all(&t, true), WITH_SPECIAL.map(<[u32]>::to_vec));
+        assert_eq!(encode_all(&t, false), WITHOUT_SPECIAL.map(<[u32]>::to_vec));
+    }
+
+    /// Python's ids computed now, when `scripts/tokenizer-tools.sh` installed them
+    /// (`TOKENIZER_WIRE_PYTHON`): the golden vectors above still hold for this tokenizer.
+    #[test]
+    fn the_golden_ids_are_what_python_computes() {
+        let Some(python) = std::env::var_os("TOKENIZER_WIRE_PYTHON") else {
+            eprintln!(
+                "TOKENIZER_WIRE_PYTHON unset: source scripts/tokenizer-tools.sh and run \
+                       ensure_tokenizer_wire_tools to check against Python"
+            );
+            return;
+        };
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/wire/tokenizer_ids.py");
+        let mut child = std::process::Command::new(python)
+            .arg(script)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let request = json!({"tokenizer": tiny_tokenizer_json(), "texts": TEXTS});
+        std::io::Write::write_all(
+            child.stdin.as_mut().unwrap(),
+            request.to_string().as_bytes(),
+        )
+        .unwrap();
+        drop(child.stdin.take());
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ids: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            ids["with_special"],
+            json!(WITH_SPECIAL),
+            "Python, with special tokens"
+        );
+        assert_eq!(
+            ids["without_special"],
+            json!(WITHOUT_SPECIAL),
+            "Python, without"
+        );
+        let t = FileTokenizer::from_json(tiny_tokenizer_json().as_bytes()).unwrap();
+        assert_eq!(
+            json!(encode_all(&t, true)),
+            ids["with_special"],
+            "Rust, with"
+        );
+        assert_eq!(
+            json!(encode_all(&t, false)),
+            ids["without_special"],
+            "Rust, without"
+        );
+    }
+
+    #[test]
+    fn a_bad_tokenizer_json_is_an_error() {
+        let err = FileTokenizer::from_json(b"{\"model\": 3}").unwrap_err();
+        assert!(matches!(err, FileTokenizerError::Load { .. }), "{err}");
+        let err = FileTokenizer::from_file(Path::new("/nonexistent/tokenizer.json")).unwrap_err();
+        assert!(
+            err.to_string().contains("/nonexistent/tokenizer.json"),
+            "{err}"
+        );
+    }
+}
