@@ -386,6 +386,7 @@ fn shipped_router() -> Router {
             generation: String::new(),
             role: None,
             labels: Default::default(),
+            kv_events: None,
         })
         .collect();
     router.endpoints.apply(Update::Reset(specs));

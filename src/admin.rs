@@ -138,8 +138,13 @@ async fn explain(State(a): State<Admin>, Query(q): Query<ExplainQuery>, body: By
                         json!({"ttft_ms": p.ttft() * 1e3, "wait_ms": p.wait * 1e3,
                             "prefill_ms": p.prefill * 1e3, "uncached_tokens": p.uncached_tokens})
                     });
+                    // Affinity mode: where the match came from, and in engine tokens if there.
+                    let matched = d.predictions.get(i).map(|_| {
+                        json!({"source": d.match_source(i).as_str(),
+                            "engine_tokens": d.engine.get(i).copied().flatten().map(|m| m.tokens)})
+                    });
                     json!({"pod": e.label, "address": e.host, "scores": scores, "total": d.totals[i],
-                        "prediction": prediction})
+                        "prediction": prediction, "match": matched})
                 })
                 .collect();
             let plugins: Vec<Value> = d

@@ -82,6 +82,13 @@ pub struct StaticEndpoint {
     /// The pod's labels (`pdGroup` sorts pods into prefill and decode by them).
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Where the pod's engine publishes KV-cache events (`tcp://host:port`, vLLM's
+    /// `--kv-events-config` `endpoint` as seen from the picker); unset: none.
+    #[serde(default, rename = "kvEventsEndpoint")]
+    pub kv_events_endpoint: Option<String>,
+    /// Its replay socket (`replay_endpoint`), which fills gaps; unset: a gap drops the view.
+    #[serde(default, rename = "kvEventsReplayEndpoint")]
+    pub kv_events_replay_endpoint: Option<String>,
 }
 
 /// `pdGroup:`, as written (Kthena's ModelServer `spec.workloadSelector.pdGroup`).
@@ -140,6 +147,11 @@ pub struct PickerConfig {
     /// Load shedding (`picker.loadShedding`); absent: never shed.
     #[serde(deserialize_with = "load_shedding")]
     pub load_shedding: Option<LoadSheddingSection>,
+    /// KV-cache events (`picker.kvEvents`, [`crate::engine_events`]).
+    pub kv_events: crate::engine_events::KvEventsSection,
+    /// Engine tokens of prompts (`picker.tokenizer`, [`crate::tokenizer::heads`]); absent:
+    /// pods with events are matched by the estimate.
+    pub tokenizer: Option<crate::tokenizer::heads::TokenizerSection>,
 }
 
 /// `picker.loadShedding`, its errors naming the key (`loadShedding.queueDepth: invalid type`).
@@ -428,6 +440,8 @@ impl Default for PickerConfig {
             affinity: None,
             sessions: SessionsConfig::default(),
             load_shedding: None,
+            kv_events: crate::engine_events::KvEventsSection::default(),
+            tokenizer: None,
         }
     }
 }
@@ -623,6 +637,16 @@ impl Config {
         }
         for e in config.picker.sessions.validate() {
             errors.push(ConfigError::Picker(e.to_string()));
+        }
+        if let Some(t) = &config.picker.tokenizer {
+            for e in t.validate() {
+                errors.push(ConfigError::Picker(e));
+            }
+        }
+        if config.picker.kv_events.max_blocks_per_pod == 0 {
+            errors.push(ConfigError::Picker(
+                "kvEvents.maxBlocksPerPod must be > 0, got 0".into(),
+            ));
         }
         if errors.is_empty() {
             Ok(config)
@@ -936,6 +960,25 @@ fn validate_endpoints(endpoints: &[StaticEndpoint], errors: &mut Vec<ConfigError
                 e.namespace, e.name
             )));
         }
+        for (key, value) in [
+            ("kvEventsEndpoint", &e.kv_events_endpoint),
+            ("kvEventsReplayEndpoint", &e.kv_events_replay_endpoint),
+        ] {
+            if let Some(v) = value
+                && !is_tcp_endpoint(v)
+            {
+                errors.push(ConfigError::Endpoints(format!(
+                    "endpoint {}/{}: {key} must be tcp://host:port, got {v:?}",
+                    e.namespace, e.name
+                )));
+            }
+        }
+        if e.kv_events_replay_endpoint.is_some() && e.kv_events_endpoint.is_none() {
+            errors.push(ConfigError::Endpoints(format!(
+                "endpoint {}/{}: kvEventsReplayEndpoint needs kvEventsEndpoint",
+                e.namespace, e.name
+            )));
+        }
         if !addresses.insert(e.address) {
             errors.push(ConfigError::Endpoints(format!(
                 "duplicate address {}",
@@ -943,6 +986,14 @@ fn validate_endpoints(endpoints: &[StaticEndpoint], errors: &mut Vec<ConfigError
             )));
         }
     }
+}
+
+/// `tcp://host:port` with a port (the only transport the subscriber speaks).
+pub fn is_tcp_endpoint(value: &str) -> bool {
+    value
+        .strip_prefix("tcp://")
+        .and_then(|rest| rest.rsplit_once(':'))
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0))
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock};
 use prometheus::IntGauge;
 
+use crate::engine_view::EngineView;
 use crate::metrics::RouterMetrics;
 use crate::prefix_index::{PodHandle, PodSlot, PrefixIndex};
 pub use crate::scheduler::EngineStats;
@@ -33,6 +34,9 @@ use crate::scheduler::affinity::{RecentPicks, rendezvous_key};
 use crate::scheduler::latency::PodTiming;
 use crate::scheduler::{Candidate, PickError};
 pub use pattern::AddressPattern;
+
+/// The default bound of an engine view, in blocks (`picker.kvEvents.maxBlocksPerPod`).
+pub const DEFAULT_MAX_ENGINE_BLOCKS: usize = 1 << 20;
 
 /// A pod's identity: `namespace/name`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -63,6 +67,18 @@ pub struct EndpointSpec {
     /// Pod labels (a static endpoint's `labels:`; of a Kubernetes pod, those `pdGroup` reads):
     /// `pdGroup` sorts pods into prefill and decode by them.
     pub labels: BTreeMap<String, String>,
+    /// Where the pod's engine publishes its KV-cache events; `None`: it publishes none and is
+    /// matched by the estimate.
+    pub kv_events: Option<KvEventsAddress>,
+}
+
+/// A pod's KV-event publisher (vLLM's `--kv-events-config` `endpoint` and `replay_endpoint`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvEventsAddress {
+    /// `tcp://host:port` of the PUB socket.
+    pub endpoint: String,
+    /// `tcp://host:port` of the replay ROUTER socket, if it has one.
+    pub replay: Option<String>,
 }
 
 /// One routable pod.
@@ -86,6 +102,8 @@ pub struct Endpoint {
     pub rendezvous: u64,
     /// `spec.generation`, or the one the engine scrape learned when that is empty.
     generation: RwLock<Arc<str>>,
+    /// What the engine holds, by its KV-cache events (pods with `spec.kv_events` only).
+    pub engine: Option<EngineView>,
 }
 
 impl Endpoint {
@@ -145,6 +163,10 @@ impl Candidate for Endpoint {
 
     fn timing(&self) -> Option<&PodTiming> {
         Some(&self.timing)
+    }
+
+    fn engine_view(&self) -> Option<&EngineView> {
+        self.engine.as_ref()
     }
 
     fn rendezvous(&self) -> u64 {
@@ -257,6 +279,10 @@ pub struct Endpoints {
     writer: Mutex<()>,
     index: Arc<PrefixIndex>,
     metrics: RouterMetrics,
+    /// The bound of each engine view (`picker.kvEvents.maxBlocksPerPod`).
+    max_engine_blocks: usize,
+    /// Signalled after every change of the set (the KV-event subscribers follow it).
+    changed: tokio::sync::Notify,
 }
 
 impl Endpoints {
@@ -266,7 +292,20 @@ impl Endpoints {
             writer: Mutex::new(()),
             index,
             metrics,
+            max_engine_blocks: DEFAULT_MAX_ENGINE_BLOCKS,
+            changed: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Bounds each pod's engine view at `blocks` (before any pod is added).
+    pub fn with_max_engine_blocks(mut self, blocks: usize) -> Endpoints {
+        self.max_engine_blocks = blocks;
+        self
+    }
+
+    /// Resolves after the next change of the set.
+    pub async fn changed(&self) {
+        self.changed.notified().await;
     }
 
     /// The current snapshot (lock-free).
@@ -310,6 +349,7 @@ impl Endpoints {
         // Anything left in `kept` is gone (or replaced by a new incarnation).
         let gone: Vec<Arc<Endpoint>> = kept.into_values().cloned().collect();
         self.current.store(Arc::new(EndpointSet { all, by_host }));
+        self.changed.notify_waiters();
         let mut left = Vec::new();
         for e in gone {
             self.index.remove_pod(e.index.slot());
@@ -339,6 +379,10 @@ impl Endpoints {
             timing: PodTiming::default(),
             rendezvous: rendezvous_key(&spec.address),
             generation: RwLock::new(generation),
+            engine: spec
+                .kv_events
+                .as_ref()
+                .map(|_| EngineView::new(self.max_engine_blocks)),
             spec,
         })
     }
@@ -364,6 +408,7 @@ impl Endpoints {
         all[position] = fresh.clone();
         let by_host = all.iter().map(|e| (e.spec.address, e.clone())).collect();
         self.current.store(Arc::new(EndpointSet { all, by_host }));
+        self.changed.notify_waiters();
         self.index.remove_pod(e.index.slot());
         Some(fresh)
     }
@@ -386,6 +431,7 @@ mod tests {
             generation: generation.into(),
             role: None,
             labels: BTreeMap::new(),
+            kv_events: None,
         }
     }
 

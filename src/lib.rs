@@ -25,6 +25,8 @@ pub mod discovery; // Kubernetes discovery: pods as `endpoints::Update`s
 #[cfg(feature = "sidecar")]
 pub mod endpoints; // the pod set: identities, addresses, in-flight counts, engine stats
 #[cfg(feature = "sidecar")]
+pub mod engine_events; // KV-event subscribers feeding each pod's engine view
+#[cfg(feature = "sidecar")]
 pub mod kv_events; // the engines' KV-cache events: decoding and one subscriber per pod
 #[cfg(feature = "sidecar")]
 pub mod metrics; // the Prometheus families, declared together

@@ -116,6 +116,8 @@ pub const CACHED_TOKEN_SOURCES: [&str; 2] = ["predicted", "reported"];
 /// Buckets of `kthena_router_prefix_cache_match_ratio` (Kthena's).
 pub const MATCH_RATIO_BUCKETS: [f64; 9] = [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0];
 
+pub mod engine_truth;
+
 const LATENCY_BUCKETS: [f64; 14] = [
     0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025,
     0.05, 0.1, 0.5,
@@ -235,6 +237,8 @@ pub struct RouterMetrics {
     pub sessions_dropped: IntCounterVec,
     pub config_reloads: IntCounterVec,
     pub config_info: IntGaugeVec,
+    /// KV-cache events, engine views, match sources, engine tokens.
+    pub engine: engine_truth::EngineTruthMetrics,
 }
 
 impl RouterMetrics {
@@ -354,6 +358,11 @@ impl RouterMetrics {
                 &["result"],
             )
             .expect("valid metric"),
+            engine: engine_truth::EngineTruthMetrics::register(
+                registry,
+                &crate::scheduler::MatchSource::ALL.map(crate::scheduler::MatchSource::as_str),
+                &crate::tokenizer::ErrorKind::ALL.map(crate::tokenizer::ErrorKind::as_str),
+            ),
             config_info: IntGaugeVec::new(
                 Opts::new(
                     "prefix_picker_config_info",
@@ -613,6 +622,7 @@ impl RouterMetrics {
         let _ = self.engine_scrape_timestamp.remove_label_values(&labels);
         let _ = self.pod_budget.remove_label_values(&labels);
         let _ = self.pod_churn.remove_label_values(&labels);
+        self.engine.forget_pod(labels);
         for result in ScrapeResult::ALL {
             let _ =
                 self.engine_scrapes

@@ -133,6 +133,12 @@ pub fn static_endpoints(config: &Config) -> Vec<EndpointSpec> {
             generation: e.generation.clone().unwrap_or_default(),
             role: None,
             labels: e.labels.clone(),
+            kv_events: e.kv_events_endpoint.as_ref().map(|endpoint| {
+                crate::endpoints::KvEventsAddress {
+                    endpoint: endpoint.clone(),
+                    replay: e.kv_events_replay_endpoint.clone(),
+                }
+            }),
         })
         .collect()
 }
@@ -193,6 +199,7 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
     serve_admin(listeners.admin, admin, &shutdown, &mut tasks);
     let generations_known = scrape_engines(&config, &router, &registry, &shutdown, &mut tasks);
     expire_routes(&router, &shutdown, &mut tasks);
+    follow_engines(&config, &router, &shutdown, &mut tasks);
     let pods_listed = discovery.as_ref().map(|d| d.synced());
     let sync = match &config.sync {
         Some(sync) => {
@@ -485,6 +492,33 @@ fn scrape_engines(
 }
 
 /// Expires completions nobody observed (every second); samples how many still wait.
+/// Engine truth: a KV-event subscriber per publishing pod ([`crate::engine_events`]) and, with
+/// `picker.tokenizer`, the background tokenizer of prompt heads.
+fn follow_engines(
+    config: &Config,
+    router: &Arc<Router>,
+    shutdown: &CancellationToken,
+    tasks: &mut JoinSet<anyhow::Result<()>>,
+) {
+    let follow = crate::engine_events::follow(
+        router.endpoints.clone(),
+        config.picker.kv_events.clone(),
+        router.metrics.engine.clone(),
+        shutdown.clone(),
+    );
+    tasks.spawn(async move {
+        follow.await;
+        Ok(())
+    });
+    if let Some(heads) = &router.heads {
+        let run = heads.clone().run(shutdown.clone());
+        tasks.spawn(async move {
+            run.await;
+            Ok(())
+        });
+    }
+}
+
 fn expire_routes(
     router: &Arc<Router>,
     shutdown: &CancellationToken,

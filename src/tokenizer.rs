@@ -29,6 +29,7 @@
 mod cache;
 #[cfg(feature = "tokenizer-file")]
 pub mod file;
+pub mod heads;
 mod input;
 mod response;
 mod stats;

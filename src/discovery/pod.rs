@@ -124,6 +124,7 @@ impl PodEndpoints {
                 generation: generation.clone(),
                 role: role.clone(),
                 labels: kept.clone(),
+                kv_events: None,
             })
             .collect();
         PodEndpoints {

@@ -236,6 +236,7 @@ async fn the_scrape_counts_a_missing_signal_and_keeps_its_value() {
         generation: String::new(),
         role: None,
         labels: Default::default(),
+        kv_events: None,
     }]));
     let scrape_metrics = ScrapeMetrics::register(&registry);
     let missing = |s: Signal| {

@@ -30,8 +30,10 @@ use crate::prefix_index::PodSlot;
 use crate::request::{Api, InferenceRequest};
 use crate::scheduler::saturation::Shed;
 use crate::scheduler::{
-    Decision, DecisionReason, Observation, PickError, RouteRequest, Scheduler, Unpaired, Unscored,
+    Decision, DecisionReason, EngineTokens, Observation, PickError, RouteRequest, Scheduler,
+    Unpaired, Unscored,
 };
+use crate::tokenizer::heads::{HeadFound, HeadTokens};
 pub use completion::{Ending, PrefillTicket, Served, Ticket};
 pub use live::{Generation, LiveScheduler};
 pub use pending::PendingRoutes;
@@ -150,6 +152,9 @@ pub struct Router {
     pub pending: PendingRoutes,
     /// Session affinity's map, when `picker.sessions` is enabled.
     pub sessions: Option<Sessions>,
+    /// Engine tokens of prompt heads, when `picker.tokenizer` is set (the affinity mode's match
+    /// on engine truth).
+    pub heads: Option<Arc<HeadTokens>>,
     sink: OnceLock<Arc<dyn RecordSink>>,
 }
 
@@ -164,10 +169,18 @@ impl Router {
     ) -> Router {
         let scheduler = Scheduler::new(scheduler, picker.max_endpoints, picker.seed);
         let scheduler = LiveScheduler::new(scheduler, picker.clone());
-        let endpoints = Arc::new(Endpoints::new(scheduler.index().clone(), metrics.clone()));
+        let endpoints = Arc::new(
+            Endpoints::new(scheduler.index().clone(), metrics.clone())
+                .with_max_engine_blocks(picker.kv_events.max_blocks_per_pod),
+        );
+        let heads = picker
+            .tokenizer
+            .clone()
+            .map(|t| Arc::new(HeadTokens::new(t, metrics.engine.clone())));
         Router {
             scheduler,
             endpoints,
+            heads,
             metrics,
             prefix_metrics,
             pending: PendingRoutes::new(Duration::from_secs(picker.response_timeout_seconds)),
@@ -214,8 +227,43 @@ impl Router {
 
     /// Counts a routed decision (reason, why unscored, duration, plugin times, match ratios)
     /// and writes Kthena's score lines.
+    /// The request's engine tokens, in the affinity mode with `picker.tokenizer`, when some
+    /// candidate publishes KV events: its longest head tokenized before ([`HeadTokens::find`],
+    /// which counts and queues the heads of a prompt it does not know; without `body`, a dry
+    /// run: [`HeadTokens::lookup`]).
+    fn engine_tokens(
+        &self,
+        path: &str,
+        body: Option<&[u8]>,
+        request: &RouteRequest<'_>,
+        candidates: &[Arc<Endpoint>],
+        live: &Generation,
+    ) -> Option<HeadFound> {
+        let heads = self.heads.as_ref()?;
+        live.scheduler.affinity()?;
+        let prompt = request.prompt.ok()?;
+        let pod = candidates.iter().find(|e| e.engine.is_some())?;
+        let Some(body) = body else {
+            return heads.lookup(request.model, Api::from_path(path)?, prompt);
+        };
+        heads.find(
+            request.model,
+            Api::from_path(path),
+            prompt,
+            Some(body),
+            Some(pod.spec.address),
+        )
+    }
+
     fn observe(&self, model: &str, decision: &Decision<Arc<Endpoint>>) {
         self.count(model, &decision.observations);
+        if !decision.engine.is_empty() || self.heads.is_some() && decision.reason.is_affinity() {
+            self.metrics
+                .engine
+                .match_source
+                .with_label_values(&[decision.primary_source().as_str()])
+                .inc();
+        }
         self.metrics
             .decisions
             .with_label_values(&[decision.reason.as_str()])
@@ -286,6 +334,11 @@ impl Router {
             request.session_pod = Some(slot);
         }
         let model = request.model;
+        let head = self.engine_tokens(path, body, &request, &candidates, &live);
+        request.engine_tokens = head.as_ref().map(|h| EngineTokens {
+            tokens: h.tokens.as_slice(),
+            prompt_bytes: h.prompt_bytes,
+        });
         let mut decision = Router::decide(&live.scheduler, request, candidates, true)
             .inspect_err(|f| self.count(model, &f.observations))
             .map_err(PickError::from)?;
@@ -379,12 +432,17 @@ impl Router {
         restrict: Option<&[AddressPattern]>,
     ) -> Result<Explained, RouteFailure> {
         let parsed = Parsed::new(path, body)?;
-        let (request, candidates) = self.prepare(&parsed, restrict)?;
+        let (mut request, candidates) = self.prepare(&parsed, restrict)?;
         let live = self.scheduler.load();
         if let Some(refused) = Router::shed(&live, &parsed, &candidates) {
             return Err(refused);
         }
         let model = request.model.to_string();
+        let head = self.engine_tokens(path, None, &request, &candidates, &live);
+        request.engine_tokens = head.as_ref().map(|h| EngineTokens {
+            tokens: h.tokens.as_slice(),
+            prompt_bytes: h.prompt_bytes,
+        });
         let decision =
             Router::decide(&live.scheduler, request, candidates, false).map_err(PickError::from)?;
         Ok(Explained { model, decision })

@@ -117,6 +117,17 @@ impl DecisionReason {
         DecisionReason::Session,
     ];
 
+    /// A decision of the affinity mode's pick (not a session's).
+    pub fn is_affinity(self) -> bool {
+        matches!(
+            self,
+            DecisionReason::AffinityHit
+                | DecisionReason::AffinityMiss
+                | DecisionReason::AffinitySpill
+                | DecisionReason::AffinitySaturated
+        )
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             DecisionReason::PrefixHit => "prefix_hit",
@@ -341,6 +352,21 @@ impl<C: Candidate> Decision<C> {
                 p.prefill * 1e3,
                 p.uncached_tokens
             );
+        }
+        if self.engine.is_empty() {
+            return;
+        }
+        tracing::debug!(target: "scores", "Match sources:");
+        for (i, e) in self.candidates.iter().enumerate() {
+            match self.engine.get(i).copied().flatten() {
+                Some(m) => tracing::debug!(
+                    target: "scores",
+                    "  Pod: {}, Source: engine, Matched: {} tokens",
+                    e.label(),
+                    m.tokens
+                ),
+                None => tracing::debug!(target: "scores", "  Pod: {}, Source: estimate", e.label()),
+            }
         }
     }
 }

@@ -350,6 +350,7 @@ mod applier {
             generation: generation.into(),
             role: None,
             labels: Default::default(),
+            kv_events: None,
         }
     }
 

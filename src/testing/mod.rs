@@ -24,6 +24,7 @@ pub(crate) fn spec(name: &str, port: u16, models: &[&str]) -> EndpointSpec {
         generation: String::new(),
         role: None,
         labels: Default::default(),
+        kv_events: None,
     }
 }
 

@@ -63,6 +63,9 @@ pub enum Prompt<'a> {
 pub struct TokenizeInput<'a> {
     prompt: Prompt<'a>,
     add_special_tokens: bool,
+    /// vLLM chat: `add_generation_prompt` (true; false for a conversation's head, which the
+    /// next message continues).
+    generation_prompt: bool,
 }
 
 impl<'a> TokenizeInput<'a> {
@@ -71,6 +74,7 @@ impl<'a> TokenizeInput<'a> {
         TokenizeInput {
             prompt: Prompt::Chat { messages, tools },
             add_special_tokens: false,
+            generation_prompt: true,
         }
     }
 
@@ -79,12 +83,19 @@ impl<'a> TokenizeInput<'a> {
         TokenizeInput {
             prompt: Prompt::Text(prompt),
             add_special_tokens: true,
+            generation_prompt: true,
         }
     }
 
     /// Overrides `add_special_tokens`.
     pub fn with_add_special_tokens(mut self, add: bool) -> Self {
         self.add_special_tokens = add;
+        self
+    }
+
+    /// Overrides vLLM chat's `add_generation_prompt` (a head of a conversation: false).
+    pub fn with_generation_prompt(mut self, add: bool) -> Self {
+        self.generation_prompt = add;
         self
     }
 
@@ -118,6 +129,7 @@ impl<'a> TokenizeInput<'a> {
             Prompt::Text(text) => field(b'p', text.as_bytes()),
         }
         field(b's', &[u8::from(self.add_special_tokens)]);
+        field(b'g', &[u8::from(self.generation_prompt)]);
         h.digest()
     }
 
@@ -126,7 +138,7 @@ impl<'a> TokenizeInput<'a> {
     ///
     /// - vLLM, text: `{"model", "prompt", "add_special_tokens"}` (`TokenizeCompletionRequest`).
     /// - vLLM, chat: `{"model", "messages", "tools"?, "add_special_tokens",
-    ///   "add_generation_prompt": true}` (`TokenizeChatRequest`).
+    ///   "add_generation_prompt"}` (`TokenizeChatRequest`; true unless a head asks otherwise).
     /// - SGLang, text: `{"model", "prompt", "add_special_tokens"}`.
     /// - SGLang, chat: `{"model", "messages", "tools"?, "add_special_tokens"}`: SGLang's chat
     ///   rendering always appends the generation prompt, and has no such field (Kthena sends none).
@@ -165,7 +177,11 @@ impl<'a> TokenizeInput<'a> {
             b"false"
         });
         if kind == EngineKind::Vllm && matches!(self.prompt, Prompt::Chat { .. }) {
-            out.extend_from_slice(b",\"add_generation_prompt\":true");
+            out.extend_from_slice(if self.generation_prompt {
+                b",\"add_generation_prompt\":true"
+            } else {
+                b",\"add_generation_prompt\":false"
+            });
         }
         out.push(b'}');
         Ok(out)

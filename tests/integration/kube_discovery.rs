@@ -330,6 +330,7 @@ async fn an_inference_pool_selector_change_retargets_the_pods() {
         generation: String::new(),
         role: None,
         labels: Default::default(),
+        kv_events: None,
     };
     let s = Stack::start(&fake, "kubernetes: {inferencePool: llama}", vec![fixed]).await;
     const FIXED: &str = "llm/fixed@10.9.9.9:8000/";

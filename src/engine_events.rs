@@ -1,0 +1,290 @@
+//! Engine truth, fed: one KV-event subscriber per pod that publishes (`kvEventsEndpoint` on a
+//! static endpoint, `discovery.kubernetes.kvEventsPort` for discovered pods), applying what its
+//! engine reports to the pod's [`EngineView`].
+//!
+//! [`follow`] watches the pod set: a pod that appears (or a new incarnation of one) gets a
+//! subscriber ([`crate::kv_events::subscriber`]) and a consumer; a pod that leaves has both
+//! cancelled. The consumer applies each batch in order (`BlockStored` adds, `BlockRemoved`
+//! removes, `AllBlocksCleared` clears) and keeps the view's `live` flag: on while connected,
+//! off while disconnected (the view is kept: a reconnect that continues the sequence resumes
+//! it). A `Reset` (a gap replay could not fill, a restarted publisher) drops the view, which
+//! then holds only what the engine stores from then on. A pod whose view is not live is
+//! matched by the estimate. Events on another medium than the GPU (CPU offload tiers) are not
+//! applied. A picker that starts after its engines sees what they cached before only as they
+//! store it again (engines announce a block when they store it, not when they reuse it).
+//!
+//! Knobs (`picker.kvEvents`): `topic` (vLLM's `topic`, default empty), `maxBlocksPerPod`
+//! (each view's bound, default 2^20 blocks).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use serde::Deserialize;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::endpoints::{DEFAULT_MAX_ENGINE_BLOCKS, Endpoint, Endpoints};
+use crate::engine_view::EngineView;
+use crate::kv_events::event::{KvEvent, Limits};
+use crate::kv_events::subscriber::{Subscriber, SubscriberConfig, SubscriberStats, Update};
+use crate::metrics::engine_truth::{EngineTruthMetrics, KvEventKind, StreamEvent};
+use crate::metrics::pod_label_values;
+
+/// `picker.kvEvents`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct KvEventsSection {
+    /// The engines' `topic` (vLLM's `--kv-events-config` `topic`).
+    pub topic: String,
+    /// Each pod's view holds at most this many blocks (stores beyond are skipped, counted).
+    pub max_blocks_per_pod: usize,
+}
+
+impl Default for KvEventsSection {
+    fn default() -> Self {
+        KvEventsSection {
+            topic: String::new(),
+            max_blocks_per_pod: DEFAULT_MAX_ENGINE_BLOCKS,
+        }
+    }
+}
+
+/// How often a consumer copies its subscriber's counters into the metrics when no update
+/// arrives.
+const STATS_PERIOD: Duration = Duration::from_secs(1);
+
+/// Keeps one subscriber per publishing pod until `shutdown`.
+pub async fn follow(
+    endpoints: Arc<Endpoints>,
+    section: KvEventsSection,
+    metrics: EngineTruthMetrics,
+    shutdown: CancellationToken,
+) {
+    // Keyed by the endpoint's address in memory: a new incarnation is a new endpoint.
+    let mut running: HashMap<usize, (Arc<Endpoint>, CancellationToken)> = HashMap::new();
+    loop {
+        let set = endpoints.snapshot();
+        let mut wanted: HashMap<usize, &Arc<Endpoint>> = HashMap::new();
+        for e in set.all() {
+            if e.spec.kv_events.is_some() && e.engine.is_some() {
+                wanted.insert(Arc::as_ptr(e) as usize, e);
+            }
+        }
+        running.retain(|key, (_, cancel)| {
+            let keep = wanted.contains_key(key);
+            if !keep {
+                cancel.cancel();
+            }
+            keep
+        });
+        for (key, e) in wanted {
+            if running.contains_key(&key) {
+                continue;
+            }
+            let cancel = shutdown.child_token();
+            tokio::spawn(subscribe(
+                e.clone(),
+                section.clone(),
+                metrics.clone(),
+                cancel.clone(),
+            ));
+            running.insert(key, (e.clone(), cancel));
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = endpoints.changed() => {}
+            // A change signalled while this loop was not waiting is seen here.
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+    for (_, (_, cancel)) in running {
+        cancel.cancel();
+    }
+}
+
+/// One pod: its subscriber and the consumer applying its updates.
+async fn subscribe(
+    endpoint: Arc<Endpoint>,
+    section: KvEventsSection,
+    metrics: EngineTruthMetrics,
+    cancel: CancellationToken,
+) {
+    let (Some(address), Some(view)) = (&endpoint.spec.kv_events, &endpoint.engine) else {
+        return;
+    };
+    let subscriber = Subscriber::new(SubscriberConfig {
+        endpoint: address.endpoint.clone(),
+        replay_endpoint: address.replay.clone(),
+        topic: section.topic.clone(),
+        limits: Limits::default(),
+    });
+    let stats = subscriber.stats();
+    let (tx, mut rx) = mpsc::channel(256);
+    let task = tokio::spawn(subscriber.run(tx, cancel.clone()));
+    let mut consumer = Consumer::new(&endpoint, view, metrics, stats);
+    tracing::info!(pod = %endpoint.spec.id, endpoint = %address.endpoint, "subscribing to KV events");
+    let mut tick = tokio::time::interval(STATS_PERIOD);
+    loop {
+        tokio::select! {
+            update = rx.recv() => match update {
+                Some(u) => consumer.apply(u),
+                None => break,
+            },
+            _ = tick.tick() => consumer.sync_stats(),
+            _ = cancel.cancelled() => break,
+        }
+    }
+    cancel.cancel();
+    let _ = task.await;
+    view.set_live(false);
+}
+
+/// Applies one pod's updates to its view and counts them.
+struct Consumer<'a> {
+    endpoint: &'a Endpoint,
+    view: &'a EngineView,
+    metrics: EngineTruthMetrics,
+    stats: Arc<SubscriberStats>,
+    /// The subscriber's counters at the last sync, per [`StreamEvent`].
+    synced: [u64; StreamEvent::ALL.len()],
+}
+
+impl<'a> Consumer<'a> {
+    fn new(
+        endpoint: &'a Endpoint,
+        view: &'a EngineView,
+        metrics: EngineTruthMetrics,
+        stats: Arc<SubscriberStats>,
+    ) -> Consumer<'a> {
+        let labels = pod_label_values(&endpoint.spec.id);
+        for e in KvEventKind::ALL {
+            metrics
+                .kv_events
+                .with_label_values(&[labels[0], labels[1], e.as_str()]);
+        }
+        metrics.view_live.with_label_values(&labels).set(0);
+        Consumer {
+            endpoint,
+            view,
+            metrics,
+            stats,
+            synced: [0; StreamEvent::ALL.len()],
+        }
+    }
+
+    fn apply(&mut self, update: Update) {
+        match update {
+            // An empty view is the truth of a fresh connection's engine as far as the events
+            // go (a pod with prefix caching off publishes nothing, and holds nothing).
+            Update::Connected => self.view.set_live(true),
+            Update::Batch { batch, .. } => {
+                let mut counts = [0u64; KvEventKind::ALL.len()];
+                for event in &batch.events {
+                    self.apply_event(event, &mut counts);
+                }
+                self.view.set_live(true);
+                let labels = pod_label_values(&self.endpoint.spec.id);
+                for (kind, n) in KvEventKind::ALL.iter().zip(counts) {
+                    if n > 0 {
+                        self.metrics
+                            .kv_events
+                            .with_label_values(&[labels[0], labels[1], kind.as_str()])
+                            .inc_by(n);
+                    }
+                }
+            }
+            Update::Reset { reason } => {
+                let dropped = self.view.clear();
+                tracing::warn!(
+                    pod = %self.endpoint.spec.id,
+                    reason = %reason,
+                    dropped,
+                    "KV-event view dropped; it holds only what the engine stores from now on"
+                );
+            }
+            Update::Disconnected => self.view.set_live(false),
+        }
+        self.sync_stats();
+    }
+
+    fn apply_event(&self, event: &KvEvent, counts: &mut [u64; KvEventKind::ALL.len()]) {
+        match event {
+            KvEvent::BlockStored {
+                block_hashes,
+                parent,
+                token_ids,
+                block_size,
+                medium,
+                ..
+            } if on_gpu(medium.as_deref()) => {
+                let hashes: Vec<u64> = block_hashes.iter().map(|h| h.0).collect();
+                let stored = self.view.store(
+                    parent.map(|p| p.0),
+                    &hashes,
+                    token_ids,
+                    *block_size as usize,
+                );
+                counts[0] += stored.added as u64;
+                counts[1] += stored.skipped as u64;
+            }
+            KvEvent::BlockRemoved {
+                block_hashes,
+                medium,
+            } if on_gpu(medium.as_deref()) => {
+                let hashes: Vec<u64> = block_hashes.iter().map(|h| h.0).collect();
+                counts[2] += self.view.remove(&hashes) as u64;
+            }
+            KvEvent::AllBlocksCleared => {
+                self.view.clear();
+                counts[3] += 1;
+            }
+            _ => {}
+        }
+    }
+
+    /// Copies the subscriber's counters (what never reaches the consumer: refused messages,
+    /// wrong topics) and the view's gauges into the metrics.
+    fn sync_stats(&mut self) {
+        let s = &self.stats;
+        let now = [
+            s.received.load(Relaxed),
+            s.decoded.load(Relaxed),
+            s.decode_errors.load(Relaxed),
+            s.wrong_topic.load(Relaxed),
+            s.unknown_events.load(Relaxed),
+            s.gaps.load(Relaxed),
+            s.replays.load(Relaxed),
+            s.resets.load(Relaxed),
+            s.reconnects.load(Relaxed),
+        ];
+        let labels = pod_label_values(&self.endpoint.spec.id);
+        for ((kind, now), synced) in StreamEvent::ALL.iter().zip(now).zip(&mut self.synced) {
+            if now > *synced {
+                self.metrics
+                    .stream
+                    .with_label_values(&[labels[0], labels[1], kind.as_str()])
+                    .inc_by(now - *synced);
+                *synced = now;
+            }
+        }
+        self.metrics
+            .lag
+            .with_label_values(&labels)
+            .set(s.last_lag_ms.load(Relaxed) as f64 / 1e3);
+        self.metrics
+            .view_blocks
+            .with_label_values(&labels)
+            .set(self.view.blocks() as i64);
+        self.metrics
+            .view_live
+            .with_label_values(&labels)
+            .set(i64::from(self.view.is_live()));
+    }
+}
+
+/// Whether an event's `medium` is the GPU (absent: engines before vLLM added the field).
+fn on_gpu(medium: Option<&str>) -> bool {
+    medium.is_none_or(|m| m.eq_ignore_ascii_case("gpu"))
+}

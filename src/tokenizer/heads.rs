@@ -1,0 +1,418 @@
+//! Engine tokens of prompt heads, for the affinity mode's match on engine truth, with no
+//! tokenizer hop on the request path.
+//!
+//! A prompt's *heads* are its rendered text up to each message boundary (the end of each
+//! `<|im_end|>\n` of the ChatML rendering; a completion prompt has one, its whole text). Each
+//! head is keyed by an xxh3 digest of the model and its bytes. A request looks its heads up,
+//! longest first, in a bounded in-process map ([`HeadTokens::find`]): found, the pods with live
+//! engine views are matched by those tokens; not found, the request is matched by the estimate
+//! and its heads are queued for the engine's tokenizer ([`HeadTokens::run`], in the
+//! background): the head without the last message (what the next request of a tenant or a
+//! session shares) and the whole prompt (the head of the conversation's next turn). The engine
+//! renders the messages with its own chat template (`tools` included); a head is asked with
+//! `add_generation_prompt: false`, the whole prompt with `true`, as it is served.
+//!
+//! Only what matters to a match is tokenized: the engines hold full blocks of what they were
+//! sent, and a request's longest shareable part is a head another request sent before. A
+//! request whose rendering does not split into one head per message (a content that contains
+//! the ChatML end marker, skipped messages, a top-level `system`) is not queued.
+//!
+//! Knobs (`picker.tokenizer`): `source: engine`, `engine` (`vllm` | `sglang`: the body of the
+//! call), `port` (default: the pod's serving port), `timeoutMs` (50), `cacheEntries` (heads
+//! kept, 65 536), `queue` (heads waiting to be tokenized, 1024; more are dropped, counted).
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use xxhash_rust::xxh3::{Xxh3, xxh3_64};
+
+use super::{EngineKind, EngineTokenizer, TokenizeInput, TokenizerConfig, Tokens};
+use crate::metrics::engine_truth::{EngineTruthMetrics, HeadOutcome, TOKENIZE_OK};
+use crate::request::Api;
+
+/// The end of a ChatML message in the rendered prompt.
+const MESSAGE_END: &[u8] = b"<|im_end|>\n";
+/// Shards of the head map.
+const SHARDS: usize = 16;
+
+/// Where engine tokens come from (`picker.tokenizer.source`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenizerSource {
+    /// The pod's own `/tokenize`.
+    Engine,
+}
+
+/// `picker.tokenizer`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TokenizerSection {
+    pub source: TokenizerSource,
+    #[serde(default = "default_engine", deserialize_with = "engine_kind")]
+    pub engine: EngineKind,
+    /// The tokenizer's port on each pod; `None`: the pod's serving port.
+    #[serde(default)]
+    pub port: Option<u16>,
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    #[serde(default = "default_cache_entries")]
+    pub cache_entries: usize,
+    #[serde(default = "default_queue")]
+    pub queue: usize,
+}
+
+fn default_engine() -> EngineKind {
+    EngineKind::Vllm
+}
+fn default_timeout_ms() -> u64 {
+    50
+}
+fn default_cache_entries() -> usize {
+    1 << 16
+}
+fn default_queue() -> usize {
+    1024
+}
+
+fn engine_kind<'de, D: serde::Deserializer<'de>>(d: D) -> Result<EngineKind, D::Error> {
+    match String::deserialize(d)?.as_str() {
+        "vllm" => Ok(EngineKind::Vllm),
+        "sglang" => Ok(EngineKind::Sglang),
+        other => Err(serde::de::Error::custom(format!(
+            "engine must be vllm or sglang, got {other:?}"
+        ))),
+    }
+}
+
+impl TokenizerSection {
+    /// The section's errors, naming the key and the value.
+    pub fn validate(&self) -> Vec<String> {
+        let mut errors = Vec::new();
+        if self.timeout_ms == 0 {
+            errors.push("tokenizer.timeoutMs must be > 0, got 0".to_string());
+        }
+        if self.cache_entries == 0 || self.queue == 0 {
+            errors.push(format!(
+                "tokenizer.cacheEntries and tokenizer.queue must be > 0, got {} and {}",
+                self.cache_entries, self.queue
+            ));
+        }
+        errors
+    }
+}
+
+/// A head to tokenize: the request body and which of its heads are wanted.
+#[derive(Debug)]
+struct Fill {
+    model: String,
+    pod: SocketAddr,
+    api: Api,
+    body: Vec<u8>,
+    /// (messages in the head, its digest, its rendered bytes); a completion prompt: (0, ..).
+    heads: Vec<(usize, u64, usize)>,
+}
+
+/// A request's engine tokens, found.
+#[derive(Debug, Clone)]
+pub struct HeadFound {
+    pub tokens: Tokens,
+    /// Bytes of the rendered prompt the tokens cover.
+    pub prompt_bytes: usize,
+}
+
+/// The head map and the queue to the background tokenizer.
+#[derive(Debug)]
+pub struct HeadTokens {
+    section: TokenizerSection,
+    shards: Vec<RwLock<HashMap<u64, HeadFound>>>,
+    /// Heads queued or being tokenized (not queued twice).
+    pending: Mutex<HashSet<u64>>,
+    queue: mpsc::Sender<Fill>,
+    receiver: Mutex<Option<mpsc::Receiver<Fill>>>,
+    metrics: EngineTruthMetrics,
+}
+
+impl HeadTokens {
+    pub fn new(section: TokenizerSection, metrics: EngineTruthMetrics) -> HeadTokens {
+        let (queue, receiver) = mpsc::channel(section.queue.max(1));
+        HeadTokens {
+            shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
+            pending: Mutex::default(),
+            queue,
+            receiver: Mutex::new(Some(receiver)),
+            metrics,
+            section,
+        }
+    }
+
+    /// The engine tokens of `prompt`'s longest known head, or `None` (counted, and its heads
+    /// queued for tokenizing through `pod`'s engine). `body` is the request body, copied only
+    /// when something is queued.
+    pub fn find(
+        &self,
+        model: &str,
+        api: Option<Api>,
+        prompt: &str,
+        body: Option<&[u8]>,
+        pod: Option<SocketAddr>,
+    ) -> Option<HeadFound> {
+        let count = |o: HeadOutcome| {
+            self.metrics
+                .engine_tokens
+                .with_label_values(&[o.as_str()])
+                .inc();
+        };
+        let (Some(api), Some(body), Some(pod)) = (api, body, pod) else {
+            count(HeadOutcome::Unsupported);
+            return None;
+        };
+        let heads = heads(model, api, prompt.as_bytes());
+        if let Some(found) = self.known(&heads) {
+            count(HeadOutcome::Hit);
+            return Some(found);
+        }
+        if heads.is_empty() {
+            count(HeadOutcome::Unsupported);
+            return None;
+        }
+        // The whole prompt and, for chat, the head before the last message.
+        let wanted: Vec<(usize, u64, usize)> = heads.iter().rev().take(2).copied().collect();
+        {
+            let mut pending = self.pending.lock();
+            if wanted.iter().all(|(_, d, _)| pending.contains(d)) {
+                count(HeadOutcome::Miss);
+                return None;
+            }
+            for (_, d, _) in &wanted {
+                pending.insert(*d);
+            }
+        }
+        let fill = Fill {
+            model: model.to_string(),
+            pod,
+            api,
+            body: body.to_vec(),
+            heads: wanted,
+        };
+        match self.queue.try_send(fill) {
+            Ok(()) => count(HeadOutcome::Miss),
+            Err(e) => {
+                let fill = match e {
+                    mpsc::error::TrySendError::Full(f) | mpsc::error::TrySendError::Closed(f) => f,
+                };
+                let mut pending = self.pending.lock();
+                for (_, d, _) in &fill.heads {
+                    pending.remove(d);
+                }
+                count(HeadOutcome::Dropped);
+            }
+        }
+        None
+    }
+
+    /// [`HeadTokens::find`] without counting or queueing (explain).
+    pub fn lookup(&self, model: &str, api: Api, prompt: &str) -> Option<HeadFound> {
+        self.known(&heads(model, api, prompt.as_bytes()))
+    }
+
+    /// The longest of `heads` known.
+    fn known(&self, heads: &[(usize, u64, usize)]) -> Option<HeadFound> {
+        heads
+            .iter()
+            .rev()
+            .find_map(|&(_, digest, _)| self.shard(digest).read().get(&digest).cloned())
+    }
+
+    /// The port to ask on a pod serving at `address`.
+    pub fn tokenizer_address(&self, address: SocketAddr) -> SocketAddr {
+        SocketAddr::new(address.ip(), self.section.port.unwrap_or(address.port()))
+    }
+
+    /// Heads known.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.read().len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn shard(&self, digest: u64) -> &RwLock<HashMap<u64, HeadFound>> {
+        &self.shards[(digest as usize) % SHARDS]
+    }
+
+    fn insert(&self, digest: u64, found: HeadFound) {
+        let per_shard = self.section.cache_entries.div_ceil(SHARDS).max(1);
+        let mut shard = self.shard(digest).write();
+        if shard.len() >= per_shard && !shard.contains_key(&digest) {
+            // Bounded: drop an arbitrary head (hash order is effectively random).
+            if let Some(&old) = shard.keys().next() {
+                shard.remove(&old);
+            }
+        }
+        shard.insert(digest, found);
+    }
+
+    /// Tokenizes queued heads until `shutdown` (call once; later calls return at once).
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let Some(mut receiver) = self.receiver.lock().take() else {
+            return;
+        };
+        let config = TokenizerConfig {
+            timeout: Duration::from_millis(self.section.timeout_ms),
+            ..TokenizerConfig::default()
+        };
+        let tokenizer = match EngineTokenizer::new(config) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!(error = %e, "engine tokenizer unavailable; matching by the estimate");
+                return;
+            }
+        };
+        loop {
+            let fill = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                fill = receiver.recv() => match fill {
+                    Some(f) => f,
+                    None => return,
+                },
+            };
+            self.tokenize(&tokenizer, &fill).await;
+            let mut pending = self.pending.lock();
+            for (_, d, _) in &fill.heads {
+                pending.remove(d);
+            }
+        }
+    }
+
+    async fn tokenize(&self, tokenizer: &EngineTokenizer, fill: &Fill) {
+        let target = self.tokenizer_address(fill.pod);
+        let parsed: Result<RequestPrompt<'_>, _> = serde_json::from_slice(&fill.body);
+        let Ok(parsed) = parsed else { return };
+        for &(messages, digest, bytes) in &fill.heads {
+            let joined;
+            let input = match (fill.api, &parsed) {
+                (
+                    Api::ChatCompletions,
+                    RequestPrompt {
+                        messages: Some(all),
+                        tools,
+                        system: None,
+                        ..
+                    },
+                ) if messages <= all.len() && all.len() == fill.heads[0].0 => {
+                    joined = join(&all[..messages]);
+                    TokenizeInput::chat(&joined, tools.map(RawValue::get))
+                        .with_generation_prompt(messages == all.len())
+                }
+                (
+                    Api::Completions,
+                    RequestPrompt {
+                        prompt: Some(p), ..
+                    },
+                ) => TokenizeInput::text(p),
+                _ => continue,
+            };
+            let started = Instant::now();
+            let result = tokenizer
+                .tokenize(
+                    target.ip(),
+                    target.port(),
+                    self.section.engine,
+                    &fill.model,
+                    &input,
+                )
+                .await;
+            self.metrics
+                .tokenize_duration
+                .observe(started.elapsed().as_secs_f64());
+            match result {
+                Ok(tokens) => {
+                    self.metrics
+                        .tokenize_calls
+                        .with_label_values(&[TOKENIZE_OK])
+                        .inc();
+                    self.insert(
+                        digest,
+                        HeadFound {
+                            tokens,
+                            prompt_bytes: bytes,
+                        },
+                    );
+                }
+                Err(e) => {
+                    self.metrics
+                        .tokenize_calls
+                        .with_label_values(&[e.kind().as_str()])
+                        .inc();
+                    tracing::debug!(error = %e, pod = %target, "tokenize failed");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// What the background tokenizer reads of a request body (raw JSON kept as the client sent
+/// it: the engine's template prints tools with `tojson`).
+#[derive(Deserialize)]
+struct RequestPrompt<'a> {
+    #[serde(borrow, default)]
+    messages: Option<Vec<&'a RawValue>>,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    system: Option<&'a RawValue>,
+    #[serde(default)]
+    prompt: Option<String>,
+}
+
+fn join(messages: &[&RawValue]) -> String {
+    let mut out =
+        String::with_capacity(messages.iter().map(|m| m.get().len() + 1).sum::<usize>() + 2);
+    out.push('[');
+    for (i, m) in messages.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(m.get());
+    }
+    out.push(']');
+    out
+}
+
+/// A prompt's heads: (messages in the head, digest, rendered bytes), shortest first. Chat: one
+/// per message end in the rendering, which must end with one; completions: the whole prompt.
+fn heads(model: &str, api: Api, prompt: &[u8]) -> Vec<(usize, u64, usize)> {
+    let seed = xxh3_64(model.as_bytes());
+    match api {
+        Api::Completions if !prompt.is_empty() => {
+            let mut h = Xxh3::with_seed(seed);
+            h.update(prompt);
+            vec![(0, h.digest(), prompt.len())]
+        }
+        Api::ChatCompletions if prompt.ends_with(MESSAGE_END) => {
+            let mut out = Vec::new();
+            let mut h = Xxh3::with_seed(seed);
+            let mut at = 0;
+            for end in memchr::memmem::find_iter(prompt, MESSAGE_END) {
+                let end = end + MESSAGE_END.len();
+                h.update(&prompt[at..end]);
+                at = end;
+                out.push((out.len() + 1, h.digest(), end));
+            }
+            out
+        }
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

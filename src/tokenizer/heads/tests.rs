@@ -1,0 +1,136 @@
+use super::*;
+use prometheus::Registry;
+
+fn metrics() -> EngineTruthMetrics {
+    EngineTruthMetrics::register(&Registry::new(), &["engine", "estimate"], &["timeout"])
+}
+
+fn section() -> TokenizerSection {
+    serde_yaml_ng::from_str("source: engine").unwrap()
+}
+
+fn chatml(messages: &[(&str, &str)]) -> String {
+    messages
+        .iter()
+        .map(|(role, content)| format!("<|im_start|>{role}\n{content}<|im_end|>\n"))
+        .collect()
+}
+
+#[test]
+fn a_chat_prompt_has_one_head_per_message_and_shares_them_with_its_continuation() {
+    let first = chatml(&[("system", "be brief"), ("user", "hi")]);
+    let next = chatml(&[
+        ("system", "be brief"),
+        ("user", "hi"),
+        ("assistant", "hello"),
+        ("user", "more"),
+    ]);
+    let a = heads("m", Api::ChatCompletions, first.as_bytes());
+    let b = heads("m", Api::ChatCompletions, next.as_bytes());
+    assert_eq!(a.iter().map(|h| h.0).collect::<Vec<_>>(), [1, 2]);
+    assert_eq!(a[1].2, first.len());
+    assert_eq!(a[..], b[..2], "the continuation starts with the same heads");
+    assert_ne!(a[1].1, b[3].1);
+    // Another model's tokenizer: other digests.
+    assert_ne!(
+        heads("n", Api::ChatCompletions, first.as_bytes())[0].1,
+        a[0].1
+    );
+    // A completion prompt is one head; a rendering that does not end a message has none.
+    assert_eq!(heads("m", Api::Completions, b"text").len(), 1);
+    assert!(heads("m", Api::ChatCompletions, b"no marker").is_empty());
+    assert!(heads("m", Api::Responses, first.as_bytes()).is_empty());
+}
+
+#[test]
+fn a_miss_queues_its_heads_once_and_a_known_head_is_found() {
+    let heads_map = HeadTokens::new(section(), metrics());
+    let prompt = chatml(&[("system", "tenant prompt"), ("user", "q1")]);
+    let body = br#"{"messages":[{"role":"system","content":"tenant prompt"},{"role":"user","content":"q1"}]}"#;
+    let pod: SocketAddr = "127.0.0.1:8000".parse().unwrap();
+    let find = || {
+        heads_map.find(
+            "m",
+            Some(Api::ChatCompletions),
+            &prompt,
+            Some(body),
+            Some(pod),
+        )
+    };
+    assert!(find().is_none());
+    assert!(
+        find().is_none(),
+        "queued once: the second miss queues nothing"
+    );
+    let queued = heads_map
+        .receiver
+        .lock()
+        .as_mut()
+        .unwrap()
+        .try_recv()
+        .unwrap();
+    assert_eq!(queued.heads.iter().map(|h| h.0).collect::<Vec<_>>(), [2, 1]);
+    assert!(
+        heads_map
+            .receiver
+            .lock()
+            .as_mut()
+            .unwrap()
+            .try_recv()
+            .is_err()
+    );
+    // The tenant's head (its system message) tokenized: another question of that tenant finds it.
+    let (_, digest, bytes) = queued.heads[1];
+    heads_map.insert(
+        digest,
+        HeadFound {
+            tokens: Tokens::from(vec![1, 2, 3]),
+            prompt_bytes: bytes,
+        },
+    );
+    let other = chatml(&[("system", "tenant prompt"), ("user", "q2")]);
+    let found = heads_map
+        .lookup("m", Api::ChatCompletions, &other)
+        .expect("the head is known");
+    assert_eq!(found.tokens.as_slice(), [1, 2, 3]);
+    assert_eq!(
+        found.prompt_bytes,
+        chatml(&[("system", "tenant prompt")]).len()
+    );
+    let hits = heads_map
+        .metrics
+        .engine_tokens
+        .with_label_values(&["miss"])
+        .get();
+    assert_eq!(hits, 2);
+}
+
+#[test]
+fn the_head_map_is_bounded() {
+    let mut s = section();
+    s.cache_entries = SHARDS; // one per shard
+    let heads_map = HeadTokens::new(s, metrics());
+    for d in 0..1000u64 {
+        heads_map.insert(
+            d,
+            HeadFound {
+                tokens: Tokens::from(vec![1]),
+                prompt_bytes: 1,
+            },
+        );
+    }
+    assert!(heads_map.len() <= SHARDS);
+}
+
+#[test]
+fn messages_are_joined_as_sent() {
+    let body =
+        r#"{"messages":[{"role":"user","content":"a", "z":1},{"content":"b","role":"user"}]}"#;
+    let parsed: RequestPrompt<'_> = serde_json::from_str(body).unwrap();
+    let all = parsed.messages.unwrap();
+    assert_eq!(join(&all[..1]), r#"[{"role":"user","content":"a", "z":1}]"#);
+    assert_eq!(
+        join(&all),
+        r#"[{"role":"user","content":"a", "z":1},{"content":"b","role":"user"}]"#
+    );
+}
