@@ -6,6 +6,7 @@ mod affinity;
 mod body_modes;
 mod cli;
 mod completions;
+mod engine_truth;
 mod failures;
 mod gie;
 mod health;

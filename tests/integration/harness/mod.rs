@@ -415,6 +415,61 @@ impl Sim {
     }
 }
 
+impl Sim {
+    /// A sim publishing vLLM's KV events on loopback ports the system chose (and serving
+    /// `/tokenize`).
+    pub async fn start_with_events(name: &str, config: model_sim::engine::EngineConfig) -> Sim {
+        use model_sim::{engine::Engine, kv_events::KvEventsConfig, server};
+        let config = model_sim::engine::EngineConfig {
+            kv_events: KvEventsConfig {
+                enable_kv_cache_events: true,
+                // vLLM's rule: an address with `*` is bound (the port the system chose).
+                endpoint: "tcp://*:0".into(),
+                replay_endpoint: Some("tcp://*:0".into()),
+                ..KvEventsConfig::default()
+            },
+            ..config
+        };
+        let engine = Arc::new(Engine::start(config).await.unwrap());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = server::app(
+            server::SimConfig {
+                name: name.to_string(),
+                model: None,
+                default_max_tokens: 1,
+                seed: 0,
+            },
+            engine.clone(),
+        );
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Sim {
+            name: name.to_string(),
+            addr,
+            engine,
+        }
+    }
+
+    /// This sim as a static endpoint, with its event sockets when it publishes.
+    pub fn endpoint_yaml(&self) -> String {
+        let mut line = format!(
+            "- {{name: {}, namespace: default, address: \"{}\"",
+            self.name, self.addr
+        );
+        let loopback = |bound: &str| bound.replace("0.0.0.0", "127.0.0.1");
+        if let Some(p) = self.engine.kv_events() {
+            let e = loopback(p.endpoint());
+            line.push_str(&format!(", kvEventsEndpoint: \"{e}\""));
+            if let Some(r) = p.replay_endpoint() {
+                let r = loopback(r);
+                line.push_str(&format!(", kvEventsReplayEndpoint: \"{r}\""));
+            }
+        }
+        line.push_str("}\n");
+        line
+    }
+}
+
 pub fn sims_config(sims: &[Sim], extra: &str) -> Config {
     use testkit::{endpoints_yaml, scheduler_section};
     let mut doc =

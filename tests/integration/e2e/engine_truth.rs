@@ -1,0 +1,219 @@
+//! Engine truth through Envoy: model-sims publish vLLM's KV events and serve `/tokenize`; the
+//! shipped config with `picker.tokenizer` matches their pods by what the engines hold. An
+//! evicted prefix stops attracting requests at once, a pod with prefix caching off is never
+//! preferred, and garbage on an event socket leaves routing intact.
+
+use super::{chat, send};
+use crate::harness::*;
+use model_sim::engine::EngineConfig;
+use prefix_picker::Config;
+use prefix_picker::serve::Running;
+use serde_json::Value;
+
+/// The shipped picker section with the engine tokenizer and a fast scrape.
+fn engine_truth_config(sims: &[Sim], extra_endpoints: &str) -> Config {
+    use testkit::scheduler_section;
+    let mut doc =
+        scheduler_section(include_str!("../fixtures/kthena-router-config.yaml")).to_string();
+    doc.push_str("endpoints:\n");
+    for s in sims {
+        doc.push_str(&s.endpoint_yaml());
+    }
+    doc.push_str(extra_endpoints);
+    doc.push_str(shipped_picker_section());
+    doc.push_str("  tokenizer: {source: engine}\n");
+    Config::parse(&doc).unwrap()
+}
+
+fn engine() -> EngineConfig {
+    EngineConfig {
+        time_scale: 100.0,
+        ..EngineConfig::default()
+    }
+}
+
+/// The explanation's entry for `pod`.
+fn pod<'a>(e: &'a Value, pod: &str) -> &'a Value {
+    e["pods"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no pods: {e}"))
+        .iter()
+        .find(|p| p["pod"] == format!("default/{pod}"))
+        .unwrap_or_else(|| panic!("{pod} not explained: {e}"))
+}
+
+/// Waits until `sim`'s engine view holds at least `blocks` blocks (or, with 0, none).
+async fn wait_view(picker: &Running, sim: &str, blocks: f64) {
+    let series =
+        format!("prefix_picker_engine_view_blocks{{name=\"{sim}\",namespace=\"default\"}}");
+    if blocks == 0.0 {
+        wait_metric_eq(picker, &series, 0.0).await;
+    } else {
+        wait_metric(picker, &series, blocks).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_prefix_stops_attracting_requests_at_once() {
+    let sims = [
+        Sim::start_with_events("sim-0", engine()).await,
+        Sim::start_with_events("sim-1", engine()).await,
+    ];
+    let picker = start_picker(engine_truth_config(&sims, "")).await;
+    let envoy = start_envoy_for_sims(&picker, &sims).await;
+    for s in ["sim-0", "sim-1"] {
+        wait_metric_eq(
+            &picker,
+            &format!("prefix_picker_engine_view_live{{name=\"{s}\",namespace=\"default\"}}"),
+            1.0,
+        )
+        .await;
+    }
+    let system = "You are the support agent of tenant seven. Answer briefly. ".repeat(20);
+    let first = send(
+        &envoy,
+        "/v1/chat/completions",
+        &chat(&system, "first question"),
+    )
+    .await;
+    assert_eq!(first.status, 200);
+    let holder = first.served_by.clone();
+    // The engine announced what it stored, and the tenant's head was tokenized by it.
+    wait_view(&picker, &holder, 4.0).await;
+    wait_metric(
+        &picker,
+        "prefix_picker_tokenize_calls_total{result=\"ok\"}",
+        2.0,
+    )
+    .await;
+    let next = chat(&system, "second question");
+    let e = explain(&picker, &next).await;
+    assert_eq!(e["primary"], format!("default/{holder}"), "{e}");
+    let held = &pod(&e, &holder)["match"];
+    assert_eq!(held["source"], "engine", "{e}");
+    assert!(held["engine_tokens"].as_u64().unwrap() >= 64, "{e}");
+    let r = send(&envoy, "/v1/chat/completions", &next).await;
+    assert_eq!(r.served_by, holder);
+    assert!(
+        metric(
+            &picker,
+            "prefix_picker_match_source_total{source=\"engine\"}"
+        )
+        .await
+            >= 1.0
+    );
+    // The engine drops its cache: the prefix no longer attracts requests, with no completion
+    // or scrape in between.
+    let holder_sim = sims.iter().find(|s| s.name == holder).unwrap();
+    assert!(holder_sim.engine.reset_prefix_cache());
+    wait_view(&picker, &holder, 0.0).await;
+    let e = explain(&picker, &chat(&system, "third question")).await;
+    assert_eq!(pod(&e, &holder)["match"]["engine_tokens"], 0, "{e}");
+    assert_eq!(pod(&e, &holder)["scores"]["prefix-cache"], 0, "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_with_prefix_caching_off_is_never_preferred() {
+    let off = EngineConfig {
+        prefix_caching: false,
+        ..engine()
+    };
+    let sims = [
+        Sim::start_with_events("sim-0", off).await,
+        Sim::start_with_events("sim-1", engine()).await,
+    ];
+    let picker = start_picker(engine_truth_config(&sims, "")).await;
+    let envoy = start_envoy_for_sims(&picker, &sims).await;
+    for s in ["sim-0", "sim-1"] {
+        wait_metric_eq(
+            &picker,
+            &format!("prefix_picker_engine_view_live{{name=\"{s}\",namespace=\"default\"}}"),
+            1.0,
+        )
+        .await;
+    }
+    let system = "A long shared instruction block that every request carries. ".repeat(20);
+    // Send until the caching pod holds the prefix (the first requests may land anywhere).
+    let mut served = Vec::new();
+    for i in 0..12 {
+        let r = send(
+            &envoy,
+            "/v1/chat/completions",
+            &chat(&system, &format!("q{i}")),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        served.push(r.served_by);
+    }
+    wait_view(&picker, "sim-1", 4.0).await;
+    wait_metric(
+        &picker,
+        "prefix_picker_tokenize_calls_total{result=\"ok\"}",
+        2.0,
+    )
+    .await;
+    // From now on every request of the prefix goes to the pod that can reuse it.
+    for i in 12..20 {
+        let r = send(
+            &envoy,
+            "/v1/chat/completions",
+            &chat(&system, &format!("q{i}")),
+        )
+        .await;
+        assert_eq!(r.served_by, "sim-1", "request {i}: {served:?}");
+    }
+    assert_eq!(
+        metric(
+            &picker,
+            "prefix_picker_engine_view_blocks{name=\"sim-0\",namespace=\"default\"}"
+        )
+        .await,
+        0.0,
+        "caching off: nothing announced"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_on_an_event_socket_leaves_routing_intact() {
+    // A "publisher" that answers every connection with garbage bytes.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let garbage = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        while let Ok((mut s, _)) = listener.accept().await {
+            let _ = s.write_all(&[0xde, 0xad, 0xbe, 0xef].repeat(64)).await;
+        }
+    });
+    let plain = Sim::start("sim-0", engine()).await;
+    let extra = format!(
+        "- {{name: sim-0, namespace: default, address: \"{}\", kvEventsEndpoint: \"tcp://{garbage}\"}}\n",
+        plain.addr
+    );
+    let sims = [Sim::start_with_events("sim-1", engine()).await];
+    let picker = start_picker(engine_truth_config(&sims, &extra)).await;
+    let envoy = start_envoy_for_addrs(&picker, &[plain.addr, sims[0].addr]).await;
+    wait_metric_eq(
+        &picker,
+        "prefix_picker_engine_view_live{name=\"sim-1\",namespace=\"default\"}",
+        1.0,
+    )
+    .await;
+    for i in 0..8 {
+        let r = send(
+            &envoy,
+            "/v1/chat/completions",
+            &chat("garbage test", &format!("q{i}")),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    assert_eq!(
+        metric(
+            &picker,
+            "prefix_picker_engine_view_live{name=\"sim-0\",namespace=\"default\"}"
+        )
+        .await,
+        0.0,
+        "never connected: matched by the estimate"
+    );
+}
