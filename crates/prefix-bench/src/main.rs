@@ -1742,6 +1742,12 @@ async fn main() -> anyhow::Result<()> {
                 .into_iter()
                 .find(|w| w.selected(std::slice::from_ref(&name)))
                 .with_context(|| format!("unknown workload {name:?}"))?;
+            if w.restarts || !w.caching_off.is_empty() {
+                eprintln!(
+                    "note: `run` neither starts nor restarts the engines: {} sends its requests with no engine disturbed",
+                    w.key
+                );
+            }
             // A workload with its own arrival times (trace, ramp) keeps them.
             let arrival = match (rate, w.arrival) {
                 (Some(rate), _) => Arrival::Poisson { rate, seed },
