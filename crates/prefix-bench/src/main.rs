@@ -566,9 +566,9 @@ const LATENCY_SIGNALS: [&str; 4] = ["inflight", "engineQueue", "pace", "prefillF
 const PREFIX_ONLY: &str = "scheduler:\n  plugins:\n    Filter: {enabled: []}\n    Score:\n      enabled:\n      - {name: prefix-cache, weight: 1}\n";
 
 /// The routers of the suite, in report order. The peers run only when `bench/run` installed
-/// them (`SGLANG_ROUTER_PYTHON`, `VLLM_ROUTER_BIN`, `SMG_BIN`). The shipped-config row (and the
-/// ablation rows, with `ablation`) only when the shipped config has a `picker.affinity`
-/// section: without one it routes exactly as the Kthena row.
+/// them (`SGLANG_ROUTER_PYTHON`, `VLLM_ROUTER_BIN`, `SMG_BIN`). The shipped-config row (and
+/// after it the engine-events rows, and the ablation rows with `ablation`) only when the shipped
+/// config has a `picker.affinity` section: without one it routes exactly as the Kthena row.
 fn routers(ablation: bool) -> anyhow::Result<Vec<(String, Setup)>> {
     Ok(routers_from(
         default_scheduler()?,
