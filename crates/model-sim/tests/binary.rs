@@ -120,3 +120,68 @@ async fn vllm_cache_flags_from_the_command_line() {
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(stderr.contains("unknown field"), "{stderr}");
 }
+
+/// `testkit::Sim` as the bench's `engine-restarts` workload uses it: KV events on ports the sim
+/// bound itself, then a restart on the same HTTP and event ports with an empty cache and an
+/// event sequence from 0 again.
+#[tokio::test]
+async fn a_restarted_sim_is_back_on_the_same_ports_with_an_empty_cache() {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_model-sim"));
+    let mut sim =
+        testkit::Sim::start(bin, "sim-0", &["--time-scale".into(), "1000".into()]).unwrap();
+    let (addr, ports) = (sim.addr(), sim.kv_events());
+    let body = serde_json::json!({"model": "m", "prompt": "hello ".repeat(200), "max_tokens": 1});
+    // A client per request: a pooled connection to the killed process would fail.
+    let cached = || async {
+        let r: serde_json::Value = reqwest::Client::new()
+            .post(format!("http://{addr}/v1/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        r["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(cached().await, 0);
+    assert!(cached().await > 0);
+    assert_eq!(first_replayed_seq(&ports.replay_endpoint()).await, 0);
+
+    sim.restart().unwrap();
+    assert_eq!((sim.addr(), sim.kv_events()), (addr, ports));
+    assert_eq!(cached().await, 0, "the cache is empty after a restart");
+    assert_eq!(first_replayed_seq(&ports.replay_endpoint()).await, 0);
+    // The PUB socket is bound again too.
+    std::net::TcpStream::connect(("127.0.0.1", ports.publish)).unwrap();
+}
+
+/// The seq of the oldest batch the sim's replay socket holds (polled until it holds one).
+async fn first_replayed_seq(endpoint: &str) -> i64 {
+    use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut dealer = zeromq::DealerSocket::new();
+    dealer.connect(endpoint).await.unwrap();
+    loop {
+        assert!(std::time::Instant::now() < deadline, "no batch replayed");
+        let request = ZmqMessage::try_from(vec![
+            bytes::Bytes::new(),
+            bytes::Bytes::copy_from_slice(&0i64.to_be_bytes()),
+        ])
+        .unwrap();
+        dealer.send(request).await.unwrap();
+        // [delimiter, topic, seq, payload] per batch, then [delimiter, "", -1, ""].
+        let m = tokio::time::timeout(std::time::Duration::from_secs(20), dealer.recv())
+            .await
+            .expect("a reply")
+            .unwrap()
+            .into_vec();
+        let seq = i64::from_be_bytes(m[2].as_ref().try_into().unwrap());
+        if seq != -1 {
+            return seq;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

@@ -8,6 +8,9 @@
 //! `base` may list several routers (comma-separated): requests go to them round-robin, as a
 //! load balancer in front of gateway replicas would send them. A request pinned to an engine
 //! (`pin_to`, the oracle's placement) goes straight to that engine.
+//! [`MidRun`]: something done to the engines while the workload runs (the `engine-restarts`
+//! workload restarts them); the engine counters are banked around it, so an engine whose
+//! counters start again from 0 still counts what it served before.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -120,13 +123,19 @@ fn pods_per_group<'a>(served: impl Iterator<Item = (u32, &'a str)>) -> f64 {
 
 /// The engines' `vllm:prefix_cache_hits_total` and `vllm:prefix_cache_queries_total`, summed.
 pub async fn engine_counters(client: &reqwest::Client, sims: &[String]) -> (f64, f64) {
-    let mut hits = 0.0;
-    let mut queries = 0.0;
+    sum(&engine_counters_each(client, sims).await)
+}
+
+/// Each engine's `vllm:prefix_cache_hits_total` and `vllm:prefix_cache_queries_total` (0 for
+/// an engine that does not answer).
+async fn engine_counters_each(client: &reqwest::Client, sims: &[String]) -> Vec<(f64, f64)> {
+    let mut out = Vec::with_capacity(sims.len());
     for s in sims {
-        let Ok(r) = client.get(format!("{s}/metrics")).send().await else {
-            continue;
+        let (mut hits, mut queries) = (0.0, 0.0);
+        let text = match client.get(format!("{s}/metrics")).send().await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
         };
-        let Ok(text) = r.text().await else { continue };
         for line in text.lines() {
             let mut parts = line.rsplitn(2, ' ');
             let value: f64 = parts.next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
@@ -136,8 +145,98 @@ pub async fn engine_counters(client: &reqwest::Client, sims: &[String]) -> (f64,
                 _ => {}
             }
         }
+        out.push((hits, queries));
     }
-    (hits, queries)
+    out
+}
+
+fn sum(counters: &[(f64, f64)]) -> (f64, f64) {
+    counters
+        .iter()
+        .fold((0.0, 0.0), |(h, q), (dh, dq)| (h + dh, q + dq))
+}
+
+/// Something done to the engines mid-run: once `after[i]` requests have finished (answered or
+/// failed), the driver calls `act(i)`, blocking (a restart waits for the new process).
+pub struct MidRun<'a> {
+    pub after: Vec<usize>,
+    pub act: Box<dyn FnMut(usize) -> anyhow::Result<()> + Send + 'a>,
+}
+
+/// The engine counters of a run with [`MidRun`] actions: what each engine counted up to an
+/// action is banked, and the engine's counters read after it are its new baseline.
+#[derive(Debug, Default)]
+struct Banked {
+    baseline: Vec<(f64, f64)>,
+    banked: (f64, f64),
+}
+
+impl Banked {
+    fn new(baseline: Vec<(f64, f64)>) -> Banked {
+        Banked {
+            baseline,
+            banked: (0.0, 0.0),
+        }
+    }
+
+    /// Banks what every engine counted since its baseline (`now`: the counters just before an
+    /// action); `after`: the counters just after it, the new baseline.
+    fn bank(&mut self, now: &[(f64, f64)], after: Vec<(f64, f64)>) {
+        let (h, q) = self.delta(now);
+        self.banked = (self.banked.0 + h, self.banked.1 + q);
+        self.baseline = after;
+    }
+
+    /// Hits and queries since the start (`now`: the counters at the end).
+    fn total(&self, now: &[(f64, f64)]) -> (f64, f64) {
+        let (h, q) = self.delta(now);
+        (self.banked.0 + h, self.banked.1 + q)
+    }
+
+    /// Counted since the baseline; an engine whose counters went back (it restarted since)
+    /// counts from 0.
+    fn delta(&self, now: &[(f64, f64)]) -> (f64, f64) {
+        let mut out = (0.0, 0.0);
+        for (i, &(h, q)) in now.iter().enumerate() {
+            let (h0, q0) = self.baseline.get(i).copied().unwrap_or((0.0, 0.0));
+            let (h0, q0) = if q < q0 { (0.0, 0.0) } else { (h0, q0) };
+            out = (out.0 + (h - h0).max(0.0), out.1 + (q - q0).max(0.0));
+        }
+        out
+    }
+}
+
+/// Runs `mid_run`'s actions as the run's finished requests (`done`) pass their thresholds,
+/// until `stop`; returns the banked engine counters.
+async fn mid_run_actions(
+    client: &reqwest::Client,
+    sims: &[String],
+    mut mid_run: MidRun<'_>,
+    done: impl Fn() -> usize,
+    stop: &tokio::sync::Notify,
+    mut banked: Banked,
+) -> Banked {
+    let mut next = 0;
+    while next < mid_run.after.len() {
+        if done() < mid_run.after[next] {
+            tokio::select! {
+                _ = stop.notified() => break,
+                _ = tokio::time::sleep(Duration::from_millis(20)) => continue,
+            }
+        }
+        let now = engine_counters_each(client, sims).await;
+        let act = &mut mid_run.act;
+        let result = match tokio::runtime::Handle::current().runtime_flavor() {
+            tokio::runtime::RuntimeFlavor::CurrentThread => act(next),
+            _ => tokio::task::block_in_place(|| act(next)),
+        };
+        if let Err(e) = result {
+            eprintln!("\n  mid-run action {next} failed: {e:#}");
+        }
+        banked.bank(&now, engine_counters_each(client, sims).await);
+        next += 1;
+    }
+    banked
 }
 
 async fn one(client: &reqwest::Client, base: &str, r: &BenchRequest, t0: Instant) -> Sample {
@@ -329,6 +428,27 @@ pub async fn run(
     arrival: Arrival,
     ceiling: f64,
 ) -> RunResult {
+    run_with(
+        router, workload, base, sims, requests, arrival, ceiling, None,
+    )
+    .await
+}
+
+/// [`run`], with `mid_run`'s actions on the engines while it runs.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "run's arguments and the mid-run actions"
+)]
+pub async fn run_with(
+    router: &str,
+    workload: &str,
+    base: &str,
+    sims: &[String],
+    requests: &[BenchRequest],
+    arrival: Arrival,
+    ceiling: f64,
+    mid_run: Option<MidRun<'_>>,
+) -> RunResult {
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
         .timeout(Duration::from_secs(600))
@@ -340,7 +460,7 @@ pub async fn run(
         sims: sims.to_vec(),
         t0: Instant::now(),
     });
-    let (h0, q0) = engine_counters(&client, sims).await;
+    let banked = Banked::new(engine_counters_each(&client, sims).await);
     let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
     let total = requests.len();
     let started = Instant::now();
@@ -357,60 +477,76 @@ pub async fn run(
             }
         })
     };
-    match arrival {
-        Arrival::Closed { concurrency } => {
-            let queue = Arc::new(Mutex::new(units(requests)));
-            let mut workers = Vec::new();
-            for _ in 0..concurrency.max(1) {
-                let (queue, samples, client, base) =
-                    (queue.clone(), samples.clone(), client.clone(), base.clone());
-                workers.push(tokio::spawn(async move {
-                    loop {
-                        let Some(unit) = queue.lock().pop_front() else {
-                            break;
-                        };
-                        run_unit(&client, &base, unit, &samples).await;
-                    }
-                }));
+    let stop = tokio::sync::Notify::new();
+    let workload_done = async {
+        match arrival {
+            Arrival::Closed { concurrency } => {
+                let queue = Arc::new(Mutex::new(units(requests)));
+                let mut workers = Vec::new();
+                for _ in 0..concurrency.max(1) {
+                    let (queue, samples, client, base) =
+                        (queue.clone(), samples.clone(), client.clone(), base.clone());
+                    workers.push(tokio::spawn(async move {
+                        loop {
+                            let Some(unit) = queue.lock().pop_front() else {
+                                break;
+                            };
+                            run_unit(&client, &base, unit, &samples).await;
+                        }
+                    }));
+                }
+                for w in workers {
+                    let _ = w.await;
+                }
             }
-            for w in workers {
-                let _ = w.await;
-            }
-        }
-        Arrival::Poisson { .. } | Arrival::Trace => {
-            let mut rng = match arrival {
-                Arrival::Poisson { seed, .. } => SmallRng::seed_from_u64(seed),
-                _ => SmallRng::seed_from_u64(0),
-            };
-            let mut at = 0.0f64;
-            let mut tasks = Vec::new();
-            for unit in units(requests) {
-                let offset = match (arrival, unit.requests[0].at_ms) {
-                    (Arrival::Trace, Some(ms)) => ms / 1000.0,
-                    (Arrival::Poisson { rate, .. }, _) => {
-                        at += -(1.0 - rng.random::<f64>()).ln() / rate.max(1e-9);
-                        at
-                    }
-                    _ => 0.0,
+            Arrival::Poisson { .. } | Arrival::Trace => {
+                let mut rng = match arrival {
+                    Arrival::Poisson { seed, .. } => SmallRng::seed_from_u64(seed),
+                    _ => SmallRng::seed_from_u64(0),
                 };
-                let (samples, client, base) = (samples.clone(), client.clone(), base.clone());
-                tasks.push(tokio::spawn(async move {
-                    tokio::time::sleep_until(
-                        tokio::time::Instant::from_std(started) + Duration::from_secs_f64(offset),
-                    )
-                    .await;
-                    run_unit(&client, &base, unit, &samples).await;
-                }));
-            }
-            for t in tasks {
-                let _ = t.await;
+                let mut at = 0.0f64;
+                let mut tasks = Vec::new();
+                for unit in units(requests) {
+                    let offset = match (arrival, unit.requests[0].at_ms) {
+                        (Arrival::Trace, Some(ms)) => ms / 1000.0,
+                        (Arrival::Poisson { rate, .. }, _) => {
+                            at += -(1.0 - rng.random::<f64>()).ln() / rate.max(1e-9);
+                            at
+                        }
+                        _ => 0.0,
+                    };
+                    let (samples, client, base) = (samples.clone(), client.clone(), base.clone());
+                    tasks.push(tokio::spawn(async move {
+                        tokio::time::sleep_until(
+                            tokio::time::Instant::from_std(started)
+                                + Duration::from_secs_f64(offset),
+                        )
+                        .await;
+                        run_unit(&client, &base, unit, &samples).await;
+                    }));
+                }
+                for t in tasks {
+                    let _ = t.await;
+                }
             }
         }
-    }
+        // `notify_one` keeps the permit if the actions are not waiting at this moment.
+        stop.notify_one();
+    };
+    let actions = async {
+        match mid_run {
+            Some(m) => {
+                let done = || samples.lock().len();
+                mid_run_actions(&client, sims, m, done, &stop, banked).await
+            }
+            None => banked,
+        }
+    };
+    let ((), banked) = tokio::join!(workload_done, actions);
     let duration = started.elapsed().as_secs_f64();
     progress.abort();
     eprintln!();
-    let (h1, q1) = engine_counters(&client, sims).await;
+    let (hits, queries) = banked.total(&engine_counters_each(&client, sims).await);
     let samples = std::mem::take(&mut *samples.lock());
     let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok).collect();
     let mut pod_share = BTreeMap::new();
@@ -430,7 +566,7 @@ pub async fn run(
         output_tokens_per_s: ok.iter().map(|s| s.output_tokens).sum::<u64>() as f64 / duration,
         ttft_ms: Percentiles::of(ok.iter().map(|s| s.ttft).collect()),
         e2e_ms: Percentiles::of(ok.iter().map(|s| s.e2e).collect()),
-        hit_rate: if q1 > q0 { (h1 - h0) / (q1 - q0) } else { 0.0 },
+        hit_rate: if queries > 0.0 { hits / queries } else { 0.0 },
         ceiling_hit_rate: ceiling,
         pod_share,
         max_over_mean: if mean > 0.0 { max / mean } else { 0.0 },
@@ -452,6 +588,60 @@ mod tests {
         let served = [(1, "a"), (1, "a"), (1, "a"), (2, "a"), (2, "b")];
         assert!((pods_per_group(served.into_iter()) - (3.0 + 2.0 * 2.0) / 5.0).abs() < 1e-9);
         assert_eq!(pods_per_group(std::iter::empty()), 0.0);
+    }
+
+    #[test]
+    fn banked_counters_survive_an_engine_whose_counters_restart() {
+        // Two engines; engine 1 restarts mid-run (its counters from 0 again).
+        let mut b = Banked::new(vec![(10.0, 20.0), (5.0, 5.0)]);
+        // Just before the restart: engine 0 counted 30/40 more, engine 1 60/100 more.
+        b.bank(
+            &[(40.0, 60.0), (65.0, 105.0)],
+            vec![(40.0, 60.0), (0.0, 0.0)],
+        );
+        // At the end: engine 0 another 10/10, the restarted engine 1 has 3/30.
+        let (h, q) = b.total(&[(50.0, 70.0), (3.0, 30.0)]);
+        assert_eq!(
+            (h, q),
+            (30.0 + 60.0 + 10.0 + 3.0, 40.0 + 100.0 + 10.0 + 30.0)
+        );
+        // An engine that restarted outside an action counts from 0, never negative.
+        let b = Banked::new(vec![(50.0, 100.0)]);
+        assert_eq!(b.total(&[(2.0, 8.0)]), (2.0, 8.0));
+    }
+
+    #[tokio::test]
+    async fn mid_run_actions_run_once_each_as_requests_pass_their_thresholds() {
+        let done = std::sync::atomic::AtomicUsize::new(0);
+        let stop = tokio::sync::Notify::new();
+        let calls = std::sync::Mutex::new(Vec::new());
+        let mid_run = MidRun {
+            after: vec![2, 5],
+            act: Box::new(|i| {
+                calls.lock().unwrap().push((i, done.load(Ordering::SeqCst)));
+                Ok(())
+            }),
+        };
+        let client = reqwest::Client::new();
+        let actions = mid_run_actions(
+            &client,
+            &[],
+            mid_run,
+            || done.load(Ordering::SeqCst),
+            &stop,
+            Banked::default(),
+        );
+        let requests = async {
+            for _ in 0..8 {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                done.fetch_add(1, Ordering::SeqCst);
+            }
+            stop.notify_one();
+        };
+        let (_, ()) = tokio::join!(actions, requests);
+        let calls = calls.into_inner().unwrap();
+        assert_eq!(calls.iter().map(|c| c.0).collect::<Vec<_>>(), vec![0, 1]);
+        assert!(calls[0].1 >= 2 && calls[1].1 >= 5, "{calls:?}");
     }
 
     #[test]

@@ -5,6 +5,7 @@ pub mod noop_ext_proc;
 pub mod oracle;
 pub mod overhead;
 pub mod pd;
+pub mod picker_config;
 pub mod placement_search;
 pub mod probe;
 pub mod report;

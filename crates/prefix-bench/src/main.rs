@@ -1,10 +1,12 @@
 //! `prefix-bench`: the benchmark driver.
 //!
 //! - `suite [--quick]`: for each workload and router (Envoy round robin; Envoy + prefix-picker
-//!   with prefix-cache only, with Kthena's default plugins, with the shipped config; the peer
-//!   routers `bench/run` installed; the oracle), starts fresh model-sims, the picker and Envoy
-//!   as processes, runs the workload `--repeat` times (interleaved) and writes `suite.json`
-//!   (every run) + `suite.md` (medians).
+//!   with prefix-cache only, with Kthena's default plugins, with the shipped config, with the
+//!   shipped config reading the engines' KV events; the peer routers `bench/run` installed; the
+//!   oracle), starts fresh model-sims, the picker and Envoy as processes, runs the workload
+//!   `--repeat` times (interleaved) and writes `suite.json` (every run) + `suite.md` (medians).
+//!   When a selected row reads KV events, or the workload restarts engines, every row of that
+//!   workload runs on sims that publish them (the same engines for every row).
 //! - `overhead`: instant backends, fixed concurrency: requests/s, p50/p99 latency and CPU per
 //!   request of Envoy alone vs Envoy + a no-op ext_proc vs Envoy + prefix-picker (both Envoy
 //!   setups), in one run.
@@ -22,6 +24,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use prefix_bench::driver::{self, Arrival, RunResult};
 use prefix_bench::overhead::{self, OverheadRow, RowKind};
+use prefix_bench::picker_config::{self, EngineEvents};
 use prefix_bench::probe::{self, cpu_seconds};
 use prefix_bench::workload::{self, BenchRequest};
 use prefix_bench::{oracle, placement_search, report};
@@ -174,6 +177,10 @@ struct WorkloadSpec {
     kv_blocks: usize,
     /// Running requests per sim before requests queue.
     max_num_seqs: usize,
+    /// Sims (by index) that run with `--no-enable-prefix-caching`.
+    caching_off: Vec<usize>,
+    /// Every engine restarts once mid-run ([`workload::restarts`]).
+    restarts: bool,
 }
 
 impl WorkloadSpec {
@@ -191,12 +198,35 @@ impl WorkloadSpec {
             arrival,
             kv_blocks,
             max_num_seqs: 64,
+            caching_off: Vec::new(),
+            restarts: false,
         }
     }
 
     fn max_num_seqs(mut self, n: usize) -> WorkloadSpec {
         self.max_num_seqs = n;
         self
+    }
+
+    /// Sim `pod` runs with `--no-enable-prefix-caching`.
+    fn caching_off(mut self, pod: usize) -> WorkloadSpec {
+        self.caching_off.push(pod);
+        self
+    }
+
+    /// Every engine restarts once, one at a time, mid-run.
+    fn with_restarts(mut self) -> WorkloadSpec {
+        self.restarts = true;
+        self
+    }
+
+    /// The restarts of a run of this workload (none unless [`WorkloadSpec::with_restarts`]).
+    fn restart_schedule(&self) -> Vec<workload::Restart> {
+        if self.restarts {
+            workload::restarts(self.requests.len(), SIMS)
+        } else {
+            Vec::new()
+        }
     }
 
     /// Selected by `--workloads` (nothing given = all).
@@ -346,6 +376,23 @@ fn workloads(quick: bool, seed: u64) -> anyhow::Result<Vec<WorkloadSpec>> {
                 4096,
             )
             .max_num_seqs(8),
+            // Engine truth: what an estimate cannot know. Both the full multi-tenant workload.
+            WorkloadSpec::new(
+                "engine-restarts",
+                "engine-restarts (multi-tenant as above; each of the 4 engines restarts once, one at a time, after 1/5, 2/5, 3/5, 4/5 of the requests: killed and started again on the same ports, cache empty)",
+                workload::multi_tenant(16, 192, TENANT_SYSTEM_TOKENS, 128, 64, 1.0, seed, m),
+                Arrival::Closed { concurrency: 12 },
+                TENANT_KV_BLOCKS,
+            )
+            .with_restarts(),
+            WorkloadSpec::new(
+                "caching-off",
+                "caching-off (multi-tenant as above; sim-0 runs with --no-enable-prefix-caching: it never reuses its cache)",
+                workload::multi_tenant(16, 192, TENANT_SYSTEM_TOKENS, 128, 64, 1.0, seed, m),
+                Arrival::Closed { concurrency: 12 },
+                TENANT_KV_BLOCKS,
+            )
+            .caching_off(CACHING_OFF_POD),
         ]
     };
     if trace_path.exists() {
@@ -366,6 +413,10 @@ fn workloads(quick: bool, seed: u64) -> anyhow::Result<Vec<WorkloadSpec>> {
     }
     Ok(w)
 }
+
+/// The pod of `caching-off` that never reuses its cache: the first, where routers that break
+/// ties by endpoint order land.
+const CACHING_OFF_POD: usize = 0;
 
 /// KV blocks per sim of the busy workloads: room for every tenant's prompt on every pod (the
 /// pressure there is the queue, not the cache).
@@ -408,11 +459,13 @@ fn sim_args(kv_blocks: usize, max_num_seqs: usize) -> Vec<String> {
 #[derive(Clone)]
 enum Setup {
     /// Envoy with one of the `envoy/` examples; with prefix-picker when a scheduler is given
-    /// (and its `picker.affinity` mapping, when given).
+    /// (and its `picker.affinity` mapping, when given; reading the engines' KV events, when
+    /// `events` is given).
     Envoy {
         file: String,
         scheduler: Option<String>,
         affinity: Option<serde_json::Value>,
+        events: Option<EngineEvents>,
     },
     /// Envoy with one of the `envoy/` examples, its ext_proc cluster pointing at the no-op
     /// processor (`prefix-bench noop-ext-proc`) instead of the picker.
@@ -444,8 +497,26 @@ impl Setup {
             file: file.into(),
             scheduler,
             affinity: None,
+            events: None,
         }
     }
+
+    /// Whether the row's picker reads the engines' KV events.
+    fn reads_engine_events(&self) -> bool {
+        matches!(
+            self,
+            Setup::Envoy {
+                events: Some(_),
+                ..
+            }
+        )
+    }
+}
+
+/// The engine-events rows: the shipped row plus every pod's KV events, one row per
+/// `picker.tokenizer` source (name suffix, source).
+fn engine_event_rows() -> Vec<(&'static str, EngineEvents)> {
+    vec![("", EngineEvents::engine_tokenize())]
 }
 
 /// The shipped default config (`deploy/local/config.yaml`).
@@ -495,11 +566,23 @@ const LATENCY_SIGNALS: [&str; 4] = ["inflight", "engineQueue", "pace", "prefillF
 const PREFIX_ONLY: &str = "scheduler:\n  plugins:\n    Filter: {enabled: []}\n    Score:\n      enabled:\n      - {name: prefix-cache, weight: 1}\n";
 
 /// The routers of the suite, in report order. The peers run only when `bench/run` installed
-/// them (`SGLANG_ROUTER_PYTHON`, `VLLM_ROUTER_BIN`, `SMG_BIN`). The shipped-config row (and the
-/// ablation rows, with `ablation`) only when the shipped config has a `picker.affinity`
-/// section: without one it routes exactly as the Kthena row.
+/// them (`SGLANG_ROUTER_PYTHON`, `VLLM_ROUTER_BIN`, `SMG_BIN`). The shipped-config row (and
+/// after it the engine-events rows, and the ablation rows with `ablation`) only when the shipped
+/// config has a `picker.affinity` section: without one it routes exactly as the Kthena row.
 fn routers(ablation: bool) -> anyhow::Result<Vec<(String, Setup)>> {
-    let scheduler = default_scheduler()?;
+    Ok(routers_from(
+        default_scheduler()?,
+        shipped_affinity()?,
+        ablation,
+    ))
+}
+
+/// [`routers`], given the shipped config's `scheduler:` section and `picker.affinity` mapping.
+fn routers_from(
+    scheduler: String,
+    shipped_affinity: Option<serde_json::Value>,
+    ablation: bool,
+) -> Vec<(String, Setup)> {
     let mut out = vec![
         (
             "envoy round-robin".to_string(),
@@ -514,7 +597,7 @@ fn routers(ablation: bool) -> anyhow::Result<Vec<(String, Setup)>> {
             Setup::envoy("envoy.yaml", Some(scheduler.clone())),
         ),
     ];
-    match shipped_affinity()? {
+    match shipped_affinity {
         Some(affinity) => {
             out.push((
                 report::SHIPPED.to_string(),
@@ -522,8 +605,20 @@ fn routers(ablation: bool) -> anyhow::Result<Vec<(String, Setup)>> {
                     file: "envoy.yaml".into(),
                     scheduler: Some(scheduler.clone()),
                     affinity: Some(affinity.clone()),
+                    events: None,
                 },
             ));
+            for (suffix, events) in engine_event_rows() {
+                out.push((
+                    format!("{}{suffix}", report::SHIPPED_ENGINE_EVENTS),
+                    Setup::Envoy {
+                        file: "envoy.yaml".into(),
+                        scheduler: Some(scheduler.clone()),
+                        affinity: Some(affinity.clone()),
+                        events: Some(events),
+                    },
+                ));
+            }
             if ablation {
                 // The shipped config with one `picker.affinity` key changed.
                 let mut row = |name: String, key: &str, value: serde_json::Value| {
@@ -537,6 +632,7 @@ fn routers(ablation: bool) -> anyhow::Result<Vec<(String, Setup)>> {
                             file: "envoy.yaml".into(),
                             scheduler: Some(scheduler.clone()),
                             affinity: Some(a),
+                            events: None,
                         },
                     ));
                 };
@@ -591,11 +687,95 @@ fn routers(ablation: bool) -> anyhow::Result<Vec<(String, Setup)>> {
         "oracle, max/mean load <= 1.3 (placement searched offline, no router)".into(),
         Setup::OracleCapped,
     ));
-    Ok(out)
+    out
+}
+
+/// The engines of a row.
+struct EnginePlan {
+    /// Every sim's arguments ([`sim_args`]).
+    args: Vec<String>,
+    /// Sims (by index) that run with `--no-enable-prefix-caching`.
+    caching_off: Vec<usize>,
+    /// Sims that publish KV events and can be restarted ([`testkit::Sim`]).
+    kv_events: bool,
+}
+
+impl EnginePlan {
+    /// `SIMS` sims with `args`, no events.
+    fn plain(args: &[String]) -> EnginePlan {
+        EnginePlan {
+            args: args.to_vec(),
+            caching_off: Vec::new(),
+            kv_events: false,
+        }
+    }
+
+    /// Sim `i`'s own arguments (after the common ones).
+    fn extra(&self, i: usize) -> Vec<String> {
+        if self.caching_off.contains(&i) {
+            vec!["--no-enable-prefix-caching".to_string()]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Starts the sims `sim-0..SIMS`, each seeded with its number.
+    fn start(&self) -> anyhow::Result<Sims> {
+        let bin = bin_dir().join("model-sim");
+        if self.kv_events {
+            return Ok(Sims::Publishing(testkit::Sim::start_n(
+                &bin,
+                SIMS,
+                &self.args,
+                |i| self.extra(i),
+            )?));
+        }
+        let sims = (0..SIMS)
+            .map(|i| {
+                let mut args = self.args.clone();
+                args.extend(["--seed".to_string(), i.to_string()]);
+                args.extend(self.extra(i));
+                testkit::start_sim(&bin, &format!("sim-{i}"), &args)
+            })
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Sims::Plain(sims))
+    }
+}
+
+/// A row's running sims.
+enum Sims {
+    Plain(Vec<Process>),
+    /// Publishing KV events, restartable.
+    Publishing(Vec<testkit::Sim>),
+}
+
+impl Sims {
+    /// The static endpoints `sim-0..` of a picker config.
+    fn pods(&self) -> Vec<picker_config::Pod> {
+        match self {
+            Sims::Plain(sims) => sims
+                .iter()
+                .enumerate()
+                .map(|(i, s)| picker_config::Pod {
+                    name: format!("sim-{i}"),
+                    addr: s.addr,
+                    kv_events: None,
+                })
+                .collect(),
+            Sims::Publishing(sims) => sims
+                .iter()
+                .map(|s| picker_config::Pod {
+                    name: s.name().to_string(),
+                    addr: s.addr(),
+                    kv_events: Some(s.kv_events()),
+                })
+                .collect(),
+        }
+    }
 }
 
 struct Cluster {
-    _sims: Vec<Process>,
+    sims: Sims,
     /// The process behind Envoy's ext_proc cluster: prefix-picker or the no-op processor.
     ext_proc: Option<Process>,
     envoy: Option<testkit::EnvoyProcess>,
@@ -720,15 +900,21 @@ async fn answers(client: &reqwest::Client, url: &str) -> bool {
 }
 
 async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Cluster> {
+    start_cluster_on(setup, EnginePlan::plain(sim_args)).await
+}
+
+async fn start_cluster_on(setup: &Setup, mut engines: EnginePlan) -> anyhow::Result<Cluster> {
     let dir = tempfile::tempdir()?;
     let bins = bin_dir();
-    let mut sim_args = sim_args.to_vec();
     if matches!(setup, Setup::Smg(_)) {
         // SMG sends a request only to workers that report its model (`/v1/models`).
-        sim_args.extend(["--model".to_string(), "model".to_string()]);
+        engines
+            .args
+            .extend(["--model".to_string(), "model".to_string()]);
     }
-    let sims = testkit::start_sims(&bins.join("model-sim"), SIMS, &sim_args)?;
-    let backends: Vec<_> = sims.iter().map(|s| s.addr).collect();
+    let sims = engines.start()?;
+    let pods = sims.pods();
+    let backends: Vec<_> = pods.iter().map(|p| p.addr).collect();
     let sim_urls: Vec<String> = backends.iter().map(|b| format!("http://{b}")).collect();
     let mut picker_admin = None;
     let (file, ext_proc) = match setup {
@@ -741,21 +927,9 @@ async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Clu
             file,
             scheduler: Some(s),
             affinity,
+            events,
         } => {
-            let mut config = s.to_string();
-            let names: Vec<String> = (0..backends.len()).map(|i| format!("sim-{i}")).collect();
-            config.push_str(&testkit::endpoints_yaml(
-                names
-                    .iter()
-                    .map(String::as_str)
-                    .zip(backends.iter().copied()),
-            ));
-            match affinity {
-                Some(a) => config.push_str(&format!(
-                    "picker: {{scrapeIntervalSeconds: 0.1, affinity: {a}}}\n"
-                )),
-                None => config.push_str("picker: {scrapeIntervalSeconds: 0.1}\n"),
-            }
+            let config = picker_config::render(s, &pods, affinity.as_ref(), events.as_ref())?;
             let (p, admin) =
                 testkit::start_picker(&bins.join("prefix-picker"), dir.path(), &config, 2)?;
             picker_admin = Some(admin);
@@ -769,7 +943,7 @@ async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Clu
             // No router: the driver sends each (pinned) request straight to its engine.
             return Ok(Cluster {
                 url: sim_urls[0].clone(),
-                _sims: sims,
+                sims,
                 ext_proc: None,
                 envoy: None,
                 peer: None,
@@ -781,7 +955,7 @@ async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Clu
         peer => {
             let (process, url) = start_peer(peer, dir.path(), &sim_urls).await?;
             return Ok(Cluster {
-                _sims: sims,
+                sims,
                 ext_proc: None,
                 envoy: None,
                 peer: Some(process),
@@ -803,7 +977,7 @@ async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Clu
     .await?;
     Ok(Cluster {
         url: format!("http://127.0.0.1:{}", envoy.port),
-        _sims: sims,
+        sims,
         ext_proc,
         envoy: Some(envoy),
         peer: None,
@@ -837,6 +1011,87 @@ fn write_samples(path: &std::path::Path, results: &[RunResult]) -> anyhow::Resul
     Ok(())
 }
 
+/// The rows without the engine-events rows this build of prefix-picker refuses (`prefix-picker
+/// validate` on their config, with placeholder pods): a picker that predates the engine-events
+/// keys would stop the whole suite at its first such row. Each dropped row is reported.
+fn without_refused_rows(routers: Vec<(String, Setup)>) -> anyhow::Result<Vec<(String, Setup)>> {
+    let pods: Vec<picker_config::Pod> = (0..SIMS)
+        .map(|i| picker_config::Pod {
+            name: format!("sim-{i}"),
+            addr: std::net::SocketAddr::from(([127, 0, 0, 1], 8000 + i as u16)),
+            kv_events: Some(testkit::KvEventPorts {
+                publish: 5557 + 2 * i as u16,
+                replay: 5558 + 2 * i as u16,
+            }),
+        })
+        .collect();
+    let dir = tempfile::tempdir()?;
+    let mut out = Vec::new();
+    for (name, setup) in routers {
+        if let Setup::Envoy {
+            scheduler: Some(s),
+            affinity,
+            events: Some(events),
+            ..
+        } = &setup
+        {
+            let path = dir.path().join("picker.yaml");
+            std::fs::write(
+                &path,
+                picker_config::render(s, &pods, affinity.as_ref(), Some(events))?,
+            )?;
+            let check = std::process::Command::new(bin_dir().join("prefix-picker"))
+                .arg("validate")
+                .arg("--config")
+                .arg(&path)
+                .output()
+                .context("running prefix-picker validate")?;
+            if !check.status.success() {
+                eprintln!(
+                    "row {name:?} skipped: this prefix-picker refuses its config:\n{}",
+                    String::from_utf8_lossy(&check.stderr).trim()
+                );
+                continue;
+            }
+        }
+        out.push((name, setup));
+    }
+    Ok(out)
+}
+
+/// The driver's mid-run actions for `schedule`: restart sim `engine` after `after` requests
+/// (none when the schedule is empty). Restarting needs sims that publish KV events
+/// ([`testkit::Sim`]).
+fn restarts_mid_run(
+    sims: &mut Sims,
+    schedule: Vec<workload::Restart>,
+) -> Option<driver::MidRun<'_>> {
+    if schedule.is_empty() {
+        return None;
+    }
+    let Sims::Publishing(sims) = sims else {
+        eprintln!("  restarts need restartable sims: none done");
+        return None;
+    };
+    let after = schedule.iter().map(|r| r.after).collect();
+    Some(driver::MidRun {
+        after,
+        act: Box::new(move |i| {
+            let Some(sim) = schedule.get(i).and_then(|r| sims.get_mut(r.engine)) else {
+                return Ok(());
+            };
+            let t = std::time::Instant::now();
+            sim.restart()?;
+            eprint!(
+                " [{} restarted in {} ms] ",
+                sim.name(),
+                t.elapsed().as_millis()
+            );
+            Ok(())
+        }),
+    })
+}
+
 async fn suite(opts: SuiteOpts) -> anyhow::Result<()> {
     let SuiteOpts {
         quick,
@@ -868,6 +1123,9 @@ async fn suite(opts: SuiteOpts) -> anyhow::Result<()> {
         })
         .collect();
     anyhow::ensure!(!routers.is_empty(), "no router matches {only_routers:?}");
+    let routers = without_refused_rows(routers)?;
+    anyhow::ensure!(!routers.is_empty(), "every selected row was skipped");
+    let reads_events = routers.iter().any(|(_, s)| s.reads_engine_events());
     let mut results = Vec::new();
     let started = std::time::Instant::now();
     for w in &selected {
@@ -931,7 +1189,12 @@ async fn suite(opts: SuiteOpts) -> anyhow::Result<()> {
                     started.elapsed().as_secs_f64(),
                     w.name
                 );
-                let c = start_cluster(setup, &sim_args(w.kv_blocks, w.max_num_seqs)).await?;
+                let engines = EnginePlan {
+                    args: sim_args(w.kv_blocks, w.max_num_seqs),
+                    caching_off: w.caching_off.clone(),
+                    kv_events: reads_events || w.restarts,
+                };
+                let mut c = start_cluster_on(setup, engines).await?;
                 let requests = match setup {
                     Setup::Oracle => &pinned,
                     Setup::OracleCapped => &capped,
@@ -948,7 +1211,8 @@ async fn suite(opts: SuiteOpts) -> anyhow::Result<()> {
                     Some(admin) => probe::decision_reasons(&[admin]).await,
                     None => Default::default(),
                 };
-                let mut r = driver::run(
+                let mid_run = restarts_mid_run(&mut c.sims, w.restart_schedule());
+                let mut r = driver::run_with(
                     router,
                     w.name,
                     &c.url,
@@ -956,6 +1220,7 @@ async fn suite(opts: SuiteOpts) -> anyhow::Result<()> {
                     requests,
                     w.arrival,
                     ceiling,
+                    mid_run,
                 )
                 .await;
                 r.rep = rep;
@@ -1477,6 +1742,12 @@ async fn main() -> anyhow::Result<()> {
                 .into_iter()
                 .find(|w| w.selected(std::slice::from_ref(&name)))
                 .with_context(|| format!("unknown workload {name:?}"))?;
+            if w.restarts || !w.caching_off.is_empty() {
+                eprintln!(
+                    "note: `run` neither starts nor restarts the engines: {} sends its requests with no engine disturbed",
+                    w.key
+                );
+            }
             // A workload with its own arrival times (trace, ramp) keeps them.
             let arrival = match (rate, w.arrival) {
                 (Some(rate), _) => Arrival::Poisson { rate, seed },
@@ -1493,5 +1764,111 @@ async fn main() -> anyhow::Result<()> {
             println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn find<'a>(w: &'a [WorkloadSpec], key: &str) -> Option<&'a WorkloadSpec> {
+        w.iter().find(|w| w.key == key)
+    }
+
+    #[test]
+    fn the_engine_truth_workloads_are_the_full_multi_tenant_one_disturbed() {
+        let all = workloads(false, 1).unwrap();
+        let tenants = find(&all, "multi-tenant").unwrap();
+        let restarts = find(&all, "engine-restarts").unwrap();
+        let off = find(&all, "caching-off").unwrap();
+        for w in [restarts, off] {
+            assert_eq!(w.requests.len(), tenants.requests.len(), "{}", w.key);
+            assert_eq!(w.requests[7].body, tenants.requests[7].body, "{}", w.key);
+            assert_eq!(w.arrival, tenants.arrival);
+            assert_eq!(
+                (w.kv_blocks, w.max_num_seqs),
+                (tenants.kv_blocks, tenants.max_num_seqs)
+            );
+        }
+        // Every engine restarts once, one at a time, inside the run; no pod without caching.
+        let schedule = restarts.restart_schedule();
+        assert_eq!(
+            schedule.iter().map(|r| r.engine).collect::<Vec<_>>(),
+            (0..SIMS).collect::<Vec<_>>()
+        );
+        assert!(schedule.last().unwrap().after < restarts.requests.len());
+        assert!(restarts.caching_off.is_empty());
+        // One pod never reuses its cache; nothing restarts.
+        assert_eq!(off.caching_off, vec![CACHING_OFF_POD]);
+        assert!(off.restart_schedule().is_empty());
+        // The other workloads are undisturbed, and `--quick` has neither new one.
+        for w in all
+            .iter()
+            .filter(|w| !["engine-restarts", "caching-off"].contains(&w.key))
+        {
+            assert!(w.caching_off.is_empty() && !w.restarts, "{}", w.key);
+        }
+        let quick = workloads(true, 1).unwrap();
+        assert!(find(&quick, "engine-restarts").is_none() && find(&quick, "caching-off").is_none());
+    }
+
+    #[test]
+    fn only_the_caching_off_pod_gets_the_flag() {
+        let plan = EnginePlan {
+            args: sim_args(1024, 8),
+            caching_off: vec![CACHING_OFF_POD],
+            kv_events: false,
+        };
+        for i in 0..SIMS {
+            assert_eq!(
+                plan.extra(i),
+                if i == CACHING_OFF_POD {
+                    vec!["--no-enable-prefix-caching".to_string()]
+                } else {
+                    Vec::new()
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn the_engine_events_rows_follow_the_shipped_row_and_read_events() {
+        let shipped_affinity = serde_json::json!({"tentative": true});
+        let routers = routers_from(PREFIX_ONLY.to_string(), Some(shipped_affinity), true);
+        let names: Vec<&str> = routers.iter().map(|(n, _)| n.as_str()).collect();
+        let shipped = names.iter().position(|n| *n == report::SHIPPED).unwrap();
+        assert_eq!(names[shipped + 1], report::SHIPPED_ENGINE_EVENTS);
+        let (_, setup) = &routers[shipped + 1];
+        assert!(setup.reads_engine_events());
+        let (
+            Setup::Envoy {
+                affinity,
+                scheduler,
+                events: Some(events),
+                ..
+            },
+            Setup::Envoy {
+                affinity: a0,
+                scheduler: s0,
+                ..
+            },
+        ) = (setup, &routers[shipped].1)
+        else {
+            panic!("not picker rows");
+        };
+        // The shipped row's config, plus the events.
+        assert_eq!((affinity, scheduler), (a0, s0));
+        assert_eq!(
+            affinity.as_ref(),
+            Some(&serde_json::json!({"tentative": true}))
+        );
+        assert_eq!(events, &EngineEvents::engine_tokenize());
+        assert_eq!(
+            routers
+                .iter()
+                .filter(|(_, s)| s.reads_engine_events())
+                .count(),
+            engine_event_rows().len()
+        );
     }
 }

@@ -11,6 +11,8 @@ use super::driver::{Percentiles, RunResult};
 pub const ABLATION: &str = "ablation: ";
 /// The row ablation rows are compared with.
 pub const SHIPPED: &str = "prefix-picker: shipped config";
+/// The shipped config reading every engine's KV events (the engine-events rows' name prefix).
+pub const SHIPPED_ENGINE_EVENTS: &str = "prefix-picker: shipped config + engine events";
 
 /// One table row: the medians of a router's runs on a workload.
 #[derive(Debug, Clone)]

@@ -13,6 +13,8 @@
 //! - `agent`: one shared tool preamble longer than the router's 8 KiB hash coverage, then
 //!   sessions that grow append-only over several turns (tool calls and results).
 //! - `hot-prefix`: one prefix carries `hot_share` of the requests, the others share the rest.
+//! - [`restarts`]: when each engine restarts in the `engine-restarts` workload (one at a time,
+//!   evenly through the run).
 //! - [`ramp`]: arrival times that rise linearly from a low rate to a peak and back (open loop),
 //!   for a load that crosses the cluster's capacity and leaves it again.
 //!
@@ -641,6 +643,24 @@ mod trace_tests {
     }
 }
 
+/// One engine restart of a run: engine `engine` restarts once `after` requests have finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Restart {
+    pub after: usize,
+    pub engine: usize,
+}
+
+/// Every engine restarts once, one at a time, in order, evenly spaced: engine `i` after
+/// `(i + 1) / (engines + 1)` of the `requests` (so the first and last stretch run undisturbed).
+pub fn restarts(requests: usize, engines: usize) -> Vec<Restart> {
+    (0..engines)
+        .map(|engine| Restart {
+            after: (engine + 1) * requests / (engines + 1),
+            engine,
+        })
+        .collect()
+}
+
 /// Open-loop arrival times for `requests`, in order: a rate rising linearly from `low` to
 /// `peak` requests/s over the first half of the run and falling back over the second (the run
 /// lasts `2 n / (low + peak)` seconds). Request `k` arrives when the expected count reaches
@@ -657,5 +677,29 @@ pub fn ramp(requests: &mut [BenchRequest], low: f64, peak: f64) {
             t += step;
         }
         r.at_ms = Some(t * 1000.0);
+    }
+}
+
+#[cfg(test)]
+mod restart_tests {
+    use super::*;
+
+    #[test]
+    fn every_engine_restarts_once_one_at_a_time_inside_the_run() {
+        let r = restarts(400, 4);
+        assert_eq!(
+            r.iter().map(|r| r.engine).collect::<Vec<_>>(),
+            vec![0, 1, 2, 3]
+        );
+        assert_eq!(
+            r.iter().map(|r| r.after).collect::<Vec<_>>(),
+            vec![80, 160, 240, 320]
+        );
+        // Strictly increasing, after the start, before the end: never two at once.
+        for n in [5, 17, 96, 1000] {
+            let r = restarts(n, 4);
+            assert!(r[0].after > 0 && r[3].after < n, "{n}: {r:?}");
+            assert!(r.windows(2).all(|w| w[0].after < w[1].after), "{n}: {r:?}");
+        }
     }
 }

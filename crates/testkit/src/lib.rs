@@ -1,7 +1,8 @@
 //! Process helpers shared by `prefix-bench` and the tests: starts `model-sim` pods, `prefix-picker`
 //! (or `prefix-bench`'s no-op ext_proc) and Envoy as real processes, all on port 0 (addresses are
 //! read back, never guessed), and stops them on drop; renders the shipped `envoy/` examples for
-//! arbitrary ports; finds the workspace's binaries next to the running executable.
+//! arbitrary ports; finds the workspace's binaries next to the running executable. [`Sim`]: a
+//! model-sim publishing KV events, restartable on the same ports.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -9,6 +10,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+
+mod sim;
+pub use sim::{KvEventPorts, Sim, kv_events_config};
 
 /// The workspace's root directory (where `envoy/`, `deploy/` and `.venv` are).
 pub fn workspace_root() -> PathBuf {
