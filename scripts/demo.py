@@ -47,11 +47,31 @@ def show_scores(body):
     e = json.loads(urllib.request.urlopen(urllib.request.Request(
         ADMIN + "/debug/explain", json.dumps(body).encode(), {"content-type": "application/json"})).read())
     for p in e["pods"]:
-        print(f"    {p['pod']:<22} prefix-cache {p['scores']['prefix-cache']!s:>4}   total {p['total']}")
+        match = p.get("match") or {}
+        source = match.get("source", "-")
+        tokens = f" ({match['engine_tokens']} engine tokens)" if match.get("engine_tokens") is not None else ""
+        print(f"    {p['pod']:<22} prefix-cache {p['scores']['prefix-cache']!s:>4}   total {p['total']}   match: {source}{tokens}")
     return e
 
 
+def wait_live():
+    deadline = time.time() + 30
+    while metric(get(ADMIN + "/metrics"), "prefix_picker_engine_view_live") < len(SIMS):
+        if time.time() > deadline:
+            sys.exit("the picker did not subscribe to every engine's KV events")
+        time.sleep(0.05)
+
+
+def wait_heads(n):
+    deadline = time.time() + 10
+    while metric(get(ADMIN + "/metrics"), 'prefix_picker_tokenize_calls_total{result="ok"}') < n:
+        if time.time() > deadline:
+            return
+        time.sleep(0.05)
+
+
 wait_ready()
+wait_live()
 body = {"model": "my-model", "max_tokens": 8, "messages": [
     {"role": "system", "content": "You are a support assistant for Kthena. Answer briefly and include a link to the documentation when possible."},
     {"role": "user", "content": "How do I enable the prefix-cache plugin?"}]}
@@ -62,6 +82,7 @@ for attempt in (1, 2):
     served, reply = post(ENVOY + "/v1/chat/completions", body)
     print(f"  -> served by {served}, cached tokens {reply['usage']['prompt_tokens_details']['cached_tokens']}")
     wait_records(attempt)
+    wait_heads(2)  # the engine tokenized the prompt (off the request path)
 
 print("\n== Shared-prefix workload: 6 documents x 8 questions (interleaved), 4 at a time")
 docs = ["policy", "manual", "faq", "contract", "codebase", "handbook"]
@@ -87,3 +108,8 @@ m = get(ADMIN + "/metrics")
 recorded = int(metric(m, 'prefix_picker_records_total{outcome="recorded"}'))
 print(f"  picker: {int(metric(m, 'prefix_picker_decisions_total'))} decisions, "
       f"{int(metric(m, 'kthena_router_prefix_cache_entries'))} index entries, {recorded} recorded completions")
+engine = int(metric(m, 'prefix_picker_match_source_total{source="engine"}'))
+estimate = int(metric(m, 'prefix_picker_match_source_total{source="estimate"}'))
+print(f"  matches from the engines' KV events: {engine}, from the estimate: {estimate} "
+      f"(a tenant's first request, before its prompt head is tokenized); "
+      f"{int(metric(m, 'prefix_picker_engine_view_blocks'))} blocks held by the engines")

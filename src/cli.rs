@@ -608,6 +608,8 @@ impl ServeArgs {
             source,
             role_label: old.and_then(|k| k.role_label.clone()),
             model_label: old.and_then(|k| k.model_label.clone()),
+            kv_events_port: old.and_then(|k| k.kv_events_port),
+            kv_events_replay_port: old.and_then(|k| k.kv_events_replay_port),
         }
     }
 }

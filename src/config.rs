@@ -643,6 +643,15 @@ impl Config {
                 errors.push(ConfigError::Picker(e));
             }
         }
+        let publishing = config
+            .endpoints
+            .iter()
+            .any(|e| e.kv_events_endpoint.is_some());
+        if publishing && (config.picker.affinity.is_none() || config.picker.tokenizer.is_none()) {
+            config.warnings.push(
+                "kvEventsEndpoint: the pods' events are followed, but only the affinity mode with picker.tokenizer matches by them; these pods are matched by the estimate (docs/engine-truth.md)".into(),
+            );
+        }
         if config.picker.kv_events.max_blocks_per_pod == 0 {
             errors.push(ConfigError::Picker(
                 "kvEvents.maxBlocksPerPod must be > 0, got 0".into(),
@@ -985,6 +994,31 @@ fn validate_endpoints(endpoints: &[StaticEndpoint], errors: &mut Vec<ConfigError
                 e.address
             )));
         }
+    }
+}
+
+impl Config {
+    /// One line per static endpoint saying how the affinity mode matches it: by its engine's
+    /// KV-cache events or by the estimate (and why). Empty without static endpoints.
+    pub fn match_sources(&self) -> Vec<String> {
+        let affinity = self.picker.affinity.is_some();
+        let tokenizer = self.picker.tokenizer.is_some();
+        self.endpoints
+            .iter()
+            .map(|e| {
+                let source = match (&e.kv_events_endpoint, affinity, tokenizer) {
+                    (Some(at), true, true) => format!("engine KV events ({at})"),
+                    (Some(_), false, _) => {
+                        "estimate (kvEventsEndpoint is used by the affinity mode only)".to_string()
+                    }
+                    (Some(_), true, false) => {
+                        "estimate (kvEventsEndpoint needs picker.tokenizer)".to_string()
+                    }
+                    (None, _, _) => "estimate".to_string(),
+                };
+                format!("  {}/{}: matched by {source}", e.namespace, e.name)
+            })
+            .collect()
     }
 }
 

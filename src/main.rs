@@ -208,6 +208,9 @@ fn main() -> ExitCode {
                 }
                 println!("{}: ok ({} endpoints)", config.display(), c.endpoints.len());
                 println!("{}", c.scheduler.mode_summary());
+                for line in c.match_sources() {
+                    println!("{line}");
+                }
                 if let Some(k) = &c.discovery.kubernetes {
                     println!("{}", k.describe(&k.process_namespace()));
                 }

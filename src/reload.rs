@@ -8,7 +8,8 @@
 //!   its entries, a removed one loses them as when a pod leaves).
 //! - A change of the block layout (block size or chain scheme) clears the index (logged).
 //! - Refused, naming the key, the old config kept: keys read once at start-up (`picker.tls`,
-//!   `picker.debug`, `picker.sessions`, the scrape and shutdown knobs, `maxBodyBytes`,
+//!   `picker.debug`, `picker.sessions`, `picker.kvEvents`, `picker.tokenizer`, the scrape and
+//!   shutdown knobs, `maxBodyBytes`,
 //!   `responseTimeoutSeconds`, `allowTestEndpointSelection`, `maxHashCacheSize`), `sync:`,
 //!   `discovery:`, and with discovery on, `endpoints:` and `pdGroup:` (the pod watch holds
 //!   them); with sync on, anything that changes the block hashes; with `engineBudget` on, any
@@ -61,6 +62,8 @@ pub fn check(old: &Config, new: &Config) -> Result<Option<Plan>, Refused> {
         ("picker.tls", o.tls != n.tls),
         ("picker.debug", o.debug != n.debug),
         ("picker.sessions", o.sessions != n.sessions),
+        ("picker.kvEvents", o.kv_events != n.kv_events),
+        ("picker.tokenizer", o.tokenizer != n.tokenizer),
         (
             "picker.allowTestEndpointSelection",
             o.allow_test_endpoint_selection != n.allow_test_endpoint_selection,

@@ -566,3 +566,58 @@ fn affinity_errors_name_the_key_and_the_value() {
         Signals::of([LatencySignal::Inflight, LatencySignal::Pace])
     );
 }
+
+#[test]
+fn engine_truth_keys_are_checked_and_validate_says_each_pods_source() {
+    let base = "endpoints:\n- {name: a, address: 127.0.0.1:8001, kvEventsEndpoint: tcp://127.0.0.1:5557, kvEventsReplayEndpoint: tcp://127.0.0.1:5558}\n- {name: b, address: 127.0.0.1:8002}\n";
+    let c = Config::parse(&format!(
+        "{base}picker: {{affinity: {{}}, tokenizer: {{source: engine}}}}\n"
+    ))
+    .unwrap();
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    assert_eq!(
+        c.match_sources(),
+        [
+            "  default/a: matched by engine KV events (tcp://127.0.0.1:5557)",
+            "  default/b: matched by estimate"
+        ]
+    );
+    // Without the tokenizer the events cannot be matched: a warning, and validate says why.
+    let c = Config::parse(&format!("{base}picker: {{affinity: {{}}}}\n")).unwrap();
+    assert!(c.warnings.iter().any(|w| w.contains("picker.tokenizer")));
+    assert!(c.match_sources()[0].contains("needs picker.tokenizer"));
+    // Bad values name the endpoint, the key and the value.
+    let bad =
+        "endpoints:\n- {name: a, address: 127.0.0.1:8001, kvEventsEndpoint: \"127.0.0.1:5557\"}\n";
+    let e = Config::parse(bad).unwrap_err().to_string();
+    assert!(
+        e.contains(
+            "endpoint default/a: kvEventsEndpoint must be tcp://host:port, got \"127.0.0.1:5557\""
+        ),
+        "{e}"
+    );
+    let e = Config::parse(
+        "endpoints:\n- {name: a, address: 127.0.0.1:8001, kvEventsReplayEndpoint: tcp://h:1}\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("kvEventsReplayEndpoint needs kvEventsEndpoint"),
+        "{e}"
+    );
+    let e = Config::parse("picker: {tokenizer: {source: engine, timeoutMs: 0}}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("tokenizer.timeoutMs must be > 0, got 0"), "{e}");
+    let e = Config::parse("picker: {tokenizer: {source: remote}}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("remote"), "{e}");
+    let e = Config::parse("picker: {kvEvents: {maxBlocksPerPod: 0}}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("kvEvents.maxBlocksPerPod must be > 0, got 0"),
+        "{e}"
+    );
+}

@@ -11,6 +11,8 @@
 //!                          # pool's namespace is the namespace above, group inference.networking.k8s.io
 //!     roleLabel: ""        # deprecated: labels prefix_picker_discovery_endpoints only (use pdGroup)
 //!     modelLabel: ""       # pod label holding the served model name
+//!     kvEventsPort: 0      # the pods' KV-event publisher port (vLLM's default 5557; 0: none)
+//!     kvEventsReplayPort: 0 # its replay port (0: none; docs/engine-truth.md)
 //! ```
 //! `selector`/`targetPorts` and `inferencePool` exclude each other. Discovered pods join the
 //! static `endpoints:` (which stay).
@@ -41,6 +43,9 @@ pub struct KubernetesConfig {
     pub source: Source,
     pub role_label: Option<String>,
     pub model_label: Option<String>,
+    /// The pods' KV-event publisher and replay ports (`kvEventsPort`, `kvEventsReplayPort`).
+    pub kv_events_port: Option<u16>,
+    pub kv_events_replay_port: Option<u16>,
 }
 
 /// Where the selector and ports come from.
@@ -100,6 +105,10 @@ struct RawKubernetes {
     role_label: String,
     #[serde(default)]
     model_label: String,
+    #[serde(default)]
+    kv_events_port: u16,
+    #[serde(default)]
+    kv_events_replay_port: u16,
 }
 
 /// `inferencePool:` as a name, or as GIE's pool reference.
@@ -205,11 +214,19 @@ impl TryFrom<RawKubernetes> for KubernetesConfig {
                 what: "label key",
             }),
         };
+        if raw.kv_events_replay_port != 0 && raw.kv_events_port == 0 {
+            return Err(DiscoveryError::Shape(
+                "kubernetes.kvEventsReplayPort needs kvEventsPort".into(),
+            ));
+        }
+        let port = |p: u16| (p != 0).then_some(p);
         Ok(KubernetesConfig {
             namespace,
             source,
             role_label: label("roleLabel", raw.role_label)?,
             model_label: label("modelLabel", raw.model_label)?,
+            kv_events_port: port(raw.kv_events_port),
+            kv_events_replay_port: port(raw.kv_events_replay_port),
         })
     }
 }

@@ -96,6 +96,9 @@ impl KubernetesDiscovery {
             role: config.role_label.clone(),
             model: config.model_label.clone(),
             pd: None,
+            kv_events: config
+                .kv_events_port
+                .map(|p| (p, config.kv_events_replay_port)),
         };
         KubernetesDiscovery {
             client,

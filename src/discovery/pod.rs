@@ -15,7 +15,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::endpoints::{EndpointSpec, PodId};
+use crate::endpoints::{EndpointSpec, KvEventsAddress, PodId};
 use crate::scheduler::PdGroup;
 
 /// Why a pod does or does not count; `as_str()` is the `state` label of
@@ -53,6 +53,8 @@ pub struct PodLabels {
     pub model: Option<String>,
     /// `pdGroup`: the labels it reads are kept on the endpoints.
     pub pd: Option<PdGroup>,
+    /// Where each pod publishes KV events (`kvEventsPort`, `kvEventsReplayPort` on its IP).
+    pub kv_events: Option<(u16, Option<u16>)>,
 }
 
 /// A pod as discovery sees it: its state and, when ready, its endpoints.
@@ -124,7 +126,13 @@ impl PodEndpoints {
                 generation: generation.clone(),
                 role: role.clone(),
                 labels: kept.clone(),
-                kv_events: None,
+                kv_events: labels.kv_events.map(|(port, replay)| {
+                    let at = |p: u16| format!("tcp://{}", SocketAddr::new(ip, p));
+                    KvEventsAddress {
+                        endpoint: at(port),
+                        replay: replay.map(at),
+                    }
+                }),
             })
             .collect();
         PodEndpoints {
@@ -156,6 +164,7 @@ mod tests {
         role: None,
         model: None,
         pd: None,
+        kv_events: None,
     };
 
     #[test]
@@ -173,11 +182,26 @@ mod tests {
     }
 
     #[test]
+    fn a_pod_publishes_kv_events_on_its_ip() {
+        let labels = PodLabels {
+            kv_events: Some((5557, Some(5558))),
+            ..LABELS
+        };
+        let v6 = PodEndpoints::of(&pod(json!({}), ready("fd00::1")), "x", &[8000], &labels);
+        let address = v6.endpoints[0].kv_events.clone().unwrap();
+        assert_eq!(address.endpoint, "tcp://[fd00::1]:5557");
+        assert_eq!(address.replay.as_deref(), Some("tcp://[fd00::1]:5558"));
+        let none = PodEndpoints::of(&pod(json!({}), ready("10.0.0.1")), "x", &[8000], &LABELS);
+        assert_eq!(none.endpoints[0].kv_events, None);
+    }
+
+    #[test]
     fn one_endpoint_per_port_named_after_the_pod() {
         let labels = PodLabels {
             role: Some("role".into()),
             model: Some("model".into()),
             pd: None,
+            kv_events: None,
         };
         let one = PodEndpoints::of(&pod(json!({}), ready("10.0.0.1")), "x", &[8000], &labels);
         let e = &one.endpoints[0];
@@ -210,6 +234,7 @@ mod tests {
             role: Some("model".into()),
             model: None,
             pd: Some(group),
+            kv_events: None,
         };
         let grouped = pod(
             json!({"labels": {"app": "vllm", "role": "decode", "group": "g1"}}),

@@ -138,7 +138,7 @@ pub const TOKENIZE_OK: &str = "ok";
 
 impl EngineTruthMetrics {
     pub fn register(registry: &Registry, sources: &[&str], errors: &[&str]) -> EngineTruthMetrics {
-        let pod = ["name", "namespace"];
+        let pod = super::POD_LABELS;
         let m = EngineTruthMetrics {
             kv_events: IntCounterVec::new(
                 Opts::new(
@@ -148,7 +148,7 @@ impl EngineTruthMetrics {
                         &[("event", &KvEventKind::ALL.map(KvEventKind::as_str))],
                     ),
                 ),
-                &["name", "namespace", "event"],
+                &[super::POD_LABELS[0], super::POD_LABELS[1], "event"],
             )
             .expect("valid metric"),
             stream: IntCounterVec::new(
@@ -159,7 +159,7 @@ impl EngineTruthMetrics {
                         &[("kind", &StreamEvent::ALL.map(StreamEvent::as_str))],
                     ),
                 ),
-                &["name", "namespace", "kind"],
+                &[super::POD_LABELS[0], super::POD_LABELS[1], "kind"],
             )
             .expect("valid metric"),
             lag: GaugeVec::new(
@@ -234,6 +234,7 @@ impl EngineTruthMetrics {
         for o in HeadOutcome::ALL {
             m.engine_tokens.with_label_values(&[o.as_str()]);
         }
+        m.tokenize_calls.with_label_values(&[TOKENIZE_OK]);
         register(registry, m.kv_events.clone());
         register(registry, m.stream.clone());
         register(registry, m.lag.clone());

@@ -667,8 +667,9 @@ async fn alerts_and_panels_query_only_exported_series() {
         kind: EngineKind::Sglang,
         ..fast.clone()
     };
+    // sim-0 publishes KV events: the engine-truth families.
     let sims = [
-        Sim::start("sim-0", fast.clone()).await,
+        Sim::start_with_events("sim-0", fast.clone()).await,
         Sim::start("sim-1", fast).await,
         Sim::start("sim-sglang", sglang).await,
     ];
@@ -686,14 +687,21 @@ async fn alerts_and_panels_query_only_exported_series() {
         "maxHashCacheSize: 50000",
         "maxHashCacheSize: 2",
     );
-    doc.push_str(&testkit::endpoints_yaml(
-        sims.iter().map(|s| (s.name.as_str(), s.addr)),
-    ));
+    doc.push_str("endpoints:\n");
+    for s in &sims {
+        doc.push_str(&s.endpoint_yaml());
+    }
     doc.push_str(
-        "picker: {scrapeIntervalSeconds: 0.05, responseTimeoutSeconds: 1, affinity: {engineBudget: false}}\n",
+        "picker: {scrapeIntervalSeconds: 0.05, responseTimeoutSeconds: 1, affinity: {engineBudget: false}, tokenizer: {source: engine}}\n",
     );
     doc.push_str(&sync);
     let picker = start_picker(prefix_picker::config::Config::parse(&doc).unwrap()).await;
+    wait_metric(
+        &picker,
+        "prefix_picker_engine_view_live{model_server_namespace=\"default\",model_server_pod=\"sim-0\"}",
+        1.0,
+    )
+    .await;
     let envoy = start_envoy_for_sims(&picker, &sims).await;
     let client = reqwest::Client::new();
     // Outlives responseTimeoutSeconds (20,000 tokens at 0.12 ms): its route expires.
@@ -809,6 +817,12 @@ async fn alerts_and_panels_query_only_exported_series() {
     wait_metric(&picker, "kthena_router_prefix_cache_evictions_total", 1.0).await;
     wait_metric(&picker, "prefix_picker_engine_scrapes_total", 2.0).await;
     wait_metric(&picker, "prefix_picker_sync_published_total", 1.0).await;
+    wait_metric(
+        &picker,
+        "prefix_picker_tokenize_calls_total{result=\"ok\"}",
+        1.0,
+    )
+    .await;
 
     let pickers = [exposition(&picker).await, text_of(discovering).await];
     let engines = [

@@ -10,7 +10,7 @@ use prefix_picker::Config;
 use prefix_picker::serve::Running;
 use serde_json::Value;
 
-/// The shipped picker section with the engine tokenizer and a fast scrape.
+/// Static endpoints (with their event sockets) and the shipped picker section.
 fn engine_truth_config(sims: &[Sim], extra_endpoints: &str) -> Config {
     use testkit::scheduler_section;
     let mut doc =
@@ -20,8 +20,8 @@ fn engine_truth_config(sims: &[Sim], extra_endpoints: &str) -> Config {
         doc.push_str(&s.endpoint_yaml());
     }
     doc.push_str(extra_endpoints);
+    // The shipped picker section turns the engine tokenizer on.
     doc.push_str(shipped_picker_section());
-    doc.push_str("  tokenizer: {source: engine}\n");
     Config::parse(&doc).unwrap()
 }
 
@@ -44,8 +44,9 @@ fn pod<'a>(e: &'a Value, pod: &str) -> &'a Value {
 
 /// Waits until `sim`'s engine view holds at least `blocks` blocks (or, with 0, none).
 async fn wait_view(picker: &Running, sim: &str, blocks: f64) {
-    let series =
-        format!("prefix_picker_engine_view_blocks{{name=\"{sim}\",namespace=\"default\"}}");
+    let series = format!(
+        "prefix_picker_engine_view_blocks{{model_server_namespace=\"default\",model_server_pod=\"{sim}\"}}"
+    );
     if blocks == 0.0 {
         wait_metric_eq(picker, &series, 0.0).await;
     } else {
@@ -64,7 +65,7 @@ async fn an_evicted_prefix_stops_attracting_requests_at_once() {
     for s in ["sim-0", "sim-1"] {
         wait_metric_eq(
             &picker,
-            &format!("prefix_picker_engine_view_live{{name=\"{s}\",namespace=\"default\"}}"),
+            &format!("prefix_picker_engine_view_live{{model_server_namespace=\"default\",model_server_pod=\"{s}\"}}"),
             1.0,
         )
         .await;
@@ -127,7 +128,7 @@ async fn a_pod_with_prefix_caching_off_is_never_preferred() {
     for s in ["sim-0", "sim-1"] {
         wait_metric_eq(
             &picker,
-            &format!("prefix_picker_engine_view_live{{name=\"{s}\",namespace=\"default\"}}"),
+            &format!("prefix_picker_engine_view_live{{model_server_namespace=\"default\",model_server_pod=\"{s}\"}}"),
             1.0,
         )
         .await;
@@ -165,7 +166,7 @@ async fn a_pod_with_prefix_caching_off_is_never_preferred() {
     assert_eq!(
         metric(
             &picker,
-            "prefix_picker_engine_view_blocks{name=\"sim-0\",namespace=\"default\"}"
+            "prefix_picker_engine_view_blocks{model_server_namespace=\"default\",model_server_pod=\"sim-0\"}"
         )
         .await,
         0.0,
@@ -194,7 +195,7 @@ async fn garbage_on_an_event_socket_leaves_routing_intact() {
     let envoy = start_envoy_for_addrs(&picker, &[plain.addr, sims[0].addr]).await;
     wait_metric_eq(
         &picker,
-        "prefix_picker_engine_view_live{name=\"sim-1\",namespace=\"default\"}",
+        "prefix_picker_engine_view_live{model_server_namespace=\"default\",model_server_pod=\"sim-1\"}",
         1.0,
     )
     .await;
@@ -210,7 +211,7 @@ async fn garbage_on_an_event_socket_leaves_routing_intact() {
     assert_eq!(
         metric(
             &picker,
-            "prefix_picker_engine_view_live{name=\"sim-0\",namespace=\"default\"}"
+            "prefix_picker_engine_view_live{model_server_namespace=\"default\",model_server_pod=\"sim-0\"}"
         )
         .await,
         0.0,
