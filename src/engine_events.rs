@@ -164,6 +164,11 @@ impl<'a> Consumer<'a> {
                 .kv_events
                 .with_label_values(&[labels[0], labels[1], e.as_str()]);
         }
+        for e in StreamEvent::ALL {
+            metrics
+                .stream
+                .with_label_values(&[labels[0], labels[1], e.as_str()]);
+        }
         metrics.view_live.with_label_values(&labels).set(0);
         Consumer {
             endpoint,

@@ -234,7 +234,9 @@ impl EngineTruthMetrics {
         for o in HeadOutcome::ALL {
             m.engine_tokens.with_label_values(&[o.as_str()]);
         }
-        m.tokenize_calls.with_label_values(&[TOKENIZE_OK]);
+        for result in std::iter::once(&TOKENIZE_OK).chain(errors) {
+            m.tokenize_calls.with_label_values(&[result]);
+        }
         register(registry, m.kv_events.clone());
         register(registry, m.stream.clone());
         register(registry, m.lag.clone());

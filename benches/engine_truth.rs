@@ -1,0 +1,132 @@
+//! Engine truth's costs: applying KV events to a pod's engine view (block events per second on
+//! one core, at a steady size), matching a request against it, hashing a prompt's tokens, the
+//! request path's head lookup, and the view's memory per block.
+//!
+//! `cargo bench --bench engine_truth`; the memory line is printed after the criterion groups.
+//! Under `cargo test --benches` the fixtures are small.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BatchSize, Criterion, Throughput};
+use prefix_picker::engine_view::{EngineView, token_chain};
+use prefix_picker::metrics::engine_truth::EngineTruthMetrics;
+use prefix_picker::request::Api;
+use prefix_picker::tokenizer::heads::{HeadTokens, TokenizerSection};
+
+const BLOCK: usize = 16;
+/// Blocks per `BlockStored` (vLLM stores a prefill's new full blocks in one event).
+const BATCH: usize = 16;
+
+/// A view holding `blocks` blocks (chains of 64), and the engine hash to continue from.
+fn filled(blocks: usize) -> (EngineView, u64) {
+    let view = EngineView::new(blocks * 2);
+    let mut next = 1u64;
+    let tokens: Vec<u32> = (0..(64 * BLOCK) as u32).collect();
+    while view.blocks() < blocks {
+        let hashes: Vec<u64> = (next..next + 64).collect();
+        // A distinct first token per chain, so chains do not share blocks.
+        let mut t = tokens.clone();
+        t[0] = next as u32;
+        view.store(None, &hashes, &t, BLOCK);
+        next += 64;
+    }
+    (view, next)
+}
+
+fn bench_ingest(c: &mut Criterion, size: usize) {
+    let mut g = c.benchmark_group("engine_view");
+    let (view, mut next) = filled(size);
+    let mut oldest = 1u64;
+    let tokens: Vec<u32> = (0..(BATCH * BLOCK) as u32).collect();
+    // One store of BATCH blocks and one removal of BATCH blocks: 2 x BATCH block events.
+    g.throughput(Throughput::Elements((2 * BATCH) as u64));
+    g.bench_function(format!("ingest_{size}blocks"), |b| {
+        b.iter(|| {
+            let hashes: Vec<u64> = (next..next + BATCH as u64).collect();
+            let mut t = tokens.clone();
+            t[0] = next as u32;
+            black_box(view.store(None, &hashes, &t, BLOCK));
+            let old: Vec<u64> = (oldest..oldest + BATCH as u64).collect();
+            black_box(view.remove(&old));
+            next += BATCH as u64;
+            oldest += BATCH as u64;
+        })
+    });
+    g.finish();
+}
+
+fn bench_match(c: &mut Criterion, size: usize) {
+    let mut g = c.benchmark_group("engine_view");
+    let (view, next) = filled(size);
+    // The request: 2,048 tokens (8 KiB of English), its first 64 blocks held.
+    let mut tokens: Vec<u32> = (0..2048).collect();
+    tokens[0] = (next - 64) as u32;
+    let held: Vec<u32> = tokens[..64 * BLOCK].to_vec();
+    view.store(None, &(next..next + 64).collect::<Vec<_>>(), &held, BLOCK);
+    let chain = token_chain(&tokens, BLOCK);
+    assert_eq!(view.longest_match(&chain), 64);
+    g.bench_function("match_2048tokens", |b| {
+        b.iter(|| black_box(view.longest_match(black_box(&chain))))
+    });
+    g.throughput(Throughput::Elements(2048));
+    g.bench_function("token_chain_2048tokens", |b| {
+        b.iter(|| black_box(token_chain(black_box(&tokens), BLOCK)))
+    });
+    g.finish();
+}
+
+fn bench_heads(c: &mut Criterion) {
+    let mut g = c.benchmark_group("heads");
+    let registry = prometheus::Registry::new();
+    let metrics = EngineTruthMetrics::register(&registry, &["engine", "estimate"], &["timeout"]);
+    let section: TokenizerSection = serde_yaml_ng::from_str("source: engine").unwrap();
+    let heads = HeadTokens::new(section, metrics);
+    // An 8 KiB conversation of 9 messages, none of its heads known: the lookup misses (the
+    // queue fills once, then every lookup finds its heads already pending).
+    let prompt: String = (0..9)
+        .map(|i| format!("<|im_start|>user\n{}<|im_end|>\n", "word ".repeat(180 + i)))
+        .collect();
+    let body = br#"{"messages":[]}"#;
+    let pod = "127.0.0.1:8000".parse().unwrap();
+    g.bench_function("find_8KiB_chat_miss", |b| {
+        b.iter_batched(
+            || (),
+            |_| {
+                black_box(heads.find(
+                    "m",
+                    Some(Api::ChatCompletions),
+                    black_box(&prompt),
+                    Some(body),
+                    Some(pod),
+                ))
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let measuring = args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--test");
+    let size = if measuring { 1 << 20 } else { 1 << 10 };
+    let mut c = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(20)
+        .configure_from_args();
+    bench_ingest(&mut c, size);
+    bench_match(&mut c, size);
+    bench_heads(&mut c);
+    c.final_summary();
+    for blocks in [size / 16, size] {
+        let (view, _) = filled(blocks);
+        println!(
+            "engine_view memory: {:.1} bytes per block at {} blocks (heap {} bytes)",
+            view.heap_bytes() as f64 / view.blocks() as f64,
+            view.blocks(),
+            view.heap_bytes()
+        );
+    }
+}
