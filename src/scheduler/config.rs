@@ -7,6 +7,7 @@ use super::pd::PdGroup;
 use super::prefix_cache::PrefixCacheArgs;
 use super::saturation::SaturationLimits;
 use crate::hashing::ChainScheme;
+use crate::prompt::Rendering;
 
 /// How prompts are cut into hashed blocks ([`SchedulerConfig::block_layout`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,6 +128,15 @@ impl SchedulerConfig {
             self.prefix_cache.max_hash_cache_size = a
                 .budget_entries(a.engine_tokens, self.prefix_cache.block_size_to_hash)
                 .min(u32::MAX as usize - 1);
+        }
+    }
+
+    /// How prompts are rendered: the affinity mode's sees tools, tool calls and non-text parts
+    /// too ([`crate::prompt::Rendering::Engine`]); Kthena's mode keeps Kthena's rendering.
+    pub fn rendering(&self) -> Rendering {
+        match self.affinity {
+            Some(_) => Rendering::Engine,
+            None => Rendering::Kthena,
         }
     }
 
