@@ -35,6 +35,15 @@ pub enum Rendering {
     Engine,
 }
 
+impl Rendering {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rendering::Kthena => "kthena",
+            Rendering::Engine => "engine",
+        }
+    }
+}
+
 /// Why a well-formed request has no prompt to score (the `reason` label of unscored requests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Error)]
 pub enum NoPrompt {
