@@ -30,9 +30,7 @@
 //! exactly as in Kthena's mode. The markers are not the engine's own tokens: what matters is that
 //! equal inputs render equal and different ones differ in place.
 
-use std::io;
-
-use xxhash_rust::xxh3::Xxh3;
+use xxhash_rust::xxh3::xxh3_64;
 
 use super::{JsonView, NoPrompt, chat_len_bound, push_chatml, text_of_part};
 
@@ -220,20 +218,12 @@ fn push_marker<J: JsonView>(out: &mut String, open: &str, kind: &str, value: &J)
 
 /// The xxh3-64 of `value`'s canonical JSON.
 pub(crate) fn digest<J: JsonView>(value: &J) -> u64 {
-    struct Hasher(Xxh3);
-    impl io::Write for Hasher {
-        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-            self.0.update(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut hasher = Hasher(Xxh3::new());
-    // Writing into a hasher cannot fail.
-    let _ = value.write_canonical(&mut hasher);
-    hasher.0.digest()
+    // Written out whole, then hashed in one pass: the canonical writer makes many small writes
+    // (a key, a quote, a comma), each a fixed cost for a streaming hasher.
+    let mut bytes = Vec::new();
+    // Writing into a `Vec` cannot fail.
+    let _ = value.write_canonical(&mut bytes);
+    xxh3_64(&bytes)
 }
 
 fn push_hex(out: &mut String, n: u64) {
