@@ -7,6 +7,8 @@
 //!   each sent 16 prompts) from the chat body's bytes to the pick (parse, render, hash, score,
 //!   pick, tentative hold made and dropped); `*_floor`: one validating JSON pass plus one hash
 //!   pass over the same body, the work no router can skip, as the in-run yardstick.
+//!   `agent_64pods`: an agent turn of about 24 KB (12 tool definitions, tool calls and their
+//!   results, an inline image), whose tools, calls and image the affinity mode renders too.
 //! - `hash/*`: `BlockChain { 64, 128 }` over an 8 KiB and a 220 KB prompt (only the first 8192
 //!   bytes are covered, so both cost the same), plus `220KB_full_coverage` which hashes it all.
 //! - `score_record/*`: a default-args `PrefixCache` with 64 pods, each pod's list full (50,000
@@ -350,6 +352,44 @@ fn chat_body(seed: u64, bytes: usize) -> Vec<u8> {
     .expect("serializable")
 }
 
+/// An agent turn: 12 tool definitions, a system prompt, a user turn with an inline image, then
+/// three rounds of an assistant tool call and its result.
+fn agent_body(seed: u64) -> Vec<u8> {
+    let text = |seed: u64, len: usize| String::from_utf8(words(seed, len)).expect("ASCII");
+    let tools: Vec<serde_json::Value> = (0..12)
+        .map(|i| {
+            serde_json::json!({"type": "function", "function": {
+                "name": format!("tool_{i}"), "description": text(300 + i, 160),
+                "parameters": {"type": "object", "required": ["query"], "properties": {
+                    "query": {"type": "string", "description": text(400 + i, 80)},
+                    "limit": {"type": "integer", "minimum": 1, "maximum": 50},
+                    "mode": {"type": "string", "enum": ["fast", "exact", "fuzzy"]}}}}})
+        })
+        .collect();
+    let image = format!("data:image/png;base64,{}", "iVBORw0KGgo".repeat(600));
+    let mut messages = vec![
+        serde_json::json!({"role": "system", "content": text(7, SYSTEM_BYTES)}),
+        serde_json::json!({"role": "user", "content": [
+            {"type": "text", "text": text(seed, 1024)},
+            {"type": "image_url", "image_url": {"url": image, "detail": "high"}}]}),
+    ];
+    for round in 0..3 {
+        let id = format!("call_{round}");
+        messages.push(
+            serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": id, "type": "function", "function": {"name": format!("tool_{round}"),
+            "arguments": format!("{{\"query\":\"{}\",\"limit\":10}}", text(seed + round, 40))}}]}),
+        );
+        messages.push(serde_json::json!({"role": "tool", "tool_call_id": id,
+            "content": text(seed + 10 + round, 1500)}));
+    }
+    serde_json::to_vec(
+        &serde_json::json!({"model": MODEL, "tools": tools, "messages": messages,
+        "temperature": 0.2, "max_tokens": 512}),
+    )
+    .expect("serializable")
+}
+
 /// The shipped config's router (affinity mode) over 64 static pods, each sent 16 prompts.
 fn shipped_router() -> Router {
     let local = std::fs::read_to_string(
@@ -460,6 +500,27 @@ fn bench_request_path(c: &mut Criterion) {
             })
         });
     }
+    let body = agent_body(9);
+    let hashes = |body: &[u8]| {
+        let explained = router.explain("/v1/chat/completions", Some(body), None);
+        explained.expect("routed").decision.hashes
+    };
+    let other_image = String::from_utf8(body.clone())
+        .expect("UTF-8")
+        .replacen("iVBOR", "iVBOX", 1);
+    let (a, b) = (hashes(&body), hashes(other_image.as_bytes()));
+    assert!(
+        a.len() > 32 && a[..16] == b[..16] && a[a.len() - 1] != b[b.len() - 1],
+        "request_path/agent: hashed, the image's tail differs"
+    );
+    g.throughput(Throughput::Bytes(body.len() as u64));
+    g.bench_function("agent_64pods", |b| {
+        b.iter(|| {
+            router
+                .route("/v1/chat/completions", Some(black_box(&body)), None)
+                .expect("routed")
+        })
+    });
     g.finish();
 }
 

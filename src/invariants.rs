@@ -11,22 +11,31 @@
 //! 4. the hashing cost is bounded by the coverage: bytes past `block * maxBlocks` change nothing;
 //! 5. the borrowed one-pass parse gives what the reference parse through a `serde_json::Value`
 //!    gives, errors included.
+//!
+//! Each holds for both renderings: Kthena's and the affinity mode's ([`Rendering`]).
 
 use crate::hashing::BlockChain;
 use crate::lenient_json;
+use crate::prompt::Rendering;
 use crate::request::InferenceRequest;
 
 /// Panics (with the broken property) if any invariant fails for `body`.
 pub fn check_request_body(body: &[u8]) {
-    let first = InferenceRequest::parse(body);
-    let again = InferenceRequest::parse(body);
+    for rendering in [Rendering::Kthena, Rendering::Engine] {
+        check_rendering(body, rendering);
+    }
+}
+
+fn check_rendering(body: &[u8], rendering: Rendering) {
+    let first = InferenceRequest::parse_as(body, rendering);
+    let again = InferenceRequest::parse_as(body, rendering);
     assert_eq!(
         first.as_ref().map_err(|e| e.to_string()),
         again.as_ref().map_err(|e| e.to_string()),
         "parsing is deterministic"
     );
 
-    let reference = InferenceRequest::parse_by_value(body);
+    let reference = InferenceRequest::parse_by_value_as(body, rendering);
     assert_eq!(
         first.as_ref().map_err(|e| e.to_string()),
         reference.as_ref().map_err(|e| e.to_string()),

@@ -12,6 +12,7 @@ use prefix_picker::cli::{self, Form, Host, ServeArgs};
 use prefix_picker::config::Config;
 use prefix_picker::hashing::{BlockChain, CacheSalt, ChainScheme};
 use prefix_picker::logging;
+use prefix_picker::prompt::Rendering;
 use prefix_picker::reload::{self, Reloader};
 use prefix_picker::request::InferenceRequest;
 
@@ -42,7 +43,13 @@ enum Command {
         config: PathBuf,
     },
     /// Render a request body (FILE or stdin) into the prompt bytes that are hashed.
-    Render { file: Option<PathBuf> },
+    Render {
+        /// Render as this config's mode does (the affinity mode renders tools, tool calls and
+        /// non-text parts too); without it, Kthena's rendering.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        file: Option<PathBuf>,
+    },
     /// Print the block hashes of raw prompt bytes (FILE or stdin), one per line.
     Hash {
         #[arg(long)]
@@ -112,7 +119,17 @@ fn main() -> ExitCode {
         Some(command) => command,
     };
     match command {
-        Command::Render { file } => {
+        Command::Render { config, file } => {
+            let rendering = match config.map(|path| Config::load(&path)) {
+                None => Rendering::Kthena,
+                Some(Ok(c)) => c.scheduler.rendering(),
+                Some(Err(errors)) => {
+                    for e in &errors.0 {
+                        eprintln!("error: {e}");
+                    }
+                    return ExitCode::from(2);
+                }
+            };
             let body = match read_input(file.as_ref()) {
                 Ok(b) => b,
                 Err(e) => {
@@ -120,7 +137,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            match InferenceRequest::parse(&body) {
+            match InferenceRequest::parse_as(&body, rendering) {
                 Err(e) => {
                     eprintln!("error: {e}");
                     ExitCode::from(2)

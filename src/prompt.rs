@@ -13,9 +13,36 @@
 //!   `input_text`, `output_text` and whose `text` is a string, joined with `\n`; no kept part = fail.
 //! - Messages render as ChatML, `<|im_start|>{role}\n{content}<|im_end|>\n`, with no trailing
 //!   assistant header.
+//!
+//! That is [`Rendering::Kthena`], Kthena's mode. The affinity mode renders [`Rendering::Engine`]:
+//! the same text, plus what the engine's chat template and KV cache also key on (tool
+//! definitions, tool calls, non-text parts), as [`engine`] describes.
+
+use std::io;
 
 use serde_json::{Map, Value};
 use thiserror::Error;
+
+mod engine;
+
+/// Which rendering a request's prompt gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Rendering {
+    /// Kthena's, exactly: the messages' text content only (Kthena's mode; the golden vectors).
+    #[default]
+    Kthena,
+    /// The affinity mode's: Kthena's, plus tools, tool calls and non-text parts ([`engine`]).
+    Engine,
+}
+
+impl Rendering {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rendering::Kthena => "kthena",
+            Rendering::Engine => "engine",
+        }
+    }
+}
 
 /// Why a well-formed request has no prompt to score (the `reason` label of unscored requests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Error)]
@@ -51,6 +78,9 @@ pub trait JsonView: Sized {
     fn as_list(&self) -> Option<&[Self]>;
     /// The value of `key` (the last one on duplicates), if the value is an object that has it.
     fn field(&self, key: &str) -> Option<&Self>;
+    /// Writes the value as `serde_json` writes its `Value`: compact, object keys sorted, the
+    /// last of duplicate keys (what a digest of a value hashes).
+    fn write_canonical(&self, out: &mut impl io::Write) -> io::Result<()>;
 }
 
 impl JsonView for Value {
@@ -65,23 +95,31 @@ impl JsonView for Value {
     fn field(&self, key: &str) -> Option<&Value> {
         self.as_object()?.get(key)
     }
+
+    fn write_canonical(&self, out: &mut impl io::Write) -> io::Result<()> {
+        Ok(serde_json::to_writer(out, self)?)
+    }
 }
 
 /// Renders the prompt of a request body (a JSON object) following Kthena's precedence.
-pub fn render(body: &Map<String, Value>) -> Result<String, NoPrompt> {
-    render_fields(|key| body.get(key))
+pub fn render(body: &Map<String, Value>, rendering: Rendering) -> Result<String, NoPrompt> {
+    render_fields(rendering, |key| body.get(key))
 }
 
 /// [`render`] of a body the caller no longer needs: a string `prompt` is moved out, not copied.
-pub fn render_owned(mut body: Map<String, Value>) -> Result<String, NoPrompt> {
+pub fn render_owned(
+    mut body: Map<String, Value>,
+    rendering: Rendering,
+) -> Result<String, NoPrompt> {
     if let Some(Value::String(prompt)) = body.get_mut("prompt") {
         return Ok(std::mem::take(prompt));
     }
-    render(&body)
+    render(&body, rendering)
 }
 
 /// [`render`] of a body whose top-level fields are looked up by `get`.
 pub fn render_fields<'a, J: JsonView + 'a>(
+    rendering: Rendering,
     get: impl Fn(&str) -> Option<&'a J>,
 ) -> Result<String, NoPrompt> {
     if let Some(prompt) = get("prompt") {
@@ -94,10 +132,16 @@ pub fn render_fields<'a, J: JsonView + 'a>(
         let Some(messages) = messages.as_list() else {
             return Err(NoPrompt::MessagesNotList);
         };
-        return Ok(render_chat(get("system"), messages));
+        return Ok(match rendering {
+            Rendering::Kthena => render_chat(get("system"), messages),
+            Rendering::Engine => engine::render_chat(get("tools"), get("system"), messages),
+        });
     }
     if let Some(input) = get("input") {
-        return render_responses(get("instructions"), input);
+        return match rendering {
+            Rendering::Kthena => render_responses(get("instructions"), input),
+            Rendering::Engine => engine::render_responses(get("tools"), get("instructions"), input),
+        };
     }
     Err(NoPrompt::NoPromptField)
 }

@@ -17,7 +17,7 @@ use thiserror::Error;
 
 use crate::hashing::CacheSalt;
 use crate::lenient_json;
-use crate::prompt::{self, NoPrompt};
+use crate::prompt::{self, NoPrompt, Rendering};
 use body::{Body, Json};
 
 mod body;
@@ -102,19 +102,25 @@ impl InferenceRequest {
     /// ([`body`]), as it is if it accepts it (it then needs none of Go's leniency: it is valid
     /// UTF-8 and every surrogate escape in it is paired, so sanitizing would not change it),
     /// else sanitized ([`lenient_json::sanitize`]), which also gives a rejected body its error.
-    /// Equal to [`InferenceRequest::parse_by_value`].
+    /// Equal to [`InferenceRequest::parse_by_value`]. Kthena's rendering.
     pub fn parse(body: &[u8]) -> Result<InferenceRequest, RequestError> {
-        if let Some(parsed) = fast::parse(body) {
-            return Self::from_body(parsed);
-        }
-        if let Ok(parsed) = serde_json::from_slice::<Body>(body) {
-            return Self::from_body(parsed);
-        }
-        let text = lenient_json::sanitize(body);
-        Self::from_body(serde_json::from_slice::<Body>(&text).map_err(RequestError::NotJson)?)
+        Self::parse_as(body, Rendering::Kthena)
     }
 
-    fn from_body(body: Body<'_>) -> Result<InferenceRequest, RequestError> {
+    /// [`InferenceRequest::parse`] with the prompt rendered as `rendering` says.
+    pub fn parse_as(body: &[u8], rendering: Rendering) -> Result<InferenceRequest, RequestError> {
+        if let Some(parsed) = fast::parse(body) {
+            return Self::from_body(parsed, rendering);
+        }
+        if let Ok(parsed) = serde_json::from_slice::<Body>(body) {
+            return Self::from_body(parsed, rendering);
+        }
+        let text = lenient_json::sanitize(body);
+        let parsed = serde_json::from_slice::<Body>(&text).map_err(RequestError::NotJson)?;
+        Self::from_body(parsed, rendering)
+    }
+
+    fn from_body(body: Body<'_>, rendering: Rendering) -> Result<InferenceRequest, RequestError> {
         let mut fields = match body {
             Body::Object(fields) => fields,
             Body::Other(kind) => return Err(RequestError::NotObject(kind)),
@@ -132,7 +138,7 @@ impl InferenceRequest {
         };
         let prompt = match &mut fields.prompt {
             Some(Json::String(p)) => Ok(std::mem::take(p).into_owned()),
-            _ => prompt::render_fields(|key| fields.get(key)),
+            _ => prompt::render_fields(rendering, |key| fields.get(key)),
         };
         Ok(InferenceRequest {
             model,
@@ -143,8 +149,16 @@ impl InferenceRequest {
     }
 
     /// The reference [`InferenceRequest::parse`] is tested against: the body parsed into a
-    /// `serde_json::Value` ([`lenient_json::parse_value`]), then rendered.
+    /// `serde_json::Value` ([`lenient_json::parse_value`]), then rendered. Kthena's rendering.
     pub fn parse_by_value(body: &[u8]) -> Result<InferenceRequest, RequestError> {
+        Self::parse_by_value_as(body, Rendering::Kthena)
+    }
+
+    /// [`InferenceRequest::parse_by_value`] with the prompt rendered as `rendering` says.
+    pub fn parse_by_value_as(
+        body: &[u8],
+        rendering: Rendering,
+    ) -> Result<InferenceRequest, RequestError> {
         let value = lenient_json::parse_value(body).map_err(RequestError::NotJson)?;
         let Value::Object(map) = value else {
             return Err(RequestError::NotObject(json_kind(&value)));
@@ -160,7 +174,7 @@ impl InferenceRequest {
             Some(Value::String(s)) => CacheSalt::new(s.as_str()),
             _ => None,
         };
-        let prompt = prompt::render_owned(map);
+        let prompt = prompt::render_owned(map, rendering);
         Ok(InferenceRequest {
             model,
             prompt,

@@ -2,6 +2,8 @@
 //! refused by key, what happens to the prefix index.
 
 use super::*;
+use crate::hashing::ChainScheme;
+use crate::prompt::Rendering;
 use crate::routing::RecordOrigin;
 use crate::serve::static_endpoints;
 
@@ -128,6 +130,18 @@ fn a_block_layout_change_is_planned_and_refused_under_sync() {
     let long = format!("{base}picker: {{affinity: {{longPrompts: true, engineBudget: false}}}}\n");
     let plan = check(&config(&base), &config(&long)).unwrap().unwrap();
     assert!(plan.layout.is_some(), "the seeded scheme hashes otherwise");
+    let affinity =
+        format!("{base}picker: {{affinity: {{longPrompts: false, engineBudget: false}}}}\n");
+    let plan = check(&config(&base), &config(&affinity)).unwrap().unwrap();
+    let (old, new) = plan.layout.expect("the affinity mode renders tools too");
+    assert_eq!(
+        (old.scheme, new.scheme),
+        (ChainScheme::Kthena, ChainScheme::Kthena)
+    );
+    assert_eq!(
+        (old.rendering, new.rendering),
+        (Rendering::Kthena, Rendering::Engine)
+    );
     // More blocks matched: the first blocks hash alike, the index is kept.
     let plan = check(&config(&base), &config(&doc(1, "maxBlocksToMatch: 4", "")))
         .unwrap()

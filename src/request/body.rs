@@ -10,6 +10,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::io;
 
 use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
@@ -21,7 +22,7 @@ use crate::prompt::JsonView;
 pub enum Json<'a> {
     Null,
     Bool(bool),
-    Number,
+    Number(Number<'a>),
     String(Cow<'a, str>),
     Array(Vec<Json<'a>>),
     Object(Vec<(Cow<'a, str>, Json<'a>)>),
@@ -33,11 +34,37 @@ impl Json<'_> {
         match self {
             Json::Null => "null",
             Json::Bool(_) => "a boolean",
-            Json::Number => "a number",
+            Json::Number(_) => "a number",
             Json::String(_) => "a string",
             Json::Array(_) => "an array",
             Json::Object(_) => "an object",
         }
+    }
+}
+
+/// A number: its text as the fast path read it, or the value `serde_json` parsed. Read only
+/// for a digest ([`JsonView::write_canonical`]), so the fast path never parses one.
+#[derive(Debug, Clone)]
+pub enum Number<'a> {
+    Text(&'a str),
+    Parsed(serde_json::Number),
+}
+
+impl Number<'_> {
+    /// The value `serde_json` gives this number (its text parsed as it parses it in a body).
+    fn value(&self) -> Option<serde_json::Number> {
+        match self {
+            Number::Text(text) => serde_json::from_str(text).ok(),
+            Number::Parsed(n) => Some(n.clone()),
+        }
+    }
+}
+
+/// Equal when `serde_json` reads them as the same value (the fast path keeps `1.50`, the
+/// `serde_json` path `1.5`).
+impl PartialEq for Number<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.value() == other.value()
     }
 }
 
@@ -60,6 +87,49 @@ impl JsonView for Json<'_> {
         match self {
             Json::Object(fields) => fields.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v),
             _ => None,
+        }
+    }
+
+    fn write_canonical(&self, out: &mut impl io::Write) -> io::Result<()> {
+        match self {
+            Json::Null => out.write_all(b"null"),
+            Json::Bool(b) => out.write_all(if *b { b"true" } else { b"false" }),
+            Json::Number(n) => match n.value() {
+                Some(n) => Ok(serde_json::to_writer(out, &n)?),
+                None => out.write_all(b"null"),
+            },
+            Json::String(s) => Ok(serde_json::to_writer(out, s.as_ref())?),
+            Json::Array(items) => {
+                out.write_all(b"[")?;
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.write_all(b",")?;
+                    }
+                    item.write_canonical(out)?;
+                }
+                out.write_all(b"]")
+            }
+            Json::Object(fields) => {
+                // As `Value`'s map holds them: sorted by key, the last of duplicates (a stable
+                // sort keeps duplicates in body order).
+                let mut sorted: Vec<&(Cow<'_, str>, Json<'_>)> = fields.iter().collect();
+                sorted.sort_by(|a, b| a.0.cmp(&b.0));
+                out.write_all(b"{")?;
+                let mut first = true;
+                for (i, (key, value)) in sorted.iter().map(|f| (&f.0, &f.1)).enumerate() {
+                    if sorted.get(i + 1).is_some_and(|next| next.0 == *key) {
+                        continue;
+                    }
+                    if !first {
+                        out.write_all(b",")?;
+                    }
+                    first = false;
+                    serde_json::to_writer(&mut *out, key.as_ref())?;
+                    out.write_all(b":")?;
+                    value.write_canonical(out)?;
+                }
+                out.write_all(b"}")
+            }
         }
     }
 }
@@ -88,6 +158,8 @@ pub struct Fields<'a> {
     pub instructions: Option<Json<'a>>,
     /// vLLM's per-tenant cache salt: namespaces the hash chain, never rendered.
     pub cache_salt: Option<Json<'a>>,
+    /// Tool definitions: rendered by the affinity mode only ([`crate::prompt::Rendering`]).
+    pub tools: Option<Json<'a>>,
 }
 
 impl<'a> Fields<'a> {
@@ -106,6 +178,7 @@ impl<'a> Fields<'a> {
             "input" => &self.input,
             "instructions" => &self.instructions,
             "cache_salt" => &self.cache_salt,
+            "tools" => &self.tools,
             _ => return None,
         })
     }
@@ -120,6 +193,7 @@ impl<'a> Fields<'a> {
             "input" => &mut self.input,
             "instructions" => &mut self.instructions,
             "cache_salt" => &mut self.cache_salt,
+            "tools" => &mut self.tools,
             _ => return None,
         })
     }
@@ -237,20 +311,28 @@ impl<'de> Visitor<'de> for JsonVisitor {
     fn visit_bool<E>(self, b: bool) -> Result<Json<'de>, E> {
         Ok(Json::Bool(b))
     }
-    fn visit_i64<E>(self, _: i64) -> Result<Json<'de>, E> {
-        Ok(Json::Number)
+    fn visit_i64<E>(self, n: i64) -> Result<Json<'de>, E> {
+        Ok(Json::Number(Number::Parsed(n.into())))
     }
-    fn visit_u64<E>(self, _: u64) -> Result<Json<'de>, E> {
-        Ok(Json::Number)
+    fn visit_u64<E>(self, n: u64) -> Result<Json<'de>, E> {
+        Ok(Json::Number(Number::Parsed(n.into())))
     }
-    fn visit_i128<E>(self, _: i128) -> Result<Json<'de>, E> {
-        Ok(Json::Number)
+    // `serde_json` calls neither 128-bit visitor without `arbitrary_precision`; as `Value`.
+    fn visit_i128<E>(self, n: i128) -> Result<Json<'de>, E> {
+        Ok(
+            serde_json::Number::from_i128(n)
+                .map_or(Json::Null, |n| Json::Number(Number::Parsed(n))),
+        )
     }
-    fn visit_u128<E>(self, _: u128) -> Result<Json<'de>, E> {
-        Ok(Json::Number)
+    fn visit_u128<E>(self, n: u128) -> Result<Json<'de>, E> {
+        Ok(
+            serde_json::Number::from_u128(n)
+                .map_or(Json::Null, |n| Json::Number(Number::Parsed(n))),
+        )
     }
-    fn visit_f64<E>(self, _: f64) -> Result<Json<'de>, E> {
-        Ok(Json::Number)
+    fn visit_f64<E>(self, n: f64) -> Result<Json<'de>, E> {
+        // As `Value`: a float that is not finite is null (`serde_json` never parses one).
+        Ok(serde_json::Number::from_f64(n).map_or(Json::Null, |n| Json::Number(Number::Parsed(n))))
     }
     fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Json<'de>, E> {
         Ok(Json::String(Cow::Borrowed(s)))
@@ -355,6 +437,7 @@ impl<'de> Deserialize<'de> for Body<'de> {
 mod tests {
     use proptest::prelude::*;
 
+    use crate::prompt::Rendering;
     use crate::request::InferenceRequest;
 
     /// Pieces of a JSON string's text: plain, escaped, paired and lone surrogate escapes,
@@ -443,7 +526,18 @@ mod tests {
 
     /// An object from a few of the keys rendering reads, duplicates likely.
     fn small_object(value: impl Strategy<Value = Vec<u8>>) -> impl Strategy<Value = Vec<u8>> {
-        let key = prop::sample::select(vec!["role", "content", "type", "text"]);
+        let key = prop::sample::select(vec![
+            "role",
+            "content",
+            "type",
+            "text",
+            "tool_calls",
+            "tool_call_id",
+            "function",
+            "name",
+            "arguments",
+            "image_url",
+        ]);
         prop::collection::vec((key, value), 0..5).prop_map(|fields| {
             let fields: Vec<Vec<u8>> = fields
                 .into_iter()
@@ -462,8 +556,19 @@ mod tests {
     /// parts, the shape rendering walks.
     fn chat_field() -> impl Strategy<Value = Vec<u8>> {
         let word = prop_oneof![
-            prop::sample::select(vec![r#""user""#, r#""text""#, r#""message""#, r#""""#, "3"])
-                .prop_map(|s| s.as_bytes().to_vec()),
+            prop::sample::select(vec![
+                r#""user""#,
+                r#""text""#,
+                r#""message""#,
+                r#""""#,
+                "3",
+                "1.50",
+                "-0",
+                "1e2",
+                r#""image_url""#,
+                r#""function_call""#,
+            ])
+            .prop_map(|s| s.as_bytes().to_vec()),
             string(),
         ];
         let part = small_object(word.clone());
@@ -476,6 +581,7 @@ mod tests {
                 "system",
                 "instructions",
                 "prompt",
+                "tools",
             ]),
             prop_oneof![list(message), string()],
         )
@@ -534,7 +640,7 @@ mod tests {
                 let key = prop_oneof![
                     3 => prop::sample::select(vec![
                         "model", "prompt", "messages", "system", "input", "role", "content", "type",
-                        "text", "stream", "cache_salt",
+                        "text", "stream", "cache_salt", "tools", "tool_calls", "function",
                     ])
                     .prop_map(|k| format!("\"{k}\"").into_bytes()),
                     1 => string(),
@@ -572,11 +678,13 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(2000))]
         #[test]
         fn borrowed_parse_equals_the_value_parse(body in body()) {
-            prop_assert_eq!(
-                outcome(InferenceRequest::parse(&body)),
-                outcome(InferenceRequest::parse_by_value(&body)),
-                "body {:?}", String::from_utf8_lossy(&body)
-            );
+            for rendering in [Rendering::Kthena, Rendering::Engine] {
+                prop_assert_eq!(
+                    outcome(InferenceRequest::parse_as(&body, rendering)),
+                    outcome(InferenceRequest::parse_by_value_as(&body, rendering)),
+                    "{:?} body {:?}", rendering, String::from_utf8_lossy(&body)
+                );
+            }
         }
     }
 
@@ -593,11 +701,13 @@ mod tests {
 
         #[test]
         fn valid_bodies_parse_like_the_value_parse(body in valid_body()) {
-            prop_assert_eq!(
-                outcome(InferenceRequest::parse(&body)),
-                outcome(InferenceRequest::parse_by_value(&body)),
-                "body {:?}", String::from_utf8_lossy(&body)
-            );
+            for rendering in [Rendering::Kthena, Rendering::Engine] {
+                prop_assert_eq!(
+                    outcome(InferenceRequest::parse_as(&body, rendering)),
+                    outcome(InferenceRequest::parse_by_value_as(&body, rendering)),
+                    "{:?} body {:?}", rendering, String::from_utf8_lossy(&body)
+                );
+            }
         }
     }
 

@@ -16,7 +16,7 @@
 
 use std::borrow::Cow;
 
-use super::body::{Body, Fields, Json};
+use super::body::{Body, Fields, Json, Number};
 
 /// Deepest nesting the fast path reads (`serde_json` allows 128).
 const MAX_DEPTH: u32 = 64;
@@ -194,7 +194,8 @@ impl<'a> Reader<'a> {
         }
         match self.peek() {
             Some(b'e' | b'E' | b'0'..=b'9') => None,
-            _ => (self.i - start <= MAX_NUMBER_BYTES).then_some(Json::Number),
+            _ => (self.i - start <= MAX_NUMBER_BYTES)
+                .then(|| Json::Number(Number::Text(&self.text[start..self.i]))),
         }
     }
 

@@ -27,6 +27,7 @@ use crate::endpoints::{AddressPattern, Endpoint, Endpoints};
 use crate::hashing::BlockHash;
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
 use crate::prefix_index::PodSlot;
+use crate::prompt::Rendering;
 use crate::request::{Api, InferenceRequest};
 use crate::scheduler::saturation::Shed;
 use crate::scheduler::{
@@ -322,9 +323,9 @@ impl Router {
         restrict: Option<&[AddressPattern]>,
         session: Option<&[u8]>,
     ) -> Result<Routed, RouteFailure> {
-        let parsed = Parsed::new(path, body)?;
-        let (mut request, candidates) = self.prepare(&parsed, restrict)?;
         let live = self.scheduler.load();
+        let parsed = Parsed::new(path, body, live.scheduler.config().rendering())?;
+        let (mut request, candidates) = self.prepare(&parsed, restrict)?;
         if let Some(refused) = Router::shed(&live, &parsed, &candidates) {
             self.metrics.shed.inc();
             return Err(refused);
@@ -431,9 +432,9 @@ impl Router {
         body: Option<&[u8]>,
         restrict: Option<&[AddressPattern]>,
     ) -> Result<Explained, RouteFailure> {
-        let parsed = Parsed::new(path, body)?;
-        let (mut request, candidates) = self.prepare(&parsed, restrict)?;
         let live = self.scheduler.load();
+        let parsed = Parsed::new(path, body, live.scheduler.config().rendering())?;
+        let (mut request, candidates) = self.prepare(&parsed, restrict)?;
         if let Some(refused) = Router::shed(&live, &parsed, &candidates) {
             return Err(refused);
         }
@@ -530,7 +531,8 @@ struct Parsed {
 }
 
 impl Parsed {
-    fn new(path: &str, body: Option<&[u8]>) -> Result<Parsed, RouteFailure> {
+    /// `rendering`: the scheduler's (`SchedulerConfig::rendering`).
+    fn new(path: &str, body: Option<&[u8]>, rendering: Rendering) -> Result<Parsed, RouteFailure> {
         let request = match (Api::from_path(path), body) {
             (None, _) => None,
             (Some(_), None) => {
@@ -541,7 +543,7 @@ impl Parsed {
                 ));
             }
             (Some(_), Some(body)) => Some(
-                InferenceRequest::parse(body)
+                InferenceRequest::parse_as(body, rendering)
                     .map_err(|e| RouteFailure::new(400, "invalid_request_error", e.to_string()))?,
             ),
         };

@@ -372,3 +372,28 @@ fn sessions_are_off_unless_enabled() {
     assert_eq!(r.ticket.session, None);
     assert_eq!(session_outcomes(&router), [0, 0, 0]);
 }
+
+/// The affinity mode hashes the request's tools (and tool calls, non-text parts) with the
+/// prompt; Kthena's mode hashes Kthena's rendering, which has none of them.
+#[test]
+fn only_the_affinity_mode_hashes_tools() {
+    let body = |tool: &str| {
+        format!(
+            r#"{{"model":"m","tools":[{{"type":"function","function":{{"name":"{tool}"}}}}],
+            "messages":[{{"role":"user","content":"a prompt long enough for a block of hashes"}}]}}"#
+        )
+    };
+    let hashes = |router: &Router, tool: &str| {
+        let explained = router.explain("/v1/chat/completions", Some(body(tool).as_bytes()), None);
+        explained.unwrap().decision.hashes
+    };
+    let registry = prometheus::Registry::new();
+    let affinity = router_from_config("picker: {affinity: {}}\n", three(), &registry);
+    let (a, b) = (hashes(&affinity, "search"), hashes(&affinity, "browse"));
+    assert!(!a.is_empty());
+    assert!(a.iter().all(|h| !b.contains(h)), "every block differs");
+    let kthena = router();
+    let (a, b) = (hashes(&kthena, "search"), hashes(&kthena, "browse"));
+    assert!(!a.is_empty());
+    assert_eq!(a, b);
+}

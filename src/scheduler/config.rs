@@ -7,21 +7,25 @@ use super::pd::PdGroup;
 use super::prefix_cache::PrefixCacheArgs;
 use super::saturation::SaturationLimits;
 use crate::hashing::ChainScheme;
+use crate::prompt::Rendering;
 
 /// How prompts are cut into hashed blocks ([`SchedulerConfig::block_layout`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockLayout {
     pub block_size: usize,
     pub scheme: ChainScheme,
+    /// What of a request is rendered into the hashed prompt.
+    pub rendering: Rendering,
 }
 
 impl std::fmt::Display for BlockLayout {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} blocks of {} bytes",
+            "{} blocks of {} bytes, {} rendering",
             self.scheme.as_str(),
-            self.block_size
+            self.block_size,
+            self.rendering.as_str()
         )
     }
 }
@@ -130,6 +134,15 @@ impl SchedulerConfig {
         }
     }
 
+    /// How prompts are rendered: the affinity mode's sees tools, tool calls and non-text parts
+    /// too ([`crate::prompt::Rendering::Engine`]); Kthena's mode keeps Kthena's rendering.
+    pub fn rendering(&self) -> Rendering {
+        match self.affinity {
+            Some(_) => Rendering::Engine,
+            None => Rendering::Kthena,
+        }
+    }
+
     /// How prompts are chained: seeded XXH3 for the affinity mode's long prompts, else Kthena's.
     pub fn chain_scheme(&self) -> ChainScheme {
         match self.affinity {
@@ -138,12 +151,14 @@ impl SchedulerConfig {
         }
     }
 
-    /// What the block hashes depend on besides the prompt: the block size and the chain
-    /// scheme. Hashes made under one layout never match a prompt hashed under another.
+    /// What the block hashes depend on besides the request: the block size, the chain scheme
+    /// and the rendering. Hashes made under one layout never match a prompt hashed under another
+    /// (a text-only chat renders alike in both renderings; a request with tools does not).
     pub fn block_layout(&self) -> BlockLayout {
         BlockLayout {
             block_size: self.prefix_cache.block_size_to_hash,
             scheme: self.chain_scheme(),
+            rendering: self.rendering(),
         }
     }
 
