@@ -120,7 +120,8 @@ fn main() {
     bench_match(&mut c, size);
     bench_heads(&mut c);
     c.final_summary();
-    for blocks in [size / 16, size] {
+    // Just under a power of two (tables 7/8 full) and at one (just grown: half full).
+    for blocks in [size / 16, size * 7 / 8, size] {
         let (view, _) = filled(blocks);
         println!(
             "engine_view memory: {:.1} bytes per block at {} blocks (heap {} bytes)",

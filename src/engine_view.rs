@@ -124,11 +124,15 @@ impl EngineView {
         self.state.read().block_size
     }
 
-    /// Approximate heap bytes of the view's maps.
+    /// Heap bytes of the view's maps: hashbrown keeps a power-of-two number of buckets (its
+    /// capacity is 7/8 of them), each an entry plus one control byte.
     pub fn heap_bytes(&self) -> usize {
+        fn table<K, V>(m: &HashMap<K, V>) -> usize {
+            let buckets = (m.capacity() * 8).div_ceil(7).next_power_of_two();
+            buckets * (std::mem::size_of::<(K, V)>() + 1)
+        }
         let s = self.state.read();
-        // hashbrown: one control byte per bucket plus the entry.
-        s.by_engine.capacity() * (16 + 1) + s.held.capacity() * (12 + 1)
+        table(&s.by_engine) + table(&s.held)
     }
 
     /// Applies a `BlockStored`: `engine_hashes[i]` holds `token_ids[i * block_size..][..block_size]`,
