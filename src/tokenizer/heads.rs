@@ -5,10 +5,11 @@
 //! `<|im_end|>\n` of the ChatML rendering; a completion prompt has one, its whole text). Each
 //! head is keyed by an xxh3 digest of the model and its bytes. A request looks its heads up,
 //! longest first, in a bounded in-process map ([`HeadTokens::find`]): found, the pods with live
-//! engine views are matched by those tokens; not found, the request is matched by the estimate
-//! and its heads are queued for the engine's tokenizer ([`HeadTokens::run`], in the
-//! background): the head without the last message (what the next request of a tenant or a
-//! session shares) and the whole prompt (the head of the conversation's next turn). The engine
+//! engine views are matched by those tokens; not found, the request is matched by the estimate.
+//! Either way its longer heads not known yet are queued for the engine's tokenizer
+//! ([`HeadTokens::run`], in the background): the head without the last message (what the next
+//! request of a tenant or a session shares) and the whole prompt (the head of the
+//! conversation's next turn). The engine
 //! renders the messages with its own chat template (`tools` included); a head is asked with
 //! `add_generation_prompt: false`, the whole prompt with `true`, as it is served.
 //!
@@ -41,6 +42,8 @@ use crate::request::Api;
 const MESSAGE_END: &[u8] = b"<|im_end|>\n";
 /// Shards of the head map.
 const SHARDS: usize = 16;
+/// Fills tokenized at once.
+const FILLS_AT_ONCE: usize = 8;
 
 /// Where engine tokens come from (`picker.tokenizer.source`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -115,6 +118,8 @@ struct Fill {
     pod: SocketAddr,
     api: Api,
     body: Vec<u8>,
+    /// Messages in the whole prompt (the body must have as many).
+    messages: usize,
     /// (messages in the head, its digest, its rendered bytes); a completion prompt: (0, ..).
     heads: Vec<(usize, u64, usize)>,
 }
@@ -174,35 +179,64 @@ impl HeadTokens {
             return None;
         };
         let heads = heads(model, api, prompt.as_bytes());
-        if let Some(found) = self.known(&heads) {
-            count(HeadOutcome::Hit);
-            return Some(found);
-        }
-        if heads.is_empty() {
+        let Some(&(messages, _, _)) = heads.last() else {
             count(HeadOutcome::Unsupported);
             return None;
+        };
+        let found = self.known_at(&heads);
+        // The heads longer than the one found (the whole prompt and, for chat, the head before
+        // the last message), so the next request of the conversation finds more of itself.
+        let longer = found.as_ref().map_or(0, |(i, _)| i + 1);
+        let queued = self.queue_fill(model, pod, api, body, messages, &heads[longer..]);
+        match found {
+            Some((_, found)) => {
+                count(HeadOutcome::Hit);
+                Some(found)
+            }
+            None => {
+                count(if queued {
+                    HeadOutcome::Miss
+                } else {
+                    HeadOutcome::Dropped
+                });
+                None
+            }
         }
-        // The whole prompt and, for chat, the head before the last message.
-        let wanted: Vec<(usize, u64, usize)> = heads.iter().rev().take(2).copied().collect();
-        {
+    }
+
+    /// Queues the last two of `heads` that are not queued yet; `false` when the queue was full.
+    fn queue_fill(
+        &self,
+        model: &str,
+        pod: SocketAddr,
+        api: Api,
+        body: &[u8],
+        messages: usize,
+        heads: &[(usize, u64, usize)],
+    ) -> bool {
+        let wanted: Vec<(usize, u64, usize)> = {
             let mut pending = self.pending.lock();
-            if wanted.iter().all(|(_, d, _)| pending.contains(d)) {
-                count(HeadOutcome::Miss);
-                return None;
-            }
-            for (_, d, _) in &wanted {
-                pending.insert(*d);
-            }
+            heads
+                .iter()
+                .rev()
+                .take(2)
+                .filter(|(_, d, _)| pending.insert(*d))
+                .copied()
+                .collect()
+        };
+        if wanted.is_empty() {
+            return true;
         }
         let fill = Fill {
             model: model.to_string(),
             pod,
             api,
             body: body.to_vec(),
+            messages,
             heads: wanted,
         };
         match self.queue.try_send(fill) {
-            Ok(()) => count(HeadOutcome::Miss),
+            Ok(()) => true,
             Err(e) => {
                 let fill = match e {
                     mpsc::error::TrySendError::Full(f) | mpsc::error::TrySendError::Closed(f) => f,
@@ -211,10 +245,9 @@ impl HeadTokens {
                 for (_, d, _) in &fill.heads {
                     pending.remove(d);
                 }
-                count(HeadOutcome::Dropped);
+                false
             }
         }
-        None
     }
 
     /// [`HeadTokens::find`] without counting or queueing (explain).
@@ -224,10 +257,19 @@ impl HeadTokens {
 
     /// The longest of `heads` known.
     fn known(&self, heads: &[(usize, u64, usize)]) -> Option<HeadFound> {
+        self.known_at(heads).map(|(_, found)| found)
+    }
+
+    /// The longest of `heads` known, with its position.
+    fn known_at(&self, heads: &[(usize, u64, usize)]) -> Option<(usize, HeadFound)> {
         heads
             .iter()
+            .enumerate()
             .rev()
-            .find_map(|&(_, digest, _)| self.shard(digest).read().get(&digest).cloned())
+            .find_map(|(i, &(_, digest, _))| {
+                let found = self.shard(digest).read().get(&digest).cloned()?;
+                Some((i, found))
+            })
     }
 
     /// The port to ask on a pod serving at `address`.
@@ -276,6 +318,8 @@ impl HeadTokens {
                 return;
             }
         };
+        // Fills run concurrently, a few at a time (each is one or two calls to a pod).
+        let permits = Arc::new(tokio::sync::Semaphore::new(FILLS_AT_ONCE));
         loop {
             let fill = tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -284,11 +328,18 @@ impl HeadTokens {
                     None => return,
                 },
             };
-            self.tokenize(&tokenizer, &fill).await;
-            let mut pending = self.pending.lock();
-            for (_, d, _) in &fill.heads {
-                pending.remove(d);
-            }
+            let Ok(permit) = permits.clone().acquire_owned().await else {
+                return;
+            };
+            let (heads, tokenizer) = (self.clone(), tokenizer.clone());
+            tokio::spawn(async move {
+                heads.tokenize(&tokenizer, &fill).await;
+                let mut pending = heads.pending.lock();
+                for (_, d, _) in &fill.heads {
+                    pending.remove(d);
+                }
+                drop(permit);
+            });
         }
     }
 
@@ -307,7 +358,7 @@ impl HeadTokens {
                         system: None,
                         ..
                     },
-                ) if messages <= all.len() && all.len() == fill.heads[0].0 => {
+                ) if messages <= all.len() && all.len() == fill.messages => {
                     joined = join(&all[..messages]);
                     TokenizeInput::chat(&joined, tools.map(RawValue::get))
                         .with_generation_prompt(messages == all.len())
