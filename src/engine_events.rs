@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
+use prometheus::{Gauge, IntCounter, IntGauge};
 use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -141,11 +142,42 @@ async fn subscribe(
     view.set_live(false);
 }
 
+/// One pod's series, resolved once.
+struct PodSeries {
+    kv_events: [IntCounter; KvEventKind::ALL.len()],
+    stream: [IntCounter; StreamEvent::ALL.len()],
+    lag: Gauge,
+    blocks: IntGauge,
+    live: IntGauge,
+}
+
+impl PodSeries {
+    fn new(metrics: &EngineTruthMetrics, endpoint: &Endpoint) -> PodSeries {
+        let [name, namespace] = pod_label_values(&endpoint.spec.id);
+        let labels = [name, namespace];
+        PodSeries {
+            kv_events: KvEventKind::ALL.map(|e| {
+                metrics
+                    .kv_events
+                    .with_label_values(&[name, namespace, e.as_str()])
+            }),
+            stream: StreamEvent::ALL.map(|e| {
+                metrics
+                    .stream
+                    .with_label_values(&[name, namespace, e.as_str()])
+            }),
+            lag: metrics.lag.with_label_values(&labels),
+            blocks: metrics.view_blocks.with_label_values(&labels),
+            live: metrics.view_live.with_label_values(&labels),
+        }
+    }
+}
+
 /// Applies one pod's updates to its view and counts them.
 struct Consumer<'a> {
     endpoint: &'a Endpoint,
     view: &'a EngineView,
-    metrics: EngineTruthMetrics,
+    series: PodSeries,
     stats: Arc<SubscriberStats>,
     /// The subscriber's counters at the last sync, per [`StreamEvent`].
     synced: [u64; StreamEvent::ALL.len()],
@@ -158,22 +190,12 @@ impl<'a> Consumer<'a> {
         metrics: EngineTruthMetrics,
         stats: Arc<SubscriberStats>,
     ) -> Consumer<'a> {
-        let labels = pod_label_values(&endpoint.spec.id);
-        for e in KvEventKind::ALL {
-            metrics
-                .kv_events
-                .with_label_values(&[labels[0], labels[1], e.as_str()]);
-        }
-        for e in StreamEvent::ALL {
-            metrics
-                .stream
-                .with_label_values(&[labels[0], labels[1], e.as_str()]);
-        }
-        metrics.view_live.with_label_values(&labels).set(0);
+        let series = PodSeries::new(&metrics, endpoint);
+        series.live.set(0);
         Consumer {
             endpoint,
             view,
-            metrics,
+            series,
             stats,
             synced: [0; StreamEvent::ALL.len()],
         }
@@ -190,14 +212,8 @@ impl<'a> Consumer<'a> {
                     self.apply_event(event, &mut counts);
                 }
                 self.view.set_live(true);
-                let labels = pod_label_values(&self.endpoint.spec.id);
-                for (kind, n) in KvEventKind::ALL.iter().zip(counts) {
-                    if n > 0 {
-                        self.metrics
-                            .kv_events
-                            .with_label_values(&[labels[0], labels[1], kind.as_str()])
-                            .inc_by(n);
-                    }
+                for (counter, n) in self.series.kv_events.iter().zip(counts) {
+                    counter.inc_by(n);
                 }
             }
             Update::Reset { reason } => {
@@ -264,28 +280,15 @@ impl<'a> Consumer<'a> {
             s.resets.load(Relaxed),
             s.reconnects.load(Relaxed),
         ];
-        let labels = pod_label_values(&self.endpoint.spec.id);
-        for ((kind, now), synced) in StreamEvent::ALL.iter().zip(now).zip(&mut self.synced) {
-            if now > *synced {
-                self.metrics
-                    .stream
-                    .with_label_values(&[labels[0], labels[1], kind.as_str()])
-                    .inc_by(now - *synced);
-                *synced = now;
-            }
+        for ((counter, now), synced) in self.series.stream.iter().zip(now).zip(&mut self.synced) {
+            counter.inc_by(now.saturating_sub(*synced));
+            *synced = now;
         }
-        self.metrics
+        self.series
             .lag
-            .with_label_values(&labels)
             .set(s.last_lag_ms.load(Relaxed) as f64 / 1e3);
-        self.metrics
-            .view_blocks
-            .with_label_values(&labels)
-            .set(self.view.blocks() as i64);
-        self.metrics
-            .view_live
-            .with_label_values(&labels)
-            .set(i64::from(self.view.is_live()));
+        self.series.blocks.set(self.view.blocks() as i64);
+        self.series.live.set(i64::from(self.view.is_live()));
     }
 }
 

@@ -42,11 +42,23 @@ fn pod<'a>(e: &'a Value, pod: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("{pod} not explained: {e}"))
 }
 
+/// Waits until each of `sims` is matched by its events (its subscriber connected).
+async fn wait_live(picker: &Running, sims: &[&str]) {
+    for s in sims {
+        wait_metric_eq(picker, &view_series("live", s), 1.0).await;
+    }
+}
+
+/// `prefix_picker_engine_view_{what}` of `sim`.
+fn view_series(what: &str, sim: &str) -> String {
+    format!(
+        "prefix_picker_engine_view_{what}{{model_server_namespace=\"default\",model_server_pod=\"{sim}\"}}"
+    )
+}
+
 /// Waits until `sim`'s engine view holds at least `blocks` blocks (or, with 0, none).
 async fn wait_view(picker: &Running, sim: &str, blocks: f64) {
-    let series = format!(
-        "prefix_picker_engine_view_blocks{{model_server_namespace=\"default\",model_server_pod=\"{sim}\"}}"
-    );
+    let series = view_series("blocks", sim);
     if blocks == 0.0 {
         wait_metric_eq(picker, &series, 0.0).await;
     } else {
@@ -62,14 +74,7 @@ async fn an_evicted_prefix_stops_attracting_requests_at_once() {
     ];
     let picker = start_picker(engine_truth_config(&sims, "")).await;
     let envoy = start_envoy_for_sims(&picker, &sims).await;
-    for s in ["sim-0", "sim-1"] {
-        wait_metric_eq(
-            &picker,
-            &format!("prefix_picker_engine_view_live{{model_server_namespace=\"default\",model_server_pod=\"{s}\"}}"),
-            1.0,
-        )
-        .await;
-    }
+    wait_live(&picker, &["sim-0", "sim-1"]).await;
     let system = "You are the support agent of tenant seven. Answer briefly. ".repeat(20);
     let first = send(
         &envoy,
@@ -125,14 +130,7 @@ async fn a_pod_with_prefix_caching_off_is_never_preferred() {
     ];
     let picker = start_picker(engine_truth_config(&sims, "")).await;
     let envoy = start_envoy_for_sims(&picker, &sims).await;
-    for s in ["sim-0", "sim-1"] {
-        wait_metric_eq(
-            &picker,
-            &format!("prefix_picker_engine_view_live{{model_server_namespace=\"default\",model_server_pod=\"{s}\"}}"),
-            1.0,
-        )
-        .await;
-    }
+    wait_live(&picker, &["sim-0", "sim-1"]).await;
     let system = "A long shared instruction block that every request carries. ".repeat(20);
     // Send until the caching pod holds the prefix (the first requests may land anywhere).
     let mut served = Vec::new();
@@ -164,11 +162,7 @@ async fn a_pod_with_prefix_caching_off_is_never_preferred() {
         assert_eq!(r.served_by, "sim-1", "request {i}: {served:?}");
     }
     assert_eq!(
-        metric(
-            &picker,
-            "prefix_picker_engine_view_blocks{model_server_namespace=\"default\",model_server_pod=\"sim-0\"}"
-        )
-        .await,
+        metric(&picker, &view_series("blocks", "sim-0")).await,
         0.0,
         "caching off: nothing announced"
     );
@@ -193,12 +187,7 @@ async fn garbage_on_an_event_socket_leaves_routing_intact() {
     let sims = [Sim::start_with_events("sim-1", engine()).await];
     let picker = start_picker(engine_truth_config(&sims, &extra)).await;
     let envoy = start_envoy_for_addrs(&picker, &[plain.addr, sims[0].addr]).await;
-    wait_metric_eq(
-        &picker,
-        "prefix_picker_engine_view_live{model_server_namespace=\"default\",model_server_pod=\"sim-1\"}",
-        1.0,
-    )
-    .await;
+    wait_live(&picker, &["sim-1"]).await;
     for i in 0..8 {
         let r = send(
             &envoy,
@@ -209,11 +198,7 @@ async fn garbage_on_an_event_socket_leaves_routing_intact() {
         assert_eq!(r.status, 200);
     }
     assert_eq!(
-        metric(
-            &picker,
-            "prefix_picker_engine_view_live{model_server_namespace=\"default\",model_server_pod=\"sim-0\"}"
-        )
-        .await,
+        metric(&picker, &view_series("live", "sim-0")).await,
         0.0,
         "never connected: matched by the estimate"
     );

@@ -393,33 +393,13 @@ pub struct Sim {
 
 impl Sim {
     pub async fn start(name: &str, config: model_sim::engine::EngineConfig) -> Sim {
-        use model_sim::{engine::Engine, server};
-        let engine = Arc::new(Engine::new(config));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let app = server::app(
-            server::SimConfig {
-                name: name.to_string(),
-                model: None,
-                default_max_tokens: 1,
-                seed: 0,
-            },
-            engine.clone(),
-        );
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        Sim {
-            name: name.to_string(),
-            addr,
-            engine,
-        }
+        Sim::serve(name, model_sim::engine::Engine::new(config)).await
     }
-}
 
-impl Sim {
     /// A sim publishing vLLM's KV events on loopback ports the system chose (and serving
     /// `/tokenize`).
     pub async fn start_with_events(name: &str, config: model_sim::engine::EngineConfig) -> Sim {
-        use model_sim::{engine::Engine, kv_events::KvEventsConfig, server};
+        use model_sim::{engine::Engine, kv_events::KvEventsConfig};
         let config = model_sim::engine::EngineConfig {
             kv_events: KvEventsConfig {
                 enable_kv_cache_events: true,
@@ -430,7 +410,13 @@ impl Sim {
             },
             ..config
         };
-        let engine = Arc::new(Engine::start(config).await.unwrap());
+        Sim::serve(name, Engine::start(config).await.unwrap()).await
+    }
+
+    /// Serves `engine` over HTTP on a loopback port the system chose.
+    async fn serve(name: &str, engine: model_sim::engine::Engine) -> Sim {
+        use model_sim::server;
+        let engine = Arc::new(engine);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let app = server::app(
