@@ -308,12 +308,12 @@ impl Endpoints {
         self.changed.notified().await;
     }
 
-    /// The current snapshot (lock-free).
     /// The prefix index the pods are registered in.
     pub fn index(&self) -> &Arc<PrefixIndex> {
         &self.index
     }
 
+    /// The current snapshot (lock-free).
     pub fn snapshot(&self) -> Arc<EndpointSet> {
         self.current.load_full()
     }

@@ -7,8 +7,11 @@
 //! cancelled. The consumer applies each batch in order (`BlockStored` adds, `BlockRemoved`
 //! removes, `AllBlocksCleared` clears) and keeps the view's `live` flag: on while connected,
 //! off while disconnected (the view is kept: a reconnect that continues the sequence resumes
-//! it). A `Reset` (a gap replay could not fill, a restarted publisher) drops the view, which
-//! then holds only what the engine stores from then on. A pod whose view is not live is
+//! it, from the first batch after it). A `Reset` (a gap replay could not fill, a restarted publisher) drops the view, which
+//! then holds only what the engine stores from then on. When the engine itself lost its cache
+//! (`AllBlocksCleared`, or a publisher that restarted) the pod's estimate in the prefix index is
+//! dropped too, so requests matched by the estimate stop counting on it at once, not at the
+//! next scrape that sees the restart. A pod whose view is not live is
 //! matched by the estimate. Events on another medium than the GPU (CPU offload tiers) are not
 //! applied. A picker that starts after its engines sees what they cached before only as they
 //! store it again (engines announce a block when they store it, not when they reuse it).
@@ -29,9 +32,12 @@ use tokio_util::sync::CancellationToken;
 use crate::endpoints::{DEFAULT_MAX_ENGINE_BLOCKS, Endpoint, Endpoints};
 use crate::engine_view::EngineView;
 use crate::kv_events::event::{KvEvent, Limits};
-use crate::kv_events::subscriber::{Subscriber, SubscriberConfig, SubscriberStats, Update};
+use crate::kv_events::subscriber::{
+    ResetReason, Subscriber, SubscriberConfig, SubscriberStats, Update,
+};
 use crate::metrics::engine_truth::{EngineTruthMetrics, KvEventKind, StreamEvent};
 use crate::metrics::pod_label_values;
+use crate::prefix_index::PrefixIndex;
 
 /// `picker.kvEvents`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -87,6 +93,7 @@ pub async fn follow(
             let cancel = shutdown.child_token();
             tokio::spawn(subscribe(
                 e.clone(),
+                endpoints.index().clone(),
                 section.clone(),
                 metrics.clone(),
                 cancel.clone(),
@@ -108,6 +115,7 @@ pub async fn follow(
 /// One pod: its subscriber and the consumer applying its updates.
 async fn subscribe(
     endpoint: Arc<Endpoint>,
+    index: Arc<PrefixIndex>,
     section: KvEventsSection,
     metrics: EngineTruthMetrics,
     cancel: CancellationToken,
@@ -124,7 +132,7 @@ async fn subscribe(
     let stats = subscriber.stats();
     let (tx, mut rx) = mpsc::channel(256);
     let task = tokio::spawn(subscriber.run(tx, cancel.clone()));
-    let mut consumer = Consumer::new(&endpoint, view, metrics, stats);
+    let mut consumer = Consumer::new(&endpoint, view, &index, metrics, stats);
     tracing::info!(pod = %endpoint.spec.id, endpoint = %address.endpoint, "subscribing to KV events");
     let mut tick = tokio::time::interval(STATS_PERIOD);
     loop {
@@ -177,6 +185,8 @@ impl PodSeries {
 struct Consumer<'a> {
     endpoint: &'a Endpoint,
     view: &'a EngineView,
+    /// The estimate, dropped for this pod when its engine lost its cache.
+    index: &'a PrefixIndex,
     series: PodSeries,
     stats: Arc<SubscriberStats>,
     /// The subscriber's counters at the last sync, per [`StreamEvent`].
@@ -187,6 +197,7 @@ impl<'a> Consumer<'a> {
     fn new(
         endpoint: &'a Endpoint,
         view: &'a EngineView,
+        index: &'a PrefixIndex,
         metrics: EngineTruthMetrics,
         stats: Arc<SubscriberStats>,
     ) -> Consumer<'a> {
@@ -195,6 +206,7 @@ impl<'a> Consumer<'a> {
         Consumer {
             endpoint,
             view,
+            index,
             series,
             stats,
             synced: [0; StreamEvent::ALL.len()],
@@ -204,8 +216,11 @@ impl<'a> Consumer<'a> {
     fn apply(&mut self, update: Update) {
         match update {
             // An empty view is the truth of a fresh connection's engine as far as the events
-            // go (a pod with prefix caching off publishes nothing, and holds nothing).
-            Update::Connected => self.view.set_live(true),
+            // go (a pod with prefix caching off publishes nothing, and holds nothing). A view
+            // that holds blocks stays off after a reconnect until the first batch shows
+            // whether the engine's sequence continued (a restarted engine's starts over: a
+            // Reset comes first): until then it may show a cache the engine lost.
+            Update::Connected => self.view.set_live(self.view.blocks() == 0),
             Update::Batch { batch, .. } => {
                 let mut counts = [0u64; KvEventKind::ALL.len()];
                 for event in &batch.events {
@@ -224,6 +239,9 @@ impl<'a> Consumer<'a> {
                     dropped,
                     "KV-event view dropped; it holds only what the engine stores from now on"
                 );
+                if matches!(reason, ResetReason::PublisherRestarted { .. }) {
+                    self.engine_lost_its_cache("the engine restarted");
+                }
             }
             Update::Disconnected => self.view.set_live(false),
         }
@@ -259,10 +277,17 @@ impl<'a> Consumer<'a> {
             }
             KvEvent::AllBlocksCleared => {
                 self.view.clear();
+                self.engine_lost_its_cache("the engine cleared its cache");
                 counts[3] += 1;
             }
             _ => {}
         }
+    }
+
+    /// Drops the pod's estimate: its engine holds nothing now.
+    fn engine_lost_its_cache(&self, why: &str) {
+        let dropped = self.index.clear_pod(self.endpoint.index.slot());
+        tracing::info!(pod = %self.endpoint.spec.id, dropped, "{why}: the pod's estimate is dropped");
     }
 
     /// Copies the subscriber's counters (what never reaches the consumer: refused messages,

@@ -4,8 +4,9 @@
 //! An engine names its blocks by its own hashes (vLLM: SHA-256 or Python's `hash` over the
 //! parent's hash, the tokens and extra keys; not reproducible here), so the view re-hashes each
 //! stored block by its token ids, chained on its parent's hash in this view ([`token_chain`]),
-//! and keeps two maps: engine hash -> token-chain hash (to chain the next store and to apply
-//! removals) and token-chain hash -> how many engine blocks carry it. A request is matched by
+//! and keeps two tables: engine hash -> token-chain hash (to chain the next store and to apply
+//! removals) and the set of token-chain hashes held (with a side count for the rare hash that
+//! several engine blocks carry, so a block costs one 8-byte set slot, not a 16-byte entry). A request is matched by
 //! hashing its engine tokens the same way and finding the longest run of leading blocks the
 //! view holds. A stored block whose parent the view does not know (events missed) is skipped
 //! and counted, and so is everything chained on it.
@@ -15,8 +16,8 @@
 //! a pod whose view is not live is routed by the estimate. `max_blocks` bounds the memory of a
 //! view whatever a publisher sends (stores beyond it are refused and counted).
 
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::RwLock;
@@ -77,9 +78,8 @@ struct ViewState {
     block_size: usize,
     /// Engine block hash -> token-chain hash.
     by_engine: HashMap<u64, u64>,
-    /// Token-chain hash -> engine blocks carrying it (equal tokens under equal parents, e.g.
-    /// stored under two LoRA ids, share one chain hash).
-    held: HashMap<u64, u32>,
+    /// Token-chain hashes held.
+    held: Held,
     /// Scratch for hashing a block's token bytes.
     bytes: Vec<u8>,
 }
@@ -131,8 +131,12 @@ impl EngineView {
             let buckets = (m.capacity() * 8).div_ceil(7).next_power_of_two();
             buckets * (std::mem::size_of::<(K, V)>() + 1)
         }
+        fn set<K>(m: &HashSet<K>) -> usize {
+            let buckets = (m.capacity() * 8).div_ceil(7).next_power_of_two();
+            buckets * (std::mem::size_of::<K>() + 1)
+        }
         let s = self.state.read();
-        table(&s.by_engine) + table(&s.held)
+        table(&s.by_engine) + set(&s.held.once) + table(&s.held.more)
     }
 
     /// Applies a `BlockStored`: `engine_hashes[i]` holds `token_ids[i * block_size..][..block_size]`,
@@ -179,8 +183,8 @@ impl EngineView {
                     // Stored again (vLLM re-announces a block it re-cached): same content.
                     if *e.get() != ours {
                         let old = std::mem::replace(e.into_mut(), ours);
-                        release(held, old);
-                        *held.entry(ours).or_insert(0) += 1;
+                        held.release(old);
+                        held.add(ours);
                     }
                 }
                 Entry::Vacant(e) => {
@@ -189,7 +193,7 @@ impl EngineView {
                         break;
                     }
                     e.insert(ours);
-                    *held.entry(ours).or_insert(0) += 1;
+                    held.add(ours);
                 }
             }
             out.added += 1;
@@ -208,7 +212,7 @@ impl EngineView {
         let mut removed = 0;
         for engine in engine_hashes {
             if let Some(ours) = by_engine.remove(engine) {
-                release(held, ours);
+                held.release(ours);
                 removed += 1;
             }
         }
@@ -222,7 +226,7 @@ impl EngineView {
         let mut s = self.state.write();
         let dropped = s.held.len();
         s.by_engine = HashMap::new();
-        s.held = HashMap::new();
+        s.held = Held::default();
         self.blocks.store(0, Ordering::Relaxed);
         dropped
     }
@@ -233,7 +237,7 @@ impl EngineView {
     /// the match lands between the two, never an error.
     pub fn longest_match(&self, chain: &[u64]) -> usize {
         let s = self.state.read();
-        let holds = |i: usize| s.held.contains_key(&chain[i]);
+        let holds = |i: usize| s.held.contains(chain[i]);
         let (mut lo, mut hi) = (0usize, chain.len());
         while lo < hi {
             let mid = lo + (hi - lo).div_ceil(2);
@@ -247,12 +251,50 @@ impl EngineView {
     }
 }
 
-fn release(held: &mut HashMap<u64, u32>, ours: u64) {
-    if let Entry::Occupied(mut e) = held.entry(ours) {
-        *e.get_mut() -= 1;
-        if *e.get() == 0 {
-            e.remove();
+/// The token-chain hashes a view holds, each with how many engine blocks carry it (equal
+/// tokens under equal parents, e.g. stored under two LoRA ids, share one chain hash).
+#[derive(Debug, Default)]
+struct Held {
+    /// Every hash held.
+    once: HashSet<u64>,
+    /// Carriers beyond the first, for the hashes that have more than one.
+    more: HashMap<u64, u32>,
+}
+
+impl Held {
+    fn add(&mut self, h: u64) {
+        if !self.once.insert(h) {
+            *self.more.entry(h).or_insert(0) += 1;
         }
+    }
+
+    /// One carrier of `h` fewer; the hash goes with its last.
+    fn release(&mut self, h: u64) {
+        match self.more.entry(h) {
+            Entry::Occupied(mut e) => {
+                *e.get_mut() -= 1;
+                if *e.get() == 0 {
+                    e.remove();
+                }
+            }
+            Entry::Vacant(_) => {
+                self.once.remove(&h);
+            }
+        }
+    }
+
+    fn contains(&self, h: u64) -> bool {
+        self.once.contains(&h)
+    }
+
+    /// Distinct hashes held.
+    fn len(&self) -> usize {
+        self.once.len()
+    }
+
+    fn clear(&mut self) {
+        self.once.clear();
+        self.more.clear();
     }
 }
 

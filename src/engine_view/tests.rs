@@ -123,6 +123,25 @@ fn the_chain_depends_on_every_earlier_block() {
     assert_eq!(token_chain(&tokens(15, 0), 16), Vec::<u64>::new());
 }
 
+#[test]
+fn a_block_costs_at_most_64_bytes_at_every_table_load() {
+    // From 1,024 blocks up, over every load of the tables between two growths.
+    let view = EngineView::new(usize::MAX);
+    let mut n = 0u64;
+    for target in (1_024..70_000u64).step_by(509) {
+        while n < target {
+            // One-block sequences: each store is a first block with its own tokens.
+            view.store(None, &[n + 1], &[n as u32, (n >> 32) as u32], 2);
+            n += 1;
+        }
+        let per_block = view.heap_bytes() as f64 / view.blocks() as f64;
+        assert!(
+            per_block <= 64.0,
+            "{per_block:.1} bytes per block at {n} blocks"
+        );
+    }
+}
+
 proptest::proptest! {
     /// Bisection equals the walk from the first block whenever the engine keeps the prefix
     /// property (it evicts deepest blocks first).
@@ -136,7 +155,7 @@ proptest::proptest! {
         view.remove(&hashes[keep..]);
         let probe = tokens((probe_len * 4) as u32, 0);
         let chain = token_chain(&probe, 4);
-        let walk = chain.iter().take_while(|h| view.state.read().held.contains_key(h)).count();
+        let walk = chain.iter().take_while(|h| view.state.read().held.contains(**h)).count();
         proptest::prop_assert_eq!(view.longest_match(&chain), walk);
     }
 }

@@ -331,6 +331,20 @@ impl PrefixIndex {
         self.drain_pod(slot, &mut state)
     }
 
+    /// Drops one pod's entries, keeping it registered (its handle keeps recording): its engine
+    /// said it holds nothing (it restarted, or its cache was reset). Returns the number of
+    /// entries dropped (these are not evictions); 0 for a pod not registered.
+    pub fn clear_pod(&self, slot: PodSlot) -> usize {
+        let Some(entry) = self.pods.read().get(&slot).cloned() else {
+            return 0;
+        };
+        let mut state = entry.state.lock();
+        if state.removed {
+            return 0;
+        }
+        self.drain_pod(slot, &mut state)
+    }
+
     /// Drops every pod's entries, keeping the pods registered (their handles keep recording):
     /// the block layout changed, so no stored hash can match a new prompt. Returns the number of
     /// entries dropped (these are not evictions).

@@ -160,6 +160,25 @@ fn remove_pod_clears_sets_and_ignores_late_records() {
     assert_eq!(index.remove_pod(a.slot()), 0);
 }
 
+#[test]
+fn clear_pod_drops_one_pods_entries_and_keeps_it_recording() {
+    let index = PrefixIndex::new(10);
+    let a = index.add_pod();
+    let b = index.add_pod();
+    index.record(&a, M, &hashes(&[1, 2]));
+    index.record(&b, M, &hashes(&[1]));
+    assert_eq!(index.clear_pod(a.slot()), 2);
+    assert_eq!(index.pods_holding(M, BlockHash(1)), [b.slot()]);
+    assert!(index.pods_holding(M, BlockHash(2)).is_empty());
+    assert_eq!(index.entries(), 1);
+    // Still registered: a later record counts.
+    assert_eq!(index.record(&a, M, &hashes(&[9])).inserted, 1);
+    assert_eq!(index.pods_holding(M, BlockHash(9)), [a.slot()]);
+    // A removed pod clears nothing.
+    index.remove_pod(a.slot());
+    assert_eq!(index.clear_pod(a.slot()), 0);
+}
+
 /// The obviously correct model: a recency list per pod, lookups by scanning it.
 #[derive(Default)]
 struct Reference {

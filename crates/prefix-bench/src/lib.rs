@@ -10,4 +10,5 @@ pub mod placement_search;
 pub mod probe;
 pub mod report;
 pub mod sync_cost;
+pub mod tokenize_cost;
 pub mod workload;

@@ -95,6 +95,14 @@ enum Cmd {
     /// Prefill/decode disaggregation: prefix-picker's `pdGroup` pairs vs round-robin pairs, on
     /// prefill and decode model-sims (`prefix_bench::pd`); the prefill hit rate is the headline.
     Pd(PdOpts),
+    /// What engine tokens cost per request (`prefix_bench::tokenize_cost`): the `/tokenize` hop
+    /// to a model-sim, cold and cached, and the request path's head lookup, at 2 KB, 8 KiB and
+    /// 220 KB chat prompts.
+    TokenizeCost {
+        /// Calls per line (a quarter of them at 220 KB).
+        #[arg(long, default_value_t = 400)]
+        calls: usize,
+    },
     /// Serve the no-op ext_proc (`prefix_bench::noop_ext_proc`); `overhead` runs it.
     #[command(hide = true)]
     NoopExtProc {
@@ -1706,6 +1714,12 @@ async fn main() -> anyhow::Result<()> {
         }
         Cmd::Replicas(opts) => replicas(opts).await,
         Cmd::Pd(opts) => pd(opts).await,
+        Cmd::TokenizeCost { calls } => {
+            let sim = bin_dir().join("model-sim");
+            let lines = prefix_bench::tokenize_cost::run(&sim, calls).await?;
+            print!("{}", prefix_bench::tokenize_cost::table(&lines));
+            Ok(())
+        }
         Cmd::NoopExtProc { grpc_addr } => {
             let listener = tokio::net::TcpListener::bind(&grpc_addr)
                 .await

@@ -1,7 +1,8 @@
 //! Engine truth through Envoy: model-sims publish vLLM's KV events and serve `/tokenize`; the
 //! shipped config with `picker.tokenizer` matches their pods by what the engines hold. An
-//! evicted prefix stops attracting requests at once, a pod with prefix caching off is never
-//! preferred, and garbage on an event socket leaves routing intact.
+//! evicted prefix stops attracting requests at once, a restarted engine loses its entries (its
+//! view and its estimate), a pod with prefix caching off is never preferred, and garbage on an
+//! event socket leaves routing intact.
 
 use super::{chat, send};
 use crate::harness::*;
@@ -108,6 +109,14 @@ async fn an_evicted_prefix_stops_attracting_requests_at_once() {
         .await
             >= 1.0
     );
+    // Both requests completed (their decision-time holds are gone: what follows is the
+    // engine's view alone).
+    wait_metric(
+        &picker,
+        "prefix_picker_tentative_records_total{outcome=\"confirmed\"}",
+        2.0,
+    )
+    .await;
     // The engine drops its cache: the prefix no longer attracts requests, with no completion
     // or scrape in between.
     let holder_sim = sims.iter().find(|s| s.name == holder).unwrap();
@@ -115,6 +124,102 @@ async fn an_evicted_prefix_stops_attracting_requests_at_once() {
     wait_view(&picker, &holder, 0.0).await;
     let e = explain(&picker, &chat(&system, "third question")).await;
     assert_eq!(pod(&e, &holder)["match"]["engine_tokens"], 0, "{e}");
+    assert_eq!(pod(&e, &holder)["scores"]["prefix-cache"], 0, "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_engine_loses_its_entries() {
+    // model-sim processes, so one can be killed and started again on the same ports (its
+    // event sequence starts over, as a restarted vLLM's does).
+    let bin = testkit::workspace_bin("model-sim");
+    let args = ["--time-scale".to_string(), "100".to_string()];
+    let mut sims = testkit::Sim::start_n(&bin, 2, &args, |_| Vec::new()).unwrap();
+    let mut doc = testkit::scheduler_section(include_str!("../fixtures/kthena-router-config.yaml"))
+        .to_string();
+    doc.push_str("endpoints:\n");
+    for s in &sims {
+        let events = s.kv_events();
+        doc.push_str(&format!(
+            "- {{name: {}, namespace: default, address: \"{}\", kvEventsEndpoint: \"{}\", kvEventsReplayEndpoint: \"{}\"}}\n",
+            s.name(),
+            s.addr(),
+            events.endpoint(),
+            events.replay_endpoint()
+        ));
+    }
+    doc.push_str(shipped_picker_section());
+    let mut config = Config::parse(&doc).unwrap();
+    // No scrape: the restart is learned from the events alone (a scrape would also see it, as
+    // a new process start time, but only at its next round).
+    config.picker.scrape_interval_seconds = 0.0;
+    let picker = start_picker(config).await;
+    let addrs: Vec<_> = sims.iter().map(|s| s.addr()).collect();
+    let envoy = start_envoy_for_addrs(&picker, &addrs).await;
+    wait_live(&picker, &["sim-0", "sim-1"]).await;
+    let system = "You are the archivist of tenant nine. Quote the records exactly. ".repeat(20);
+    let first = send(&envoy, "/v1/chat/completions", &chat(&system, "q1")).await;
+    assert_eq!(first.status, 200);
+    let holder = first.served_by.clone();
+    wait_view(&picker, &holder, 4.0).await;
+    // More of the tenant's requests (on the holder, by its engine's match), so the engine's
+    // sequence is well past where the restarted one's starts again.
+    for i in 2..10 {
+        let r = send(&envoy, "/v1/chat/completions", &chat(&system, &format!("q{i}"))).await;
+        assert_eq!(r.served_by, holder);
+    }
+    // The same text as a completion prompt: no engine tokens for it, so every pod is matched
+    // by the estimate, where the first request's completion recorded it for the holder.
+    let first_body = serde_json::to_vec(&chat(&system, "q1")).unwrap();
+    let rendered = prefix_picker::request::InferenceRequest::parse_as(
+        &first_body,
+        prefix_picker::prompt::Rendering::Engine,
+    )
+    .unwrap()
+    .prompt
+    .unwrap();
+    let as_text = serde_json::json!({"model": "m", "prompt": format!("{rendered} more")});
+    wait_metric(&picker, "kthena_router_prefix_cache_entries", 1.0).await;
+    let e = explain(&picker, &as_text).await;
+    assert_eq!(pod(&e, &holder)["match"]["source"], "estimate", "{e}");
+    assert!(
+        pod(&e, &holder)["scores"]["prefix-cache"].as_u64().unwrap() > 0,
+        "{e}"
+    );
+
+    let at = sims.iter().position(|s| s.name() == holder).unwrap();
+    sims[at].restart().unwrap();
+    // The new process's first batch (or its connection) tells the subscriber the sequence
+    // started over: the view and the estimate are dropped, and the pod is live again.
+    let resets = format!(
+        "prefix_picker_kv_event_stream_total{{kind=\"reset\",model_server_namespace=\"default\",model_server_pod=\"{holder}\"}}"
+    );
+    // It is off (matched by the estimate) from the reconnect until a batch shows whether its
+    // sequence continued: new prompts until the restarted engine publishes one the subscriber
+    // receives (what it published before the subscriber reconnected is lost, as on any SUB).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    for i in 0.. {
+        let r = send(
+            &envoy,
+            "/v1/chat/completions",
+            &chat(&format!("unrelated prompt {i} ").repeat(40), "w"),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        if metric(&picker, &resets).await >= 1.0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no reset seen after {i} requests"
+        );
+    }
+    wait_metric_eq(&picker, &view_series("live", &holder), 1.0).await;
+    let e = explain(&picker, &chat(&system, "q2")).await;
+    let held = &pod(&e, &holder)["match"];
+    assert_eq!(held["engine_tokens"], 0, "{e}");
+    assert_eq!(pod(&e, &holder)["scores"]["prefix-cache"], 0, "{e}");
+    // And its estimate went with it (no scrape here to see the restart).
+    let e = explain(&picker, &as_text).await;
     assert_eq!(pod(&e, &holder)["scores"]["prefix-cache"], 0, "{e}");
 }
 
