@@ -449,6 +449,12 @@ impl Default for PickerConfig {
 /// The warning for load shedding that can never shed.
 pub const NOTHING_TO_SHED: &str = "picker.loadShedding never sheds: engine scraping is off (scrapeIntervalSeconds: 0) and maxInFlightPerPod is unset";
 
+/// Kthena's `auth:` (JWT validation) is not implemented: a router it protected is open here,
+/// so the warning says so in words, naming the key (`validate` and the start-up log print it).
+pub(crate) const AUTH_IGNORED: &str = "auth: ignored: prefix-picker does not validate Kthena's \
+     JWTs, so requests are NOT authenticated (a router that auth: protected is open here); \
+     authenticate at the gateway (e.g. Envoy's jwt_authn filter, Istio's RequestAuthentication)";
+
 /// The warning for a config with neither `endpoints:` nor `discovery:`.
 pub const NO_ENDPOINTS: &str = "no endpoints configured: every request will get 503";
 
@@ -539,9 +545,7 @@ impl Config {
                 Some("scheduler") => {
                     config.scheduler = parse_scheduler(value, &mut config.warnings, &mut errors);
                 }
-                Some("auth") => config
-                    .warnings
-                    .push("auth: ignored (prefix-picker does not authenticate requests)".into()),
+                Some("auth") => config.warnings.push(AUTH_IGNORED.into()),
                 Some("endpoints") => match serde_yaml_ng::from_value(value.clone()) {
                     Ok(eps) => config.endpoints = eps,
                     Err(e) => errors.push(ConfigError::Endpoints(e.to_string())),

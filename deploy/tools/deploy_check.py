@@ -6,11 +6,16 @@ Run by tests/integration/deploy/mod.rs with the pinned tools of .venv-deploy (sc
                                         OUT_DIR/<scenario>.yaml (the gateway examples'
                                         values files as gateway-<name>); bad values must
                                         fail to render
-  deploy_check.py render-values JSON    print the chart rendered with the values JSON
+  deploy_check.py render-values JSON    print the chart rendered with the values JSON (on top of
+                                        LOCAL_IMAGE)
+  deploy_check.py helm COMMAND...       run each documented `helm install|upgrade|template`
+                                        COMMAND (one string each) offline: its release,
+                                        namespace, -f files and --set values rendered against
+                                        the local chart; one JSON line per command
   deploy_check.py validate FILE...      schema-validate every document of every file
   deploy_check.py manifests --check|--write
-                                        deploy/manifests/*.yaml == the chart rendered with the
-                                        defaults (sidecar.yaml) and mode=standalone
+                                        deploy/manifests/*.yaml == the chart rendered with
+                                        LOCAL_IMAGE (sidecar.yaml) and mode=standalone
   deploy_check.py import-crd SOURCE CRD.yaml...
                                         vendor the openAPIV3Schema of every served version of
                                         each CRD (descriptions dropped) into schemas/crds/,
@@ -34,9 +39,12 @@ Validation per kind (each document must match one; an unknown kind is an error):
   legacy examples (schemas/envoy*.json), which pin the fields those examples rely on.
 """
 
+import copy
 import functools
 import json
 import pathlib
+import re
+import shlex
 import sys
 
 import helm_python as helm
@@ -57,7 +65,24 @@ RELEASE, NAMESPACE = "prefix-picker", "default"
 kubernetes_validate.utils.schema_contents = functools.lru_cache(maxsize=None)(
     kubernetes_validate.utils.schema_contents)
 
-# name -> values; each renders and validates.
+# The chart has no default image until a release is published (`required` in _helpers.tpl):
+# every render here names the one `scripts/image` builds, as docs/kind.md installs it.
+LOCAL_IMAGE = {"image": {"repository": "ghcr.io/prefix-picker/prefix-picker"}}
+
+
+def merged(base, over):
+    """`over` deep-merged onto a copy of `base` (maps merge, anything else replaces), as Helm
+    merges values files and --set."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merged(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+# name -> values (on top of LOCAL_IMAGE); each renders and validates.
 SCENARIOS = {
     "sidecar": {},
     "standalone": {"mode": "standalone"},
@@ -83,7 +108,7 @@ EXAMPLES = CHART / "examples"
 for _path in sorted(EXAMPLES.glob("*.yaml")):
     SCENARIOS["gateway-" + _path.stem] = yaml.safe_load(_path.read_text())
 
-# Values that must not render (the chart's `fail` checks).
+# Values that must not render (the chart's `fail` checks), each on top of LOCAL_IMAGE.
 BAD_VALUES = {
     "unknown mode": {"mode": "gateway"},
     "no targetPorts": {"discovery": {"kubernetes": {"targetPorts": []}}},
@@ -104,6 +129,10 @@ BAD_VALUES = {
                                      "gateway": {"provider": "istio",
                                                  "accessLog": {"enabled": True}}},
 }
+
+# The chart's defaults must not render either: no image is published, and the message says
+# how to get one (rendered without LOCAL_IMAGE).
+NO_IMAGE_MESSAGE = "image.repository is not set: no prefix-picker release has been published"
 
 # Helm's install order, so the rendered files read top-down.
 KIND_ORDER = ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Deployment",
@@ -137,7 +166,7 @@ def render(values, release=RELEASE, namespace=NAMESPACE):
 
 
 def lint():
-    report = helm.lint(str(CHART), strict=True, namespace=NAMESPACE)
+    report = helm.lint(str(CHART), LOCAL_IMAGE, strict=True, namespace=NAMESPACE)
     problems = [m for m in report.get("messages", []) if m.get("severity", 0) >= 2]
     problems += report.get("errors", [])
     return ["helm lint: {}".format(p) for p in problems]
@@ -322,7 +351,17 @@ def validate_files(paths):
 
 
 def manifests(write):
-    expected = {"sidecar.yaml": render({}), "standalone.yaml": render({"mode": "standalone"})}
+    # The rendered header, then where the image comes from (the one value set for them).
+    note = ("# The image is {}, the name `scripts/image` builds: no registry\n"
+            "# serves it until a release is published. Change the picker's `image:` line to one you\n"
+            "# built and pushed, or load it into the nodes (kind: docs/kind.md); docs/deploy.md#images.\n"
+            ).format(LOCAL_IMAGE["image"]["repository"])
+
+    def with_note(text):
+        first, rest = text.split("\n", 1)
+        return first + "\n" + note + rest
+    expected = {"sidecar.yaml": with_note(render(LOCAL_IMAGE)),
+                "standalone.yaml": with_note(render(merged(LOCAL_IMAGE, {"mode": "standalone"})))}
     if write:
         MANIFESTS.mkdir(parents=True, exist_ok=True)
         for name, text in expected.items():
@@ -338,6 +377,70 @@ def manifests(write):
     return stale
 
 
+def set_value(values, assignment):
+    """Applies one `--set` assignment (Helm's strvals for dotted keys and scalars: `a.b=c`,
+    several separated by commas; true/false/null and integers typed, the rest strings)."""
+    for part in re.split(r"(?<!\\),", assignment):
+        key, sep, raw = part.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*", key):
+            raise ValueError("--set {}: only dotted keys with a scalar value are supported "
+                             "here".format(part))
+        raw = raw.replace("\\,", ",")
+        value = {"true": True, "false": False, "null": None}.get(raw, raw)
+        if isinstance(value, str) and re.fullmatch(r"-?[0-9]+", raw):
+            value = int(raw)
+        node = values
+        *path, last = key.split(".")
+        for k in path:
+            node = node.setdefault(k, {})
+        node[last] = value
+
+
+def helm_command(command):
+    """Renders a documented `helm install|upgrade [--install]|template NAME CHART ...` command
+    against the local chart, without a cluster. Returns the rendered text; raises ValueError for
+    a command this cannot run (another chart, an unknown flag) and helm.HelmError for one Helm
+    refuses."""
+    words = shlex.split(command)
+    if words[:1] != ["helm"] or len(words) < 2 or words[1] not in ("install", "upgrade",
+                                                                   "template"):
+        raise ValueError("not a helm install/upgrade/template command")
+    args, positional, values, namespace = words[2:], [], {}, NAMESPACE
+    i = 0
+    while i < len(args):
+        a = args[i]
+        flag, eq, inline = a.partition("=") if a.startswith("--") else (a, "", "")
+
+        def arg():
+            nonlocal i
+            if eq:
+                return inline
+            i += 1
+            if i >= len(args):
+                raise ValueError("{} needs a value".format(a))
+            return args[i]
+        if flag in ("-n", "--namespace"):
+            namespace = arg()
+        elif flag in ("-f", "--values"):
+            path = ROOT / arg()
+            values = merged(values, yaml.safe_load(path.read_text()) or {})
+        elif flag == "--set":
+            set_value(values, arg())
+        elif flag in ("-i", "--install", "--create-namespace", "--wait", "--atomic"):
+            pass
+        elif flag.startswith("-"):
+            raise ValueError("unsupported flag {}".format(a))
+        else:
+            positional.append(a)
+        i += 1
+    if len(positional) != 2:
+        raise ValueError("expected NAME CHART, got {}".format(positional))
+    name, chart = positional
+    if (ROOT / chart).resolve() != CHART:
+        raise ValueError("chart {} is not deploy/helm/prefix-picker".format(chart))
+    return render(values, release=name, namespace=namespace)
+
+
 def main(argv):
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
@@ -349,16 +452,35 @@ def main(argv):
         out.mkdir(parents=True, exist_ok=True)
         problems += lint()
         for name, values in SCENARIOS.items():
-            (out / "{}.yaml".format(name)).write_text(render(values))
+            (out / "{}.yaml".format(name)).write_text(render(merged(LOCAL_IMAGE, values)))
             print("rendered {}".format(name))
         for what, values in BAD_VALUES.items():
             try:
-                render(values)
+                render(merged(LOCAL_IMAGE, values))
                 problems.append("values with {} rendered without an error".format(what))
             except helm.HelmError as e:
                 print("rejected as expected ({}): {}".format(what, str(e).splitlines()[0]))
+        try:
+            render({})
+            problems.append("the chart's defaults rendered without an image")
+        except helm.HelmError as e:
+            if NO_IMAGE_MESSAGE not in str(e):
+                problems.append("the defaults failed without the image message: {}".format(e))
+            else:
+                print("rejected as expected (defaults, no image): {}".format(
+                    str(e).splitlines()[0]))
     elif cmd == "render-values" and len(args) == 1:
-        sys.stdout.write(render(json.loads(args[0])))
+        sys.stdout.write(render(merged(LOCAL_IMAGE, json.loads(args[0]))))
+    elif cmd == "helm" and args:
+        for command in args:
+            try:
+                text = helm_command(command)
+                images = [c["image"] for d in yaml.safe_load_all(text)
+                          if d and d["kind"] == "Deployment"
+                          for c in d["spec"]["template"]["spec"]["containers"]]
+                print(json.dumps({"command": command, "ok": True, "images": images}))
+            except (ValueError, OSError, helm.HelmError) as e:
+                print(json.dumps({"command": command, "ok": False, "error": str(e)}))
     elif cmd == "validate" and args:
         problems, count = validate_files(args)
         print("validated {} documents in {} files".format(count, len(args)))

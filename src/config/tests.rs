@@ -40,7 +40,11 @@ auth:
 fn kthena_helm_default_loads_unchanged() {
     let c = Config::parse(KTHENA_HELM_DEFAULT).unwrap();
     assert_eq!(c.scheduler, SchedulerConfig::default());
-    assert!(c.warnings.iter().any(|w| w.starts_with("auth: ignored")));
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.starts_with("auth: ignored") && w.contains("NOT authenticated"))
+    );
     assert!(c.warnings.iter().any(|w| w.contains("Filter.disabled")));
 }
 

@@ -6,11 +6,14 @@
 //! - [`kube_discovery`]: Kubernetes discovery against an in-process fake API server;
 //! - [`kv_events`]: the engines' KV-event subscriber against a msgspec/pyzmq publisher;
 //! - [`docs`]: the documentation's relative links;
+//! - [`docs_blocks`]: the documentation's config examples validated and its install commands
+//!   run offline;
 //! - [`soak`]: pod churn under load (a short smoke by default; the full run is ignored, see
 //!   `scripts/soak`).
 
 mod deploy;
 mod docs;
+mod docs_blocks;
 mod e2e;
 mod harness;
 mod kube_discovery;

@@ -19,6 +19,11 @@ use super::{documents, render_chart, show};
 use crate::harness::fake_kube::{self, FakeKube, Kind};
 use crate::harness::{poll, root};
 
+/// The name `scripts/image` gives the picker image (model-sim: the same path ending in
+/// `model-sim`). The chart has no default image until a release is published; deploy_check.py
+/// renders every scenario with this name (`LOCAL_IMAGE`), as docs/kind.md installs it.
+const LOCAL_REPOSITORY: &str = "ghcr.io/prefix-picker/prefix-picker";
+
 /// Fails (never skips) unless the test runs as root: only root can chroot and switch to 65532.
 fn require_root() {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -172,11 +177,7 @@ fn check_common(image: &Image, entrypoint: &str) {
             .label("org.opencontainers.image.revision")
             .starts_with(head.trim())
     );
-    let repository = chart_values()["image"]["repository"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let owner_repo = repository.strip_prefix("ghcr.io/").unwrap();
+    let owner_repo = LOCAL_REPOSITORY.strip_prefix("ghcr.io/").unwrap();
     assert_eq!(
         image.label("org.opencontainers.image.source"),
         format!("https://github.com/{owner_repo}")
@@ -311,12 +312,12 @@ async fn prefix_picker_image_runs_as_the_chart_runs_it() {
     assert_eq!(chart["appVersion"], env!("CARGO_PKG_VERSION"));
     assert_eq!(values["image"]["tag"], "", "the tag defaults to appVersion");
     assert_eq!(
+        values["image"]["repository"], "",
+        "no default image until a release is published"
+    );
+    assert_eq!(
         image.name,
-        format!(
-            "{}:{}",
-            values["image"]["repository"].as_str().unwrap(),
-            env!("CARGO_PKG_VERSION")
-        )
+        format!("{LOCAL_REPOSITORY}:{}", env!("CARGO_PKG_VERSION"))
     );
 
     let (_dir, rendered) = render_chart();
@@ -508,15 +509,11 @@ async fn serves_health_and_metrics(image: &Image, args: &[String], health_key: &
 async fn model_sim_image_serves_as_the_kind_recipe_runs_it() {
     let image = Image::assemble(testkit::workspace_bin("model-sim").to_str().unwrap());
     check_common(&image, "/model-sim");
-    let repository = chart_values()["image"]["repository"]
-        .as_str()
-        .unwrap()
-        .to_string();
     assert_eq!(
         image.name,
         format!(
             "{}/model-sim:{}",
-            repository.rsplit_once('/').unwrap().0,
+            LOCAL_REPOSITORY.rsplit_once('/').unwrap().0,
             env!("CARGO_PKG_VERSION")
         )
     );

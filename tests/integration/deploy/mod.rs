@@ -32,7 +32,7 @@ fn deploy_python() -> PathBuf {
     venv
 }
 
-fn deploy_check(args: &[&str]) -> Output {
+pub(crate) fn deploy_check(args: &[&str]) -> Output {
     Command::new(deploy_python())
         .arg(root().join("deploy/tools/deploy_check.py"))
         .args(args)
@@ -40,7 +40,7 @@ fn deploy_check(args: &[&str]) -> Output {
         .unwrap()
 }
 
-fn show(out: &Output) -> String {
+pub(crate) fn show(out: &Output) -> String {
     format!(
         "{}\n{}",
         String::from_utf8_lossy(&out.stdout),

@@ -65,8 +65,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (printf "%s-models" (include "prefix-picker.fullname" .)) .Values.modelServers.headlessService.name | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{/* The picker's image. No release is published yet, so the chart has no default image:
+     without image.repository it fails here, before anything is applied, instead of leaving
+     pods in ImagePullBackOff. */}}
 {{- define "prefix-picker.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- $repository := required "image.repository is not set: no prefix-picker release has been published, so the chart has no default image. Build one (scripts/image, or docker build -t REGISTRY/prefix-picker:TAG .), push it to a registry your nodes can pull from, and set image.repository=REGISTRY/prefix-picker (image.tag defaults to the chart's appVersion). Steps: docs/deploy.md#images" .Values.image.repository }}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
 {{/* The InferencePool's name (inferencePool.name, else the fullname). */}}
