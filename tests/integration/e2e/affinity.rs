@@ -207,26 +207,21 @@ async fn affinity_spreads_a_hot_prefix_under_load_and_returns_to_one_pod() {
             > 0.0
     );
     // Load gone (both engines idle, scraped as such): every request goes to one pod.
-    poll("engines idle and scraped", || async {
-        let idle = sims
-            .iter()
-            .all(|s| s.engine.waiting() == 0 && s.engine.running() == 0);
-        let before = metric(&picker, "prefix_picker_engine_scrapes_total").await;
-        let scraped_after = async {
-            loop {
-                if metric(&picker, "prefix_picker_engine_scrapes_total").await >= before + 4.0 {
-                    break;
-                }
-                tokio::task::yield_now().await;
-            }
-        };
-        if !idle {
-            return None;
-        }
-        scraped_after.await;
-        Some(())
+    poll("engines idle", || async {
+        sims.iter()
+            .all(|s| s.engine.waiting() == 0 && s.engine.running() == 0)
+            .then_some(())
     })
     .await;
+    // Two scrapes of each sim after both went idle: the picker reads every pod's load as idle.
+    for s in &sims {
+        let scrapes = format!(
+            "prefix_picker_engine_scrapes_total{{model_server_namespace=\"default\",model_server_pod=\"{}\"",
+            s.name
+        );
+        let before = metric(&picker, &scrapes).await;
+        wait_metric(&picker, &scrapes, before + 2.0).await;
+    }
     let mut after = std::collections::BTreeSet::new();
     for q in 100..106 {
         // One at a time: the previous completion has reached the picker (no pod is busier).

@@ -7,6 +7,7 @@ use super::{
 };
 use crate::harness::*;
 use serde_json::json;
+use std::time::{Duration, Instant};
 
 /// The picker ends each stream once the response is complete, so Envoy does not hold the
 /// observability-mode stream open for `deferred_close_timeout` (5 s): with the picker cluster
@@ -208,12 +209,16 @@ async fn a_pod_leaving_with_a_request_in_flight_takes_its_series_along() {
     wait_metric_eq(&picker, "prefix_picker_pod_inflight_requests", 0.0).await;
 }
 
-/// A response that never completes in time (the backend holds its stream open past
-/// `picker.responseTimeoutSeconds`, 1 s here): its pending route expires, which counts
-/// `records_total{outcome="expired"}` and returns the pod's in-flight count while the stream is
-/// still open; the access-log entry that comes when the stream ends claims nothing and records
-/// nothing. In the affinity mode the request's decision-time record is released as `expired`.
+/// A response that never completes in time (the backend holds its stream open): when its
+/// pending route expires, `records_total{outcome="expired"}` counts it and the pod's in-flight
+/// count is returned while the stream is still open; the access-log entry that comes when the
+/// stream ends claims nothing and records nothing. In the affinity mode the request's
+/// decision-time record is released as `expired`. The route is expired by the picker's own
+/// expiry step (what its ticker runs every second) called with a clock past
+/// `responseTimeoutSeconds` (600 s, the default: nothing expires while the test looks at the
+/// waiting route, however slow the machine). The ticker itself: the next test.
 async fn an_unfinished_response_expires(picker_section: &str, affinity: bool) {
+    use prefix_picker::routing::pending::Expired;
     let (backends, picker, envoy) = stack("envoy.yaml", picker_section, |s| s).await;
     let body = json!({"model": "m", "stream": true, "prompt": "GATED and held past the timeout"});
     let (served, chunks) = open_gated_stream(&envoy, &body).await;
@@ -231,22 +236,35 @@ async fn an_unfinished_response_expires(picker_section: &str, affinity: bool) {
     })
     .await;
     assert_eq!(metric(&picker, &pod_inflight).await, 1.0);
-    wait_metric_eq(
-        &picker,
-        "prefix_picker_records_total{outcome=\"expired\"}",
-        1.0,
-    )
-    .await;
-    wait_metric_eq(&picker, &pod_inflight, 0.0).await;
+    assert_eq!(
+        metric(&picker, "prefix_picker_records_total{outcome=\"expired\"}").await,
+        0.0
+    );
+    let timeout = Duration::from_secs(picker.router.config.response_timeout_seconds);
+    let expired = picker.router.expire_pending(Instant::now() + timeout);
+    assert_eq!(
+        expired,
+        Expired {
+            routes: 1,
+            tentative: usize::from(affinity)
+        }
+    );
+    assert_eq!(
+        metric(&picker, "prefix_picker_records_total{outcome=\"expired\"}").await,
+        1.0
+    );
+    assert_eq!(metric(&picker, &pod_inflight).await, 0.0);
     wait_metric_eq(&picker, "prefix_picker_pending_routes", 0.0).await;
     if affinity {
         // The decision-time record is released as expired: nothing is held or recorded.
-        wait_metric_eq(
-            &picker,
-            "prefix_picker_tentative_records_total{outcome=\"expired\"}",
-            1.0,
-        )
-        .await;
+        assert_eq!(
+            metric(
+                &picker,
+                "prefix_picker_tentative_records_total{outcome=\"expired\"}"
+            )
+            .await,
+            1.0
+        );
         wait_metric_eq(&picker, "prefix_picker_tentative_holds", 0.0).await;
         assert_eq!(
             metric(&picker, "kthena_router_prefix_cache_entries").await,
@@ -274,15 +292,44 @@ async fn an_unfinished_response_expires(picker_section: &str, affinity: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unfinished_response_expires_after_the_response_timeout() {
-    an_unfinished_response_expires("picker: {responseTimeoutSeconds: 1}\n", false).await;
+    an_unfinished_response_expires("", false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn affinity_releases_the_hold_of_an_expired_route() {
-    let section = replaced(
-        shipped_picker_section(),
-        "picker:\n",
-        "picker:\n  responseTimeoutSeconds: 1\n",
+    an_unfinished_response_expires(shipped_picker_section(), true).await;
+}
+
+/// The ticker expires a route on the clock: with `responseTimeoutSeconds: 1` the route of a
+/// stream held open expires by itself, releasing the pod's in-flight count before the stream
+/// ends (waited for with the harness's deadline; the state before expiry is the test above's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ticker_expires_routes_after_the_response_timeout() {
+    let (backends, picker, envoy) =
+        stack("envoy.yaml", "picker: {responseTimeoutSeconds: 1}\n", |s| s).await;
+    let body = json!({"model": "m", "stream": true, "prompt": "GATED and held past the timeout"});
+    let (served, chunks) = open_gated_stream(&envoy, &body).await;
+    let pod_inflight = format!(
+        "prefix_picker_pod_inflight_requests{{model_server_namespace=\"default\",model_server_pod=\"{served}\"}}"
     );
-    an_unfinished_response_expires(&section, true).await;
+    wait_metric_eq(
+        &picker,
+        "prefix_picker_records_total{outcome=\"expired\"}",
+        1.0,
+    )
+    .await;
+    assert_eq!(metric(&picker, &pod_inflight).await, 0.0);
+    wait_metric_eq(&picker, "prefix_picker_pending_routes", 0.0).await;
+    finish_gated_stream(&backends, &served, chunks).await;
+    wait_metric_eq(
+        &picker,
+        "prefix_picker_access_log_entries_total{result=\"unclaimed\"}",
+        1.0,
+    )
+    .await;
+    assert_eq!(
+        metric(&picker, "prefix_picker_records_total{outcome=\"recorded\"}").await,
+        0.0
+    );
+    assert_eq!(metric(&picker, &pod_inflight).await, 0.0, "released once");
 }

@@ -77,6 +77,22 @@ async fn send_forged(envoy: &Envoy, body: &Value) -> (u16, String, String) {
     out
 }
 
+/// How many blocks the fixture's prefix-cache args (64-byte blocks, at most 128) hash `body`'s
+/// prompt into, rendered as Kthena renders it (the fixture has no affinity mode).
+fn prompt_blocks(body: &Value) -> usize {
+    use prefix_picker::hashing::BlockChain;
+    use prefix_picker::prompt::Rendering;
+    use prefix_picker::request::InferenceRequest;
+    let bytes = serde_json::to_vec(body).unwrap();
+    let request = InferenceRequest::parse_as(&bytes, Rendering::Kthena).unwrap();
+    let prompt = request.prompt.unwrap();
+    let chain = BlockChain {
+        block_size: 64,
+        max_blocks: 128,
+    };
+    chain.hash(&request.model, prompt.as_bytes()).len()
+}
+
 fn counter(text: &str, series: &str) -> f64 {
     sample(text, series).unwrap_or_else(|| panic!("no {series} in\n{text}"))
 }
@@ -109,16 +125,20 @@ async fn decode_sim_serves_and_its_groups_prefill_sim_prefills_both_recorded() {
         "the decode pod's group"
     );
 
-    // Recorded for both pods (one route, one outcome): the entries are the prompt's blocks
-    // twice.
+    // Recorded for both pods (one route, one outcome): the index holds the prompt's blocks
+    // once for the decode pod and once for the prefill pod, and nothing else.
     wait_metric_eq(
         &picker,
         "prefix_picker_records_total{outcome=\"recorded\"}",
         1.0,
     )
     .await;
-    let entries = metric(&picker, "kthena_router_prefix_cache_entries").await;
-    assert!(entries >= 2.0 && entries % 2.0 == 0.0, "{entries}");
+    let blocks = prompt_blocks(&body);
+    assert!(blocks > 20, "{blocks}");
+    assert_eq!(
+        metric(&picker, "kthena_router_prefix_cache_entries").await,
+        2.0 * blocks as f64
+    );
 
     // /debug/explain names the pair the next request gets.
     let e = explain(&picker, &body).await;
