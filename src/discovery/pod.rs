@@ -57,6 +57,31 @@ pub struct PodLabels {
     pub kv_events: Option<(u16, Option<u16>)>,
 }
 
+/// When the pod's running containers last started (unix seconds), as Kthena's
+/// `podLastContainerStartUnix` reads it (readiness is not used: it also flips on a probe failure,
+/// which leaves the engine's cache intact); `None` when none is running.
+fn containers_started(pod: &Pod) -> Option<i64> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .filter_map(|c| {
+            Some(
+                c.state
+                    .as_ref()?
+                    .running
+                    .as_ref()?
+                    .started_at
+                    .as_ref()?
+                    .0
+                    .timestamp(),
+            )
+        })
+        .filter(|&t| t > 0)
+        .max()
+}
+
 /// A pod as discovery sees it: its state and, when ready, its endpoints.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodEndpoints {
@@ -110,6 +135,7 @@ impl PodEndpoints {
         }
         let models: Vec<String> = label(&labels.model).into_iter().collect();
         let generation = meta.uid.clone().unwrap_or_default();
+        let containers_started = containers_started(pod);
         let endpoints = ports
             .iter()
             .map(|&port| EndpointSpec {
@@ -133,6 +159,7 @@ impl PodEndpoints {
                         replay: replay.map(at),
                     }
                 }),
+                containers_started,
             })
             .collect();
         PodEndpoints {
