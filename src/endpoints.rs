@@ -490,6 +490,40 @@ mod tests {
     }
 
     #[test]
+    fn a_multi_port_pods_endpoints_share_its_cache_owner() {
+        let eps = Endpoints::new(
+            Arc::new(PrefixIndex::new(10)),
+            RouterMetrics::register(&prometheus::Registry::new()),
+        );
+        let mut started = spec("vllm-0:8001", 2, "1");
+        started.containers_started = Some(42);
+        eps.apply(Update::Reset(vec![
+            spec("vllm-0:8000", 1, "1"),
+            started,
+            spec("a:b", 3, "1"),
+        ]));
+        let snapshot = eps.snapshot();
+        let owners: BTreeMap<&str, (Option<&str>, Option<i64>)> = snapshot
+            .all()
+            .iter()
+            .map(|e| {
+                let e = e.as_ref();
+                (
+                    e.spec.id.name.as_str(),
+                    (e.cache_owner(), e.containers_started()),
+                )
+            })
+            .collect();
+        assert_eq!(owners["vllm-0:8000"], (Some("vllm-0.default"), None));
+        assert_eq!(owners["vllm-0:8001"], (Some("vllm-0.default"), Some(42)));
+        assert_eq!(
+            owners["a:b"],
+            (Some("a:b.default"), None),
+            "not a port: kept"
+        );
+    }
+
+    #[test]
     fn candidates_restrict_and_errors() {
         let index = Arc::new(PrefixIndex::new(10));
         let metrics = RouterMetrics::register(&prometheus::Registry::new());

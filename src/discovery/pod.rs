@@ -223,6 +223,23 @@ mod tests {
     }
 
     #[test]
+    fn the_containers_last_start_is_the_newest_running_one() {
+        let mut status = ready("10.0.0.1");
+        status["containerStatuses"] = json!([
+            {"name": "vllm", "ready": true, "restartCount": 1, "image": "v", "imageID": "",
+             "state": {"running": {"startedAt": "2026-01-01T00:00:10Z"}}},
+            {"name": "kv-relay", "ready": true, "restartCount": 0, "image": "r", "imageID": "",
+             "state": {"running": {"startedAt": "2026-01-01T00:00:20Z"}}},
+            {"name": "done", "ready": false, "restartCount": 0, "image": "d", "imageID": "",
+             "state": {"terminated": {"exitCode": 0, "startedAt": "2026-01-01T00:01:00Z"}}}
+        ]);
+        let p = PodEndpoints::of(&pod(json!({}), status), "x", &[8000], &LABELS);
+        assert_eq!(p.endpoints[0].containers_started, Some(1_767_225_620));
+        let none = PodEndpoints::of(&pod(json!({}), ready("10.0.0.1")), "x", &[8000], &LABELS);
+        assert_eq!(none.endpoints[0].containers_started, None);
+    }
+
+    #[test]
     fn one_endpoint_per_port_named_after_the_pod() {
         let labels = PodLabels {
             role: Some("role".into()),

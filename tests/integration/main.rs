@@ -5,6 +5,7 @@
 //! - [`deploy`]: `deploy/`, the gateway examples, monitoring and the images, without a cluster;
 //! - [`kube_discovery`]: Kubernetes discovery against an in-process fake API server;
 //! - [`kv_events`]: the engines' KV-event subscriber against a msgspec/pyzmq publisher;
+//! - [`kvcache_vectors`]: kvcache-aware's hashes and scores against Python's `hashlib`;
 //! - [`docs`]: the documentation's relative links;
 //! - [`soak`]: pod churn under load (a short smoke by default; the full run is ignored, see
 //!   `scripts/soak`).
@@ -15,4 +16,5 @@ mod e2e;
 mod harness;
 mod kube_discovery;
 mod kv_events;
+mod kvcache_vectors;
 mod soak;
