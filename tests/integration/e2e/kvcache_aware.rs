@@ -399,3 +399,155 @@ async fn bad_tokenizers_values_and_prompts_cost_the_score_only() {
         .unwrap();
     assert_eq!(sim1["scores"]["kvcache-aware"], 50, "{e}");
 }
+
+/// A kvcache store on `redis` (its keeper lives in the returned set).
+async fn store_on(
+    redis: &RedisServer,
+    stop: &CancellationToken,
+) -> (KvStore, tokio::task::JoinSet<anyhow::Result<()>>) {
+    let socket = redis.socket().display().to_string();
+    let target =
+        redis_env::from_env(&|name| (name == "REDIS_HOST").then(|| socket.clone())).unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    let status = LinkStatus {
+        context: "test",
+        role: "test",
+        connected: prometheus::IntGauge::new("test_connected", "test").unwrap(),
+        reconnects: None,
+    };
+    let store = KvStore::start(
+        target,
+        std::time::Duration::from_secs(5),
+        status,
+        stop,
+        &mut tasks,
+    )
+    .unwrap();
+    poll("the store to connect", || async {
+        store.connection().map(|_| ())
+    })
+    .await;
+    (store, tasks)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_removes_owner_fields_older_than_a_day() {
+    let redis = RedisServer::start().await;
+    let stop = CancellationToken::new();
+    let (store, _tasks) = store_on(&redis, &stop).await;
+    let mut conn = store.connection().unwrap();
+    let now = 2_000_000_000i64;
+    let day = 24 * 3600;
+    let key = "matrix:kv:block:m@1";
+    let _: () = redis::cmd("HSET")
+        .arg(key)
+        .arg("old.ns")
+        .arg(now - day - 1)
+        .arg("fresh.ns")
+        .arg(now - day)
+        .arg("odd.ns")
+        .arg("not-a-number")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // One SCAN step may see nothing yet (COUNT is a hint): step until the cursor wraps.
+    let (mut cursor, mut removed) = (0, 0);
+    loop {
+        let (next, n) = prefix_picker::kvcache::gc::step(&store, cursor, now)
+            .await
+            .unwrap();
+        removed += n;
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    assert_eq!(removed, 1);
+    let mut left: Vec<String> = redis::cmd("HKEYS")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    left.sort();
+    assert_eq!(
+        left,
+        ["fresh.ns", "odd.ns"],
+        "unparsable values are left, as Kthena"
+    );
+    stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_survives_a_redis_restart_and_writes_what_it_missed() {
+    let engine = EngineConfig {
+        time_scale: 100.0,
+        ..EngineConfig::default()
+    };
+    let sim = Sim::start_with_events("sim-0", engine).await;
+    let mut redis = RedisServer::start().await;
+    let stop = CancellationToken::new();
+    relay_beside(&sim, &redis, &stop);
+    let prompt = whole_blocks_prompt(sim.addr, &"Written while Redis was away. ".repeat(8)).await;
+    let tokens: Vec<u32> = {
+        let r: Value = reqwest::Client::new()
+            .post(format!("http://{}/tokenize", sim.addr))
+            .json(&json!({"model": "m", "prompt": prompt}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        serde_json::from_value(r["tokens"].clone()).unwrap()
+    };
+    let first = prefix_picker::scheduler::kvcache_aware::block_key(
+        "m",
+        prefix_picker::scheduler::kvcache_aware::standardized_hash(&tokens[..16]),
+    );
+    // Let the relay subscribe first: a warm-up request's blocks reach Redis.
+    let warm = whole_blocks_prompt(sim.addr, "warm-up prompt, one block or two").await;
+    let send_direct = |p: String| async move {
+        reqwest::Client::new()
+            .post(format!("http://{}/v1/completions", sim.addr))
+            .json(&json!({"model": "m", "prompt": p}))
+            .send()
+            .await
+            .unwrap()
+            .status()
+    };
+    assert_eq!(send_direct(warm).await, 200);
+    poll("the warm-up's blocks in Redis", || async {
+        let mut c = redis::Client::open(redis.url())
+            .ok()?
+            .get_multiplexed_async_connection()
+            .await
+            .ok()?;
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("matrix:kv:block:m@*")
+            .query_async(&mut c)
+            .await
+            .ok()?;
+        (!keys.is_empty()).then_some(())
+    })
+    .await;
+    redis.kill();
+    assert_eq!(send_direct(prompt).await, 200);
+    redis.restart().await;
+    // The relay retried the write: the block is there, owned by the pod.
+    poll("the missed write to land", || async {
+        let mut c = redis::Client::open(redis.url())
+            .ok()?
+            .get_multiplexed_async_connection()
+            .await
+            .ok()?;
+        let owner: Option<String> = redis::cmd("HGET")
+            .arg(&first)
+            .arg("sim-0.default")
+            .query_async(&mut c)
+            .await
+            .ok()?;
+        owner.map(|_| ())
+    })
+    .await;
+    stop.cancel();
+}
