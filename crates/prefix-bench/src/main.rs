@@ -543,7 +543,7 @@ fn default_scheduler() -> anyhow::Result<String> {
 }
 
 /// The kvcache-aware row's name.
-const KVCACHE_ROW: &str = "prefix-picker: Kthena kvcache-aware (kv-relay + Redis)";
+const KVCACHE_ROW: &str = report::KVCACHE_AWARE;
 /// Stands for the port of the sim the kvcache-aware row tokenizes on (set per cluster).
 const TOKENIZER_PORT: &str = "65535";
 
