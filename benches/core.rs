@@ -427,6 +427,7 @@ fn shipped_router() -> Router {
             role: None,
             labels: Default::default(),
             kv_events: None,
+            containers_started: None,
         })
         .collect();
     router.endpoints.apply(Update::Reset(specs));

@@ -111,7 +111,15 @@ fn api_path(api: Option<&str>, body: &[u8]) -> String {
 
 async fn explain(State(a): State<Admin>, Query(q): Query<ExplainQuery>, body: Bytes) -> Response {
     let path = api_path(q.api.as_deref(), &body);
-    match a.router.explain(&path, Some(&body), None) {
+    // kvcache-aware: the same lookup a routed request awaits (tokenize + Redis; counted).
+    let kv = match a.router.kv_lookup(&path, &body, None) {
+        Some(lookup) => lookup.await,
+        None => None,
+    };
+    match a
+        .router
+        .explain_looked_up(&path, Some(&body), None, kv.as_ref())
+    {
         Err(f) => (
             StatusCode::from_u16(f.status).unwrap_or(StatusCode::BAD_REQUEST),
             [(header::CONTENT_TYPE, "application/json")],

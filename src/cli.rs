@@ -634,5 +634,7 @@ fn has_picker_tls(text: &str) -> bool {
         .is_some()
 }
 
+pub mod kv_relay;
+
 #[cfg(test)]
 mod tests;

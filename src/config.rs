@@ -62,7 +62,10 @@ use crate::scheduler::saturation::SaturationLimits;
 use crate::tls::TlsConfig;
 
 /// Plugin names Kthena knows that prefix-picker skips (with Kthena's own warning).
-const KNOWN_ELSEWHERE: [&str; 3] = ["lora-affinity", "kvcache-aware", "pd-group"];
+const KNOWN_ELSEWHERE: [&str; 2] = ["lora-affinity", "pd-group"];
+
+mod kvcache_args;
+pub use kvcache_args::{ParsedKvCacheArgs, UNPARSABLE_KVCACHE_ARGS, parse_kvcache_aware_args};
 
 /// A statically configured model-server pod.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -470,6 +473,9 @@ pub struct Config {
     pub sync: Option<crate::sync::SyncConfig>,
     /// Leniencies applied while loading (log them).
     pub warnings: Vec<String>,
+    /// Environment values read before the process environment (kvcache-aware's `REDIS_*`);
+    /// never from the file: tests set them so that they never touch the process environment.
+    pub env: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Error, PartialEq)]
@@ -514,6 +520,14 @@ pub enum ConfigError {
 pub struct ConfigErrors(pub Vec<ConfigError>);
 
 impl Config {
+    /// The environment variable `name`: [`Config::env`] first, then the process's.
+    pub fn env_var(&self, name: &str) -> Option<String> {
+        self.env
+            .get(name)
+            .cloned()
+            .or_else(|| std::env::var(name).ok())
+    }
+
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
         let text = std::fs::read_to_string(path).map_err(|e| {
@@ -734,6 +748,7 @@ fn parse_scheduler(
     };
     // pluginConfig: per-plugin args.
     let mut prefix_args = None;
+    let mut kvcache_args = None;
     if let Some(list) = get(map, "pluginConfig") {
         let Yaml::Sequence(list) = list else {
             errors.push(ConfigError::Plugins("pluginConfig must be a list".into()));
@@ -744,6 +759,7 @@ fn parse_scheduler(
             let args = item.get("args");
             match name {
                 "prefix-cache" => prefix_args = Some(args.cloned()),
+                "kvcache-aware" => kvcache_args = Some(args.cloned()),
                 "least-request" => {
                     if let Some(n) = args
                         .and_then(|a| lookup_ci(a, "maxWaitingRequests"))
@@ -768,6 +784,9 @@ fn parse_scheduler(
     }
     let parsed = parse_prefix_cache_args(prefix_args.flatten().as_ref());
     s.prefix_cache = parsed.args;
+    warnings.extend(parsed.warnings);
+    let parsed = parse_kvcache_aware_args(kvcache_args.flatten().as_ref());
+    s.kvcache_aware = parsed.args;
     warnings.extend(parsed.warnings);
 
     let Some(plugins) = get(map, "plugins") else {

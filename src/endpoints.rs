@@ -70,6 +70,9 @@ pub struct EndpointSpec {
     /// Where the pod's engine publishes its KV-cache events; `None`: it publishes none and is
     /// matched by the estimate.
     pub kv_events: Option<KvEventsAddress>,
+    /// When the pod's containers last started (unix seconds; Kubernetes discovery), so that
+    /// kvcache-aware drops ownership written before; `None`: unknown (static endpoints).
+    pub containers_started: Option<i64>,
 }
 
 /// A pod's KV-event publisher (vLLM's `--kv-events-config` `endpoint` and `replay_endpoint`).
@@ -87,6 +90,9 @@ pub struct Endpoint {
     pub spec: EndpointSpec,
     /// `namespace/name`, precomputed for logs and metric labels.
     pub label: String,
+    /// `podName.namespace`, kvcache-aware's owner identity (a multi-port pod's endpoints,
+    /// named `pod:port`, share their pod's).
+    pub cache_owner: String,
     /// `ip:port` (IPv6 bracketed), as Envoy expects it in the pick.
     pub host: String,
     pub index: PodHandle,
@@ -175,6 +181,14 @@ impl Candidate for Endpoint {
 
     fn label(&self) -> &str {
         &self.label
+    }
+
+    fn cache_owner(&self) -> Option<&str> {
+        Some(&self.cache_owner)
+    }
+
+    fn containers_started(&self) -> Option<i64> {
+        self.spec.containers_started
     }
 
     fn pod_label(&self, key: &str) -> Option<&str> {
@@ -369,7 +383,15 @@ impl Endpoints {
 
     /// A new pod (or a new life of one): cold, with its own index slot.
     fn fresh(&self, spec: EndpointSpec, generation: Arc<str>) -> Arc<Endpoint> {
+        // Kubernetes discovery names a multi-port pod's endpoints `pod:port`.
+        let pod_name = spec
+            .id
+            .name
+            .rsplit_once(':')
+            .filter(|(_, port)| port.parse::<u16>().is_ok())
+            .map_or(spec.id.name.as_str(), |(name, _)| name);
         Arc::new(Endpoint {
+            cache_owner: crate::scheduler::kvcache_aware::owner_id(pod_name, &spec.id.namespace),
             label: spec.id.to_string(),
             host: spec.address.to_string(),
             index: self.index.add_pod(),
@@ -432,6 +454,7 @@ mod tests {
             role: None,
             labels: BTreeMap::new(),
             kv_events: None,
+            containers_started: None,
         }
     }
 
@@ -463,6 +486,40 @@ mod tests {
             eps.snapshot()
                 .by_address(&"127.0.0.1:2".parse().unwrap())
                 .is_some()
+        );
+    }
+
+    #[test]
+    fn a_multi_port_pods_endpoints_share_its_cache_owner() {
+        let eps = Endpoints::new(
+            Arc::new(PrefixIndex::new(10)),
+            RouterMetrics::register(&prometheus::Registry::new()),
+        );
+        let mut started = spec("vllm-0:8001", 2, "1");
+        started.containers_started = Some(42);
+        eps.apply(Update::Reset(vec![
+            spec("vllm-0:8000", 1, "1"),
+            started,
+            spec("a:b", 3, "1"),
+        ]));
+        let snapshot = eps.snapshot();
+        let owners: BTreeMap<&str, (Option<&str>, Option<i64>)> = snapshot
+            .all()
+            .iter()
+            .map(|e| {
+                let e = e.as_ref();
+                (
+                    e.spec.id.name.as_str(),
+                    (e.cache_owner(), e.containers_started()),
+                )
+            })
+            .collect();
+        assert_eq!(owners["vllm-0:8000"], (Some("vllm-0.default"), None));
+        assert_eq!(owners["vllm-0:8001"], (Some("vllm-0.default"), Some(42)));
+        assert_eq!(
+            owners["a:b"],
+            (Some("a:b.default"), None),
+            "not a port: kept"
         );
     }
 

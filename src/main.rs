@@ -67,6 +67,74 @@ enum Command {
         config: Option<PathBuf>,
         file: Option<PathBuf>,
     },
+    /// Beside one engine: write its KV-cache events to Redis in Kthena's kvcache-aware layout
+    /// (what Kthena's Runtime does). Redis from REDIS_HOST, REDIS_PORT, REDIS_PASSWORD.
+    KvRelay(Box<cli::kv_relay::KvRelayArgs>),
+}
+
+/// `prefix-picker kv-relay`: runs until SIGTERM or Ctrl-C; Redis errors never end it.
+fn kv_relay(args: cli::kv_relay::KvRelayArgs) -> ExitCode {
+    logging::init(args.v, args.log_format);
+    let env = |name: &str| std::env::var(name).ok();
+    let (id, events) = match args.resolve(&env) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let target = match prefix_picker::kvcache::redis_env::from_env(&env) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!("kv-relay: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("kv-relay: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    runtime.block_on(async move {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let mut tasks = tokio::task::JoinSet::new();
+        let status = prefix_picker::sync::connection::LinkStatus {
+            context: "kv-relay",
+            role: "writer",
+            connected: prometheus::IntGauge::new("kv_relay_redis_connected", "unused").expect("valid"),
+            reconnects: None,
+        };
+        tracing::info!(pod = %id.pod, model = %id.model, events = %events.endpoint, redis = %target.shown, "kv-relay: starting");
+        let store = match prefix_picker::kvcache::KvStore::start(
+            target,
+            std::time::Duration::from_secs(5),
+            status,
+            &shutdown,
+            &mut tasks,
+        ) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!("kv-relay: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+            }
+            stop.cancel();
+        });
+        prefix_picker::kvcache::relay::run(id, events, store, shutdown.clone()).await;
+        shutdown.cancel();
+        while tasks.join_next().await.is_some() {}
+        ExitCode::SUCCESS
+    })
 }
 
 fn read_input(file: Option<&PathBuf>) -> std::io::Result<Vec<u8>> {
@@ -81,7 +149,7 @@ fn read_input(file: Option<&PathBuf>) -> std::io::Result<Vec<u8>> {
 }
 
 /// Commands that are not the sidecar; their arguments go to clap as given.
-const TOOLS: [&str; 4] = ["validate", "render", "hash", "help"];
+const TOOLS: [&str; 5] = ["validate", "render", "hash", "kv-relay", "help"];
 
 fn main() -> ExitCode {
     let mut argv: Vec<String> = std::env::args_os()
@@ -119,6 +187,7 @@ fn main() -> ExitCode {
         Some(command) => command,
     };
     match command {
+        Command::KvRelay(args) => kv_relay(*args),
         Command::Render { config, file } => {
             let rendering = match config.map(|path| Config::load(&path)) {
                 None => Rendering::Kthena,

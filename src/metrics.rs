@@ -117,6 +117,7 @@ pub const CACHED_TOKEN_SOURCES: [&str; 2] = ["predicted", "reported"];
 pub const MATCH_RATIO_BUCKETS: [f64; 9] = [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0];
 
 pub mod engine_truth;
+pub mod kvcache;
 
 const LATENCY_BUCKETS: [f64; 14] = [
     0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025,
@@ -239,6 +240,8 @@ pub struct RouterMetrics {
     pub config_info: IntGaugeVec,
     /// KV-cache events, engine views, match sources, engine tokens.
     pub engine: engine_truth::EngineTruthMetrics,
+    /// kvcache-aware's lookups, Redis connection and GC.
+    pub kvcache: kvcache::KvCacheMetrics,
 }
 
 impl RouterMetrics {
@@ -363,6 +366,7 @@ impl RouterMetrics {
                 &crate::scheduler::MatchSource::ALL.map(crate::scheduler::MatchSource::as_str),
                 &crate::tokenizer::ErrorKind::ALL.map(crate::tokenizer::ErrorKind::as_str),
             ),
+            kvcache: kvcache::KvCacheMetrics::register(registry),
             config_info: IntGaugeVec::new(
                 Opts::new(
                     "prefix_picker_config_info",

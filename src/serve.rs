@@ -138,6 +138,8 @@ pub fn static_endpoints(config: &Config) -> Vec<EndpointSpec> {
                     replay: e.kv_events_replay_endpoint.clone(),
                 }
             }),
+            // Static endpoints carry no start time: their kvcache-aware ownership is kept.
+            containers_started: None,
         })
         .collect()
 }
@@ -199,6 +201,7 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
     let generations_known = scrape_engines(&config, &router, &registry, &shutdown, &mut tasks);
     expire_routes(&router, &shutdown, &mut tasks);
     follow_engines(&config, &router, &shutdown, &mut tasks);
+    start_kvcache(&config, &router, &shutdown, &mut tasks)?;
     let pods_listed = discovery.as_ref().map(|d| d.synced());
     let sync = match &config.sync {
         Some(sync) => {
@@ -242,6 +245,52 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
         grace: Duration::from_secs_f64(config.picker.shutdown_grace_seconds),
         ready_waiter,
     })
+}
+
+/// kvcache-aware, when the config enables it: the shared Redis connection (Kthena's
+/// `REDIS_*` environment), the lookup the ext_proc streams await and the hourly GC. Redis
+/// being down is no error: the connection is retried, and requests are routed without the
+/// plugin's score meanwhile.
+fn start_kvcache(
+    config: &Config,
+    router: &Arc<Router>,
+    shutdown: &CancellationToken,
+    tasks: &mut JoinSet<anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    if config.scheduler.kvcache_aware().is_none() {
+        return Ok(());
+    }
+    let env = |name: &str| config.env_var(name);
+    let target = crate::kvcache::redis_env::from_env(&env)?;
+    tracing::info!(redis = %target.shown, "kvcache-aware: reading block owners from Redis");
+    let metrics = router.metrics.kvcache.clone();
+    let status = crate::sync::connection::LinkStatus {
+        context: "kvcache",
+        role: "kvcache-aware",
+        connected: metrics.redis_connected.clone(),
+        reconnects: None,
+    };
+    // Kthena's 5 s Redis timeout bounds each command; a request waits at most the lookup's
+    // deadline (crate::kvcache::lookup::DEADLINE).
+    let store =
+        crate::kvcache::KvStore::start(target, Duration::from_secs(5), status, shutdown, tasks)?;
+    let tokenizer = crate::tokenizer::EngineTokenizer::new(crate::tokenizer::TokenizerConfig {
+        timeout: crate::kvcache::lookup::TOKENIZE_TIMEOUT,
+        ..crate::tokenizer::TokenizerConfig::default()
+    })?;
+    let engine = config
+        .picker
+        .tokenizer
+        .as_ref()
+        .map_or(crate::tokenizer::EngineKind::Vllm, |t| t.engine);
+    let lookup = crate::kvcache::KvLookup::new(store.clone(), tokenizer, engine, metrics.clone());
+    let _ = router.kv_lookup.set(Arc::new(lookup));
+    let token = shutdown.clone();
+    tasks.spawn(async move {
+        crate::kvcache::gc::run(store, metrics.gc_removed, token).await;
+        Ok(())
+    });
+    Ok(())
 }
 
 /// The bound listeners.

@@ -100,6 +100,10 @@ SCENARIOS = {
         "picker": {"env": [{"name": "RUST_LOG", "value": "info"}]},
         "extraConfig": {"auth": {}},
         "configMapName": "kthena-router-config",
+        "kvcacheAware": {
+            "redis": {"host": "redis-server.kthena-system.svc.cluster.local",
+                      "passwordSecret": {"name": "redis-secret", "key": "password"}},
+            "relay": {"enabled": True, "model": "Qwen/Qwen3-0.6B"}},
     },
 }
 
@@ -113,6 +117,7 @@ BAD_VALUES = {
     "unknown mode": {"mode": "gateway"},
     "no targetPorts": {"discovery": {"kubernetes": {"targetPorts": []}}},
     "no selector": {"modelServers": {"matchLabels": None}},
+    "kv-relay without a model": {"kvcacheAware": {"relay": {"enabled": True}}},
     "extraConfig overriding a chart section": {"extraConfig": {"picker": {"seed": 1}}},
     "InferencePool in sidecar mode": {"inferencePool": {"create": True}},
     "unknown gateway provider": {"mode": "standalone", "inferencePool": {"create": True},

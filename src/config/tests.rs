@@ -95,7 +95,7 @@ scheduler:
     Filter: {enabled: [least-request, lora-affinity]}
     Score:
       enabled:
-      - {name: kvcache-aware, weight: 1}
+      - {name: pd-group, weight: 1}
       - {name: prefix-cache, weight: 2}
       - {name: random, weight: 1}
       - {name: made-up, weight: 1}
@@ -106,7 +106,7 @@ extra: 1
     assert_eq!(c.scheduler.filters, [FilterKind::LeastRequest]);
     for needle in [
         "Failed to get plugin lora-affinity.",
-        "Failed to get plugin kvcache-aware.",
+        "Failed to get plugin pd-group. (not implemented by prefix-picker; skipped)",
         "Failed to get plugin made-up.",
         "random score plugin removed",
         "unknown top-level key extra",
@@ -117,6 +117,64 @@ extra: 1
             c.warnings
         );
     }
+}
+
+#[test]
+fn kvcache_aware_is_a_score_plugin_with_kthena_args() {
+    let doc = r#"
+scheduler:
+  pluginConfig:
+  - name: kvcache-aware
+    args: {blockSizeToHash: 32, MAXBLOCKSTOMATCH: 0, vllmTokenizerPort: 70000, sglangTokenizerPort: 31000, other: 1}
+  plugins:
+    Score:
+      enabled:
+      - {name: kvcache-aware, weight: 3}
+      - {name: least-request, weight: 1}
+"#;
+    let c = Config::parse(doc).unwrap();
+    assert_eq!(
+        c.scheduler.scorers,
+        [(ScorerKind::KvCacheAware, 3), (ScorerKind::LeastRequest, 1)]
+    );
+    assert!(
+        !c.warnings
+            .iter()
+            .any(|w| w.contains("Failed to get plugin")),
+        "{:?}",
+        c.warnings
+    );
+    let a = c.scheduler.kvcache_aware().expect("enabled");
+    assert_eq!(
+        (a.block_size_to_hash, a.max_blocks_to_match),
+        (32, 128),
+        "0 is the default, as Kthena"
+    );
+    assert_eq!(
+        (a.vllm_tokenizer_port, a.sglang_tokenizer_port),
+        (8000, 31000)
+    );
+    for needle in [
+        "KVCacheAware: invalid vllm tokenizer port 70000, using default 8000",
+        "kvcache-aware: unknown argument \"other\" ignored",
+    ] {
+        assert!(
+            c.warnings.iter().any(|w| w.contains(needle)),
+            "{needle}: {:?}",
+            c.warnings
+        );
+    }
+    // Kthena decodes the whole block or nothing: a string value gives every default.
+    let doc = "scheduler:\n  pluginConfig:\n  - name: kvcache-aware\n    args: {blockSizeToHash: 8, maxBlocksToMatch: \"64\"}\n";
+    let c = Config::parse(doc).unwrap();
+    assert_eq!(c.scheduler.kvcache_aware, Default::default());
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.starts_with(UNPARSABLE_KVCACHE_ARGS))
+    );
+    // Not enabled: no lookup.
+    assert!(c.scheduler.kvcache_aware().is_none());
 }
 
 #[test]

@@ -57,6 +57,31 @@ pub struct PodLabels {
     pub kv_events: Option<(u16, Option<u16>)>,
 }
 
+/// When the pod's running containers last started (unix seconds), as Kthena's
+/// `podLastContainerStartUnix` reads it (readiness is not used: it also flips on a probe failure,
+/// which leaves the engine's cache intact); `None` when none is running.
+fn containers_started(pod: &Pod) -> Option<i64> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .filter_map(|c| {
+            Some(
+                c.state
+                    .as_ref()?
+                    .running
+                    .as_ref()?
+                    .started_at
+                    .as_ref()?
+                    .0
+                    .timestamp(),
+            )
+        })
+        .filter(|&t| t > 0)
+        .max()
+}
+
 /// A pod as discovery sees it: its state and, when ready, its endpoints.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodEndpoints {
@@ -110,6 +135,7 @@ impl PodEndpoints {
         }
         let models: Vec<String> = label(&labels.model).into_iter().collect();
         let generation = meta.uid.clone().unwrap_or_default();
+        let containers_started = containers_started(pod);
         let endpoints = ports
             .iter()
             .map(|&port| EndpointSpec {
@@ -133,6 +159,7 @@ impl PodEndpoints {
                         replay: replay.map(at),
                     }
                 }),
+                containers_started,
             })
             .collect();
         PodEndpoints {
@@ -193,6 +220,23 @@ mod tests {
         assert_eq!(address.replay.as_deref(), Some("tcp://[fd00::1]:5558"));
         let none = PodEndpoints::of(&pod(json!({}), ready("10.0.0.1")), "x", &[8000], &LABELS);
         assert_eq!(none.endpoints[0].kv_events, None);
+    }
+
+    #[test]
+    fn the_containers_last_start_is_the_newest_running_one() {
+        let mut status = ready("10.0.0.1");
+        status["containerStatuses"] = json!([
+            {"name": "vllm", "ready": true, "restartCount": 1, "image": "v", "imageID": "",
+             "state": {"running": {"startedAt": "2026-01-01T00:00:10Z"}}},
+            {"name": "kv-relay", "ready": true, "restartCount": 0, "image": "r", "imageID": "",
+             "state": {"running": {"startedAt": "2026-01-01T00:00:20Z"}}},
+            {"name": "done", "ready": false, "restartCount": 0, "image": "d", "imageID": "",
+             "state": {"terminated": {"exitCode": 0, "startedAt": "2026-01-01T00:01:00Z"}}}
+        ]);
+        let p = PodEndpoints::of(&pod(json!({}), status), "x", &[8000], &LABELS);
+        assert_eq!(p.endpoints[0].containers_started, Some(1_767_225_620));
+        let none = PodEndpoints::of(&pod(json!({}), ready("10.0.0.1")), "x", &[8000], &LABELS);
+        assert_eq!(none.endpoints[0].containers_started, None);
     }
 
     #[test]

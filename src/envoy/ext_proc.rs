@@ -4,6 +4,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
+use crate::scheduler::kvcache_aware::KvBlockOwners;
 use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
 use ep::ProcessingRequest;
 use ep::ProcessingResponse;
@@ -52,7 +53,21 @@ pub trait StreamHandler: Send + 'static {
     fn done(&self) -> bool;
     /// The stream ended (normally or not).
     fn finish(&mut self) {}
+    /// Work to await before [`StreamHandler::replies`] for this message (kvcache-aware's
+    /// lookup, when this message may route the request); its result goes to
+    /// [`StreamHandler::looked_up`].
+    fn lookup(&mut self, message: &ProcessingRequest) -> Option<Lookup> {
+        let _ = message;
+        None
+    }
+    /// The result of [`StreamHandler::lookup`]'s work.
+    fn looked_up(&mut self, owners: Option<KvBlockOwners>) {
+        let _ = owners;
+    }
 }
+
+/// A lookup the stream awaits before routing.
+pub type Lookup = crate::kvcache::lookup::Pending;
 
 /// Serves one stream on its own task: each message's replies are sent in order until the
 /// handler is done, Envoy ends the stream, or nobody reads the replies any more.
@@ -63,6 +78,10 @@ pub fn drive_stream<H: StreamHandler>(
     let (tx, rx) = mpsc::channel(16);
     tokio::spawn(async move {
         'stream: while let Ok(Some(message)) = inbound.message().await {
+            if let Some(lookup) = handler.lookup(&message) {
+                let owners = lookup.await;
+                handler.looked_up(owners);
+            }
             for reply in handler.replies(message) {
                 if tx.send(Ok(reply)).await.is_err() {
                     break 'stream;

@@ -51,7 +51,7 @@ use ep::{
     ImmediateResponse, ProcessingRequest, ProcessingResponse, TrailersResponse,
 };
 
-use super::ext_proc::StreamHandler;
+use super::ext_proc::{Lookup, StreamHandler};
 use super::wire::{
     BodyEnd, BodyMode, CONFORMANCE_SERVED_HEADER, DESTINATION_HEADER, PREFILLER_HEADER,
     TEST_SELECTION_HEADER, body_chunks, destination, header_value, lb_metadata, merge_metadata,
@@ -61,6 +61,7 @@ use super::wire::{
 use crate::cached_tokens::CachedTokensScan;
 use crate::endpoints::AddressPattern;
 use crate::routing::{Ending, RouteFailure, Router, Served, Ticket};
+use crate::scheduler::kvcache_aware::KvBlockOwners;
 
 impl StreamHandler for StreamState {
     fn replies(&mut self, message: ProcessingRequest) -> Vec<ProcessingResponse> {
@@ -73,6 +74,16 @@ impl StreamHandler for StreamState {
 
     fn finish(&mut self) {
         StreamState::finish(self);
+    }
+
+    fn lookup(&mut self, message: &ProcessingRequest) -> Option<Lookup> {
+        StreamState::lookup(self, message)
+    }
+
+    fn looked_up(&mut self, owners: Option<KvBlockOwners>) {
+        if let Some((_, slot)) = &mut self.kv_lookup {
+            *slot = owners;
+        }
     }
 }
 
@@ -113,6 +124,8 @@ pub(super) struct StreamState {
     usage: Option<CachedTokensScan>,
     /// When the first response body bytes arrived (the first token of a stream).
     first_body: Option<Instant>,
+    /// kvcache-aware: the body length a lookup was made for, and its result.
+    kv_lookup: Option<(usize, Option<KvBlockOwners>)>,
 }
 
 /// Counts an open stream in `prefix_picker_inflight_streams` until dropped.
@@ -163,6 +176,7 @@ impl StreamState {
             completed: false,
             usage,
             first_body: None,
+            kv_lookup: None,
         }
     }
 
@@ -311,6 +325,45 @@ impl StreamState {
         vec![reply(Out::RequestTrailers(TrailersResponse::default()))]
     }
 
+    /// kvcache-aware's lookup when `message` may route the request (a body's last message, any
+    /// `BUFFERED_PARTIAL` body message, the request trailers), over the body it would route;
+    /// `None` when the plugin is off or nothing is to be looked up.
+    fn lookup(&mut self, message: &ProcessingRequest) -> Option<Lookup> {
+        if self.observer || message.observability_mode || self.rejected || self.routed {
+            return None;
+        }
+        self.router
+            .scheduler
+            .load()
+            .scheduler
+            .config()
+            .kvcache_aware()?;
+        let joined;
+        let body: &[u8] = match &message.request {
+            Some(In::RequestBody(b))
+                if b.end_of_stream || self.request_mode == Some(BodyMode::BufferedPartial) =>
+            {
+                if self.body.is_empty() {
+                    &b.body
+                } else {
+                    joined = [self.body.as_slice(), &b.body].concat();
+                    &joined
+                }
+            }
+            Some(In::RequestTrailers(_)) if !self.body.is_empty() => &self.body,
+            _ => return None,
+        };
+        if body.len() > self.router.config.max_body_bytes {
+            return None;
+        }
+        let restrict = self.restriction().ok()?;
+        let pending = self
+            .router
+            .kv_lookup(&self.path, body, restrict.as_deref())?;
+        self.kv_lookup = Some((body.len(), None));
+        Some(pending)
+    }
+
     /// Routes on the whole body gathered so far ([`StreamState::route_now`]).
     fn route_body(&mut self, end: BodyEnd) -> Vec<ProcessingResponse> {
         let body = std::mem::take(&mut self.body);
@@ -325,11 +378,18 @@ impl StreamState {
             Ok(r) => r,
             Err(f) => return vec![self.immediate(&f)],
         };
-        let routed = self.router.route_in_session(
+        // The lookup's owners, if it was made for this very body.
+        let kv = self
+            .kv_lookup
+            .take()
+            .filter(|(len, _)| Some(*len) == body.map(<[u8]>::len))
+            .and_then(|(_, owners)| owners);
+        let routed = self.router.route_looked_up(
             &self.path,
             body,
             restrict.as_deref(),
             self.session.as_deref().map(str::as_bytes),
+            kv.as_ref(),
         );
         let routed = match routed {
             Ok(r) => r,

@@ -237,6 +237,7 @@ async fn the_scrape_counts_a_missing_signal_and_keeps_its_value() {
         role: None,
         labels: Default::default(),
         kv_events: None,
+        containers_started: None,
     }]));
     let scrape_metrics = ScrapeMetrics::register(&registry);
     let missing = |s: Signal| {

@@ -25,10 +25,13 @@ use serde_json::json;
 use crate::config::{PickerConfig, SchedulerConfig};
 use crate::endpoints::{AddressPattern, Endpoint, Endpoints};
 use crate::hashing::BlockHash;
+use crate::kvcache::KvLookup;
+use crate::kvcache::lookup::Pending;
 use crate::metrics::{PrefixCacheMetrics, RouterMetrics};
 use crate::prefix_index::PodSlot;
 use crate::prompt::Rendering;
 use crate::request::{Api, InferenceRequest};
+use crate::scheduler::kvcache_aware::KvBlockOwners;
 use crate::scheduler::saturation::Shed;
 use crate::scheduler::{
     Decision, DecisionReason, EngineTokens, Observation, PickError, RouteRequest, Scheduler,
@@ -156,6 +159,8 @@ pub struct Router {
     /// Engine tokens of prompt heads, when `picker.tokenizer` is set (the affinity mode's match
     /// on engine truth).
     pub heads: Option<Arc<HeadTokens>>,
+    /// kvcache-aware's lookup, set at start-up when the config enables the plugin.
+    pub kv_lookup: OnceLock<Arc<KvLookup>>,
     sink: OnceLock<Arc<dyn RecordSink>>,
 }
 
@@ -190,6 +195,7 @@ impl Router {
                 .enabled
                 .then(|| Sessions::new(&picker.sessions, picker.seed)),
             config: picker,
+            kv_lookup: OnceLock::new(),
             sink: OnceLock::new(),
         }
     }
@@ -296,6 +302,12 @@ impl Router {
                     .match_ratio
                     .with_label_values(&[model])
                     .observe(ratio),
+                Observation::KvCacheMatchRatio(ratio) => self
+                    .metrics
+                    .kvcache
+                    .match_ratio
+                    .with_label_values(&[model])
+                    .observe(ratio),
             }
         }
     }
@@ -313,6 +325,32 @@ impl Router {
         self.route_in_session(path, body, restrict, None)
     }
 
+    /// kvcache-aware's lookup for this request, to await before routing it with
+    /// [`Router::route_looked_up`]; `None` (nothing to await, nothing spent) unless the live
+    /// scheduler enables kvcache-aware and the request has a body.
+    pub fn kv_lookup(
+        &self,
+        path: &str,
+        body: &[u8],
+        restrict: Option<&[AddressPattern]>,
+    ) -> Option<Pending> {
+        let args = *self.scheduler.load().scheduler.config().kvcache_aware()?;
+        let lookup = match self.kv_lookup.get() {
+            Some(l) => l,
+            None => {
+                warn_no_kv_store();
+                return None;
+            }
+        };
+        let endpoints = self.endpoints.snapshot();
+        lookup.prepare(args, path, body, |model| {
+            endpoints
+                .candidates(Some(model), restrict)
+                .map(|c| c.iter().map(|e| e.spec.address.ip()).collect())
+                .unwrap_or_default()
+        })
+    }
+
     /// [`Router::route`] for a request that may belong to a session: `session` is the value of
     /// the session header (`picker.sessions.header`), ignored unless session affinity is on.
     /// The session's pod is the pick while it has headroom; the pick becomes the session's pod.
@@ -323,6 +361,19 @@ impl Router {
         restrict: Option<&[AddressPattern]>,
         session: Option<&[u8]>,
     ) -> Result<Routed, RouteFailure> {
+        self.route_looked_up(path, body, restrict, session, None)
+    }
+
+    /// [`Router::route_in_session`] with kvcache-aware's looked-up block owners
+    /// ([`Router::kv_lookup`]); `None`: the plugin scores nothing.
+    pub fn route_looked_up(
+        &self,
+        path: &str,
+        body: Option<&[u8]>,
+        restrict: Option<&[AddressPattern]>,
+        session: Option<&[u8]>,
+        kv_blocks: Option<&KvBlockOwners>,
+    ) -> Result<Routed, RouteFailure> {
         let live = self.scheduler.load();
         let parsed = Parsed::new(path, body, live.scheduler.config().rendering())?;
         let (mut request, candidates) = self.prepare(&parsed, restrict)?;
@@ -330,6 +381,7 @@ impl Router {
             self.metrics.shed.inc();
             return Err(refused);
         }
+        request.kv_blocks = kv_blocks;
         let session = self.session_pod(session, &candidates);
         if let Some((_, SessionPod::Candidate(slot))) = session {
             request.session_pod = Some(slot);
@@ -432,12 +484,24 @@ impl Router {
         body: Option<&[u8]>,
         restrict: Option<&[AddressPattern]>,
     ) -> Result<Explained, RouteFailure> {
+        self.explain_looked_up(path, body, restrict, None)
+    }
+
+    /// [`Router::explain`] with kvcache-aware's looked-up block owners.
+    pub fn explain_looked_up(
+        &self,
+        path: &str,
+        body: Option<&[u8]>,
+        restrict: Option<&[AddressPattern]>,
+        kv_blocks: Option<&KvBlockOwners>,
+    ) -> Result<Explained, RouteFailure> {
         let live = self.scheduler.load();
         let parsed = Parsed::new(path, body, live.scheduler.config().rendering())?;
         let (mut request, candidates) = self.prepare(&parsed, restrict)?;
         if let Some(refused) = Router::shed(&live, &parsed, &candidates) {
             return Err(refused);
         }
+        request.kv_blocks = kv_blocks;
         let model = request.model.to_string();
         let head = self.engine_tokens(path, None, &request, &candidates, &live);
         request.engine_tokens = head.as_ref().map(|h| EngineTokens {
@@ -507,9 +571,21 @@ impl Router {
             session_pod: None,
             hashes: None,
             engine_tokens: None,
+            kv_blocks: None,
         };
         Ok((request, candidates))
     }
+}
+
+/// kvcache-aware enabled by a reload without the Redis connection made at start-up: warned once.
+fn warn_no_kv_store() {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| {
+        tracing::warn!(
+            "kvcache-aware is enabled but was not at start-up: it scores nothing until the \
+             picker restarts (its Redis connection is made at start-up)"
+        );
+    });
 }
 
 /// Where a session's pod is, for one request.

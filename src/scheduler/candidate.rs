@@ -60,6 +60,16 @@ pub trait Candidate {
         let _ = key;
         None
     }
+    /// The pod's name in the kvcache-aware store, `podName.namespace`; `None`: it owns nothing
+    /// there.
+    fn cache_owner(&self) -> Option<&str> {
+        None
+    }
+    /// When the pod's containers last started (unix seconds); `None`: unknown (a static
+    /// endpoint), and every ownership it has in the kvcache-aware store counts.
+    fn containers_started(&self) -> Option<i64> {
+        None
+    }
 }
 
 impl<C: Candidate + ?Sized> Candidate for Arc<C> {
@@ -105,5 +115,13 @@ impl<C: Candidate + ?Sized> Candidate for Arc<C> {
 
     fn pod_label(&self, key: &str) -> Option<&str> {
         (**self).pod_label(key)
+    }
+
+    fn cache_owner(&self) -> Option<&str> {
+        (**self).cache_owner()
+    }
+
+    fn containers_started(&self) -> Option<i64> {
+        (**self).containers_started()
     }
 }

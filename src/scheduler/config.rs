@@ -3,6 +3,7 @@
 //! every value here is already in range.
 
 use super::affinity::AffinityConfig;
+use super::kvcache_aware::KvCacheAwareArgs;
 use super::pd::PdGroup;
 use super::prefix_cache::PrefixCacheArgs;
 use super::saturation::SaturationLimits;
@@ -38,6 +39,7 @@ pub enum ScorerKind {
     GpuUsage,
     LeastLatency,
     Random,
+    KvCacheAware,
 }
 
 impl ScorerKind {
@@ -48,6 +50,7 @@ impl ScorerKind {
             "gpu-usage" => ScorerKind::GpuUsage,
             "least-latency" => ScorerKind::LeastLatency,
             "random" => ScorerKind::Random,
+            "kvcache-aware" => ScorerKind::KvCacheAware,
             _ => return None,
         })
     }
@@ -59,6 +62,7 @@ impl ScorerKind {
             ScorerKind::GpuUsage => "gpu-usage",
             ScorerKind::LeastLatency => "least-latency",
             ScorerKind::Random => "random",
+            ScorerKind::KvCacheAware => "kvcache-aware",
         }
     }
 }
@@ -83,6 +87,8 @@ pub struct SchedulerConfig {
     pub filters: Vec<FilterKind>,
     pub scorers: Vec<(ScorerKind, u32)>,
     pub prefix_cache: PrefixCacheArgs,
+    /// kvcache-aware's arguments (used when it is enabled).
+    pub kvcache_aware: KvCacheAwareArgs,
     /// least-request filter: keep a pod iff engine `waiting < max_waiting_requests`.
     pub max_waiting_requests: u64,
     /// least-latency: weight of TTFT against TPOT, in [0, 1].
@@ -107,6 +113,7 @@ impl Default for SchedulerConfig {
                 (ScorerKind::PrefixCache, 1),
             ],
             prefix_cache: PrefixCacheArgs::default(),
+            kvcache_aware: KvCacheAwareArgs::default(),
             max_waiting_requests: 10,
             ttft_tpot_weight_factor: 0.5,
             affinity: None,
@@ -132,6 +139,17 @@ impl SchedulerConfig {
                 .budget_entries(a.engine_tokens, self.prefix_cache.block_size_to_hash)
                 .min(u32::MAX as usize - 1);
         }
+    }
+
+    /// Whether `kvcache-aware` scores (Kthena's mode with it in `Score.enabled`): requests then
+    /// look their blocks up before they are routed.
+    pub fn kvcache_aware(&self) -> Option<&KvCacheAwareArgs> {
+        let on = self.affinity.is_none()
+            && self
+                .scorers
+                .iter()
+                .any(|(k, _)| *k == ScorerKind::KvCacheAware);
+        on.then_some(&self.kvcache_aware)
     }
 
     /// How prompts are rendered: the affinity mode's sees tools, tool calls and non-text parts
@@ -209,6 +227,16 @@ impl SchedulerConfig {
                     a.engine_tokens
                 )
             }
+        };
+        let mode = match self.kvcache_aware() {
+            None => mode,
+            Some(k) => format!(
+                "{mode}; kvcache-aware on (blocks of {} tokens, up to {} blocks, tokenizer port vllm {} / sglang {}; Redis from REDIS_HOST/REDIS_PORT/REDIS_PASSWORD)",
+                k.block_size_to_hash,
+                k.max_blocks_to_match,
+                k.vllm_tokenizer_port,
+                k.sglang_tokenizer_port
+            ),
         };
         match &self.load_shedding {
             None => mode,

@@ -20,6 +20,7 @@ pub mod candidate;
 pub mod config;
 pub mod engine_match;
 pub mod gpu_usage;
+pub mod kvcache_aware;
 pub mod latency;
 pub mod least_latency;
 pub mod least_request;
@@ -221,6 +222,9 @@ pub enum Observation {
     },
     /// A prefix scoring's longest match over the prompt's blocks (0 is a miss).
     MatchRatio(f64),
+    /// kvcache-aware's longest match over the prompt's blocks (Kthena's
+    /// `kthena_router_kvcache_aware_match_ratio`).
+    KvCacheMatchRatio(f64),
 }
 
 /// One score plugin's output for a decision.
@@ -263,6 +267,9 @@ pub struct Decision<C> {
     /// PD mode: the prefill pod paired with the primary decode pod, and every prefill pass
     /// (the fields above are the decode pass's).
     pub pd: Option<PdPairing<C>>,
+    /// kvcache-aware, when it scored: blocks each candidate holds from the first (in
+    /// `candidates` order) and the prompt's blocks.
+    pub kv_matched: Option<(Vec<usize>, usize)>,
 }
 
 impl<C> Decision<C> {
@@ -334,6 +341,23 @@ impl<C: Candidate> Decision<C> {
                 tracing::debug!(target: "scores", "Pod: {}, Score: {}", e.label(), s);
             }
         }
+        if let Some((matched, total)) = &self.kv_matched {
+            // Kthena's calculatePodScores line per pod holding the first block.
+            for (e, &m) in self.candidates.iter().zip(matched) {
+                if m == 0 {
+                    continue;
+                }
+                let score = (m as f64 / *total as f64 * 100.0) as u32;
+                tracing::debug!(
+                    target: "scores",
+                    "KVCacheAware.calculateScores: pod={} matched={}/{} blocks, score={}",
+                    e.cache_owner().unwrap_or(e.label()),
+                    m,
+                    total,
+                    score
+                );
+            }
+        }
         tracing::debug!(target: "scores", "Final Pod Scores:");
         for (e, t) in self.candidates.iter().zip(&self.totals) {
             tracing::debug!(target: "scores", "  Pod: {}, Final Score: {}", e.label(), t);
@@ -389,6 +413,9 @@ pub struct RouteRequest<'a> {
     /// The prompt's head in the engines' own tokens, when known: the affinity mode matches pods
     /// with a live [`EngineView`](crate::engine_view::EngineView) by it.
     pub engine_tokens: Option<EngineTokens<'a>>,
+    /// kvcache-aware: who holds the prompt's blocks, as the platform looked them up before the
+    /// decision; `None`: not looked up (the plugin scores nothing).
+    pub kv_blocks: Option<&'a kvcache_aware::KvBlockOwners>,
 }
 
 /// Engine token ids of the first `prompt_bytes` bytes of the rendered prompt (its head: the
@@ -644,6 +671,7 @@ impl Scheduler {
         let prompt_bytes = request.prompt.map_or(0, str::len);
         let mut plugins = Vec::with_capacity(self.config.scorers.len());
         let mut totals = vec![0u64; candidates.len()];
+        let (mut kv_matched, mut kv_total) = (None, 0);
         for &(kind, weight) in &self.config.scorers {
             let t = Instant::now();
             let scores = match kind {
@@ -675,6 +703,13 @@ impl Scheduler {
                     self.config.ttft_tpot_weight_factor,
                 )),
                 ScorerKind::Random => Some(random::score(&candidates, &mut rng)),
+                ScorerKind::KvCacheAware => request.kv_blocks.map(|lookup| {
+                    let scored = kvcache_aware::score(lookup, &candidates);
+                    observations.push(Observation::KvCacheMatchRatio(scored.match_ratio()));
+                    kv_matched = Some(scored.matched.clone());
+                    kv_total = scored.total;
+                    scored.scores
+                }),
             };
             observations.push(Observation::PluginTime {
                 plugin: kind.as_str(),
@@ -737,6 +772,7 @@ impl Scheduler {
             observations,
             duration: started.elapsed(),
             pd: None,
+            kv_matched: kv_matched.map(|m| (m, kv_total)),
         })
     }
 
@@ -807,6 +843,7 @@ impl Scheduler {
             observations: Vec::new(),
             duration: Duration::ZERO,
             pd: None,
+            kv_matched: None,
         }
     }
 

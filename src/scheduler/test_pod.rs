@@ -69,5 +69,6 @@ pub(crate) fn req(prompt: &str) -> RouteRequest<'_> {
         session_pod: None,
         hashes: None,
         engine_tokens: None,
+        kv_blocks: None,
     }
 }

@@ -111,6 +111,7 @@ fn no_prompt_is_unscored_not_rejected() {
                 session_pod: None,
                 hashes: None,
                 engine_tokens: None,
+                kv_blocks: None,
             },
             pods.clone(),
         )
@@ -279,6 +280,7 @@ mod namespaces {
             session_pod: None,
             hashes: None,
             engine_tokens: None,
+            kv_blocks: None,
         }
     }
 
@@ -441,6 +443,7 @@ mod namespaces {
                     session_pod: None,
                     hashes: None,
                     engine_tokens: None,
+                    kv_blocks: None,
                 };
                 s.schedule(request, pods.clone()).unwrap()
             };

@@ -17,8 +17,9 @@
 //! any one node (several `urls`, or a name that resolves to live nodes) keeps reconnection
 //! possible. A dead connection shows only when used: the tailer uses its own every second
 //! (`XREAD BLOCK`), the publisher probes its own when idle ([`Link::probe`]). Connect and
-//! disconnect are logged once per transition and mirrored in
-//! `prefix_picker_sync_redis_connected{role}`.
+//! disconnect are logged once per transition and mirrored in the role's gauge
+//! (`prefix_picker_sync_redis_connected{role}` for sync). kvcache-aware's lookups and
+//! `kv-relay` use the same [`Link`] (`crate::kvcache`), as roles of their own.
 
 use std::time::Duration;
 
@@ -28,8 +29,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisFuture, Value};
 use tokio_util::sync::CancellationToken;
 
+use prometheus::{IntCounter, IntGauge};
+
 use super::config::Topology;
-use super::metrics::{Role, SyncMetrics};
 
 /// How long to wait for a TCP (and TLS) connection to one node.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -66,7 +68,30 @@ impl Default for Backoff {
     }
 }
 
-/// A live connection to one node or to a cluster.
+/// What a link reports of itself: its role's name (logs), the log prefix, and the gauges.
+#[derive(Debug, Clone)]
+pub struct LinkStatus {
+    /// The log lines' prefix (`sync`, `kvcache`).
+    pub context: &'static str,
+    /// The role's name in logs.
+    pub role: &'static str,
+    /// 1 while connected.
+    pub connected: IntGauge,
+    /// Counts each connection made.
+    pub reconnects: Option<IntCounter>,
+}
+
+impl LinkStatus {
+    fn set(&self, up: bool) {
+        self.connected.set(i64::from(up));
+        if up && let Some(r) = &self.reconnects {
+            r.inc();
+        }
+    }
+}
+
+/// A live connection to one node or to a cluster (cheap to clone: both kinds multiplex).
+#[derive(Clone)]
 pub enum Connection {
     Node(MultiplexedConnection),
     Cluster(ClusterConnection),
@@ -123,9 +148,8 @@ impl Connector {
 /// One role's connection to Redis.
 pub struct Link {
     connector: Connector,
-    role: Role,
     shown: String,
-    metrics: SyncMetrics,
+    status: LinkStatus,
     conn: Option<Connection>,
     backoff: Backoff,
     failures: u64,
@@ -134,7 +158,7 @@ pub struct Link {
 impl std::fmt::Debug for Link {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Link")
-            .field("role", &self.role)
+            .field("role", &self.status.role)
             .field("url", &self.shown)
             .field("cluster", &matches!(self.connector, Connector::Cluster(_)))
             .field("connected", &self.conn.is_some())
@@ -148,9 +172,8 @@ impl Link {
     pub fn new(
         topology: Topology,
         shown: String,
-        role: Role,
         response_timeout: Duration,
-        metrics: SyncMetrics,
+        status: LinkStatus,
     ) -> redis::RedisResult<Link> {
         let connector = match topology {
             Topology::Node(info) => Connector::Node(
@@ -170,9 +193,8 @@ impl Link {
         };
         Ok(Link {
             connector,
-            role,
             shown,
-            metrics,
+            status,
             conn: None,
             backoff: Backoff::new(),
             failures: 0,
@@ -184,6 +206,11 @@ impl Link {
         self.conn.as_mut()
     }
 
+    /// A handle on the live connection for another task (it multiplexes), if any.
+    pub fn shared(&self) -> Option<Connection> {
+        self.conn.clone()
+    }
+
     /// Connects once (no waiting); `true` when connected.
     pub async fn try_connect(&mut self) -> bool {
         if self.conn.is_some() {
@@ -191,16 +218,16 @@ impl Link {
         }
         match self.connector.connect().await {
             Ok(c) => {
-                tracing::info!(role = self.role.as_str(), url = %self.shown, "sync: connected to Redis");
+                tracing::info!(role = self.status.role, url = %self.shown, "{}: connected to Redis", self.status.context);
                 self.conn = Some(c);
                 self.backoff.reset();
                 self.failures = 0;
-                self.metrics.set_connected(self.role, true);
+                self.status.set(true);
                 true
             }
             Err(e) => {
                 if self.failures == 0 {
-                    tracing::warn!(role = self.role.as_str(), url = %self.shown, error = %e, "sync: cannot connect to Redis; retrying");
+                    tracing::warn!(role = self.status.role, url = %self.shown, error = %e, "{}: cannot connect to Redis; retrying", self.status.context);
                 }
                 self.failures += 1;
                 false
@@ -255,8 +282,8 @@ impl Link {
     /// Drops the connection after a failed command.
     pub fn lost(&mut self, error: &redis::RedisError) {
         if self.conn.take().is_some() {
-            tracing::warn!(role = self.role.as_str(), url = %self.shown, %error, "sync: lost the Redis connection; reconnecting");
-            self.metrics.set_connected(self.role, false);
+            tracing::warn!(role = self.status.role, url = %self.shown, %error, "{}: lost the Redis connection; reconnecting", self.status.context);
+            self.status.set(false);
         }
     }
 }

@@ -178,6 +178,16 @@ impl SyncMetrics {
         self.dropped.with_label_values(&[reason.as_str()]).inc_by(n);
     }
 
+    /// What role `role`'s [`Link`](super::connection::Link) reports into.
+    pub fn link_status(&self, role: Role) -> super::connection::LinkStatus {
+        super::connection::LinkStatus {
+            context: "sync",
+            role: role.as_str(),
+            connected: self.connected.with_label_values(&[role.as_str()]),
+            reconnects: Some(self.reconnects.with_label_values(&[role.as_str()])),
+        }
+    }
+
     pub fn set_connected(&self, role: Role, up: bool) {
         self.connected
             .with_label_values(&[role.as_str()])

@@ -122,9 +122,8 @@ pub fn start(
         Link::new(
             topology.clone(),
             shown.clone(),
-            role,
             timeout,
-            metrics.clone(),
+            metrics.link_status(role),
         )
         .map_err(|source| SyncError::Client {
             url: shown.clone(),

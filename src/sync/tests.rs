@@ -351,6 +351,7 @@ mod applier {
             role: None,
             labels: Default::default(),
             kv_events: None,
+            containers_started: None,
         }
     }
 

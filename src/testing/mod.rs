@@ -25,6 +25,7 @@ pub(crate) fn spec(name: &str, port: u16, models: &[&str]) -> EndpointSpec {
         role: None,
         labels: Default::default(),
         kv_events: None,
+        containers_started: None,
     }
 }
 

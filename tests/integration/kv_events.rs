@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::harness::{DEADLINE, root};
 
 /// The Python of `.venv-wire` (`$WIRE_PYTHON` first).
-fn wire_python() -> PathBuf {
+pub(crate) fn wire_python() -> PathBuf {
     let python = std::env::var_os("WIRE_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join(".venv-wire/bin/python"));

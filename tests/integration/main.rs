@@ -5,6 +5,7 @@
 //! - [`deploy`]: `deploy/`, the gateway examples, monitoring and the images, without a cluster;
 //! - [`kube_discovery`]: Kubernetes discovery against an in-process fake API server;
 //! - [`kv_events`]: the engines' KV-event subscriber against a msgspec/pyzmq publisher;
+//! - [`kvcache_vectors`]: kvcache-aware's hashes and scores against Python's `hashlib`;
 //! - [`docs`]: the documentation's relative links;
 //! - [`docs_blocks`]: the documentation's config examples validated and its install commands
 //!   run offline;
@@ -18,4 +19,5 @@ mod e2e;
 mod harness;
 mod kube_discovery;
 mod kv_events;
+mod kvcache_vectors;
 mod soak;

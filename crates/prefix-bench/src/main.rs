@@ -475,6 +475,10 @@ enum Setup {
         affinity: Option<serde_json::Value>,
         events: Option<EngineEvents>,
     },
+    /// Envoy (`envoy/envoy.yaml`) and prefix-picker with `scheduler`, Kthena's kvcache-aware
+    /// among its plugins: every sim publishes KV events, a `prefix-picker kv-relay` beside each
+    /// writes them to a `redis-server`, which the picker reads (`REDIS_HOST`).
+    KvCacheAware { scheduler: String },
     /// Envoy with one of the `envoy/` examples, its ext_proc cluster pointing at the no-op
     /// processor (`prefix-bench noop-ext-proc`) instead of the picker.
     NoopExtProc { file: String },
@@ -509,14 +513,14 @@ impl Setup {
         }
     }
 
-    /// Whether the row's picker reads the engines' KV events.
+    /// Whether the row's picker reads the engines' KV events (itself, or through Redis).
     fn reads_engine_events(&self) -> bool {
         matches!(
             self,
             Setup::Envoy {
                 events: Some(_),
                 ..
-            }
+            } | Setup::KvCacheAware { .. }
         )
     }
 }
@@ -544,6 +548,39 @@ fn default_scheduler() -> anyhow::Result<String> {
         only.insert("scheduler".into(), s.clone());
     }
     Ok(serde_yaml_ng::to_string(&only)?)
+}
+
+/// The kvcache-aware row's name.
+const KVCACHE_ROW: &str = report::KVCACHE_AWARE;
+/// Stands for the port of the sim the kvcache-aware row tokenizes on (set per cluster).
+const TOKENIZER_PORT: &str = "65535";
+
+/// Kthena's Helm plugin set (`scheduler`) with kvcache-aware in place of gpu-usage: its args
+/// Kthena's defaults (blocks of 16 tokens, 128 of them, the sims' block size) and the port of
+/// the sim that tokenizes ([`TOKENIZER_PORT`], replaced per cluster).
+fn kvcache_scheduler(scheduler: &str) -> anyhow::Result<String> {
+    use serde_yaml_ng::Value;
+    let mut doc: Value = serde_yaml_ng::from_str(scheduler)?;
+    let s = doc.get_mut("scheduler").context("no scheduler section")?;
+    let enabled = s
+        .get_mut("plugins")
+        .and_then(|p| p.get_mut("Score"))
+        .and_then(|p| p.get_mut("enabled"))
+        .and_then(Value::as_sequence_mut)
+        .context("no plugins.Score.enabled list")?;
+    let gpu = enabled
+        .iter_mut()
+        .find(|e| e.get("name").and_then(Value::as_str) == Some("gpu-usage"))
+        .context("no gpu-usage score plugin to replace")?;
+    gpu["name"] = "kvcache-aware".into();
+    let args: Value = serde_yaml_ng::from_str(&format!(
+        "{{name: kvcache-aware, args: {{blockSizeToHash: 16, maxBlocksToMatch: 128, vllmTokenizerPort: {TOKENIZER_PORT}}}}}"
+    ))?;
+    s.get_mut("pluginConfig")
+        .and_then(Value::as_sequence_mut)
+        .context("no pluginConfig list")?
+        .push(args);
+    Ok(serde_yaml_ng::to_string(&doc)?)
 }
 
 /// The `picker.affinity` mapping of the shipped config, if it has one (as JSON, which YAML
@@ -672,6 +709,13 @@ fn routers_from(
             if ablation { " or ablation" } else { "" }
         ),
     }
+    match kvcache_scheduler(&scheduler) {
+        Ok(s) => out.push((
+            KVCACHE_ROW.to_string(),
+            Setup::KvCacheAware { scheduler: s },
+        )),
+        Err(e) => eprintln!("no {KVCACHE_ROW:?} row: {e}"),
+    }
     if let Some(p) = std::env::var_os("SGLANG_ROUTER_PYTHON") {
         out.push((
             "sglang-router 0.3.2 cache_aware".into(),
@@ -706,6 +750,8 @@ struct EnginePlan {
     caching_off: Vec<usize>,
     /// Sims that publish KV events and can be restarted ([`testkit::Sim`]).
     kv_events: bool,
+    /// The model the workload's requests name (the kvcache-aware row's relays write it).
+    model: String,
 }
 
 impl EnginePlan {
@@ -715,6 +761,7 @@ impl EnginePlan {
             args: args.to_vec(),
             caching_off: Vec::new(),
             kv_events: false,
+            model: "model".into(),
         }
     }
 
@@ -792,6 +839,8 @@ struct Cluster {
     sim_urls: Vec<String>,
     /// prefix-picker's admin address (its `/metrics`), when the row runs it.
     picker_admin: Option<std::net::SocketAddr>,
+    /// The kvcache-aware row's redis-server and relays (killed on drop).
+    _kvcache: Option<(prefix_bench::sync_cost::RedisChild, Vec<Process>)>,
     _dir: tempfile::TempDir,
 }
 
@@ -832,7 +881,11 @@ async fn start_peer(
             ]);
             c
         }
-        Setup::Envoy { .. } | Setup::NoopExtProc { .. } | Setup::Oracle | Setup::OracleCapped => {
+        Setup::Envoy { .. }
+        | Setup::KvCacheAware { .. }
+        | Setup::NoopExtProc { .. }
+        | Setup::Oracle
+        | Setup::OracleCapped => {
             anyhow::bail!("not a peer")
         }
     };
@@ -925,7 +978,49 @@ async fn start_cluster_on(setup: &Setup, mut engines: EnginePlan) -> anyhow::Res
     let backends: Vec<_> = pods.iter().map(|p| p.addr).collect();
     let sim_urls: Vec<String> = backends.iter().map(|b| format!("http://{b}")).collect();
     let mut picker_admin = None;
+    let mut kvcache = None;
     let (file, ext_proc) = match setup {
+        Setup::KvCacheAware { scheduler } => {
+            let (redis, url) = prefix_bench::sync_cost::start_redis(dir.path())?;
+            let socket = url.trim_start_matches("redis+unix://").to_string();
+            let mut relays = Vec::new();
+            for pod in &pods {
+                let ports = pod
+                    .kv_events
+                    .context("the kvcache-aware row's sims publish KV events")?;
+                let log =
+                    std::fs::File::create(dir.path().join(format!("relay-{}.log", pod.name)))?;
+                let child = std::process::Command::new(bins.join("prefix-picker"))
+                    .args([
+                        "kv-relay",
+                        "--model",
+                        &engines.model,
+                        "--pod-name",
+                        &pod.name,
+                    ])
+                    .args(["--events-endpoint", &ports.endpoint()])
+                    .args(["--replay-endpoint", &ports.replay_endpoint()])
+                    .env("REDIS_HOST", &socket)
+                    .env_remove("RUST_LOG")
+                    .stdout(std::process::Stdio::null())
+                    .stderr(log)
+                    .spawn()
+                    .context("starting prefix-picker kv-relay")?;
+                relays.push(Process::new(child, pod.addr));
+            }
+            kvcache = Some((redis, relays));
+            let scheduler = scheduler.replace(TOKENIZER_PORT, &pods[0].addr.port().to_string());
+            let config = picker_config::render(&scheduler, &pods, None, None)?;
+            let (p, admin) = testkit::start_picker_with_env(
+                &bins.join("prefix-picker"),
+                dir.path(),
+                &config,
+                2,
+                &[("REDIS_HOST", &socket)],
+            )?;
+            picker_admin = Some(admin);
+            ("envoy.yaml", Some(p))
+        }
         Setup::Envoy {
             file,
             scheduler: None,
@@ -957,6 +1052,7 @@ async fn start_cluster_on(setup: &Setup, mut engines: EnginePlan) -> anyhow::Res
                 peer: None,
                 sim_urls,
                 picker_admin: None,
+                _kvcache: None,
                 _dir: dir,
             });
         }
@@ -970,6 +1066,7 @@ async fn start_cluster_on(setup: &Setup, mut engines: EnginePlan) -> anyhow::Res
                 url,
                 sim_urls,
                 picker_admin: None,
+                _kvcache: None,
                 _dir: dir,
             });
         }
@@ -991,6 +1088,7 @@ async fn start_cluster_on(setup: &Setup, mut engines: EnginePlan) -> anyhow::Res
         peer: None,
         sim_urls,
         picker_admin,
+        _kvcache: kvcache,
         _dir: dir,
     })
 }
@@ -1201,6 +1299,7 @@ async fn suite(opts: SuiteOpts) -> anyhow::Result<()> {
                     args: sim_args(w.kv_blocks, w.max_num_seqs),
                     caching_off: w.caching_off.clone(),
                     kv_events: reads_events || w.restarts,
+                    model: workload::model(&w.requests).to_string(),
                 };
                 let mut c = start_cluster_on(setup, engines).await?;
                 let requests = match setup {
@@ -1832,6 +1931,7 @@ mod tests {
             args: sim_args(1024, 8),
             caching_off: vec![CACHING_OFF_POD],
             kv_events: false,
+            model: "model".into(),
         };
         for i in 0..SIMS {
             assert_eq!(

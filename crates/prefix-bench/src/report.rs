@@ -14,6 +14,9 @@ pub const SHIPPED: &str = "prefix-picker: shipped config";
 /// The shipped config reading every engine's KV events (the engine-events rows' name prefix).
 pub const SHIPPED_ENGINE_EVENTS: &str = "prefix-picker: shipped config + engine events";
 
+/// Kthena's kvcache-aware row (the engines' KV events through `kv-relay` and Redis).
+pub const KVCACHE_AWARE: &str = "prefix-picker: Kthena kvcache-aware (kv-relay + Redis)";
+
 /// One table row: the medians of a router's runs on a workload.
 #[derive(Debug, Clone)]
 pub struct Row {

@@ -269,6 +269,17 @@ pub fn start_picker(
     config: &str,
     v: u8,
 ) -> anyhow::Result<(Process, SocketAddr)> {
+    start_picker_with_env(bin, dir, config, v, &[])
+}
+
+/// [`start_picker`] with variables added to its environment (kvcache-aware's `REDIS_HOST`).
+pub fn start_picker_with_env(
+    bin: &Path,
+    dir: &Path,
+    config: &str,
+    v: u8,
+    env: &[(&str, &str)],
+) -> anyhow::Result<(Process, SocketAddr)> {
     let cfg = dir.join("picker.yaml");
     std::fs::write(&cfg, config)?;
     let log_path = dir.join("picker.log");
@@ -277,6 +288,7 @@ pub fn start_picker(
         .args(SERVE_ON_ANY_PORT)
         .args(["--v", &v.to_string(), "--config"])
         .arg(&cfg)
+        .envs(env.iter().copied())
         .env_remove("RUST_LOG");
     let mut process = spawn_logging(command, &log_path)?;
     let mut exited = None;

@@ -824,7 +824,57 @@ async fn alerts_and_panels_query_only_exported_series() {
     )
     .await;
 
-    let pickers = [exposition(&picker).await, text_of(discovering).await];
+    // A kvcache-aware picker (Kthena's configuration guide, Redis above, sim-1's /tokenize):
+    // one explained request makes Kthena's kvcache families.
+    let guide = std::fs::read_to_string(
+        root().join("tests/integration/fixtures/kthena-kvcache-aware-config.yaml"),
+    )
+    .unwrap()
+    .replace(
+        "      maxBlocksToMatch: 128\n",
+        &format!(
+            "      maxBlocksToMatch: 128\n      vllmTokenizerPort: {}\n",
+            sims[1].addr.port()
+        ),
+    );
+    let mut kv_config = prefix_picker::config::Config::parse(&format!(
+        "{guide}endpoints:\n{}",
+        sims[1].endpoint_yaml()
+    ))
+    .unwrap();
+    kv_config
+        .env
+        .insert("REDIS_HOST".into(), redis.socket().display().to_string());
+    let kv_picker = start_picker(kv_config).await;
+    wait_metric_eq(&kv_picker, "prefix_picker_kvcache_redis_connected", 1.0).await;
+    // Routed as the ext_proc stream routes it: the lookup awaited, then the decision.
+    let body = br#"{"model": "m", "prompt": "a prompt for kvcache-aware"}"#;
+    let router = &kv_picker.router;
+    let looked_up = router
+        .kv_lookup("/v1/completions", body, None)
+        .expect("kvcache-aware looks requests up")
+        .await;
+    router
+        .route_looked_up(
+            "/v1/completions",
+            Some(body),
+            None,
+            None,
+            looked_up.as_ref(),
+        )
+        .unwrap();
+    wait_metric(
+        &kv_picker,
+        "prefix_picker_kvcache_lookups_total{result=\"ok\"}",
+        1.0,
+    )
+    .await;
+
+    let pickers = [
+        exposition(&picker).await,
+        text_of(discovering).await,
+        exposition(&kv_picker).await,
+    ];
     let engines = [
         text_of(format!("http://{}/metrics", sims[0].addr)).await,
         text_of(format!("http://{}/metrics", sims[2].addr)).await,

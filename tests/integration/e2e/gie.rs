@@ -56,9 +56,15 @@ fn logged(line: &str, key: &str) -> Option<SocketAddr> {
 }
 
 pub(crate) async fn start(args: &[&str], dir: &Path) -> Started {
+    start_with_env(args, &[], dir).await
+}
+
+/// [`start`] with variables added to the binary's environment.
+pub(crate) async fn start_with_env(args: &[&str], env: &[(&str, &str)], dir: &Path) -> Started {
     let log_path = dir.join("picker.log");
     let child = bin()
         .args(args)
+        .envs(env.iter().copied())
         .env_remove("RUST_LOG")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log_path).unwrap())

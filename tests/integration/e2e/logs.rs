@@ -136,6 +136,153 @@ async fn json_logs_at_v4_parse_carry_kthena_score_lines_and_no_prompt() {
     assert_eq!(started["level"], "INFO");
 }
 
+/// kvcache-aware at `--v 4` (the real binary, Redis from `REDIS_HOST`): Kthena's
+/// `KVCacheAware.*` lines, then the plugin's score lines, with no prompt text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kvcache_aware_at_v4_logs_kthenas_lines() {
+    use prefix_picker::scheduler::kvcache_aware::{block_hashes, block_key};
+    let sims = [
+        Sim::start("sim-a", Default::default()).await,
+        Sim::start("sim-b", Default::default()).await,
+    ];
+    let redis = crate::harness::redis_server::RedisServer::start().await;
+    let guide = include_str!("../fixtures/kthena-kvcache-aware-config.yaml").replace(
+        "      maxBlocksToMatch: 128\n",
+        &format!(
+            "      maxBlocksToMatch: 128\n      vllmTokenizerPort: {}\n",
+            sims[0].addr.port()
+        ),
+    );
+    let config = format!(
+        "{guide}{}picker: {{scrapeIntervalSeconds: 0}}\n",
+        testkit::endpoints_yaml(sims.iter().map(|s| (s.name.as_str(), s.addr))),
+    );
+    // sim-a holds every block of the prompt, as a writer beside it would have said.
+    let prompt = format!("{SECRET}. {}", "Answer in one word. ".repeat(30));
+    let tokens: Value = reqwest::Client::new()
+        .post(format!("http://{}/tokenize", sims[0].addr))
+        .json(&json!({"model": "m", "prompt": prompt}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let tokens: Vec<u32> = serde_json::from_value(tokens["tokens"].clone()).unwrap();
+    let hashes = block_hashes(&tokens, 16, 128);
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    for h in &hashes {
+        let _: () = redis::cmd("HSET")
+            .arg(block_key("m", *h))
+            .arg("sim-a.default")
+            .arg(1)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let socket = redis.socket().display().to_string();
+    let picker = gie::start_with_env(
+        &[
+            "--secure-serving=false",
+            "--grpc-port=0",
+            "--grpc-health-port=0",
+            "--metrics-port=0",
+            "--config-text",
+            &config,
+            "--log-format",
+            "json",
+            "-v=4",
+        ],
+        &[("REDIS_HOST", &socket)],
+        dir.path(),
+    )
+    .await;
+    let connected = format!("http://{}/metrics", picker.admin);
+    poll("the picker's Redis connection", || {
+        let url = connected.clone();
+        async move {
+            let text = reqwest::get(url).await.ok()?.text().await.ok()?;
+            text.contains("prefix_picker_kvcache_redis_connected 1")
+                .then_some(())
+        }
+    })
+    .await;
+    let addrs: Vec<_> = sims.iter().map(|s| s.addr).collect();
+    let envoy = start_envoy(render_envoy(
+        "envoy.yaml",
+        picker.grpc.port(),
+        &addrs,
+        |s| s,
+    ))
+    .await;
+    let r = reqwest::Client::new()
+        .post(envoy.url("/v1/completions"))
+        .json(&json!({"model": "m", "max_tokens": 1, "prompt": prompt}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", envoy.log());
+    let n = hashes.len();
+    let wanted = format!(
+        "KVCacheAware.calculateScores: pod=sim-a.default matched={n}/{n} blocks, score=100"
+    );
+    let log_path = dir.path().join("picker.log");
+    poll("the kvcache-aware score lines", || {
+        let log = std::fs::read_to_string(&log_path).unwrap();
+        let found = log.contains(&wanted) && log.contains("Final Pod Scores:");
+        async move { found.then_some(()) }
+    })
+    .await;
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    drop(picker.process);
+    let messages: Vec<String> = json_lines(&log)
+        .iter()
+        .filter(|l| l["target"] == "scores")
+        .map(|l| l["message"].as_str().unwrap().to_string())
+        .collect();
+    for prefix in [
+        "KVCacheAware.Score: tokenization took ".to_string(),
+        format!(
+            "KVCacheAware.Score: generated {n} block hashes from {} tokens (blockSize=16)",
+            tokens.len()
+        ),
+        "KVCacheAware.Score: Redis query took ".to_string(),
+        wanted.clone(),
+        "ScorePlugin: kvcache-aware".to_string(),
+    ] {
+        assert!(
+            messages.iter().any(|m| m.starts_with(&prefix)),
+            "{prefix:?} in {messages:?}"
+        );
+    }
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.ends_with(&format!("blocksWithHits={n}/{n}"))),
+        "{messages:?}"
+    );
+    // The plugin's score line for the holder follows its ScorePlugin line.
+    let at = messages
+        .iter()
+        .position(|m| m == "ScorePlugin: kvcache-aware")
+        .unwrap();
+    assert!(
+        messages[at..]
+            .iter()
+            .any(|m| m == "Pod: default/sim-a, Score: 100"),
+        "{messages:?}"
+    );
+    assert!(
+        !log.contains("ZEBRA"),
+        "prompt text logged below --v 5:\n{log}"
+    );
+}
+
 /// The affinity mode at `--v 4`: after prefix-cache's score lines, one `Predicted TTFT` line per
 /// pod (the latency model's wait and prefill), with no prompt text.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,6 +10,7 @@ mod engine_truth;
 mod failures;
 mod gie;
 mod health;
+mod kvcache_aware;
 mod load_shedding;
 mod logs;
 mod pd;

@@ -158,3 +158,20 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- fail "modelServers.matchLabels must be set to create the headless models Service" }}
 {{- end }}
 {{- end }}
+
+{{/* kvcache-aware's Redis variables (Kthena's REDIS_HOST, REDIS_PORT, REDIS_PASSWORD), when set. */}}
+{{- define "prefix-picker.redisEnv" -}}
+{{- with .Values.kvcacheAware.redis }}
+{{- if .host }}
+- name: REDIS_HOST
+  value: {{ .host | quote }}
+- name: REDIS_PORT
+  value: {{ .port | quote }}
+{{- if .passwordSecret.name }}
+- name: REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef: {name: {{ .passwordSecret.name | quote }}, key: {{ required "kvcacheAware.redis.passwordSecret.key is required with its name" .passwordSecret.key | quote }}}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}

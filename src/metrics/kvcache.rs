@@ -1,0 +1,187 @@
+//! The kvcache-aware families: Kthena's four (`kthena_router_kvcache_aware_*`, names, labels and
+//! buckets of volcano-sh/kthena 3cc0572 `pkg/kthena-router/metrics/metrics.go`) and
+//! prefix-picker's own: each lookup's result, the Redis connection and the hourly GC. Nothing
+//! here knows Redis or the scheduler.
+
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
+
+use super::{MATCH_RATIO_BUCKETS, listing, register};
+
+/// Kthena's duration buckets for the tokenize and Redis histograms.
+const DURATION_BUCKETS: [f64; 12] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+/// Where a kvcache-aware match attempt failed (`stage` of Kthena's errors counter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvCacheStage {
+    Tokenize,
+    Redis,
+}
+
+impl KvCacheStage {
+    pub const ALL: [KvCacheStage; 2] = [KvCacheStage::Tokenize, KvCacheStage::Redis];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvCacheStage::Tokenize => "tokenize",
+            KvCacheStage::Redis => "redis",
+        }
+    }
+}
+
+/// How one request's lookup ended (`result` of `prefix_picker_kvcache_lookups_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LookupResult {
+    /// Owners read: the plugin scores.
+    Ok,
+    /// Nothing to look up: no prompt, an empty one, or no tokens.
+    NoPrompt,
+    /// No candidate pod to tokenize on.
+    NoTokenizer,
+    /// The tokenize call failed (error, timeout, garbage, too large).
+    TokenizeError,
+    /// Redis is not connected (the connection is being re-established).
+    RedisUnavailable,
+    /// The pipelined read failed (an error reply, a dropped connection, a wrong type).
+    RedisError,
+    /// The request's lookup deadline passed first.
+    Deadline,
+}
+
+impl LookupResult {
+    pub const ALL: [LookupResult; 7] = [
+        LookupResult::Ok,
+        LookupResult::NoPrompt,
+        LookupResult::NoTokenizer,
+        LookupResult::TokenizeError,
+        LookupResult::RedisUnavailable,
+        LookupResult::RedisError,
+        LookupResult::Deadline,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LookupResult::Ok => "ok",
+            LookupResult::NoPrompt => "no_prompt",
+            LookupResult::NoTokenizer => "no_tokenizer",
+            LookupResult::TokenizeError => "tokenize_error",
+            LookupResult::RedisUnavailable => "redis_unavailable",
+            LookupResult::RedisError => "redis_error",
+            LookupResult::Deadline => "deadline",
+        }
+    }
+
+    /// The Kthena error stage this result counts under, if it is an error.
+    pub fn stage(self) -> Option<KvCacheStage> {
+        match self {
+            LookupResult::Ok | LookupResult::NoPrompt => None,
+            LookupResult::NoTokenizer | LookupResult::TokenizeError => Some(KvCacheStage::Tokenize),
+            LookupResult::RedisUnavailable | LookupResult::RedisError | LookupResult::Deadline => {
+                Some(KvCacheStage::Redis)
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct KvCacheMetrics {
+    pub match_ratio: HistogramVec,
+    pub redis_duration: HistogramVec,
+    pub tokenize_duration: HistogramVec,
+    pub errors: IntCounterVec,
+    pub lookups: IntCounterVec,
+    pub redis_connected: IntGauge,
+    pub gc_removed: IntCounter,
+}
+
+impl KvCacheMetrics {
+    pub fn register(registry: &Registry) -> KvCacheMetrics {
+        let histogram = |name: &str, help: &str, buckets: &[f64]| {
+            HistogramVec::new(
+                HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+                &["model"],
+            )
+            .expect("valid metric")
+        };
+        let m = KvCacheMetrics {
+            match_ratio: histogram(
+                "kthena_router_kvcache_aware_match_ratio",
+                "Fraction of the prompt's blocks whose KV cache the best-matching candidate pod \
+                 already held, per kvcache-aware match attempt (0 = miss)",
+                &MATCH_RATIO_BUCKETS,
+            ),
+            redis_duration: histogram(
+                "kthena_router_kvcache_aware_redis_duration_seconds",
+                "Time spent in the batched Redis lookup during a kvcache-aware match attempt",
+                &DURATION_BUCKETS,
+            ),
+            tokenize_duration: histogram(
+                "kthena_router_kvcache_aware_tokenize_duration_seconds",
+                "Time spent tokenizing the prompt during a kvcache-aware match attempt",
+                &DURATION_BUCKETS,
+            ),
+            errors: IntCounterVec::new(
+                Opts::new(
+                    "kthena_router_kvcache_aware_errors_total",
+                    "Number of kvcache-aware match attempts aborted by an error, labelled by \
+                     failing stage (tokenize or redis)",
+                ),
+                &["model", "stage"],
+            )
+            .expect("valid metric"),
+            lookups: IntCounterVec::new(
+                Opts::new(
+                    "prefix_picker_kvcache_lookups_total",
+                    listing(
+                        "kvcache-aware lookups before routing (tokenize + Redis), by result; \
+                         every result but ok routes the request without the plugin's score",
+                        &[("result", &LookupResult::ALL.map(LookupResult::as_str))],
+                    ),
+                ),
+                &["result"],
+            )
+            .expect("valid metric"),
+            redis_connected: IntGauge::new(
+                "prefix_picker_kvcache_redis_connected",
+                "1 while the kvcache-aware Redis connection is up (0 also when kvcache-aware is off)",
+            )
+            .expect("valid metric"),
+            gc_removed: IntCounter::new(
+                "prefix_picker_kvcache_gc_removed_total",
+                "Owner fields older than 24 h removed by kvcache-aware's hourly GC",
+            )
+            .expect("valid metric"),
+        };
+        for r in LookupResult::ALL {
+            m.lookups.with_label_values(&[r.as_str()]);
+        }
+        register(registry, m.match_ratio.clone());
+        register(registry, m.redis_duration.clone());
+        register(registry, m.tokenize_duration.clone());
+        register(registry, m.errors.clone());
+        register(registry, m.lookups.clone());
+        register(registry, m.redis_connected.clone());
+        register(registry, m.gc_removed.clone());
+        m
+    }
+
+    /// Starts a model's error series at 0 (both stages), once it is first looked up.
+    pub fn touch_model(&self, model: &str) {
+        for s in KvCacheStage::ALL {
+            self.errors.with_label_values(&[model, s.as_str()]);
+        }
+    }
+
+    /// Counts one lookup's result (and Kthena's error by stage).
+    pub fn count(&self, model: &str, result: LookupResult) {
+        self.lookups.with_label_values(&[result.as_str()]).inc();
+        if let Some(stage) = result.stage() {
+            self.errors
+                .with_label_values(&[model, stage.as_str()])
+                .inc();
+        }
+    }
+}
