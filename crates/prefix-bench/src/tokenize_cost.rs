@@ -40,7 +40,9 @@ pub struct CostLine {
 
 /// A chat body of about `bytes` bytes whose every byte is new when `nonce` is.
 fn chat_body(bytes: usize, nonce: u64) -> Vec<u8> {
-    let words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"];
+    let words = [
+        "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta",
+    ];
     let mut system = format!("Tenant {nonce}. ");
     let mut i = nonce as usize;
     while system.len() < bytes {
@@ -151,7 +153,13 @@ async fn request_path(
         Ok(InferenceRequest::parse_as(body, Rendering::Engine)?.prompt?)
     };
     let find = |prompt: &str, body: &[u8]| {
-        heads.find("m", Some(Api::ChatCompletions), prompt, Some(body), Some(pod))
+        heads.find(
+            "m",
+            Some(Api::ChatCompletions),
+            prompt,
+            Some(body),
+            Some(pod),
+        )
     };
 
     // Known: one request queues its heads; wait (polling, with a deadline) until they are in.

@@ -164,7 +164,12 @@ async fn a_restarted_engine_loses_its_entries() {
     // More of the tenant's requests (on the holder, by its engine's match), so the engine's
     // sequence is well past where the restarted one's starts again.
     for i in 2..10 {
-        let r = send(&envoy, "/v1/chat/completions", &chat(&system, &format!("q{i}"))).await;
+        let r = send(
+            &envoy,
+            "/v1/chat/completions",
+            &chat(&system, &format!("q{i}")),
+        )
+        .await;
         assert_eq!(r.served_by, holder);
     }
     // The same text as a completion prompt: no engine tokens for it, so every pod is matched
