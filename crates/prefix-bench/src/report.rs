@@ -269,10 +269,28 @@ fn register_font() {
     });
 }
 
-/// A PNG with two panels: engine hit rate per workload and router (black tick = ceiling), and
-/// TTFT p50 with a p99 whisker.
+/// Greedy word wrap of `text` into lines at most `max_px` wide as `measure` sees them (a word
+/// wider than that gets a line of its own).
+fn wrap(text: &str, max_px: u32, measure: impl Fn(&str) -> u32) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for word in text.split_whitespace() {
+        match lines.last_mut() {
+            Some(line) if measure(&format!("{line} {word}")) <= max_px => {
+                line.push(' ');
+                line.push_str(word);
+            }
+            _ => lines.push(word.to_string()),
+        }
+    }
+    lines
+}
+
+/// A PNG with two panels stacked vertically, sharing one x layout (a bar group per workload, one
+/// bar per router): engine hit rate (black tick = ceiling), and TTFT p50 with a p99 whisker on a
+/// log axis. Workload names are wrapped under their group; the legend is a strip below the panels.
 pub fn plot(results: &[RunResult], path: &std::path::Path) -> anyhow::Result<()> {
     use plotters::prelude::*;
+    use plotters::style::text_anchor::{HPos, Pos, VPos};
     register_font();
     let medians: Vec<RunResult> = rows(results)
         .into_iter()
@@ -293,6 +311,7 @@ pub fn plot(results: &[RunResult], path: &std::path::Path) -> anyhow::Result<()>
     let find = |w: &str, r: &str| results.iter().find(|x| x.workload == w && x.router == r);
     let n = workloads.len().max(1) as f64;
     let width = 0.8 / routers.len().max(1) as f64;
+    let bar_x = |i: usize, j: usize| i as f64 + 0.1 + j as f64 * width;
     let colors = [
         RGBColor(120, 120, 120),
         RGBColor(31, 119, 180),
@@ -303,103 +322,220 @@ pub fn plot(results: &[RunResult], path: &std::path::Path) -> anyhow::Result<()>
         RGBColor(140, 86, 75),
         RGBColor(227, 119, 194),
         RGBColor(23, 190, 207),
+        RGBColor(188, 189, 34),
+        RGBColor(0, 0, 128),
+        RGBColor(255, 187, 120),
+        RGBColor(0, 0, 0),
     ];
-    let root = BitMapBackend::new(path, (1400, 900)).into_drawing_area();
+    let color = |j: usize| colors[j % colors.len()];
+
+    // Layout: two panels of PANEL px, then the legend strip, in as many columns as fit.
+    const W: u32 = 1600;
+    const PANEL: u32 = 470;
+    const ROW: u32 = 24;
+    const X_LABEL_AREA: u32 = 66;
+    let label_font = ("sans-serif", 15).into_font();
+    let legend_font = ("sans-serif", 16).into_font();
+    let measure =
+        |text: &str, font: &FontDesc| -> u32 { font.box_size(text).map(|(w, _)| w).unwrap_or(0) };
+    let ceiling_label = "hit-rate ceiling (black tick)";
+    let mut entries: Vec<(Option<RGBColor>, &str)> = routers
+        .iter()
+        .enumerate()
+        .map(|(j, r)| (Some(color(j)), *r))
+        .collect();
+    entries.push((None, ceiling_label));
+    let entry_w = entries
+        .iter()
+        .map(|(_, t)| measure(t, &legend_font) + 40)
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let columns = ((W - 40) / entry_w).clamp(1, entries.len().max(1) as u32) as usize;
+    let legend_rows = entries.len().div_ceil(columns);
+    let legend_h = legend_rows as u32 * ROW + 24;
+
+    let root = BitMapBackend::new(path, (W, 2 * PANEL + legend_h)).into_drawing_area();
     root.fill(&WHITE)?;
-    let (top, bottom) = root.split_vertically(450);
-    let labels = |x: &f64| {
-        let i = x.floor();
-        if (x - i - 0.5).abs() < 1e-6 && (i as usize) < workloads.len() {
-            short(workloads[i as usize]).to_string()
-        } else {
-            String::new()
-        }
-    };
-    // Scale to the p50s (whiskers are clipped), so one slow workload does not flatten the rest.
-    let max_ttft = results.iter().map(|r| r.ttft_ms.p50).fold(1.0, f64::max) * 3.0;
-    for (area, title, y_max, is_hit) in [
-        (
-            &top,
-            "Engine prefix-cache hit rate (%) — black tick: ceiling",
-            100.0,
-            true,
-        ),
-        (
-            &bottom,
-            "TTFT p50 (bar) and p99 (whisker, clipped at the top), ms",
-            max_ttft,
-            false,
-        ),
-    ] {
-        let mut chart = ChartBuilder::on(area)
-            .caption(title, ("sans-serif", 22))
+    let (panels, legend) = root.split_vertically(2 * PANEL);
+    let (top, bottom) = panels.split_vertically(PANEL);
+
+    // Pixel positions of the x axis of a panel: left and right ends (x = 0 and x = n) and its y.
+    let mut axes: Vec<(i32, i32, i32)> = Vec::new();
+
+    // Hit rate.
+    {
+        let mut chart = ChartBuilder::on(&top)
+            .caption(
+                "Engine prefix-cache hit rate (%) — black tick: ceiling",
+                ("sans-serif", 22),
+            )
             .margin(12)
-            .x_label_area_size(36)
+            .x_label_area_size(X_LABEL_AREA)
             .y_label_area_size(60)
-            .build_cartesian_2d(0f64..n, 0f64..y_max)?;
+            .build_cartesian_2d(0f64..n, 0f64..100f64)?;
         chart
             .configure_mesh()
             .disable_x_mesh()
-            .x_labels(2 * workloads.len() + 1)
-            .x_label_formatter(&labels)
+            .x_labels(0)
+            .y_desc("hit rate %")
+            .y_label_formatter(&|v: &f64| format!("{v:.0}"))
             .label_style(("sans-serif", 15))
             .draw()?;
+        for i in 1..workloads.len() {
+            let x = i as f64;
+            chart.draw_series(LineSeries::new(
+                [(x, 0.0), (x, 100.0)],
+                RGBColor(200, 200, 200),
+            ))?;
+        }
         for (j, router) in routers.iter().enumerate() {
-            let color = colors[j % colors.len()];
-            let bars: Vec<Rectangle<(f64, f64)>> = workloads
-                .iter()
-                .enumerate()
-                .filter_map(|(i, w)| {
-                    let r = find(w, router)?;
-                    let x0 = i as f64 + 0.1 + j as f64 * width;
-                    let v = if is_hit {
-                        r.hit_rate * 100.0
-                    } else {
-                        r.ttft_ms.p50
-                    };
-                    Some(Rectangle::new(
-                        [(x0, 0.0), (x0 + width * 0.9, v)],
-                        color.filled(),
-                    ))
-                })
-                .collect();
-            chart
-                .draw_series(bars)?
-                .label(*router)
-                .legend(move |(x, y)| {
-                    Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled())
-                });
-            if !is_hit {
-                for (i, w) in workloads.iter().enumerate() {
-                    if let Some(r) = find(w, router) {
-                        let x = i as f64 + 0.1 + (j as f64 + 0.45) * width;
-                        let top = r.ttft_ms.p99.min(max_ttft);
-                        chart.draw_series(LineSeries::new(
-                            [(x, r.ttft_ms.p50), (x, top)],
-                            BLACK.stroke_width(1),
-                        ))?;
-                    }
-                }
+            let c = color(j);
+            chart.draw_series(workloads.iter().enumerate().filter_map(|(i, w)| {
+                let r = find(w, router)?;
+                let x0 = bar_x(i, j);
+                Some(Rectangle::new(
+                    [(x0, 0.0), (x0 + width * 0.9, r.hit_rate * 100.0)],
+                    c.filled(),
+                ))
+            }))?;
+        }
+        for (i, w) in workloads.iter().enumerate() {
+            if let Some(r) = results.iter().find(|x| x.workload == *w) {
+                let c = r.ceiling_hit_rate * 100.0;
+                chart.draw_series(LineSeries::new(
+                    [(i as f64 + 0.05, c), (i as f64 + 0.95, c)],
+                    BLACK.stroke_width(3),
+                ))?;
             }
         }
-        if is_hit {
+        let (x0, y) = chart.backend_coord(&(0.0, 0.0));
+        let (x1, _) = chart.backend_coord(&(n, 0.0));
+        axes.push((x0, x1, y));
+    }
+
+    // TTFT on a log axis: p50 bars from the axis floor, p99 whiskers; nothing is clipped.
+    {
+        let positive = |v: f64| v.is_finite() && v > 0.0;
+        let lo = results
+            .iter()
+            .map(|r| r.ttft_ms.p50)
+            .filter(|v| positive(*v))
+            .fold(f64::INFINITY, f64::min);
+        let hi = results
+            .iter()
+            .map(|r| r.ttft_ms.p99.max(r.ttft_ms.p50))
+            .filter(|v| positive(*v))
+            .fold(0.0, f64::max);
+        let (lo, hi) = if lo.is_finite() && hi > 0.0 {
+            (
+                10f64.powf((lo * 0.9).log10().floor()),
+                10f64.powf((hi * 1.1).log10().ceil()),
+            )
+        } else {
+            (1.0, 10.0)
+        };
+        let mut chart = ChartBuilder::on(&bottom)
+            .caption(
+                "TTFT p50 (bar) and p99 (whisker), ms — log scale",
+                ("sans-serif", 22),
+            )
+            .margin(12)
+            .x_label_area_size(X_LABEL_AREA)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..n, (lo..hi).log_scale())?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(0)
+            .y_desc("ms")
+            .y_label_formatter(&|v: &f64| format!("{v}"))
+            .label_style(("sans-serif", 15))
+            .draw()?;
+        for i in 1..workloads.len() {
+            let x = i as f64;
+            chart.draw_series(LineSeries::new([(x, lo), (x, hi)], RGBColor(200, 200, 200)))?;
+        }
+        for (j, router) in routers.iter().enumerate() {
+            let c = color(j);
             for (i, w) in workloads.iter().enumerate() {
-                if let Some(r) = results.iter().find(|x| x.workload == *w) {
-                    let c = r.ceiling_hit_rate * 100.0;
+                let Some(r) = find(w, router) else { continue };
+                if !positive(r.ttft_ms.p50) {
+                    continue;
+                }
+                let x0 = bar_x(i, j);
+                chart.draw_series([Rectangle::new(
+                    [(x0, lo), (x0 + width * 0.9, r.ttft_ms.p50)],
+                    c.filled(),
+                )])?;
+                if r.ttft_ms.p99 > r.ttft_ms.p50 {
+                    let x = x0 + width * 0.45;
                     chart.draw_series(LineSeries::new(
-                        [(i as f64 + 0.05, c), (i as f64 + 0.95, c)],
-                        BLACK.stroke_width(3),
+                        [(x, r.ttft_ms.p50), (x, r.ttft_ms.p99)],
+                        BLACK.stroke_width(1),
+                    ))?;
+                    chart.draw_series(LineSeries::new(
+                        [
+                            (x - width * 0.3, r.ttft_ms.p99),
+                            (x + width * 0.3, r.ttft_ms.p99),
+                        ],
+                        BLACK.stroke_width(1),
                     ))?;
                 }
             }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .label_font(("sans-serif", 15))
-                .draw()?;
         }
+        let (x0, y) = chart.backend_coord(&(0.0, lo));
+        let (x1, _) = chart.backend_coord(&(n, lo));
+        axes.push((x0, x1, y));
+    }
+
+    // Workload names under each group, the short name wrapped to the group's width.
+    let label_style = TextStyle::from(label_font.clone())
+        .color(&BLACK)
+        .pos(Pos::new(HPos::Center, VPos::Top));
+    for (x0, x1, y) in axes {
+        let group = (x1 - x0) as f64 / n;
+        let max_px = (group * 0.95).max(1.0) as u32;
+        for (i, w) in workloads.iter().enumerate() {
+            let cx = x0 + (group * (i as f64 + 0.5)).round() as i32;
+            for (k, line) in wrap(short(w), max_px, |t| measure(t, &label_font))
+                .iter()
+                .enumerate()
+            {
+                root.draw(&Text::new(
+                    line.clone(),
+                    (cx, y + 6 + k as i32 * 18),
+                    label_style.clone(),
+                ))?;
+            }
+        }
+    }
+
+    // Legend strip, filled column by column.
+    legend.draw(&PathElement::new(
+        [(12, 4), (W as i32 - 12, 4)],
+        RGBColor(200, 200, 200),
+    ))?;
+    let legend_style = TextStyle::from(legend_font.clone())
+        .color(&BLACK)
+        .pos(Pos::new(HPos::Left, VPos::Center));
+    for (k, (c, text)) in entries.iter().enumerate() {
+        let col = (k / legend_rows) as i32;
+        let row = (k % legend_rows) as i32;
+        let x = 24 + col * entry_w as i32;
+        let y = 16 + row * ROW as i32 + ROW as i32 / 2;
+        match c {
+            Some(c) => legend.draw(&Rectangle::new([(x, y - 7), (x + 22, y + 7)], c.filled()))?,
+            None => legend.draw(&PathElement::new(
+                [(x, y), (x + 22, y)],
+                BLACK.stroke_width(3),
+            ))?,
+        }
+        legend.draw(&Text::new(
+            text.to_string(),
+            (x + 30, y),
+            legend_style.clone(),
+        ))?;
     }
     root.present()?;
     Ok(())
@@ -437,5 +573,54 @@ mod plot_tests {
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(&bytes[1..4], b"PNG");
         assert!(bytes.len() > 5_000);
+        // 1600 px wide: two panels of 470 px, then the legend strip (3 entries in one row).
+        let be = |at: usize| u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap());
+        assert_eq!((be(16), be(20)), (1600, 2 * 470 + 24 + 24));
+    }
+
+    #[test]
+    fn plot_survives_many_routers_and_missing_ttft() {
+        let r = |router: String, workload: &str, p50| RunResult {
+            router,
+            workload: workload.into(),
+            hit_rate: 0.5,
+            ceiling_hit_rate: 0.8,
+            ttft_ms: crate::driver::Percentiles {
+                p50,
+                p90: p50,
+                p99: p50 * 3.0,
+            },
+            ..RunResult::default()
+        };
+        let mut runs = Vec::new();
+        for j in 0..14 {
+            for w in [
+                "shared-prefix Kthena long system (x)",
+                "trace (y)",
+                "ramp (z)",
+            ] {
+                runs.push(r(format!("router number {j}"), w, j as f64));
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        for (name, runs) in [("many.png", &runs[..]), ("empty.png", &[][..])] {
+            let path = dir.path().join(name);
+            plot(runs, &path).unwrap();
+            assert_eq!(&std::fs::read(&path).unwrap()[1..4], b"PNG");
+        }
+    }
+
+    #[test]
+    fn wrap_breaks_at_spaces_within_the_width() {
+        let chars = |t: &str| t.len() as u32;
+        assert_eq!(
+            wrap("shared-prefix Kthena short system", 13, chars),
+            ["shared-prefix", "Kthena short", "system"]
+        );
+        assert_eq!(
+            wrap("a-very-long-word b", 4, chars),
+            ["a-very-long-word", "b"]
+        );
+        assert!(wrap("", 10, chars).is_empty());
     }
 }
