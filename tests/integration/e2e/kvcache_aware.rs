@@ -36,7 +36,7 @@ fn guide_config(endpoints: &str, tokenizer_port: u16, redis: &RedisServer) -> Co
 }
 
 /// A `kv-relay` beside `sim` (the relay's code in process), until `stop`.
-fn relay_beside(sim: &Sim, redis: &RedisServer, stop: &CancellationToken) {
+async fn relay_beside(sim: &Sim, redis: &RedisServer, stop: &CancellationToken) {
     let endpoint = sim.engine.kv_events().expect("publishes events");
     let loopback = |bound: &str| bound.replace("0.0.0.0", "127.0.0.1");
     let events = prefix_picker::kv_events::SubscriberConfig {
@@ -45,31 +45,16 @@ fn relay_beside(sim: &Sim, redis: &RedisServer, stop: &CancellationToken) {
         topic: String::new(),
         limits: prefix_picker::kv_events::Limits::default(),
     };
-    let socket = redis.socket().display().to_string();
-    let target =
-        redis_env::from_env(&|name| (name == "REDIS_HOST").then(|| socket.clone())).unwrap();
     let id = RelayIdentity {
         pod: format!("{}.default", sim.name),
         model: "m".into(),
         engine: prefix_picker::tokenizer::EngineKind::Vllm,
     };
+    let (store, tasks) = store_on(redis, stop).await;
     let stop = stop.clone();
     tokio::spawn(async move {
-        let mut tasks = tokio::task::JoinSet::new();
-        let status = LinkStatus {
-            context: "kv-relay",
-            role: "writer",
-            connected: prometheus::IntGauge::new("relay_connected", "test").unwrap(),
-            reconnects: None,
-        };
-        let store = KvStore::start(
-            target,
-            std::time::Duration::from_secs(5),
-            status,
-            &stop,
-            &mut tasks,
-        )
-        .unwrap();
+        // The store's keeper lives as long as the relay.
+        let _tasks = tasks;
         relay::run(id, events, store, stop).await;
     });
 }
@@ -138,7 +123,7 @@ async fn the_pod_that_served_a_prompt_scores_100_until_its_engine_evicts_it() {
     let redis = RedisServer::start().await;
     let stop = CancellationToken::new();
     for s in &sims {
-        relay_beside(s, &redis, &stop);
+        relay_beside(s, &redis, &stop).await;
     }
     let endpoints: String = sims.iter().map(Sim::endpoint_yaml).collect();
     let picker = start_picker(guide_config(&endpoints, sims[0].addr.port(), &redis)).await;
@@ -486,7 +471,7 @@ async fn the_relay_survives_a_redis_restart_and_writes_what_it_missed() {
     let sim = Sim::start_with_events("sim-0", engine).await;
     let mut redis = RedisServer::start().await;
     let stop = CancellationToken::new();
-    relay_beside(&sim, &redis, &stop);
+    relay_beside(&sim, &redis, &stop).await;
     let prompt = whole_blocks_prompt(sim.addr, &"Written while Redis was away. ".repeat(8)).await;
     let tokens: Vec<u32> = {
         let r: Value = reqwest::Client::new()

@@ -25,6 +25,22 @@ fn json_lines(log: &str) -> Vec<Value> {
 /// Words no log line may carry below `--v 5`.
 const SECRET: &str = "ZEBRA-PAPAYA-7731 is the launch code";
 
+/// The picker binary on `config`, logging JSON at `-v=4`, every port chosen by the system.
+async fn start_json_v4(config: &str, env: &[(&str, &str)], dir: &std::path::Path) -> gie::Started {
+    let args = [
+        "--secure-serving=false",
+        "--grpc-port=0",
+        "--grpc-health-port=0",
+        "--metrics-port=0",
+        "--config-text",
+        config,
+        "--log-format",
+        "json",
+        "-v=4",
+    ];
+    gie::start_with_env(&args, env, dir).await
+}
+
 /// Two sims behind Envoy (`envoy/envoy.yaml`) and the real binary, GIE form, with `--log-format
 /// json -v=4` and the Kthena fixture plus `picker` as its config; its log in `dir/picker.log`.
 async fn v4_json_stack(picker: &str) -> ([Sim; 2], String, tempfile::TempDir, gie::Started, Envoy) {
@@ -38,21 +54,7 @@ async fn v4_json_stack(picker: &str) -> ([Sim; 2], String, tempfile::TempDir, gi
         testkit::endpoints_yaml(sims.iter().map(|s| (s.name.as_str(), s.addr))),
     );
     let dir = tempfile::tempdir().unwrap();
-    let started = gie::start(
-        &[
-            "--secure-serving=false",
-            "--grpc-port=0",
-            "--grpc-health-port=0",
-            "--metrics-port=0",
-            "--config-text",
-            &config,
-            "--log-format",
-            "json",
-            "-v=4",
-        ],
-        dir.path(),
-    )
-    .await;
+    let started = start_json_v4(&config, &[], dir.path()).await;
     let addrs: Vec<_> = sims.iter().map(|s| s.addr).collect();
     let envoy = start_envoy(render_envoy(
         "envoy.yaml",
@@ -186,22 +188,7 @@ async fn kvcache_aware_at_v4_logs_kthenas_lines() {
     }
     let dir = tempfile::tempdir().unwrap();
     let socket = redis.socket().display().to_string();
-    let picker = gie::start_with_env(
-        &[
-            "--secure-serving=false",
-            "--grpc-port=0",
-            "--grpc-health-port=0",
-            "--metrics-port=0",
-            "--config-text",
-            &config,
-            "--log-format",
-            "json",
-            "-v=4",
-        ],
-        &[("REDIS_HOST", &socket)],
-        dir.path(),
-    )
-    .await;
+    let picker = start_json_v4(&config, &[("REDIS_HOST", &socket)], dir.path()).await;
     let connected = format!("http://{}/metrics", picker.admin);
     poll("the picker's Redis connection", || {
         let url = connected.clone();
