@@ -48,6 +48,9 @@
 //! Under `cargo test --benches` (criterion's test mode) the fixtures are small and the
 //! bytes-per-entry pass is skipped.
 
+#[path = "support/text.rs"]
+mod text;
+
 use std::cell::OnceCell;
 use std::hint::black_box;
 use std::io::Write as _;
@@ -67,13 +70,13 @@ use prefix_picker::routing::{RecordOrigin, Router};
 use prefix_picker::scheduler::prefix_cache::{PrefixCache, PrefixCacheArgs};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use text::{SYSTEM_BYTES, words};
 
 const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 const PODS: usize = 64;
 const CAPACITY: usize = 50_000;
 const PROMPT_BYTES: usize = 8 * 1024;
 const LONG_PROMPT_BYTES: usize = 220_000;
-const SYSTEM_BYTES: usize = 2 * 1024;
 const SYSTEMS: usize = 8;
 const USER_TEXTS: usize = 64;
 /// Prompts per thread in `record_throughput`: 600 x 96 fresh blocks > 50,000, so a prompt's
@@ -88,58 +91,6 @@ const BPE_ENV: &str = "PREFIX_PICKER_BENCH_BYTES_PER_ENTRY";
 /// Environment variable that turns this binary into a callgrind driver running that many
 /// score + record iterations (see [`callgrind_driver`]).
 const CALLGRIND_ENV: &str = "PREFIX_PICKER_BENCH_CALLGRIND";
-
-/// The words prompts are made of (common English plus serving/infra vocabulary).
-const VOCABULARY: &str = "\
-    the of and to in is that for it as was with be by on not he this are or his from at \
-    which but have an had they you were their one all we can her has there been if more \
-    when will would who so no she other its may these what them than some him time into \
-    only do out could about two first then any like should over such our also model request \
-    server cluster latency token prompt cache prefix block memory system user assistant \
-    answer question document function value return result error example explain summarize \
-    following context information please provide detailed response data table query \
-    customer order account policy report analysis code python rust kubernetes deployment \
-    service network storage database performance throughput schedule inference gateway \
-    endpoint routing weight score plugin configuration version release feature support \
-    because however therefore between through during without within important different \
-    possible available specific general several number people world year state company \
-    program problem process development research market product quality history language \
-    reason";
-
-/// Appends seeded text-like words to `out` until it is exactly `len` bytes long.
-fn append_words(out: &mut Vec<u8>, seed: u64, len: usize) {
-    let vocabulary: Vec<&str> = VOCABULARY.split_whitespace().collect();
-    let mut rng = SmallRng::seed_from_u64(seed);
-    let mut sentence_start = true;
-    while out.len() < len {
-        let word = vocabulary[rng.random_range(0..vocabulary.len())].as_bytes();
-        if sentence_start {
-            out.push(word[0].to_ascii_uppercase());
-            out.extend_from_slice(&word[1..]);
-            sentence_start = false;
-        } else {
-            out.push(b' ');
-            out.extend_from_slice(word);
-        }
-        if rng.random_ratio(1, 12) {
-            out.extend_from_slice(if rng.random_ratio(1, 6) {
-                b".\n\n"
-            } else {
-                b". "
-            });
-            sentence_start = true;
-        } else if rng.random_ratio(1, 15) {
-            out.push(b',');
-        }
-    }
-    out.truncate(len);
-}
-
-fn words(seed: u64, len: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len + 32);
-    append_words(&mut out, seed, len);
-    out
-}
 
 /// Fixed text pieces that fresh prompts are assembled from (cheap: a header and two copies).
 struct Texts {
@@ -343,34 +294,25 @@ fn bench_hash(c: &mut Criterion) {
     g.finish();
 }
 
-/// A chat body of about `bytes` bytes: a shared 2 KiB system prompt and a user message.
-fn chat_body(seed: u64, bytes: usize) -> Vec<u8> {
-    let system = String::from_utf8(words(7, SYSTEM_BYTES)).expect("ASCII");
-    let user = String::from_utf8(words(seed, bytes - SYSTEM_BYTES)).expect("ASCII");
-    serde_json::to_vec(&serde_json::json!({"model": MODEL, "messages": [
-        {"role": "system", "content": system}, {"role": "user", "content": user}]}))
-    .expect("serializable")
-}
-
 /// An agent turn: 12 tool definitions, a system prompt, a user turn with an inline image, then
 /// three rounds of an assistant tool call and its result.
 fn agent_body(seed: u64) -> Vec<u8> {
-    let text = |seed: u64, len: usize| String::from_utf8(words(seed, len)).expect("ASCII");
+    let prose = |seed: u64, len: usize| String::from_utf8(words(seed, len)).expect("ASCII");
     let tools: Vec<serde_json::Value> = (0..12)
         .map(|i| {
             serde_json::json!({"type": "function", "function": {
-                "name": format!("tool_{i}"), "description": text(300 + i, 160),
+                "name": format!("tool_{i}"), "description": prose(300 + i, 160),
                 "parameters": {"type": "object", "required": ["query"], "properties": {
-                    "query": {"type": "string", "description": text(400 + i, 80)},
+                    "query": {"type": "string", "description": prose(400 + i, 80)},
                     "limit": {"type": "integer", "minimum": 1, "maximum": 50},
                     "mode": {"type": "string", "enum": ["fast", "exact", "fuzzy"]}}}}})
         })
         .collect();
     let image = format!("data:image/png;base64,{}", "iVBORw0KGgo".repeat(600));
     let mut messages = vec![
-        serde_json::json!({"role": "system", "content": text(7, SYSTEM_BYTES)}),
+        serde_json::json!({"role": "system", "content": prose(7, SYSTEM_BYTES)}),
         serde_json::json!({"role": "user", "content": [
-            {"type": "text", "text": text(seed, 1024)},
+            {"type": "text", "text": prose(seed, 1024)},
             {"type": "image_url", "image_url": {"url": image, "detail": "high"}}]}),
     ];
     for round in 0..3 {
@@ -378,10 +320,10 @@ fn agent_body(seed: u64) -> Vec<u8> {
         messages.push(
             serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
             {"id": id, "type": "function", "function": {"name": format!("tool_{round}"),
-            "arguments": format!("{{\"query\":\"{}\",\"limit\":10}}", text(seed + round, 40))}}]}),
+            "arguments": format!("{{\"query\":\"{}\",\"limit\":10}}", prose(seed + round, 40))}}]}),
         );
         messages.push(serde_json::json!({"role": "tool", "tool_call_id": id,
-            "content": text(seed + 10 + round, 1500)}));
+            "content": prose(seed + 10 + round, 1500)}));
     }
     serde_json::to_vec(
         &serde_json::json!({"model": MODEL, "tools": tools, "messages": messages,
@@ -435,7 +377,7 @@ fn shipped_router() -> Router {
         let routed = router
             .route(
                 "/v1/chat/completions",
-                Some(&chat_body(1000 + i, PROMPT_BYTES)),
+                Some(&text::chat_body(MODEL, 1000 + i, PROMPT_BYTES)),
                 None,
             )
             .expect("routed");
@@ -449,7 +391,7 @@ fn shipped_router() -> Router {
 /// (the same shared system prompt) is hashed, its pod holds only part of it; once recorded
 /// for that pod, the body is routed there again, predicted to be held whole.
 fn check_request_path(router: &Router, bytes: usize) {
-    let body = chat_body(90_000 + bytes as u64, bytes);
+    let body = text::chat_body(MODEL, 90_000 + bytes as u64, bytes);
     let route = || {
         router
             .explain("/v1/chat/completions", Some(&body), None)
@@ -483,7 +425,7 @@ fn bench_request_path(c: &mut Criterion) {
         ("220KB_64pods", LONG_PROMPT_BYTES),
     ] {
         check_request_path(&router, bytes);
-        let body = chat_body(9, bytes);
+        let body = text::chat_body(MODEL, 9, bytes);
         g.throughput(Throughput::Bytes(body.len() as u64));
         g.bench_function(name, |b| {
             b.iter(|| {

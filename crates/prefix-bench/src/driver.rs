@@ -252,6 +252,10 @@ async fn one(client: &reqwest::Client, base: &str, r: &BenchRequest, t0: Instant
     if !resp.status().is_success() {
         return Sample::default();
     }
+    let streamed = resp
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     let served_by = resp
         .headers()
         .get("x-served-by")
@@ -279,6 +283,10 @@ async fn one(client: &reqwest::Client, base: &str, r: &BenchRequest, t0: Instant
             tail.drain(..tail.len() - USAGE_TAIL_BYTES);
         }
     }
+    if streamed && !finished(&tail) {
+        // Cut short (its engine died mid-answer), however cleanly the router ended it.
+        return Sample::default();
+    }
     Sample {
         ok: true,
         ttft: ttft.unwrap_or_else(|| start.elapsed().as_secs_f64()),
@@ -290,6 +298,13 @@ async fn one(client: &reqwest::Client, base: &str, r: &BenchRequest, t0: Instant
         prompt_tokens: usage_count(&tail, b"\"prompt_tokens\":"),
         cached_tokens: usage_count(&tail, b"\"cached_tokens\":"),
     }
+}
+
+/// Whether an SSE stream's last bytes are its `data: [DONE]` event: a stream that ends without
+/// it was cut short, whether the router reset the connection (Envoy) or ended the body cleanly.
+fn finished(tail: &[u8]) -> bool {
+    let end = tail.trim_ascii_end();
+    end.ends_with(b"data: [DONE]")
 }
 
 /// Bytes of a stream's end kept for its usage chunk.
@@ -645,10 +660,16 @@ mod tests {
     }
 
     #[test]
-    fn usage_counts_come_from_the_last_usage_chunk() {
+    fn usage_counts_come_from_the_last_usage_chunk_and_a_whole_stream_ends_with_done() {
         let tail = b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\": 1712,\"prompt_tokens_details\":{\"cached_tokens\":1536}}}\n\ndata: [DONE]";
         assert_eq!(usage_count(tail, b"\"prompt_tokens\":"), 1712);
         assert_eq!(usage_count(tail, b"\"cached_tokens\":"), 1536);
         assert_eq!(usage_count(b"data: [DONE]", b"\"cached_tokens\":"), 0);
+        assert!(finished(tail));
+        assert!(finished(b"data: [DONE]\n\n"));
+        assert!(!finished(
+            b"data: {\"choices\":[{\"delta\":{\"content\":\" the\"}}]}\n\n"
+        ));
+        assert!(!finished(b""));
     }
 }
