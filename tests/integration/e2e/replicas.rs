@@ -1,7 +1,16 @@
-//! Picker replicas without sync: two replicas behind one Envoy in the GIE shape each record what
-//! they routed, once.
+//! Picker replicas without sync: two replicas behind one gateway record what they routed, once.
+//! In every shipped shape the gateway's ext_proc stream carries the request and its response, so
+//! the replica that routed a request also sees it end; one replica drained mid-run loses none.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use prefix_picker::routing::Router;
+use serde_json::json;
 
 use super::{SYSTEM, addrs, chat, send, three_backends};
+use crate::harness::service::Service;
 use crate::harness::*;
 
 /// Two picker replicas behind one Envoy in the GIE shape (one FULL_DUPLEX_STREAMED ext_proc
@@ -79,4 +88,419 @@ async fn two_replicas_in_the_gie_shape_record_every_completion_once() {
             metric(r, recorded).await
         );
     }
+}
+
+/// A gateway shape as its controller configures the ext_proc filter to the picker (read from
+/// the controllers' sources, docs/replicas.md), and how it reaches the picker replicas.
+#[derive(Debug, Clone, Copy)]
+enum Shape {
+    /// Istio's InferencePool filter (`BuildInferencePoolExtProcFilter`): FULL_DUPLEX_STREAMED
+    /// both ways, trailers sent, `envoy.lb` metadata both ways, routed by an ORIGINAL_DST
+    /// cluster on the header. The gateway reaches
+    /// each picker pod through EDS: both replicas are endpoints, and a pod that reports not
+    /// ready leaves (an active gRPC health check on `readiness` stands in for EDS here).
+    IstioPool,
+    /// Envoy AI Gateway's InferencePool filter (`buildHTTPFilterForInferencePool`): the same
+    /// body mode both ways (`duplex`, the default, or `buffered` by annotation), no metadata,
+    /// ORIGINAL_DST on the header; its cluster is the picker Service's DNS name, one address
+    /// (kube-proxy spreads connections: [`Service`]).
+    AiGatewayPool { buffered: bool },
+    /// The legacy `envoy/envoy-gateway/prefix-picker.yaml`: the EnvoyExtensionPolicy's filter
+    /// (BUFFERED request, response headers and STREAMED body, `envoy.lb` metadata both ways)
+    /// and the EnvoyPatchPolicy's `override_host` cluster, behind the Service.
+    EnvoyGatewayLegacy,
+    /// The legacy `envoy/istio/envoyfilter.yaml`: its one FULL_DUPLEX_STREAMED filter and the
+    /// `override_host` cluster patch, the replicas as EDS endpoints (as [`Shape::IstioPool`]).
+    IstioLegacy,
+}
+
+impl Shape {
+    /// The ext_proc filter, as the controller writes it.
+    fn filter(self) -> String {
+        let modes = |request: &str, response: &str| {
+            format!(
+                "{{request_header_mode: SEND, request_body_mode: {request}, request_trailer_mode: SEND, \
+                 response_header_mode: SEND, response_body_mode: {response}, response_trailer_mode: SEND}}"
+            )
+        };
+        let (timeouts, mode, metadata) = match self {
+            Shape::IstioPool => (
+                "grpc_service: {envoy_grpc: {cluster_name: prefix-picker}, timeout: 10s}\n              message_timeout: 1000s",
+                modes("FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED"),
+                "metadata_options:\n                receiving_namespaces: {untyped: [\"envoy.lb\"]}\n                forwarding_namespaces: {untyped: [\"envoy.lb\"]}",
+            ),
+            Shape::AiGatewayPool { buffered } => {
+                let body = if buffered {
+                    "BUFFERED"
+                } else {
+                    "FULL_DUPLEX_STREAMED"
+                };
+                (
+                    "grpc_service: {envoy_grpc: {cluster_name: prefix-picker, authority: \"prefix-picker.llm.svc:9002\"}}\n              message_timeout: 300s",
+                    modes(body, body),
+                    "allow_mode_override: false",
+                )
+            }
+            Shape::IstioLegacy => (
+                "grpc_service: {envoy_grpc: {cluster_name: prefix-picker}, timeout: 5s}\n              message_timeout: 5s",
+                modes("FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED"),
+                "response_attributes: [\"upstream.address\", \"response.code\"]\n              metadata_options:\n                receiving_namespaces: {untyped: [\"envoy.lb\"]}\n                forwarding_namespaces: {untyped: [\"envoy.lb\"]}",
+            ),
+            Shape::EnvoyGatewayLegacy => (
+                "grpc_service: {envoy_grpc: {cluster_name: prefix-picker}}\n              message_timeout: 5s",
+                "{request_header_mode: SEND, request_body_mode: BUFFERED, request_trailer_mode: SKIP, \
+                 response_header_mode: SEND, response_body_mode: STREAMED, response_trailer_mode: SKIP}"
+                    .to_string(),
+                "response_attributes: [\"upstream.address\", \"response.code\"]\n              metadata_options:\n                receiving_namespaces: {untyped: [\"envoy.lb\"]}\n                forwarding_namespaces: {untyped: [\"envoy.lb\"]}",
+            ),
+        };
+        format!(
+            "          - name: envoy.filters.http.ext_proc
+            typed_config:
+              \"@type\": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+              {timeouts}
+              failure_mode_allow: false
+              processing_mode: {mode}
+              {metadata}
+"
+        )
+    }
+
+    /// The model-server cluster: ORIGINAL_DST on the header for the pools, the patched
+    /// `override_host` cluster for the legacy policy.
+    fn models(self, backends: &[Backend]) -> String {
+        match self {
+            Shape::IstioPool | Shape::AiGatewayPool { .. } => "  - name: models
+    connect_timeout: 10s
+    type: ORIGINAL_DST
+    lb_policy: CLUSTER_PROVIDED
+    original_dst_lb_config: {use_http_header: true, http_header_name: x-gateway-destination-endpoint}
+"
+            .to_string(),
+            Shape::EnvoyGatewayLegacy | Shape::IstioLegacy => {
+                let endpoints: String = backends
+                    .iter()
+                    .map(|b| {
+                        format!(
+                            "        - endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}\n",
+                            b.addr.ip(),
+                            b.addr.port()
+                        )
+                    })
+                    .collect();
+                format!(
+                    "  - name: models
+    connect_timeout: 1s
+    type: STATIC
+    load_assignment:
+      cluster_name: models
+      endpoints:
+      - lb_endpoints:
+{endpoints}    load_balancing_policy:
+      policies:
+      - typed_extension_config:
+          name: envoy.load_balancing_policies.override_host
+          typed_config:
+            \"@type\": type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost
+            override_host_sources:
+            - metadata: {{key: envoy.lb, path: [{{key: x-gateway-destination-endpoint}}]}}
+            selected_host_key: {{key: envoy.lb, path: [{{key: x-gateway-destination-endpoint-served}}]}}
+            fallback_policy:
+              policies:
+              - typed_extension_config:
+                  name: envoy.load_balancing_policies.round_robin
+                  typed_config:
+                    \"@type\": type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin
+"
+                )
+            }
+        }
+    }
+
+    /// The picker cluster: TLS without verification (the chart's self-signed certificate),
+    /// HTTP/2; the replicas as endpoints (Istio's EDS) or the one Service address.
+    fn picker_cluster(self, replicas: &[SocketAddr], service: SocketAddr) -> String {
+        let endpoint = |a: SocketAddr| {
+            format!(
+                "        - endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}\n",
+                a.ip(),
+                a.port()
+            )
+        };
+        let (endpoints, extra) = match self {
+            Shape::IstioPool | Shape::IstioLegacy => (
+                replicas.iter().copied().map(endpoint).collect::<String>(),
+                "    health_checks:
+    - {timeout: 1s, interval: 1s, no_traffic_interval: 1s, unhealthy_threshold: 1, healthy_threshold: 1, grpc_health_check: {service_name: readiness}}
+",
+            ),
+            // A connection carries a few streams, then Envoy opens the next one (through the
+            // Service, to the next replica): what several gateway pods and workers do to one
+            // long-lived connection each.
+            Shape::AiGatewayPool { .. } | Shape::EnvoyGatewayLegacy => (endpoint(service), ""),
+        };
+        let common = match self {
+            Shape::IstioPool | Shape::IstioLegacy => "",
+            _ => "        common_http_protocol_options: {max_requests_per_connection: 3}\n",
+        };
+        format!(
+            "  - name: prefix-picker
+    connect_timeout: 1s
+    type: STATIC
+{extra}    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+        \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        sni: localhost
+        common_tls_context: {{alpn_protocols: [\"h2\"]}}
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+{common}        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment:
+      cluster_name: prefix-picker
+      endpoints:
+      - lb_endpoints:
+{endpoints}"
+        )
+    }
+
+    fn bootstrap(
+        self,
+        backends: &[Backend],
+        replicas: &[SocketAddr],
+        service: SocketAddr,
+    ) -> String {
+        format!(
+            "admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: 0}}}}
+static_resources:
+  listeners:
+  - name: ingress
+    address: {{socket_address: {{address: 127.0.0.1, port_value: 0}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          \"@type\": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: ingress
+          route_config:
+            virtual_hosts:
+            - name: models
+              domains: [\"*\"]
+              routes:
+              - match: {{prefix: \"/\"}}
+                route: {{cluster: models, timeout: 0s}}
+          http_filters:
+{}          - name: envoy.filters.http.router
+            typed_config:
+              \"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+{}{}",
+            self.filter(),
+            self.models(backends),
+            self.picker_cluster(replicas, service)
+        )
+    }
+
+    /// `maxEndpoints`: one address for an ORIGINAL_DST cluster (a list is a 503), as the
+    /// chart's examples set it; primary + fallbacks for `override_host`.
+    fn max_endpoints(self) -> usize {
+        match self {
+            Shape::IstioPool | Shape::AiGatewayPool { .. } => 1,
+            Shape::EnvoyGatewayLegacy | Shape::IstioLegacy => 3,
+        }
+    }
+}
+
+/// A picker replica's completion counts, read from its router (a drained replica serves no
+/// `/metrics` any more).
+fn recorded(router: &Router, outcome: &str) -> u64 {
+    router.metrics.records.with_label_values(&[outcome]).get()
+}
+
+/// Two replicas of the picker behind `shape`'s gateway; one is drained (SIGTERM: not ready,
+/// then closed) while requests are in flight on both. No request fails, and every completion
+/// is recorded exactly once, by the replica that routed it: the drained one finishes the
+/// streams it had, the survivor takes the rest.
+async fn drain_one_replica_mid_run(shape: Shape) {
+    let backends = three_backends().await;
+    let refs: Vec<&Backend> = backends.iter().collect();
+    let extra = format!(
+        "picker:\n  tls: {{mode: selfSigned}}\n  affinity: {{}}\n  maxEndpoints: {}\n  \
+         shutdownDelaySeconds: 5\n  shutdownGraceSeconds: 60\n",
+        shape.max_endpoints()
+    );
+    let victim = start_picker(picker_config(&refs, &extra)).await;
+    let survivor = start_picker(picker_config(&refs, &extra)).await;
+    let grpc = [victim.grpc_addr, survivor.grpc_addr];
+    let service = Service::start(grpc.to_vec()).await;
+    let envoy = start_envoy(shape.bootstrap(&backends, &grpc, service.addr)).await;
+    let routers = [victim.router.clone(), survivor.router.clone()];
+    let open = |r: &Arc<Router>| r.metrics.inflight_streams.get();
+
+    // Before: streams held open at their backend (the response's end is gated) until both
+    // replicas have some in flight. Read in the background: a BUFFERED response reaches the
+    // client only once it has ended.
+    let mut gated = Vec::new();
+    let mut sent = 0u64;
+    while open(&routers[0]) == 0 || open(&routers[1]) == 0 {
+        assert!(gated.len() < 24, "{shape:?}: both replicas get streams");
+        let body = json!({"model": "m", "stream": true,
+            "prompt": format!("GATED {SYSTEM} replica stream {}", gated.len())});
+        let url = envoy.url("/v1/completions");
+        gated.push(tokio::spawn(async move {
+            let r = reqwest::Client::new()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            let text = r.text().await.unwrap();
+            (status, text)
+        }));
+        sent += 1;
+        let held = gated.len() as i64;
+        poll("the new stream reaches a replica", || async {
+            (open(&routers[0]) + open(&routers[1]) == held).then_some(())
+        })
+        .await;
+    }
+    for i in 0..6 {
+        let r = send(
+            &envoy,
+            "/v1/chat/completions",
+            &chat(SYSTEM, &format!("before {i}")),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{shape:?}: {r:?}\n{}", envoy.log());
+        sent += 1;
+    }
+    assert!(
+        open(&routers[0]) > 0,
+        "the victim holds streams when it is drained"
+    );
+
+    // SIGTERM to the victim: not ready, then (after the delay) closed to new streams; its open
+    // streams go on. Requests sent meanwhile must all succeed on the survivor.
+    let (shutdown, victim_admin) = (victim.shutdown.clone(), victim.admin_addr);
+    let drained = tokio::spawn(victim.drain());
+    // Not ready: the endpoint leaves (kube-proxy's Service; Envoy's health check below).
+    poll("the victim reports not ready", || async {
+        let r = reqwest::get(format!("http://{victim_admin}/readyz"))
+            .await
+            .ok()?;
+        (r.status().as_u16() == 503).then_some(())
+    })
+    .await;
+    service.set_ready(0, false);
+    poll("the victim stops accepting streams", || async {
+        shutdown.is_cancelled().then_some(())
+    })
+    .await;
+    if let Shape::IstioPool | Shape::IstioLegacy = shape {
+        let admin = envoy.process.admin;
+        let victim_host = grpc[0].to_string();
+        poll("Envoy drops the not-ready replica", || async {
+            let clusters = reqwest::get(format!("http://{admin}/clusters"))
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()?;
+            let flags = format!("prefix-picker::{victim_host}::health_flags::");
+            clusters
+                .lines()
+                .any(|l| l.starts_with(&flags) && l.contains("failed_active_hc"))
+                .then_some(())
+        })
+        .await;
+    }
+    for i in 0..12 {
+        let r = send(
+            &envoy,
+            "/v1/chat/completions",
+            &chat(SYSTEM, &format!("during {i}")),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{shape:?}: {r:?}\n{}", envoy.log());
+        sent += 1;
+    }
+    let stream = json!({"model": "m", "stream": true, "prompt": format!("{SYSTEM} streamed during the drain")});
+    let r = send(&envoy, "/v1/completions", &stream).await;
+    assert_eq!(r.status, 200, "{shape:?}: {r:?}");
+    sent += 1;
+    // Everything but the held streams is recorded, by the replica that routed it (the victim
+    // may still have taken a stream on its connection before its GOAWAY arrived).
+    let held = gated.len() as u64;
+    poll("the completions so far are recorded", || async {
+        let total: u64 = routers.iter().map(|r| recorded(r, "recorded")).sum();
+        (total == sent - held).then_some(())
+    })
+    .await;
+
+    // The held streams end: the victim records its own and exits.
+    poll("the held streams end", || async {
+        // Wakes the streams waiting at their gate now; later ones at the next poll.
+        for b in &backends {
+            b.gate.notify_waiters();
+        }
+        gated.iter().all(|r| r.is_finished()).then_some(())
+    })
+    .await;
+    for r in gated {
+        let (status, text) = r.await.unwrap();
+        assert_eq!(status, 200, "{shape:?}: {text}");
+        assert!(
+            text.contains("[DONE]"),
+            "{shape:?}: a held stream ended: {text}"
+        );
+    }
+    drained.await.unwrap().unwrap();
+    let total: u64 = routers.iter().map(|r| recorded(r, "recorded")).sum();
+    assert_eq!(total, sent, "{shape:?}: every completion recorded once");
+    for (name, r) in ["victim", "survivor"].iter().zip(&routers) {
+        assert!(
+            recorded(r, "recorded") > 0,
+            "{shape:?}: the {name} recorded"
+        );
+        assert_eq!(recorded(r, "expired"), 0, "{shape:?}: {name}");
+        assert_eq!(r.pending.len(), 0, "{shape:?}: {name}: nothing waits");
+        assert_eq!(open(r), 0, "{shape:?}: {name}: no stream left open");
+    }
+    assert!(
+        service
+            .connections
+            .iter()
+            .all(|c| c.load(Ordering::Relaxed) > 0)
+            || matches!(shape, Shape::IstioPool | Shape::IstioLegacy),
+        "{shape:?}: the Service spread connections over both replicas"
+    );
+    survivor.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn istio_pool_shape_loses_no_completion_when_a_replica_drains() {
+    drain_one_replica_mid_run(Shape::IstioPool).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ai_gateway_pool_shape_loses_no_completion_when_a_replica_drains() {
+    drain_one_replica_mid_run(Shape::AiGatewayPool { buffered: false }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ai_gateway_buffered_pool_loses_no_completion_when_a_replica_drains() {
+    drain_one_replica_mid_run(Shape::AiGatewayPool { buffered: true }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_gateway_legacy_policy_loses_no_completion_when_a_replica_drains() {
+    drain_one_replica_mid_run(Shape::EnvoyGatewayLegacy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn istio_legacy_filter_loses_no_completion_when_a_replica_drains() {
+    drain_one_replica_mid_run(Shape::IstioLegacy).await;
 }
