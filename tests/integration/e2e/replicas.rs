@@ -1,6 +1,7 @@
 //! Picker replicas without sync: two replicas behind one gateway record what they routed, once.
 //! In every shipped shape the gateway's ext_proc stream carries the request and its response, so
-//! the replica that routed a request also sees it end; one replica drained mid-run loses none.
+//! the replica that routed a request also sees it end; one replica drained mid-run loses none,
+//! one killed outright fails only the requests it held.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -503,4 +504,139 @@ async fn envoy_gateway_legacy_policy_loses_no_completion_when_a_replica_drains()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn istio_legacy_filter_loses_no_completion_when_a_replica_drains() {
     drain_one_replica_mid_run(Shape::IstioLegacy).await;
+}
+
+/// `series` on the `/metrics` of the picker whose admin listener is `admin` (0 when absent).
+async fn metric_at(admin: SocketAddr, series: &str) -> f64 {
+    let text = reqwest::get(format!("http://{admin}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    sample(&text, series).unwrap_or(0.0)
+}
+
+/// The remaining limit, measured: a replica killed outright (SIGKILL: a crash, an OOM kill, a
+/// lost node) mid-request. The requests whose stream it held fail (the shapes fail closed);
+/// the other replica's requests, held across the kill, and every request after it succeed, and
+/// the survivor records each of its completions once.
+async fn kill_one_replica_mid_run(shape: Shape) {
+    let backends = three_backends().await;
+    let refs: Vec<&Backend> = backends.iter().collect();
+    let extra = format!(
+        "picker:\n  tls: {{mode: selfSigned}}\n  affinity: {{}}\n  maxEndpoints: {}\n",
+        shape.max_endpoints()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!("{}{extra}", endpoints_yaml(&backends));
+    let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_prefix-picker"));
+    let (victim, victim_admin) = testkit::start_picker(&bin, dir.path(), &config, 2).unwrap();
+    let survivor = start_picker(picker_config(&refs, &extra)).await;
+    let grpc = [victim.addr, survivor.grpc_addr];
+    let service = Service::start(grpc.to_vec()).await;
+    let envoy = start_envoy(shape.bootstrap(&backends, &grpc, service.addr)).await;
+    let streams = "prefix_picker_inflight_streams";
+    let recorded_series = "prefix_picker_records_total{outcome=\"recorded\"}";
+
+    for i in 0..6 {
+        let r = send(
+            &envoy,
+            "/v1/chat/completions",
+            &chat(SYSTEM, &format!("before {i}")),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{shape:?}: {r:?}\n{}", envoy.log());
+    }
+    let mut gated = Vec::new();
+    let (mut victim_held, mut survivor_held) = (0.0, 0.0);
+    while victim_held == 0.0 || survivor_held == 0.0 {
+        assert!(gated.len() < 24, "{shape:?}: both replicas get streams");
+        let body = json!({"model": "m", "stream": true,
+            "prompt": format!("GATED {SYSTEM} killed stream {}", gated.len())});
+        let url = envoy.url("/v1/completions");
+        gated.push(tokio::spawn(async move {
+            let r = reqwest::Client::new().post(url).json(&body).send().await;
+            match r {
+                Ok(r) if r.status().is_success() => {
+                    r.text().await.is_ok_and(|t| t.contains("[DONE]"))
+                }
+                _ => false,
+            }
+        }));
+        let held = gated.len() as f64;
+        (victim_held, survivor_held) = poll("the new stream reaches a replica", || async {
+            let v = metric_at(victim_admin, streams).await;
+            let s = metric(&survivor, streams).await;
+            (v + s == held).then_some((v, s))
+        })
+        .await;
+    }
+    let survivor_before = metric_opt(&survivor, recorded_series).await.unwrap_or(0.0);
+    let victim_before = metric_at(victim_admin, recorded_series).await;
+    assert_eq!(survivor_before + victim_before, 6.0, "{shape:?}");
+
+    drop(victim); // SIGKILL
+    service.set_ready(0, false); // its endpoint leaves once its probes fail
+    if let Shape::IstioPool | Shape::IstioLegacy = shape {
+        let admin = envoy.process.admin;
+        let flags = format!("prefix-picker::{}::health_flags::", grpc[0]);
+        poll("Envoy drops the killed replica", || async {
+            let text = reqwest::get(format!("http://{admin}/clusters"))
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()?;
+            text.lines()
+                .any(|l| l.starts_with(&flags) && l.contains("failed_active_hc"))
+                .then_some(())
+        })
+        .await;
+    }
+    for i in 0..8 {
+        let r = send(
+            &envoy,
+            "/v1/chat/completions",
+            &chat(SYSTEM, &format!("after {i}")),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{shape:?}: {r:?}\n{}", envoy.log());
+    }
+    poll("the held streams end", || async {
+        for b in &backends {
+            b.gate.notify_waiters();
+        }
+        gated.iter().all(|r| r.is_finished()).then_some(())
+    })
+    .await;
+    let mut succeeded = 0.0;
+    for r in gated {
+        if r.await.unwrap() {
+            succeeded += 1.0;
+        }
+    }
+    assert_eq!(
+        succeeded, survivor_held,
+        "{shape:?}: the survivor's held streams succeed, the killed replica's fail"
+    );
+    wait_metric_eq(
+        &survivor,
+        recorded_series,
+        survivor_before + survivor_held + 8.0,
+    )
+    .await;
+    wait_metric_eq(&survivor, streams, 0.0).await;
+    assert_eq!(metric(&survivor, "prefix_picker_pending_routes").await, 0.0);
+    survivor.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replica_fails_only_the_requests_it_held_behind_a_service() {
+    kill_one_replica_mid_run(Shape::AiGatewayPool { buffered: false }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replica_fails_only_the_requests_it_held_behind_istio() {
+    kill_one_replica_mid_run(Shape::IstioPool).await;
 }
