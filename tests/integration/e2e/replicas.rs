@@ -118,34 +118,8 @@ async fn drain_one_replica_mid_run(shape: Shape) {
     let routers = [victim.router.clone(), survivor.router.clone()];
     let open = |r: &Arc<Router>| r.metrics.inflight_streams.get();
 
-    // Before: streams held open at their backend (the response's end is gated) until both
-    // replicas have some in flight. Read in the background: a BUFFERED response reaches the
-    // client only once it has ended.
-    let mut gated = Vec::new();
-    let mut sent = 0u64;
-    while open(&routers[0]) == 0 || open(&routers[1]) == 0 {
-        assert!(gated.len() < 24, "{shape:?}: both replicas get streams");
-        let body = json!({"model": "m", "stream": true,
-            "prompt": format!("GATED {SYSTEM} replica stream {}", gated.len())});
-        let url = envoy.url("/v1/completions");
-        gated.push(tokio::spawn(async move {
-            let r = reqwest::Client::new()
-                .post(url)
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
-            let status = r.status().as_u16();
-            let text = r.text().await.unwrap();
-            (status, text)
-        }));
-        sent += 1;
-        let held = gated.len() as i64;
-        poll("the new stream reaches a replica", || async {
-            (open(&routers[0]) + open(&routers[1]) == held).then_some(())
-        })
-        .await;
-    }
+    let gated = hold_streams_on_both(&envoy, &routers, shape).await;
+    let mut sent = gated.len() as u64;
     for i in 0..6 {
         let r = send(
             &envoy,
@@ -220,22 +194,7 @@ async fn drain_one_replica_mid_run(shape: Shape) {
     .await;
 
     // The held streams end: the victim records its own and exits.
-    poll("the held streams end", || async {
-        // Wakes the streams waiting at their gate now; later ones at the next poll.
-        for b in &backends {
-            b.gate.notify_waiters();
-        }
-        gated.iter().all(|r| r.is_finished()).then_some(())
-    })
-    .await;
-    for r in gated {
-        let (status, text) = r.await.unwrap();
-        assert_eq!(status, 200, "{shape:?}: {text}");
-        assert!(
-            text.contains("[DONE]"),
-            "{shape:?}: a held stream ended: {text}"
-        );
-    }
+    release(&backends, gated, shape).await;
     drained.await.unwrap().unwrap();
     let total: u64 = routers.iter().map(|r| recorded(r, "recorded")).sum();
     assert_eq!(total, sent, "{shape:?}: every completion recorded once");
@@ -257,6 +216,115 @@ async fn drain_one_replica_mid_run(shape: Shape) {
         "{shape:?}: the Service spread connections over both replicas"
     );
     survivor.stop().await.unwrap();
+}
+
+/// Streamed requests held open at their backend (the response's end is gated) until both
+/// replicas have some in flight; read in the background, as a BUFFERED response reaches the
+/// client only once it has ended.
+async fn hold_streams_on_both(
+    envoy: &Envoy,
+    routers: &[Arc<Router>; 2],
+    shape: Shape,
+) -> Vec<tokio::task::JoinHandle<(u16, String)>> {
+    let open = |r: &Arc<Router>| r.metrics.inflight_streams.get();
+    let mut gated = Vec::new();
+    while open(&routers[0]) == 0 || open(&routers[1]) == 0 {
+        assert!(gated.len() < 24, "{shape:?}: both replicas get streams");
+        let body = json!({"model": "m", "stream": true,
+            "prompt": format!("GATED {SYSTEM} replica stream {}", gated.len())});
+        let url = envoy.url("/v1/completions");
+        gated.push(tokio::spawn(async move {
+            let r = reqwest::Client::new()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            (status, r.text().await.unwrap())
+        }));
+        let held = gated.len() as i64;
+        poll("the new stream reaches a replica", || async {
+            (open(&routers[0]) + open(&routers[1]) == held).then_some(())
+        })
+        .await;
+    }
+    gated
+}
+
+/// Opens the gates until every held stream has ended, each with a 200 and `[DONE]`.
+async fn release(
+    backends: &[Backend],
+    gated: Vec<tokio::task::JoinHandle<(u16, String)>>,
+    shape: Shape,
+) {
+    poll("the held streams end", || async {
+        // Wakes the streams waiting at their gate now; later ones at the next poll.
+        for b in backends {
+            b.gate.notify_waiters();
+        }
+        gated.iter().all(|r| r.is_finished()).then_some(())
+    })
+    .await;
+    for r in gated {
+        let (status, text) = r.await.unwrap();
+        assert_eq!(status, 200, "{shape:?}: {text}");
+        assert!(
+            text.contains("[DONE]"),
+            "{shape:?}: a held stream ended: {text}"
+        );
+    }
+}
+
+/// A Service endpoint that flaps: the first replica leaves the Service and comes back twice
+/// while both hold streams. New connections follow the endpoint list, open streams stay where
+/// they started, and every completion is recorded once, by the replica that routed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flapping_service_endpoint_loses_no_completion() {
+    let shape = Shape::AiGatewayPool { buffered: false };
+    let backends = three_backends().await;
+    let refs: Vec<&Backend> = backends.iter().collect();
+    let extra = "picker:\n  tls: {mode: selfSigned}\n  affinity: {}\n  maxEndpoints: 1\n";
+    let replicas = [
+        start_picker(picker_config(&refs, extra)).await,
+        start_picker(picker_config(&refs, extra)).await,
+    ];
+    let grpc = [replicas[0].grpc_addr, replicas[1].grpc_addr];
+    let service = Service::start(grpc.to_vec()).await;
+    let envoy = start_envoy(shape.bootstrap(&backends, &grpc, service.addr)).await;
+    let routers = [replicas[0].router.clone(), replicas[1].router.clone()];
+    let gated = hold_streams_on_both(&envoy, &routers, shape).await;
+    let mut sent = gated.len() as u64;
+    for ready in [false, true, false, true] {
+        service.set_ready(0, ready);
+        for i in 0..6 {
+            let body = chat(SYSTEM, &format!("flap {ready} {i}"));
+            let r = send(&envoy, "/v1/chat/completions", &body).await;
+            assert_eq!(r.status, 200, "{r:?}\n{}", envoy.log());
+            sent += 1;
+        }
+    }
+    release(&backends, gated, shape).await;
+    poll("every completion recorded", || async {
+        let total: u64 = routers.iter().map(|r| recorded(r, "recorded")).sum();
+        (total == sent).then_some(())
+    })
+    .await;
+    for (i, r) in routers.iter().enumerate() {
+        assert!(recorded(r, "recorded") > 0, "replica {i} recorded");
+        assert_eq!(recorded(r, "expired"), 0, "replica {i}");
+        assert_eq!(r.pending.len(), 0, "replica {i}");
+        wait_metric_eq(&replicas[i], "prefix_picker_inflight_streams", 0.0).await;
+    }
+    assert!(
+        service
+            .connections
+            .iter()
+            .all(|c| c.load(Ordering::Relaxed) > 0)
+    );
+    for r in replicas {
+        r.stop().await.unwrap();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
