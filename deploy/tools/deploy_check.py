@@ -125,14 +125,11 @@ BAD_VALUES = {
     "HTTPRoute without a pool": {"mode": "standalone", "httpRoute": {"create": True}},
     "unknown failureMode": {"mode": "standalone",
                             "inferencePool": {"create": True, "failureMode": "Open"}},
-    "access log for kgateway": {"mode": "standalone", "inferencePool": {"create": True},
-                                "gateway": {"provider": "kgateway",
-                                            "accessLog": {"enabled": True}}},
+    "removed gateway.accessLog": {"mode": "standalone", "inferencePool": {"create": True},
+                                  "gateway": {"provider": "istio", "accessLog": {"enabled": True}}},
+    "PodDisruptionBudget keeping every replica": {"replicaCount": 2,
+                                                  "podDisruptionBudget": {"minAvailable": 2}},
     "GIE args in sidecar mode": {"picker": {"args": "gie"}},
-    "access log with two replicas": {"mode": "standalone", "replicaCount": 2,
-                                     "inferencePool": {"create": True},
-                                     "gateway": {"provider": "istio",
-                                                 "accessLog": {"enabled": True}}},
 }
 
 # The chart's defaults must not render either: no image is published, and the message says

@@ -30,7 +30,9 @@
 //! Entries that claim nothing are counted and dropped: `prefix_picker_access_log_entries_total
 //! {result}` is `claimed`, `unclaimed` (a well-formed key no route waits under: expired, claimed
 //! already), `no_route_key` (a request the picker did not route, or a forgery), `forged` (a key
-//! this replica did not issue, or a guessed secret: the route keeps waiting), `no_client_cert`
+//! this replica could not have issued, or a guessed secret: the route keeps waiting),
+//! `other_replica` (a well-formed key of another picker replica: the log goes to a Service in
+//! front of several pickers, so this completion is lost; warned once), `no_client_cert`
 //! (refused: no client certificate, when one is required) or `intermediate` (not a final entry).
 //!
 //! [`PendingRoutes`]: crate::routing::PendingRoutes
@@ -134,8 +136,10 @@ pub enum Claim {
     Unclaimed,
     /// No route key: a request the picker did not route, or a forgery.
     NoRouteKey,
-    /// A route key this replica did not issue (or a wrong secret).
+    /// A route key this replica could not have issued (or a wrong secret).
     Forged,
+    /// A route key another picker replica issued: the completion reached the wrong replica.
+    OtherReplica,
     /// Refused unread: the peer presented no client certificate, and the access log requires one.
     NoClientCert,
     /// It ended a waiting route.
@@ -143,11 +147,12 @@ pub enum Claim {
 }
 
 impl Claim {
-    pub const ALL: [Claim; 6] = [
+    pub const ALL: [Claim; 7] = [
         Claim::Claimed,
         Claim::Unclaimed,
         Claim::NoRouteKey,
         Claim::Forged,
+        Claim::OtherReplica,
         Claim::NoClientCert,
         Claim::Intermediate,
     ];
@@ -158,6 +163,7 @@ impl Claim {
             Claim::Unclaimed => "unclaimed",
             Claim::NoRouteKey => "no_route_key",
             Claim::Forged => "forged",
+            Claim::OtherReplica => "other_replica",
             Claim::NoClientCert => "no_client_cert",
             Claim::Claimed => "claimed",
         }
@@ -181,6 +187,10 @@ fn claim(router: &Router, entry: HttpAccessLogEntry) -> Claim {
         Ok(route) => route,
         Err(Miss::Unknown) => return Claim::Unclaimed,
         Err(Miss::Forged) => return Claim::Forged,
+        Err(Miss::OtherReplica) => {
+            warn_other_replica();
+            return Claim::OtherReplica;
+        }
     };
     let ending = if common.response_flags.as_ref().is_some_and(was_cut) {
         Ending::Aborted
@@ -203,6 +213,23 @@ fn claim(router: &Router, entry: HttpAccessLogEntry) -> Claim {
     };
     router.complete(route, ending);
     Claim::Claimed
+}
+
+/// A completion (an access-log entry, an observer stream) carried the route key of another
+/// picker replica: the gateway sends completions to a Service in front of several pickers, a
+/// shape that needs one picker per Envoy. Says so once per process.
+pub(crate) fn warn_other_replica() {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            "a completion (access-log entry or observer stream) reached a picker replica that \
+             did not route its request: the gateway sends completions to a Service in front of \
+             several pickers, so they are lost (counted as access_log_entries_total\
+             {{result=\"other_replica\"}}; the route expires on the replica that routed it). \
+             Run one picker per Envoy (the chart's sidecar mode), or one ext_proc filter that \
+             also sees the response (envoy/envoy-full-duplex.yaml, docs/replicas.md)"
+        );
+    }
 }
 
 /// A stream's last entry: `DownstreamEnd`, or no type (loggers without the field). Start,

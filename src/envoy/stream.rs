@@ -51,6 +51,7 @@ use ep::{
     ImmediateResponse, ProcessingRequest, ProcessingResponse, TrailersResponse,
 };
 
+use super::access_log::warn_other_replica;
 use super::ext_proc::{Lookup, StreamHandler};
 use super::wire::{
     BodyEnd, BodyMode, CONFORMANCE_SERVED_HEADER, DESTINATION_HEADER, PREFILLER_HEADER,
@@ -60,6 +61,7 @@ use super::wire::{
 };
 use crate::cached_tokens::CachedTokensScan;
 use crate::endpoints::AddressPattern;
+use crate::routing::pending::Miss;
 use crate::routing::{Ending, RouteFailure, Router, Served, Ticket};
 use crate::scheduler::kvcache_aware::KvBlockOwners;
 
@@ -483,6 +485,19 @@ impl StreamState {
             .or_else(|| route_key_from_metadata(&self.metadata))
     }
 
+    /// Claims the route waiting under [`StreamState::pending_key`], if this replica routed it
+    /// (a key of another replica is warned about: an observer stream sent to another picker).
+    fn take_pending(&self) -> Option<Ticket> {
+        match self.router.pending.take(self.pending_key()?) {
+            Ok(route) => Some(route),
+            Err(Miss::OtherReplica) => {
+                warn_other_replica();
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
     /// Candidate restriction from the subset hint and (when enabled) the conformance header.
     fn restriction(&self) -> Result<Option<Vec<AddressPattern>>, RouteFailure> {
         let hint = read_subset_hint(&self.metadata);
@@ -569,10 +584,7 @@ impl StreamState {
             return;
         }
         self.completed = true;
-        let route = self.route.take().or_else(|| {
-            self.pending_key()
-                .and_then(|key| self.router.pending.take(key).ok())
-        });
+        let route = self.route.take().or_else(|| self.take_pending());
         if let Some(route) = route {
             let ending = Ending::Completed {
                 status: self.status,
@@ -593,9 +605,7 @@ impl StreamState {
             self.router.complete(route, Ending::Aborted);
         }
         if self.observer
-            && let Some(route) = self
-                .pending_key()
-                .and_then(|key| self.router.pending.take(key).ok())
+            && let Some(route) = self.take_pending()
         {
             self.router.complete(route, Ending::Aborted);
         }

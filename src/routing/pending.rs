@@ -6,12 +6,16 @@
 //! deposits its [`Ticket`] here and puts the route key it gets back in the request's `envoy.lb`
 //! metadata; the other source claims the route by that key when the response ends, or drops it
 //! on abort. Anyone who reaches the gRPC port can send access-log entries, so a key is issued,
-//! not guessable: `N.SECRET`, N a process-wide counter (the map key) and SECRET 128 random bits
-//! from a CSPRNG (`rand`'s thread RNG), compared in constant time. The client-settable
-//! `x-request-id` claims nothing. A key with the right N and a wrong secret is [`Miss::Forged`]
-//! and leaves the route waiting. Unclaimed entries expire after `picker.responseTimeoutSeconds`,
-//! which releases their in-flight count without recording anything. Sharded by N; no lock spans
-//! all shards.
+//! not guessable: `REPLICA-N.SECRET`, REPLICA this set's random 64-bit id (16 hex digits), N a
+//! counter (the map key) and SECRET 128 random bits from a CSPRNG (`rand`'s thread RNG),
+//! compared in constant time. The client-settable `x-request-id` claims nothing. A key with the
+//! right N and a wrong secret is [`Miss::Forged`] and leaves the route waiting. A well-formed key
+//! of another replica is [`Miss::OtherReplica`]: the completion source (an access log or an
+//! observer filter sent to a Service in front of several pickers) reached a replica that did
+//! not route the request, a deployment error named as such instead of a forgery; the owner's
+//! route then expires. Unclaimed entries expire after `picker.responseTimeoutSeconds`, which
+//! releases their in-flight count without recording anything. Sharded by N; no lock spans all
+//! shards.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,6 +47,8 @@ pub enum Miss {
     Unknown,
     /// Not a key this replica could have issued, or a waiting route's number with a wrong secret.
     Forged,
+    /// A well-formed key issued by another replica (another `PendingRoutes`).
+    OtherReplica,
 }
 
 struct Waiting {
@@ -56,6 +62,8 @@ pub struct PendingRoutes {
     shards: Vec<Mutex<HashMap<u64, Waiting>>>,
     ttl: Duration,
     next: AtomicU64,
+    /// This replica's id, the first part of every key it issues.
+    replica: u64,
 }
 
 impl std::fmt::Debug for Waiting {
@@ -72,6 +80,7 @@ impl PendingRoutes {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             ttl,
             next: AtomicU64::new(0),
+            replica: rand::rng().random(),
         }
     }
 
@@ -79,7 +88,8 @@ impl PendingRoutes {
         &self.shards[(n % SHARDS as u64) as usize]
     }
 
-    /// Keeps `route` until claimed or expired; returns the key it is claimed by (`N.SECRET`).
+    /// Keeps `route` until claimed or expired; returns the key it is claimed by
+    /// (`REPLICA-N.SECRET`).
     pub fn insert(&self, route: Ticket) -> String {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let mut secret = [0u8; SECRET_BYTES];
@@ -90,7 +100,7 @@ impl PendingRoutes {
             route,
         };
         self.shard(n).lock().insert(n, waiting);
-        let mut key = format!("{n}.");
+        let mut key = format!("{:016x}-{n}.", self.replica);
         for b in secret {
             key.push_str(&format!("{b:02x}"));
         }
@@ -99,7 +109,10 @@ impl PendingRoutes {
 
     /// Claims the route `key` names, if it waits and the secret matches.
     pub fn take(&self, key: &str) -> Result<Ticket, Miss> {
-        let (n, secret) = parse_key(key).ok_or(Miss::Forged)?;
+        let (replica, n, secret) = parse_key(key).ok_or(Miss::Forged)?;
+        if replica != self.replica {
+            return Err(Miss::OtherReplica);
+        }
         let mut shard = self.shard(n).lock();
         let waiting = shard.get(&n).ok_or(Miss::Unknown)?;
         if !bool::from(waiting.secret.ct_eq(&secret)) {
@@ -135,18 +148,27 @@ impl PendingRoutes {
     }
 }
 
-/// `N.SECRET` (SECRET: 32 lowercase hex digits) as its parts.
-fn parse_key(key: &str) -> Option<(u64, [u8; SECRET_BYTES])> {
-    let (n, hex) = key.split_once('.')?;
-    if hex.len() != 2 * SECRET_BYTES || n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+/// `REPLICA-N.SECRET` (REPLICA: 16 lowercase hex digits, SECRET: 32) as its parts.
+fn parse_key(key: &str) -> Option<(u64, u64, [u8; SECRET_BYTES])> {
+    let (replica, rest) = key.split_once('-')?;
+    let (n, hex) = rest.split_once('.')?;
+    if replica.len() != 16
+        || hex.len() != 2 * SECRET_BYTES
+        || n.is_empty()
+        || !n.bytes().all(|b| b.is_ascii_digit())
+        || !replica
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    {
         return None;
     }
+    let replica = u64::from_str_radix(replica, 16).ok()?;
     let n = n.parse().ok()?;
     let mut secret = [0u8; SECRET_BYTES];
     for (i, byte) in secret.iter_mut().enumerate() {
         *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
     }
-    Some((n, secret))
+    Some((replica, n, secret))
 }
 
 #[cfg(test)]
@@ -218,9 +240,13 @@ mod tests {
                 "{forged:?}"
             );
         }
+        let (replica, n) = n.split_once('-').unwrap();
         assert_eq!(
             pending
-                .take(&format!("{}.{secret}", n.parse::<u64>().unwrap() + 1))
+                .take(&format!(
+                    "{replica}-{}.{secret}",
+                    n.parse::<u64>().unwrap() + 1
+                ))
                 .unwrap_err(),
             Miss::Unknown
         );
@@ -229,7 +255,7 @@ mod tests {
     }
 
     #[test]
-    fn secrets_differ_between_routes_and_replicas() {
+    fn a_key_of_another_replica_is_told_apart_from_a_forgery() {
         let router = router();
         let pod = endpoint(&router, addr(PORTS[0]));
         let (a, b) = (
@@ -240,12 +266,31 @@ mod tests {
             a.insert(route(&router, &pod, 1)),
             b.insert(route(&router, &pod, 2)),
         );
-        assert_eq!(
-            ka.split_once('.').unwrap().0,
-            kb.split_once('.').unwrap().0,
-            "same N"
-        );
-        assert_ne!(ka, kb);
-        assert_eq!(a.take(&kb).unwrap_err(), Miss::Forged);
+        let number = |k: &str| {
+            k.split_once('-')
+                .unwrap()
+                .1
+                .split_once('.')
+                .unwrap()
+                .0
+                .to_string()
+        };
+        assert_eq!(number(&ka), number(&kb), "same N");
+        assert_ne!(ka.split_once('-').unwrap().0, kb.split_once('-').unwrap().0);
+        assert_eq!(a.take(&kb).unwrap_err(), Miss::OtherReplica);
+        assert_eq!(b.take(&ka).unwrap_err(), Miss::OtherReplica);
+        // Not well-formed: a forgery, whichever replica it names.
+        let (replica, rest) = kb.split_once('-').unwrap();
+        for bad in [
+            format!("{}-{rest}", &replica[1..]),
+            format!("g{}-{rest}", &replica[1..]),
+            format!("{replica}{rest}"),
+            format!("{replica}-{rest}0"),
+        ] {
+            assert_eq!(a.take(&bad).unwrap_err(), Miss::Forged, "{bad}");
+        }
+        assert_eq!(a.len(), 1, "nothing claimed");
+        assert!(a.take(&ka).is_ok());
+        assert!(b.take(&kb).is_ok());
     }
 }

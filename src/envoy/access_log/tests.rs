@@ -287,9 +287,10 @@ fn unclaimed_and_intermediate_entries_change_nothing() {
         }
         sink.on_entry(intermediate);
     }
-    let (n, secret) = key.split_once('.').unwrap();
+    let (replica, rest) = key.split_once('-').unwrap();
+    let (n, secret) = rest.split_once('.').unwrap();
     let next = n.parse::<u64>().unwrap() + 1;
-    sink.on_entry(ok(&format!("{next}.{secret}"), None));
+    sink.on_entry(ok(&format!("{replica}-{next}.{secret}"), None));
     sink.on_entry(HttpAccessLogEntry::default());
     assert_eq!(router.pending.len(), 1, "still waiting for its final entry");
     assert_eq!(count(&router, "entries", "intermediate"), 2);
@@ -423,4 +424,27 @@ async fn without_a_client_certificate_entries_are_refused_when_one_is_required()
             assert_eq!(count(&router, "records", "recorded"), 1);
         }
     }
+}
+
+/// An access log sent to a Service in front of several pickers: an entry for a route another
+/// replica issued is counted as `other_replica` (not as a forgery), claims nothing here and
+/// leaves both replicas' routes waiting for their own entries.
+#[test]
+fn an_entry_for_another_replicas_route_is_counted_as_such() {
+    let (here, there) = (router(), router());
+    let sink_here = sink(&here);
+    let (primary_here, key_here) = route(&here, &prompt("routed here"));
+    let (primary_there, key_there) = route(&there, &prompt("routed there"));
+    sink_here.on_entry(ok(&key_there, Some(primary_there)));
+    assert_eq!(count(&here, "entries", "other_replica"), 1);
+    assert_eq!(count(&here, "entries", "forged"), 0);
+    assert_eq!(count(&here, "entries", "claimed"), 0);
+    assert_eq!(total_entries(&here), 0, "nothing recorded here");
+    assert_eq!((here.pending.len(), there.pending.len()), (1, 1));
+    // Each replica's own entry still claims its route.
+    sink_here.on_entry(ok(&key_here, Some(primary_here)));
+    sink(&there).on_entry(ok(&key_there, Some(primary_there)));
+    assert_eq!(count(&here, "entries", "claimed"), 1);
+    assert_eq!(count(&there, "entries", "claimed"), 1);
+    assert!(here.pending.is_empty() && there.pending.is_empty());
 }

@@ -19,6 +19,7 @@ mod replicas;
 mod routing;
 mod security;
 mod sessions;
+mod shapes;
 mod sync;
 mod tls;
 

@@ -166,7 +166,10 @@ async fn forged_access_log_entries_record_nothing() {
             log_entry: vec![
                 entry(None),
                 entry(Some("req-1")),
+                // The key format before replica ids: not one this picker could issue.
                 entry(Some("0.00000000000000000000000000000000")),
+                // Well-formed, of another replica (a 2^-64 chance of naming this one).
+                entry(Some("0123456789abcdef-0.00000000000000000000000000000000")),
             ],
         })),
         ..StreamAccessLogsMessage::default()
@@ -180,8 +183,8 @@ async fn forged_access_log_entries_record_nothing() {
         .unwrap();
     let series = |r: &str| format!("prefix_picker_access_log_entries_total{{result=\"{r}\"}}");
     wait_metric_eq(&picker, &series("no_route_key"), 1.0).await;
-    wait_metric_eq(&picker, &series("forged"), 1.0).await;
-    wait_metric_eq(&picker, &series("unclaimed"), 1.0).await;
+    wait_metric_eq(&picker, &series("forged"), 2.0).await;
+    wait_metric_eq(&picker, &series("other_replica"), 1.0).await;
     assert_eq!(
         metric_opt(&picker, &series("claimed")).await.unwrap_or(0.0),
         0.0

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 pub mod fake_kube;
 pub mod redis_server;
+pub mod service;
 
 pub const DEADLINE: Duration = Duration::from_secs(30);
 

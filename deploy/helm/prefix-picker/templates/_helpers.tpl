@@ -148,11 +148,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if and .Values.gateway.create (eq .Values.gateway.provider "none") }}
 {{- fail "gateway.create needs gateway.provider (its GatewayClass)" }}
 {{- end }}
-{{- if and .Values.gateway.accessLog.enabled (not (has .Values.gateway.provider (list "istio" "envoy-gateway"))) }}
-{{- fail "gateway.accessLog.enabled is supported for gateway.provider istio and envoy-gateway" }}
-{{- end }}
-{{- if and .Values.gateway.accessLog.enabled (gt (int .Values.replicaCount) 1) }}
-{{- fail "gateway.accessLog.enabled needs replicaCount: 1: a request's access-log entry may reach another replica than the one that routed it (nothing recorded, the in-flight count held until responseTimeoutSeconds). With several replicas keep the GIE shape (the routing stream sees the response: no access log)" }}
+{{- if hasKey .Values.gateway "accessLog" }}
+{{- fail "gateway.accessLog was removed: the InferencePool filters of Istio and Envoy AI Gateway send each response to the picker on the routing stream, which records the completion there (with any number of replicas); the access log only added one entry per request that no replica could claim. Remove gateway.accessLog from your values, and the envoyHttpAls provider from the mesh config or the EnvoyProxy reference from the Gateway (docs/replicas.md)" }}
 {{- end }}
 {{- if and (eq .Values.mode "sidecar") .Values.modelServers.headlessService.create (not .Values.modelServers.matchLabels) }}
 {{- fail "modelServers.matchLabels must be set to create the headless models Service" }}
