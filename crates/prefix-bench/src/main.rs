@@ -1660,6 +1660,7 @@ async fn overhead(
         .map(|s| s.to_string())
         .collect();
     let scheduler = default_scheduler()?;
+    let affinity = shipped_affinity()?;
     let mut setups: Vec<(String, RowKind, Setup)> = Vec::new();
     for file in envoy_files {
         setups.push((
@@ -1668,10 +1669,23 @@ async fn overhead(
             Setup::NoopExtProc { file: file.clone() },
         ));
         setups.push((
-            format!("Envoy + prefix-picker ({file})"),
+            format!("Envoy + prefix-picker, Kthena default plugins ({file})"),
             RowKind::Picker { file: file.clone() },
             Setup::envoy(file, Some(scheduler.clone())),
         ));
+        // The shipped config (affinity mode), what the demo and the chart run.
+        if let Some(affinity) = &affinity {
+            setups.push((
+                format!("Envoy + prefix-picker, shipped config ({file})"),
+                RowKind::Picker { file: file.clone() },
+                Setup::Envoy {
+                    file: file.clone(),
+                    scheduler: Some(scheduler.clone()),
+                    affinity: Some(affinity.clone()),
+                    events: None,
+                },
+            ));
+        }
     }
     for (name, setup) in routers(false)? {
         if matches!(setup, Setup::Sglang(_) | Setup::Vllm(_) | Setup::Smg(_)) {
