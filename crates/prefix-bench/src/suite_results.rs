@@ -56,17 +56,17 @@ impl SuiteResults {
     }
 
     /// What the tables do not show: the shipped rows' config if not the shipped one, and the
-    /// workloads skipped (markdown lines, empty when there is nothing to say).
+    /// workloads skipped (a markdown list, empty when there is nothing to say).
     pub fn notes(&self) -> String {
         let mut out = String::new();
         if let Some(c) = &self.config {
             out.push_str(&format!(
-                "The shipped-config rows ran with `{}` (`--config`).\n",
+                "- The shipped-config rows ran with `{}` (`--config`).\n",
                 c.display()
             ));
         }
         for s in &self.skipped {
-            out.push_str(&format!("Skipped `{}`: {}\n", s.workload, s.reason));
+            out.push_str(&format!("- Skipped `{}`: {}\n", s.workload, s.reason));
         }
         out
     }
@@ -115,10 +115,10 @@ mod tests {
         assert_eq!(back.config, suite.config);
         let md = back.markdown();
         assert!(
-            md.starts_with("The shipped-config rows ran with `mine.yaml`"),
+            md.starts_with("- The shipped-config rows ran with `mine.yaml`"),
             "{md}"
         );
-        assert!(md.contains("Skipped `trace`: no file\n"), "{md}");
+        assert!(md.contains("\n- Skipped `trace`: no file\n"), "{md}");
         assert!(md.contains("| a | 50.0% |"), "{md}");
 
         std::fs::write(&path, serde_json::to_string(&vec![run("b")]).unwrap()).unwrap();

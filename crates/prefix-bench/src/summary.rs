@@ -227,7 +227,7 @@ mod tests {
             reason: "missing".into(),
         });
         let md = markdown(&s);
-        assert!(md.ends_with("\nSkipped `trace`: missing\n"), "{md}");
+        assert!(md.ends_with("\n\n- Skipped `trace`: missing\n"), "{md}");
         let empty = markdown(&SuiteResults::default());
         assert_eq!(empty.lines().filter(|l| l.starts_with("| ")).count(), 1);
     }
