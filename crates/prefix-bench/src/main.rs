@@ -4,14 +4,16 @@
 //!   with prefix-cache only, with Kthena's default plugins, with the shipped config, with the
 //!   shipped config reading the engines' KV events; the peer routers `bench/run` installed; the
 //!   oracle), starts fresh model-sims, the picker and Envoy as processes, runs the workload
-//!   `--repeat` times (interleaved) and writes `suite.json` (every run) + `suite.md` (medians).
+//!   `--repeat` times (interleaved) and writes `suite.json` (every run, the skipped workloads),
+//!   `suite.md` (medians) and `suite-summary.md` (a line per workload, `prefix_bench::summary`).
 //!   When a selected row reads KV events, or the workload restarts engines, every row of that
-//!   workload runs on sims that publish them (the same engines for every row).
+//!   workload runs on sims that publish them (the same engines for every row). `--config`
+//!   gives the shipped-config rows another picker config (`prefix_bench::row_config`).
 //! - `overhead`: instant backends, fixed concurrency: requests/s, p50/p99 latency and CPU per
 //!   request of Envoy alone vs Envoy + a no-op ext_proc vs Envoy + prefix-picker (both Envoy
 //!   setups), in one run.
 //! - `run`: one workload against an existing router URL.
-//! - `report`: rewrite the markdown and PNG of a results file.
+//! - `report`: rewrite the markdown, summary and PNG of a results file (`--summary`: print it).
 //! - `pd`: prefill/decode disaggregation, prefix-picker's `pdGroup` pairs against round-robin
 //!   pairs on model-sims in PD roles; the headline is the prefill hit rate (`prefix_bench::pd`).
 //! - `noop-ext-proc` (hidden): the no-op external processor of the overhead baseline, run as its
@@ -26,8 +28,10 @@ use prefix_bench::driver::{self, Arrival, RunResult};
 use prefix_bench::overhead::{self, OverheadRow, RowKind};
 use prefix_bench::picker_config::{self, EngineEvents};
 use prefix_bench::probe::{self, cpu_seconds};
+use prefix_bench::row_config::RowConfig;
+use prefix_bench::suite_results::{Skipped, SuiteResults};
 use prefix_bench::workload::{self, BenchRequest};
-use prefix_bench::{oracle, placement_search, report};
+use prefix_bench::{oracle, placement_search, report, summary};
 use testkit::{Process, bin_dir, render_envoy};
 
 #[derive(Debug, Parser)]
@@ -70,8 +74,14 @@ enum Cmd {
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
         rounds: u32,
     },
-    /// Rewrite the markdown and PNG of a results JSON file (next to it).
-    Report { results: PathBuf },
+    /// Rewrite the markdown, the summary and the PNG of a results JSON file (next to it).
+    Report {
+        /// A results file: `suite.json` (or an earlier array of runs).
+        results: PathBuf,
+        /// Print the summary (one line per workload, as `suite-summary.md`) and write nothing.
+        #[arg(long)]
+        summary: bool,
+    },
     /// One workload against a running router.
     Run {
         #[arg(long)]
@@ -127,10 +137,14 @@ enum Cmd {
 // Options of `prefix-bench suite` (help text: the `Cmd::Suite` doc comment).
 #[derive(Debug, Args)]
 struct SuiteOpts {
+    /// Small workloads, one run per row (about two minutes): a developer's check, not a result.
     #[arg(long)]
     quick: bool,
+    /// Directory for `suite.json` (every run), `suite.md` (a table per workload),
+    /// `suite-summary.md` (a line per workload) and `suite.png` (`suite-quick*` with `--quick`).
     #[arg(long, default_value = "bench/results")]
     out: PathBuf,
+    /// Seed of the workloads' generated prompts and arrivals (same seed, same requests).
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Runs of every row, interleaved (run 1 of every router, then run 2, ...); the tables show
@@ -156,6 +170,17 @@ struct SuiteOpts {
     /// to `<out>/suite-samples.jsonl`, one line per request, tagged with router, workload, run.
     #[arg(long)]
     samples: bool,
+    /// Run the shipped-config rows (and their engine-events and ablation rows) with this picker
+    /// config instead of `deploy/local/config.yaml`: its `scheduler:` section and its
+    /// `picker.affinity` mapping (the suite writes the endpoints). Validated first, as
+    /// `prefix-picker validate` does.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The Mooncake trace the `trace` workload replays. Default:
+    /// `../shared/data/mooncake/synthetic_trace.jsonl` under `PREFIX_PICKER_ROOT`; when it is
+    /// missing the workload is skipped, said on stderr and listed in the reports.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
 }
 
 /// Project root: `$PREFIX_PICKER_ROOT`, else the current directory.
@@ -251,9 +276,32 @@ impl WorkloadSpec {
 const TENANT_SYSTEM_TOKENS: usize = 1536;
 const TENANT_KV_BLOCKS: usize = 4 * TENANT_SYSTEM_TOKENS / 16 + 64;
 
-fn workloads(quick: bool, seed: u64) -> anyhow::Result<Vec<WorkloadSpec>> {
+/// The `trace` workload's file when `--trace` names none.
+fn default_trace() -> PathBuf {
+    root().join("../shared/data/mooncake/synthetic_trace.jsonl")
+}
+
+/// Why the `trace` workload cannot run, when its file is missing.
+fn trace_missing(path: &std::path::Path) -> Skipped {
+    Skipped {
+        workload: "trace".into(),
+        reason: format!(
+            "the trace file {} is missing: get `synthetic_trace.jsonl` from Mooncake's \
+             `FAST25-release/traces/` (https://github.com/kvcache-ai/Mooncake, Apache-2.0) and put \
+             it there, or name it with `--trace FILE`",
+            path.display()
+        ),
+    }
+}
+
+/// The workloads (`--quick`: the small ones), and those skipped for a missing input.
+fn workloads(
+    quick: bool,
+    seed: u64,
+    trace_path: &std::path::Path,
+) -> anyhow::Result<(Vec<WorkloadSpec>, Vec<Skipped>)> {
     let m = "model";
-    let trace_path = root().join("../shared/data/mooncake/synthetic_trace.jsonl");
+    let mut skipped = Vec::new();
     let mut w = if quick {
         vec![
             WorkloadSpec::new(
@@ -412,14 +460,16 @@ fn workloads(quick: bool, seed: u64) -> anyhow::Result<Vec<WorkloadSpec>> {
             } else {
                 "trace (Mooncake synthetic, first 600 requests, 20x speed-up)"
             },
-            workload::trace(&trace_path, limit, 20.0, 64, m)
+            workload::trace(trace_path, limit, 20.0, 64, m)
                 .with_context(|| format!("reading {}", trace_path.display()))?,
             Arrival::Trace,
             // Long reuse distances: a full H100-sized cache (32,768 blocks = 524k tokens).
             32_768,
         ));
+    } else {
+        skipped.push(trace_missing(trace_path));
     }
-    Ok(w)
+    Ok((w, skipped))
 }
 
 /// The pod of `caching-off` that never reuses its cache: the first, where routers that break
@@ -531,23 +581,15 @@ fn engine_event_rows() -> Vec<(&'static str, EngineEvents)> {
     vec![("", EngineEvents::engine_tokenize())]
 }
 
-/// The shipped default config (`deploy/local/config.yaml`).
-fn shipped_config() -> anyhow::Result<serde_yaml_ng::Value> {
-    let path = root().join("deploy/local/config.yaml");
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+/// The shipped default config (`deploy/local/config.yaml`), validated.
+fn shipped_config() -> anyhow::Result<RowConfig> {
+    Ok(RowConfig::load(&root().join("deploy/local/config.yaml"))?)
 }
 
 /// The `scheduler:` section of the shipped default config (Kthena's Helm
 /// `routerConfiguration`), alone.
 fn default_scheduler() -> anyhow::Result<String> {
-    let config = shipped_config()?;
-    let mut only = serde_yaml_ng::Mapping::new();
-    if let Some(s) = config.get("scheduler") {
-        only.insert("scheduler".into(), s.clone());
-    }
-    Ok(serde_yaml_ng::to_string(&only)?)
+    Ok(shipped_config()?.scheduler)
 }
 
 /// The kvcache-aware row's name.
@@ -583,16 +625,6 @@ fn kvcache_scheduler(scheduler: &str) -> anyhow::Result<String> {
     Ok(serde_yaml_ng::to_string(&doc)?)
 }
 
-/// The `picker.affinity` mapping of the shipped config, if it has one (as JSON, which YAML
-/// reads as a flow mapping).
-fn shipped_affinity() -> anyhow::Result<Option<serde_json::Value>> {
-    let config = shipped_config()?;
-    let Some(affinity) = config.get("picker").and_then(|p| p.get("affinity")) else {
-        return Ok(None);
-    };
-    Ok(Some(serde_json::to_value(affinity)?))
-}
-
 /// The `picker.affinity` switches the ablation turns off, one at a time.
 const ABLATION_SWITCHES: [&str; 7] = [
     "tentative",
@@ -611,26 +643,39 @@ const LATENCY_SIGNALS: [&str; 4] = ["inflight", "engineQueue", "pace", "prefillF
 const PREFIX_ONLY: &str = "scheduler:\n  plugins:\n    Filter: {enabled: []}\n    Score:\n      enabled:\n      - {name: prefix-cache, weight: 1}\n";
 
 /// The routers of the suite, in report order. The peers run only when `bench/run` installed
-/// them (`SGLANG_ROUTER_PYTHON`, `VLLM_ROUTER_BIN`, `SMG_BIN`). The shipped-config row (and
-/// after it the engine-events rows, and the ablation rows with `ablation`) only when the shipped
-/// config has a `picker.affinity` section: without one it routes exactly as the Kthena row.
-fn routers(ablation: bool) -> anyhow::Result<Vec<(String, Setup)>> {
+/// them (`SGLANG_ROUTER_PYTHON`, `VLLM_ROUTER_BIN`, `SMG_BIN`). The shipped-config rows take
+/// their routing from `config` (`suite --config`), else from the shipped config; the
+/// shipped-config row (and after it the engine-events rows, and the ablation rows with
+/// `ablation`) runs when that config has a `picker.affinity` section or was given: the shipped
+/// config without one routes exactly as the Kthena row.
+fn routers(
+    ablation: bool,
+    config: Option<&std::path::Path>,
+) -> anyhow::Result<Vec<(String, Setup)>> {
+    let shipped = shipped_config()?;
+    let rows = match config {
+        Some(path) => RowConfig::load(path)?,
+        None => shipped.clone(),
+    };
     Ok(routers_from(
-        default_scheduler()?,
-        shipped_affinity()?,
+        shipped.scheduler,
+        &rows,
+        config.is_some(),
         ablation,
     ))
 }
 
-/// [`routers`], given the shipped config's `scheduler:` section and `picker.affinity` mapping.
+/// [`routers`], given the shipped config's `scheduler:` section (the Kthena rows') and the
+/// config of the shipped-config rows (`given`: named by `--config`).
 fn routers_from(
     scheduler: String,
-    shipped_affinity: Option<serde_json::Value>,
+    rows: &RowConfig,
+    given: bool,
     ablation: bool,
 ) -> Vec<(String, Setup)> {
     let mut out = vec![
         (
-            "envoy round-robin".to_string(),
+            report::ROUND_ROBIN.to_string(),
             Setup::envoy("envoy-round-robin.yaml", None),
         ),
         (
@@ -642,28 +687,31 @@ fn routers_from(
             Setup::envoy("envoy.yaml", Some(scheduler.clone())),
         ),
     ];
-    match shipped_affinity {
-        Some(affinity) => {
+    let shipped_scheduler = &rows.scheduler;
+    if rows.affinity.is_some() || given {
+        out.push((
+            report::SHIPPED.to_string(),
+            Setup::Envoy {
+                file: "envoy.yaml".into(),
+                scheduler: Some(shipped_scheduler.clone()),
+                affinity: rows.affinity.clone(),
+                events: None,
+            },
+        ));
+        for (suffix, events) in engine_event_rows() {
             out.push((
-                report::SHIPPED.to_string(),
+                format!("{}{suffix}", report::SHIPPED_ENGINE_EVENTS),
                 Setup::Envoy {
                     file: "envoy.yaml".into(),
-                    scheduler: Some(scheduler.clone()),
-                    affinity: Some(affinity.clone()),
-                    events: None,
+                    scheduler: Some(shipped_scheduler.clone()),
+                    affinity: rows.affinity.clone(),
+                    events: Some(events),
                 },
             ));
-            for (suffix, events) in engine_event_rows() {
-                out.push((
-                    format!("{}{suffix}", report::SHIPPED_ENGINE_EVENTS),
-                    Setup::Envoy {
-                        file: "envoy.yaml".into(),
-                        scheduler: Some(scheduler.clone()),
-                        affinity: Some(affinity.clone()),
-                        events: Some(events),
-                    },
-                ));
-            }
+        }
+    }
+    match &rows.affinity {
+        Some(affinity) => {
             if ablation {
                 // The shipped config with one `picker.affinity` key changed.
                 let mut row = |name: String, key: &str, value: serde_json::Value| {
@@ -675,7 +723,7 @@ fn routers_from(
                         format!("{}{name}", report::ABLATION),
                         Setup::Envoy {
                             file: "envoy.yaml".into(),
-                            scheduler: Some(scheduler.clone()),
+                            scheduler: Some(shipped_scheduler.clone()),
                             affinity: Some(a),
                             events: None,
                         },
@@ -704,8 +752,17 @@ fn routers_from(
                 }
             }
         }
+        None if given => {
+            if ablation {
+                eprintln!(
+                    "{} has no picker.affinity section: no ablation rows",
+                    rows.path.display()
+                );
+            }
+        }
         None => eprintln!(
-            "deploy/local/config.yaml has no picker.affinity section: no shipped-config{} rows",
+            "{} has no picker.affinity section: no shipped-config{} rows",
+            rows.path.display(),
             if ablation { " or ablation" } else { "" }
         ),
     }
@@ -736,7 +793,10 @@ fn routers_from(
         Setup::Oracle,
     ));
     out.push((
-        "oracle, max/mean load <= 1.3 (placement searched offline, no router)".into(),
+        format!(
+            "{}{CAPPED_ORACLE_LOAD} (placement searched offline, no router)",
+            report::CAPPED_ORACLE
+        ),
         Setup::OracleCapped,
     ));
     out
@@ -1093,7 +1153,12 @@ async fn start_cluster_on(setup: &Setup, mut engines: EnginePlan) -> anyhow::Res
     })
 }
 
-fn write_results(out: &PathBuf, name: &str, results: &[RunResult], md: &str) -> anyhow::Result<()> {
+fn write_results(
+    out: &PathBuf,
+    name: &str,
+    results: &impl serde::Serialize,
+    md: &str,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(out)?;
     std::fs::write(
         out.join(format!("{name}.json")),
@@ -1209,17 +1274,30 @@ async fn suite(opts: SuiteOpts) -> anyhow::Result<()> {
         ablation,
         ext_proc_floor,
         samples,
+        config,
+        trace,
     } = opts;
     let repeat = repeat.unwrap_or(if quick { 1 } else { 3 }) as usize;
-    let all = workloads(quick, seed)?;
+    let (all, skipped) = workloads(quick, seed, &trace.unwrap_or_else(default_trace))?;
+    let skipped: Vec<Skipped> = skipped
+        .into_iter()
+        .filter(|s| only.is_empty() || only.iter().any(|f| s.workload.starts_with(f.as_str())))
+        .collect();
+    for s in &skipped {
+        eprintln!("skipping workload {}: {}", s.workload, s.reason);
+    }
     let keys: Vec<&str> = all.iter().map(|w| w.key).collect();
     let selected: Vec<WorkloadSpec> = all.into_iter().filter(|w| w.selected(&only)).collect();
     anyhow::ensure!(
         !selected.is_empty(),
-        "no workload matches {only:?} (keys: {})",
-        keys.join(", ")
+        "{}",
+        if skipped.is_empty() {
+            format!("no workload matches {only:?} (keys: {})", keys.join(", "))
+        } else {
+            "every selected workload was skipped (see above)".to_string()
+        }
     );
-    let routers: Vec<(String, Setup)> = routers(ablation)?
+    let routers: Vec<(String, Setup)> = routers(ablation, config.as_deref())?
         .into_iter()
         .filter(|(name, _)| {
             // `--ablation` asks for its rows whatever `--routers` selects.
@@ -1360,14 +1438,29 @@ async fn suite(opts: SuiteOpts) -> anyhow::Result<()> {
             }
         }
     }
-    let md = report::markdown(&results);
+    let suite = SuiteResults {
+        runs: results,
+        skipped,
+        config,
+    };
+    let md = suite.markdown();
     println!("{md}");
     let name = if quick { "suite-quick" } else { "suite" };
-    write_results(&out, name, &results, &md)?;
+    write_results(&out, name, &suite, &md)?;
+    let json = out.join(format!("{name}.json"));
+    std::fs::write(summary_path(&json), summary::markdown(&suite))?;
     if samples {
-        write_samples(&out.join(format!("{name}-samples.jsonl")), &results)?;
+        write_samples(&out.join(format!("{name}-samples.jsonl")), &suite.runs)?;
     }
-    report::plot(&results, &out.join(format!("{name}.png")))
+    report::plot(&suite.runs, &out.join(format!("{name}.png")))
+}
+
+/// The summary beside a results file: `suite.json` -> `suite-summary.md`.
+fn summary_path(results: &std::path::Path) -> PathBuf {
+    let stem = results
+        .file_stem()
+        .map_or_else(|| "suite".into(), |s| s.to_string_lossy());
+    results.with_file_name(format!("{stem}-summary.md"))
 }
 
 // Options of `prefix-bench pd` (help text: the `Cmd::Pd` doc comment).
@@ -1687,7 +1780,7 @@ async fn overhead(
             ));
         }
     }
-    for (name, setup) in routers(false)? {
+    for (name, setup) in routers(false, None)? {
         if matches!(setup, Setup::Sglang(_) | Setup::Vllm(_) | Setup::Smg(_)) {
             setups.push((name, RowKind::Peer, setup));
         }
@@ -1852,10 +1945,18 @@ async fn main() -> anyhow::Result<()> {
             println!("{}", serde_json::to_string_pretty(&cost)?);
             Ok(())
         }
-        Cmd::Report { results } => {
-            let runs: Vec<RunResult> = serde_json::from_slice(&std::fs::read(&results)?)?;
-            std::fs::write(results.with_extension("md"), report::markdown(&runs))?;
-            report::plot(&runs, &results.with_extension("png"))
+        Cmd::Report {
+            results,
+            summary: only_summary,
+        } => {
+            let suite = SuiteResults::read(&results)?;
+            if only_summary {
+                print!("{}", summary::markdown(&suite));
+                return Ok(());
+            }
+            std::fs::write(results.with_extension("md"), suite.markdown())?;
+            std::fs::write(summary_path(&results), summary::markdown(&suite))?;
+            report::plot(&suite.runs, &results.with_extension("png"))
         }
         Cmd::Run {
             url,
@@ -1865,7 +1966,8 @@ async fn main() -> anyhow::Result<()> {
             rate,
             seed,
         } => {
-            let w = workloads(false, seed)?
+            let w = workloads(false, seed, &default_trace())?
+                .0
                 .into_iter()
                 .find(|w| w.selected(std::slice::from_ref(&name)))
                 .with_context(|| format!("unknown workload {name:?}"))?;
@@ -1904,7 +2006,7 @@ mod tests {
 
     #[test]
     fn the_engine_truth_workloads_are_the_full_multi_tenant_one_disturbed() {
-        let all = workloads(false, 1).unwrap();
+        let all = workloads(false, 1, &default_trace()).unwrap().0;
         let tenants = find(&all, "multi-tenant").unwrap();
         let restarts = find(&all, "engine-restarts").unwrap();
         let off = find(&all, "caching-off").unwrap();
@@ -1935,7 +2037,7 @@ mod tests {
         {
             assert!(w.caching_off.is_empty() && !w.restarts, "{}", w.key);
         }
-        let quick = workloads(true, 1).unwrap();
+        let quick = workloads(true, 1, &default_trace()).unwrap().0;
         assert!(find(&quick, "engine-restarts").is_none() && find(&quick, "caching-off").is_none());
     }
 
@@ -1961,8 +2063,12 @@ mod tests {
 
     #[test]
     fn the_engine_events_rows_follow_the_shipped_row_and_read_events() {
-        let shipped_affinity = serde_json::json!({"tentative": true});
-        let routers = routers_from(PREFIX_ONLY.to_string(), Some(shipped_affinity), true);
+        let rows = RowConfig {
+            path: "config.yaml".into(),
+            scheduler: PREFIX_ONLY.to_string(),
+            affinity: Some(serde_json::json!({"tentative": true})),
+        };
+        let routers = routers_from(PREFIX_ONLY.to_string(), &rows, false, true);
         let names: Vec<&str> = routers.iter().map(|(n, _)| n.as_str()).collect();
         let shipped = names.iter().position(|n| *n == report::SHIPPED).unwrap();
         assert_eq!(names[shipped + 1], report::SHIPPED_ENGINE_EVENTS);
@@ -1998,5 +2104,69 @@ mod tests {
                 .count(),
             engine_event_rows().len()
         );
+    }
+
+    fn scheduler_of(routers: &[(String, Setup)], name: &str) -> Option<String> {
+        routers.iter().find_map(|(n, s)| match s {
+            Setup::Envoy { scheduler, .. } if n == name => scheduler.clone(),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn a_given_config_drives_the_shipped_rows_and_only_them() {
+        let mine = RowConfig {
+            path: "mine.yaml".into(),
+            scheduler: "scheduler: {mine: true}\n".into(),
+            affinity: None,
+        };
+        let routers = routers_from("scheduler: {kthena: true}\n".into(), &mine, true, true);
+        assert_eq!(
+            scheduler_of(&routers, report::SHIPPED).as_deref(),
+            Some("scheduler: {mine: true}\n")
+        );
+        assert_eq!(
+            scheduler_of(&routers, report::SHIPPED_ENGINE_EVENTS).as_deref(),
+            Some("scheduler: {mine: true}\n")
+        );
+        assert_eq!(
+            scheduler_of(&routers, "prefix-picker: Kthena default plugins").as_deref(),
+            Some("scheduler: {kthena: true}\n")
+        );
+        // No affinity mapping: nothing for the ablation to switch off.
+        assert!(!routers.iter().any(|(n, _)| n.starts_with(report::ABLATION)));
+        // The shipped config without an affinity mapping has no shipped row at all.
+        let plain = routers_from("scheduler: {}\n".into(), &mine, false, true);
+        assert!(!plain.iter().any(|(n, _)| n.starts_with(report::SHIPPED)));
+    }
+
+    #[test]
+    fn a_missing_trace_is_skipped_naming_the_file_and_where_to_get_it() {
+        let missing = std::path::Path::new("/nonexistent/synthetic_trace.jsonl");
+        for quick in [false, true] {
+            let (w, skipped) = workloads(quick, 1, missing).unwrap();
+            assert!(find(&w, "trace").is_none());
+            assert_eq!(skipped.len(), 1);
+            assert_eq!(skipped[0].workload, "trace");
+            let reason = &skipped[0].reason;
+            assert!(
+                reason.contains("/nonexistent/synthetic_trace.jsonl"),
+                "{reason}"
+            );
+            assert!(reason.contains("kvcache-ai/Mooncake") && reason.contains("--trace"));
+        }
+    }
+
+    #[test]
+    fn every_suite_flag_has_help() {
+        use clap::CommandFactory;
+        let cli = Cli::command();
+        let suite = cli.find_subcommand("suite").unwrap();
+        for arg in suite.get_arguments() {
+            if ["help", "version"].contains(&arg.get_id().as_str()) {
+                continue;
+            }
+            assert!(arg.get_help().is_some(), "--{} has no help", arg.get_id());
+        }
     }
 }

@@ -14,6 +14,11 @@ pub const SHIPPED: &str = "prefix-picker: shipped config";
 /// The shipped config reading every engine's KV events (the engine-events rows' name prefix).
 pub const SHIPPED_ENGINE_EVENTS: &str = "prefix-picker: shipped config + engine events";
 
+/// Envoy alone, routing round robin.
+pub const ROUND_ROBIN: &str = "envoy round-robin";
+/// The name prefix of the oracle row with a load allowance (placement searched offline).
+pub const CAPPED_ORACLE: &str = "oracle, max/mean load <= ";
+
 /// Kthena's kvcache-aware row (the engines' KV events through `kv-relay` and Redis).
 pub const KVCACHE_AWARE: &str = "prefix-picker: Kthena kvcache-aware (kv-relay + Redis)";
 
@@ -253,8 +258,8 @@ mod tests {
     }
 }
 
-/// Short workload label for plots: the text before the parameters.
-fn short(workload: &str) -> &str {
+/// Short workload label for plots and the summary: the text before the parameters.
+pub fn short(workload: &str) -> &str {
     workload.split(" (").next().unwrap_or(workload)
 }
 

@@ -30,9 +30,12 @@ fn benchmark_quick_suite_writes_a_report_where_the_shipped_config_beats_round_ro
         .status()
         .unwrap();
     assert!(status.success());
-    let results: Vec<prefix_bench::driver::RunResult> =
-        serde_json::from_slice(&std::fs::read(out.path().join("suite-quick.json")).unwrap())
+    let suite =
+        prefix_bench::suite_results::SuiteResults::read(&out.path().join("suite-quick.json"))
             .unwrap();
+    // Two workloads were asked for, and the trace is not among them: nothing skipped.
+    assert!(suite.skipped.is_empty() && suite.config.is_none());
+    let results = suite.runs;
     let routers: std::collections::BTreeSet<&str> =
         results.iter().map(|r| r.router.as_str()).collect();
     let workloads: std::collections::BTreeSet<&str> =
@@ -100,6 +103,75 @@ fn benchmark_quick_suite_writes_a_report_where_the_shipped_config_beats_round_ro
     );
     let md = std::fs::read_to_string(out.path().join("suite-quick.md")).unwrap();
     assert_eq!(md.matches("| router |").count(), workloads.len());
+    // The summary: its header and one line per workload.
+    let summary = std::fs::read_to_string(out.path().join("suite-quick-summary.md")).unwrap();
+    let lines: Vec<&str> = summary.lines().filter(|l| l.starts_with("| ")).collect();
+    assert_eq!(lines.len(), 1 + workloads.len(), "{summary}");
+    assert!(
+        lines.iter().any(|l| l.starts_with("| shared-prefix |")),
+        "{summary}"
+    );
+}
+
+/// `prefix-bench suite` with `args`, from the workspace root; its exit status and stderr.
+fn suite_fails(args: &[&str]) -> String {
+    let out = tempfile::tempdir().unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_prefix-bench"))
+        .arg("suite")
+        .args(args)
+        .arg("--out")
+        .arg(out.path())
+        .env("PREFIX_PICKER_ROOT", testkit::workspace_root())
+        .output()
+        .unwrap();
+    assert!(!run.status.success(), "{args:?} ran");
+    // It stopped before it wrote anything.
+    assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 0);
+    String::from_utf8(run.stderr).unwrap()
+}
+
+#[test]
+fn suite_says_which_workload_it_skips_and_how_to_get_its_file() {
+    let stderr = suite_fails(&[
+        "--quick",
+        "--workloads",
+        "trace",
+        "--trace",
+        "/nonexistent/synthetic_trace.jsonl",
+    ]);
+    assert!(
+        stderr.contains(
+            "skipping workload trace: the trace file /nonexistent/synthetic_trace.jsonl is missing"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("kvcache-ai/Mooncake"), "{stderr}");
+    assert!(
+        stderr.contains("every selected workload was skipped"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn suite_refuses_a_config_that_does_not_validate_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("my-picker.yaml");
+    std::fs::write(&bad, "picker:\n  affinity: {tentativ: true}\n").unwrap();
+    let stderr = suite_fails(&[
+        "--quick",
+        "--workloads",
+        "shared-prefix",
+        "--config",
+        bad.to_str().unwrap(),
+    ]);
+    assert!(
+        stderr.contains(&format!(
+            "the picker config {} does not validate",
+            bad.display()
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("tentativ"), "{stderr}");
 }
 
 /// The overhead baseline's processor, as `prefix-bench overhead` starts it: each phase gets its

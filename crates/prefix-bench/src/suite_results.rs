@@ -1,0 +1,139 @@
+//! The results file of `prefix-bench suite` (`suite.json`): every run, the workloads the suite
+//! skipped and why, and the config file the shipped-config rows ran with when it was not the
+//! shipped one (`suite --config`).
+//!
+//! Files written before the skipped workloads were recorded hold the runs alone, as a JSON
+//! array; [`SuiteResults::read`] takes both.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+use super::driver::RunResult;
+use super::report;
+
+/// A workload the suite did not run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Skipped {
+    /// Its `--workloads` key.
+    pub workload: String,
+    /// Why, and how to get what it needs.
+    pub reason: String,
+}
+
+/// What one `suite` wrote.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SuiteResults {
+    pub runs: Vec<RunResult>,
+    #[serde(default)]
+    pub skipped: Vec<Skipped>,
+    /// The shipped-config rows' picker config, when `--config` replaced the shipped one.
+    #[serde(default)]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OnDisk {
+    Suite(SuiteResults),
+    Runs(Vec<RunResult>),
+}
+
+impl SuiteResults {
+    /// Reads a results file: a suite's, or a plain array of runs.
+    pub fn read(path: &Path) -> anyhow::Result<SuiteResults> {
+        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let on_disk: OnDisk = serde_json::from_slice(&bytes)
+            .with_context(|| format!("{} is not a results file", path.display()))?;
+        Ok(match on_disk {
+            OnDisk::Suite(s) => s,
+            OnDisk::Runs(runs) => SuiteResults {
+                runs,
+                ..SuiteResults::default()
+            },
+        })
+    }
+
+    /// What the tables do not show: the shipped rows' config if not the shipped one, and the
+    /// workloads skipped (a markdown list, empty when there is nothing to say).
+    pub fn notes(&self) -> String {
+        let mut out = String::new();
+        if let Some(c) = &self.config {
+            out.push_str(&format!(
+                "- The shipped-config rows ran with `{}` (`--config`).\n",
+                c.display()
+            ));
+        }
+        for s in &self.skipped {
+            out.push_str(&format!("- Skipped `{}`: {}\n", s.workload, s.reason));
+        }
+        out
+    }
+
+    /// The notes, then a table per workload ([`report::markdown`]).
+    pub fn markdown(&self) -> String {
+        let notes = self.notes();
+        let tables = report::markdown(&self.runs);
+        if notes.is_empty() {
+            tables
+        } else {
+            format!("{notes}{tables}")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(router: &str) -> RunResult {
+        RunResult {
+            router: router.into(),
+            workload: "w".into(),
+            hit_rate: 0.5,
+            ..RunResult::default()
+        }
+    }
+
+    #[test]
+    fn a_suite_file_round_trips_and_a_plain_array_still_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let suite = SuiteResults {
+            runs: vec![run("a")],
+            skipped: vec![Skipped {
+                workload: "trace".into(),
+                reason: "no file".into(),
+            }],
+            config: Some("mine.yaml".into()),
+        };
+        let path = dir.path().join("suite.json");
+        std::fs::write(&path, serde_json::to_string(&suite).unwrap()).unwrap();
+        let back = SuiteResults::read(&path).unwrap();
+        assert_eq!(back.runs.len(), 1);
+        assert_eq!(back.skipped, suite.skipped);
+        assert_eq!(back.config, suite.config);
+        let md = back.markdown();
+        assert!(
+            md.starts_with("- The shipped-config rows ran with `mine.yaml`"),
+            "{md}"
+        );
+        assert!(md.contains("\n- Skipped `trace`: no file\n"), "{md}");
+        assert!(md.contains("| a | 50.0% |"), "{md}");
+
+        std::fs::write(&path, serde_json::to_string(&vec![run("b")]).unwrap()).unwrap();
+        let old = SuiteResults::read(&path).unwrap();
+        assert_eq!(old.runs[0].router, "b");
+        assert!(old.skipped.is_empty() && old.config.is_none());
+        assert!(old.markdown().starts_with("\n**w**"));
+    }
+
+    #[test]
+    fn a_file_that_is_not_results_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.json");
+        std::fs::write(&path, "{\"hello\": 1}").unwrap();
+        let err = format!("{:#}", SuiteResults::read(&path).unwrap_err());
+        assert!(err.contains("x.json"), "{err}");
+    }
+}
