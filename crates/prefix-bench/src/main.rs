@@ -1752,8 +1752,8 @@ async fn overhead(
         .iter()
         .map(|s| s.to_string())
         .collect();
-    let scheduler = default_scheduler()?;
-    let affinity = shipped_affinity()?;
+    let shipped = shipped_config()?;
+    let (scheduler, affinity) = (shipped.scheduler, shipped.affinity);
     let mut setups: Vec<(String, RowKind, Setup)> = Vec::new();
     for file in envoy_files {
         setups.push((
