@@ -29,7 +29,7 @@
 //!   shutdownGraceSeconds: 30      # SIGTERM: open streams get this long to finish
 //!   tls: {mode: plaintext}        # gRPC port: plaintext | selfSigned | files (see `tls`)
 //!   debug: {enabled: false}       # /debug/* on the admin port: off, loopback, token (admin::access)
-//!   affinity: {...}               # the affinity mode (crate::scheduler::affinity)
+//!   affinity: {}                  # the affinity mode (crate::scheduler::affinity; keys: config::affinity)
 //!   loadShedding: {queueDepth: 5, kvCacheUtilization: 0.8, retryAfterSeconds: 1}  # 429 when every
 //!                                 # pod is saturated (crate::scheduler::saturation); absent: off
 //!   sessions: {enabled: false}    # session affinity by a request header (routing::sessions)
@@ -53,9 +53,7 @@ use crate::admin::DebugConfig;
 use crate::discovery::{DiscoveryConfig, DiscoveryError};
 use crate::pod_metrics::names::EngineMetricNames;
 use crate::routing::sessions::SessionsConfig;
-use crate::scheduler::affinity::AffinityConfig;
 pub use crate::scheduler::config::{FilterKind, SchedulerConfig, ScorerKind};
-use crate::scheduler::latency::{LatencySignal, Signals};
 use crate::scheduler::pd::{PdGroup, PdGroupError};
 use crate::scheduler::prefix_cache::PrefixCacheArgs;
 use crate::scheduler::saturation::SaturationLimits;
@@ -64,7 +62,9 @@ use crate::tls::TlsConfig;
 /// Plugin names Kthena knows that prefix-picker skips (with Kthena's own warning).
 const KNOWN_ELSEWHERE: [&str; 2] = ["lora-affinity", "pd-group"];
 
+mod affinity;
 mod kvcache_args;
+pub use affinity::{AffinitySection, ExperimentalAffinity, ValidAffinity};
 pub use kvcache_args::{ParsedKvCacheArgs, UNPARSABLE_KVCACHE_ARGS, parse_kvcache_aware_args};
 
 /// A statically configured model-server pod.
@@ -261,165 +261,6 @@ impl LoadSheddingSection {
             kv_cache_utilization: self.kv_cache_utilization,
             max_inflight: self.max_in_flight_per_pod,
             staleness: Duration::try_from_secs_f64(staleness).unwrap_or(Duration::MAX),
-        }))
-    }
-}
-
-/// `picker.affinity`, as written (see [`AffinityConfig`] and docs/routing.md for each key).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
-pub struct AffinitySection {
-    pub enabled: bool,
-    pub tentative: bool,
-    pub consolidate_ties: bool,
-    pub load_gate: bool,
-    pub pod_capacity: u32,
-    pub max_queue: u32,
-    pub share_headroom: f64,
-    pub share_window: u32,
-    pub tie_load_slack: u32,
-    pub spill_loss: f64,
-    pub tentative_min_ratio: f64,
-    pub long_prompts: bool,
-    pub block_bytes: usize,
-    pub max_prompt_bytes: usize,
-    pub engine_budget: bool,
-    pub bytes_per_token: u32,
-    pub engine_tokens: u64,
-    pub balance_new: bool,
-    pub spill_hot_only: bool,
-    pub place_by_churn: bool,
-    pub churn_slack: f64,
-    pub latency_model: bool,
-    pub latency_signals: Vec<String>,
-}
-
-impl Default for AffinitySection {
-    fn default() -> Self {
-        let d = AffinityConfig::default();
-        AffinitySection {
-            enabled: true,
-            tentative: d.tentative,
-            consolidate_ties: d.consolidate_ties,
-            load_gate: d.load_gate,
-            pod_capacity: d.pod_capacity,
-            max_queue: d.max_queue,
-            share_headroom: d.share_headroom,
-            share_window: d.share_window,
-            tie_load_slack: d.tie_load_slack,
-            spill_loss: d.spill_loss,
-            tentative_min_ratio: d.tentative_min_ratio,
-            long_prompts: d.long_prompts,
-            block_bytes: d.block_bytes,
-            max_prompt_bytes: d.max_prompt_bytes,
-            engine_budget: d.engine_budget,
-            bytes_per_token: d.bytes_per_token,
-            engine_tokens: d.engine_tokens,
-            balance_new: d.balance_new,
-            spill_hot_only: d.spill_hot_only,
-            place_by_churn: d.place_by_churn,
-            churn_slack: d.churn_slack,
-            latency_model: d.latency_model,
-            latency_signals: LatencySignal::ALL
-                .iter()
-                .map(|s| s.as_str().to_string())
-                .collect(),
-        }
-    }
-}
-
-impl AffinitySection {
-    /// The validated mode, `None` when `enabled: false`; errors name the key and value.
-    pub fn validate(&self) -> Result<Option<AffinityConfig>, ConfigError> {
-        let bad = |key: &str, value: String, want: &str| {
-            Err(ConfigError::Picker(format!(
-                "affinity.{key} must be {want}, got {value}"
-            )))
-        };
-        if !self.enabled {
-            return Ok(None);
-        }
-        if self.pod_capacity == 0 {
-            return bad("podCapacity", "0".into(), "> 0");
-        }
-        if !(self.share_headroom.is_finite() && self.share_headroom >= 0.0) {
-            return bad(
-                "shareHeadroom",
-                self.share_headroom.to_string(),
-                "a number >= 0",
-            );
-        }
-        if !(self.spill_loss.is_finite() && self.spill_loss >= 0.0) {
-            return bad("spillLoss", self.spill_loss.to_string(), "a number >= 0");
-        }
-        if !(0.0..=1.0).contains(&self.tentative_min_ratio) {
-            return bad(
-                "tentativeMinRatio",
-                self.tentative_min_ratio.to_string(),
-                "in 0..=1",
-            );
-        }
-        if self.share_window == 0 {
-            return bad("shareWindow", "0".into(), "> 0");
-        }
-        if !(16..=1 << 20).contains(&self.block_bytes) {
-            return bad(
-                "blockBytes",
-                self.block_bytes.to_string(),
-                "in 16..=1048576",
-            );
-        }
-        if self.max_prompt_bytes < self.block_bytes
-            || self.max_prompt_bytes / self.block_bytes > 1 << 16
-        {
-            return bad(
-                "maxPromptBytes",
-                self.max_prompt_bytes.to_string(),
-                "at least blockBytes and at most 65536 blocks",
-            );
-        }
-        if self.bytes_per_token == 0 {
-            return bad("bytesPerToken", "0".into(), "> 0");
-        }
-        if !(self.churn_slack.is_finite() && self.churn_slack >= 0.0) {
-            return bad("churnSlack", self.churn_slack.to_string(), "a number >= 0");
-        }
-        let mut signals = Vec::with_capacity(self.latency_signals.len());
-        for name in &self.latency_signals {
-            match LatencySignal::parse(name) {
-                Some(s) => signals.push(s),
-                None => {
-                    return bad(
-                        "latencySignals",
-                        format!("{name:?}"),
-                        "a list of inflight, engineQueue, pace, prefillFit",
-                    );
-                }
-            }
-        }
-        Ok(Some(AffinityConfig {
-            tentative: self.tentative,
-            consolidate_ties: self.consolidate_ties,
-            load_gate: self.load_gate,
-            pod_capacity: self.pod_capacity,
-            max_queue: self.max_queue,
-            share_headroom: self.share_headroom,
-            share_window: self.share_window,
-            tie_load_slack: self.tie_load_slack,
-            spill_loss: self.spill_loss,
-            tentative_min_ratio: self.tentative_min_ratio,
-            long_prompts: self.long_prompts,
-            block_bytes: self.block_bytes,
-            max_prompt_bytes: self.max_prompt_bytes,
-            engine_budget: self.engine_budget,
-            bytes_per_token: self.bytes_per_token,
-            engine_tokens: self.engine_tokens,
-            balance_new: self.balance_new,
-            spill_hot_only: self.spill_hot_only,
-            place_by_churn: self.place_by_churn,
-            churn_slack: self.churn_slack,
-            latency_model: self.latency_model,
-            latency_signals: Signals::of(signals),
         }))
     }
 }
@@ -630,7 +471,10 @@ impl Config {
         }
         if let Some(section) = &config.picker.affinity {
             match section.validate() {
-                Ok(mode) => config.scheduler.apply_affinity(mode),
+                Ok(valid) => {
+                    config.warnings.extend(valid.warnings);
+                    config.scheduler.apply_affinity(valid.mode);
+                }
                 Err(e) => errors.push(e),
             }
         }

@@ -748,7 +748,8 @@ mod tests {
         assert_eq!(churn_pods(&registry), ["pod-0", "pod-1"]);
 
         // The mode reloaded off: no series left.
-        let off = Config::parse("picker: {affinity: {placeByChurn: false}}\n").unwrap();
+        let off =
+            Config::parse("picker: {affinity: {experimental: {placeByChurn: false}}}\n").unwrap();
         let scheduler = router.scheduler.load().scheduler.reconfigured(
             off.scheduler,
             off.picker.max_endpoints,

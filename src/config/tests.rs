@@ -584,26 +584,29 @@ fn affinity_errors_name_the_key_and_the_value() {
             "shareHeadroom: -0.1",
             "affinity.shareHeadroom must be a number >= 0, got -0.1",
         ),
-        ("shareWindow: 0", "affinity.shareWindow must be > 0, got 0"),
         (
-            "tentativeMinRatio: 1.5",
-            "affinity.tentativeMinRatio must be in 0..=1, got 1.5",
+            "experimental: {shareWindow: 0}",
+            "affinity.experimental.shareWindow must be > 0, got 0",
         ),
         (
-            "churnSlack: -1",
-            "affinity.churnSlack must be a number >= 0, got -1",
+            "experimental: {tentativeMinRatio: 1.5}",
+            "affinity.experimental.tentativeMinRatio must be in 0..=1, got 1.5",
         ),
         (
-            "churnSlack: .nan",
-            "affinity.churnSlack must be a number >= 0, got NaN",
+            "experimental: {churnSlack: -1}",
+            "affinity.experimental.churnSlack must be a number >= 0, got -1",
+        ),
+        (
+            "experimental: {churnSlack: .nan}",
+            "affinity.experimental.churnSlack must be a number >= 0, got NaN",
         ),
         (
             "bytesPerToken: 0",
             "affinity.bytesPerToken must be > 0, got 0",
         ),
         (
-            "latencySignals: [inflight, queue]",
-            "affinity.latencySignals must be a list of inflight, engineQueue, pace, prefillFit, got \"queue\"",
+            "experimental: {latencySignals: [inflight, queue]}",
+            "affinity.experimental.latencySignals must be a list of inflight, engineQueue, pace, prefillFit, got \"queue\"",
         ),
     ];
     for (value, expected) in cases {
@@ -611,8 +614,11 @@ fn affinity_errors_name_the_key_and_the_value() {
         let err = Config::parse(&doc).unwrap_err();
         assert_eq!(err.to_string(), format!("picker: {expected}"), "{value}");
     }
-    // The new-work keys reach the scheduler.
-    let c = Config::parse("picker: {affinity: {placeByChurn: false, churnSlack: 0.1}}\n").unwrap();
+    // The experimental keys reach the scheduler.
+    let c = Config::parse(
+        "picker: {affinity: {experimental: {placeByChurn: false, churnSlack: 0.1}}}\n",
+    )
+    .unwrap();
     let a = c.scheduler.affinity.expect("affinity mode");
     assert!(!a.place_by_churn);
     assert_eq!(a.churn_slack, 0.1);
@@ -621,7 +627,9 @@ fn affinity_errors_name_the_key_and_the_value() {
     use crate::scheduler::latency::{LatencySignal, Signals};
     assert!(a.latency_model);
     assert_eq!(a.latency_signals, Signals::ALL);
-    let c = Config::parse("picker: {affinity: {latencySignals: [inflight, pace]}}\n").unwrap();
+    let c =
+        Config::parse("picker: {affinity: {experimental: {latencySignals: [inflight, pace]}}}\n")
+            .unwrap();
     let a = c.scheduler.affinity.expect("affinity mode");
     assert_eq!(
         a.latency_signals,

@@ -57,7 +57,7 @@ fn weights_endpoints_and_pd_group_reload() {
     for picker in [
         "picker: {seed: 9}",
         "picker: {maxEndpoints: 1}",
-        "picker: {affinity: {engineBudget: false}}",
+        "picker: {affinity: {experimental: {engineBudget: false}}}",
         "picker: {loadShedding: {}}",
     ] {
         let next = format!("{base}{picker}\n");
@@ -127,11 +127,14 @@ fn a_block_layout_change_is_planned_and_refused_under_sync() {
         .unwrap();
     let (old, new) = plan.layout.expect("layout changed");
     assert_eq!((old.block_size, new.block_size), (64, 32));
-    let long = format!("{base}picker: {{affinity: {{longPrompts: true, engineBudget: false}}}}\n");
+    let long = format!(
+        "{base}picker: {{affinity: {{longPrompts: true, experimental: {{engineBudget: false}}}}}}\n"
+    );
     let plan = check(&config(&base), &config(&long)).unwrap().unwrap();
     assert!(plan.layout.is_some(), "the seeded scheme hashes otherwise");
-    let affinity =
-        format!("{base}picker: {{affinity: {{longPrompts: false, engineBudget: false}}}}\n");
+    let affinity = format!(
+        "{base}picker: {{affinity: {{longPrompts: false, experimental: {{engineBudget: false}}}}}}\n"
+    );
     let plan = check(&config(&base), &config(&affinity)).unwrap().unwrap();
     let (old, new) = plan.layout.expect("the affinity mode renders tools too");
     assert_eq!(

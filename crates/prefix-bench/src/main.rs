@@ -628,12 +628,12 @@ fn kvcache_scheduler(scheduler: &str) -> anyhow::Result<String> {
 /// The `picker.affinity` switches the ablation turns off, one at a time.
 const ABLATION_SWITCHES: [&str; 7] = [
     "tentative",
-    "consolidateTies",
+    "experimental.consolidateTies",
     "loadGate",
     "latencyModel",
-    "placeByChurn",
+    "experimental.placeByChurn",
     "longPrompts",
-    "engineBudget",
+    "experimental.engineBudget",
 ];
 
 /// The latency model's signals (`latencySignals`), each left out alone by the ablation.
@@ -714,9 +714,20 @@ fn routers_from(
         Some(affinity) => {
             if ablation {
                 // The shipped config with one `picker.affinity` key changed.
+                // `key` is a `picker.affinity` key, or `experimental.KEY`.
                 let mut row = |name: String, key: &str, value: serde_json::Value| {
                     let mut a = affinity.clone();
-                    if let Some(map) = a.as_object_mut() {
+                    let (map, key) = match key.strip_prefix("experimental.") {
+                        Some(key) => (
+                            a.as_object_mut().map(|m| {
+                                m.entry("experimental")
+                                    .or_insert_with(|| serde_json::json!({}))
+                            }),
+                            key,
+                        ),
+                        None => (Some(&mut a), key),
+                    };
+                    if let Some(map) = map.and_then(serde_json::Value::as_object_mut) {
                         map.insert(key.into(), value);
                     }
                     out.push((
@@ -730,7 +741,8 @@ fn routers_from(
                     ));
                 };
                 for switch in ABLATION_SWITCHES {
-                    row(format!("{switch}: false"), switch, false.into());
+                    let name = switch.trim_start_matches("experimental.");
+                    row(format!("{name}: false"), switch, false.into());
                 }
                 // The share gate alone off (the latency model still gates): is it redundant?
                 row(
@@ -746,7 +758,7 @@ fn routers_from(
                         .collect();
                     row(
                         format!("latencySignals without {signal}"),
-                        "latencySignals",
+                        "experimental.latencySignals",
                         rest.into(),
                     );
                 }

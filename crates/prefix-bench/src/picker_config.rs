@@ -124,7 +124,8 @@ mod tests {
 
     #[test]
     fn an_engine_events_row_names_every_pods_sockets_and_the_tokenizer() {
-        let affinity = serde_json::json!({"tentative": true, "latencySignals": ["pace"]});
+        let affinity =
+            serde_json::json!({"tentative": true, "experimental": {"latencySignals": ["pace"]}});
         let events = EngineEvents::engine_tokenize();
         let config = render(SCHEDULER, &pods(true), Some(&affinity), Some(&events)).unwrap();
         let doc = parse(&config);
@@ -151,7 +152,7 @@ mod tests {
         );
         assert_eq!(doc["picker"]["affinity"]["tentative"].as_bool(), Some(true));
         assert_eq!(
-            doc["picker"]["affinity"]["latencySignals"][0].as_str(),
+            doc["picker"]["affinity"]["experimental"]["latencySignals"][0].as_str(),
             Some("pace")
         );
         assert_eq!(doc["picker"]["scrapeIntervalSeconds"].as_f64(), Some(0.1));

@@ -692,7 +692,7 @@ async fn alerts_and_panels_query_only_exported_series() {
         doc.push_str(&s.endpoint_yaml());
     }
     doc.push_str(
-        "picker: {scrapeIntervalSeconds: 0.05, responseTimeoutSeconds: 1, affinity: {engineBudget: false}, tokenizer: {source: engine}}\n",
+        "picker: {scrapeIntervalSeconds: 0.05, responseTimeoutSeconds: 1, affinity: {experimental: {engineBudget: false}}, tokenizer: {source: engine}}\n",
     );
     doc.push_str(&sync);
     let picker = start_picker(prefix_picker::config::Config::parse(&doc).unwrap()).await;
