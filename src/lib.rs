@@ -4,6 +4,23 @@
 //! routing seam ([`routing`]: route a request to a ticket, complete the ticket), with the pod set,
 //! discovery, metrics and replica sync around it; and the Envoy adapter ([`envoy`]), the only
 //! part that speaks Envoy's protocols. [`serve`] wires them into a process.
+//!
+//! The modules stand in layers; a module imports only from the layers its row lists, and no
+//! file imports another in a circle (`layers.rs` checks both against this table, file by file):
+//!
+//! | layer | modules | may import |
+//! | --- | --- | --- |
+//! | core | `cached_tokens`, `decaying_sum`, `engine_view`, `hashing`, `invariants`, `lenient_json`, `prefix_index`, `prompt`, `request`, `scheduler` | core |
+//! | leaves | `backoff`, `metrics`, `pod_id`, `tls` | core, leaves |
+//! | platform | `discovery`, `endpoints`, `engine_events`, `kv_events`, `kvcache`, `pod_metrics`, `sync`, `tokenizer` | core, leaves, platform |
+//! | config | `config` | core, leaves, platform |
+//! | routing | `routing` | core, leaves, platform, config, routing |
+//! | adapters | `admin`, `envoy` | core, leaves, platform, config, routing, adapters |
+//! | process | `cli`, `logging`, `reload`, `serve`, `main` | core, leaves, platform, config, routing, adapters, process |
+//!
+//! Config sections are defined by the module that owns them (`sync::SyncConfig`,
+//! `discovery::DiscoveryConfig`); `config` assembles them, and defines itself the sections whose
+//! owner sits above it (`admin`'s `debug`, `routing`'s `sessions`).
 
 // The core: plain Rust.
 pub mod cached_tokens; // the engine's `cached_tokens` report, read from a response body
@@ -61,6 +78,9 @@ pub mod tls; // TLS on the gRPC port
 
 #[cfg(all(test, feature = "sidecar"))]
 pub(crate) mod testing; // fixtures shared by the unit tests
+
+#[cfg(test)]
+mod layers; // the layer table above, checked against src/'s imports
 
 #[cfg(feature = "sidecar")]
 pub use config::Config;
