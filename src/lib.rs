@@ -36,6 +36,8 @@ pub mod scheduler; // filters, scores and the pick: a `Decision`
 
 // Routing and the platform around it.
 #[cfg(feature = "sidecar")]
+pub mod backoff; // capped exponential backoff between reconnection attempts
+#[cfg(feature = "sidecar")]
 pub mod config; // the config file, parsed into types that cannot be invalid
 #[cfg(feature = "sidecar")]
 pub mod discovery; // Kubernetes discovery: pods as `endpoints::Update`s
