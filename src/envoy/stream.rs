@@ -51,7 +51,7 @@ use ep::{
     ImmediateResponse, ProcessingRequest, ProcessingResponse, TrailersResponse,
 };
 
-use super::ext_proc::{Lookup, StreamHandler};
+use super::handler::{Lookup, StreamHandler};
 use super::wire::{
     BodyEnd, BodyMode, CONFORMANCE_SERVED_HEADER, DESTINATION_HEADER, PREFILLER_HEADER,
     TEST_SELECTION_HEADER, body_chunks, destination, header_value, lb_metadata, merge_metadata,
