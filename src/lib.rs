@@ -52,6 +52,8 @@ pub mod kvcache; // kvcache-aware's lookup, its Redis connection and GC, and the
 #[cfg(feature = "sidecar")]
 pub mod metrics; // the Prometheus families, declared together
 #[cfg(feature = "sidecar")]
+pub mod pod_id; // a pod's identity, `namespace/name`
+#[cfg(feature = "sidecar")]
 pub mod pod_metrics; // engine-metrics scraping
 #[cfg(feature = "sidecar")]
 pub mod routing; // route -> ticket, pending tickets, complete(ticket, ending)
