@@ -12,15 +12,15 @@
 //! | --- | --- | --- |
 //! | core | `cached_tokens`, `decaying_sum`, `engine_view`, `hashing`, `invariants`, `lenient_json`, `prefix_index`, `prompt`, `request`, `scheduler` | core |
 //! | leaves | `backoff`, `metrics`, `pod_id`, `tls` | core, leaves |
-//! | platform | `discovery`, `endpoints`, `engine_events`, `kv_events`, `kvcache`, `pod_metrics`, `sync`, `tokenizer` | core, leaves, platform |
+//! | platform | `debug_access`, `discovery`, `endpoints`, `engine_events`, `kv_events`, `kvcache`, `pod_metrics`, `sessions`, `sync`, `tokenizer` | core, leaves, platform |
 //! | config | `config` | core, leaves, platform |
 //! | routing | `routing` | core, leaves, platform, config, routing |
 //! | adapters | `admin`, `envoy` | core, leaves, platform, config, routing, adapters |
 //! | process | `cli`, `logging`, `reload`, `serve`, `main` | core, leaves, platform, config, routing, adapters, process |
 //!
 //! Config sections are defined by the module that owns them (`sync::SyncConfig`,
-//! `discovery::DiscoveryConfig`); `config` assembles them, and defines itself the sections whose
-//! owner sits above it (`admin`'s `debug`, `routing`'s `sessions`).
+//! `sessions::SessionsConfig`, `debug_access::DebugConfig`, ...); `config` assembles them and
+//! none of them imports it back. Metric label enums live with their metric ([`metrics`]).
 
 // The core: plain Rust.
 pub mod cached_tokens; // the engine's `cached_tokens` report, read from a response body
@@ -40,6 +40,8 @@ pub mod backoff; // capped exponential backoff between reconnection attempts
 #[cfg(feature = "sidecar")]
 pub mod config; // the config file, parsed into types that cannot be invalid
 #[cfg(feature = "sidecar")]
+pub mod debug_access; // who may read the admin listener's /debug routes (`picker.debug`)
+#[cfg(feature = "sidecar")]
 pub mod discovery; // Kubernetes discovery: pods as `endpoints::Update`s
 #[cfg(feature = "sidecar")]
 pub mod endpoints; // the pod set: identities, addresses, in-flight counts, engine stats
@@ -57,6 +59,8 @@ pub mod pod_id; // a pod's identity, `namespace/name`
 pub mod pod_metrics; // engine-metrics scraping
 #[cfg(feature = "sidecar")]
 pub mod routing; // route -> ticket, pending tickets, complete(ticket, ending)
+#[cfg(feature = "sidecar")]
+pub mod sessions; // session affinity's map: session key -> the pod that served it last
 #[cfg(feature = "sidecar")]
 pub mod sync; // prefix-index sharing between replicas over Redis
 #[cfg(feature = "sidecar")]

@@ -1,7 +1,7 @@
 //! How routes, decision-time records, sessions and access-log entries ended: the label enums of
 //! the router's outcome families (`as_str()` is the label). They live with the metrics, which know
 //! no routing or Envoy type, and are re-exported where the outcome is decided
-//! (`routing::completion`, `routing::sessions`, `envoy::access_log`).
+//! (`routing::completion`, `sessions`, `envoy::access_log`).
 
 /// How a routed request ended (the `outcome` label of `prefix_picker_records_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

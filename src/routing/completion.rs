@@ -29,10 +29,10 @@ pub use crate::metrics::outcomes::{RouteOutcome, TentativeOutcome};
 use crate::metrics::{CachedTokens, RouterMetrics};
 use crate::prefix_index::ModelKey;
 use crate::routing::pending::Expired;
-use crate::routing::sessions::SessionKey;
 use crate::routing::{RecordOrigin, Router};
 use crate::scheduler::latency::Prediction;
 use crate::scheduler::{Decision, TentativeHold};
+use crate::sessions::SessionKey;
 
 /// A routed request until it ends: what completion needs to record it. Holds the primary pod's
 /// in-flight count (and, in the affinity mode, the tentative hold) until completed, or dropped

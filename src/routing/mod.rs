@@ -15,7 +15,7 @@
 pub mod completion;
 pub mod live;
 pub mod pending;
-pub mod sessions;
+pub use crate::sessions;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
