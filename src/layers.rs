@@ -596,7 +596,6 @@ fn src_dir() -> PathBuf {
 }
 
 #[test]
-#[ignore = "issue 38: src/ has import circles; the next commits remove them"]
 fn every_import_goes_to_a_layer_its_row_lists() {
     let src = src_dir();
     let table = layer_table(&std::fs::read_to_string(src.join("lib.rs")).unwrap());
@@ -657,7 +656,6 @@ fn every_import_goes_to_a_layer_its_row_lists() {
     );
 }
 #[test]
-#[ignore = "issue 38: src/ has import circles; the next commits remove them"]
 fn no_circle_among_source_files() {
     let files = load(&src_dir());
     let edges = graph(&files);
