@@ -24,7 +24,7 @@ use crate::metrics::{PrefixCacheMetrics, encode};
 use crate::routing::Router;
 use crate::scheduler::Unscored;
 
-pub mod access;
+pub use crate::debug_access as access;
 pub use access::{DebugAccess, DebugConfig};
 
 /// Shared state of the admin listener.

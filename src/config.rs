@@ -28,11 +28,11 @@
 //!   shutdownDelaySeconds: 0       # SIGTERM: not-ready for this long before closing
 //!   shutdownGraceSeconds: 30      # SIGTERM: open streams get this long to finish
 //!   tls: {mode: plaintext}        # gRPC port: plaintext | selfSigned | files (see `tls`)
-//!   debug: {enabled: false}       # /debug/* on the admin port: off, loopback, token (admin::access)
+//!   debug: {enabled: false}       # /debug/* on the admin port: off, loopback, token (debug_access)
 //!   affinity: {}                  # the affinity mode (crate::scheduler::affinity; keys: config::affinity)
 //!   loadShedding: {queueDepth: 5, kvCacheUtilization: 0.8, retryAfterSeconds: 1}  # 429 when every
 //!                                 # pod is saturated (crate::scheduler::saturation); absent: off
-//!   sessions: {enabled: false}    # session affinity by a request header (routing::sessions)
+//!   sessions: {enabled: false}    # session affinity by a request header (sessions)
 //! sync: {redis: {url: ...}}       # optional index sharing through Redis (crate::sync::config)
 //! ```
 //! Kthena's leniencies are kept and warned about: unknown top-level keys, unknown plugin names
@@ -49,14 +49,14 @@ use serde::Deserialize;
 use serde_yaml_ng::{Mapping, Value as Yaml};
 use thiserror::Error;
 
-use crate::admin::DebugConfig;
+use crate::debug_access::DebugConfig;
 use crate::discovery::{DiscoveryConfig, DiscoveryError};
 use crate::pod_metrics::names::EngineMetricNames;
-use crate::routing::sessions::SessionsConfig;
 pub use crate::scheduler::config::{FilterKind, SchedulerConfig, ScorerKind};
 use crate::scheduler::pd::{PdGroup, PdGroupError};
 use crate::scheduler::prefix_cache::PrefixCacheArgs;
 use crate::scheduler::saturation::SaturationLimits;
+use crate::sessions::SessionsConfig;
 use crate::tls::TlsConfig;
 
 /// Plugin names Kthena knows that prefix-picker skips (with Kthena's own warning).
@@ -141,11 +141,11 @@ pub struct PickerConfig {
     pub shutdown_grace_seconds: f64,
     /// TLS on the gRPC port.
     pub tls: TlsConfig,
-    /// The admin listener's `/debug/*` routes: off unless enabled (see [`crate::admin::access`]).
+    /// The admin listener's `/debug/*` routes: off unless enabled (see [`crate::debug_access`]).
     pub debug: DebugConfig,
     /// The affinity mode (`picker.affinity`); absent: Kthena's scheduler, exactly.
     pub affinity: Option<AffinitySection>,
-    /// Session affinity (`picker.sessions`, see [`crate::routing::sessions`]); off by default.
+    /// Session affinity (`picker.sessions`, see [`crate::sessions`]); off by default.
     pub sessions: SessionsConfig,
     /// Load shedding (`picker.loadShedding`); absent: never shed.
     #[serde(deserialize_with = "load_shedding")]

@@ -16,7 +16,6 @@
 mod pattern;
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -28,6 +27,7 @@ use prometheus::IntGauge;
 
 use crate::engine_view::EngineView;
 use crate::metrics::RouterMetrics;
+pub use crate::pod_id::PodId;
 use crate::prefix_index::{PodHandle, PodSlot, PrefixIndex};
 pub use crate::scheduler::EngineStats;
 use crate::scheduler::affinity::{RecentPicks, rendezvous_key};
@@ -37,19 +37,6 @@ pub use pattern::AddressPattern;
 
 /// The default bound of an engine view, in blocks (`picker.kvEvents.maxBlocksPerPod`).
 pub const DEFAULT_MAX_ENGINE_BLOCKS: usize = 1 << 20;
-
-/// A pod's identity: `namespace/name`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PodId {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl fmt::Display for PodId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
 
 /// What discovery knows of a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,6 +4,23 @@
 //! routing seam ([`routing`]: route a request to a ticket, complete the ticket), with the pod set,
 //! discovery, metrics and replica sync around it; and the Envoy adapter ([`envoy`]), the only
 //! part that speaks Envoy's protocols. [`serve`] wires them into a process.
+//!
+//! The modules stand in layers; a module imports only from the layers its row lists, and no
+//! file imports another in a circle (`layers.rs` checks both against this table, file by file):
+//!
+//! | layer | modules | may import |
+//! | --- | --- | --- |
+//! | core | `cached_tokens`, `decaying_sum`, `engine_view`, `hashing`, `invariants`, `lenient_json`, `prefix_index`, `prompt`, `request`, `scheduler` | core |
+//! | leaves | `backoff`, `metrics`, `pod_id`, `tls` | core, leaves |
+//! | platform | `debug_access`, `discovery`, `endpoints`, `engine_events`, `kv_events`, `kvcache`, `pod_metrics`, `sessions`, `sync`, `tokenizer` | core, leaves, platform |
+//! | config | `config` | core, leaves, platform |
+//! | routing | `routing` | core, leaves, platform, config, routing |
+//! | adapters | `admin`, `envoy` | core, leaves, platform, config, routing, adapters |
+//! | process | `cli`, `logging`, `reload`, `serve`, `main` | core, leaves, platform, config, routing, adapters, process |
+//!
+//! Config sections are defined by the module that owns them (`sync::SyncConfig`,
+//! `sessions::SessionsConfig`, `debug_access::DebugConfig`, ...); `config` assembles them and
+//! none of them imports it back. Metric label enums live with their metric ([`metrics`]).
 
 // The core: plain Rust.
 pub mod cached_tokens; // the engine's `cached_tokens` report, read from a response body
@@ -19,7 +36,11 @@ pub mod scheduler; // filters, scores and the pick: a `Decision`
 
 // Routing and the platform around it.
 #[cfg(feature = "sidecar")]
+pub mod backoff; // capped exponential backoff between reconnection attempts
+#[cfg(feature = "sidecar")]
 pub mod config; // the config file, parsed into types that cannot be invalid
+#[cfg(feature = "sidecar")]
+pub mod debug_access; // who may read the admin listener's /debug routes (`picker.debug`)
 #[cfg(feature = "sidecar")]
 pub mod discovery; // Kubernetes discovery: pods as `endpoints::Update`s
 #[cfg(feature = "sidecar")]
@@ -33,9 +54,13 @@ pub mod kvcache; // kvcache-aware's lookup, its Redis connection and GC, and the
 #[cfg(feature = "sidecar")]
 pub mod metrics; // the Prometheus families, declared together
 #[cfg(feature = "sidecar")]
+pub mod pod_id; // a pod's identity, `namespace/name`
+#[cfg(feature = "sidecar")]
 pub mod pod_metrics; // engine-metrics scraping
 #[cfg(feature = "sidecar")]
 pub mod routing; // route -> ticket, pending tickets, complete(ticket, ending)
+#[cfg(feature = "sidecar")]
+pub mod sessions; // session affinity's map: session key -> the pod that served it last
 #[cfg(feature = "sidecar")]
 pub mod sync; // prefix-index sharing between replicas over Redis
 #[cfg(feature = "sidecar")]
@@ -61,6 +86,9 @@ pub mod tls; // TLS on the gRPC port
 
 #[cfg(all(test, feature = "sidecar"))]
 pub(crate) mod testing; // fixtures shared by the unit tests
+
+#[cfg(test)]
+mod layers; // the layer table above, checked against src/'s imports
 
 #[cfg(feature = "sidecar")]
 pub use config::Config;

@@ -16,12 +16,10 @@ use prometheus::{
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::endpoints::PodId;
-use crate::envoy::access_log::Claim;
+use crate::pod_id::PodId;
 use crate::prefix_index::{ModelKey, RecordOutcome};
-use crate::routing::completion::{RouteOutcome, TentativeOutcome};
-use crate::routing::sessions::{SessionDrop, SessionOutcome};
 use crate::scheduler::{DecisionReason, Unscored};
+use outcomes::{Claim, RouteOutcome, SessionDrop, SessionOutcome, TentativeOutcome};
 
 /// This build's version (`Cargo.toml`).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -118,6 +116,7 @@ pub const MATCH_RATIO_BUCKETS: [f64; 9] = [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95,
 
 pub mod engine_truth;
 pub mod kvcache;
+pub mod outcomes;
 
 const LATENCY_BUCKETS: [f64; 14] = [
     0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025,
@@ -364,7 +363,7 @@ impl RouterMetrics {
             engine: engine_truth::EngineTruthMetrics::register(
                 registry,
                 &crate::scheduler::MatchSource::ALL.map(crate::scheduler::MatchSource::as_str),
-                &crate::tokenizer::ErrorKind::ALL.map(crate::tokenizer::ErrorKind::as_str),
+                &engine_truth::TokenizeErrorKind::ALL.map(engine_truth::TokenizeErrorKind::as_str),
             ),
             kvcache: kvcache::KvCacheMetrics::register(registry),
             config_info: IntGaugeVec::new(

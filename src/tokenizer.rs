@@ -50,6 +50,7 @@ use thiserror::Error;
 use cache::{Cache, Found, SharedCall};
 use response::BadAnswer;
 
+pub use crate::metrics::engine_truth::TokenizeErrorKind as ErrorKind;
 pub use input::{EngineKind, InvalidInput, Prompt, TokenizeInput};
 pub use stats::{LATENCY_BUCKETS, TokenizerStats};
 
@@ -110,45 +111,6 @@ pub enum TokenizeError {
     },
     #[error("cannot tokenize this request: {0}")]
     InvalidInput(#[from] InvalidInput),
-}
-
-/// The kinds of [`TokenizeError`], for counting; `as_str()` is the label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ErrorKind {
-    Timeout,
-    ConnectionRefused,
-    Transport,
-    Status,
-    BodyTooLarge,
-    TooManyTokens,
-    Malformed,
-    InvalidInput,
-}
-
-impl ErrorKind {
-    pub const ALL: [ErrorKind; 8] = [
-        ErrorKind::Timeout,
-        ErrorKind::ConnectionRefused,
-        ErrorKind::Transport,
-        ErrorKind::Status,
-        ErrorKind::BodyTooLarge,
-        ErrorKind::TooManyTokens,
-        ErrorKind::Malformed,
-        ErrorKind::InvalidInput,
-    ];
-
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            ErrorKind::Timeout => "timeout",
-            ErrorKind::ConnectionRefused => "connection_refused",
-            ErrorKind::Transport => "transport",
-            ErrorKind::Status => "status",
-            ErrorKind::BodyTooLarge => "body_too_large",
-            ErrorKind::TooManyTokens => "too_many_tokens",
-            ErrorKind::Malformed => "malformed",
-            ErrorKind::InvalidInput => "invalid_input",
-        }
-    }
 }
 
 impl TokenizeError {

@@ -60,6 +60,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::wire::{route_key_from_metadata, served_from_metadata};
+pub use crate::metrics::outcomes::Claim;
 use crate::routing::Router;
 use crate::routing::pending::Miss;
 use crate::routing::{Ending, Served};
@@ -125,49 +126,6 @@ impl AccessLogSink {
 /// never an unverified one), so a chain here is a verified one; plaintext streams have none.
 fn has_client_cert<T>(request: &Request<T>) -> bool {
     request.peer_certs().is_some_and(|chain| !chain.is_empty())
-}
-
-/// What one entry did (the `result` label of `prefix_picker_access_log_entries_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Claim {
-    /// Not a stream's last entry: ignored.
-    Intermediate,
-    /// No route waits under its route key.
-    Unclaimed,
-    /// No route key: a request the picker did not route, or a forgery.
-    NoRouteKey,
-    /// A route key this replica could not have issued (or a wrong secret).
-    Forged,
-    /// A route key another picker replica issued: the completion reached the wrong replica.
-    OtherReplica,
-    /// Refused unread: the peer presented no client certificate, and the access log requires one.
-    NoClientCert,
-    /// It ended a waiting route.
-    Claimed,
-}
-
-impl Claim {
-    pub const ALL: [Claim; 7] = [
-        Claim::Claimed,
-        Claim::Unclaimed,
-        Claim::NoRouteKey,
-        Claim::Forged,
-        Claim::OtherReplica,
-        Claim::NoClientCert,
-        Claim::Intermediate,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Claim::Intermediate => "intermediate",
-            Claim::Unclaimed => "unclaimed",
-            Claim::NoRouteKey => "no_route_key",
-            Claim::Forged => "forged",
-            Claim::OtherReplica => "other_replica",
-            Claim::NoClientCert => "no_client_cert",
-            Claim::Claimed => "claimed",
-        }
-    }
 }
 
 /// Takes the route `entry` ends, if one waits, and finishes it as the entry says.

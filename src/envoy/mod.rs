@@ -3,6 +3,7 @@
 //! messages; routing itself knows nothing of Envoy.
 //!
 //! - [`ext_proc`]: the ext_proc gRPC service, one task per stream;
+//! - `handler`: what a stream does with its messages, and the task that drives it;
 //! - `stream`: one stream's state machine (request phase, pick, response phase, completion);
 //! - [`wire`]: the header and metadata names, Envoy's body modes, reply builders and metadata
 //!   readers;
@@ -12,6 +13,7 @@
 
 pub mod access_log;
 pub mod ext_proc;
+mod handler;
 mod stream;
 pub mod wire;
 

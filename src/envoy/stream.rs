@@ -52,7 +52,7 @@ use ep::{
 };
 
 use super::access_log::warn_other_replica;
-use super::ext_proc::{Lookup, StreamHandler};
+use super::handler::{Lookup, StreamHandler};
 use super::wire::{
     BodyEnd, BodyMode, CONFORMANCE_SERVED_HEADER, DESTINATION_HEADER, PREFILLER_HEADER,
     TEST_SELECTION_HEADER, body_chunks, destination, header_value, lb_metadata, merge_metadata,

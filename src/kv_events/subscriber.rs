@@ -39,7 +39,7 @@ use zeromq::{
 };
 
 use super::event::{EventBatch, Limits, decode_batch};
-use crate::sync::connection::Backoff;
+use crate::backoff::Backoff;
 
 /// How long one connection attempt (TCP and the ZeroMQ handshake) may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);

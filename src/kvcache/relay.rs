@@ -29,9 +29,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::KvStore;
+use crate::backoff::Backoff;
 use crate::kv_events::{EngineBlockHash, KvEvent, Subscriber, SubscriberConfig, Update};
 use crate::scheduler::kvcache_aware::{KEY_PREFIX, StdBlockHash, block_key, standardized_hash};
-use crate::sync::connection::Backoff;
 use crate::tokenizer::EngineKind;
 
 /// The mapping keys' expiry (the Runtime's `MAPPING_KEY_TTL_SECONDS`).

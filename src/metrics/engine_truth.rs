@@ -6,6 +6,45 @@ use prometheus::{GaugeVec, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec,
 
 use super::{LATENCY_BUCKETS, listing, register};
 
+/// The kinds of [`TokenizeError`](crate::tokenizer::TokenizeError), for counting; `as_str()` is the label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TokenizeErrorKind {
+    Timeout,
+    ConnectionRefused,
+    Transport,
+    Status,
+    BodyTooLarge,
+    TooManyTokens,
+    Malformed,
+    InvalidInput,
+}
+
+impl TokenizeErrorKind {
+    pub const ALL: [TokenizeErrorKind; 8] = [
+        TokenizeErrorKind::Timeout,
+        TokenizeErrorKind::ConnectionRefused,
+        TokenizeErrorKind::Transport,
+        TokenizeErrorKind::Status,
+        TokenizeErrorKind::BodyTooLarge,
+        TokenizeErrorKind::TooManyTokens,
+        TokenizeErrorKind::Malformed,
+        TokenizeErrorKind::InvalidInput,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            TokenizeErrorKind::Timeout => "timeout",
+            TokenizeErrorKind::ConnectionRefused => "connection_refused",
+            TokenizeErrorKind::Transport => "transport",
+            TokenizeErrorKind::Status => "status",
+            TokenizeErrorKind::BodyTooLarge => "body_too_large",
+            TokenizeErrorKind::TooManyTokens => "too_many_tokens",
+            TokenizeErrorKind::Malformed => "malformed",
+            TokenizeErrorKind::InvalidInput => "invalid_input",
+        }
+    }
+}
+
 /// What a KV event did to a view (`event` of `prefix_picker_kv_events_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KvEventKind {

@@ -25,13 +25,14 @@ use std::time::Instant;
 
 use crate::endpoints::{Endpoint, InflightGuard};
 use crate::hashing::BlockHash;
+pub use crate::metrics::outcomes::{RouteOutcome, TentativeOutcome};
 use crate::metrics::{CachedTokens, RouterMetrics};
 use crate::prefix_index::ModelKey;
 use crate::routing::pending::Expired;
-use crate::routing::sessions::SessionKey;
 use crate::routing::{RecordOrigin, Router};
 use crate::scheduler::latency::Prediction;
 use crate::scheduler::{Decision, TentativeHold};
+use crate::sessions::SessionKey;
 
 /// A routed request until it ends: what completion needs to record it. Holds the primary pod's
 /// in-flight count (and, in the affinity mode, the tentative hold) until completed, or dropped
@@ -210,71 +211,6 @@ fn learn_latency(
     if prediction.has_slot {
         pod.timing.observe_service(seconds);
         rate.observe(prediction.uncached_tokens, prediction.running, seconds);
-    }
-}
-
-/// How a routed request ended (the `outcome` label of `prefix_picker_records_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RouteOutcome {
-    Recorded,
-    Failed,
-    Aborted,
-    Unscored,
-    UnknownPod,
-    /// No completion arrived within `responseTimeoutSeconds`.
-    Expired,
-}
-
-impl RouteOutcome {
-    pub const ALL: [RouteOutcome; 6] = [
-        RouteOutcome::Recorded,
-        RouteOutcome::Failed,
-        RouteOutcome::Aborted,
-        RouteOutcome::Unscored,
-        RouteOutcome::UnknownPod,
-        RouteOutcome::Expired,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RouteOutcome::Recorded => "recorded",
-            RouteOutcome::Failed => "failed",
-            RouteOutcome::Aborted => "aborted",
-            RouteOutcome::Unscored => "unscored",
-            RouteOutcome::UnknownPod => "unknown_pod",
-            RouteOutcome::Expired => "expired",
-        }
-    }
-}
-
-/// How a decision-time record ended (`prefix_picker_tentative_records_total{outcome}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TentativeOutcome {
-    /// Recorded for the pod it was held for.
-    Confirmed,
-    /// Recorded for another pod (Envoy fell back), the hold dropped.
-    Moved,
-    /// The request failed, was cut or served from an unknown address: the hold dropped.
-    RolledBack,
-    /// No completion arrived within `responseTimeoutSeconds`.
-    Expired,
-}
-
-impl TentativeOutcome {
-    pub const ALL: [TentativeOutcome; 4] = [
-        TentativeOutcome::Confirmed,
-        TentativeOutcome::Moved,
-        TentativeOutcome::RolledBack,
-        TentativeOutcome::Expired,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TentativeOutcome::Confirmed => "confirmed",
-            TentativeOutcome::Moved => "moved",
-            TentativeOutcome::RolledBack => "rolled_back",
-            TentativeOutcome::Expired => "expired",
-        }
     }
 }
 

@@ -15,7 +15,9 @@
 pub mod completion;
 pub mod live;
 pub mod pending;
-pub mod sessions;
+mod replicas;
+pub use crate::sessions;
+pub use crate::sync::RecordSink;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -133,12 +135,6 @@ pub enum RecordOrigin {
     Local,
     /// A record another replica made (never published again).
     Replica,
-}
-
-/// Receives every local record (after a served request), e.g. to share it with other replicas.
-/// Called on the routing path: it must not block.
-pub trait RecordSink: Send + Sync + std::fmt::Debug {
-    fn recorded(&self, model: &str, hashes: &[BlockHash], endpoint: &Endpoint);
 }
 
 /// Everything routing needs, shared by all streams and the admin listener.

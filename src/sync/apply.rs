@@ -11,11 +11,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::index::LocalIndex;
 use super::metrics::{DropReason, SyncMetrics};
 use super::record::{self, HashParams};
 use crate::endpoints::{Endpoint, EndpointSet};
 use crate::hashing::BlockHash;
-use crate::routing::{RecordOrigin, Router};
 
 /// What happened to one entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,7 +30,7 @@ pub enum Applied {
 /// Applies entries; owned by the tailer task (not shared).
 #[derive(Debug)]
 pub struct Applier {
-    router: Arc<Router>,
+    router: Arc<dyn LocalIndex>,
     replica: u64,
     params: HashParams,
     metrics: SyncMetrics,
@@ -40,7 +40,7 @@ pub struct Applier {
 
 impl Applier {
     pub fn new(
-        router: Arc<Router>,
+        router: Arc<dyn LocalIndex>,
         replica: u64,
         params: HashParams,
         metrics: SyncMetrics,
@@ -76,7 +76,7 @@ impl Applier {
         if r.params != self.params {
             return Applied::Dropped(DropReason::ParamsMismatch);
         }
-        let snapshot = self.router.endpoints.snapshot();
+        let snapshot = self.router.endpoints().snapshot();
         if !Arc::ptr_eq(&snapshot, &self.pods.0) {
             let map = snapshot
                 .all()
@@ -93,8 +93,7 @@ impl Applier {
             return Applied::Dropped(DropReason::StaleGeneration);
         }
         if !self.hashes.is_empty() {
-            self.router
-                .record(r.model, &self.hashes, endpoint, RecordOrigin::Replica);
+            self.router.record_replica(r.model, &self.hashes, endpoint);
         }
         Applied::Recorded
     }

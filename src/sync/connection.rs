@@ -32,41 +32,10 @@ use tokio_util::sync::CancellationToken;
 use prometheus::{IntCounter, IntGauge};
 
 use super::config::Topology;
+pub use crate::backoff::Backoff;
 
 /// How long to wait for a TCP (and TLS) connection to one node.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Capped exponential backoff.
-#[derive(Debug, Clone)]
-pub struct Backoff {
-    next: Duration,
-}
-
-impl Backoff {
-    const FIRST: Duration = Duration::from_millis(100);
-    const MAX: Duration = Duration::from_secs(5);
-
-    pub fn new() -> Backoff {
-        Backoff { next: Self::FIRST }
-    }
-
-    /// The delay before the next attempt (then doubles, up to the cap).
-    pub fn next_delay(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(Self::MAX);
-        d
-    }
-
-    pub fn reset(&mut self) {
-        self.next = Self::FIRST;
-    }
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff::new()
-    }
-}
 
 /// What a link reports of itself: its role's name (logs), the log prefix, and the gauges.
 #[derive(Debug, Clone)]

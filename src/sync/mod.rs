@@ -15,10 +15,13 @@
 //!   the publisher and tailer run unchanged over it.
 //!
 //! Knobs: the `sync.redis` section ([`config`]). Metrics: `prefix_picker_sync_*` ([`metrics`]).
+//! Sync sits below the routing seam: it reaches the router only as a [`LocalIndex`] and feeds
+//! it a [`RecordSink`] ([`index`]).
 
 pub mod apply;
 pub mod config;
 pub mod connection;
+pub mod index;
 pub mod metrics;
 pub mod publisher;
 pub mod record;
@@ -34,16 +37,15 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::routing::Router;
 use apply::Applier;
 use config::{RedisSync, SyncConfigError};
 use connection::Link;
 use metrics::{Role, SyncMetrics};
 use publisher::{Publisher, Target};
-use record::HashParams;
 use tailer::Tailer;
 
 pub use config::SyncConfig;
+pub use index::{LocalIndex, RecordSink};
 
 /// Why sync could not start.
 #[derive(Debug, Error)]
@@ -87,26 +89,14 @@ impl Sync {
     }
 }
 
-/// The hashing parameters of this replica (records hashed otherwise are not applied).
-pub fn hash_params(router: &Router) -> HashParams {
-    let live = router.scheduler.load();
-    let prefix = live.scheduler.prefix_cache();
-    let args = prefix.args();
-    HashParams {
-        block_size_to_hash: args.block_size_to_hash as u32,
-        max_blocks_to_match: args.max_blocks_to_match as u32,
-        scheme: prefix.scheme(),
-    }
-}
-
 /// Starts the publisher and tailer tasks and hooks the publisher into the scheduler.
 /// `env` looks up environment variables (for `passwordEnv`). The tailer starts once every one of
 /// `gates` reads true: records name pods and their generations, so a replay before the pods are
 /// listed (Kubernetes discovery) would drop them all, and one before the first engine scrape
 /// (static pods without `generation:`) could not tell an earlier life's records.
-pub fn start(
+pub fn start<I: LocalIndex>(
     config: &RedisSync,
-    router: &Arc<Router>,
+    router: &Arc<I>,
     registry: &prometheus::Registry,
     env: &dyn Fn(&str) -> Option<String>,
     gates: Vec<watch::Receiver<bool>>,
@@ -136,7 +126,7 @@ pub fn start(
     let tail_link = link(Role::Tailer, tailer::BLOCK + Duration::from_secs(4))?;
 
     let replica: u64 = rand::random();
-    let params = hash_params(router);
+    let params = router.hash_params();
     let (publisher, rx) = Publisher::new(config.queue_capacity, replica, params, metrics.clone());
     router.set_record_sink(publisher);
     let target = Target {

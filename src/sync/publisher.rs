@@ -22,11 +22,11 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::connection::Link;
+use super::index::RecordSink;
 use super::metrics::{DropReason, SyncMetrics};
 use super::record::{self, HashParams};
 use crate::endpoints::Endpoint;
 use crate::hashing::BlockHash;
-use crate::routing::RecordSink;
 
 /// The routing side: encodes records and queues them without waiting.
 #[derive(Debug)]

@@ -29,6 +29,8 @@ use parking_lot::Mutex;
 use serde::Deserialize;
 use thiserror::Error;
 
+pub use crate::metrics::outcomes::{SessionDrop, SessionOutcome};
+
 const SHARDS: usize = 64;
 
 /// The `picker.sessions` section.
@@ -98,53 +100,6 @@ pub struct SessionKey(pub u64);
 impl std::fmt::Display for SessionKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{:016x}", self.0)
-    }
-}
-
-/// Why a session was forgotten (the `reason` label of `prefix_picker_sessions_dropped_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SessionDrop {
-    /// Unused for `ttlSeconds`.
-    Expired,
-    /// The map was full: its least recently used session made room.
-    Capacity,
-}
-
-impl SessionDrop {
-    pub const ALL: [SessionDrop; 2] = [SessionDrop::Expired, SessionDrop::Capacity];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SessionDrop::Expired => "expired",
-            SessionDrop::Capacity => "capacity",
-        }
-    }
-}
-
-/// Where a session's request went (the `outcome` label of `prefix_picker_session_requests_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SessionOutcome {
-    /// The session's pod, as before.
-    Kept,
-    /// The session's pod was saturated, filtered out or gone: routed as any request.
-    Moved,
-    /// The first request of the session (or of one forgotten).
-    New,
-}
-
-impl SessionOutcome {
-    pub const ALL: [SessionOutcome; 3] = [
-        SessionOutcome::Kept,
-        SessionOutcome::Moved,
-        SessionOutcome::New,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SessionOutcome::Kept => "kept",
-            SessionOutcome::Moved => "moved",
-            SessionOutcome::New => "new",
-        }
     }
 }
 
