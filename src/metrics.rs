@@ -244,8 +244,96 @@ pub struct RouterMetrics {
 }
 
 impl RouterMetrics {
+    /// Every family, registered into `registry`, a group at a time; every value of an
+    /// enum-valued label exists at 0 from the start ("none yet" is a value, not an absence;
+    /// rates compare from the first event), so the exposition lists what the help string does.
     pub fn register(registry: &Registry) -> RouterMetrics {
-        let m = RouterMetrics {
+        let decisions = Decisions::register(registry);
+        let completions = Completions::register(registry);
+        let pods = Pods::register(registry);
+        let affinity = Affinity::register(registry);
+        let latency = LatencyModel::register(registry);
+        let sessions = Sessions::register(registry);
+        let config = Config::register(registry);
+        register_build_and_process(registry);
+        RouterMetrics {
+            plugin_duration: decisions.plugin_duration,
+            decisions: decisions.decisions,
+            decision_duration: decisions.decision_duration,
+            unscored: decisions.unscored,
+            records: completions.records,
+            access_log_entries: completions.access_log_entries,
+            inflight_streams: completions.inflight_streams,
+            pending_routes: completions.pending_routes,
+            immediate_responses: completions.immediate_responses,
+            shed: completions.shed,
+            pod_inflight: pods.pod_inflight,
+            pod_picks: pods.pod_picks,
+            engine_scrapes: pods.engine_scrapes,
+            engine_scrape_timestamp: pods.engine_scrape_timestamp,
+            tentative: affinity.tentative,
+            tentative_holds: affinity.tentative_holds,
+            cached_tokens: affinity.cached_tokens,
+            estimate_dropped: affinity.estimate_dropped,
+            pod_budget: affinity.pod_budget,
+            pod_churn: affinity.pod_churn,
+            latency_model_ratio: latency.latency_model_ratio,
+            ttft_prediction_error: latency.ttft_prediction_error,
+            pod_concurrency: latency.pod_concurrency,
+            pod_service: latency.pod_service,
+            prefill_per_token: latency.prefill_per_token,
+            sessions: sessions.sessions,
+            session_requests: sessions.session_requests,
+            sessions_dropped: sessions.sessions_dropped,
+            config_reloads: config.config_reloads,
+            config_info: config.config_info,
+            engine: engine_truth::EngineTruthMetrics::register(
+                registry,
+                &crate::scheduler::MatchSource::ALL.map(crate::scheduler::MatchSource::as_str),
+                &engine_truth::TokenizeErrorKind::ALL.map(engine_truth::TokenizeErrorKind::as_str),
+            ),
+            kvcache: kvcache::KvCacheMetrics::register(registry),
+        }
+    }
+
+    /// Counts an engine scrape of a pod.
+    pub fn count_scrape(&self, pod: &PodId, result: ScrapeResult) {
+        let [name, namespace] = pod_label_values(pod);
+        self.engine_scrapes
+            .with_label_values(&[name, namespace, result.as_str()])
+            .inc();
+    }
+
+    /// Removes a departed pod's series.
+    pub fn forget_pod(&self, pod: &PodId) {
+        let labels = pod_label_values(pod);
+        let _ = self.pod_inflight.remove_label_values(&labels);
+        let _ = self.pod_picks.remove_label_values(&labels);
+        let _ = self.engine_scrape_timestamp.remove_label_values(&labels);
+        let _ = self.pod_budget.remove_label_values(&labels);
+        let _ = self.pod_churn.remove_label_values(&labels);
+        self.engine.forget_pod(labels);
+        for result in ScrapeResult::ALL {
+            let _ =
+                self.engine_scrapes
+                    .remove_label_values(&[labels[0], labels[1], result.as_str()]);
+        }
+    }
+}
+
+/// How requests were decided: the pick's reason, its duration, the plugins' times, why a request
+/// went unscored.
+#[derive(Debug)]
+struct Decisions {
+    plugin_duration: HistogramVec,
+    decisions: IntCounterVec,
+    decision_duration: Histogram,
+    unscored: IntCounterVec,
+}
+
+impl Decisions {
+    fn register(registry: &Registry) -> Decisions {
+        let m = Decisions {
             plugin_duration: HistogramVec::new(
                 HistogramOpts::new(
                     "kthena_router_scheduler_plugin_duration_seconds",
@@ -286,6 +374,36 @@ impl RouterMetrics {
                 &["reason"],
             )
             .expect("valid metric"),
+        };
+        for reason in DecisionReason::ALL {
+            m.decisions.with_label_values(&[reason.as_str()]);
+        }
+        for reason in Unscored::ALL {
+            m.unscored.with_label_values(&[reason.as_str()]);
+        }
+        register(registry, m.plugin_duration.clone());
+        register(registry, m.decisions.clone());
+        register(registry, m.decision_duration.clone());
+        register(registry, m.unscored.clone());
+        m
+    }
+}
+
+/// How routed requests ended and what the picker answered itself: records, access-log entries, open
+/// streams, pending routes, immediate responses, shed requests.
+#[derive(Debug)]
+struct Completions {
+    records: IntCounterVec,
+    access_log_entries: IntCounterVec,
+    inflight_streams: IntGauge,
+    pending_routes: IntGauge,
+    immediate_responses: IntCounterVec,
+    shed: IntCounter,
+}
+
+impl Completions {
+    fn register(registry: &Registry) -> Completions {
+        let m = Completions {
             records: IntCounterVec::new(
                 Opts::new(
                     "prefix_picker_records_total",
@@ -319,22 +437,6 @@ impl RouterMetrics {
                  observer filter (sampled every second)",
             )
             .expect("valid metric"),
-            pod_inflight: IntGaugeVec::new(
-                Opts::new(
-                    "prefix_picker_pod_inflight_requests",
-                    "Requests picked for a pod (primary) and not yet completed",
-                ),
-                &POD_LABELS,
-            )
-            .expect("valid metric"),
-            pod_picks: IntCounterVec::new(
-                Opts::new(
-                    "prefix_picker_pod_picks_total",
-                    "Requests whose primary pick was this pod",
-                ),
-                &POD_LABELS,
-            )
-            .expect("valid metric"),
             immediate_responses: IntCounterVec::new(
                 Opts::new(
                     "prefix_picker_immediate_responses_total",
@@ -349,30 +451,49 @@ impl RouterMetrics {
                  picker.loadShedding limit",
             )
             .expect("valid metric"),
-            config_reloads: IntCounterVec::new(
+        };
+        for outcome in RouteOutcome::ALL {
+            m.records.with_label_values(&[outcome.as_str()]);
+        }
+        for result in Claim::ALL {
+            m.access_log_entries.with_label_values(&[result.as_str()]);
+        }
+        register(registry, m.records.clone());
+        register(registry, m.access_log_entries.clone());
+        register(registry, m.inflight_streams.clone());
+        register(registry, m.pending_routes.clone());
+        register(registry, m.immediate_responses.clone());
+        register(registry, m.shed.clone());
+        m
+    }
+}
+
+/// Per pod: requests in flight, picks, and engine scrapes.
+#[derive(Debug)]
+struct Pods {
+    pod_inflight: IntGaugeVec,
+    pod_picks: IntCounterVec,
+    engine_scrapes: IntCounterVec,
+    engine_scrape_timestamp: GaugeVec,
+}
+
+impl Pods {
+    fn register(registry: &Registry) -> Pods {
+        let m = Pods {
+            pod_inflight: IntGaugeVec::new(
                 Opts::new(
-                    "prefix_picker_config_reloads_total",
-                    listing(
-                        "Config reloads (SIGHUP or a changed config file), by result",
-                        &[("result", &ReloadResult::ALL.map(ReloadResult::as_str))],
-                    ),
+                    "prefix_picker_pod_inflight_requests",
+                    "Requests picked for a pod (primary) and not yet completed",
                 ),
-                &["result"],
+                &POD_LABELS,
             )
             .expect("valid metric"),
-            engine: engine_truth::EngineTruthMetrics::register(
-                registry,
-                &crate::scheduler::MatchSource::ALL.map(crate::scheduler::MatchSource::as_str),
-                &engine_truth::TokenizeErrorKind::ALL.map(engine_truth::TokenizeErrorKind::as_str),
-            ),
-            kvcache: kvcache::KvCacheMetrics::register(registry),
-            config_info: IntGaugeVec::new(
+            pod_picks: IntCounterVec::new(
                 Opts::new(
-                    "prefix_picker_config_info",
-                    "Always 1; the sha256 label is the SHA-256 of the live config text (as \
-                     sha256sum prints it)",
+                    "prefix_picker_pod_picks_total",
+                    "Requests whose primary pick was this pod",
                 ),
-                &["sha256"],
+                &POD_LABELS,
             )
             .expect("valid metric"),
             engine_scrapes: IntCounterVec::new(
@@ -394,6 +515,30 @@ impl RouterMetrics {
                 &POD_LABELS,
             )
             .expect("valid metric"),
+        };
+        register(registry, m.pod_inflight.clone());
+        register(registry, m.pod_picks.clone());
+        register(registry, m.engine_scrapes.clone());
+        register(registry, m.engine_scrape_timestamp.clone());
+        m
+    }
+}
+
+/// The affinity mode's index: decision-time records, cached tokens predicted and reported, entries
+/// dropped, each pod's budget and churn.
+#[derive(Debug)]
+struct Affinity {
+    tentative: IntCounterVec,
+    tentative_holds: IntGauge,
+    cached_tokens: IntCounterVec,
+    estimate_dropped: IntCounter,
+    pod_budget: IntGaugeVec,
+    pod_churn: GaugeVec,
+}
+
+impl Affinity {
+    fn register(registry: &Registry) -> Affinity {
+        let m = Affinity {
             tentative: IntCounterVec::new(
                 Opts::new(
                     "prefix_picker_tentative_records_total",
@@ -434,44 +579,6 @@ impl RouterMetrics {
                  cached tokens than predicted (the missing block and everything older)",
             )
             .expect("valid metric"),
-            latency_model_ratio: Histogram::with_opts(
-                HistogramOpts::new(
-                    "prefix_picker_latency_model_ratio",
-                    "Affinity mode: a completion's time from the pick to its end over the \
-                     latency model's prediction for it (1 = exact), once the model is fitted",
-                )
-                .buckets(vec![0.25, 0.5, 0.67, 0.8, 0.9, 1.1, 1.25, 1.5, 2.0, 4.0]),
-            )
-            .expect("valid metric"),
-            sessions: IntGauge::new(
-                "prefix_picker_sessions",
-                "Session affinity: sessions this replica remembers",
-            )
-            .expect("valid metric"),
-            session_requests: IntCounterVec::new(
-                Opts::new(
-                    "prefix_picker_session_requests_total",
-                    listing(
-                        "Session affinity: routed requests that carried the session header, by \
-                         where they went (kept on the session's pod; moved because it was \
-                         saturated, filtered out or gone; new session)",
-                        &[("outcome", &SessionOutcome::ALL.map(SessionOutcome::as_str))],
-                    ),
-                ),
-                &["outcome"],
-            )
-            .expect("valid metric"),
-            sessions_dropped: IntCounterVec::new(
-                Opts::new(
-                    "prefix_picker_sessions_dropped_total",
-                    listing(
-                        "Session affinity: sessions forgotten, by reason",
-                        &[("reason", &SessionDrop::ALL.map(SessionDrop::as_str))],
-                    ),
-                ),
-                &["reason"],
-            )
-            .expect("valid metric"),
             pod_budget: IntGaugeVec::new(
                 Opts::new(
                     "prefix_picker_pod_index_budget_entries",
@@ -479,6 +586,56 @@ impl RouterMetrics {
                      engine's KV capacity",
                 ),
                 &POD_LABELS,
+            )
+            .expect("valid metric"),
+            pod_churn: GaugeVec::new(
+                Opts::new(
+                    "prefix_picker_pod_index_churn_ratio",
+                    "Affinity mode with placeByChurn: entries a pod's index evicted over about \
+                     the last 16 records per pod, as a fraction of its budget (new prefixes go \
+                     where it is lowest); sampled every second",
+                ),
+                &POD_LABELS,
+            )
+            .expect("valid metric"),
+        };
+        for source in CachedTokens::ALL {
+            m.cached_tokens.with_label_values(&[source.as_str()]);
+        }
+        for outcome in TentativeOutcome::ALL {
+            m.tentative.with_label_values(&[outcome.as_str()]);
+        }
+        register(registry, m.tentative.clone());
+        register(registry, m.tentative_holds.clone());
+        register(registry, m.cached_tokens.clone());
+        register(registry, m.estimate_dropped.clone());
+        register(registry, m.pod_budget.clone());
+        register(registry, m.pod_churn.clone());
+        m
+    }
+}
+
+/// The affinity mode's latency model: its ratio and TTFT error, each pod's concurrency and service
+/// time, the prefill cost per token.
+#[derive(Debug)]
+struct LatencyModel {
+    latency_model_ratio: Histogram,
+    ttft_prediction_error: Histogram,
+    pod_concurrency: GaugeVec,
+    pod_service: GaugeVec,
+    prefill_per_token: Gauge,
+}
+
+impl LatencyModel {
+    fn register(registry: &Registry) -> LatencyModel {
+        let m = LatencyModel {
+            latency_model_ratio: Histogram::with_opts(
+                HistogramOpts::new(
+                    "prefix_picker_latency_model_ratio",
+                    "Affinity mode: a completion's time from the pick to its end over the \
+                     latency model's prediction for it (1 = exact), once the model is fitted",
+                )
+                .buckets(vec![0.25, 0.5, 0.67, 0.8, 0.9, 1.1, 1.25, 1.5, 2.0, 4.0]),
             )
             .expect("valid metric"),
             ttft_prediction_error: Histogram::with_opts(
@@ -519,119 +676,128 @@ impl RouterMetrics {
                  over every pod's completions (the prior until fitted); sampled every second",
             )
             .expect("valid metric"),
-            pod_churn: GaugeVec::new(
+        };
+        register(registry, m.latency_model_ratio.clone());
+        register(registry, m.ttft_prediction_error.clone());
+        register(registry, m.pod_concurrency.clone());
+        register(registry, m.pod_service.clone());
+        register(registry, m.prefill_per_token.clone());
+        m
+    }
+}
+
+/// Session affinity: sessions remembered, requests by where they went, sessions forgotten.
+#[derive(Debug)]
+struct Sessions {
+    sessions: IntGauge,
+    session_requests: IntCounterVec,
+    sessions_dropped: IntCounterVec,
+}
+
+impl Sessions {
+    fn register(registry: &Registry) -> Sessions {
+        let m = Sessions {
+            sessions: IntGauge::new(
+                "prefix_picker_sessions",
+                "Session affinity: sessions this replica remembers",
+            )
+            .expect("valid metric"),
+            session_requests: IntCounterVec::new(
                 Opts::new(
-                    "prefix_picker_pod_index_churn_ratio",
-                    "Affinity mode with placeByChurn: entries a pod's index evicted over about \
-                     the last 16 records per pod, as a fraction of its budget (new prefixes go \
-                     where it is lowest); sampled every second",
+                    "prefix_picker_session_requests_total",
+                    listing(
+                        "Session affinity: routed requests that carried the session header, by \
+                         where they went (kept on the session's pod; moved because it was \
+                         saturated, filtered out or gone; new session)",
+                        &[("outcome", &SessionOutcome::ALL.map(SessionOutcome::as_str))],
+                    ),
                 ),
-                &POD_LABELS,
+                &["outcome"],
+            )
+            .expect("valid metric"),
+            sessions_dropped: IntCounterVec::new(
+                Opts::new(
+                    "prefix_picker_sessions_dropped_total",
+                    listing(
+                        "Session affinity: sessions forgotten, by reason",
+                        &[("reason", &SessionDrop::ALL.map(SessionDrop::as_str))],
+                    ),
+                ),
+                &["reason"],
             )
             .expect("valid metric"),
         };
-        // Every value of an enum-valued label exists at 0 from the start ("none yet" is a
-        // value, not an absence; rates compare from the first event), so the exposition lists
-        // what the help string does.
-        for source in CachedTokens::ALL {
-            m.cached_tokens.with_label_values(&[source.as_str()]);
-        }
-        for reason in DecisionReason::ALL {
-            m.decisions.with_label_values(&[reason.as_str()]);
-        }
-        for reason in Unscored::ALL {
-            m.unscored.with_label_values(&[reason.as_str()]);
-        }
-        for outcome in RouteOutcome::ALL {
-            m.records.with_label_values(&[outcome.as_str()]);
-        }
-        for result in Claim::ALL {
-            m.access_log_entries.with_label_values(&[result.as_str()]);
-        }
-        for outcome in TentativeOutcome::ALL {
-            m.tentative.with_label_values(&[outcome.as_str()]);
-        }
         for outcome in SessionOutcome::ALL {
             m.session_requests.with_label_values(&[outcome.as_str()]);
         }
         for reason in SessionDrop::ALL {
             m.sessions_dropped.with_label_values(&[reason.as_str()]);
         }
-        register(registry, m.cached_tokens.clone());
-        register(registry, m.estimate_dropped.clone());
-        register(registry, m.latency_model_ratio.clone());
-        register(registry, m.ttft_prediction_error.clone());
-        register(registry, m.tentative.clone());
-        register(registry, m.tentative_holds.clone());
-        register(registry, m.pod_budget.clone());
-        register(registry, m.pod_churn.clone());
-        register(registry, m.pod_concurrency.clone());
-        register(registry, m.pod_service.clone());
-        register(registry, m.prefill_per_token.clone());
         register(registry, m.sessions.clone());
         register(registry, m.session_requests.clone());
         register(registry, m.sessions_dropped.clone());
-        register(registry, m.engine_scrapes.clone());
-        register(registry, m.engine_scrape_timestamp.clone());
-        register(registry, m.plugin_duration.clone());
-        register(registry, m.decisions.clone());
-        register(registry, m.decision_duration.clone());
-        register(registry, m.unscored.clone());
-        register(registry, m.records.clone());
-        register(registry, m.access_log_entries.clone());
-        register(registry, m.inflight_streams.clone());
-        register(registry, m.pending_routes.clone());
-        register(registry, m.pod_inflight.clone());
-        register(registry, m.pod_picks.clone());
-        register(registry, m.immediate_responses.clone());
-        register(registry, m.shed.clone());
+        m
+    }
+}
+
+/// Config reloads and the live config's hash.
+#[derive(Debug)]
+struct Config {
+    config_reloads: IntCounterVec,
+    config_info: IntGaugeVec,
+}
+
+impl Config {
+    fn register(registry: &Registry) -> Config {
+        let m = Config {
+            config_reloads: IntCounterVec::new(
+                Opts::new(
+                    "prefix_picker_config_reloads_total",
+                    listing(
+                        "Config reloads (SIGHUP or a changed config file), by result",
+                        &[("result", &ReloadResult::ALL.map(ReloadResult::as_str))],
+                    ),
+                ),
+                &["result"],
+            )
+            .expect("valid metric"),
+            config_info: IntGaugeVec::new(
+                Opts::new(
+                    "prefix_picker_config_info",
+                    "Always 1; the sha256 label is the SHA-256 of the live config text (as \
+                     sha256sum prints it)",
+                ),
+                &["sha256"],
+            )
+            .expect("valid metric"),
+        };
         for result in ReloadResult::ALL {
             m.config_reloads.with_label_values(&[result.as_str()]);
         }
         register(registry, m.config_reloads.clone());
         register(registry, m.config_info.clone());
-        let build = IntGaugeVec::new(
-            Opts::new(
-                "prefix_picker_build_info",
-                "Always 1; the labels name the build (version, git revision)",
-            ),
-            &["version", "revision"],
-        )
-        .expect("valid metric");
-        build.with_label_values(&[VERSION, REVISION]).set(1);
-        register(registry, build);
-        // The process's CPU, memory, file descriptors and start time (Linux only).
-        #[cfg(target_os = "linux")]
-        register(
-            registry,
-            prometheus::process_collector::ProcessCollector::for_self(),
-        );
         m
     }
+}
 
-    /// Counts an engine scrape of a pod.
-    pub fn count_scrape(&self, pod: &PodId, result: ScrapeResult) {
-        let [name, namespace] = pod_label_values(pod);
-        self.engine_scrapes
-            .with_label_values(&[name, namespace, result.as_str()])
-            .inc();
-    }
-
-    /// Removes a departed pod's series.
-    pub fn forget_pod(&self, pod: &PodId) {
-        let labels = pod_label_values(pod);
-        let _ = self.pod_inflight.remove_label_values(&labels);
-        let _ = self.pod_picks.remove_label_values(&labels);
-        let _ = self.engine_scrape_timestamp.remove_label_values(&labels);
-        let _ = self.pod_budget.remove_label_values(&labels);
-        let _ = self.pod_churn.remove_label_values(&labels);
-        self.engine.forget_pod(labels);
-        for result in ScrapeResult::ALL {
-            let _ =
-                self.engine_scrapes
-                    .remove_label_values(&[labels[0], labels[1], result.as_str()]);
-        }
-    }
+/// The build's identity (`prefix_picker_build_info`) and the process's own families.
+fn register_build_and_process(registry: &Registry) {
+    let build = IntGaugeVec::new(
+        Opts::new(
+            "prefix_picker_build_info",
+            "Always 1; the labels name the build (version, git revision)",
+        ),
+        &["version", "revision"],
+    )
+    .expect("valid metric");
+    build.with_label_values(&[VERSION, REVISION]).set(1);
+    register(registry, build);
+    // The process's CPU, memory, file descriptors and start time (Linux only).
+    #[cfg(target_os = "linux")]
+    register(
+        registry,
+        prometheus::process_collector::ProcessCollector::for_self(),
+    );
 }
 
 fn register<C: prometheus::core::Collector + 'static>(registry: &Registry, c: C) {
