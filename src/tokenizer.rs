@@ -28,6 +28,8 @@
 
 mod cache;
 #[cfg(feature = "tokenizer-file")]
+pub mod chat_template;
+#[cfg(feature = "tokenizer-file")]
 pub mod file;
 pub mod heads;
 mod input;
@@ -110,6 +112,10 @@ pub enum TokenizeError {
     },
     #[error("cannot tokenize this request: {0}")]
     InvalidInput(#[from] InvalidInput),
+    #[error("the tokenizer {path} cannot render this chat: {message}")]
+    Template { path: String, message: String },
+    #[error("the tokenizer {path} cannot encode this prompt: {message}")]
+    Encode { path: String, message: String },
 }
 
 /// The kinds of [`TokenizeError`], for counting; `as_str()` is the label.
@@ -123,10 +129,14 @@ pub enum ErrorKind {
     TooManyTokens,
     Malformed,
     InvalidInput,
+    /// The `file` source: the chat template is missing or failed.
+    Template,
+    /// The `file` source: the `tokenizer.json` could not encode the text.
+    Encode,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 8] = [
+    pub const ALL: [ErrorKind; 10] = [
         ErrorKind::Timeout,
         ErrorKind::ConnectionRefused,
         ErrorKind::Transport,
@@ -135,6 +145,8 @@ impl ErrorKind {
         ErrorKind::TooManyTokens,
         ErrorKind::Malformed,
         ErrorKind::InvalidInput,
+        ErrorKind::Template,
+        ErrorKind::Encode,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -147,6 +159,8 @@ impl ErrorKind {
             ErrorKind::TooManyTokens => "too_many_tokens",
             ErrorKind::Malformed => "malformed",
             ErrorKind::InvalidInput => "invalid_input",
+            ErrorKind::Template => "template",
+            ErrorKind::Encode => "encode",
         }
     }
 }
@@ -162,6 +176,8 @@ impl TokenizeError {
             TokenizeError::TooManyTokens { .. } => ErrorKind::TooManyTokens,
             TokenizeError::Malformed { .. } => ErrorKind::Malformed,
             TokenizeError::InvalidInput(_) => ErrorKind::InvalidInput,
+            TokenizeError::Template { .. } => ErrorKind::Template,
+            TokenizeError::Encode { .. } => ErrorKind::Encode,
         }
     }
 }
