@@ -25,6 +25,10 @@
 //! one; backing off from a failing pod is the caller's choice (it sees [`ErrorKind`]).
 //! [`TokenizerStats`] counts calls, hits, errors by kind and call latencies, for the integrator
 //! to export.
+//!
+//! The `file` source computes the same ids in process instead ([`file::FileSource`]: a
+//! `tokenizer.json` and the model's chat template, [`chat_template`]); [`heads`] runs either
+//! source off the request path.
 
 mod cache;
 #[cfg(feature = "tokenizer-file")]

@@ -212,7 +212,7 @@ impl EngineTruthMetrics {
                 Opts::new(
                     "prefix_picker_tokenize_calls_total",
                     listing(
-                        "Calls to an engine's tokenizer, by result",
+                        "Prompt heads tokenized (a call to an engine's /tokenize, or the file source in process), by result",
                         &[("result", &[&[TOKENIZE_OK], errors].concat())],
                     ),
                 ),
@@ -222,7 +222,7 @@ impl EngineTruthMetrics {
             tokenize_duration: Histogram::with_opts(
                 HistogramOpts::new(
                     "prefix_picker_tokenize_duration_seconds",
-                    "Time of one call to an engine's tokenizer (off the request path)",
+                    "Time of one head's tokenization (off the request path)",
                 )
                 .buckets(LATENCY_BUCKETS.to_vec()),
             )

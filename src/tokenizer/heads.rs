@@ -392,6 +392,11 @@ impl HeadTokens {
         if let Some(LoadedFile(source)) = self.section.file.clone() {
             return self.run_file(source, receiver, shutdown).await;
         }
+        if self.section.source == TokenizerSource::File {
+            // Not loaded (`TokenizerSection::load` was not called): never ask the pods instead.
+            tracing::error!("the file tokenizer is not loaded; matching by the estimate");
+            return;
+        }
         let config = TokenizerConfig {
             timeout: Duration::from_millis(self.section.timeout_ms),
             ..TokenizerConfig::default()
