@@ -54,6 +54,7 @@ const SHARDS: usize = 16;
 const FILLS_AT_ONCE: usize = 8;
 /// Fills tokenized at once in process (`source: file`): CPU work on blocking threads, kept
 /// off most of the cores that serve requests.
+#[cfg(feature = "tokenizer-file")]
 const FILE_FILLS_AT_ONCE: usize = 2;
 
 /// Where engine tokens come from (`picker.tokenizer.source`).
