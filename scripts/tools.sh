@@ -45,7 +45,7 @@ ensure_wire_tools() {
   fi
   WIRE_PYTHON="$PWD/.venv-wire/bin/python"
   export WIRE_PYTHON
-  "$WIRE_PYTHON" -c "import msgspec, zmq"
+  "$WIRE_PYTHON" -c "import jinja2, msgspec, zmq"
 }
 
 # Installs Debian packages with apt-get (as root, or through sudo). Fails when neither is there.

@@ -500,8 +500,15 @@ impl Config {
         for e in config.picker.sessions.validate() {
             errors.push(ConfigError::Picker(e.to_string()));
         }
-        if let Some(t) = &config.picker.tokenizer {
-            for e in t.validate() {
+        if let Some(t) = &mut config.picker.tokenizer {
+            let invalid = t.validate();
+            if invalid.is_empty() {
+                match t.load() {
+                    Ok(warning) => config.warnings.extend(warning),
+                    Err(e) => errors.push(ConfigError::Picker(e)),
+                }
+            }
+            for e in invalid {
                 errors.push(ConfigError::Picker(e));
             }
         }
@@ -869,12 +876,15 @@ impl Config {
     /// KV-cache events or by the estimate (and why). Empty without static endpoints.
     pub fn match_sources(&self) -> Vec<String> {
         let affinity = self.picker.affinity.is_some();
-        let tokenizer = self.picker.tokenizer.is_some();
+        let tokenizer = self.picker.tokenizer.as_ref();
         self.endpoints
             .iter()
             .map(|e| {
-                let source = match (&e.kv_events_endpoint, affinity, tokenizer) {
-                    (Some(at), true, true) => format!("engine KV events ({at})"),
+                let source = match (&e.kv_events_endpoint, affinity, tokenizer.is_some()) {
+                    (Some(at), true, true) => format!(
+                        "engine KV events ({at}), tokens from {}",
+                        tokenizer.map(|t| t.describe()).unwrap_or_default()
+                    ),
                     (Some(_), false, _) => {
                         "estimate (kvEventsEndpoint is used by the affinity mode only)".to_string()
                     }

@@ -25,8 +25,14 @@
 //! one; backing off from a failing pod is the caller's choice (it sees [`ErrorKind`]).
 //! [`TokenizerStats`] counts calls, hits, errors by kind and call latencies, for the integrator
 //! to export.
+//!
+//! The `file` source computes the same ids in process instead ([`file::FileSource`]: a
+//! `tokenizer.json` and the model's chat template, [`chat_template`]); [`heads`] runs either
+//! source off the request path.
 
 mod cache;
+#[cfg(feature = "tokenizer-file")]
+pub mod chat_template;
 #[cfg(feature = "tokenizer-file")]
 pub mod file;
 pub mod heads;
@@ -111,6 +117,10 @@ pub enum TokenizeError {
     },
     #[error("cannot tokenize this request: {0}")]
     InvalidInput(#[from] InvalidInput),
+    #[error("the tokenizer {path} cannot render this chat: {message}")]
+    Template { path: String, message: String },
+    #[error("the tokenizer {path} cannot encode this prompt: {message}")]
+    Encode { path: String, message: String },
 }
 
 impl TokenizeError {
@@ -124,6 +134,8 @@ impl TokenizeError {
             TokenizeError::TooManyTokens { .. } => ErrorKind::TooManyTokens,
             TokenizeError::Malformed { .. } => ErrorKind::Malformed,
             TokenizeError::InvalidInput(_) => ErrorKind::InvalidInput,
+            TokenizeError::Template { .. } => ErrorKind::Template,
+            TokenizeError::Encode { .. } => ErrorKind::Encode,
         }
     }
 }

@@ -648,7 +648,7 @@ fn engine_truth_keys_are_checked_and_validate_says_each_pods_source() {
     assert_eq!(
         c.match_sources(),
         [
-            "  default/a: matched by engine KV events (tcp://127.0.0.1:5557)",
+            "  default/a: matched by engine KV events (tcp://127.0.0.1:5557), tokens from the pod's /tokenize",
             "  default/b: matched by estimate"
         ]
     );
@@ -688,6 +688,71 @@ fn engine_truth_keys_are_checked_and_validate_says_each_pods_source() {
         .to_string();
     assert!(
         e.contains("kvEvents.maxBlocksPerPod must be > 0, got 0"),
+        "{e}"
+    );
+}
+
+#[cfg(feature = "tokenizer-file")]
+#[test]
+fn the_file_tokenizer_is_loaded_at_parse_and_its_errors_name_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokenizer.json");
+    let config = |path: &std::path::Path| {
+        format!(
+            "endpoints:\n- {{name: a, address: 127.0.0.1:8001, kvEventsEndpoint: tcp://127.0.0.1:5557}}\npicker: {{affinity: {{}}, tokenizer: {{source: file, path: {}}}}}\n",
+            path.display()
+        )
+    };
+    // Missing.
+    let e = Config::parse(&config(&path)).unwrap_err().to_string();
+    assert!(
+        e.contains("tokenizer.path") && e.contains(&path.display().to_string()),
+        "{e}"
+    );
+    // Not a tokenizer.json.
+    std::fs::write(&path, "{\"model\": 3").unwrap();
+    let e = Config::parse(&config(&path)).unwrap_err().to_string();
+    assert!(e.contains(&path.display().to_string()), "{e}");
+    // A tokenizer without a chat template: loaded, with a warning that chat falls back.
+    std::fs::write(&path, model_sim::tokenizer_json::default_tokenizer_json()).unwrap();
+    let c = Config::parse(&config(&path)).unwrap();
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.contains("has no chat template")),
+        "{:?}",
+        c.warnings
+    );
+    assert_eq!(
+        c.match_sources()[0],
+        format!(
+            "  default/a: matched by engine KV events (tcp://127.0.0.1:5557), tokens from tokenizer.json {}",
+            path.display()
+        )
+    );
+    // With the sim's tokenizer_config.json beside it: no warning; equal files compare equal
+    // (a reload keeps the section), changed files do not.
+    model_sim::tokenizer_json::write(dir.path()).unwrap();
+    let c = Config::parse(&config(&path)).unwrap();
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    let again = Config::parse(&config(&path)).unwrap();
+    assert_eq!(c.picker.tokenizer, again.picker.tokenizer);
+    std::fs::write(dir.path().join("chat_template.jinja"), "{{ messages }}").unwrap();
+    let changed = Config::parse(&config(&path)).unwrap();
+    assert_ne!(c.picker.tokenizer, changed.picker.tokenizer);
+    // The keys that go together.
+    let e = Config::parse("picker: {tokenizer: {source: file}}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("tokenizer.source: file needs tokenizer.path"),
+        "{e}"
+    );
+    let e = Config::parse("picker: {tokenizer: {source: engine, path: /x/tokenizer.json}}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("tokenizer.path (/x/tokenizer.json) is read by source: file only"),
         "{e}"
     );
 }

@@ -17,10 +17,14 @@ pub enum TokenizeErrorKind {
     TooManyTokens,
     Malformed,
     InvalidInput,
+    /// The `file` source: the chat template is missing or failed.
+    Template,
+    /// The `file` source: the `tokenizer.json` could not encode the text.
+    Encode,
 }
 
 impl TokenizeErrorKind {
-    pub const ALL: [TokenizeErrorKind; 8] = [
+    pub const ALL: [TokenizeErrorKind; 10] = [
         TokenizeErrorKind::Timeout,
         TokenizeErrorKind::ConnectionRefused,
         TokenizeErrorKind::Transport,
@@ -29,6 +33,8 @@ impl TokenizeErrorKind {
         TokenizeErrorKind::TooManyTokens,
         TokenizeErrorKind::Malformed,
         TokenizeErrorKind::InvalidInput,
+        TokenizeErrorKind::Template,
+        TokenizeErrorKind::Encode,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -41,6 +47,8 @@ impl TokenizeErrorKind {
             TokenizeErrorKind::TooManyTokens => "too_many_tokens",
             TokenizeErrorKind::Malformed => "malformed",
             TokenizeErrorKind::InvalidInput => "invalid_input",
+            TokenizeErrorKind::Template => "template",
+            TokenizeErrorKind::Encode => "encode",
         }
     }
 }
@@ -251,7 +259,7 @@ impl EngineTruthMetrics {
                 Opts::new(
                     "prefix_picker_tokenize_calls_total",
                     listing(
-                        "Calls to an engine's tokenizer, by result",
+                        "Prompt heads tokenized (a call to an engine's /tokenize, or the file source in process), by result",
                         &[("result", &[&[TOKENIZE_OK], errors].concat())],
                     ),
                 ),
@@ -261,7 +269,7 @@ impl EngineTruthMetrics {
             tokenize_duration: Histogram::with_opts(
                 HistogramOpts::new(
                     "prefix_picker_tokenize_duration_seconds",
-                    "Time of one call to an engine's tokenizer (off the request path)",
+                    "Time of one head's tokenization (off the request path)",
                 )
                 .buckets(LATENCY_BUCKETS.to_vec()),
             )

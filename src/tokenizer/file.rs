@@ -1,15 +1,18 @@
 //! A Hugging Face `tokenizer.json` loaded and run in process (feature `tokenizer-file`): text to
-//! the ids the engine's tokenizer computes, without a network hop. Chat templates are not
-//! rendered here: a chat request goes to the engine ([`super::EngineTokenizer`]).
+//! the ids the engine's tokenizer computes, without a network hop. [`FileSource`] is the
+//! `file` source of `picker.tokenizer`: the `tokenizer.json` and the chat template beside it
+//! ([`super::chat_template`]), asked as the engine's `/tokenize` is (chat rendered by the
+//! template, then encoded without special tokens; text encoded with them).
 //!
 //! Built on the `tokenizers` crate without default features plus `fancy-regex` (pure Rust: no
 //! Oniguruma, no C++ suffix arrays).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-use super::Tokens;
+use super::chat_template::{ChatTemplate, TemplateError};
+use super::{Prompt, TokenizeError, TokenizeInput, Tokens};
 
 /// A tokenizer read from a `tokenizer.json`.
 pub struct FileTokenizer(tokenizers::Tokenizer);
@@ -67,6 +70,102 @@ impl FileTokenizer {
             .encode_fast(text, add_special_tokens)
             .map_err(|e| FileTokenizerError::Encode(e.to_string()))?;
         Ok(Tokens::from(encoding.get_ids().to_vec()))
+    }
+}
+
+/// The `file` tokenizer source: a `tokenizer.json` and its model's chat template.
+#[derive(Debug)]
+pub struct FileSource {
+    path: PathBuf,
+    tokenizer: FileTokenizer,
+    /// `Err` when the directory has a template that does not load (chat then falls back).
+    template: Result<ChatTemplate, TemplateError>,
+    /// xxh3-64 of the files read: a reload compares it.
+    digest: u64,
+}
+
+impl FileSource {
+    /// Reads `path` (a `tokenizer.json`) and the chat template beside it. A missing or broken
+    /// `tokenizer.json` is an error; a missing or broken template is not (see
+    /// [`FileSource::template_error`]): text prompts still tokenize.
+    pub fn load(path: &Path) -> Result<FileSource, FileTokenizerError> {
+        let bytes = std::fs::read(path).map_err(|e| FileTokenizerError::Load {
+            source_name: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let tokenizer = tokenizers::Tokenizer::from_bytes(&bytes)
+            .map(FileTokenizer)
+            .map_err(|e| FileTokenizerError::Load {
+                source_name: path.display().to_string(),
+                message: e.to_string(),
+            })?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let template = ChatTemplate::from_dir(dir).and_then(|t| {
+            t.ok_or_else(|| TemplateError::Missing {
+                path: dir.join("tokenizer_config.json").display().to_string(),
+            })
+        });
+        let mut digest = xxhash_rust::xxh3::Xxh3::new();
+        digest.update(&bytes);
+        for beside in ["tokenizer_config.json", "chat_template.jinja"] {
+            if let Ok(b) = std::fs::read(dir.join(beside)) {
+                digest.update(beside.as_bytes());
+                digest.update(&b);
+            }
+        }
+        Ok(FileSource {
+            path: path.to_path_buf(),
+            tokenizer,
+            template,
+            digest: digest.digest(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Why chat prompts cannot be rendered, if they cannot (no template, or one that does not
+    /// parse).
+    pub fn template_error(&self) -> Option<&TemplateError> {
+        self.template.as_ref().err()
+    }
+
+    /// The files' digest (equal files, equal digests).
+    pub fn digest(&self) -> u64 {
+        self.digest
+    }
+
+    /// The ids the engine's `/tokenize` answers for `input`.
+    pub fn tokenize(&self, input: &TokenizeInput<'_>) -> Result<Tokens, TokenizeError> {
+        let path = || self.path.display().to_string();
+        let encode = |text: &str, special: bool| {
+            self.tokenizer
+                .encode(text, special)
+                .map_err(|e| TokenizeError::Encode {
+                    path: path(),
+                    message: e.to_string(),
+                })
+        };
+        match input.prompt() {
+            Prompt::Text(text) => encode(text, input.add_special_tokens()),
+            Prompt::Chat { messages, tools } => {
+                let template = self
+                    .template
+                    .as_ref()
+                    .map_err(|e| TokenizeError::Template {
+                        path: path(),
+                        message: e.to_string(),
+                    })?;
+                let rendered = template
+                    .render(messages, tools, input.generation_prompt())
+                    .map_err(|e| TokenizeError::Template {
+                        path: path(),
+                        message: e.to_string(),
+                    })?;
+                encode(&rendered, input.add_special_tokens())
+            }
+        }
     }
 }
 

@@ -18,9 +18,17 @@
 //! request whose rendering does not split into one head per message (a content that contains
 //! the ChatML end marker, skipped messages, a top-level `system`) is not queued.
 //!
-//! Knobs (`picker.tokenizer`): `source: engine`, `engine` (`vllm` | `sglang`: the body of the
-//! call), `port` (default: the pod's serving port), `timeoutMs` (50), `cacheEntries` (heads
-//! kept, 65 536), `queue` (heads waiting to be tokenized, 1024; more are dropped, counted).
+//! With `source: file` the same heads are tokenized in process instead, by a `tokenizer.json`
+//! and its model's chat template ([`super::file::FileSource`], on blocking threads, a few at a
+//! time): no call to any pod. The request path stays a lookup either way (a head tokenized
+//! inline would cost a miss the whole prompt's tokenization: docs/benchmarks.md, "Tokenization
+//! per request").
+//!
+//! Knobs (`picker.tokenizer`): `source` (`engine` | `file`), `engine` (`vllm` | `sglang`: the
+//! body of the call), `port` (default: the pod's serving port), `timeoutMs` (50), `path` (the
+//! `file` source's `tokenizer.json`; `tokenizer_config.json` or `chat_template.jinja` beside it
+//! give the chat template), `cacheEntries` (heads kept, 65 536), `queue` (heads waiting to be
+//! tokenized, 1024; more are dropped, counted).
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -44,6 +52,10 @@ const MESSAGE_END: &[u8] = b"<|im_end|>\n";
 const SHARDS: usize = 16;
 /// Fills tokenized at once.
 const FILLS_AT_ONCE: usize = 8;
+/// Fills tokenized at once in process (`source: file`): CPU work on blocking threads, kept
+/// off most of the cores that serve requests.
+#[cfg(feature = "tokenizer-file")]
+const FILE_FILLS_AT_ONCE: usize = 2;
 
 /// Where engine tokens come from (`picker.tokenizer.source`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -51,6 +63,8 @@ const FILLS_AT_ONCE: usize = 8;
 pub enum TokenizerSource {
     /// The pod's own `/tokenize`.
     Engine,
+    /// A `tokenizer.json` in process (`path`).
+    File,
 }
 
 /// `picker.tokenizer`.
@@ -69,7 +83,31 @@ pub struct TokenizerSection {
     pub cache_entries: usize,
     #[serde(default = "default_queue")]
     pub queue: usize,
+    /// The `file` source's `tokenizer.json`.
+    #[serde(default)]
+    pub path: Option<std::path::PathBuf>,
+    /// The `file` source, loaded by [`TokenizerSection::load`].
+    #[serde(skip)]
+    pub file: Option<LoadedFile>,
 }
+
+/// A loaded `file` source; two are equal when their files are (a reload compares sections).
+#[derive(Debug, Clone)]
+pub struct LoadedFile(
+    #[cfg(feature = "tokenizer-file")] pub Arc<super::file::FileSource>,
+    #[cfg(not(feature = "tokenizer-file"))] std::convert::Infallible,
+);
+
+impl PartialEq for LoadedFile {
+    fn eq(&self, other: &LoadedFile) -> bool {
+        #[cfg(feature = "tokenizer-file")]
+        return self.0.digest() == other.0.digest();
+        #[cfg(not(feature = "tokenizer-file"))]
+        match (self.0, other.0) {}
+    }
+}
+
+impl Eq for LoadedFile {}
 
 fn default_engine() -> EngineKind {
     EngineKind::Vllm
@@ -95,9 +133,53 @@ fn engine_kind<'de, D: serde::Deserializer<'de>>(d: D) -> Result<EngineKind, D::
 }
 
 impl TokenizerSection {
+    /// Loads the `file` source's files (nothing for `engine`); the error names the path. A
+    /// chat template that is missing or does not parse is a warning (`Ok(Some)`): chat heads
+    /// then fall back to the estimate, counted.
+    pub fn load(&mut self) -> Result<Option<String>, String> {
+        let (TokenizerSource::File, Some(path)) = (self.source, &self.path) else {
+            return Ok(None);
+        };
+        #[cfg(feature = "tokenizer-file")]
+        {
+            let source =
+                super::file::FileSource::load(path).map_err(|e| format!("tokenizer.path: {e}"))?;
+            let warning = source.template_error().map(|e| {
+                format!("tokenizer.path: {e}; chat requests are matched by the estimate (docs/tokenizer.md)")
+            });
+            self.file = Some(LoadedFile(Arc::new(source)));
+            Ok(warning)
+        }
+        #[cfg(not(feature = "tokenizer-file"))]
+        Err(format!(
+            "tokenizer.source: file needs the tokenizer-file feature, which this build of prefix-picker lacks (tokenizer.path {})",
+            path.display()
+        ))
+    }
+
+    /// Where the tokens come from, for `validate` and the start-up log.
+    pub fn describe(&self) -> String {
+        match (self.source, &self.path) {
+            (TokenizerSource::File, Some(path)) => format!("tokenizer.json {}", path.display()),
+            _ => "the pod's /tokenize".to_string(),
+        }
+    }
+
     /// The section's errors, naming the key and the value.
     pub fn validate(&self) -> Vec<String> {
         let mut errors = Vec::new();
+        match (self.source, &self.path) {
+            (TokenizerSource::File, None) => {
+                errors.push(
+                    "tokenizer.source: file needs tokenizer.path (a tokenizer.json)".to_string(),
+                );
+            }
+            (TokenizerSource::Engine, Some(path)) => errors.push(format!(
+                "tokenizer.path ({}) is read by source: file only, got source: engine",
+                path.display()
+            )),
+            _ => {}
+        }
         if self.timeout_ms == 0 {
             errors.push("tokenizer.timeoutMs must be > 0, got 0".to_string());
         }
@@ -307,6 +389,15 @@ impl HeadTokens {
         let Some(mut receiver) = self.receiver.lock().take() else {
             return;
         };
+        #[cfg(feature = "tokenizer-file")]
+        if let Some(LoadedFile(source)) = self.section.file.clone() {
+            return self.run_file(source, receiver, shutdown).await;
+        }
+        if self.section.source == TokenizerSource::File {
+            // Not loaded (`TokenizerSection::load` was not called): never ask the pods instead.
+            tracing::error!("the file tokenizer is not loaded; matching by the estimate");
+            return;
+        }
         let config = TokenizerConfig {
             timeout: Duration::from_millis(self.section.timeout_ms),
             ..TokenizerConfig::default()
@@ -334,12 +425,103 @@ impl HeadTokens {
             let (heads, tokenizer) = (self.clone(), tokenizer.clone());
             tokio::spawn(async move {
                 heads.tokenize(&tokenizer, &fill).await;
-                let mut pending = heads.pending.lock();
-                for (_, d, _) in &fill.heads {
-                    pending.remove(d);
-                }
+                heads.done(&fill);
                 drop(permit);
             });
+        }
+    }
+
+    /// [`HeadTokens::run`] for the `file` source: each fill on a blocking thread, at most
+    /// [`FILE_FILLS_AT_ONCE`] at a time.
+    #[cfg(feature = "tokenizer-file")]
+    async fn run_file(
+        self: Arc<Self>,
+        source: Arc<super::file::FileSource>,
+        mut receiver: mpsc::Receiver<Fill>,
+        shutdown: CancellationToken,
+    ) {
+        let permits = Arc::new(tokio::sync::Semaphore::new(FILE_FILLS_AT_ONCE));
+        loop {
+            let fill = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                fill = receiver.recv() => match fill {
+                    Some(f) => f,
+                    None => return,
+                },
+            };
+            let Ok(permit) = permits.clone().acquire_owned().await else {
+                return;
+            };
+            let (heads, source) = (self.clone(), source.clone());
+            tokio::task::spawn_blocking(move || {
+                heads.tokenize_file(&source, &fill);
+                heads.done(&fill);
+                drop(permit);
+            });
+        }
+    }
+
+    /// Tokenizes `fill`'s heads with the `file` source.
+    #[cfg(feature = "tokenizer-file")]
+    fn tokenize_file(&self, source: &super::file::FileSource, fill: &Fill) {
+        let parsed: Result<RequestPrompt<'_>, _> = serde_json::from_slice(&fill.body);
+        let Ok(parsed) = parsed else { return };
+        for &(messages, digest, bytes) in &fill.heads {
+            let mut joined = String::new();
+            let Some(input) = fill.input(&parsed, messages, &mut joined) else {
+                continue;
+            };
+            let started = Instant::now();
+            let result = source.tokenize(&input);
+            if !self.tokenized(result, started, digest, bytes) {
+                return;
+            }
+        }
+    }
+
+    /// Forgets `fill`'s heads as pending.
+    fn done(&self, fill: &Fill) {
+        let mut pending = self.pending.lock();
+        for (_, d, _) in &fill.heads {
+            pending.remove(d);
+        }
+    }
+
+    /// Counts a tokenization and keeps its tokens; `false` on an error (the fill's other heads
+    /// are not tried: they would fail alike).
+    fn tokenized(
+        &self,
+        result: Result<Tokens, super::TokenizeError>,
+        started: Instant,
+        digest: u64,
+        bytes: usize,
+    ) -> bool {
+        self.metrics
+            .tokenize_duration
+            .observe(started.elapsed().as_secs_f64());
+        match result {
+            Ok(tokens) => {
+                self.metrics
+                    .tokenize_calls
+                    .with_label_values(&[TOKENIZE_OK])
+                    .inc();
+                self.insert(
+                    digest,
+                    HeadFound {
+                        tokens,
+                        prompt_bytes: bytes,
+                    },
+                );
+                true
+            }
+            Err(e) => {
+                self.metrics
+                    .tokenize_calls
+                    .with_label_values(&[e.kind().as_str()])
+                    .inc();
+                tracing::debug!(error = %e, "tokenize failed");
+                false
+            }
         }
     }
 
@@ -348,28 +530,9 @@ impl HeadTokens {
         let parsed: Result<RequestPrompt<'_>, _> = serde_json::from_slice(&fill.body);
         let Ok(parsed) = parsed else { return };
         for &(messages, digest, bytes) in &fill.heads {
-            let joined;
-            let input = match (fill.api, &parsed) {
-                (
-                    Api::ChatCompletions,
-                    RequestPrompt {
-                        messages: Some(all),
-                        tools,
-                        system: None,
-                        ..
-                    },
-                ) if messages <= all.len() && all.len() == fill.messages => {
-                    joined = join(&all[..messages]);
-                    TokenizeInput::chat(&joined, tools.map(RawValue::get))
-                        .with_generation_prompt(messages == all.len())
-                }
-                (
-                    Api::Completions,
-                    RequestPrompt {
-                        prompt: Some(p), ..
-                    },
-                ) => TokenizeInput::text(p),
-                _ => continue,
+            let mut joined = String::new();
+            let Some(input) = fill.input(&parsed, messages, &mut joined) else {
+                continue;
             };
             let started = Instant::now();
             let result = tokenizer
@@ -381,32 +544,47 @@ impl HeadTokens {
                     &input,
                 )
                 .await;
-            self.metrics
-                .tokenize_duration
-                .observe(started.elapsed().as_secs_f64());
-            match result {
-                Ok(tokens) => {
-                    self.metrics
-                        .tokenize_calls
-                        .with_label_values(&[TOKENIZE_OK])
-                        .inc();
-                    self.insert(
-                        digest,
-                        HeadFound {
-                            tokens,
-                            prompt_bytes: bytes,
-                        },
-                    );
-                }
-                Err(e) => {
-                    self.metrics
-                        .tokenize_calls
-                        .with_label_values(&[e.kind().as_str()])
-                        .inc();
-                    tracing::debug!(error = %e, pod = %target, "tokenize failed");
-                    return;
-                }
+            if !self.tokenized(result, started, digest, bytes) {
+                tracing::debug!(pod = %target, "tokenize failed");
+                return;
             }
+        }
+    }
+}
+
+impl Fill {
+    /// What to tokenize for the head of `messages` messages (`joined` holds the chat head's
+    /// messages); `None` when the body does not have the shape queued.
+    fn input<'a>(
+        &self,
+        parsed: &'a RequestPrompt<'a>,
+        messages: usize,
+        joined: &'a mut String,
+    ) -> Option<TokenizeInput<'a>> {
+        match (self.api, parsed) {
+            (
+                Api::ChatCompletions,
+                RequestPrompt {
+                    messages: Some(all),
+                    tools,
+                    system: None,
+                    ..
+                },
+            ) if messages <= all.len() && all.len() == self.messages => {
+                *joined = join(&all[..messages]);
+                let joined: &'a String = joined;
+                Some(
+                    TokenizeInput::chat(joined, tools.map(RawValue::get))
+                        .with_generation_prompt(messages == all.len()),
+                )
+            }
+            (
+                Api::Completions,
+                RequestPrompt {
+                    prompt: Some(p), ..
+                },
+            ) => Some(TokenizeInput::text(p)),
+            _ => None,
         }
     }
 }

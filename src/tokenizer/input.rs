@@ -107,6 +107,11 @@ impl<'a> TokenizeInput<'a> {
         self.add_special_tokens
     }
 
+    /// Chat's `add_generation_prompt`.
+    pub fn generation_prompt(&self) -> bool {
+        self.generation_prompt
+    }
+
     /// The cache key: xxh3-64 of (kind, model, the prompt's exact bytes, the flags), each field
     /// length-prefixed so that no two inputs share a byte stream. The pod is not part of it:
     /// every pod of a model tokenizes alike.

@@ -6,6 +6,8 @@
 //! - [`kube_discovery`]: Kubernetes discovery against an in-process fake API server;
 //! - [`kv_events`]: the engines' KV-event subscriber against a msgspec/pyzmq publisher;
 //! - [`kvcache_vectors`]: kvcache-aware's hashes and scores against Python's `hashlib`;
+//! - [`tokenizer_file`]: the `file` tokenizer source's chat templates against Python's jinja2
+//!   and its ids against model-sim's;
 //! - [`docs`]: the documentation's relative links;
 //! - [`docs_blocks`]: the documentation's config examples validated and its install commands
 //!   run offline;
@@ -21,3 +23,4 @@ mod kube_discovery;
 mod kv_events;
 mod kvcache_vectors;
 mod soak;
+mod tokenizer_file;

@@ -15,6 +15,7 @@
 //! per admission or reset, in the cache's order ([`crate::kv_events`]).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -24,6 +25,7 @@ use tokio::sync::Semaphore;
 use crate::kv_cache::{Admission, KvCache};
 use crate::kv_events::{KvEventPublisher, KvEventsConfig};
 use crate::pd::{PdConfig, PdMetrics};
+use crate::tokenizer::SimTokenizer;
 
 /// Which engine's metric names to expose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -49,6 +51,8 @@ pub struct EngineConfig {
     pub kv_events: KvEventsConfig,
     /// `false`: vLLM's `--no-enable-prefix-caching`.
     pub prefix_caching: bool,
+    /// The built-in tokenizer, or `--tokenizer-json`'s.
+    pub tokenizer: SimTokenizer,
 }
 
 impl Default for EngineConfig {
@@ -65,6 +69,7 @@ impl Default for EngineConfig {
             pd: PdConfig::default(),
             kv_events: KvEventsConfig::default(),
             prefix_caching: true,
+            tokenizer: SimTokenizer::Builtin,
         }
     }
 }
@@ -203,6 +208,8 @@ pub struct Engine {
     metrics: EngineMetrics,
     pd: Option<PdMetrics>,
     events: Option<KvEventPublisher>,
+    /// `/tokenize` requests served (tests check that a router did not ask).
+    tokenize_requests: AtomicU64,
     pub registry: Registry,
 }
 
@@ -326,7 +333,8 @@ impl Engine {
         let registry = Registry::new();
         let metrics = EngineMetrics::register(&registry, &config);
         let pd = PdMetrics::register(&registry, &config.pd);
-        let mut kv = KvCache::new(config.block_tokens, config.kv_blocks);
+        let mut kv = KvCache::new(config.block_tokens, config.kv_blocks)
+            .with_tokenizer(config.tokenizer.clone());
         if events.is_some() {
             kv = kv.record_events();
         }
@@ -339,6 +347,7 @@ impl Engine {
             kv: Mutex::new(kv),
             slots: Arc::new(Semaphore::new(config.max_num_seqs.max(1))),
             metrics,
+            tokenize_requests: AtomicU64::new(0),
             registry,
             config,
         }
@@ -346,6 +355,20 @@ impl Engine {
 
     pub fn config(&self) -> &EngineConfig {
         &self.config
+    }
+
+    pub fn tokenizer(&self) -> &SimTokenizer {
+        &self.config.tokenizer
+    }
+
+    /// Counts a `/tokenize` request.
+    pub fn count_tokenize(&self) {
+        self.tokenize_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `/tokenize` requests served so far.
+    pub fn tokenize_requests(&self) -> u64 {
+        self.tokenize_requests.load(Ordering::Relaxed)
     }
 
     /// The running KV event publisher, if any (its bound endpoints).

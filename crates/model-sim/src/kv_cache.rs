@@ -26,7 +26,7 @@ use std::ops::Range;
 
 use xxhash_rust::xxh64::xxh64;
 
-use crate::tokenizer;
+use crate::tokenizer::{self, SimTokenizer, Tokens};
 
 /// The chain hash of one cached block of tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -89,6 +89,7 @@ pub struct KvCache {
     prefix_caching: bool,
     /// The next id of a block private to one request (prefix caching off).
     next_private: u64,
+    tokenizer: SimTokenizer,
 }
 
 impl KvCache {
@@ -103,7 +104,14 @@ impl KvCache {
             events: None,
             prefix_caching: true,
             next_private: 0,
+            tokenizer: SimTokenizer::Builtin,
         }
+    }
+
+    /// Tokenizes with `tokenizer` instead of the built-in one.
+    pub fn with_tokenizer(mut self, tokenizer: SimTokenizer) -> KvCache {
+        self.tokenizer = tokenizer;
+        self
     }
 
     /// Starts logging [`KvEvent`]s (drain them with [`KvCache::take_events`]).
@@ -176,11 +184,25 @@ impl KvCache {
     }
 
     fn cut(&self, model: &str, prompt: &[u8], with_ids: bool) -> PromptBlocks {
-        self.cut_tokens(model, prompt, &tokenizer::tokenize(prompt), with_ids)
+        self.cut_tokens(model, prompt, &self.tokenizer.tokens(prompt), with_ids)
+    }
+
+    /// The blocks of `text` cut into `tokens`.
+    fn cut_tokens(
+        &self,
+        model: &str,
+        text: &[u8],
+        tokens: &Tokens,
+        with_ids: bool,
+    ) -> PromptBlocks {
+        match tokens {
+            Tokens::Spans(spans) => self.cut_spans(model, text, spans, with_ids),
+            Tokens::Ids(ids) => self.cut_ids(model, ids, with_ids),
+        }
     }
 
     /// The blocks of `text` cut into `tokens` (byte ranges covering it).
-    fn cut_tokens(
+    fn cut_spans(
         &self,
         model: &str,
         text: &[u8],
@@ -218,6 +240,34 @@ impl KvCache {
         }
     }
 
+    /// The blocks of a `tokenizer.json`'s ids: a block hashes its ids, chained.
+    fn cut_ids(&self, model: &str, ids: &[u32], with_ids: bool) -> PromptBlocks {
+        let mut prev = xxh64(model.as_bytes(), 0x5EED);
+        let mut buf = Vec::new();
+        let hashes = ids
+            .chunks_exact(self.block_tokens)
+            .map(|block| {
+                buf.clear();
+                buf.extend_from_slice(&prev.to_le_bytes());
+                for id in block {
+                    buf.extend_from_slice(&id.to_le_bytes());
+                }
+                prev = xxh64(&buf, 0);
+                KvBlock(prev)
+            })
+            .collect::<Vec<_>>();
+        let token_ids = if with_ids {
+            ids[..hashes.len() * self.block_tokens].to_vec()
+        } else {
+            Vec::new()
+        };
+        PromptBlocks {
+            hashes,
+            tokens: ids.len(),
+            token_ids,
+        }
+    }
+
     /// Caches the blocks a request's output fills: the prompt's tokens then the output's
     /// (each tokenized on its own, as an engine appends generated tokens), chained after the
     /// prompt's blocks; they are pinned with the request's (added to `admission.pinned`). Nothing
@@ -232,12 +282,8 @@ impl KvCache {
         let mut text = Vec::with_capacity(prompt.len() + output.len());
         text.extend_from_slice(prompt);
         text.extend_from_slice(output);
-        let mut tokens = tokenizer::tokenize(prompt);
-        tokens.extend(
-            tokenizer::tokenize(output)
-                .into_iter()
-                .map(|r| r.start + prompt.len()..r.end + prompt.len()),
-        );
+        let mut tokens = self.tokenizer.tokens(prompt);
+        tokens.append(self.tokenizer.tokens(output), prompt.len());
         let all = self.cut_tokens(model, &text, &tokens, self.events.is_some());
         let held = admission.pinned.len();
         if held < admission.prompt_tokens / self.block_tokens || held >= all.hashes.len() {

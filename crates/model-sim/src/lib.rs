@@ -10,3 +10,4 @@ pub mod server;
 #[cfg(test)]
 mod tests;
 pub mod tokenizer;
+pub mod tokenizer_json;

@@ -75,6 +75,15 @@ struct Args {
     /// vLLM's switch: never reuse the cache (cached_tokens always 0, no BlockStored events).
     #[arg(long, overrides_with = "enable_prefix_caching")]
     no_enable_prefix_caching: bool,
+    /// A Hugging Face `tokenizer.json` to tokenize with (its ids in `/tokenize`, the KV cache
+    /// and the KV events) instead of the built-in tokenizer.
+    #[arg(long, value_name = "PATH")]
+    tokenizer_json: Option<std::path::PathBuf>,
+    /// Writes the default `tokenizer.json` and a `tokenizer_config.json` with the sim's chat
+    /// template into DIR, then exits (run the sims with `--tokenizer-json DIR/tokenizer.json`
+    /// and point the picker's `file` tokenizer source at it).
+    #[arg(long, value_name = "DIR")]
+    write_tokenizer: Option<std::path::PathBuf>,
 }
 
 fn parse_kv_events(json: &str) -> Result<KvEventsConfig, String> {
@@ -88,6 +97,18 @@ fn ms(v: f64) -> Duration {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let a = Args::parse();
+    if let Some(dir) = &a.write_tokenizer {
+        model_sim::tokenizer_json::write(dir)?;
+        println!(
+            "wrote {}/tokenizer.json and tokenizer_config.json",
+            dir.display()
+        );
+        return Ok(());
+    }
+    let tokenizer = match &a.tokenizer_json {
+        Some(path) => model_sim::tokenizer_json::load(path)?,
+        None => model_sim::tokenizer::SimTokenizer::Builtin,
+    };
     anyhow::ensure!(a.prefill_timeout_ms > 0, "--prefill-timeout-ms must be > 0");
     anyhow::ensure!(
         a.time_scale > 0.0,
@@ -111,6 +132,7 @@ async fn main() -> anyhow::Result<()> {
             },
             kv_events: a.kv_events_config.unwrap_or_default(),
             prefix_caching: !a.no_enable_prefix_caching,
+            tokenizer,
         })
         .await?,
     );

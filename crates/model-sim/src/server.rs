@@ -118,16 +118,13 @@ fn encode(registry: &prometheus::Registry) -> String {
     String::from_utf8(buf).expect("text format is UTF-8")
 }
 
-/// Token ids of a rendered prompt ([`crate::tokenizer`]): equal prefixes give equal ids.
-pub fn token_ids(prompt: &str) -> Vec<u32> {
-    crate::tokenizer::token_ids(prompt.as_bytes())
-}
-
 /// vLLM's render endpoints (used by vllm-router's cache-aware policy): `{"token_ids": [...]}`.
-async fn render(body: Bytes) -> Response {
+async fn render(State(s): State<Sim>, body: Bytes) -> Response {
+    let ids = |prompt: &str| s.engine.tokenizer().ids(prompt.as_bytes());
     match InferenceRequest::parse(&body) {
-        Ok(r) => axum::Json(json!({"token_ids": token_ids(r.prompt.as_deref().unwrap_or(""))}))
-            .into_response(),
+        Ok(r) => {
+            axum::Json(json!({"token_ids": ids(r.prompt.as_deref().unwrap_or(""))})).into_response()
+        }
         Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
     }
 }
@@ -146,6 +143,7 @@ pub const MAX_MODEL_LEN: usize = 131_072;
 /// the cache hashes for it; the sim's template adds no generation prompt and its tokenizer no
 /// special tokens, so those flags change nothing.
 async fn tokenize(State(s): State<Sim>, body: Bytes) -> Response {
+    s.engine.count_tokenize();
     let Ok(Value::Object(mut fields)) = prefix_picker::lenient_json::parse_value(&body) else {
         return error(StatusCode::BAD_REQUEST, "body must be a JSON object".into());
     };
@@ -163,7 +161,7 @@ async fn tokenize(State(s): State<Sim>, body: Bytes) -> Response {
         _ => {}
     }
     let sglang = s.engine.config().kind == EngineKind::Sglang;
-    let ids = |text: &str| token_ids(text);
+    let ids = |text: &str| s.engine.tokenizer().ids(text.as_bytes());
     if sglang && let Some(Value::Array(prompts)) = fields.get("prompt") {
         let Some(prompts) = prompts
             .iter()
@@ -201,12 +199,7 @@ async fn tokenize(State(s): State<Sim>, body: Bytes) -> Response {
         )
         .into_response();
     }
-    let strs = want_strs.then(|| {
-        crate::tokenizer::tokenize(prompt.as_bytes())
-            .into_iter()
-            .map(|r| String::from_utf8_lossy(&prompt.as_bytes()[r]).into_owned())
-            .collect::<Vec<_>>()
-    });
+    let strs = want_strs.then(|| s.engine.tokenizer().strs(prompt.as_bytes()));
     axum::Json(json!({"count": tokens.len(), "max_model_len": MAX_MODEL_LEN, "tokens": tokens, "token_strs": strs}))
         .into_response()
 }

@@ -10,8 +10,13 @@
 //! Prefix property (what a KV prefix cache needs): pieces depend on at most one byte of
 //! lookahead, so a prompt that extends another has all the shorter one's tokens except possibly
 //! its last (a word cut in the middle, or trailing whitespace that joins the next word).
+//!
+//! [`SimTokenizer`] chooses between this built-in tokenizer (the default, which the benchmarks
+//! are measured with) and a Hugging Face `tokenizer.json` (`--tokenizer-json`,
+//! [`crate::tokenizer_json`]), whose ids the picker's `file` tokenizer source computes too.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 /// Longest token, in bytes.
 pub const MAX_TOKEN_BYTES: usize = 6;
@@ -100,6 +105,90 @@ pub fn token_ids(text: &[u8]) -> Vec<u32> {
         .into_iter()
         .map(|r| token_id(&text[r]))
         .collect()
+}
+
+/// The sim's tokenizer: the built-in one above, or a `tokenizer.json`.
+#[derive(Debug, Clone, Default)]
+pub enum SimTokenizer {
+    #[default]
+    Builtin,
+    /// A Hugging Face tokenizer; the sim encodes without special tokens (as the built-in one).
+    Json(Arc<tokenizers::Tokenizer>),
+}
+
+/// A text's tokens as the KV cache cuts and hashes them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tokens {
+    /// The built-in tokenizer's byte ranges (a block hashes their bytes; ids by [`token_id`]).
+    Spans(Vec<Range<usize>>),
+    /// A `tokenizer.json`'s ids (a block hashes them).
+    Ids(Vec<u32>),
+}
+
+impl Tokens {
+    pub fn len(&self) -> usize {
+        match self {
+            Tokens::Spans(s) => s.len(),
+            Tokens::Ids(i) => i.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Appends `more`, the tokens of text that starts `at` bytes into this one's text (the two
+    /// are of the same kind: one tokenizer made both).
+    pub fn append(&mut self, more: Tokens, at: usize) {
+        match (self, more) {
+            (Tokens::Spans(s), Tokens::Spans(m)) => {
+                s.extend(m.into_iter().map(|r| r.start + at..r.end + at));
+            }
+            (Tokens::Ids(i), Tokens::Ids(m)) => i.extend(m),
+            (this, more) => unreachable!("one tokenizer's tokens: {this:?} and {more:?}"),
+        }
+    }
+}
+
+impl SimTokenizer {
+    /// The tokens of `text`.
+    pub fn tokens(&self, text: &[u8]) -> Tokens {
+        match self {
+            SimTokenizer::Builtin => Tokens::Spans(tokenize(text)),
+            SimTokenizer::Json(t) => Tokens::Ids(json_ids(t, text)),
+        }
+    }
+
+    /// The token ids of `text`.
+    pub fn ids(&self, text: &[u8]) -> Vec<u32> {
+        match self {
+            SimTokenizer::Builtin => token_ids(text),
+            SimTokenizer::Json(t) => json_ids(t, text),
+        }
+    }
+
+    /// The tokens of `text` as strings (vLLM's `token_strs`).
+    pub fn strs(&self, text: &[u8]) -> Vec<String> {
+        match self {
+            SimTokenizer::Builtin => tokenize(text)
+                .into_iter()
+                .map(|r| String::from_utf8_lossy(&text[r]).into_owned())
+                .collect(),
+            // `encode`, not `encode_fast`: only the former fills the tokens' strings.
+            SimTokenizer::Json(t) => t
+                .encode(String::from_utf8_lossy(text).as_ref(), false)
+                .map(|e| e.get_tokens().to_vec())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// A `tokenizer.json`'s ids of `text` without special tokens; none if it cannot encode it (a
+/// `tokenizer.json` whose model has no token for some input and no `unk_token`).
+fn json_ids(t: &tokenizers::Tokenizer, text: &[u8]) -> Vec<u32> {
+    t.encode_fast(String::from_utf8_lossy(text).as_ref(), false)
+        .map(|e| e.get_ids().to_vec())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -112,6 +112,9 @@ enum Cmd {
         /// Calls per line (a quarter of them at 220 KB).
         #[arg(long, default_value_t = 400)]
         calls: usize,
+        /// The `file` source's tokenizer.json (default: model-sim's, with its chat template).
+        #[arg(long)]
+        tokenizer_json: Option<PathBuf>,
     },
     /// Serve the no-op ext_proc (`prefix_bench::noop_ext_proc`); `overhead` runs it.
     #[command(hide = true)]
@@ -578,7 +581,10 @@ impl Setup {
 /// The engine-events rows: the shipped row plus every pod's KV events, one row per
 /// `picker.tokenizer` source (name suffix, source).
 fn engine_event_rows() -> Vec<(&'static str, EngineEvents)> {
-    vec![("", EngineEvents::engine_tokenize())]
+    vec![
+        ("", EngineEvents::engine_tokenize()),
+        (", file tokenizer", EngineEvents::file_tokenizer()),
+    ]
 }
 
 /// The shipped default config (`deploy/local/config.yaml`), validated.
@@ -1045,6 +1051,17 @@ async fn start_cluster_on(setup: &Setup, mut engines: EnginePlan) -> anyhow::Res
             .args
             .extend(["--model".to_string(), "model".to_string()]);
     }
+    // A row on model-sim's tokenizer.json: the sims run it, the picker's config names it.
+    let events = match setup {
+        Setup::Envoy {
+            events: Some(e), ..
+        } => {
+            let (row, sim_args) = e.with_tokenizer_dir(dir.path())?;
+            engines.args.extend(sim_args);
+            Some(row)
+        }
+        _ => None,
+    };
     let sims = engines.start()?;
     let pods = sims.pods();
     let backends: Vec<_> = pods.iter().map(|p| p.addr).collect();
@@ -1102,7 +1119,7 @@ async fn start_cluster_on(setup: &Setup, mut engines: EnginePlan) -> anyhow::Res
             file,
             scheduler: Some(s),
             affinity,
-            events,
+            ..
         } => {
             let config = picker_config::render(s, &pods, affinity.as_ref(), events.as_ref())?;
             let (p, admin) =
@@ -1219,9 +1236,10 @@ fn without_refused_rows(routers: Vec<(String, Setup)>) -> anyhow::Result<Vec<(St
         } = &setup
         {
             let path = dir.path().join("picker.yaml");
+            let (events, _) = events.with_tokenizer_dir(dir.path())?;
             std::fs::write(
                 &path,
-                picker_config::render(s, &pods, affinity.as_ref(), Some(events))?,
+                picker_config::render(s, &pods, affinity.as_ref(), Some(&events))?,
             )?;
             let check = std::process::Command::new(bin_dir().join("prefix-picker"))
                 .arg("validate")
@@ -1932,9 +1950,13 @@ async fn main() -> anyhow::Result<()> {
         }
         Cmd::Replicas(opts) => replicas(opts).await,
         Cmd::Pd(opts) => pd(opts).await,
-        Cmd::TokenizeCost { calls } => {
+        Cmd::TokenizeCost {
+            calls,
+            tokenizer_json,
+        } => {
             let sim = bin_dir().join("model-sim");
-            let lines = prefix_bench::tokenize_cost::run(&sim, calls).await?;
+            let lines =
+                prefix_bench::tokenize_cost::run(&sim, calls, tokenizer_json.as_deref()).await?;
             print!("{}", prefix_bench::tokenize_cost::table(&lines));
             Ok(())
         }
@@ -2109,6 +2131,10 @@ mod tests {
             Some(&serde_json::json!({"tentative": true}))
         );
         assert_eq!(events, &EngineEvents::engine_tokenize());
+        assert_eq!(
+            names[shipped + 2],
+            format!("{}, file tokenizer", report::SHIPPED_ENGINE_EVENTS)
+        );
         assert_eq!(
             routers
                 .iter()

@@ -5,7 +5,8 @@
 //! An engine-events row gives every static endpoint its sim's `kvEventsEndpoint` and
 //! `kvEventsReplayEndpoint` (vLLM's PUB and replay ROUTER sockets), so the picker matches a
 //! candidate by what its engine holds, and sets `picker.tokenizer` (how the picker gets a
-//! prompt's engine tokens: `{source: engine}` asks the pod's own `POST /tokenize`).
+//! prompt's engine tokens: `{source: engine}` asks the pod's own `POST /tokenize`; `{source:
+//! file}` runs model-sim's `tokenizer.json` in process, the sims running it too).
 
 use std::fmt::Write;
 use std::net::SocketAddr;
@@ -25,6 +26,37 @@ impl EngineEvents {
         EngineEvents {
             tokenizer: serde_json::json!({"source": "engine"}),
         }
+    }
+
+    /// `picker.tokenizer: {source: file}`: model-sim's `tokenizer.json` in process; its path
+    /// is set by [`EngineEvents::with_tokenizer_dir`], and the sims run it too
+    /// (`--tokenizer-json`).
+    pub fn file_tokenizer() -> EngineEvents {
+        EngineEvents {
+            tokenizer: serde_json::json!({"source": "file"}),
+        }
+    }
+
+    /// Whether the row runs model-sim's `tokenizer.json` (in the picker and the sims).
+    pub fn uses_tokenizer_json(&self) -> bool {
+        self.tokenizer["source"] == "file"
+    }
+
+    /// Writes model-sim's `tokenizer.json` and `tokenizer_config.json` into `dir` and returns
+    /// the row with `path` naming it (unchanged for another source) and the sims' extra
+    /// arguments.
+    pub fn with_tokenizer_dir(
+        &self,
+        dir: &std::path::Path,
+    ) -> anyhow::Result<(EngineEvents, Vec<String>)> {
+        if !self.uses_tokenizer_json() {
+            return Ok((self.clone(), Vec::new()));
+        }
+        model_sim::tokenizer_json::write(dir)?;
+        let path = dir.join("tokenizer.json").display().to_string();
+        let mut row = self.clone();
+        row.tokenizer["path"] = serde_json::json!(path);
+        Ok((row, vec!["--tokenizer-json".to_string(), path]))
     }
 }
 

@@ -7,9 +7,15 @@
 //!   lookup per head, what a request pays once its conversation's heads were tokenized in the
 //!   background) and unknown (the lookup plus queueing the heads for the background).
 //!
+//! - the `file` source, cold: the chat template rendered and the prompt encoded in process
+//!   (`FileSource::tokenize`, what the background worker does per head, and what a request
+//!   would pay if it tokenized inline), with model-sim's `tokenizer.json` and template unless
+//!   `--tokenizer-json` names another (its directory's `tokenizer_config.json` or
+//!   `chat_template.jinja` give the template);
+//! - the request path with the `file` source, heads known and unknown (as for `engine`).
+//!
 //! Each line is the median and 99th percentile of `--calls` calls (a quarter of them at
-//! 220 KB). The `file` source of `picker.tokenizer` is not wired (docs/tokenizer.md), so it is
-//! not measured here.
+//! 220 KB).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -20,6 +26,7 @@ use anyhow::Context;
 use prefix_picker::metrics::engine_truth::EngineTruthMetrics;
 use prefix_picker::prompt::Rendering;
 use prefix_picker::request::{Api, InferenceRequest};
+use prefix_picker::tokenizer::file::FileSource;
 use prefix_picker::tokenizer::heads::{HeadTokens, TokenizerSection};
 use prefix_picker::tokenizer::{EngineKind, EngineTokenizer, TokenizeInput, TokenizerConfig};
 use serde_json::json;
@@ -72,8 +79,13 @@ fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
     (at(0.5), at(0.99))
 }
 
-/// Runs every measurement against a model-sim started from `sim_bin`.
-pub async fn run(sim_bin: &Path, calls: usize) -> anyhow::Result<Vec<CostLine>> {
+/// Runs every measurement against a model-sim started from `sim_bin`; the `file` source runs
+/// `tokenizer_json` (`None`: model-sim's, written to a temporary directory).
+pub async fn run(
+    sim_bin: &Path,
+    calls: usize,
+    tokenizer_json: Option<&Path>,
+) -> anyhow::Result<Vec<CostLine>> {
     anyhow::ensure!(calls >= 4, "--calls must be at least 4, got {calls}");
     let sim = testkit::Sim::start(sim_bin, "sim-0", &[]).context("starting model-sim")?;
     let pod = sim.addr();
@@ -81,14 +93,57 @@ pub async fn run(sim_bin: &Path, calls: usize) -> anyhow::Result<Vec<CostLine>> 
         timeout: Duration::from_secs(5),
         ..TokenizerConfig::default()
     })?;
+    let dir = tempfile::tempdir()?;
+    let path = match tokenizer_json {
+        Some(p) => p.to_path_buf(),
+        None => {
+            model_sim::tokenizer_json::write(dir.path())?;
+            dir.path().join("tokenizer.json")
+        }
+    };
+    let file = FileSource::load(&path)?;
+    if let Some(e) = file.template_error() {
+        anyhow::bail!("{e}");
+    }
+    let file_section = format!("source: file\npath: {:?}", path.display().to_string());
     let mut lines = Vec::new();
     for (size, bytes) in SIZES {
         let n = if bytes > 100_000 { calls / 4 } else { calls };
         lines.push(hop(&tokenizer, pod, size, bytes, n, false).await?);
         lines.push(hop(&tokenizer, pod, size, bytes, n, true).await?);
-        lines.extend(request_path(pod, size, bytes, n).await?);
+        lines.extend(
+            request_path("source: engine\ntimeoutMs: 5000", "", pod, size, bytes, n).await?,
+        );
+        lines.push(file_cold(&file, size, bytes, n)?);
+        lines.extend(request_path(&file_section, "file: ", pod, size, bytes, n).await?);
     }
     Ok(lines)
+}
+
+/// The `file` source on a new prompt each call: the template rendered, the text encoded.
+fn file_cold(
+    file: &FileSource,
+    size: &'static str,
+    bytes: usize,
+    calls: usize,
+) -> anyhow::Result<CostLine> {
+    let mut samples = Vec::with_capacity(calls);
+    for i in 0..calls {
+        let messages = messages_of(&chat_body(bytes, (1 << 43) + i as u64))?;
+        let input = TokenizeInput::chat(&messages, None);
+        let started = Instant::now();
+        let tokens = file.tokenize(&input)?;
+        samples.push(started.elapsed());
+        anyhow::ensure!(!tokens.as_slice().is_empty(), "no tokens for {size}");
+    }
+    let (p50, p99) = percentiles(samples);
+    Ok(CostLine {
+        what: "file tokenizer.json, cold (render + encode in process)",
+        size,
+        calls,
+        p50,
+        p99,
+    })
 }
 
 /// The `/tokenize` hop: every call a new prompt (`cached` false) or the same one again.
@@ -135,15 +190,21 @@ async fn hop(
     })
 }
 
-/// What the request path pays with engine truth on: `find` with the heads known, and with
-/// every request a new conversation (heads unknown: looked up and queued).
+/// What the request path pays with engine truth on (`section`: the `picker.tokenizer` YAML;
+/// `label` prefixes the lines): `find` with the heads known, and with every request a new
+/// conversation (heads unknown: looked up and queued).
 async fn request_path(
+    section: &str,
+    label: &'static str,
     pod: SocketAddr,
     size: &'static str,
     bytes: usize,
     calls: usize,
 ) -> anyhow::Result<Vec<CostLine>> {
-    let section: TokenizerSection = serde_yaml_ng::from_str("source: engine\ntimeoutMs: 5000")?;
+    let mut section: TokenizerSection = serde_yaml_ng::from_str(section)?;
+    if let Some(warning) = section.load().map_err(anyhow::Error::msg)? {
+        anyhow::bail!("{warning}");
+    }
     let registry = prometheus::Registry::new();
     let metrics = EngineTruthMetrics::register(&registry, &["engine", "estimate"], &["timeout"]);
     let heads = Arc::new(HeadTokens::new(section, metrics));
@@ -195,16 +256,27 @@ async fn request_path(
     filler.await?;
     let (p50, p99) = percentiles(known);
     let (u50, u99) = percentiles(unknown);
+    let (known, unknown) = if label.is_empty() {
+        (
+            "request path, heads known (lookup)",
+            "request path, heads unknown (lookup + queue)",
+        )
+    } else {
+        (
+            "file: request path, heads known (lookup)",
+            "file: request path, heads unknown (lookup + queue)",
+        )
+    };
     Ok(vec![
         CostLine {
-            what: "request path, heads known (lookup)",
+            what: known,
             size,
             calls,
             p50,
             p99,
         },
         CostLine {
-            what: "request path, heads unknown (lookup + queue)",
+            what: unknown,
             size,
             calls,
             p50: u50,

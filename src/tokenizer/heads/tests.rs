@@ -134,3 +134,49 @@ fn messages_are_joined_as_sent() {
         r#"[{"role":"user","content":"a", "z":1},{"content":"b","role":"user"}]"#
     );
 }
+
+/// `source: file`: a miss queues the heads, the worker tokenizes them in process (no pod is
+/// listening at the pod address), and the next request finds the model's ids for its head.
+#[cfg(feature = "tokenizer-file")]
+#[tokio::test]
+async fn the_file_source_tokenizes_heads_in_process() {
+    let dir = tempfile::tempdir().unwrap();
+    model_sim::tokenizer_json::write(dir.path()).unwrap();
+    let path = dir.path().join("tokenizer.json");
+    let mut s: TokenizerSection = serde_yaml_ng::from_str(&format!(
+        "source: file\npath: {:?}",
+        path.display().to_string()
+    ))
+    .unwrap();
+    assert_eq!(s.load(), Ok(None));
+    let heads_map = Arc::new(HeadTokens::new(s, metrics()));
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn(heads_map.clone().run(shutdown.clone()));
+    let prompt = chatml(&[("system", "tenant prompt"), ("user", "q1")]);
+    let body = br#"{"messages":[{"role":"system","content":"tenant prompt"},{"role":"user","content":"q1"}]}"#;
+    // Port 9 (discard): nothing answers there, and nothing must be asked.
+    let pod: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let find = || {
+        heads_map.find(
+            "m",
+            Some(Api::ChatCompletions),
+            &prompt,
+            Some(body),
+            Some(pod),
+        )
+    };
+    assert!(find().is_none());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let found = loop {
+        if let Some(found) = heads_map.lookup("m", Api::ChatCompletions, &prompt) {
+            break found;
+        }
+        assert!(Instant::now() < deadline, "the heads were not tokenized");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let sim = model_sim::tokenizer_json::default_tokenizer();
+    assert_eq!(found.tokens.to_vec(), sim.ids(prompt.as_bytes()));
+    assert_eq!(found.prompt_bytes, prompt.len());
+    shutdown.cancel();
+    worker.await.unwrap();
+}

@@ -2,7 +2,9 @@
 //! shipped config with `picker.tokenizer` matches their pods by what the engines hold. An
 //! evicted prefix stops attracting requests at once, a restarted engine loses its entries (its
 //! view and its estimate), a pod with prefix caching off is never preferred, and garbage on an
-//! event socket leaves routing intact.
+//! event socket leaves routing intact. With the `file` tokenizer source (the sims and the
+//! picker on the sim's `tokenizer.json`) requests are matched by the engines with no call to
+//! their `/tokenize`.
 
 use super::{chat, send};
 use crate::harness::*;
@@ -312,4 +314,71 @@ async fn garbage_on_an_event_socket_leaves_routing_intact() {
         0.0,
         "never connected: matched by the estimate"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_file_tokenizer_matches_by_the_engine_without_asking_the_pods() {
+    let dir = tempfile::tempdir().unwrap();
+    model_sim::tokenizer_json::write(dir.path()).unwrap();
+    let sim_engine = || EngineConfig {
+        tokenizer: model_sim::tokenizer_json::default_tokenizer(),
+        ..engine()
+    };
+    let sims = [
+        Sim::start_with_events("sim-0", sim_engine()).await,
+        Sim::start_with_events("sim-1", sim_engine()).await,
+    ];
+    let file = format!(
+        "tokenizer: {{source: file, path: \"{}\"}}",
+        dir.path().join("tokenizer.json").display()
+    );
+    let shipped = shipped_picker_section();
+    assert!(shipped.contains("tokenizer: {source: engine}"));
+    let mut doc = testkit::scheduler_section(include_str!("../fixtures/kthena-router-config.yaml"))
+        .to_string();
+    doc.push_str("endpoints:\n");
+    for s in &sims {
+        doc.push_str(&s.endpoint_yaml());
+    }
+    doc.push_str(&shipped.replace("tokenizer: {source: engine}", &file));
+    let config = Config::parse(&doc).unwrap();
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+    let picker = start_picker(config).await;
+    let envoy = start_envoy_for_sims(&picker, &sims).await;
+    wait_live(&picker, &["sim-0", "sim-1"]).await;
+    let system =
+        "You are the cartographer of tenant four. Name every ridge and valley. ".repeat(20);
+    let first = send(&envoy, "/v1/chat/completions", &chat(&system, "q1")).await;
+    assert_eq!(first.status, 200);
+    let holder = first.served_by.clone();
+    wait_view(&picker, &holder, 4.0).await;
+    // Both heads (the tenant's system message, the whole prompt) tokenized in process.
+    wait_metric(
+        &picker,
+        "prefix_picker_tokenize_calls_total{result=\"ok\"}",
+        2.0,
+    )
+    .await;
+    for i in 2..6 {
+        let next = chat(&system, &format!("q{i}"));
+        let e = explain(&picker, &next).await;
+        let held = &pod(&e, &holder)["match"];
+        assert_eq!(held["source"], "engine", "{e}");
+        // The engine holds the tenant's prompt in the tokens the picker computed.
+        assert!(held["engine_tokens"].as_u64().unwrap() >= 64, "{e}");
+        assert_eq!(e["primary"], format!("default/{holder}"), "{e}");
+        let r = send(&envoy, "/v1/chat/completions", &next).await;
+        assert_eq!(r.served_by, holder);
+    }
+    assert!(
+        metric(
+            &picker,
+            "prefix_picker_match_source_total{source=\"engine\"}"
+        )
+        .await
+            >= 4.0
+    );
+    for s in &sims {
+        assert_eq!(s.engine.tokenize_requests(), 0, "{} was asked", s.name);
+    }
 }
