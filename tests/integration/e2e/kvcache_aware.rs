@@ -489,8 +489,6 @@ async fn the_relay_survives_a_redis_restart_and_writes_what_it_missed() {
         "m",
         prefix_picker::scheduler::kvcache_aware::standardized_hash(&tokens[..16]),
     );
-    // Let the relay subscribe first: a warm-up request's blocks reach Redis.
-    let warm = whole_blocks_prompt(sim.addr, "warm-up prompt, one block or two").await;
     let send_direct = |p: String| async move {
         reqwest::Client::new()
             .post(format!("http://{}/v1/completions", sim.addr))
@@ -500,19 +498,30 @@ async fn the_relay_survives_a_redis_restart_and_writes_what_it_missed() {
             .unwrap()
             .status()
     };
-    assert_eq!(send_direct(warm).await, 200);
-    poll("the warm-up's blocks in Redis", || async {
-        let mut c = redis::Client::open(redis.url())
-            .ok()?
-            .get_multiplexed_async_connection()
-            .await
-            .ok()?;
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg("matrix:kv:block:m@*")
-            .query_async(&mut c)
-            .await
-            .ok()?;
-        (!keys.is_empty()).then_some(())
+    // Let the relay subscribe first: warm-up requests until one's blocks reach Redis (what the
+    // engine publishes before the relay's subscription is in place is lost, as on any SUB).
+    let mut warm_ups = 0;
+    poll("a warm-up's blocks in Redis", || {
+        warm_ups += 1;
+        let n = warm_ups;
+        let url = redis.url();
+        async move {
+            let warm =
+                whole_blocks_prompt(sim.addr, &format!("warm-up prompt {n}, one block or two"))
+                    .await;
+            assert_eq!(send_direct(warm).await, 200);
+            let mut c = redis::Client::open(url)
+                .ok()?
+                .get_multiplexed_async_connection()
+                .await
+                .ok()?;
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg("matrix:kv:block:m@*")
+                .query_async(&mut c)
+                .await
+                .ok()?;
+            (!keys.is_empty()).then_some(())
+        }
     })
     .await;
     redis.kill();
