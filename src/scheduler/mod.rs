@@ -793,13 +793,14 @@ impl Scheduler {
         rng: &mut SmallRng,
         keep: usize,
     ) -> Decision<C> {
-        let (primary, why, predictions) =
+        let (primary, why, predictions, loads) =
             self.affinity_pick(config, &candidates, &scored, &hashes, session, rng);
-        // Fallbacks: longest match first, then least loaded (only the few kept are sorted).
+        // Fallbacks: longest match first, then least loaded (only the few kept are sorted), by
+        // the loads the pick read (each pod's stats are read once per decision).
         let mut rest: Vec<(std::cmp::Reverse<usize>, i64, usize)> = (0..candidates.len())
             .filter(|&i| i != primary)
             .map(|i| {
-                let load = candidates[i].inflight() + candidates[i].stats().waiting as i64;
+                let load = loads[i].inflight + loads[i].waiting as i64;
                 (std::cmp::Reverse(scored.matched_blocks[i]), load, i)
             })
             .collect();
@@ -857,9 +858,14 @@ impl Scheduler {
         hashes: &[BlockHash],
         session: Option<usize>,
         rng: &mut SmallRng,
-    ) -> (usize, AffinityReason, Vec<latency::Prediction>) {
+    ) -> (
+        usize,
+        AffinityReason,
+        Vec<latency::Prediction>,
+        Vec<PodLoad>,
+    ) {
         let now = self.counters.picks.load(Ordering::Relaxed) as u32;
-        let keep = affinity::keep_factor(config.share_window, candidates.len());
+        let ln_keep = affinity::keep_factor(config.share_window, candidates.len()).ln();
         let per_token = if config
             .latency_signals
             .has(latency::LatencySignal::PrefillFit)
@@ -907,7 +913,7 @@ impl Scheduler {
                     key: e.rendezvous(),
                     inflight,
                     waiting,
-                    share: e.recent().share(now, keep),
+                    share: e.recent().share_ln(now, ln_keep),
                     head_inflight: scored.head_inflight.get(i).copied().unwrap_or(0),
                     wait,
                     backlog,
@@ -927,7 +933,7 @@ impl Scheduler {
             per_token * tokens_per_block,
             rng,
         );
-        (i, why, predictions)
+        (i, why, predictions, loads)
     }
 
     /// Engine tokens in one prompt block.
