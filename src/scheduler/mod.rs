@@ -795,23 +795,13 @@ impl Scheduler {
     ) -> Decision<C> {
         let (primary, why, predictions, loads) =
             self.affinity_pick(config, &candidates, &scored, &hashes, session, rng);
-        // Fallbacks: longest match first, then least loaded (only the few kept are sorted), by
-        // the loads the pick read (each pod's stats are read once per decision).
-        let mut rest: Vec<(std::cmp::Reverse<usize>, i64, usize)> = (0..candidates.len())
-            .filter(|&i| i != primary)
-            .map(|i| {
-                let load = loads[i].inflight + loads[i].waiting as i64;
-                (std::cmp::Reverse(scored.matched_blocks[i]), load, i)
-            })
-            .collect();
-        let keep = (keep.max(1) - 1).min(rest.len());
-        if keep > 0 && keep < rest.len() {
-            rest.select_nth_unstable(keep - 1);
-        }
-        rest.truncate(keep);
-        rest.sort_unstable();
         let ranked = std::iter::once(primary)
-            .chain(rest.iter().map(|&(_, _, i)| i))
+            .chain(fallbacks(
+                primary,
+                &scored.matched_blocks,
+                &loads,
+                keep.max(1) - 1,
+            ))
             .map(|i| candidates[i].clone())
             .collect();
         let weight = self
@@ -1039,6 +1029,26 @@ impl Scheduler {
                 .hash_salted(request.model, request.salt, prompt.as_bytes()),
         }
     }
+}
+
+/// The affinity mode's fallbacks: up to `keep` candidates other than `primary`, longest match
+/// first, then least loaded (in flight plus engine queue, as the pick read them), then position.
+/// The few kept are kept sorted in one scan: a selection over every candidate cost 4% of the
+/// request path at 1,024 pods (benches/RESULTS.md, "Cost growth with the pool").
+fn fallbacks(primary: usize, matched: &[usize], loads: &[PodLoad], keep: usize) -> Vec<usize> {
+    let keep = keep.min(matched.len().saturating_sub(1));
+    let mut kept: Vec<(std::cmp::Reverse<usize>, i64, usize)> = Vec::with_capacity(keep + 1);
+    for i in (0..matched.len()).filter(|&i| i != primary) {
+        let load = loads[i].inflight + loads[i].waiting as i64;
+        let t = (std::cmp::Reverse(matched[i]), load, i);
+        if kept.len() == keep && kept.last().is_none_or(|last| t >= *last) {
+            continue;
+        }
+        let at = kept.partition_point(|x| *x < t);
+        kept.insert(at, t);
+        kept.truncate(keep);
+    }
+    kept.into_iter().map(|(_, _, i)| i).collect()
 }
 
 /// Where the session's pod is among `candidates`, if it is one.
