@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -99,6 +99,10 @@ pub struct Endpoint {
     inflight: AtomicI64,
     /// The engine's last stats and when they were set (`None`: never scraped).
     stats: RwLock<(EngineStats, Option<Instant>)>,
+    /// `stats.waiting` (f64 bits), read without the lock: the affinity mode reads it for every
+    /// candidate, where the lock's two atomic writes cost a fifth of the request path at 1,024
+    /// pods (benches/RESULTS.md, "Cost growth with the pool").
+    waiting: AtomicU64,
     /// Share of recent picks (the affinity mode's balance signal).
     pub recent: RecentPicks,
     /// What the latency model learned of the pod (concurrency from scrapes, service time from
@@ -129,7 +133,10 @@ impl Endpoint {
 
     pub fn set_stats(&self, stats: EngineStats) {
         self.timing.observe_engine(stats.running, stats.waiting);
-        *self.stats.write() = (stats, Some(Instant::now()));
+        let mut slot = self.stats.write();
+        *slot = (stats, Some(Instant::now()));
+        self.waiting
+            .store(stats.waiting.to_bits(), Ordering::Relaxed);
     }
 
     /// The pod's incarnation (see the module doc); empty while unknown, which matches any.
@@ -157,6 +164,10 @@ impl Candidate for Endpoint {
 
     fn stats(&self) -> EngineStats {
         Endpoint::stats(self)
+    }
+
+    fn waiting(&self) -> f64 {
+        f64::from_bits(self.waiting.load(Ordering::Relaxed))
     }
 
     fn stats_age(&self) -> Option<Duration> {
@@ -429,6 +440,7 @@ impl Endpoints {
             index: self.index.add_pod(),
             inflight: AtomicI64::new(0),
             stats: RwLock::new((EngineStats::default(), None)),
+            waiting: AtomicU64::new(EngineStats::default().waiting.to_bits()),
             recent: RecentPicks::default(),
             timing: PodTiming::default(),
             rendezvous: rendezvous_key(&spec.address),

@@ -880,7 +880,7 @@ impl Scheduler {
             .iter()
             .enumerate()
             .map(|(i, e)| {
-                let (inflight, waiting) = (e.inflight(), e.stats().waiting);
+                let (inflight, waiting) = (e.inflight(), e.waiting());
                 let uncached_tokens =
                     hashes.len().saturating_sub(scored.matched_blocks[i]) as f64 * tokens_per_block;
                 let timing = e.timing();
