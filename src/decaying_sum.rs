@@ -19,6 +19,10 @@ impl DecayingSum {
     }
 
     fn decayed(v: u64, now: u32, keep: f64) -> f64 {
+        Self::decayed_ln(v, now, keep.ln())
+    }
+
+    fn decayed_ln(v: u64, now: u32, ln_keep: f64) -> f64 {
         let (at, value) = Self::unpack(v);
         let steps = now.wrapping_sub(at);
         if steps == 0 || value == 0.0 {
@@ -28,12 +32,18 @@ impl DecayingSum {
             return 0.0;
         }
         // keep^steps, as one exp (a powi is a libcall loop).
-        f64::from(value) * (keep.ln() * f64::from(steps)).exp()
+        f64::from(value) * (ln_keep * f64::from(steps)).exp()
     }
 
     /// The sum at clock step `now`, each step keeping `keep` of the sum before it.
     pub fn value(&self, now: u32, keep: f64) -> f64 {
         Self::decayed(self.0.load(Ordering::Relaxed), now, keep)
+    }
+
+    /// [`DecayingSum::value`] given `keep.ln()`, for a caller that reads many sums with one
+    /// `keep` (the same number, without a logarithm per sum).
+    pub fn value_ln(&self, now: u32, ln_keep: f64) -> f64 {
+        Self::decayed_ln(self.0.load(Ordering::Relaxed), now, ln_keep)
     }
 
     /// Adds `amount` at step `now`, after the step's decay: the sum as of step `now + 1`.

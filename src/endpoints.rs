@@ -18,7 +18,7 @@ mod pattern;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -86,6 +86,10 @@ pub struct Endpoint {
     inflight: AtomicI64,
     /// The engine's last stats and when they were set (`None`: never scraped).
     stats: RwLock<(EngineStats, Option<Instant>)>,
+    /// `stats.waiting` (f64 bits), read without the lock: the affinity mode reads it for every
+    /// candidate, where the lock's two atomic writes cost a fifth of the request path at 1,024
+    /// pods (benches/RESULTS.md, "Cost growth with the pool").
+    waiting: AtomicU64,
     /// Share of recent picks (the affinity mode's balance signal).
     pub recent: RecentPicks,
     /// What the latency model learned of the pod (concurrency from scrapes, service time from
@@ -116,7 +120,10 @@ impl Endpoint {
 
     pub fn set_stats(&self, stats: EngineStats) {
         self.timing.observe_engine(stats.running, stats.waiting);
-        *self.stats.write() = (stats, Some(Instant::now()));
+        let mut slot = self.stats.write();
+        *slot = (stats, Some(Instant::now()));
+        self.waiting
+            .store(stats.waiting.to_bits(), Ordering::Relaxed);
     }
 
     /// The pod's incarnation (see the module doc); empty while unknown, which matches any.
@@ -144,6 +151,10 @@ impl Candidate for Endpoint {
 
     fn stats(&self) -> EngineStats {
         Endpoint::stats(self)
+    }
+
+    fn waiting(&self) -> f64 {
+        f64::from_bits(self.waiting.load(Ordering::Relaxed))
     }
 
     fn stats_age(&self) -> Option<Duration> {
@@ -228,9 +239,41 @@ pub enum Update {
 pub struct EndpointSet {
     all: Vec<Arc<Endpoint>>,
     by_host: HashMap<SocketAddr, Arc<Endpoint>>,
+    /// Whether any endpoint lists the models it serves.
+    lists_models: bool,
+    /// Per listed model, the pods serving it (in `all` order): built with the snapshot, so a
+    /// request's candidates cost its model's pods, not a scan of the pool.
+    by_model: HashMap<String, Vec<Arc<Endpoint>>>,
+    /// The pods that list no model (they serve any): the candidates of a model no pod lists.
+    any_model: Vec<Arc<Endpoint>>,
 }
 
 impl EndpointSet {
+    /// The snapshot of `all` (sorted), with its look-ups.
+    fn new(all: Vec<Arc<Endpoint>>) -> EndpointSet {
+        let by_host = all.iter().map(|e| (e.spec.address, e.clone())).collect();
+        let lists_models = all.iter().any(|e| !e.spec.models.is_empty());
+        let mut by_model: HashMap<String, Vec<Arc<Endpoint>>> = HashMap::new();
+        for model in all.iter().flat_map(|e| &e.spec.models) {
+            if !by_model.contains_key(model) {
+                let pods = all.iter().filter(|e| e.serves(model)).cloned().collect();
+                by_model.insert(model.clone(), pods);
+            }
+        }
+        let any_model = all
+            .iter()
+            .filter(|e| e.spec.models.is_empty())
+            .cloned()
+            .collect();
+        EndpointSet {
+            all,
+            by_host,
+            lists_models,
+            by_model,
+            any_model,
+        }
+    }
+
     pub fn all(&self) -> &[Arc<Endpoint>] {
         &self.all
     }
@@ -241,7 +284,7 @@ impl EndpointSet {
 
     /// Whether any endpoint lists the models it serves.
     pub fn lists_models(&self) -> bool {
-        self.all.iter().any(|e| !e.spec.models.is_empty())
+        self.lists_models
     }
 
     /// Pods that may serve `model` (`None`: any pod, no model being known), narrowed to
@@ -254,15 +297,16 @@ impl EndpointSet {
         if self.all.is_empty() {
             return Err(PickError::NoEndpoints);
         }
-        let mut out = self.all.clone();
-        if let Some(model) = model
-            && self.lists_models()
-        {
-            out.retain(|e| e.serves(model));
-            if out.is_empty() {
-                return Err(PickError::UnknownModel(model.to_string()));
+        let mut out = match model {
+            Some(model) if self.lists_models => {
+                let pods = self.by_model.get(model).unwrap_or(&self.any_model);
+                if pods.is_empty() {
+                    return Err(PickError::UnknownModel(model.to_string()));
+                }
+                pods.clone()
             }
-        }
+            _ => self.all.clone(),
+        };
         if let Some(allowed) = restrict {
             out.retain(|e| allowed.iter().any(|a| a.matches(&e.spec.address)));
             if out.is_empty() {
@@ -346,10 +390,9 @@ impl Endpoints {
             all.push(endpoint);
         }
         all.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
-        let by_host = all.iter().map(|e| (e.spec.address, e.clone())).collect();
         // Anything left in `kept` is gone (or replaced by a new incarnation).
         let gone: Vec<Arc<Endpoint>> = kept.into_values().cloned().collect();
-        self.current.store(Arc::new(EndpointSet { all, by_host }));
+        self.current.store(Arc::new(EndpointSet::new(all)));
         self.changed.notify_waiters();
         let mut left = Vec::new();
         for e in gone {
@@ -384,6 +427,7 @@ impl Endpoints {
             index: self.index.add_pod(),
             inflight: AtomicI64::new(0),
             stats: RwLock::new((EngineStats::default(), None)),
+            waiting: AtomicU64::new(EngineStats::default().waiting.to_bits()),
             recent: RecentPicks::default(),
             timing: PodTiming::default(),
             rendezvous: rendezvous_key(&spec.address),
@@ -415,8 +459,7 @@ impl Endpoints {
         let fresh = self.fresh(e.spec.clone(), generation.into());
         let mut all = old.all.clone();
         all[position] = fresh.clone();
-        let by_host = all.iter().map(|e| (e.spec.address, e.clone())).collect();
-        self.current.store(Arc::new(EndpointSet { all, by_host }));
+        self.current.store(Arc::new(EndpointSet::new(all)));
         self.changed.notify_waiters();
         self.index.remove_pod(e.index.slot());
         Some(fresh)
@@ -562,6 +605,55 @@ mod tests {
             set.candidates(Some("n"), None).unwrap_err(),
             PickError::UnknownModel("n".into())
         );
+    }
+
+    /// The per-model lists built with the snapshot give what a scan of the pool gives, in the
+    /// pool's order, for listed, unlisted and absent models, after every kind of update.
+    #[test]
+    fn candidates_per_model_equal_a_scan_of_the_pool() {
+        let eps = Endpoints::new(
+            Arc::new(PrefixIndex::new(10)),
+            RouterMetrics::register(&prometheus::Registry::new()),
+        );
+        let serving = |name: &str, port, models: &[&str]| EndpointSpec {
+            models: models.iter().map(|m| m.to_string()).collect(),
+            ..spec(name, port, "")
+        };
+        let scan = |set: &EndpointSet, model: &str| -> Vec<String> {
+            let listed = set.all().iter().any(|e| !e.spec.models.is_empty());
+            set.all()
+                .iter()
+                .filter(|e| !listed || e.serves(model))
+                .map(|e| e.label.clone())
+                .collect()
+        };
+        let labels = |set: &EndpointSet, model: &str| -> Vec<String> {
+            set.candidates(Some(model), None)
+                .map(|c| c.iter().map(|e| e.label.clone()).collect())
+                .unwrap_or_default()
+        };
+        let updates = [
+            Update::Reset(vec![spec("d", 4, ""), spec("a", 1, "")]),
+            Update::Reset(vec![
+                serving("e", 5, &["m", "x"]),
+                serving("b", 2, &["x"]),
+                spec("c", 3, ""),
+                serving("a", 1, &["m"]),
+            ]),
+            Update::Add(serving("c", 3, &["y", "m"])),
+            Update::Remove(PodId {
+                namespace: "default".into(),
+                name: "a".into(),
+            }),
+            Update::Add(spec("f", 6, "")),
+        ];
+        for update in updates {
+            eps.apply(update);
+            let set = eps.snapshot();
+            for model in ["m", "x", "y", "absent"] {
+                assert_eq!(labels(&set, model), scan(&set, model), "model {model}");
+            }
+        }
     }
 
     #[test]

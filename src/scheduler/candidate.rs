@@ -36,6 +36,11 @@ pub trait Candidate {
     fn inflight(&self) -> i64;
     /// The engine's last scraped stats.
     fn stats(&self) -> EngineStats;
+    /// The engine's last scraped queue (`stats().waiting`), which the affinity mode reads for
+    /// every candidate: an implementation may keep it where it reads without a lock.
+    fn waiting(&self) -> f64 {
+        self.stats().waiting
+    }
     /// How long ago those stats were scraped; `None`: never (or unknown).
     fn stats_age(&self) -> Option<Duration> {
         None
@@ -87,6 +92,10 @@ impl<C: Candidate + ?Sized> Candidate for Arc<C> {
 
     fn stats(&self) -> EngineStats {
         (**self).stats()
+    }
+
+    fn waiting(&self) -> f64 {
+        (**self).waiting()
     }
 
     fn stats_age(&self) -> Option<Duration> {

@@ -793,24 +793,15 @@ impl Scheduler {
         rng: &mut SmallRng,
         keep: usize,
     ) -> Decision<C> {
-        let (primary, why, predictions) =
+        let (primary, why, predictions, loads) =
             self.affinity_pick(config, &candidates, &scored, &hashes, session, rng);
-        // Fallbacks: longest match first, then least loaded (only the few kept are sorted).
-        let mut rest: Vec<(std::cmp::Reverse<usize>, i64, usize)> = (0..candidates.len())
-            .filter(|&i| i != primary)
-            .map(|i| {
-                let load = candidates[i].inflight() + candidates[i].stats().waiting as i64;
-                (std::cmp::Reverse(scored.matched_blocks[i]), load, i)
-            })
-            .collect();
-        let keep = (keep.max(1) - 1).min(rest.len());
-        if keep > 0 && keep < rest.len() {
-            rest.select_nth_unstable(keep - 1);
-        }
-        rest.truncate(keep);
-        rest.sort_unstable();
         let ranked = std::iter::once(primary)
-            .chain(rest.iter().map(|&(_, _, i)| i))
+            .chain(fallbacks(
+                primary,
+                &scored.matched_blocks,
+                &loads,
+                keep.max(1) - 1,
+            ))
             .map(|i| candidates[i].clone())
             .collect();
         let weight = self
@@ -857,9 +848,14 @@ impl Scheduler {
         hashes: &[BlockHash],
         session: Option<usize>,
         rng: &mut SmallRng,
-    ) -> (usize, AffinityReason, Vec<latency::Prediction>) {
+    ) -> (
+        usize,
+        AffinityReason,
+        Vec<latency::Prediction>,
+        Vec<PodLoad>,
+    ) {
         let now = self.counters.picks.load(Ordering::Relaxed) as u32;
-        let keep = affinity::keep_factor(config.share_window, candidates.len());
+        let ln_keep = affinity::keep_factor(config.share_window, candidates.len()).ln();
         let per_token = if config
             .latency_signals
             .has(latency::LatencySignal::PrefillFit)
@@ -884,7 +880,7 @@ impl Scheduler {
             .iter()
             .enumerate()
             .map(|(i, e)| {
-                let (inflight, waiting) = (e.inflight(), e.stats().waiting);
+                let (inflight, waiting) = (e.inflight(), e.waiting());
                 let uncached_tokens =
                     hashes.len().saturating_sub(scored.matched_blocks[i]) as f64 * tokens_per_block;
                 let timing = e.timing();
@@ -907,7 +903,7 @@ impl Scheduler {
                     key: e.rendezvous(),
                     inflight,
                     waiting,
-                    share: e.recent().share(now, keep),
+                    share: e.recent().share_ln(now, ln_keep),
                     head_inflight: scored.head_inflight.get(i).copied().unwrap_or(0),
                     wait,
                     backlog,
@@ -927,7 +923,7 @@ impl Scheduler {
             per_token * tokens_per_block,
             rng,
         );
-        (i, why, predictions)
+        (i, why, predictions, loads)
     }
 
     /// Engine tokens in one prompt block.
@@ -1033,6 +1029,26 @@ impl Scheduler {
                 .hash_salted(request.model, request.salt, prompt.as_bytes()),
         }
     }
+}
+
+/// The affinity mode's fallbacks: up to `keep` candidates other than `primary`, longest match
+/// first, then least loaded (in flight plus engine queue, as the pick read them), then position.
+/// The few kept are kept sorted in one scan: a selection over every candidate cost 4% of the
+/// request path at 1,024 pods (benches/RESULTS.md, "Cost growth with the pool").
+fn fallbacks(primary: usize, matched: &[usize], loads: &[PodLoad], keep: usize) -> Vec<usize> {
+    let keep = keep.min(matched.len().saturating_sub(1));
+    let mut kept: Vec<(std::cmp::Reverse<usize>, i64, usize)> = Vec::with_capacity(keep + 1);
+    for i in (0..matched.len()).filter(|&i| i != primary) {
+        let load = loads[i].inflight + loads[i].waiting as i64;
+        let t = (std::cmp::Reverse(matched[i]), load, i);
+        if kept.len() == keep && kept.last().is_none_or(|last| t >= *last) {
+            continue;
+        }
+        let at = kept.partition_point(|x| *x < t);
+        kept.insert(at, t);
+        kept.truncate(keep);
+    }
+    kept.into_iter().map(|(_, _, i)| i).collect()
 }
 
 /// Where the session's pod is among `candidates`, if it is one.

@@ -530,3 +530,133 @@ fn when_every_pod_queues_the_pick_is_the_least_predicted_ttft() {
         (2, AffinityReason::Saturated)
     );
 }
+
+/// The pick as written before its gates were computed once per candidate ([`Gates`]): each
+/// gate a closure, evaluated where it is read. The reference the pick is checked against.
+#[expect(clippy::too_many_arguments, reason = "the pick's inputs")]
+fn reference_pick<R: rand::Rng>(
+    config: &AffinityConfig,
+    matched: &[usize],
+    held: &[usize],
+    loads: &[PodLoad],
+    hashes: &[BlockHash],
+    session: Option<usize>,
+    churn: &dyn Fn(usize) -> f64,
+    prefill_per_block: f64,
+    rng: &mut R,
+) -> (usize, AffinityReason) {
+    let n = matched.len();
+    let total = hashes.len() as f64;
+    let allowed_rest = ((1.0 - config.tentative_min_ratio) * total).max(1.0);
+    let effective: Vec<usize> = matched
+        .iter()
+        .zip(held)
+        .map(|(&m, &h)| {
+            if m > h && total - m as f64 > allowed_rest {
+                h
+            } else {
+                m
+            }
+        })
+        .collect();
+    let matched = &effective[..];
+    let latency = config.load_gate && config.latency_model;
+    let queued = |i: usize| {
+        if latency {
+            loads[i].wait > 0.0
+        } else {
+            config.load_gate
+                && (loads[i].waiting > f64::from(config.max_queue)
+                    || loads[i].inflight >= i64::from(config.pod_capacity))
+        }
+    };
+    let mean = loads.iter().map(|l| l.share).sum::<f64>() / n as f64;
+    let limit = (1.0 + config.share_headroom) * mean.max(1.0 / n as f64);
+    let hot = |i: usize| {
+        !(config.spill_hot_only && config.tentative)
+            || i64::from(loads[i].head_inflight) * 2 >= loads[i].inflight.max(1)
+    };
+    let over = |i: usize| config.load_gate && n > 1 && loads[i].share > limit && hot(i);
+    let elsewhere = (0..n)
+        .filter(|&i| !queued(i) && !over(i))
+        .map(|i| matched[i])
+        .max()
+        .unwrap_or(0);
+    let keeps = |i: usize| {
+        matched[i] > held[i]
+            && (matched[i].saturating_sub(elsewhere)) as f64
+                > config.spill_loss * hashes.len() as f64
+    };
+    let share_ok = |i: usize| !over(i) || keeps(i);
+    let cost = |i: usize| {
+        loads[i].wait + (total - matched[i] as f64) * prefill_per_block * (1.0 + loads[i].backlog)
+    };
+    let least_cost = {
+        let within = (0..n).filter(|&i| share_ok(i)).map(cost);
+        let least = within.fold(f64::INFINITY, f64::min);
+        if least.is_finite() {
+            least
+        } else {
+            (0..n).map(cost).fold(f64::INFINITY, f64::min)
+        }
+    };
+    let saturated = |i: usize| {
+        if latency {
+            cost(i) > least_cost + 1e-9 * least_cost.abs()
+        } else {
+            queued(i)
+        }
+    };
+    let available = |i: usize| !saturated(i) && share_ok(i);
+    if let Some(i) = session.filter(|&i| i < n && !saturated(i)) {
+        return (i, AffinityReason::Session);
+    }
+    let (i, why) = place(
+        config, matched, loads, hashes, &available, &saturated, churn, limit, rng,
+    );
+    if latency && loads[i].wait > 0.0 && loads.iter().all(|l| l.wait > 0.0) {
+        return (i, AffinityReason::Saturated);
+    }
+    (i, why)
+}
+
+proptest::proptest! {
+    /// The pick equals [`reference_pick`] on random pools: matches, holds, loads, shares,
+    /// waits, sessions and churns, with and without the latency model and the load gate.
+    #[test]
+    fn the_pick_equals_the_reference(
+        pods in proptest::collection::vec(
+            (0usize..6, 0usize..3, 0i64..4, 0u8..3, 0u8..4, 0u32..3, 0u8..3, 0u8..3),
+            1..12,
+        ),
+        blocks in 1u64..8,
+        session in proptest::option::of(0usize..14),
+        latency_model in proptest::bool::ANY,
+        load_gate in proptest::bool::ANY,
+        per_block in 0u8..3,
+        seed in 0u64..1000,
+    ) {
+        let config = AffinityConfig { latency_model, load_gate, ..AffinityConfig::DEFAULT };
+        let h = hashes(blocks);
+        let b = blocks as usize;
+        let matched: Vec<usize> = pods.iter().map(|p| p.0.min(b)).collect();
+        let held: Vec<usize> = pods.iter().map(|p| p.0.min(b).saturating_sub(p.1)).collect();
+        let mut l = loads(pods.len());
+        for (load, p) in l.iter_mut().zip(&pods) {
+            load.inflight = p.2;
+            load.waiting = f64::from(p.3);
+            load.share = f64::from(p.4) * 0.1;
+            load.head_inflight = p.5;
+            load.wait = f64::from(p.6) * 0.01;
+            load.backlog = f64::from(p.6) * 0.5;
+        }
+        let churns: Vec<f64> = pods.iter().map(|p| f64::from(p.7) * 0.1).collect();
+        let churn = |i: usize| churns[i];
+        let per_block = f64::from(per_block) * 0.004;
+        let ours = pick(&config, &matched, &held, &l, &h, session, &churn, per_block,
+            &mut SmallRng::seed_from_u64(seed));
+        let reference = reference_pick(&config, &matched, &held, &l, &h, session, &churn,
+            per_block, &mut SmallRng::seed_from_u64(seed));
+        proptest::prop_assert_eq!(ours, reference);
+    }
+}
