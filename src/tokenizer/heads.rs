@@ -411,17 +411,7 @@ impl HeadTokens {
         };
         // Fills run concurrently, a few at a time (each is one or two calls to a pod).
         let permits = Arc::new(tokio::sync::Semaphore::new(FILLS_AT_ONCE));
-        loop {
-            let fill = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                fill = receiver.recv() => match fill {
-                    Some(f) => f,
-                    None => return,
-                },
-            };
-            let Ok(permit) = permits.clone().acquire_owned().await else {
-                return;
-            };
+        while let Some((fill, permit)) = next_fill(&mut receiver, &permits, &shutdown).await {
             let (heads, tokenizer) = (self.clone(), tokenizer.clone());
             tokio::spawn(async move {
                 heads.tokenize(&tokenizer, &fill).await;
@@ -441,17 +431,7 @@ impl HeadTokens {
         shutdown: CancellationToken,
     ) {
         let permits = Arc::new(tokio::sync::Semaphore::new(FILE_FILLS_AT_ONCE));
-        loop {
-            let fill = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                fill = receiver.recv() => match fill {
-                    Some(f) => f,
-                    None => return,
-                },
-            };
-            let Ok(permit) = permits.clone().acquire_owned().await else {
-                return;
-            };
+        while let Some((fill, permit)) = next_fill(&mut receiver, &permits, &shutdown).await {
             let (heads, source) = (self.clone(), source.clone());
             tokio::task::spawn_blocking(move || {
                 heads.tokenize_file(&source, &fill);
@@ -641,6 +621,20 @@ fn heads(model: &str, api: Api, prompt: &[u8]) -> Vec<(usize, u64, usize)> {
         }
         _ => Vec::new(),
     }
+}
+
+/// The next queued fill and a permit to run it, or `None` at shutdown or when the queue closed.
+async fn next_fill(
+    receiver: &mut mpsc::Receiver<Fill>,
+    permits: &Arc<tokio::sync::Semaphore>,
+    shutdown: &CancellationToken,
+) -> Option<(Fill, tokio::sync::OwnedSemaphorePermit)> {
+    let fill = tokio::select! {
+        _ = shutdown.cancelled() => return None,
+        fill = receiver.recv() => fill?,
+    };
+    let permit = permits.clone().acquire_owned().await.ok()?;
+    Some((fill, permit))
 }
 
 #[cfg(test)]

@@ -69,6 +69,21 @@ async fn wait_view(picker: &Running, sim: &str, blocks: f64) {
     }
 }
 
+/// Sends a tenant's first request and waits until its engine's view shows the stored blocks and
+/// both of its heads are tokenized; the pod that served it.
+async fn first_request_held(picker: &Running, envoy: &Envoy, body: &Value) -> String {
+    let first = send(envoy, "/v1/chat/completions", body).await;
+    assert_eq!(first.status, 200);
+    wait_view(picker, &first.served_by, 4.0).await;
+    wait_metric(
+        picker,
+        "prefix_picker_tokenize_calls_total{result=\"ok\"}",
+        2.0,
+    )
+    .await;
+    first.served_by
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_evicted_prefix_stops_attracting_requests_at_once() {
     let sims = [
@@ -79,22 +94,8 @@ async fn an_evicted_prefix_stops_attracting_requests_at_once() {
     let envoy = start_envoy_for_sims(&picker, &sims).await;
     wait_live(&picker, &["sim-0", "sim-1"]).await;
     let system = "You are the support agent of tenant seven. Answer briefly. ".repeat(20);
-    let first = send(
-        &envoy,
-        "/v1/chat/completions",
-        &chat(&system, "first question"),
-    )
-    .await;
-    assert_eq!(first.status, 200);
-    let holder = first.served_by.clone();
     // The engine announced what it stored, and the tenant's head was tokenized by it.
-    wait_view(&picker, &holder, 4.0).await;
-    wait_metric(
-        &picker,
-        "prefix_picker_tokenize_calls_total{result=\"ok\"}",
-        2.0,
-    )
-    .await;
+    let holder = first_request_held(&picker, &envoy, &chat(&system, "first question")).await;
     let next = chat(&system, "second question");
     let e = explain(&picker, &next).await;
     assert_eq!(e["primary"], format!("default/{holder}"), "{e}");
@@ -348,17 +349,8 @@ async fn the_file_tokenizer_matches_by_the_engine_without_asking_the_pods() {
     wait_live(&picker, &["sim-0", "sim-1"]).await;
     let system =
         "You are the cartographer of tenant four. Name every ridge and valley. ".repeat(20);
-    let first = send(&envoy, "/v1/chat/completions", &chat(&system, "q1")).await;
-    assert_eq!(first.status, 200);
-    let holder = first.served_by.clone();
-    wait_view(&picker, &holder, 4.0).await;
     // Both heads (the tenant's system message, the whole prompt) tokenized in process.
-    wait_metric(
-        &picker,
-        "prefix_picker_tokenize_calls_total{result=\"ok\"}",
-        2.0,
-    )
-    .await;
+    let holder = first_request_held(&picker, &envoy, &chat(&system, "q1")).await;
     for i in 2..6 {
         let next = chat(&system, &format!("q{i}"));
         let e = explain(&picker, &next).await;

@@ -120,16 +120,7 @@ async fn drain_one_replica_mid_run(shape: Shape) {
 
     let gated = hold_streams_on_both(&envoy, &routers, shape).await;
     let mut sent = gated.len() as u64;
-    for i in 0..6 {
-        let r = send(
-            &envoy,
-            "/v1/chat/completions",
-            &chat(SYSTEM, &format!("before {i}")),
-        )
-        .await;
-        assert_eq!(r.status, 200, "{shape:?}: {r:?}\n{}", envoy.log());
-        sent += 1;
-    }
+    sent += ask(&envoy, "before", 6).await;
     assert!(
         open(&routers[0]) > 0,
         "the victim holds streams when it is drained"
@@ -153,33 +144,9 @@ async fn drain_one_replica_mid_run(shape: Shape) {
     })
     .await;
     if let Shape::IstioPool | Shape::IstioLegacy = shape {
-        let admin = envoy.process.admin;
-        let victim_host = grpc[0].to_string();
-        poll("Envoy drops the not-ready replica", || async {
-            let clusters = reqwest::get(format!("http://{admin}/clusters"))
-                .await
-                .ok()?
-                .text()
-                .await
-                .ok()?;
-            let flags = format!("prefix-picker::{victim_host}::health_flags::");
-            clusters
-                .lines()
-                .any(|l| l.starts_with(&flags) && l.contains("failed_active_hc"))
-                .then_some(())
-        })
-        .await;
+        wait_health_check_failed(&envoy, grpc[0], "Envoy drops the not-ready replica").await;
     }
-    for i in 0..12 {
-        let r = send(
-            &envoy,
-            "/v1/chat/completions",
-            &chat(SYSTEM, &format!("during {i}")),
-        )
-        .await;
-        assert_eq!(r.status, 200, "{shape:?}: {r:?}\n{}", envoy.log());
-        sent += 1;
-    }
+    sent += ask(&envoy, "during", 12).await;
     let stream = json!({"model": "m", "stream": true, "prompt": format!("{SYSTEM} streamed during the drain")});
     let r = send(&envoy, "/v1/completions", &stream).await;
     assert_eq!(r.status, 200, "{shape:?}: {r:?}");
@@ -297,12 +264,7 @@ async fn a_flapping_service_endpoint_loses_no_completion() {
     let mut sent = gated.len() as u64;
     for ready in [false, true, false, true] {
         service.set_ready(0, ready);
-        for i in 0..6 {
-            let body = chat(SYSTEM, &format!("flap {ready} {i}"));
-            let r = send(&envoy, "/v1/chat/completions", &body).await;
-            assert_eq!(r.status, 200, "{r:?}\n{}", envoy.log());
-            sent += 1;
-        }
+        sent += ask(&envoy, &format!("flap {ready}"), 6).await;
     }
     release(&backends, gated, shape).await;
     poll("every completion recorded", || async {
@@ -352,6 +314,36 @@ async fn istio_legacy_filter_loses_no_completion_when_a_replica_drains() {
     drain_one_replica_mid_run(Shape::IstioLegacy).await;
 }
 
+/// Polls `envoy`'s admin until its active health check marks the picker replica at `host`
+/// failed (the shapes whose gateway health-checks the picker, not only the Service).
+async fn wait_health_check_failed(envoy: &Envoy, host: SocketAddr, what: &str) {
+    let admin = envoy.process.admin;
+    let flags = format!("prefix-picker::{host}::health_flags::");
+    poll(what, || async {
+        let clusters = reqwest::get(format!("http://{admin}/clusters"))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        clusters
+            .lines()
+            .any(|l| l.starts_with(&flags) && l.contains("failed_active_hc"))
+            .then_some(())
+    })
+    .await;
+}
+
+/// Sends `n` chat questions (`{label} {i}`) through `envoy`, each answered 200; how many.
+async fn ask(envoy: &Envoy, label: &str, n: u64) -> u64 {
+    for i in 0..n {
+        let body = chat(SYSTEM, &format!("{label} {i}"));
+        let r = send(envoy, "/v1/chat/completions", &body).await;
+        assert_eq!(r.status, 200, "{label} {i}: {r:?}\n{}", envoy.log());
+    }
+    n
+}
+
 /// `series` on the `/metrics` of the picker whose admin listener is `admin` (0 when absent).
 async fn metric_at(admin: SocketAddr, series: &str) -> f64 {
     let text = reqwest::get(format!("http://{admin}/metrics"))
@@ -385,15 +377,7 @@ async fn kill_one_replica_mid_run(shape: Shape) {
     let streams = "prefix_picker_inflight_streams";
     let recorded_series = "prefix_picker_records_total{outcome=\"recorded\"}";
 
-    for i in 0..6 {
-        let r = send(
-            &envoy,
-            "/v1/chat/completions",
-            &chat(SYSTEM, &format!("before {i}")),
-        )
-        .await;
-        assert_eq!(r.status, 200, "{shape:?}: {r:?}\n{}", envoy.log());
-    }
+    ask(&envoy, "before", 6).await;
     let mut gated = Vec::new();
     let (mut victim_held, mut survivor_held) = (0.0, 0.0);
     while victim_held == 0.0 || survivor_held == 0.0 {
@@ -425,30 +409,9 @@ async fn kill_one_replica_mid_run(shape: Shape) {
     drop(victim); // SIGKILL
     service.set_ready(0, false); // its endpoint leaves once its probes fail
     if let Shape::IstioPool | Shape::IstioLegacy = shape {
-        let admin = envoy.process.admin;
-        let flags = format!("prefix-picker::{}::health_flags::", grpc[0]);
-        poll("Envoy drops the killed replica", || async {
-            let text = reqwest::get(format!("http://{admin}/clusters"))
-                .await
-                .ok()?
-                .text()
-                .await
-                .ok()?;
-            text.lines()
-                .any(|l| l.starts_with(&flags) && l.contains("failed_active_hc"))
-                .then_some(())
-        })
-        .await;
+        wait_health_check_failed(&envoy, grpc[0], "Envoy drops the killed replica").await;
     }
-    for i in 0..8 {
-        let r = send(
-            &envoy,
-            "/v1/chat/completions",
-            &chat(SYSTEM, &format!("after {i}")),
-        )
-        .await;
-        assert_eq!(r.status, 200, "{shape:?}: {r:?}\n{}", envoy.log());
-    }
+    ask(&envoy, "after", 8).await;
     poll("the held streams end", || async {
         for b in &backends {
             b.gate.notify_waiters();
