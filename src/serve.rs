@@ -194,24 +194,16 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
         &mut tasks,
     )
     .await?;
-    let pods_listed = discovery.as_ref().map(|d| d.synced());
+    let pods_listed = discovery.as_ref().map(KubernetesDiscovery::synced);
     let sync = start_background(
         &config,
         &router,
         &registry,
-        pods_listed.clone(),
+        pods_listed,
         &shutdown,
         &mut tasks,
     )?;
-    let ready_waiter = readiness(
-        discovery.zip(pods_listed),
-        sync,
-        &ready,
-        &health,
-        &shutdown,
-        &mut tasks,
-    )
-    .await;
+    let ready_waiter = readiness(discovery, sync, &ready, &health, &shutdown, &mut tasks).await;
     Ok(Running {
         grpc_addr,
         admin_addr,
@@ -681,14 +673,14 @@ fn sample_pod_gauges(router: &Router, series: &mut HashSet<PodId>) {
 /// replay (which needs the pods), from a waiter task that is returned; else once the warm
 /// replay (if any) is done.
 async fn readiness(
-    discovery: Option<(KubernetesDiscovery, watch::Receiver<bool>)>,
+    discovery: Option<KubernetesDiscovery>,
     sync: Option<crate::sync::Sync>,
     ready: &Arc<AtomicBool>,
     health: &tonic_health::server::HealthReporter,
     shutdown: &CancellationToken,
     tasks: &mut JoinSet<anyhow::Result<()>>,
 ) -> Option<tokio::task::JoinHandle<()>> {
-    let Some((discovery, mut listed)) = discovery else {
+    let Some(discovery) = discovery else {
         if let Some(sync) = sync {
             sync.warm().await;
         }
@@ -700,6 +692,7 @@ async fn readiness(
         }
         return None;
     };
+    let mut listed = discovery.synced();
     let token = shutdown.clone();
     tasks.spawn(async move {
         discovery.run(token).await;
