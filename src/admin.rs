@@ -20,9 +20,10 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::endpoints::Endpoint;
 use crate::metrics::{PrefixCacheMetrics, encode};
-use crate::routing::Router;
-use crate::scheduler::Unscored;
+use crate::routing::{Explained, Router};
+use crate::scheduler::{Decision, Unscored};
 
 pub use crate::debug_access as access;
 pub use access::{DebugAccess, DebugConfig};
@@ -126,59 +127,63 @@ async fn explain(State(a): State<Admin>, Query(q): Query<ExplainQuery>, body: By
             f.body(),
         )
             .into_response(),
-        Ok(explained) => {
-            let d = &explained.decision;
-            let pods: Vec<Value> = d
-                .candidates
-                .iter()
-                .enumerate()
-                .map(|(i, e)| {
-                    let scores: serde_json::Map<String, Value> = d
-                        .plugins
-                        .iter()
-                        .map(|p| {
-                            let s = p.scores.as_ref().map(|s| json!(s[i])).unwrap_or(Value::Null);
-                            (p.plugin.to_string(), s)
-                        })
-                        .collect();
-                    // Affinity mode: the latency model's predicted TTFT, in milliseconds.
-                    let prediction = d.predictions.get(i).map(|p| {
-                        json!({"ttft_ms": p.ttft() * 1e3, "wait_ms": p.wait * 1e3,
-                            "prefill_ms": p.prefill * 1e3, "uncached_tokens": p.uncached_tokens})
-                    });
-                    // Affinity mode: where the match came from, and in engine tokens if there.
-                    let matched = d.predictions.get(i).map(|_| {
-                        json!({"source": d.match_source(i).as_str(),
-                            "engine_tokens": d.engine.get(i).copied().flatten().map(|m| m.tokens)})
-                    });
-                    json!({"pod": e.label, "address": e.host, "scores": scores, "total": d.totals[i],
-                        "prediction": prediction, "match": matched})
-                })
-                .collect();
-            let plugins: Vec<Value> = d
-                .plugins
-                .iter()
-                .map(
-                    |p| json!({"name": p.plugin, "weight": p.weight, "scored": p.scores.is_some()}),
-                )
-                .collect();
-            axum::Json(json!({
-                "api": path,
-                "model": explained.model,
-                "prompt_bytes": d.prompt_bytes,
-                "blocks": d.hashes.len(),
-                "unscored": d.unscored.map(Unscored::as_str),
-                "plugins": plugins,
-                "pods": pods,
-                "primary": d.primary().label,
-                "fallbacks": d.ranked[1..].iter().map(|e| e.label.clone()).collect::<Vec<_>>(),
-                "destination": crate::envoy::wire::destination(&d.ranked),
-                "reason": d.reason.as_str(),
-                // PD mode: the prefill pod sent in x-prefiller-host-port (`pods` are the
-                // decode pass's).
-                "prefill": d.pd.as_ref().map(|pd| json!({"pod": pd.prefill.label, "address": pd.prefill.host})),
-            }))
-            .into_response()
-        }
+        Ok(explained) => axum::Json(explained_json(&path, &explained)).into_response(),
     }
+}
+
+/// `/debug/explain`'s answer: the request as the scheduler saw it, each pod's scores, the pick.
+fn explained_json(path: &str, explained: &Explained) -> Value {
+    let d = &explained.decision;
+    let pods: Vec<Value> = (0..d.candidates.len()).map(|i| pod_json(d, i)).collect();
+    let plugins: Vec<Value> = d
+        .plugins
+        .iter()
+        .map(|p| json!({"name": p.plugin, "weight": p.weight, "scored": p.scores.is_some()}))
+        .collect();
+    json!({
+        "api": path,
+        "model": explained.model,
+        "prompt_bytes": d.prompt_bytes,
+        "blocks": d.hashes.len(),
+        "unscored": d.unscored.map(Unscored::as_str),
+        "plugins": plugins,
+        "pods": pods,
+        "primary": d.primary().label,
+        "fallbacks": d.ranked[1..].iter().map(|e| e.label.clone()).collect::<Vec<_>>(),
+        "destination": crate::envoy::wire::destination(&d.ranked),
+        "reason": d.reason.as_str(),
+        // PD mode: the prefill pod sent in x-prefiller-host-port (`pods` are the
+        // decode pass's).
+        "prefill": d.pd.as_ref().map(|pd| json!({"pod": pd.prefill.label, "address": pd.prefill.host})),
+    })
+}
+
+/// Candidate `i` of the decision: its scores per plugin, its total, and in the affinity mode
+/// the latency model's prediction and where its match came from.
+fn pod_json(d: &Decision<Arc<Endpoint>>, i: usize) -> Value {
+    let e = &d.candidates[i];
+    let scores: serde_json::Map<String, Value> = d
+        .plugins
+        .iter()
+        .map(|p| {
+            let s = p
+                .scores
+                .as_ref()
+                .map(|s| json!(s[i]))
+                .unwrap_or(Value::Null);
+            (p.plugin.to_string(), s)
+        })
+        .collect();
+    // Affinity mode: the latency model's predicted TTFT, in milliseconds.
+    let prediction = d.predictions.get(i).map(|p| {
+        json!({"ttft_ms": p.ttft() * 1e3, "wait_ms": p.wait * 1e3,
+            "prefill_ms": p.prefill * 1e3, "uncached_tokens": p.uncached_tokens})
+    });
+    // Affinity mode: where the match came from, and in engine tokens if there.
+    let matched = d.predictions.get(i).map(|_| {
+        json!({"source": d.match_source(i).as_str(),
+            "engine_tokens": d.engine.get(i).copied().flatten().map(|m| m.tokens)})
+    });
+    json!({"pod": e.label, "address": e.host, "scores": scores, "total": d.totals[i],
+        "prediction": prediction, "match": matched})
 }

@@ -12,136 +12,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 
-/// A token of Rust source: comments, strings and literals are dropped.
-#[derive(Debug, Clone, PartialEq)]
-enum Tok {
-    Ident(String),
-    /// `::`
-    PathSep,
-    Punct(char),
-}
+mod lex;
 
-/// The tokens of `src`, without comments, string, char and number literals or lifetimes.
-fn lex(src: &str) -> Vec<Tok> {
-    let c: Vec<char> = src.chars().collect();
-    let mut out = Vec::new();
-    let mut i = 0;
-    let at = |i: usize| c.get(i).copied().unwrap_or('\0');
-    while i < c.len() {
-        let ch = c[i];
-        if ch.is_whitespace() {
-            i += 1;
-        } else if ch == '/' && at(i + 1) == '/' {
-            while i < c.len() && c[i] != '\n' {
-                i += 1;
-            }
-        } else if ch == '/' && at(i + 1) == '*' {
-            let mut depth = 0;
-            while i < c.len() {
-                if c[i] == '/' && at(i + 1) == '*' {
-                    depth += 1;
-                    i += 2;
-                } else if c[i] == '*' && at(i + 1) == '/' {
-                    depth -= 1;
-                    i += 2;
-                    if depth == 0 {
-                        break;
-                    }
-                } else {
-                    i += 1;
-                }
-            }
-        } else if ch == '"' {
-            i = skip_string(&c, i);
-        } else if ch == '\'' {
-            if at(i + 1) == '\\' {
-                i += 2;
-                while i < c.len() && c[i] != '\'' {
-                    i += 1;
-                }
-                i += 1;
-            } else if at(i + 2) == '\'' {
-                i += 3;
-            } else {
-                // A lifetime or a label.
-                i += 1;
-                while i < c.len() && (c[i].is_alphanumeric() || c[i] == '_') {
-                    i += 1;
-                }
-            }
-        } else if ch.is_ascii_digit() {
-            while i < c.len() && (c[i].is_alphanumeric() || c[i] == '_') {
-                i += 1;
-            }
-        } else if ch.is_alphabetic() || ch == '_' {
-            let start = i;
-            while i < c.len() && (c[i].is_alphanumeric() || c[i] == '_') {
-                i += 1;
-            }
-            let word: String = c[start..i].iter().collect();
-            let raw = matches!(word.as_str(), "r" | "br" | "cr");
-            if raw && (at(i) == '"' || (at(i) == '#' && matches!(at(i + 1), '#' | '"'))) {
-                let mut hashes = 0;
-                while at(i) == '#' {
-                    hashes += 1;
-                    i += 1;
-                }
-                i += 1;
-                loop {
-                    if i >= c.len() {
-                        break;
-                    }
-                    if c[i] == '"' && (1..=hashes).all(|k| at(i + k) == '#') {
-                        i += 1 + hashes;
-                        break;
-                    }
-                    i += 1;
-                }
-            } else if matches!(word.as_str(), "b" | "c") && at(i) == '"' {
-                i = skip_string(&c, i);
-            } else if word == "b" && at(i) == '\'' {
-                i += 1;
-                if at(i) == '\\' {
-                    i += 1;
-                }
-                i += 1;
-                while i < c.len() && c[i] != '\'' {
-                    i += 1;
-                }
-                i += 1;
-            } else if word == "r" && at(i) == '#' {
-                // A raw identifier.
-                i += 1;
-                let start = i;
-                while i < c.len() && (c[i].is_alphanumeric() || c[i] == '_') {
-                    i += 1;
-                }
-                out.push(Tok::Ident(c[start..i].iter().collect()));
-            } else {
-                out.push(Tok::Ident(word));
-            }
-        } else if ch == ':' && at(i + 1) == ':' {
-            out.push(Tok::PathSep);
-            i += 2;
-        } else {
-            out.push(Tok::Punct(ch));
-            i += 1;
-        }
-    }
-    out
-}
-
-/// The index after the string literal opening at `i`.
-fn skip_string(c: &[char], mut i: usize) -> usize {
-    i += 1;
-    while i < c.len() && c[i] != '"' {
-        if c[i] == '\\' {
-            i += 1;
-        }
-        i += 1;
-    }
-    i + 1
-}
+use lex::{Tok, lex};
 
 /// One source file: its module path and its tokens with test code removed.
 struct File {
@@ -309,98 +182,132 @@ fn graph(files: &[File]) -> BTreeMap<String, BTreeSet<String>> {
         files.iter().map(|f| (f.module.as_slice(), f)).collect();
     let mut edges = BTreeMap::new();
     for f in files {
-        let in_main = f.module.first().is_some_and(|m| m == "main");
-        let mut deps = BTreeSet::new();
-        // Local names bound by `use` to a module path.
-        let mut aliases: HashMap<String, Vec<String>> = HashMap::new();
-        let resolve_start =
-            |seg: &str, aliases: &HashMap<String, Vec<String>>| -> Option<Vec<String>> {
-                match seg {
-                    "crate" if !in_main => Some(vec![]),
-                    "prefix_picker" if in_main => Some(vec![]),
-                    "self" => Some(f.module.clone()),
-                    "super" => Some(f.module[..f.module.len().saturating_sub(1)].to_vec()),
-                    _ if f.children.iter().any(|c| c == seg) => {
-                        let mut m = f.module.clone();
-                        m.push(seg.to_string());
-                        Some(m)
-                    }
-                    _ => aliases.get(seg).cloned(),
-                }
-            };
-        // The deepest file module along `path`.
-        let file_of = |path: &[String]| -> Option<&File> {
-            (0..=path.len())
-                .rev()
-                .find_map(|n| by_module.get(&path[..n]).copied())
+        let mut reader = Reader {
+            f,
+            by_module: &by_module,
+            in_main: f.module.first().is_some_and(|m| m == "main"),
+            aliases: HashMap::new(),
+            deps: BTreeSet::new(),
         };
-        // A submodule using its own ancestors (`super::`) is part of their implementation.
-        let insert = |deps: &mut BTreeSet<String>, target: &File| {
-            let ancestor = !in_main && f.module.starts_with(&target.module);
-            if !ancestor {
-                deps.insert(target.rel.clone());
-            }
-        };
-        let toks = &f.toks;
         let mut i = 0;
-        while i < toks.len() {
-            let prev_joins = i > 0 && matches!(toks[i - 1], Tok::PathSep | Tok::Punct('$' | '.'));
-            if toks[i] == Tok::Ident("use".into()) {
-                let mut leaves = Vec::new();
-                let end = use_tree(toks, i + 1, &mut vec![], &mut leaves);
-                for (path, alias) in leaves {
-                    let Some(first) = path.first() else { continue };
-                    let Some(mut full) = resolve_start(first, &aliases) else {
-                        continue;
-                    };
-                    for seg in &path[1..] {
-                        if seg == "super" {
-                            full.pop();
-                        } else if seg != "self" {
-                            full.push(seg.clone());
-                        }
-                    }
-                    if let Some(target) = file_of(&full) {
-                        insert(&mut deps, target);
-                    }
-                    if by_module.contains_key(full.as_slice())
-                        && let Some(alias) = alias
-                    {
-                        aliases.insert(alias, full);
-                    }
-                }
-                i = end;
-                continue;
-            }
-            if let Tok::Ident(seg) = &toks[i]
-                && !prev_joins
-                && toks.get(i + 1) == Some(&Tok::PathSep)
-                && let Some(mut full) = resolve_start(seg, &aliases)
-            {
-                let mut k = i + 2;
-                while let Some(Tok::Ident(next)) = toks.get(k) {
-                    if next == "super" {
-                        full.pop();
-                    } else if next != "self" {
-                        full.push(next.clone());
-                    }
-                    if toks.get(k + 1) != Some(&Tok::PathSep) {
-                        break;
-                    }
-                    k += 2;
-                }
-                if let Some(target) = file_of(&full) {
-                    insert(&mut deps, target);
-                }
-                i = k + 1;
-                continue;
-            }
-            i += 1;
+        while i < f.toks.len() {
+            i = reader.step(i);
         }
+        let mut deps = reader.deps;
         deps.remove(&f.rel);
         edges.insert(f.rel.clone(), deps);
     }
     edges
+}
+
+/// One file's paths read into the files they name.
+struct Reader<'a> {
+    f: &'a File,
+    by_module: &'a HashMap<&'a [String], &'a File>,
+    in_main: bool,
+    /// Local names bound by `use` to a module path.
+    aliases: HashMap<String, Vec<String>>,
+    deps: BTreeSet<String>,
+}
+
+impl<'a> Reader<'a> {
+    /// Reads the path or `use` item at token `i`, if one starts there; returns where to go on.
+    fn step(&mut self, i: usize) -> usize {
+        let toks = &self.f.toks;
+        let prev_joins = i > 0 && matches!(toks[i - 1], Tok::PathSep | Tok::Punct('$' | '.'));
+        if toks[i] == Tok::Ident("use".into()) {
+            return self.use_item(i);
+        }
+        if let Tok::Ident(seg) = &toks[i]
+            && !prev_joins
+            && toks.get(i + 1) == Some(&Tok::PathSep)
+            && let Some(full) = self.resolve_start(seg)
+        {
+            return self.path(i + 2, full);
+        }
+        i + 1
+    }
+
+    /// The module a path's first segment names: the crate root, this module, its parent, a
+    /// child, or a `use` alias.
+    fn resolve_start(&self, seg: &str) -> Option<Vec<String>> {
+        let module = &self.f.module;
+        match seg {
+            "crate" if !self.in_main => Some(vec![]),
+            "prefix_picker" if self.in_main => Some(vec![]),
+            "self" => Some(module.clone()),
+            "super" => Some(module[..module.len().saturating_sub(1)].to_vec()),
+            _ if self.f.children.iter().any(|c| c == seg) => {
+                let mut m = module.clone();
+                m.push(seg.to_string());
+                Some(m)
+            }
+            _ => self.aliases.get(seg).cloned(),
+        }
+    }
+
+    /// The deepest file module along `path`.
+    fn file_of(&self, path: &[String]) -> Option<&'a File> {
+        (0..=path.len())
+            .rev()
+            .find_map(|n| self.by_module.get(&path[..n]).copied())
+    }
+
+    /// Records an edge to the file of `path`; a submodule using its own ancestors (`super::`)
+    /// is part of their implementation, no edge.
+    fn name(&mut self, path: &[String]) {
+        let Some(target) = self.file_of(path) else {
+            return;
+        };
+        let ancestor = !self.in_main && self.f.module.starts_with(&target.module);
+        if !ancestor {
+            self.deps.insert(target.rel.clone());
+        }
+    }
+
+    /// A `use` item at `i`: an edge per leaf, and its bound name when it is a module.
+    fn use_item(&mut self, i: usize) -> usize {
+        let mut leaves = Vec::new();
+        let end = use_tree(&self.f.toks, i + 1, &mut vec![], &mut leaves);
+        for (path, alias) in leaves {
+            let Some(first) = path.first() else { continue };
+            let Some(mut full) = self.resolve_start(first) else {
+                continue;
+            };
+            for seg in &path[1..] {
+                if seg == "super" {
+                    full.pop();
+                } else if seg != "self" {
+                    full.push(seg.clone());
+                }
+            }
+            self.name(&full);
+            if self.by_module.contains_key(full.as_slice())
+                && let Some(alias) = alias
+            {
+                self.aliases.insert(alias, full);
+            }
+        }
+        end
+    }
+
+    /// A path's segments from token `k` on, after the first (resolved to `full`).
+    fn path(&mut self, mut k: usize, mut full: Vec<String>) -> usize {
+        let toks = &self.f.toks;
+        while let Some(Tok::Ident(next)) = toks.get(k) {
+            if next == "super" {
+                full.pop();
+            } else if next != "self" {
+                full.push(next.clone());
+            }
+            if toks.get(k + 1) != Some(&Tok::PathSep) {
+                break;
+            }
+            k += 2;
+        }
+        self.name(&full);
+        k + 1
+    }
 }
 
 /// Parses the use tree at `i` (after `use`, or inside braces); pushes (path, bound name) per

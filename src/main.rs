@@ -3,12 +3,12 @@
 //! wiring only; the flags are [`prefix_picker::cli`], everything else lives in the library.
 
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use prefix_picker::cli::{self, Form, Host, ServeArgs};
+use prefix_picker::cli::{self, Form, Host, ServeArgs, ServePlan};
 use prefix_picker::config::Config;
 use prefix_picker::hashing::{BlockChain, CacheSalt, ChainScheme};
 use prefix_picker::logging;
@@ -97,44 +97,56 @@ fn kv_relay(args: cli::kv_relay::KvRelayArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    runtime.block_on(async move {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let shutdown = tokio_util::sync::CancellationToken::new();
-        let mut tasks = tokio::task::JoinSet::new();
-        let status = prefix_picker::sync::connection::LinkStatus {
-            context: "kv-relay",
-            role: "writer",
-            connected: prometheus::IntGauge::new("kv_relay_redis_connected", "unused").expect("valid"),
-            reconnects: None,
-        };
-        tracing::info!(pod = %id.pod, model = %id.model, events = %events.endpoint, redis = %target.shown, "kv-relay: starting");
-        let store = match prefix_picker::kvcache::KvStore::start(
-            target,
-            std::time::Duration::from_secs(5),
-            status,
-            &shutdown,
-            &mut tasks,
-        ) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!("kv-relay: {e}");
-                return ExitCode::from(2);
-            }
-        };
-        let stop = shutdown.clone();
-        tokio::spawn(async move {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-            }
-            stop.cancel();
-        });
-        prefix_picker::kvcache::relay::run(id, events, store, shutdown.clone()).await;
-        shutdown.cancel();
-        while tasks.join_next().await.is_some() {}
-        ExitCode::SUCCESS
-    })
+    runtime.block_on(relay(id, events, target))
+}
+
+/// The relay itself: Redis connected in the background, events written until a signal.
+async fn relay(
+    id: prefix_picker::kvcache::relay::RelayIdentity,
+    events: prefix_picker::kv_events::SubscriberConfig,
+    target: prefix_picker::kvcache::redis_env::RedisTarget,
+) -> ExitCode {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    let status = prefix_picker::sync::connection::LinkStatus {
+        context: "kv-relay",
+        role: "writer",
+        connected: prometheus::IntGauge::new("kv_relay_redis_connected", "unused").expect("valid"),
+        reconnects: None,
+    };
+    tracing::info!(pod = %id.pod, model = %id.model, events = %events.endpoint, redis = %target.shown, "kv-relay: starting");
+    let store = match prefix_picker::kvcache::KvStore::start(
+        target,
+        std::time::Duration::from_secs(5),
+        status,
+        &shutdown,
+        &mut tasks,
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("kv-relay: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        terminated().await;
+        stop.cancel();
+    });
+    prefix_picker::kvcache::relay::run(id, events, store, shutdown.clone()).await;
+    shutdown.cancel();
+    while tasks.join_next().await.is_some() {}
+    ExitCode::SUCCESS
+}
+
+/// Ctrl-C or SIGTERM; Ctrl-C only when SIGTERM cannot be watched.
+async fn terminated() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+    }
 }
 
 fn read_input(file: Option<&PathBuf>) -> std::io::Result<Vec<u8>> {
@@ -148,168 +160,199 @@ fn read_input(file: Option<&PathBuf>) -> std::io::Result<Vec<u8>> {
     }
 }
 
+/// [`read_input`], its error printed (exit code 2).
+fn input(file: Option<&PathBuf>) -> Result<Vec<u8>, ExitCode> {
+    read_input(file).map_err(|e| {
+        eprintln!("error: {e}");
+        ExitCode::from(2)
+    })
+}
+
+/// The config at `path`, every problem printed on failure (exit code 2).
+fn load_config(path: &Path) -> Result<Config, ExitCode> {
+    Config::load(path).map_err(|errors| {
+        for e in &errors.0 {
+            eprintln!("error: {e}");
+        }
+        ExitCode::from(2)
+    })
+}
+
 /// Commands that are not the sidecar; their arguments go to clap as given.
 const TOOLS: [&str; 5] = ["validate", "render", "hash", "kv-relay", "help"];
 
 fn main() -> ExitCode {
-    let mut argv: Vec<String> = std::env::args_os()
+    let argv: Vec<String> = std::env::args_os()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    // The sidecar's flags in Go syntax too, GIE's unused ones dropped (logged below).
-    let mut ignored = Vec::new();
     let first = argv.get(1).map(String::as_str);
     let sidecar = !first.is_some_and(|c| TOOLS.contains(&c));
-    if sidecar {
-        let start = if first == Some("serve") { 2 } else { 1 };
-        let (flags, dropped) = cli::normalize(&argv[start..], &cli::serve_flags());
-        argv.truncate(start);
-        argv.extend(flags);
-        ignored = dropped;
-    }
-    let cli = match Cli::try_parse_from(&argv) {
+    let (argv, ignored) = if sidecar {
+        sidecar_argv(argv)
+    } else {
+        (argv, Vec::new())
+    };
+    let cli = match parse(&argv, sidecar) {
         Ok(cli) => cli,
-        Err(e) => {
-            use clap::error::ErrorKind;
-            let format = logging::requested_format(&argv);
-            let shown = matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion);
-            if !sidecar || shown || format == cli::LogFormat::Text {
-                e.exit();
-            }
-            // The sidecar asked for JSON logs: the usage error is one of them.
-            logging::init(2, format);
-            tracing::error!("{}", e.to_string().trim_end());
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
-    let command = match cli.command {
-        None => return serve(Form::Gie, cli.serve, &ignored),
-        Some(Command::Serve(args)) => return serve(Form::Serve, *args, &ignored),
-        Some(command) => command,
-    };
-    match command {
-        Command::KvRelay(args) => kv_relay(*args),
-        Command::Render { config, file } => {
-            let rendering = match config.map(|path| Config::load(&path)) {
-                None => Rendering::Kthena,
-                Some(Ok(c)) => c.scheduler.rendering(),
-                Some(Err(errors)) => {
-                    for e in &errors.0 {
-                        eprintln!("error: {e}");
-                    }
-                    return ExitCode::from(2);
-                }
-            };
-            let body = match read_input(file.as_ref()) {
-                Ok(b) => b,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            match InferenceRequest::parse_as(&body, rendering) {
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::from(2)
-                }
-                Ok(r) => match r.prompt {
-                    Ok(prompt) => {
-                        let mut out = std::io::stdout().lock();
-                        if out
-                            .write_all(prompt.as_bytes())
-                            .and_then(|_| out.flush())
-                            .is_err()
-                        {
-                            return ExitCode::from(1);
-                        }
-                        ExitCode::SUCCESS
-                    }
-                    Err(reason) => {
-                        eprintln!("{}", reason.as_str());
-                        ExitCode::from(3)
-                    }
-                },
-            }
-        }
-        Command::Hash {
+    match cli.command {
+        None => serve(Form::Gie, cli.serve, &ignored),
+        Some(Command::Serve(args)) => serve(Form::Serve, *args, &ignored),
+        Some(Command::KvRelay(args)) => kv_relay(*args),
+        Some(Command::Render { config, file }) => render(config, file),
+        Some(Command::Hash {
             model,
-            mut block_size,
-            mut max_blocks,
+            block_size,
+            max_blocks,
             salt,
             config,
             file,
-        } => {
-            let salt = match salt.map(CacheSalt::new) {
-                None => None,
-                Some(Some(salt)) => Some(salt),
-                Some(None) => {
-                    eprintln!("error: --salt must not be empty");
-                    return ExitCode::from(2);
-                }
-            };
-            let mut scheme = ChainScheme::Kthena;
-            if let Some(path) = config {
-                match Config::load(&path) {
-                    Ok(c) => {
-                        block_size = c.scheduler.prefix_cache.block_size_to_hash;
-                        max_blocks = c.scheduler.prefix_cache.max_blocks_to_match;
-                        scheme = c.scheduler.chain_scheme();
-                    }
-                    Err(errors) => {
-                        for e in &errors.0 {
-                            eprintln!("error: {e}");
-                        }
-                        return ExitCode::from(2);
-                    }
-                }
-            }
-            if block_size == 0 || max_blocks == 0 {
-                eprintln!("error: --block-size and --max-blocks must be greater than 0");
-                return ExitCode::from(2);
-            }
-            let prompt = match read_input(file.as_ref()) {
-                Ok(b) => b,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            let chain = BlockChain {
-                block_size,
-                max_blocks,
-            };
-            let mut out = std::io::stdout().lock();
-            let mut hashes = Vec::new();
-            chain.hash_salted(scheme, &model, salt.as_ref(), &prompt, &mut hashes);
-            for h in hashes {
-                if writeln!(out, "{}", h.0).is_err() {
-                    return ExitCode::from(1);
-                }
-            }
-            ExitCode::SUCCESS
+        }) => hash(&model, (block_size, max_blocks), salt, config, file),
+        Some(Command::Validate { config }) => validate(&config),
+    }
+}
+
+/// The sidecar's flags in Go syntax too, GIE's unused ones dropped: the arguments for clap and
+/// one warning per dropped flag (logged once logging is up).
+fn sidecar_argv(mut argv: Vec<String>) -> (Vec<String>, Vec<String>) {
+    let start = if argv.get(1).map(String::as_str) == Some("serve") {
+        2
+    } else {
+        1
+    };
+    let (flags, dropped) = cli::normalize(&argv[start..], &cli::serve_flags());
+    argv.truncate(start);
+    argv.extend(flags);
+    (argv, dropped)
+}
+
+/// The command line parsed; on a usage error, help or version, what to exit with.
+fn parse(argv: &[String], sidecar: bool) -> Result<Cli, ExitCode> {
+    let e = match Cli::try_parse_from(argv) {
+        Ok(cli) => return Ok(cli),
+        Err(e) => e,
+    };
+    use clap::error::ErrorKind;
+    let format = logging::requested_format(argv);
+    let shown = matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion);
+    if !sidecar || shown || format == cli::LogFormat::Text {
+        e.exit();
+    }
+    // The sidecar asked for JSON logs: the usage error is one of them.
+    logging::init(2, format);
+    tracing::error!("{}", e.to_string().trim_end());
+    Err(ExitCode::from(2))
+}
+
+/// `prefix-picker render`: the prompt bytes a request body hashes, on stdout.
+fn render(config: Option<PathBuf>, file: Option<PathBuf>) -> ExitCode {
+    let rendering = match config.as_deref().map(load_config) {
+        None => Rendering::Kthena,
+        Some(Ok(c)) => c.scheduler.rendering(),
+        Some(Err(code)) => return code,
+    };
+    let body = match input(file.as_ref()) {
+        Ok(b) => b,
+        Err(code) => return code,
+    };
+    match InferenceRequest::parse_as(&body, rendering) {
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
         }
-        Command::Validate { config } => match Config::load(&config) {
-            Ok(c) => {
-                for w in &c.warnings {
-                    eprintln!("warning: {w}");
-                }
-                println!("{}: ok ({} endpoints)", config.display(), c.endpoints.len());
-                println!("{}", c.scheduler.mode_summary());
-                for line in c.match_sources() {
-                    println!("{line}");
-                }
-                if let Some(k) = &c.discovery.kubernetes {
-                    println!("{}", k.describe(&k.process_namespace()));
+        Ok(r) => match r.prompt {
+            Ok(prompt) => {
+                let mut out = std::io::stdout().lock();
+                if out
+                    .write_all(prompt.as_bytes())
+                    .and_then(|_| out.flush())
+                    .is_err()
+                {
+                    return ExitCode::from(1);
                 }
                 ExitCode::SUCCESS
             }
-            Err(errors) => {
-                for e in &errors.0 {
-                    eprintln!("error: {e}");
-                }
-                ExitCode::from(1)
+            Err(reason) => {
+                eprintln!("{}", reason.as_str());
+                ExitCode::from(3)
             }
         },
-        Command::Serve(_) => unreachable!("handled above"),
+    }
+}
+
+/// `prefix-picker hash`: the block hashes of raw prompt bytes, one per line; `layout` is the
+/// flags' (block size, max blocks), replaced by the config's when one is given.
+fn hash(
+    model: &str,
+    layout: (usize, usize),
+    salt: Option<String>,
+    config: Option<PathBuf>,
+    file: Option<PathBuf>,
+) -> ExitCode {
+    let salt = match salt.map(CacheSalt::new) {
+        None => None,
+        Some(Some(salt)) => Some(salt),
+        Some(None) => {
+            eprintln!("error: --salt must not be empty");
+            return ExitCode::from(2);
+        }
+    };
+    let ((block_size, max_blocks), scheme) = match config.as_deref().map(load_config) {
+        None => (layout, ChainScheme::Kthena),
+        Some(Ok(c)) => {
+            let cache = &c.scheduler.prefix_cache;
+            let layout = (cache.block_size_to_hash, cache.max_blocks_to_match);
+            (layout, c.scheduler.chain_scheme())
+        }
+        Some(Err(code)) => return code,
+    };
+    if block_size == 0 || max_blocks == 0 {
+        eprintln!("error: --block-size and --max-blocks must be greater than 0");
+        return ExitCode::from(2);
+    }
+    let prompt = match input(file.as_ref()) {
+        Ok(b) => b,
+        Err(code) => return code,
+    };
+    let chain = BlockChain {
+        block_size,
+        max_blocks,
+    };
+    let mut out = std::io::stdout().lock();
+    let mut hashes = Vec::new();
+    chain.hash_salted(scheme, model, salt.as_ref(), &prompt, &mut hashes);
+    for h in hashes {
+        if writeln!(out, "{}", h.0).is_err() {
+            return ExitCode::from(1);
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// `prefix-picker validate`: exit 0 with the config's summary, or 1 with every problem.
+fn validate(config: &Path) -> ExitCode {
+    match Config::load(config) {
+        Ok(c) => {
+            for w in &c.warnings {
+                eprintln!("warning: {w}");
+            }
+            println!("{}: ok ({} endpoints)", config.display(), c.endpoints.len());
+            println!("{}", c.scheduler.mode_summary());
+            for line in c.match_sources() {
+                println!("{line}");
+            }
+            if let Some(k) = &c.discovery.kubernetes {
+                println!("{}", k.describe(&k.process_namespace()));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            for e in &errors.0 {
+                eprintln!("error: {e}");
+            }
+            ExitCode::from(1)
+        }
     }
 }
 
@@ -322,7 +365,6 @@ fn serve(form: Form, args: ServeArgs, ignored: &[String]) -> ExitCode {
     }
     // Kept to resolve the config again on a reload, flags included.
     let reload_args = args.clone();
-    let config_file = args.config.clone().or_else(|| args.config_file.clone());
     let plan = match args.resolve(form, &Host::process()) {
         Ok(plan) => plan,
         Err(errors) => {
@@ -342,74 +384,85 @@ fn serve(form: Form, args: ServeArgs, ignored: &[String]) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let result = runtime.block_on(async move {
-        let listen = prefix_picker::serve::Listeners {
-            grpc: &plan.grpc_addr,
-            admin: &plan.admin_addr,
-            health: plan.health_addr.as_deref(),
-        };
-        let (tls, endpoints) = (plan.config.picker.tls.mode, plan.config.endpoints.len());
-        let mode = plan.config.scheduler.mode_summary();
-        let started = plan.config.clone();
-        let mut running = prefix_picker::serve::start_with(plan.config, listen).await?;
-        let reloader = Arc::new(Reloader::new(
-            running.router.clone(),
-            started,
-            plan.config_sha256.clone(),
-        ));
-        let load = move || {
-            reload_args
-                .clone()
-                .resolve(form, &Host::process())
-                .map(|plan| {
-                    for w in &plan.warnings {
-                        tracing::warn!("{w}");
-                    }
-                    (plan.config, plan.config_sha256)
-                })
-        };
-        tokio::spawn(reload::watch(
-            reloader,
-            config_file,
-            reload::POLL_INTERVAL,
-            load,
-            running.shutdown.clone(),
-        ));
-        let health_shown = running
-            .health_addr
-            .map_or_else(|| "none".to_string(), |a| a.to_string());
-        // The start-up line: which build runs which config, and where it listens.
-        tracing::info!(
-            version = prefix_picker::metrics::VERSION,
-            revision = prefix_picker::metrics::REVISION,
-            config = %plan.config_origin,
-            config_sha256 = %plan.config_sha256,
-            grpc_addr = %running.grpc_addr,
-            admin_addr = %running.admin_addr,
-            health_addr = %health_shown,
-            tls = tls.as_str(),
-            debug_endpoints = running.debug_endpoints,
-            endpoints,
-            %mode,
-            "prefix-picker serving"
-        );
-        let signalled = tokio::select! {
-            _ = shutdown_signal() => true,
-            r = running.wait() => { r?; false }
-        };
-        if !signalled {
-            return Ok(());
-        }
-        tracing::info!("shutting down");
-        running.drain().await
-    });
-    match result {
+    match runtime.block_on(run(plan, form, reload_args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             logging::fatal(format, &format!("{e:#}"));
             ExitCode::from(1)
         }
     }
+}
+
+/// Starts the sidecar and its config reloads, logs the start-up line, and waits for a signal
+/// (then drains) or a listener's failure.
+async fn run(plan: ServePlan, form: Form, reload_args: ServeArgs) -> anyhow::Result<()> {
+    let listen = prefix_picker::serve::Listeners {
+        grpc: &plan.grpc_addr,
+        admin: &plan.admin_addr,
+        health: plan.health_addr.as_deref(),
+    };
+    let (tls, endpoints) = (plan.config.picker.tls.mode, plan.config.endpoints.len());
+    let mode = plan.config.scheduler.mode_summary();
+    let started = plan.config.clone();
+    let mut running = prefix_picker::serve::start_with(plan.config, listen).await?;
+    let reloader = Arc::new(Reloader::new(
+        running.router.clone(),
+        started,
+        plan.config_sha256.clone(),
+    ));
+    watch_reloads(reloader, form, reload_args, &running);
+    let health_shown = running
+        .health_addr
+        .map_or_else(|| "none".to_string(), |a| a.to_string());
+    // The start-up line: which build runs which config, and where it listens.
+    tracing::info!(
+        version = prefix_picker::metrics::VERSION,
+        revision = prefix_picker::metrics::REVISION,
+        config = %plan.config_origin,
+        config_sha256 = %plan.config_sha256,
+        grpc_addr = %running.grpc_addr,
+        admin_addr = %running.admin_addr,
+        health_addr = %health_shown,
+        tls = tls.as_str(),
+        debug_endpoints = running.debug_endpoints,
+        endpoints,
+        %mode,
+        "prefix-picker serving"
+    );
+    let signalled = tokio::select! {
+        _ = shutdown_signal() => true,
+        r = running.wait() => { r?; false }
+    };
+    if !signalled {
+        return Ok(());
+    }
+    tracing::info!("shutting down");
+    running.drain().await
+}
+
+/// Reloads the config on SIGHUP or a changed file, resolving the same flags again.
+fn watch_reloads(
+    reloader: Arc<Reloader>,
+    form: Form,
+    args: ServeArgs,
+    running: &prefix_picker::serve::Running,
+) {
+    let config_file = args.config.clone().or_else(|| args.config_file.clone());
+    let load = move || {
+        args.clone().resolve(form, &Host::process()).map(|plan| {
+            for w in &plan.warnings {
+                tracing::warn!("{w}");
+            }
+            (plan.config, plan.config_sha256)
+        })
+    };
+    tokio::spawn(reload::watch(
+        reloader,
+        config_file,
+        reload::POLL_INTERVAL,
+        load,
+        running.shutdown.clone(),
+    ));
 }
 
 async fn shutdown_signal() {

@@ -22,24 +22,20 @@
 //! sync replay can wait for it (records stamped with an earlier life are then dropped).
 
 pub mod names;
+mod scraper;
 
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+pub use scraper::{MissingWarnings, run};
 
-use futures_util::StreamExt;
+use std::time::Duration;
+
 use openmetrics_parser::{PrometheusType, PrometheusValue};
 use prometheus::{IntCounterVec, Opts, Registry};
 use thiserror::Error;
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
-use crate::endpoints::{Endpoint, Endpoints, EngineStats};
-use crate::metrics::{RouterMetrics, ScrapeResult, listing, pod_label_values};
-use crate::prefix_index::PodSlot;
+use crate::metrics::listing;
 use crate::scheduler::affinity::AffinityConfig;
 
 use names::{MetricSpec, Signal, SignalSpecs, Signals};
@@ -266,178 +262,4 @@ pub fn period_mean(previous: Option<Totals>, current: Totals, last_mean: f64) ->
         Some(p) if current.count < p.count => whole(current),
         Some(_) => last_mean,
     }
-}
-
-async fn fetch(
-    client: &reqwest::Client,
-    e: &Endpoint,
-    names: &SignalSpecs,
-) -> Result<RawEngineMetrics, ScrapeError> {
-    let text = client
-        .get(format!("http://{}/metrics", e.host))
-        .send()
-        .await?
-        .error_for_status()?
-        .text()
-        .await?;
-    parse_with(&text, names)
-}
-
-/// The signals already warned about, per pod (one warning per pod and signal).
-#[derive(Debug, Default)]
-pub struct MissingWarnings(HashSet<(PodSlot, Signal)>);
-
-impl MissingWarnings {
-    /// The signals of `missing` not yet warned about for `slot` (now recorded as warned).
-    pub fn first_seen(&mut self, slot: PodSlot, missing: Signals) -> Signals {
-        let mut new = Signals::default();
-        for s in missing.iter() {
-            if self.0.insert((slot, s)) {
-                new.insert(s);
-            }
-        }
-        new
-    }
-
-    /// Forgets pods no longer scraped.
-    pub fn retain(&mut self, live: impl Fn(PodSlot) -> bool) {
-        self.0.retain(|(slot, _)| live(*slot));
-    }
-}
-
-/// Scrapes every pod until cancelled; `first_round` turns true once every pod was scraped (or
-/// failed) once.
-pub async fn run(
-    endpoints: Arc<Endpoints>,
-    metrics: RouterMetrics,
-    scrape_metrics: ScrapeMetrics,
-    config: ScrapeConfig,
-    first_round: watch::Sender<bool>,
-    token: CancellationToken,
-) {
-    let Ok(client) = reqwest::Client::builder().timeout(config.timeout).build() else {
-        tracing::error!("cannot build the scrape HTTP client; engine metrics disabled");
-        return;
-    };
-    let mut previous: HashMap<PodSlot, (RawEngineMetrics, EngineStats)> = HashMap::new();
-    let mut warned = MissingWarnings::default();
-    let mut tick = tokio::time::interval(config.interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = token.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let set = endpoints.snapshot();
-        let results: Vec<(Arc<Endpoint>, Result<RawEngineMetrics, ScrapeError>)> =
-            futures_util::stream::iter(set.all().iter().cloned())
-                .map(|e| {
-                    let (client, names) = (client.clone(), &config.names);
-                    async move {
-                        let r = fetch(&client, &e, names).await;
-                        (e, r)
-                    }
-                })
-                .buffer_unordered(config.concurrency.max(1))
-                .collect()
-                .await;
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs_f64();
-        for (e, result) in results {
-            match result {
-                Ok(raw) => {
-                    let e = match raw
-                        .start_time
-                        .and_then(|t| endpoints.engine_started(&e, &start_generation(t)))
-                    {
-                        Some(fresh) => {
-                            tracing::info!(pod = %fresh.label, generation = %fresh.generation(), "engine restarted (new process_start_time_seconds); the pod starts cold");
-                            fresh
-                        }
-                        None => e,
-                    };
-                    let slot = e.index.slot();
-                    let prev = previous.get(&slot);
-                    let raw = match prev {
-                        Some(p) => raw.or_previous(&p.0),
-                        None => raw,
-                    };
-                    for s in raw.missing.iter() {
-                        scrape_metrics
-                            .missing
-                            .with_label_values(&[s.as_str()])
-                            .inc();
-                    }
-                    for s in warned.first_seen(slot, raw.missing).iter() {
-                        tracing::warn!(
-                            pod = %e.label,
-                            signal = s.as_str(),
-                            tried = %config.names.describe(s),
-                            "engine metrics: no series for this signal; it keeps its last value (0 if never read). Set picker.engineMetrics (or GIE's --*-metric flags) to the engine's name"
-                        );
-                    }
-                    let stats = EngineStats {
-                        waiting: raw.waiting,
-                        running: raw.running,
-                        kv_usage: raw.kv_usage,
-                        ttft: period_mean(
-                            prev.map(|p| p.0.ttft),
-                            raw.ttft,
-                            prev.map_or(0.0, |p| p.1.ttft),
-                        ),
-                        tpot: period_mean(
-                            prev.map(|p| p.0.tpot),
-                            raw.tpot,
-                            prev.map_or(0.0, |p| p.1.tpot),
-                        ),
-                    };
-                    e.set_stats(stats);
-                    if let (Some(budget), Some(tokens)) = (config.budget, raw.kv_capacity_tokens)
-                        && prev.is_none_or(|p| p.0.kv_capacity_tokens != Some(tokens))
-                    {
-                        apply_budget(&endpoints, &metrics, &e, budget, tokens);
-                    }
-                    previous.insert(slot, (raw, stats));
-                    metrics.count_scrape(&e.spec.id, ScrapeResult::Ok);
-                    metrics
-                        .engine_scrape_timestamp
-                        .with_label_values(&pod_label_values(&e.spec.id))
-                        .set(now);
-                }
-                Err(err) => {
-                    tracing::debug!(pod = %e.label, error = %err, "engine metrics scrape failed");
-                    metrics.count_scrape(&e.spec.id, ScrapeResult::Error);
-                }
-            }
-        }
-        first_round.send_replace(true);
-        let set = endpoints.snapshot();
-        let live = |slot: PodSlot| set.all().iter().any(|e| e.index.slot() == slot);
-        previous.retain(|slot, _| live(*slot));
-        warned.retain(live);
-    }
-}
-
-/// Sizes `e`'s index budget from its engine's `tokens` of KV cache.
-fn apply_budget(
-    endpoints: &Endpoints,
-    metrics: &RouterMetrics,
-    e: &Endpoint,
-    budget: EngineBudget,
-    tokens: u64,
-) {
-    let entries = budget.affinity.budget_entries(tokens, budget.block_bytes);
-    let dropped: u64 = endpoints
-        .index()
-        .set_pod_capacity(e.index.slot(), entries)
-        .iter()
-        .map(|(_, n)| n)
-        .sum();
-    metrics
-        .pod_budget
-        .with_label_values(&pod_label_values(&e.spec.id))
-        .set(i64::try_from(entries).unwrap_or(i64::MAX));
-    tracing::info!(pod = %e.label, engine_tokens = tokens, entries, dropped, "index budget sized from the engine");
 }

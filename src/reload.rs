@@ -57,6 +57,24 @@ pub struct Plan {
 
 /// Decides a reload from `old` to `new`: `Ok(None)` when nothing that matters changed.
 pub fn check(old: &Config, new: &Config) -> Result<Option<Plan>, Refused> {
+    let (os, ns) = (&old.scheduler, &new.scheduler);
+    let layout =
+        (os.block_layout() != ns.block_layout()).then(|| (os.block_layout(), ns.block_layout()));
+    let endpoints = old.endpoints != new.endpoints;
+    let mut keys = start_up_keys(old, new);
+    keys.extend(index_keys(old, new, layout.is_some()));
+    keys.extend(discovery_keys(old, new, endpoints));
+    if !keys.is_empty() {
+        return Err(Refused::Restart(
+            keys.into_iter().map(String::from).collect(),
+        ));
+    }
+    let unchanged = os == ns && old.picker == new.picker && !endpoints;
+    Ok((!unchanged).then_some(Plan { layout, endpoints }))
+}
+
+/// The changed keys read once at start-up. A table: each row is a key and whether it changed.
+fn start_up_keys(old: &Config, new: &Config) -> Vec<&'static str> {
     let (o, n) = (&old.picker, &new.picker);
     let mut keys: Vec<&str> = [
         ("picker.tls", o.tls != n.tls),
@@ -111,11 +129,16 @@ pub fn check(old: &Config, new: &Config) -> Result<Option<Plan>, Refused> {
     if keys.is_empty() && start_up_only(o) != start_up_only(n) {
         keys.push("picker (a key read at start-up)");
     }
+    keys
+}
+
+/// Changes the prefix index cannot follow live: a pod budget sized at start-up, the index's
+/// size, or (with sync on) the block hashes other replicas share.
+fn index_keys(old: &Config, new: &Config, layout_changed: bool) -> Vec<&'static str> {
     let (os, ns) = (&old.scheduler, &new.scheduler);
-    let layout =
-        (os.block_layout() != ns.block_layout()).then(|| (os.block_layout(), ns.block_layout()));
+    let mut keys = Vec::new();
     let budget = |c: &Config| c.scheduler.affinity.is_some_and(|a| a.engine_budget);
-    let affinity_changed = os.affinity != ns.affinity || layout.is_some();
+    let affinity_changed = os.affinity != ns.affinity || layout_changed;
     if (budget(old) || budget(new)) && affinity_changed {
         keys.push(
             "picker.affinity (engineBudget is on: the engine scrape sizes pod budgets at start-up)",
@@ -123,29 +146,28 @@ pub fn check(old: &Config, new: &Config) -> Result<Option<Plan>, Refused> {
     } else if os.prefix_cache.max_hash_cache_size != ns.prefix_cache.max_hash_cache_size {
         keys.push("scheduler.pluginConfig prefix-cache maxHashCacheSize");
     }
-    let hashes_changed = layout.is_some()
+    let hashes_changed = layout_changed
         || os.prefix_cache.max_blocks_to_match != ns.prefix_cache.max_blocks_to_match;
     if old.sync.is_some() && hashes_changed {
         keys.push(
             "the block hashes (blockSizeToHash, maxBlocksToMatch or the affinity block layout; sync is on: replicas must hash alike)",
         );
     }
-    let endpoints = old.endpoints != new.endpoints;
+    keys
+}
+
+/// With discovery on, the pod watch holds the static endpoints and `pdGroup:`.
+fn discovery_keys(old: &Config, new: &Config, endpoints_changed: bool) -> Vec<&'static str> {
+    let mut keys = Vec::new();
     if old.discovery.kubernetes.is_some() {
-        if endpoints {
+        if endpoints_changed {
             keys.push("endpoints (discovery is on: the pod watch merges them at start-up)");
         }
-        if os.pd != ns.pd {
+        if old.scheduler.pd != new.scheduler.pd {
             keys.push("pdGroup (discovery is on: the pod watch reads its labels at start-up)");
         }
     }
-    if !keys.is_empty() {
-        return Err(Refused::Restart(
-            keys.into_iter().map(String::from).collect(),
-        ));
-    }
-    let unchanged = os == ns && o == n && !endpoints;
-    Ok((!unchanged).then_some(Plan { layout, endpoints }))
+    keys
 }
 
 /// The live config and its hash, and the router a reload changes.

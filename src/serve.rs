@@ -177,19 +177,6 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
     // Not ready until the sync warm replay is done (or timed out) and discovery has listed the
     // pods; see `readiness`.
     let wait_before_ready = discovery.is_some() || config.sync.is_some();
-    let (health, health_service) = health(wait_before_ready).await;
-    if let Some(listener) = listeners.health {
-        serve_health(listener, health_service.clone(), &shutdown, &mut tasks);
-    }
-    serve_grpc(
-        listeners.grpc,
-        &config,
-        tls.as_ref(),
-        health_service,
-        &router,
-        &shutdown,
-        &mut tasks,
-    )?;
     let admin = Admin {
         router: router.clone(),
         registry: registry.clone(),
@@ -197,40 +184,26 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
         ready: ready.clone(),
         debug: debug_access.clone(),
     };
-    serve_admin(listeners.admin, admin, &shutdown, &mut tasks);
-    let generations_known = scrape_engines(&config, &router, &registry, &shutdown, &mut tasks);
-    expire_routes(&router, &shutdown, &mut tasks);
-    follow_engines(&config, &router, &shutdown, &mut tasks);
-    start_kvcache(&config, &router, &shutdown, &mut tasks)?;
-    let pods_listed = discovery.as_ref().map(|d| d.synced());
-    let sync = match &config.sync {
-        Some(sync) => {
-            let env = |name: &str| std::env::var(name).ok();
-            Some(crate::sync::start(
-                &sync.redis,
-                &router,
-                &registry,
-                &env,
-                pods_listed
-                    .iter()
-                    .cloned()
-                    .chain([generations_known])
-                    .collect(),
-                &shutdown,
-                &mut tasks,
-            )?)
-        }
-        None => None,
-    };
-    let ready_waiter = readiness(
-        discovery.zip(pods_listed),
-        sync,
-        &ready,
-        &health,
+    let health = serve_listeners(
+        listeners,
+        &config,
+        tls.as_ref(),
+        wait_before_ready,
+        admin,
         &shutdown,
         &mut tasks,
     )
-    .await;
+    .await?;
+    let pods_listed = discovery.as_ref().map(KubernetesDiscovery::synced);
+    let sync = start_background(
+        &config,
+        &router,
+        &registry,
+        pods_listed,
+        &shutdown,
+        &mut tasks,
+    )?;
+    let ready_waiter = readiness(discovery, sync, &ready, &health, &shutdown, &mut tasks).await;
     Ok(Running {
         grpc_addr,
         admin_addr,
@@ -245,6 +218,58 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
         grace: Duration::from_secs_f64(config.picker.shutdown_grace_seconds),
         ready_waiter,
     })
+}
+
+/// Serves the health (when asked for), gRPC and admin listeners; returns the health reporter
+/// that readiness flips.
+async fn serve_listeners(
+    listeners: Bound,
+    config: &Config,
+    tls: Option<&ServerTls>,
+    wait_before_ready: bool,
+    admin: Admin,
+    shutdown: &CancellationToken,
+    tasks: &mut JoinSet<anyhow::Result<()>>,
+) -> anyhow::Result<tonic_health::server::HealthReporter> {
+    let (health, health_service) = health(wait_before_ready).await;
+    if let Some(listener) = listeners.health {
+        serve_health(listener, health_service.clone(), shutdown, tasks);
+    }
+    let router = admin.router.clone();
+    serve_grpc(
+        listeners.grpc,
+        config,
+        tls,
+        health_service,
+        &router,
+        shutdown,
+        tasks,
+    )?;
+    serve_admin(listeners.admin, admin, shutdown, tasks);
+    Ok(health)
+}
+
+/// The background tasks: engine scraping, route expiry, KV-event subscribers, kvcache-aware,
+/// and sync, whose warm replay waits for the pods listed and the engines' generations known.
+fn start_background(
+    config: &Config,
+    router: &Arc<Router>,
+    registry: &prometheus::Registry,
+    pods_listed: Option<watch::Receiver<bool>>,
+    shutdown: &CancellationToken,
+    tasks: &mut JoinSet<anyhow::Result<()>>,
+) -> anyhow::Result<Option<crate::sync::Sync>> {
+    let generations_known = scrape_engines(config, router, registry, shutdown, tasks);
+    expire_routes(router, shutdown, tasks);
+    follow_engines(config, router, shutdown, tasks);
+    start_kvcache(config, router, shutdown, tasks)?;
+    let Some(sync) = &config.sync else {
+        return Ok(None);
+    };
+    let env = |name: &str| std::env::var(name).ok();
+    let gates = pods_listed.into_iter().chain([generations_known]).collect();
+    let sync = crate::sync::start(&sync.redis, router, registry, &env, gates, shutdown, tasks)?;
+    Ok(Some(sync))
 }
 
 /// kvcache-aware, when the config enables it: the shared Redis connection (Kthena's
@@ -648,14 +673,14 @@ fn sample_pod_gauges(router: &Router, series: &mut HashSet<PodId>) {
 /// replay (which needs the pods), from a waiter task that is returned; else once the warm
 /// replay (if any) is done.
 async fn readiness(
-    discovery: Option<(KubernetesDiscovery, watch::Receiver<bool>)>,
+    discovery: Option<KubernetesDiscovery>,
     sync: Option<crate::sync::Sync>,
     ready: &Arc<AtomicBool>,
     health: &tonic_health::server::HealthReporter,
     shutdown: &CancellationToken,
     tasks: &mut JoinSet<anyhow::Result<()>>,
 ) -> Option<tokio::task::JoinHandle<()>> {
-    let Some((discovery, mut listed)) = discovery else {
+    let Some(discovery) = discovery else {
         if let Some(sync) = sync {
             sync.warm().await;
         }
@@ -667,6 +692,7 @@ async fn readiness(
         }
         return None;
     };
+    let mut listed = discovery.synced();
     let token = shutdown.clone();
     tasks.spawn(async move {
         discovery.run(token).await;

@@ -2,7 +2,9 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::*;
-use crate::tls::ClientCertFor;
+use crate::discovery::Source;
+use crate::pod_metrics::names::MetricSource;
+use crate::tls::{ClientCertFor, TlsMode};
 
 fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| s.to_string()).collect()

@@ -172,11 +172,6 @@ impl AffinitySection {
 
     /// The validated mode and its warnings; errors name the key and value.
     pub fn validate(&self) -> Result<ValidAffinity, ConfigError> {
-        let bad = |key: &str, value: String, want: &str| {
-            Err(ConfigError::Picker(format!(
-                "affinity.{key} must be {want}, got {value}"
-            )))
-        };
         let (x, warnings) = self.experimental()?;
         if !self.enabled {
             return Ok(ValidAffinity {
@@ -184,72 +179,46 @@ impl AffinitySection {
                 warnings,
             });
         }
-        if self.pod_capacity == 0 {
-            return bad("podCapacity", "0".into(), "> 0");
+        self.check_ranges(&x)?;
+        let signals = latency_signals(&x.latency_signals)?;
+        Ok(ValidAffinity {
+            mode: Some(self.mode(&x, signals)),
+            warnings,
+        })
+    }
+
+    /// The numbers' ranges, the first one out of its range the error. A table, because each
+    /// check is a key, a test, the value shown and what it must be, in the order reported.
+    fn check_ranges(&self, x: &ExperimentalAffinity) -> Result<(), ConfigError> {
+        let negative = |v: f64| !(v.is_finite() && v >= 0.0);
+        // At most 65536 blocks; a zero blockBytes fails its own row first.
+        let too_many_blocks = self
+            .max_prompt_bytes
+            .checked_div(x.block_bytes)
+            .is_none_or(|blocks| blocks > 1 << 16);
+        #[rustfmt::skip]
+        let rows = [
+            ("podCapacity", self.pod_capacity == 0, "0".to_string(), "> 0"),
+            ("shareHeadroom", negative(self.share_headroom), self.share_headroom.to_string(), "a number >= 0"),
+            ("experimental.spillLoss", negative(x.spill_loss), x.spill_loss.to_string(), "a number >= 0"),
+            ("experimental.tentativeMinRatio", !(0.0..=1.0).contains(&x.tentative_min_ratio), x.tentative_min_ratio.to_string(), "in 0..=1"),
+            ("experimental.shareWindow", x.share_window == 0, "0".to_string(), "> 0"),
+            ("experimental.blockBytes", !(16..=1 << 20).contains(&x.block_bytes), x.block_bytes.to_string(), "in 16..=1048576"),
+            ("maxPromptBytes", self.max_prompt_bytes < x.block_bytes || too_many_blocks, self.max_prompt_bytes.to_string(), "at least experimental.blockBytes and at most 65536 blocks"),
+            ("bytesPerToken", self.bytes_per_token == 0, "0".to_string(), "> 0"),
+            ("experimental.churnSlack", negative(x.churn_slack), x.churn_slack.to_string(), "a number >= 0"),
+        ];
+        match rows.into_iter().find(|(_, bad, _, _)| *bad) {
+            Some((key, _, value, want)) => Err(ConfigError::Picker(format!(
+                "affinity.{key} must be {want}, got {value}"
+            ))),
+            None => Ok(()),
         }
-        if !(self.share_headroom.is_finite() && self.share_headroom >= 0.0) {
-            return bad(
-                "shareHeadroom",
-                self.share_headroom.to_string(),
-                "a number >= 0",
-            );
-        }
-        if !(x.spill_loss.is_finite() && x.spill_loss >= 0.0) {
-            return bad(
-                "experimental.spillLoss",
-                x.spill_loss.to_string(),
-                "a number >= 0",
-            );
-        }
-        if !(0.0..=1.0).contains(&x.tentative_min_ratio) {
-            return bad(
-                "experimental.tentativeMinRatio",
-                x.tentative_min_ratio.to_string(),
-                "in 0..=1",
-            );
-        }
-        if x.share_window == 0 {
-            return bad("experimental.shareWindow", "0".into(), "> 0");
-        }
-        if !(16..=1 << 20).contains(&x.block_bytes) {
-            return bad(
-                "experimental.blockBytes",
-                x.block_bytes.to_string(),
-                "in 16..=1048576",
-            );
-        }
-        if self.max_prompt_bytes < x.block_bytes || self.max_prompt_bytes / x.block_bytes > 1 << 16
-        {
-            return bad(
-                "maxPromptBytes",
-                self.max_prompt_bytes.to_string(),
-                "at least experimental.blockBytes and at most 65536 blocks",
-            );
-        }
-        if self.bytes_per_token == 0 {
-            return bad("bytesPerToken", "0".into(), "> 0");
-        }
-        if !(x.churn_slack.is_finite() && x.churn_slack >= 0.0) {
-            return bad(
-                "experimental.churnSlack",
-                x.churn_slack.to_string(),
-                "a number >= 0",
-            );
-        }
-        let mut signals = Vec::with_capacity(x.latency_signals.len());
-        for name in &x.latency_signals {
-            match LatencySignal::parse(name) {
-                Some(s) => signals.push(s),
-                None => {
-                    return bad(
-                        "experimental.latencySignals",
-                        format!("{name:?}"),
-                        "a list of inflight, engineQueue, pace, prefillFit",
-                    );
-                }
-            }
-        }
-        let mode = AffinityConfig {
+    }
+
+    /// The mode the checked section and its experimental settings describe.
+    fn mode(&self, x: &ExperimentalAffinity, signals: Vec<LatencySignal>) -> AffinityConfig {
+        AffinityConfig {
             tentative: self.tentative,
             consolidate_ties: x.consolidate_ties,
             load_gate: self.load_gate,
@@ -272,12 +241,22 @@ impl AffinitySection {
             churn_slack: x.churn_slack,
             latency_model: self.latency_model,
             latency_signals: Signals::of(signals),
-        };
-        Ok(ValidAffinity {
-            mode: Some(mode),
-            warnings,
-        })
+        }
     }
+}
+
+/// `experimental.latencySignals` by name; the first unknown name is the error.
+fn latency_signals(names: &[String]) -> Result<Vec<LatencySignal>, ConfigError> {
+    names
+        .iter()
+        .map(|name| {
+            LatencySignal::parse(name).ok_or_else(|| {
+                ConfigError::Picker(format!(
+                    "affinity.experimental.latencySignals must be a list of inflight, engineQueue, pace, prefillFit, got {name:?}"
+                ))
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -338,6 +317,28 @@ mod tests {
         assert!(
             err.to_string().contains("experimental.tentativeMinRatio"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn the_first_check_out_of_range_is_the_error() {
+        let err = |yaml: &str| section(yaml).validate().expect_err("invalid").to_string();
+        assert_eq!(
+            err("{podCapacity: 0, bytesPerToken: 0}"),
+            "picker: affinity.podCapacity must be > 0, got 0"
+        );
+        // A zero blockBytes is reported as such, not divided by.
+        assert_eq!(
+            err("{experimental: {blockBytes: 0}}"),
+            "picker: affinity.experimental.blockBytes must be in 16..=1048576, got 0"
+        );
+        assert_eq!(
+            err("{maxPromptBytes: 8000000, experimental: {blockBytes: 64}}"),
+            "picker: affinity.maxPromptBytes must be at least experimental.blockBytes and at most 65536 blocks, got 8000000"
+        );
+        assert_eq!(
+            err("{experimental: {latencySignals: [pace, nope, other]}}"),
+            "picker: affinity.experimental.latencySignals must be a list of inflight, engineQueue, pace, prefillFit, got \"nope\""
         );
     }
 

@@ -32,31 +32,15 @@ pub struct ParsedKvCacheArgs {
 /// Parses `args` (never fails; see the module header).
 pub fn parse_kvcache_aware_args(args: Option<&Yaml>) -> ParsedKvCacheArgs {
     let mut warnings = Vec::new();
-    let mut values: [Option<i64>; 4] = [None; 4];
-    let decoded = match args {
-        None | Some(Yaml::Null) => Ok(()),
-        Some(Yaml::Mapping(map)) => map.iter().try_for_each(|(k, v)| {
-            let name = k
-                .as_str()
-                .ok_or_else(|| format!("key {k:?} is not a string"))?;
-            let Some(slot) = KEYS.iter().position(|key| key.eq_ignore_ascii_case(name)) else {
-                warnings.push(format!(
-                    "kvcache-aware: unknown argument {name:?} ignored (known: {})",
-                    KEYS.join(", ")
-                ));
-                return Ok(());
+    let values = match decode(args, &mut warnings) {
+        Ok(values) => values,
+        Err(e) => {
+            return ParsedKvCacheArgs {
+                args: KvCacheAwareArgs::default(),
+                warnings: vec![format!("{UNPARSABLE_KVCACHE_ARGS}: {e}")],
             };
-            values[slot] = integral(v).map_err(|()| format!("{name}: not an integer: {v:?}"))?;
-            Ok(())
-        }),
-        Some(other) => Err(format!("args must be a mapping, got {other:?}")),
+        }
     };
-    if let Err(e) = decoded {
-        return ParsedKvCacheArgs {
-            args: KvCacheAwareArgs::default(),
-            warnings: vec![format!("{UNPARSABLE_KVCACHE_ARGS}: {e}")],
-        };
-    }
     let d = KvCacheAwareArgs::default();
     let mut count = |v: Option<i64>, name: &str, default: usize| match v {
         Some(n) if n > 0 => usize::try_from(n).unwrap_or(default),
@@ -91,4 +75,29 @@ pub fn parse_kvcache_aware_args(args: Option<&Yaml>) -> ParsedKvCacheArgs {
         },
         warnings,
     }
+}
+
+/// The args block decoded as Go decodes it into the args struct: each known key's integer, by
+/// [`KEYS`]' order (case-insensitive names; unknown ones warned about); the error says why not.
+fn decode(args: Option<&Yaml>, warnings: &mut Vec<String>) -> Result<[Option<i64>; 4], String> {
+    let mut values: [Option<i64>; 4] = [None; 4];
+    let map = match args {
+        None | Some(Yaml::Null) => return Ok(values),
+        Some(Yaml::Mapping(map)) => map,
+        Some(other) => return Err(format!("args must be a mapping, got {other:?}")),
+    };
+    for (k, v) in map {
+        let name = k
+            .as_str()
+            .ok_or_else(|| format!("key {k:?} is not a string"))?;
+        let Some(slot) = KEYS.iter().position(|key| key.eq_ignore_ascii_case(name)) else {
+            warnings.push(format!(
+                "kvcache-aware: unknown argument {name:?} ignored (known: {})",
+                KEYS.join(", ")
+            ));
+            continue;
+        };
+        values[slot] = integral(v).map_err(|()| format!("{name}: not an integer: {v:?}"))?;
+    }
+    Ok(values)
 }

@@ -1,4 +1,8 @@
+use std::time::Duration;
+
 use super::*;
+use crate::scheduler::prefix_cache::PrefixCacheArgs;
+use crate::scheduler::saturation::SaturationLimits;
 
 /// The routerConfiguration of Kthena's Helm chart (ConfigMap `kthena-router-config`).
 pub const KTHENA_HELM_DEFAULT: &str = r#"

@@ -152,67 +152,17 @@ impl DiscoveryConfig {
 impl TryFrom<RawKubernetes> for KubernetesConfig {
     type Error = DiscoveryError;
 
+    /// The checks in the order their errors are reported: the pool reference, the source, the
+    /// namespace, the KV-event ports, the label keys.
     fn try_from(mut raw: RawKubernetes) -> Result<KubernetesConfig, DiscoveryError> {
-        let pool = match raw.inference_pool {
-            RawPool::Name(name) => name,
-            RawPool::Ref(r) => {
-                if !r.group.is_empty() && r.group != super::inference_pool::GROUP {
-                    return Err(DiscoveryError::PoolGroup(r.group));
-                }
-                match (raw.namespace.as_str(), r.namespace.as_str()) {
-                    (_, "") => {}
-                    ("", _) => raw.namespace = r.namespace,
-                    (ns, pool) if ns == pool => {}
-                    _ => {
-                        return Err(DiscoveryError::PoolNamespace {
-                            namespace: raw.namespace,
-                            pool: r.namespace,
-                        });
-                    }
-                }
-                r.name
-            }
-        };
-        let source = match (
-            pool.is_empty(),
-            raw.selector.is_empty() && raw.target_ports.is_empty(),
-        ) {
-            (false, false) => return Err(DiscoveryError::Source("both")),
-            (false, true) => {
-                check_name("inferencePool", &pool, 253, "object name")?;
-                Source::InferencePool(pool)
-            }
-            (true, _) => {
-                let selector = target::parse_selector(&raw.selector).map_err(|error| {
-                    DiscoveryError::Target {
-                        key: "selector",
-                        error,
-                    }
-                })?;
-                let target = Target::new(selector, &raw.target_ports).map_err(|error| {
-                    DiscoveryError::Target {
-                        key: "targetPorts",
-                        error,
-                    }
-                })?;
-                Source::Static(target)
-            }
-        };
+        let pool = raw.pool()?;
+        let source = source(pool, &raw.selector, &raw.target_ports)?;
         let namespace = match raw.namespace.as_str() {
             "" => None,
             ns => {
                 check_name("namespace", ns, 63, "namespace (DNS label)")?;
                 Some(ns.to_string())
             }
-        };
-        let label = |key: &'static str, value: String| match value.as_str() {
-            "" => Ok(None),
-            v if target::is_label_key(v) => Ok(Some(value)),
-            _ => Err(DiscoveryError::Name {
-                key,
-                value,
-                what: "label key",
-            }),
         };
         if raw.kv_events_replay_port != 0 && raw.kv_events_port == 0 {
             return Err(DiscoveryError::Shape(
@@ -223,11 +173,77 @@ impl TryFrom<RawKubernetes> for KubernetesConfig {
         Ok(KubernetesConfig {
             namespace,
             source,
-            role_label: label("roleLabel", raw.role_label)?,
-            model_label: label("modelLabel", raw.model_label)?,
+            role_label: label_key("roleLabel", raw.role_label)?,
+            model_label: label_key("modelLabel", raw.model_label)?,
             kv_events_port: port(raw.kv_events_port),
             kv_events_replay_port: port(raw.kv_events_replay_port),
         })
+    }
+}
+
+impl RawKubernetes {
+    /// The pool's name (empty without one); a reference's namespace fills `namespace` when
+    /// that is unset, and must equal it otherwise.
+    fn pool(&mut self) -> Result<String, DiscoveryError> {
+        let r = match std::mem::take(&mut self.inference_pool) {
+            RawPool::Name(name) => return Ok(name),
+            RawPool::Ref(r) => r,
+        };
+        if !r.group.is_empty() && r.group != super::inference_pool::GROUP {
+            return Err(DiscoveryError::PoolGroup(r.group));
+        }
+        match (self.namespace.as_str(), r.namespace.as_str()) {
+            (_, "") => {}
+            ("", _) => self.namespace = r.namespace,
+            (ns, pool) if ns == pool => {}
+            _ => {
+                return Err(DiscoveryError::PoolNamespace {
+                    namespace: std::mem::take(&mut self.namespace),
+                    pool: r.namespace,
+                });
+            }
+        }
+        Ok(r.name)
+    }
+}
+
+/// Where pods come from: the pool, or the selector and ports (exactly one of them).
+fn source(pool: String, selector: &str, target_ports: &[i64]) -> Result<Source, DiscoveryError> {
+    match (
+        pool.is_empty(),
+        selector.is_empty() && target_ports.is_empty(),
+    ) {
+        (false, false) => Err(DiscoveryError::Source("both")),
+        (false, true) => {
+            check_name("inferencePool", &pool, 253, "object name")?;
+            Ok(Source::InferencePool(pool))
+        }
+        (true, _) => {
+            let selector =
+                target::parse_selector(selector).map_err(|error| DiscoveryError::Target {
+                    key: "selector",
+                    error,
+                })?;
+            let target =
+                Target::new(selector, target_ports).map_err(|error| DiscoveryError::Target {
+                    key: "targetPorts",
+                    error,
+                })?;
+            Ok(Source::Static(target))
+        }
+    }
+}
+
+/// A label key setting: unset when empty, else a valid label key.
+fn label_key(key: &'static str, value: String) -> Result<Option<String>, DiscoveryError> {
+    match value.as_str() {
+        "" => Ok(None),
+        v if target::is_label_key(v) => Ok(Some(value)),
+        _ => Err(DiscoveryError::Name {
+            key,
+            value,
+            what: "label key",
+        }),
     }
 }
 

@@ -90,52 +90,32 @@ pub struct PodEndpoints {
 }
 
 impl PodEndpoints {
+    /// The pod's state and, when it is ready with an IP, one endpoint per port (named
+    /// `name:port` when there are several).
     pub fn of(pod: &Pod, namespace: &str, ports: &[u16], labels: &PodLabels) -> PodEndpoints {
-        let not = |state| PodEndpoints {
-            state,
-            endpoints: Vec::new(),
+        let ip = match serving_ip(pod) {
+            Ok(ip) => ip,
+            Err(state) => {
+                return PodEndpoints {
+                    state,
+                    endpoints: Vec::new(),
+                };
+            }
         };
         let meta = &pod.metadata;
-        if meta.deletion_timestamp.is_some() {
-            return not(PodState::Terminating);
-        }
-        let status = pod.status.as_ref();
-        let ready = status
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-        if !ready {
-            return not(PodState::NotReady);
-        }
-        let Some(ip) = status
-            .and_then(|s| s.pod_ip.as_deref())
-            .and_then(|ip| ip.parse::<IpAddr>().ok())
-        else {
-            return not(PodState::NoIp);
-        };
         let name = meta.name.clone().unwrap_or_default();
         let namespace = meta.namespace.clone().unwrap_or_else(|| namespace.into());
-        let label = |key: &Option<String>| {
-            key.as_ref()
-                .and_then(|k| meta.labels.as_ref()?.get(k))
-                .filter(|v| !v.is_empty())
-                .cloned()
-        };
-        let mut kept = std::collections::BTreeMap::new();
-        let mut role = label(&labels.role);
-        if let Some(group) = &labels.pd {
-            let all = meta.labels.as_ref();
-            for key in group.label_keys() {
-                if let Some(v) = all.and_then(|l| l.get(key)) {
-                    kept.insert(key.to_string(), v.clone());
-                }
-            }
-            role = group
-                .classify(|k| kept.get(k).map(String::as_str))
-                .map(|(r, _)| r.as_str().to_string());
-        }
-        let models: Vec<String> = label(&labels.model).into_iter().collect();
+        let (role, kept) = role_and_labels(pod, labels);
+        let models: Vec<String> = label(pod, &labels.model).into_iter().collect();
         let generation = meta.uid.clone().unwrap_or_default();
         let containers_started = containers_started(pod);
+        let kv_events = labels.kv_events.map(|(port, replay)| {
+            let at = |p: u16| format!("tcp://{}", SocketAddr::new(ip, p));
+            KvEventsAddress {
+                endpoint: at(port),
+                replay: replay.map(at),
+            }
+        });
         let endpoints = ports
             .iter()
             .map(|&port| EndpointSpec {
@@ -152,13 +132,7 @@ impl PodEndpoints {
                 generation: generation.clone(),
                 role: role.clone(),
                 labels: kept.clone(),
-                kv_events: labels.kv_events.map(|(port, replay)| {
-                    let at = |p: u16| format!("tcp://{}", SocketAddr::new(ip, p));
-                    KvEventsAddress {
-                        endpoint: at(port),
-                        replay: replay.map(at),
-                    }
-                }),
+                kv_events: kv_events.clone(),
                 containers_started,
             })
             .collect();
@@ -167,6 +141,54 @@ impl PodEndpoints {
             endpoints,
         }
     }
+}
+
+/// The IP of a pod that may serve: not terminating, ready, with an IP; else the state it is in.
+fn serving_ip(pod: &Pod) -> Result<IpAddr, PodState> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return Err(PodState::Terminating);
+    }
+    let status = pod.status.as_ref();
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    if !ready {
+        return Err(PodState::NotReady);
+    }
+    status
+        .and_then(|s| s.pod_ip.as_deref())
+        .and_then(|ip| ip.parse::<IpAddr>().ok())
+        .ok_or(PodState::NoIp)
+}
+
+/// The pod's non-empty value of the label `key` names, if any.
+fn label(pod: &Pod, key: &Option<String>) -> Option<String> {
+    key.as_ref()
+        .and_then(|k| pod.metadata.labels.as_ref()?.get(k))
+        .filter(|v| !v.is_empty())
+        .cloned()
+}
+
+/// The pod's role and the labels kept with its endpoints: with `pdGroup`, the group's labels
+/// and the role they classify the pod into; else the role label's value, no labels.
+fn role_and_labels(
+    pod: &Pod,
+    labels: &PodLabels,
+) -> (Option<String>, std::collections::BTreeMap<String, String>) {
+    let mut kept = std::collections::BTreeMap::new();
+    let Some(group) = &labels.pd else {
+        return (label(pod, &labels.role), kept);
+    };
+    let all = pod.metadata.labels.as_ref();
+    for key in group.label_keys() {
+        if let Some(v) = all.and_then(|l| l.get(key)) {
+            kept.insert(key.to_string(), v.clone());
+        }
+    }
+    let role = group
+        .classify(|k| kept.get(k).map(String::as_str))
+        .map(|(r, _)| r.as_str().to_string());
+    (role, kept)
 }
 
 #[cfg(test)]

@@ -337,67 +337,81 @@ fn read_event(r: &mut Reader) -> Result<Option<KvEvent>, DecodeError> {
             what: "event",
             field: "tag",
         }),
-        Head::Array(n) => {
-            let tag = match r.head()? {
-                Head::Str(t) => t,
-                other => return Err(unexpected("event tag", "a string", other)),
-            };
-            let Some(kind) = Kind::from_tag(tag) else {
-                r.seek(start);
-                r.skip()?;
-                return Ok(None);
-            };
-            let mut fields = Fields::default();
-            let positional = kind.positional();
-            for i in 1..n {
-                match positional.get(i - 1) {
-                    Some(&f) => read_field(r, kind, f, &mut fields)?,
-                    None => r.skip()?,
-                }
-            }
-            build(kind, fields).map(Some)
-        }
-        Head::Map(n) => {
-            // The tag (`"type"`) first, wherever it is; then the fields by name.
-            let mut kind = None;
-            for _ in 0..n {
-                if read_key(r)? == Some(b"type") {
-                    match r.head()? {
-                        Head::Str(t) => kind = Some(Kind::from_tag(t)),
-                        other => return Err(unexpected("event tag", "a string", other)),
-                    }
-                    break;
-                }
-                r.skip()?;
-            }
-            let kind = match kind {
-                None => {
-                    return Err(DecodeError::Missing {
-                        what: "event",
-                        field: "type",
-                    });
-                }
-                Some(None) => {
-                    r.seek(start);
-                    r.skip()?;
-                    return Ok(None);
-                }
-                Some(Some(kind)) => kind,
-            };
-            r.seek(start);
-            r.head()?;
-            let mut fields = Fields::default();
-            for _ in 0..n {
-                let field = read_key(r)?.and_then(|key| kind.field(key));
-                match field {
-                    Some(f) => read_field(r, kind, f, &mut fields)?,
-                    None => r.skip()?,
-                }
-            }
-            build(kind, fields).map(Some)
-        }
+        Head::Array(n) => read_array_event(r, start, n),
+        Head::Map(n) => read_map_event(r, start, n),
         other => Err(unexpected("event", "a tagged array or map", other)),
     }
+}
+
+/// An event in the array encoding, after its head: the tag, then the fields by position.
+fn read_array_event(
+    r: &mut Reader,
+    start: usize,
+    n: usize,
+) -> Result<Option<KvEvent>, DecodeError> {
+    let tag = match r.head()? {
+        Head::Str(t) => t,
+        other => return Err(unexpected("event tag", "a string", other)),
+    };
+    let Some(kind) = Kind::from_tag(tag) else {
+        r.seek(start);
+        r.skip()?;
+        return Ok(None);
+    };
+    let mut fields = Fields::default();
+    let positional = kind.positional();
+    for i in 1..n {
+        match positional.get(i - 1) {
+            Some(&f) => read_field(r, kind, f, &mut fields)?,
+            None => r.skip()?,
+        }
+    }
+    build(kind, fields).map(Some)
+}
+
+/// An event in the map encoding, after its head: the tag (`"type"`) first, wherever it is;
+/// then, read again from the start, the fields by name.
+fn read_map_event(r: &mut Reader, start: usize, n: usize) -> Result<Option<KvEvent>, DecodeError> {
+    let kind = match map_tag(r, n)? {
+        None => {
+            return Err(DecodeError::Missing {
+                what: "event",
+                field: "type",
+            });
+        }
+        Some(None) => {
+            r.seek(start);
+            r.skip()?;
+            return Ok(None);
+        }
+        Some(Some(kind)) => kind,
+    };
+    r.seek(start);
+    r.head()?;
+    let mut fields = Fields::default();
+    for _ in 0..n {
+        let field = read_key(r)?.and_then(|key| kind.field(key));
+        match field {
+            Some(f) => read_field(r, kind, f, &mut fields)?,
+            None => r.skip()?,
+        }
+    }
+    build(kind, fields).map(Some)
+}
+
+/// The `"type"` entry of a map of `n` entries: `None` without one, `Some(None)` for a tag this
+/// decoder does not know.
+fn map_tag(r: &mut Reader, n: usize) -> Result<Option<Option<Kind>>, DecodeError> {
+    for _ in 0..n {
+        if read_key(r)? == Some(b"type") {
+            return match r.head()? {
+                Head::Str(t) => Ok(Some(Kind::from_tag(t))),
+                other => Err(unexpected("event tag", "a string", other)),
+            };
+        }
+        r.skip()?;
+    }
+    Ok(None)
 }
 
 fn read_field(r: &mut Reader, kind: Kind, f: Field, out: &mut Fields) -> Result<(), DecodeError> {

@@ -28,8 +28,10 @@ use serde_json::value::RawValue;
 use super::KvStore;
 use crate::metrics::kvcache::{KvCacheMetrics, LookupResult};
 use crate::request::Api;
-use crate::scheduler::kvcache_aware::{KvBlockOwners, KvCacheAwareArgs, block_hashes, block_key};
-use crate::tokenizer::{EngineKind, EngineTokenizer, TokenizeInput};
+use crate::scheduler::kvcache_aware::{
+    KvBlockOwners, KvCacheAwareArgs, StdBlockHash, block_hashes, block_key,
+};
+use crate::tokenizer::{EngineKind, EngineTokenizer, TokenizeInput, Tokens};
 
 /// The lookup's whole budget (tokenize + Redis), below the fail-open example's 0.2 s
 /// `message_timeout`.
@@ -149,6 +151,7 @@ impl KvLookup {
         }))
     }
 
+    /// Tokenize, cut into block hashes, ask Redis who holds each block.
     async fn run(
         &self,
         args: KvCacheAwareArgs,
@@ -156,6 +159,29 @@ impl KvLookup {
         prompt: Option<PromptText>,
         pods: Vec<IpAddr>,
     ) -> Result<KvBlockOwners, LookupResult> {
+        let tokens = self.tokenize(&args, model, prompt, pods).await?;
+        let hashes = block_hashes(
+            tokens.as_slice(),
+            args.block_size_to_hash,
+            args.max_blocks_to_match,
+        );
+        tracing::debug!(target: "scores", "KVCacheAware.Score: generated {} block hashes from {} tokens (blockSize={})",
+            hashes.len(), tokens.as_slice().len(), args.block_size_to_hash);
+        if hashes.is_empty() {
+            return Err(LookupResult::NoPrompt);
+        }
+        let owners = self.owners(model, &hashes).await?;
+        Ok(KvBlockOwners { hashes, owners })
+    }
+
+    /// The prompt's engine tokens, asked of the next candidate in turn.
+    async fn tokenize(
+        &self,
+        args: &KvCacheAwareArgs,
+        model: &str,
+        prompt: Option<PromptText>,
+        pods: Vec<IpAddr>,
+    ) -> Result<Tokens, LookupResult> {
         let prompt = prompt.ok_or(LookupResult::NoPrompt)?;
         if pods.is_empty() {
             return Err(LookupResult::NoTokenizer);
@@ -184,22 +210,21 @@ impl KvLookup {
             .tokenize_duration
             .with_label_values(&[model])
             .observe(took.as_secs_f64());
-        let hashes = block_hashes(
-            tokens.as_slice(),
-            args.block_size_to_hash,
-            args.max_blocks_to_match,
-        );
-        tracing::debug!(target: "scores", "KVCacheAware.Score: generated {} block hashes from {} tokens (blockSize={})",
-            hashes.len(), tokens.as_slice().len(), args.block_size_to_hash);
-        if hashes.is_empty() {
-            return Err(LookupResult::NoPrompt);
-        }
+        Ok(tokens)
+    }
+
+    /// Each block's holders (pod -> timestamp), one pipelined `HGETALL` per block key.
+    async fn owners(
+        &self,
+        model: &str,
+        hashes: &[StdBlockHash],
+    ) -> Result<Vec<Vec<(String, String)>>, LookupResult> {
         let mut conn = self
             .store
             .connection()
             .ok_or(LookupResult::RedisUnavailable)?;
         let mut pipe = redis::pipe();
-        for h in &hashes {
+        for h in hashes {
             pipe.cmd("HGETALL").arg(block_key(model, *h));
         }
         let started = Instant::now();
@@ -230,6 +255,6 @@ impl KvLookup {
             .observe(took.as_secs_f64());
         tracing::debug!(target: "scores", "KVCacheAware.Score: Redis query took {:?}, blocksWithHits={}/{}",
             took, owners.iter().filter(|o| !o.is_empty()).count(), hashes.len());
-        Ok(KvBlockOwners { hashes, owners })
+        Ok(owners)
     }
 }

@@ -1,4 +1,12 @@
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
 use super::*;
+use crate::endpoints::Endpoints;
+use crate::metrics::RouterMetrics;
+use crate::prefix_index::PodSlot;
 
 const VLLM: &str = r#"# HELP vllm:num_requests_running Requests running
 # TYPE vllm:num_requests_running gauge

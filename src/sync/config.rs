@@ -232,74 +232,21 @@ fn check_cluster(
 impl TryFrom<RawRedis> for RedisSync {
     type Error = SyncConfigError;
 
-    fn try_from(raw: RawRedis) -> Result<Self, Self::Error> {
+    /// The checks in the order their errors are reported: the URLs, each parsed, the cluster's
+    /// seeds, the sizes and the stream, the password source.
+    fn try_from(mut raw: RawRedis) -> Result<Self, Self::Error> {
         let from_list = !raw.urls.is_empty();
-        let urls = match (raw.url.is_empty(), from_list) {
-            (true, false) => return Err(SyncConfigError::NoUrl),
-            (false, true) => {
-                return Err(SyncConfigError::UrlAndUrls {
-                    url: redact(&raw.url),
-                });
-            }
-            (false, false) => vec![raw.url],
-            (true, true) if !raw.cluster => {
-                return Err(SyncConfigError::UrlsWithoutCluster(
-                    raw.urls.iter().map(|u| redact(u)).collect(),
-                ));
-            }
-            (true, true) => raw.urls,
-        };
-        let mut infos = Vec::with_capacity(urls.len());
-        for (i, url) in urls.iter().enumerate() {
-            match url.as_str().into_connection_info() {
-                Ok(info) => infos.push(info),
-                Err(e) => {
-                    return Err(SyncConfigError::Url {
-                        key: url_key(from_list, i),
-                        url: redact(url),
-                        reason: e.to_string(),
-                    });
-                }
-            }
-        }
+        let urls = seed_urls(
+            std::mem::take(&mut raw.url),
+            std::mem::take(&mut raw.urls),
+            raw.cluster,
+        )?;
+        let infos = connection_infos(&urls, from_list)?;
         if raw.cluster {
             check_cluster(&urls, &infos, from_list)?;
         }
-        for (key, value) in [
-            ("maxLen", raw.max_len as usize),
-            ("batchMaxRecords", raw.batch_max_records),
-            ("queueCapacity", raw.queue_capacity),
-        ] {
-            if value == 0 {
-                return Err(SyncConfigError::Zero {
-                    key,
-                    value: value.to_string(),
-                });
-            }
-        }
-        let t = raw.replay_timeout_seconds;
-        if !t.is_finite() || t < 0.0 || (raw.replay_on_start && t == 0.0) {
-            return Err(SyncConfigError::Timeout(
-                raw.replay_timeout_seconds.to_string(),
-            ));
-        }
-        if raw.stream.is_empty() {
-            return Err(SyncConfigError::EmptyStream);
-        }
-        if raw.cluster && hash_tag(&raw.stream).is_none() {
-            return Err(SyncConfigError::NoHashTag(raw.stream));
-        }
-        let password = match (raw.password_env.is_empty(), raw.password_file.is_empty()) {
-            (true, true) => PasswordSource::Url,
-            (false, true) => PasswordSource::Env(raw.password_env),
-            (true, false) => PasswordSource::File(raw.password_file.into()),
-            (false, false) => {
-                return Err(SyncConfigError::TwoPasswords {
-                    env: raw.password_env,
-                    file: raw.password_file,
-                });
-            }
-        };
+        raw.check_limits()?;
+        let password = password(raw.password_env, raw.password_file)?;
         Ok(RedisSync {
             urls,
             cluster: raw.cluster,
@@ -311,6 +258,81 @@ impl TryFrom<RawRedis> for RedisSync {
             batch_max_records: raw.batch_max_records,
             queue_capacity: raw.queue_capacity,
         })
+    }
+}
+
+/// The URLs to connect to: `url`, or (with `cluster: true`) the seeds of `urls`.
+fn seed_urls(
+    url: String,
+    urls: Vec<String>,
+    cluster: bool,
+) -> Result<Vec<String>, SyncConfigError> {
+    match (url.is_empty(), !urls.is_empty()) {
+        (true, false) => Err(SyncConfigError::NoUrl),
+        (false, true) => Err(SyncConfigError::UrlAndUrls { url: redact(&url) }),
+        (false, false) => Ok(vec![url]),
+        (true, true) if !cluster => Err(SyncConfigError::UrlsWithoutCluster(
+            urls.iter().map(|u| redact(u)).collect(),
+        )),
+        (true, true) => Ok(urls),
+    }
+}
+
+/// Each URL parsed; the first that does not parse is the error, naming its key.
+fn connection_infos(
+    urls: &[String],
+    from_list: bool,
+) -> Result<Vec<ConnectionInfo>, SyncConfigError> {
+    urls.iter()
+        .enumerate()
+        .map(|(i, url)| {
+            url.as_str()
+                .into_connection_info()
+                .map_err(|e| SyncConfigError::Url {
+                    key: url_key(from_list, i),
+                    url: redact(url),
+                    reason: e.to_string(),
+                })
+        })
+        .collect()
+}
+
+impl RawRedis {
+    /// The sizes (> 0), the replay timeout, and the stream's name (a hash tag for a cluster).
+    fn check_limits(&self) -> Result<(), SyncConfigError> {
+        for (key, value) in [
+            ("maxLen", self.max_len as usize),
+            ("batchMaxRecords", self.batch_max_records),
+            ("queueCapacity", self.queue_capacity),
+        ] {
+            if value == 0 {
+                return Err(SyncConfigError::Zero {
+                    key,
+                    value: value.to_string(),
+                });
+            }
+        }
+        let t = self.replay_timeout_seconds;
+        if !t.is_finite() || t < 0.0 || (self.replay_on_start && t == 0.0) {
+            return Err(SyncConfigError::Timeout(t.to_string()));
+        }
+        if self.stream.is_empty() {
+            return Err(SyncConfigError::EmptyStream);
+        }
+        if self.cluster && hash_tag(&self.stream).is_none() {
+            return Err(SyncConfigError::NoHashTag(self.stream.clone()));
+        }
+        Ok(())
+    }
+}
+
+/// Where the password comes from: at most one of `passwordEnv` and `passwordFile`.
+fn password(env: String, file: String) -> Result<PasswordSource, SyncConfigError> {
+    match (env.is_empty(), file.is_empty()) {
+        (true, true) => Ok(PasswordSource::Url),
+        (false, true) => Ok(PasswordSource::Env(env)),
+        (true, false) => Ok(PasswordSource::File(file.into())),
+        (false, false) => Err(SyncConfigError::TwoPasswords { env, file }),
     }
 }
 

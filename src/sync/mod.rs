@@ -106,24 +106,8 @@ pub fn start<I: LocalIndex>(
     // rustls needs one process-wide crypto provider for rediss://; ring is the one linked in.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let metrics = SyncMetrics::register(registry);
-    let topology = config.topology(env)?;
+    let (publish_link, tail_link) = links(config, env, &metrics)?;
     let shown = config.shown_urls();
-    let link = |role, timeout| {
-        Link::new(
-            topology.clone(),
-            shown.clone(),
-            timeout,
-            metrics.link_status(role),
-        )
-        .map_err(|source| SyncError::Client {
-            url: shown.clone(),
-            source,
-        })
-    };
-    // Separate connections: the tailer's XREAD BLOCK never holds up a publish, and its response
-    // timeout (per command, for a cluster including redirections) leaves room for the BLOCK.
-    let publish_link = link(Role::Publisher, Duration::from_secs(2))?;
-    let tail_link = link(Role::Tailer, tailer::BLOCK + Duration::from_secs(4))?;
 
     let replica: u64 = rand::random();
     let params = router.hash_params();
@@ -151,7 +135,55 @@ pub fn start<I: LocalIndex>(
         config.replay_on_start,
         tx,
     );
-    let token = shutdown.clone();
+    spawn_tailer(tailer, gates, shutdown.clone(), tasks);
+    tracing::info!(
+        url = %shown,
+        cluster = config.cluster,
+        stream = %config.stream,
+        replica = format!("{replica:016x}"),
+        "sync: sharing the prefix index through Redis"
+    );
+    Ok(Sync {
+        replica,
+        replayed: config.replay_on_start.then_some(replayed),
+        timeout: config.replay_timeout,
+    })
+}
+
+/// The publisher's and the tailer's connections. Separate: the tailer's XREAD BLOCK never holds
+/// up a publish, and its response timeout (per command, for a cluster including redirections)
+/// leaves room for the BLOCK.
+fn links(
+    config: &RedisSync,
+    env: &dyn Fn(&str) -> Option<String>,
+    metrics: &SyncMetrics,
+) -> Result<(Link, Link), SyncError> {
+    let topology = config.topology(env)?;
+    let shown = config.shown_urls();
+    let link = |role, timeout| {
+        Link::new(
+            topology.clone(),
+            shown.clone(),
+            timeout,
+            metrics.link_status(role),
+        )
+        .map_err(|source| SyncError::Client {
+            url: shown.clone(),
+            source,
+        })
+    };
+    let publish_link = link(Role::Publisher, Duration::from_secs(2))?;
+    let tail_link = link(Role::Tailer, tailer::BLOCK + Duration::from_secs(4))?;
+    Ok((publish_link, tail_link))
+}
+
+/// Runs the tailer once every gate reads true (never, if shut down first).
+fn spawn_tailer(
+    tailer: Tailer,
+    gates: Vec<watch::Receiver<bool>>,
+    token: CancellationToken,
+    tasks: &mut JoinSet<anyhow::Result<()>>,
+) {
     tasks.spawn(async move {
         for mut gate in gates {
             let open = tokio::select! {
@@ -165,16 +197,4 @@ pub fn start<I: LocalIndex>(
         tailer.run(token).await;
         Ok(())
     });
-    tracing::info!(
-        url = %shown,
-        cluster = config.cluster,
-        stream = %config.stream,
-        replica = format!("{replica:016x}"),
-        "sync: sharing the prefix index through Redis"
-    );
-    Ok(Sync {
-        replica,
-        replayed: config.replay_on_start.then_some(replayed),
-        timeout: config.replay_timeout,
-    })
 }

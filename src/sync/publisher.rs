@@ -92,50 +92,12 @@ pub async fn run(
 ) {
     let mut batch = Vec::with_capacity(target.batch_max_records);
     loop {
-        let n = if link.get().is_some() {
-            tokio::select! {
-                _ = token.cancelled() => return,
-                n = rx.recv_many(&mut batch, target.batch_max_records) => n,
-                // Idle: a connection whose server died shows only when used (the gauge would
-                // read 1 and the next batch would fail), so use it.
-                _ = tokio::time::sleep(IDLE_PROBE) => {
-                    tokio::select! {
-                        _ = token.cancelled() => return,
-                        _ = link.probe(&target.stream, PROBE_TIMEOUT) => {}
-                    }
-                    continue;
-                }
-            }
-        } else {
-            // Disconnected: reconnect (with backoff) without waiting for traffic, so the
-            // connection gauge tells the truth while idle; records arriving meanwhile go the
-            // usual way below.
-            tokio::select! {
-                _ = token.cancelled() => return,
-                n = rx.recv_many(&mut batch, target.batch_max_records) => n,
-                connected = link.connect(&token) => {
-                    if !connected {
-                        return;
-                    }
-                    continue;
-                }
-            }
+        let n = match wait(&mut rx, &mut batch, &mut link, &target, &token).await {
+            Waited::Records(0) | Waited::Stop => return,
+            Waited::Again => continue,
+            Waited::Records(n) => n,
         };
-        if n == 0 {
-            return;
-        }
-        let mut pipe = redis::pipe();
-        for payload in &batch {
-            pipe.cmd("XADD")
-                .arg(&target.stream)
-                .arg("MAXLEN")
-                .arg("~")
-                .arg(target.max_len)
-                .arg("*")
-                .arg(record::FIELD)
-                .arg(payload.as_slice())
-                .ignore();
-        }
+        let pipe = xadd_batch(&batch, &target);
         let sent = tokio::select! {
             _ = token.cancelled() => return,
             s = send(&mut link, &pipe) => s,
@@ -154,6 +116,68 @@ pub async fn run(
         }
         batch.clear();
     }
+}
+
+/// What waiting for records brought.
+enum Waited {
+    /// This many records were added to the batch (0: the queue is closed).
+    Records(usize),
+    /// The connection was probed or re-established: wait again.
+    Again,
+    /// Cancelled, or the reconnection gave up.
+    Stop,
+}
+
+/// Waits for records; meanwhile probes an idle connection or re-establishes a lost one.
+async fn wait(
+    rx: &mut mpsc::Receiver<Vec<u8>>,
+    batch: &mut Vec<Vec<u8>>,
+    link: &mut Link,
+    target: &Target,
+    token: &CancellationToken,
+) -> Waited {
+    if link.get().is_some() {
+        tokio::select! {
+            _ = token.cancelled() => Waited::Stop,
+            n = rx.recv_many(batch, target.batch_max_records) => Waited::Records(n),
+            // Idle: a connection whose server died shows only when used (the gauge would
+            // read 1 and the next batch would fail), so use it.
+            _ = tokio::time::sleep(IDLE_PROBE) => {
+                tokio::select! {
+                    _ = token.cancelled() => Waited::Stop,
+                    _ = link.probe(&target.stream, PROBE_TIMEOUT) => Waited::Again,
+                }
+            }
+        }
+    } else {
+        // Disconnected: reconnect (with backoff) without waiting for traffic, so the
+        // connection gauge tells the truth while idle; records arriving meanwhile go the
+        // usual way.
+        tokio::select! {
+            _ = token.cancelled() => Waited::Stop,
+            n = rx.recv_many(batch, target.batch_max_records) => Waited::Records(n),
+            connected = link.connect(token) => {
+                if connected { Waited::Again } else { Waited::Stop }
+            }
+        }
+    }
+}
+
+/// One pipelined `XADD ... MAXLEN ~ <maxLen> * <field> <record>` per record of the batch.
+fn xadd_batch(batch: &[Vec<u8>], target: &Target) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    for payload in batch {
+        pipe.cmd("XADD")
+            .arg(&target.stream)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(target.max_len)
+            .arg("*")
+            .arg(record::FIELD)
+            .arg(payload.as_slice())
+            .ignore();
+    }
+    pipe
 }
 
 /// How long the publisher stays idle before it probes its connection.

@@ -135,44 +135,7 @@ impl ChatTemplate {
         config: &Json,
         source: String,
     ) -> Result<ChatTemplate, TemplateError> {
-        let mut env = Environment::new();
-        env.set_syntax(
-            minijinja::syntax::SyntaxConfig::builder()
-                .trim_blocks(true)
-                .lstrip_blocks(true)
-                .build()
-                .expect("the default delimiters are valid"),
-        );
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_filter("tojson", tojson);
-        // jinja2's tests where MiniJinja's differ: strings and mappings are sequences.
-        env.add_test("sequence", |v: &Value| {
-            matches!(
-                v.kind(),
-                ValueKind::String | ValueKind::Seq | ValueKind::Map | ValueKind::Undefined
-            )
-        });
-        env.add_test("iterable", |v: &Value| {
-            matches!(
-                v.kind(),
-                ValueKind::String
-                    | ValueKind::Seq
-                    | ValueKind::Map
-                    | ValueKind::Iterable
-                    | ValueKind::Undefined
-            )
-        });
-        // `{{ value }}` as Python prints it (`None`, `True`, `{'a': 1}`, `1e-05`).
-        env.set_formatter(|out, _state, value| {
-            match value.kind() {
-                ValueKind::String => out.write_str(value.as_str().unwrap_or(""))?,
-                ValueKind::Undefined => {}
-                _ => out.write_str(&py_repr(value))?,
-            }
-            Ok(())
-        });
-        env.add_function("raise_exception", raise_exception);
-        env.add_function("strftime_now", strftime_now);
+        let mut env = environment();
         let (mut default, mut tool_use) = (false, false);
         let loops_over_content = templates.iter().any(|(_, t)| loops_over_content(t));
         for (name, text) in templates {
@@ -184,24 +147,12 @@ impl ChatTemplate {
                     message: e.to_string(),
                 })?;
         }
-        let specials = SPECIAL_TOKENS
-            .iter()
-            .filter_map(|&key| {
-                let value = match config.get(key)? {
-                    Json::String(s) => Value::from(s.as_str()),
-                    Json::Object(added) => Value::from(added.get("content")?.as_str()?),
-                    Json::Array(list) => serde_json::from_value(Json::Array(list.clone())).ok()?,
-                    _ => return None,
-                };
-                Some((key.to_owned(), value))
-            })
-            .collect();
         Ok(ChatTemplate {
             env,
             tool_use,
             default,
             loops_over_content,
-            specials,
+            specials: special_tokens(config),
             source,
         })
     }
@@ -707,6 +658,68 @@ fn py_float(f: f64) -> String {
     let exp: i32 = exp.parse().unwrap_or(0);
     let sign = if exp < 0 { '-' } else { '+' };
     format!("{mantissa}e{sign}{:02}", exp.abs())
+}
+
+/// A MiniJinja environment that renders as Hugging Face's jinja2 sandbox does: blocks trimmed,
+/// Python's string methods, `tojson`, jinja2's `sequence`/`iterable` tests, Python's
+/// formatting of values, and `raise_exception`/`strftime_now`.
+fn environment() -> Environment<'static> {
+    let mut env = Environment::new();
+    env.set_syntax(
+        minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .expect("the default delimiters are valid"),
+    );
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_filter("tojson", tojson);
+    // jinja2's tests where MiniJinja's differ: strings and mappings are sequences.
+    env.add_test("sequence", |v: &Value| {
+        matches!(
+            v.kind(),
+            ValueKind::String | ValueKind::Seq | ValueKind::Map | ValueKind::Undefined
+        )
+    });
+    env.add_test("iterable", |v: &Value| {
+        matches!(
+            v.kind(),
+            ValueKind::String
+                | ValueKind::Seq
+                | ValueKind::Map
+                | ValueKind::Iterable
+                | ValueKind::Undefined
+        )
+    });
+    // `{{ value }}` as Python prints it (`None`, `True`, `{'a': 1}`, `1e-05`).
+    env.set_formatter(|out, _state, value| {
+        match value.kind() {
+            ValueKind::String => out.write_str(value.as_str().unwrap_or(""))?,
+            ValueKind::Undefined => {}
+            _ => out.write_str(&py_repr(value))?,
+        }
+        Ok(())
+    });
+    env.add_function("raise_exception", raise_exception);
+    env.add_function("strftime_now", strftime_now);
+    env
+}
+
+/// The tokenizer config's special tokens (`bos_token`, ...), as strings, or an added token's
+/// `content`, or lists.
+fn special_tokens(config: &Json) -> Vec<(String, Value)> {
+    SPECIAL_TOKENS
+        .iter()
+        .filter_map(|&key| {
+            let value = match config.get(key)? {
+                Json::String(s) => Value::from(s.as_str()),
+                Json::Object(added) => Value::from(added.get("content")?.as_str()?),
+                Json::Array(list) => serde_json::from_value(Json::Array(list.clone())).ok()?,
+                _ => return None,
+            };
+            Some((key.to_owned(), value))
+        })
+        .collect()
 }
 
 #[cfg(test)]
