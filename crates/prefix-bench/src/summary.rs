@@ -126,6 +126,14 @@ pub fn markdown(results: &SuiteResults) -> String {
     out
 }
 
+/// The summary beside a results file: `suite.json` -> `suite-summary.md`.
+pub fn path_beside(results: &std::path::Path) -> std::path::PathBuf {
+    let stem = results
+        .file_stem()
+        .map_or_else(|| "suite".into(), |s| s.to_string_lossy());
+    results.with_file_name(format!("{stem}-summary.md"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,126 @@
+//! The peer routers (sglang-router, vllm-router, SMG) as processes, started from the
+//! virtualenvs `bench/run` installed and polled until they route.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use testkit::Process;
+
+use super::cluster::Setup;
+
+/// A port that was free a moment ago. The peers cannot bind port 0 and report it, so this small
+/// race is accepted in the benchmark (never in tests).
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Starts the peer router of `setup` on `sim_urls` (logs in `dir`); returns it and its URL.
+pub async fn start_peer(
+    setup: &Setup,
+    dir: &std::path::Path,
+    sim_urls: &[String],
+) -> anyhow::Result<(Process, String)> {
+    let (port, prometheus) = (free_port()?, free_port()?);
+    let mut cmd = match setup {
+        Setup::Sglang(python) => {
+            let mut c = std::process::Command::new(python);
+            c.args([
+                "-m",
+                "sglang_router.launch_router",
+                "--prometheus-host",
+                "127.0.0.1",
+            ]);
+            c
+        }
+        Setup::Vllm(bin) => std::process::Command::new(bin),
+        Setup::Smg(bin) => {
+            let mut c = std::process::Command::new(bin);
+            c.args([
+                "launch",
+                "--prometheus-host",
+                "127.0.0.1",
+                "--log-level",
+                "warn",
+            ]);
+            c
+        }
+        Setup::Envoy { .. }
+        | Setup::KvCacheAware { .. }
+        | Setup::NoopExtProc { .. }
+        | Setup::Oracle
+        | Setup::OracleCapped => {
+            anyhow::bail!("not a peer")
+        }
+    };
+    cmd.args([
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+        "--policy",
+        "cache_aware",
+    ])
+    .args([
+        "--prometheus-port",
+        &prometheus.to_string(),
+        "--worker-urls",
+    ])
+    .args(sim_urls)
+    .env("HF_HUB_OFFLINE", "1")
+    .stdout(std::fs::File::create(dir.join("peer.log"))?)
+    .stderr(std::fs::File::create(dir.join("peer.err"))?);
+    let child = cmd.spawn().context("starting the peer router")?;
+    let process = Process::new(child, format!("127.0.0.1:{port}").parse()?);
+    let url = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    let ready_path = if matches!(setup, Setup::Sglang(_) | Setup::Smg(_)) {
+        "/readiness"
+    } else {
+        "/health"
+    };
+    let start = std::time::Instant::now();
+    loop {
+        if let Ok(r) = client.get(format!("{url}{ready_path}")).send().await
+            && r.status().is_success()
+        {
+            let text = r.text().await.unwrap_or_default();
+            let ready = match setup {
+                Setup::Sglang(_) => {
+                    serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|v| {
+                        v["status"] == "ready"
+                            && v["healthy_workers"].as_u64() == Some(sim_urls.len() as u64)
+                    })
+                }
+                _ => true,
+            };
+            // SMG registers workers asynchronously: wait until a request gets through.
+            if ready && matches!(setup, Setup::Smg(_)) && !answers(&client, &url).await {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            if ready {
+                return Ok((process, url));
+            }
+        }
+        anyhow::ensure!(
+            start.elapsed() < Duration::from_secs(60),
+            "peer router did not become ready (see {})",
+            dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether a router serves a one-token completion (its workers are registered).
+async fn answers(client: &reqwest::Client, url: &str) -> bool {
+    let probe = serde_json::json!({"model": "model", "prompt": "ready?", "max_tokens": 1});
+    client
+        .post(format!("{url}/v1/completions"))
+        .json(&probe)
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+}
