@@ -115,176 +115,194 @@ pub fn workloads(
     seed: u64,
     trace_path: &std::path::Path,
 ) -> anyhow::Result<(Vec<WorkloadSpec>, Vec<Skipped>)> {
-    let m = "model";
-    let mut skipped = Vec::new();
     let mut w = if quick {
-        vec![
-            WorkloadSpec::new(
-                "shared-prefix",
-                "shared-prefix (16 groups x 8, system 1024 tok, question 64, out 32)",
-                workload::shared_prefix(16, 8, 1024, 64, 32, seed, m),
-                Arrival::Closed { concurrency: 8 },
-                4096,
-            ),
-            WorkloadSpec::new(
-                "multi-turn",
-                "multi-turn (16 conversations x 4 turns, user 128 tok, out 64)",
-                workload::multi_turn(16, 4, 256, 128, 64, seed, m),
-                Arrival::Closed { concurrency: 8 },
-                4096,
-            ),
-            WorkloadSpec::new(
-                "burst",
-                "burst (8 new prefixes x 8 at once, 1024 tok)",
-                workload::burst(8, 8, 1024, 16, seed, m),
-                Arrival::Closed { concurrency: 1 },
-                4096,
-            ),
-            WorkloadSpec::new(
-                "multi-tenant",
-                "multi-tenant (16 tenants x 6 KB system, Zipf 1, 48 sessions of 1-3 turns, out 16; caches hold ~4 tenants)",
-                workload::multi_tenant(16, 48, TENANT_SYSTEM_TOKENS, 64, 16, 1.0, seed, m),
-                Arrival::Closed { concurrency: 8 },
-                TENANT_KV_BLOCKS,
-            ),
-            WorkloadSpec::new(
-                "agent",
-                "agent (8 sessions x 4 turns, shared 10 KB tool preamble, steps ~128 tok, out 16)",
-                workload::agent_sessions(8, 4, 10 * 1024, 64, 128, 16, seed, m),
-                Arrival::Closed { concurrency: 4 },
-                2048,
-            ),
-            WorkloadSpec::new(
-                "busy-tenants",
-                "busy-tenants (12 tenants x 6 KB system, Zipf 1, 64 sessions of 1-3 turns, out 32; max-num-seqs 4, 24 clients for 16 slots)",
-                workload::multi_tenant(12, 64, TENANT_SYSTEM_TOKENS, 64, 32, 1.0, seed, m),
-                Arrival::Closed { concurrency: 24 },
-                BUSY_KV_BLOCKS,
-            )
-            .max_num_seqs(4),
-            WorkloadSpec::new(
-                "hot-prefix",
-                "hot-prefix (8 prefixes, 50% on one, 96 requests, system 512 tok, out 16; max-num-seqs 8)",
-                workload::hot_prefix(8, 96, 0.5, 512, 64, 16, seed, m),
-                Arrival::Closed { concurrency: 12 },
-                4096,
-            )
-            .max_num_seqs(8),
-        ]
+        quick_catalogue(seed)
     } else {
-        vec![
-            WorkloadSpec::new(
-                "sglang-defaults",
-                "shared-prefix SGLang defaults (64 groups x 16, system 2048 tok, question 128, out 256)",
-                workload::shared_prefix(64, 16, 2048, 128, 256, seed, m),
-                Arrival::Closed { concurrency: 32 },
-                4096,
-            ),
-            WorkloadSpec::new(
-                "kthena-long",
-                "shared-prefix Kthena long system (48 groups x 8, system 4096 tok, question 256, out 128)",
-                workload::shared_prefix(48, 8, 4096, 256, 128, seed, m),
-                Arrival::Poisson { rate: 40.0, seed },
-                // Scaled with the groups (64 groups on 4,096 blocks before), for the same pressure.
-                3072,
-            ),
-            WorkloadSpec::new(
-                "kthena-short",
-                "shared-prefix Kthena short system (48 groups x 8, system 256 tok, question 4096, out 128)",
-                workload::shared_prefix(48, 8, 256, 4096, 128, seed, m),
-                Arrival::Poisson { rate: 40.0, seed },
-                3072,
-            ),
-            WorkloadSpec::new(
-                "multi-turn",
-                "multi-turn (64 conversations x 6 turns, system 512, user 256 tok, out 128)",
-                workload::multi_turn(64, 6, 512, 256, 128, seed, m),
-                Arrival::Closed { concurrency: 32 },
-                4096,
-            ),
-            WorkloadSpec::new(
-                "burst",
-                "burst (32 new prefixes x 16 at once, 2048 tok)",
-                workload::burst(32, 16, 2048, 32, seed, m),
-                Arrival::Closed { concurrency: 2 },
-                4096,
-            ),
-            WorkloadSpec::new(
-                "multi-tenant",
-                "multi-tenant (16 tenants x 6 KB system, Zipf 1, 192 sessions of 1-3 turns, question 128 tok, out 64; caches hold ~4 tenants)",
-                workload::multi_tenant(16, 192, TENANT_SYSTEM_TOKENS, 128, 64, 1.0, seed, m),
-                Arrival::Closed { concurrency: 12 },
-                TENANT_KV_BLOCKS,
-            ),
-            WorkloadSpec::new(
-                "agent",
-                "agent (32 sessions x 8 turns, shared 10 KB tool preamble, steps ~512 tok, out 48)",
-                workload::agent_sessions(32, 8, 10 * 1024, 128, 512, 48, seed, m),
-                Arrival::Closed { concurrency: 16 },
-                2048,
-            ),
-            WorkloadSpec::new(
-                "busy-tenants",
-                "busy-tenants (12 tenants x 6 KB system, Zipf 1, 256 sessions of 1-3 turns, question 128 tok, out 64; max-num-seqs 4, 24 clients for 16 slots)",
-                workload::multi_tenant(12, 256, TENANT_SYSTEM_TOKENS, 128, 64, 1.0, seed, m),
-                Arrival::Closed { concurrency: 24 },
-                BUSY_KV_BLOCKS,
-            )
-            .max_num_seqs(4),
-            WorkloadSpec::new(
-                "ramp",
-                "ramp (12 tenants x 6 KB system, Zipf 1, 640 single questions, out 64; open loop 10 -> 130 -> 10 requests/s, ~1.5x the capacity of 4 pods x max-num-seqs 4 at the peak)",
-                ramp_requests(640, seed, m),
-                Arrival::Trace,
-                BUSY_KV_BLOCKS,
-            )
-            .max_num_seqs(4),
-            WorkloadSpec::new(
-                "hot-prefix",
-                "hot-prefix (16 prefixes, 50% on one, 512 requests, system 1024 tok, question 128, out 64; max-num-seqs 8)",
-                workload::hot_prefix(16, 512, 0.5, 1024, 128, 64, seed, m),
-                Arrival::Closed { concurrency: 24 },
-                4096,
-            )
-            .max_num_seqs(8),
-            // Engine truth: what an estimate cannot know. Both the full multi-tenant workload.
-            WorkloadSpec::new(
-                "engine-restarts",
-                "engine-restarts (multi-tenant as above; each of the 4 engines restarts once, one at a time, after 1/5, 2/5, 3/5, 4/5 of the requests: killed and started again on the same ports, cache empty)",
-                workload::multi_tenant(16, 192, TENANT_SYSTEM_TOKENS, 128, 64, 1.0, seed, m),
-                Arrival::Closed { concurrency: 12 },
-                TENANT_KV_BLOCKS,
-            )
-            .with_restarts(),
-            WorkloadSpec::new(
-                "caching-off",
-                "caching-off (multi-tenant as above; sim-0 runs with --no-enable-prefix-caching: it never reuses its cache)",
-                workload::multi_tenant(16, 192, TENANT_SYSTEM_TOKENS, 128, 64, 1.0, seed, m),
-                Arrival::Closed { concurrency: 12 },
-                TENANT_KV_BLOCKS,
-            )
-            .caching_off(CACHING_OFF_POD),
-        ]
+        full_catalogue(seed)
     };
+    let mut skipped = Vec::new();
     if trace_path.exists() {
-        let limit = if quick { 200 } else { 600 };
-        w.push(WorkloadSpec::new(
-            "trace",
-            if quick {
-                "trace (Mooncake synthetic, first 200 requests, 20x speed-up)"
-            } else {
-                "trace (Mooncake synthetic, first 600 requests, 20x speed-up)"
-            },
-            workload::trace(trace_path, limit, 20.0, 64, m)
-                .with_context(|| format!("reading {}", trace_path.display()))?,
-            Arrival::Trace,
-            // Long reuse distances: a full H100-sized cache (32,768 blocks = 524k tokens).
-            32_768,
-        ));
+        w.push(trace_workload(quick, trace_path)?);
     } else {
         skipped.push(trace_missing(trace_path));
     }
     Ok((w, skipped))
+}
+
+/// The `--quick` catalogue, in report order. A table: each workload's parameters read best
+/// side by side with the others'.
+fn quick_catalogue(seed: u64) -> Vec<WorkloadSpec> {
+    let m = "model";
+    vec![
+        WorkloadSpec::new(
+            "shared-prefix",
+            "shared-prefix (16 groups x 8, system 1024 tok, question 64, out 32)",
+            workload::shared_prefix(16, 8, 1024, 64, 32, seed, m),
+            Arrival::Closed { concurrency: 8 },
+            4096,
+        ),
+        WorkloadSpec::new(
+            "multi-turn",
+            "multi-turn (16 conversations x 4 turns, user 128 tok, out 64)",
+            workload::multi_turn(16, 4, 256, 128, 64, seed, m),
+            Arrival::Closed { concurrency: 8 },
+            4096,
+        ),
+        WorkloadSpec::new(
+            "burst",
+            "burst (8 new prefixes x 8 at once, 1024 tok)",
+            workload::burst(8, 8, 1024, 16, seed, m),
+            Arrival::Closed { concurrency: 1 },
+            4096,
+        ),
+        WorkloadSpec::new(
+            "multi-tenant",
+            "multi-tenant (16 tenants x 6 KB system, Zipf 1, 48 sessions of 1-3 turns, out 16; caches hold ~4 tenants)",
+            workload::multi_tenant(16, 48, TENANT_SYSTEM_TOKENS, 64, 16, 1.0, seed, m),
+            Arrival::Closed { concurrency: 8 },
+            TENANT_KV_BLOCKS,
+        ),
+        WorkloadSpec::new(
+            "agent",
+            "agent (8 sessions x 4 turns, shared 10 KB tool preamble, steps ~128 tok, out 16)",
+            workload::agent_sessions(8, 4, 10 * 1024, 64, 128, 16, seed, m),
+            Arrival::Closed { concurrency: 4 },
+            2048,
+        ),
+        WorkloadSpec::new(
+            "busy-tenants",
+            "busy-tenants (12 tenants x 6 KB system, Zipf 1, 64 sessions of 1-3 turns, out 32; max-num-seqs 4, 24 clients for 16 slots)",
+            workload::multi_tenant(12, 64, TENANT_SYSTEM_TOKENS, 64, 32, 1.0, seed, m),
+            Arrival::Closed { concurrency: 24 },
+            BUSY_KV_BLOCKS,
+        )
+        .max_num_seqs(4),
+        WorkloadSpec::new(
+            "hot-prefix",
+            "hot-prefix (8 prefixes, 50% on one, 96 requests, system 512 tok, out 16; max-num-seqs 8)",
+            workload::hot_prefix(8, 96, 0.5, 512, 64, 16, seed, m),
+            Arrival::Closed { concurrency: 12 },
+            4096,
+        )
+        .max_num_seqs(8),
+    ]
+}
+
+/// The full catalogue, in report order. A table, as [`quick_catalogue`]'s: a function per workload
+/// would scatter what a reader compares (sizes, arrivals, caches, engines).
+fn full_catalogue(seed: u64) -> Vec<WorkloadSpec> {
+    let m = "model";
+    vec![
+        WorkloadSpec::new(
+            "sglang-defaults",
+            "shared-prefix SGLang defaults (64 groups x 16, system 2048 tok, question 128, out 256)",
+            workload::shared_prefix(64, 16, 2048, 128, 256, seed, m),
+            Arrival::Closed { concurrency: 32 },
+            4096,
+        ),
+        WorkloadSpec::new(
+            "kthena-long",
+            "shared-prefix Kthena long system (48 groups x 8, system 4096 tok, question 256, out 128)",
+            workload::shared_prefix(48, 8, 4096, 256, 128, seed, m),
+            Arrival::Poisson { rate: 40.0, seed },
+            // Scaled with the groups (64 groups on 4,096 blocks before), for the same pressure.
+            3072,
+        ),
+        WorkloadSpec::new(
+            "kthena-short",
+            "shared-prefix Kthena short system (48 groups x 8, system 256 tok, question 4096, out 128)",
+            workload::shared_prefix(48, 8, 256, 4096, 128, seed, m),
+            Arrival::Poisson { rate: 40.0, seed },
+            3072,
+        ),
+        WorkloadSpec::new(
+            "multi-turn",
+            "multi-turn (64 conversations x 6 turns, system 512, user 256 tok, out 128)",
+            workload::multi_turn(64, 6, 512, 256, 128, seed, m),
+            Arrival::Closed { concurrency: 32 },
+            4096,
+        ),
+        WorkloadSpec::new(
+            "burst",
+            "burst (32 new prefixes x 16 at once, 2048 tok)",
+            workload::burst(32, 16, 2048, 32, seed, m),
+            Arrival::Closed { concurrency: 2 },
+            4096,
+        ),
+        WorkloadSpec::new(
+            "multi-tenant",
+            "multi-tenant (16 tenants x 6 KB system, Zipf 1, 192 sessions of 1-3 turns, question 128 tok, out 64; caches hold ~4 tenants)",
+            workload::multi_tenant(16, 192, TENANT_SYSTEM_TOKENS, 128, 64, 1.0, seed, m),
+            Arrival::Closed { concurrency: 12 },
+            TENANT_KV_BLOCKS,
+        ),
+        WorkloadSpec::new(
+            "agent",
+            "agent (32 sessions x 8 turns, shared 10 KB tool preamble, steps ~512 tok, out 48)",
+            workload::agent_sessions(32, 8, 10 * 1024, 128, 512, 48, seed, m),
+            Arrival::Closed { concurrency: 16 },
+            2048,
+        ),
+        WorkloadSpec::new(
+            "busy-tenants",
+            "busy-tenants (12 tenants x 6 KB system, Zipf 1, 256 sessions of 1-3 turns, question 128 tok, out 64; max-num-seqs 4, 24 clients for 16 slots)",
+            workload::multi_tenant(12, 256, TENANT_SYSTEM_TOKENS, 128, 64, 1.0, seed, m),
+            Arrival::Closed { concurrency: 24 },
+            BUSY_KV_BLOCKS,
+        )
+        .max_num_seqs(4),
+        WorkloadSpec::new(
+            "ramp",
+            "ramp (12 tenants x 6 KB system, Zipf 1, 640 single questions, out 64; open loop 10 -> 130 -> 10 requests/s, ~1.5x the capacity of 4 pods x max-num-seqs 4 at the peak)",
+            ramp_requests(640, seed, m),
+            Arrival::Trace,
+            BUSY_KV_BLOCKS,
+        )
+        .max_num_seqs(4),
+        WorkloadSpec::new(
+            "hot-prefix",
+            "hot-prefix (16 prefixes, 50% on one, 512 requests, system 1024 tok, question 128, out 64; max-num-seqs 8)",
+            workload::hot_prefix(16, 512, 0.5, 1024, 128, 64, seed, m),
+            Arrival::Closed { concurrency: 24 },
+            4096,
+        )
+        .max_num_seqs(8),
+        // Engine truth: what an estimate cannot know. Both the full multi-tenant workload.
+        WorkloadSpec::new(
+            "engine-restarts",
+            "engine-restarts (multi-tenant as above; each of the 4 engines restarts once, one at a time, after 1/5, 2/5, 3/5, 4/5 of the requests: killed and started again on the same ports, cache empty)",
+            workload::multi_tenant(16, 192, TENANT_SYSTEM_TOKENS, 128, 64, 1.0, seed, m),
+            Arrival::Closed { concurrency: 12 },
+            TENANT_KV_BLOCKS,
+        )
+        .with_restarts(),
+        WorkloadSpec::new(
+            "caching-off",
+            "caching-off (multi-tenant as above; sim-0 runs with --no-enable-prefix-caching: it never reuses its cache)",
+            workload::multi_tenant(16, 192, TENANT_SYSTEM_TOKENS, 128, 64, 1.0, seed, m),
+            Arrival::Closed { concurrency: 12 },
+            TENANT_KV_BLOCKS,
+        )
+        .caching_off(CACHING_OFF_POD),
+    ]
+}
+
+/// The `trace` workload: the first requests of the Mooncake trace at `path`, 20x faster.
+fn trace_workload(quick: bool, path: &std::path::Path) -> anyhow::Result<WorkloadSpec> {
+    let limit = if quick { 200 } else { 600 };
+    Ok(WorkloadSpec::new(
+        "trace",
+        if quick {
+            "trace (Mooncake synthetic, first 200 requests, 20x speed-up)"
+        } else {
+            "trace (Mooncake synthetic, first 600 requests, 20x speed-up)"
+        },
+        workload::trace(path, limit, 20.0, 64, "model")
+            .with_context(|| format!("reading {}", path.display()))?,
+        Arrival::Trace,
+        // Long reuse distances: a full H100-sized cache (32,768 blocks = 524k tokens).
+        32_768,
+    ))
 }
 
 /// The pod of `caching-off` that never reuses its cache: the first, where routers that break
