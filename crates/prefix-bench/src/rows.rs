@@ -123,83 +123,12 @@ pub fn routers_from(
             Setup::envoy("envoy.yaml", Some(scheduler.clone())),
         ),
     ];
-    let shipped_scheduler = &rows.scheduler;
     if rows.affinity.is_some() || given {
-        out.push((
-            report::SHIPPED.to_string(),
-            Setup::Envoy {
-                file: "envoy.yaml".into(),
-                scheduler: Some(shipped_scheduler.clone()),
-                affinity: rows.affinity.clone(),
-                events: None,
-            },
-        ));
-        for (suffix, events) in engine_event_rows() {
-            out.push((
-                format!("{}{suffix}", report::SHIPPED_ENGINE_EVENTS),
-                Setup::Envoy {
-                    file: "envoy.yaml".into(),
-                    scheduler: Some(shipped_scheduler.clone()),
-                    affinity: rows.affinity.clone(),
-                    events: Some(events),
-                },
-            ));
-        }
+        out.extend(shipped_rows(rows));
     }
     match &rows.affinity {
-        Some(affinity) => {
-            if ablation {
-                // The shipped config with one `picker.affinity` key changed.
-                // `key` is a `picker.affinity` key, or `experimental.KEY`.
-                let mut row = |name: String, key: &str, value: serde_json::Value| {
-                    let mut a = affinity.clone();
-                    let (map, key) = match key.strip_prefix("experimental.") {
-                        Some(key) => (
-                            a.as_object_mut().map(|m| {
-                                m.entry("experimental")
-                                    .or_insert_with(|| serde_json::json!({}))
-                            }),
-                            key,
-                        ),
-                        None => (Some(&mut a), key),
-                    };
-                    if let Some(map) = map.and_then(serde_json::Value::as_object_mut) {
-                        map.insert(key.into(), value);
-                    }
-                    out.push((
-                        format!("{}{name}", report::ABLATION),
-                        Setup::Envoy {
-                            file: "envoy.yaml".into(),
-                            scheduler: Some(shipped_scheduler.clone()),
-                            affinity: Some(a),
-                            events: None,
-                        },
-                    ));
-                };
-                for switch in ABLATION_SWITCHES {
-                    let name = switch.trim_start_matches("experimental.");
-                    row(format!("{name}: false"), switch, false.into());
-                }
-                // The share gate alone off (the latency model still gates): is it redundant?
-                row(
-                    "share gate off (shareHeadroom 1e9)".into(),
-                    "shareHeadroom",
-                    1e9.into(),
-                );
-                // The latency model's signals, each left out alone.
-                for signal in LATENCY_SIGNALS {
-                    let rest: Vec<&str> = LATENCY_SIGNALS
-                        .into_iter()
-                        .filter(|s| *s != signal)
-                        .collect();
-                    row(
-                        format!("latencySignals without {signal}"),
-                        "experimental.latencySignals",
-                        rest.into(),
-                    );
-                }
-            }
-        }
+        Some(affinity) if ablation => out.extend(ablation_rows(&rows.scheduler, affinity)),
+        Some(_) => {}
         None if given => {
             if ablation {
                 eprintln!(
@@ -221,6 +150,107 @@ pub fn routers_from(
         )),
         Err(e) => eprintln!("no {KVCACHE_ROW:?} row: {e}"),
     }
+    out.extend(peer_rows());
+    out.extend(oracle_rows());
+    out
+}
+
+/// A prefix-picker row behind `envoy.yaml`.
+fn picker_row(
+    scheduler: &str,
+    affinity: Option<serde_json::Value>,
+    events: Option<EngineEvents>,
+) -> Setup {
+    Setup::Envoy {
+        file: "envoy.yaml".into(),
+        scheduler: Some(scheduler.to_string()),
+        affinity,
+        events,
+    }
+}
+
+/// The shipped-config row and, after it, its engine-events rows, all on `rows`' routing.
+fn shipped_rows(rows: &RowConfig) -> Vec<(String, Setup)> {
+    let mut out = vec![(
+        report::SHIPPED.to_string(),
+        picker_row(&rows.scheduler, rows.affinity.clone(), None),
+    )];
+    for (suffix, events) in engine_event_rows() {
+        out.push((
+            format!("{}{suffix}", report::SHIPPED_ENGINE_EVENTS),
+            picker_row(&rows.scheduler, rows.affinity.clone(), Some(events)),
+        ));
+    }
+    out
+}
+
+/// The ablation rows: the shipped config (`scheduler`, `affinity`) with one `picker.affinity`
+/// key changed each: every [`ABLATION_SWITCHES`] off, the share gate off, each of the latency
+/// model's signals left out.
+fn ablation_rows(scheduler: &str, affinity: &serde_json::Value) -> Vec<(String, Setup)> {
+    let mut changes: Vec<(String, &str, serde_json::Value)> = ABLATION_SWITCHES
+        .into_iter()
+        .map(|switch| {
+            let name = switch.trim_start_matches("experimental.");
+            (format!("{name}: false"), switch, false.into())
+        })
+        .collect();
+    // The share gate alone off (the latency model still gates): is it redundant?
+    changes.push((
+        "share gate off (shareHeadroom 1e9)".into(),
+        "shareHeadroom",
+        1e9.into(),
+    ));
+    // The latency model's signals, each left out alone.
+    for signal in LATENCY_SIGNALS {
+        let rest: Vec<&str> = LATENCY_SIGNALS
+            .into_iter()
+            .filter(|s| *s != signal)
+            .collect();
+        changes.push((
+            format!("latencySignals without {signal}"),
+            "experimental.latencySignals",
+            rest.into(),
+        ));
+    }
+    changes
+        .into_iter()
+        .map(|(name, key, value)| {
+            (
+                format!("{}{name}", report::ABLATION),
+                picker_row(scheduler, Some(with_key(affinity, key, value)), None),
+            )
+        })
+        .collect()
+}
+
+/// `affinity` with `key` (a `picker.affinity` key, or `experimental.KEY`) set to `value`.
+fn with_key(
+    affinity: &serde_json::Value,
+    key: &str,
+    value: serde_json::Value,
+) -> serde_json::Value {
+    let mut a = affinity.clone();
+    let (map, key) = match key.strip_prefix("experimental.") {
+        Some(key) => (
+            a.as_object_mut().map(|m| {
+                m.entry("experimental")
+                    .or_insert_with(|| serde_json::json!({}))
+            }),
+            key,
+        ),
+        None => (Some(&mut a), key),
+    };
+    if let Some(map) = map.and_then(serde_json::Value::as_object_mut) {
+        map.insert(key.into(), value);
+    }
+    a
+}
+
+/// The peer routers `bench/run` installed (`SGLANG_ROUTER_PYTHON`, `VLLM_ROUTER_BIN`,
+/// `SMG_BIN`), each with its cache-aware policy.
+fn peer_rows() -> Vec<(String, Setup)> {
+    let mut out = Vec::new();
     if let Some(p) = std::env::var_os("SGLANG_ROUTER_PYTHON") {
         out.push((
             "sglang-router 0.3.2 cache_aware".into(),
@@ -236,18 +266,25 @@ pub fn routers_from(
     if let Some(p) = std::env::var_os("SMG_BIN") {
         out.push(("smg 1.13.0 cache_aware".into(), Setup::Smg(p.into())));
     }
-    out.push((
-        "oracle (groups pinned to pods, balanced, no router)".into(),
-        Setup::Oracle,
-    ));
-    out.push((
-        format!(
-            "{}{CAPPED_ORACLE_LOAD} (placement searched offline, no router)",
-            report::CAPPED_ORACLE
-        ),
-        Setup::OracleCapped,
-    ));
     out
+}
+
+/// The two oracles: groups pinned to pods, balanced; and the placement searched offline under
+/// [`CAPPED_ORACLE_LOAD`].
+fn oracle_rows() -> [(String, Setup); 2] {
+    [
+        (
+            "oracle (groups pinned to pods, balanced, no router)".into(),
+            Setup::Oracle,
+        ),
+        (
+            format!(
+                "{}{CAPPED_ORACLE_LOAD} (placement searched offline, no router)",
+                report::CAPPED_ORACLE
+            ),
+            Setup::OracleCapped,
+        ),
+    ]
 }
 
 /// The rows without the engine-events rows this build of prefix-picker refuses (`prefix-picker
