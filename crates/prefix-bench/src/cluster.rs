@@ -10,7 +10,7 @@ use testkit::{Process, bin_dir, render_envoy};
 
 use super::engines::{EnginePlan, Sims};
 use super::peer::start_peer;
-use super::picker_config::{self, EngineEvents};
+use super::picker_config::{self, EngineEvents, Pod};
 use super::project::{envoy_bin, root};
 
 /// How one router of the suite is deployed.
@@ -84,79 +84,46 @@ pub struct Cluster {
     pub picker_admin: Option<std::net::SocketAddr>,
     /// The kvcache-aware row's redis-server and relays (killed on drop).
     _kvcache: Option<(super::sync_cost::RedisChild, Vec<Process>)>,
-    _dir: tempfile::TempDir,
+    /// The row's logs and config files (removed on drop).
+    dir: tempfile::TempDir,
 }
 
+/// Starts `setup` on [`SIMS`](super::engines::SIMS) plain sims with `sim_args`.
 pub async fn start_cluster(setup: &Setup, sim_args: &[String]) -> anyhow::Result<Cluster> {
     start_cluster_on(setup, EnginePlan::plain(sim_args)).await
 }
 
+/// Starts the sims of `engines` and, in front of them, the router of `setup`: Envoy (with
+/// prefix-picker, the kvcache-aware picker and its relays, or the no-op processor), a peer
+/// router, or nothing for the oracles (the driver sends each pinned request to its engine).
 pub async fn start_cluster_on(setup: &Setup, mut engines: EnginePlan) -> anyhow::Result<Cluster> {
     let dir = tempfile::tempdir()?;
-    let bins = bin_dir();
-    if matches!(setup, Setup::Smg(_)) {
-        // SMG sends a request only to workers that report its model (`/v1/models`).
-        engines
-            .args
-            .extend(["--model".to_string(), "model".to_string()]);
-    }
-    // A row on model-sim's tokenizer.json: the sims run it, the picker's config names it.
-    let events = match setup {
-        Setup::Envoy {
-            events: Some(e), ..
-        } => {
-            let (row, sim_args) = e.with_tokenizer_dir(dir.path())?;
-            engines.args.extend(sim_args);
-            Some(row)
-        }
-        _ => None,
-    };
+    let events = engines_for(setup, &mut engines, dir.path())?;
     let sims = engines.start()?;
     let pods = sims.pods();
-    let backends: Vec<_> = pods.iter().map(|p| p.addr).collect();
-    let sim_urls: Vec<String> = backends.iter().map(|b| format!("http://{b}")).collect();
-    let mut picker_admin = None;
-    let mut kvcache = None;
+    let sim_urls: Vec<String> = pods.iter().map(|p| format!("http://{}", p.addr)).collect();
+    let mut cluster = Cluster {
+        url: sim_urls[0].clone(),
+        sims,
+        ext_proc: None,
+        envoy: None,
+        peer: None,
+        sim_urls,
+        picker_admin: None,
+        _kvcache: None,
+        dir,
+    };
+    let picker = bin_dir().join("prefix-picker");
     let (file, ext_proc) = match setup {
+        Setup::Oracle | Setup::OracleCapped => return Ok(cluster),
+        Setup::Sglang(_) | Setup::Vllm(_) | Setup::Smg(_) => {
+            let (process, url) = start_peer(setup, cluster.dir.path(), &cluster.sim_urls).await?;
+            cluster.peer = Some(process);
+            cluster.url = url;
+            return Ok(cluster);
+        }
         Setup::KvCacheAware { scheduler } => {
-            let (redis, url) = super::sync_cost::start_redis(dir.path())?;
-            let socket = url.trim_start_matches("redis+unix://").to_string();
-            let mut relays = Vec::new();
-            for pod in &pods {
-                let ports = pod
-                    .kv_events
-                    .context("the kvcache-aware row's sims publish KV events")?;
-                let log =
-                    std::fs::File::create(dir.path().join(format!("relay-{}.log", pod.name)))?;
-                let child = std::process::Command::new(bins.join("prefix-picker"))
-                    .args([
-                        "kv-relay",
-                        "--model",
-                        &engines.model,
-                        "--pod-name",
-                        &pod.name,
-                    ])
-                    .args(["--events-endpoint", &ports.endpoint()])
-                    .args(["--replay-endpoint", &ports.replay_endpoint()])
-                    .env("REDIS_HOST", &socket)
-                    .env_remove("RUST_LOG")
-                    .stdout(std::process::Stdio::null())
-                    .stderr(log)
-                    .spawn()
-                    .context("starting prefix-picker kv-relay")?;
-                relays.push(Process::new(child, pod.addr));
-            }
-            kvcache = Some((redis, relays));
-            let scheduler = scheduler.replace(TOKENIZER_PORT, &pods[0].addr.port().to_string());
-            let config = picker_config::render(&scheduler, &pods, None, None)?;
-            let (p, admin) = testkit::start_picker_with_env(
-                &bins.join("prefix-picker"),
-                dir.path(),
-                &config,
-                2,
-                &[("REDIS_HOST", &socket)],
-            )?;
-            picker_admin = Some(admin);
+            let p = start_kvcache_aware(&mut cluster, &picker, scheduler, &pods, &engines.model)?;
             ("envoy.yaml", Some(p))
         }
         Setup::Envoy {
@@ -171,62 +138,115 @@ pub async fn start_cluster_on(setup: &Setup, mut engines: EnginePlan) -> anyhow:
             ..
         } => {
             let config = picker_config::render(s, &pods, affinity.as_ref(), events.as_ref())?;
-            let (p, admin) =
-                testkit::start_picker(&bins.join("prefix-picker"), dir.path(), &config, 2)?;
-            picker_admin = Some(admin);
+            let (p, admin) = testkit::start_picker(&picker, cluster.dir.path(), &config, 2)?;
+            cluster.picker_admin = Some(admin);
             (file.as_str(), Some(p))
         }
         Setup::NoopExtProc { file } => {
-            let p = testkit::start_noop_ext_proc(&std::env::current_exe()?, dir.path())?;
+            let p = testkit::start_noop_ext_proc(&std::env::current_exe()?, cluster.dir.path())?;
             (file.as_str(), Some(p))
         }
-        Setup::Oracle | Setup::OracleCapped => {
-            // No router: the driver sends each (pinned) request straight to its engine.
-            return Ok(Cluster {
-                url: sim_urls[0].clone(),
-                sims,
-                ext_proc: None,
-                envoy: None,
-                peer: None,
-                sim_urls,
-                picker_admin: None,
-                _kvcache: None,
-                _dir: dir,
-            });
-        }
-        peer => {
-            let (process, url) = start_peer(peer, dir.path(), &sim_urls).await?;
-            return Ok(Cluster {
-                sims,
-                ext_proc: None,
-                envoy: None,
-                peer: Some(process),
-                url,
-                sim_urls,
-                picker_admin: None,
-                _kvcache: None,
-                _dir: dir,
-            });
-        }
     };
+    start_envoy(&mut cluster, file, ext_proc, &pods).await?;
+    Ok(cluster)
+}
+
+/// What `setup` asks of the sims beyond `engines`: SMG's model name; for a row on model-sim's
+/// tokenizer.json, the file (written into `dir`), which the sims run and the picker's config
+/// names. Returns the row's engine events with that path.
+fn engines_for(
+    setup: &Setup,
+    engines: &mut EnginePlan,
+    dir: &std::path::Path,
+) -> anyhow::Result<Option<EngineEvents>> {
+    if matches!(setup, Setup::Smg(_)) {
+        // SMG sends a request only to workers that report its model (`/v1/models`).
+        engines
+            .args
+            .extend(["--model".to_string(), "model".to_string()]);
+    }
+    match setup {
+        Setup::Envoy {
+            events: Some(e), ..
+        } => {
+            let (row, sim_args) = e.with_tokenizer_dir(dir)?;
+            engines.args.extend(sim_args);
+            Ok(Some(row))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The kvcache-aware row's processes: a `redis-server`, a `prefix-picker kv-relay` per pod
+/// writing its KV events there, and the picker (`scheduler`, reading Redis), which it returns.
+fn start_kvcache_aware(
+    cluster: &mut Cluster,
+    picker: &std::path::Path,
+    scheduler: &str,
+    pods: &[Pod],
+    model: &str,
+) -> anyhow::Result<Process> {
+    let dir = cluster.dir.path();
+    let (redis, url) = super::sync_cost::start_redis(dir)?;
+    let socket = url.trim_start_matches("redis+unix://").to_string();
+    let relays = pods
+        .iter()
+        .map(|pod| start_relay(picker, dir, pod, model, &socket))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    cluster._kvcache = Some((redis, relays));
+    let scheduler = scheduler.replace(TOKENIZER_PORT, &pods[0].addr.port().to_string());
+    let config = picker_config::render(&scheduler, pods, None, None)?;
+    let (p, admin) =
+        testkit::start_picker_with_env(picker, dir, &config, 2, &[("REDIS_HOST", &socket)])?;
+    cluster.picker_admin = Some(admin);
+    Ok(p)
+}
+
+/// `prefix-picker kv-relay` for `pod`: its KV events into the Redis at `socket` (log in `dir`).
+fn start_relay(
+    picker: &std::path::Path,
+    dir: &std::path::Path,
+    pod: &Pod,
+    model: &str,
+    socket: &str,
+) -> anyhow::Result<Process> {
+    let ports = pod
+        .kv_events
+        .context("the kvcache-aware row's sims publish KV events")?;
+    let log = std::fs::File::create(dir.join(format!("relay-{}.log", pod.name)))?;
+    let child = std::process::Command::new(picker)
+        .args(["kv-relay", "--model", model, "--pod-name", &pod.name])
+        .args(["--events-endpoint", &ports.endpoint()])
+        .args(["--replay-endpoint", &ports.replay_endpoint()])
+        .env("REDIS_HOST", socket)
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .context("starting prefix-picker kv-relay")?;
+    Ok(Process::new(child, pod.addr))
+}
+
+/// Envoy with `envoy/<file>` in front of `pods`, its ext_proc cluster on `ext_proc` (the
+/// cluster's URL from now on).
+async fn start_envoy(
+    cluster: &mut Cluster,
+    file: &str,
+    ext_proc: Option<Process>,
+    pods: &[Pod],
+) -> anyhow::Result<()> {
+    let backends: Vec<_> = pods.iter().map(|p| p.addr).collect();
     // Without an ext_proc (round robin) the example's port 9002 is never dialled.
     let ext_proc_port = ext_proc.as_ref().map_or(9002, |p| p.addr.port());
+    cluster.ext_proc = ext_proc;
     let text = std::fs::read_to_string(root().join("envoy").join(file))?;
     let envoy = testkit::start_envoy(
         &envoy_bin()?,
-        dir.path(),
+        cluster.dir.path(),
         &render_envoy(&text, ext_proc_port, &backends),
     )
     .await?;
-    Ok(Cluster {
-        url: format!("http://127.0.0.1:{}", envoy.port),
-        sims,
-        ext_proc,
-        envoy: Some(envoy),
-        peer: None,
-        sim_urls,
-        picker_admin,
-        _kvcache: kvcache,
-        _dir: dir,
-    })
+    cluster.url = format!("http://127.0.0.1:{}", envoy.port);
+    cluster.envoy = Some(envoy);
+    Ok(())
 }
