@@ -16,6 +16,10 @@ use prefix_bench::rows::routers;
 use prefix_bench::workload::{self, BenchRequest};
 use testkit::Process;
 
+/// One setup of the comparison: its row name, its kind (what its line is compared with), and
+/// how it is deployed.
+type OverheadSetup = (String, RowKind, Setup);
+
 /// Measures every setup at every concurrency level and writes `overhead-<n>tok.json` and
 /// `.md`.
 pub async fn run(
@@ -30,13 +34,49 @@ pub async fn run(
         .split(',')
         .filter_map(|c| c.trim().parse().ok())
         .collect();
-    let instant: Vec<String> = ["--time-scale", "1000000000", "--default-max-tokens", "1"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let setups = setups(envoy_files)?;
+    let baseline = (
+        "Envoy alone (round robin)".to_string(),
+        RowKind::Alone,
+        Setup::envoy("envoy-round-robin.yaml", None),
+    );
+    let prompts = prompts(requests, output_tokens);
+    let mut measured = Measured {
+        md: format!(
+            "8 KiB prompts, {output_tokens} output token(s) per streamed response, {requests} requests per row\n\n"
+        ),
+        runs: Vec::new(),
+        rows: Vec::new(),
+    };
+    measured.md.push_str(overhead::ROUND_TABLE_HEADER);
+    for &c in &levels {
+        for round in 1..=rounds {
+            // The baseline first (the live lines compare with it); the others in turn reversed
+            // every other round, so no setup always runs right after the baseline.
+            let mut order: Vec<&OverheadSetup> = setups.iter().collect();
+            if round % 2 == 0 {
+                order.reverse();
+            }
+            order.insert(0, &baseline);
+            measured.round(&order, c, round, &prompts).await?;
+        }
+    }
+    let Measured { mut md, runs, rows } = measured;
+    if rounds > 1 {
+        md.push('\n');
+        md.push_str(&overhead::summary_markdown(&rows));
+    }
+    println!("{md}");
+    write_results(&out, &format!("overhead-{output_tokens}tok"), &runs, &md)
+}
+
+/// The setups compared with Envoy alone: per Envoy bootstrap the no-op processor, the picker
+/// with Kthena's plugins and with the shipped config (when it has a `picker.affinity`
+/// mapping); then the peers `bench/run` installed.
+fn setups(envoy_files: &[String]) -> anyhow::Result<Vec<OverheadSetup>> {
     let shipped = shipped_config()?;
     let (scheduler, affinity) = (shipped.scheduler, shipped.affinity);
-    let mut setups: Vec<(String, RowKind, Setup)> = Vec::new();
+    let mut setups: Vec<OverheadSetup> = Vec::new();
     for file in envoy_files {
         setups.push((
             format!("Envoy + no-op ext_proc ({file})"),
@@ -67,12 +107,12 @@ pub async fn run(
             setups.push((name, RowKind::Peer, setup));
         }
     }
-    let baseline = (
-        "Envoy alone (round robin)".to_string(),
-        RowKind::Alone,
-        Setup::envoy("envoy-round-robin.yaml", None),
-    );
-    let prompts: Vec<BenchRequest> = (0..requests)
+    Ok(setups)
+}
+
+/// `requests` distinct 8 KiB streamed completions of `output_tokens` tokens.
+fn prompts(requests: usize, output_tokens: usize) -> Vec<BenchRequest> {
+    (0..requests)
         .map(|i| {
             BenchRequest::new(
                 "/v1/completions",
@@ -80,52 +120,58 @@ pub async fn run(
                 None,
             )
         })
-        .collect();
-    let mut md = format!(
-        "8 KiB prompts, {output_tokens} output token(s) per streamed response, {requests} requests per row\n\n"
-    );
-    md.push_str(overhead::ROUND_TABLE_HEADER);
-    let mut rows = Vec::new();
-    let mut summary_rows = Vec::new();
-    for &c in &levels {
-        for round in 1..=rounds {
-            // The baseline first (the live lines compare with it); the others in turn reversed
-            // every other round, so no setup always runs right after the baseline.
-            let mut order: Vec<&(String, RowKind, Setup)> = setups.iter().collect();
-            if round % 2 == 0 {
-                order.reverse();
-            }
-            order.insert(0, &baseline);
-            let mut baseline_p50 = None;
-            for (name, kind, setup) in order {
-                let (result, proxy_cpu_ms, ext_proc_cpu_ms) =
-                    measure_overhead(name, setup, c, &prompts, &instant).await?;
-                let row = OverheadRow {
-                    setup: name.clone(),
-                    kind: kind.clone(),
-                    concurrency: c,
-                    round,
-                    requests_per_s: result.requests_per_s,
-                    p50_ms: result.e2e_ms.p50,
-                    p99_ms: result.e2e_ms.p99,
-                    proxy_cpu_ms,
-                    ext_proc_cpu_ms,
-                };
-                let line = row.markdown(*baseline_p50.get_or_insert(row.p50_ms));
-                eprint!("{line}");
-                md.push_str(&line);
-                summary_rows.push(row);
-                rows.push(result);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+        .collect()
+}
+
+/// What the rounds measured: the table so far, every run, every row.
+struct Measured {
+    md: String,
+    runs: Vec<RunResult>,
+    rows: Vec<OverheadRow>,
+}
+
+impl Measured {
+    /// Measures the setups of one round at concurrency `c`, in `order` (the baseline first);
+    /// each line is printed as it comes and compared with the baseline's p50.
+    async fn round(
+        &mut self,
+        order: &[&OverheadSetup],
+        c: usize,
+        round: usize,
+        prompts: &[BenchRequest],
+    ) -> anyhow::Result<()> {
+        let mut baseline_p50 = None;
+        for (name, kind, setup) in order {
+            let (result, proxy_cpu_ms, ext_proc_cpu_ms) =
+                measure_overhead(name, setup, c, prompts).await?;
+            let row = OverheadRow {
+                setup: name.clone(),
+                kind: kind.clone(),
+                concurrency: c,
+                round,
+                requests_per_s: result.requests_per_s,
+                p50_ms: result.e2e_ms.p50,
+                p99_ms: result.e2e_ms.p99,
+                proxy_cpu_ms,
+                ext_proc_cpu_ms,
+            };
+            let line = row.markdown(*baseline_p50.get_or_insert(row.p50_ms));
+            eprint!("{line}");
+            self.md.push_str(&line);
+            self.rows.push(row);
+            self.runs.push(result);
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        Ok(())
     }
-    if rounds > 1 {
-        md.push('\n');
-        md.push_str(&overhead::summary_markdown(&summary_rows));
-    }
-    println!("{md}");
-    write_results(&out, &format!("overhead-{output_tokens}tok"), &rows, &md)
+}
+
+/// Instant backends: model-sims that answer at once, one token unless asked for more.
+fn instant() -> Vec<String> {
+    ["--time-scale", "1000000000", "--default-max-tokens", "1"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
 }
 
 /// Starts `setup`, warms it up, runs `prompts` through it at concurrency `c` and stops it.
@@ -135,9 +181,8 @@ async fn measure_overhead(
     setup: &Setup,
     c: usize,
     prompts: &[BenchRequest],
-    instant: &[String],
 ) -> anyhow::Result<(RunResult, f64, Option<f64>)> {
-    let cluster = start_cluster(setup, instant).await?;
+    let cluster = start_cluster(setup, &instant()).await?;
     let base = cluster.url.clone();
     // The proxy's CPU: Envoy's, or the peer router's own process.
     let envoy_pid = cluster
