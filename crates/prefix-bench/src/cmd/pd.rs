@@ -1,12 +1,14 @@
 //! `prefix-bench pd`: prefill/decode disaggregation, prefix-picker's `pdGroup` pairs against
 //! round-robin pairs on model-sims in PD roles (`prefix_bench::pd`).
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Args;
 use prefix_bench::engines::sim_args;
+use prefix_bench::pd::{self, PdRow};
 use prefix_bench::project::{default_scheduler, envoy_bin, root};
-use prefix_bench::workload;
+use prefix_bench::workload::{self, BenchRequest};
 use testkit::{Process, bin_dir, render_envoy};
 
 // Options of `prefix-bench pd` (help text: the `Cmd::Pd` doc comment).
@@ -38,21 +40,16 @@ pub struct PdOpts {
     out: PathBuf,
 }
 
-/// `prefix-bench pd` (see `prefix_bench::pd`).
+/// The routers compared (row name, whether prefix-picker chooses the pairs).
+const ROUTERS: [(&str, bool); 2] = [
+    ("round-robin pairs", false),
+    ("prefix-picker pdGroup (Kthena default plugins)", true),
+];
+
+/// `prefix-bench pd` (see `prefix_bench::pd`): each router on fresh sims; writes `pd.json` and
+/// `pd.md`.
 pub async fn run(opts: PdOpts) -> anyhow::Result<()> {
-    use prefix_bench::pd;
-    let name = format!(
-        "PD shared-prefix ({} prefill + {} decode sims; {} groups x {}, system {} tok, question {}, out {}; {} KV blocks per sim; concurrency {})",
-        opts.prefill,
-        opts.decode,
-        opts.groups,
-        opts.per_group,
-        opts.system_tokens,
-        opts.question_tokens,
-        opts.output_tokens,
-        opts.kv_blocks,
-        opts.concurrency
-    );
+    let name = title(&opts);
     let requests = workload::shared_prefix(
         opts.groups,
         opts.per_group,
@@ -64,71 +61,17 @@ pub async fn run(opts: PdOpts) -> anyhow::Result<()> {
     );
     let scheduler = default_scheduler()?;
     let envoy_yaml = std::fs::read_to_string(root().join("envoy/envoy.yaml"))?;
-    let bins = bin_dir();
     let mut rows = Vec::new();
-    for router in [
-        "round-robin pairs",
-        "prefix-picker pdGroup (Kthena default plugins)",
-    ] {
+    for (router, picks) in ROUTERS {
         eprintln!("{name} | {router}");
-        let dir = tempfile::tempdir()?;
-        let start = |role: &str, n: usize| -> anyhow::Result<Vec<Process>> {
-            let mut args = sim_args(opts.kv_blocks, 64);
-            args.extend(["--role".to_string(), role.to_string()]);
-            (0..n)
-                .map(|i| {
-                    let mut args = args.clone();
-                    args.extend(["--seed".to_string(), i.to_string()]);
-                    testkit::start_sim(&bins.join("model-sim"), &format!("{role}-{i}"), &args)
-                })
-                .collect()
-        };
-        let prefill = start("prefill", opts.prefill)?;
-        let decode = start("decode", opts.decode)?;
-        let prefill_addrs: Vec<_> = prefill.iter().map(|s| s.addr).collect();
-        let decode_addrs: Vec<_> = decode.iter().map(|s| s.addr).collect();
-        let url = |a: &std::net::SocketAddr| format!("http://{a}");
-        let prefill_urls: Vec<String> = prefill_addrs.iter().map(url).collect();
-        let decode_urls: Vec<String> = decode_addrs.iter().map(url).collect();
-        let mut processes = Vec::new();
-        let (base, requests) = if router.starts_with("round-robin") {
-            (
-                decode_urls[0].clone(),
-                pd::round_robin_pairs(&requests, &prefill_addrs, decode_urls.len()),
-            )
-        } else {
-            let config = pd::picker_config(&scheduler, &prefill_addrs, &decode_addrs);
-            let (picker, _admin) =
-                testkit::start_picker(&bins.join("prefix-picker"), dir.path(), &config, 2)?;
-            let mut all = prefill_addrs.clone();
-            all.extend(&decode_addrs);
-            let envoy = testkit::start_envoy(
-                &envoy_bin()?,
-                dir.path(),
-                &render_envoy(&envoy_yaml, picker.addr.port(), &all),
-            )
-            .await?;
-            let base = format!("http://127.0.0.1:{}", envoy.port);
-            processes.push((picker, envoy));
-            (base, requests.clone())
-        };
-        let row = pd::run_row(
-            router,
-            &base,
-            &prefill_urls,
-            &decode_urls,
-            &requests,
-            opts.concurrency,
-        )
-        .await;
+        let picker = picks.then_some((scheduler.as_str(), envoy_yaml.as_str()));
+        let row = run_router(&opts, router, &requests, picker).await?;
         eprintln!(
             "  prefill hit rate {:.1}%, {} errors",
             100.0 * row.prefill_hit_rate,
             row.errors
         );
         rows.push(row);
-        drop(processes);
-        drop((prefill, decode));
     }
     let md = pd::markdown(&name, &rows);
     std::fs::create_dir_all(&opts.out)?;
@@ -139,4 +82,85 @@ pub async fn run(opts: PdOpts) -> anyhow::Result<()> {
     std::fs::write(opts.out.join("pd.md"), &md)?;
     println!("{md}");
     Ok(())
+}
+
+/// The table's title: the sims, the workload and the load.
+fn title(opts: &PdOpts) -> String {
+    format!(
+        "PD shared-prefix ({} prefill + {} decode sims; {} groups x {}, system {} tok, question {}, out {}; {} KV blocks per sim; concurrency {})",
+        opts.prefill,
+        opts.decode,
+        opts.groups,
+        opts.per_group,
+        opts.system_tokens,
+        opts.question_tokens,
+        opts.output_tokens,
+        opts.kv_blocks,
+        opts.concurrency
+    )
+}
+
+/// One router's row on fresh prefill and decode sims: round-robin pairs chosen by the driver
+/// (`picker` none), or prefix-picker (`picker`: its `scheduler:` section and the Envoy
+/// bootstrap) choosing the pairs behind Envoy.
+async fn run_router(
+    opts: &PdOpts,
+    router: &str,
+    requests: &[BenchRequest],
+    picker: Option<(&str, &str)>,
+) -> anyhow::Result<PdRow> {
+    let dir = tempfile::tempdir()?;
+    let prefill = start_sims("prefill", opts.prefill, opts.kv_blocks)?;
+    let decode = start_sims("decode", opts.decode, opts.kv_blocks)?;
+    let prefill_addrs: Vec<_> = prefill.iter().map(|s| s.addr).collect();
+    let decode_addrs: Vec<_> = decode.iter().map(|s| s.addr).collect();
+    let url = |a: &SocketAddr| format!("http://{a}");
+    let prefill_urls: Vec<String> = prefill_addrs.iter().map(url).collect();
+    let decode_urls: Vec<String> = decode_addrs.iter().map(url).collect();
+    let mut processes = Vec::new();
+    let (base, requests) = match picker {
+        None => (
+            decode_urls[0].clone(),
+            pd::round_robin_pairs(requests, &prefill_addrs, decode_urls.len()),
+        ),
+        Some((scheduler, envoy_yaml)) => {
+            let config = pd::picker_config(scheduler, &prefill_addrs, &decode_addrs);
+            let (picker, _admin) =
+                testkit::start_picker(&bin_dir().join("prefix-picker"), dir.path(), &config, 2)?;
+            let mut all = prefill_addrs.clone();
+            all.extend(&decode_addrs);
+            let envoy = testkit::start_envoy(
+                &envoy_bin()?,
+                dir.path(),
+                &render_envoy(envoy_yaml, picker.addr.port(), &all),
+            )
+            .await?;
+            let base = format!("http://127.0.0.1:{}", envoy.port);
+            processes.push((picker, envoy));
+            (base, requests.to_vec())
+        }
+    };
+    Ok(pd::run_row(
+        router,
+        &base,
+        &prefill_urls,
+        &decode_urls,
+        &requests,
+        opts.concurrency,
+    )
+    .await)
+}
+
+/// `n` model-sims in `role` (`prefill` or `decode`), `kv_blocks` each, named and seeded by
+/// their number.
+fn start_sims(role: &str, n: usize, kv_blocks: usize) -> anyhow::Result<Vec<Process>> {
+    let mut args = sim_args(kv_blocks, 64);
+    args.extend(["--role".to_string(), role.to_string()]);
+    (0..n)
+        .map(|i| {
+            let mut args = args.clone();
+            args.extend(["--seed".to_string(), i.to_string()]);
+            testkit::start_sim(&bin_dir().join("model-sim"), &format!("{role}-{i}"), &args)
+        })
+        .collect()
 }
