@@ -16,14 +16,42 @@ fn free_port() -> anyhow::Result<u16> {
         .port())
 }
 
-/// Starts the peer router of `setup` on `sim_urls` (logs in `dir`); returns it and its URL.
+/// Starts the peer router of `setup` on `sim_urls` (logs in `dir`); returns it and its URL
+/// once it is ready (60 s at most).
 pub async fn start_peer(
     setup: &Setup,
     dir: &std::path::Path,
     sim_urls: &[String],
 ) -> anyhow::Result<(Process, String)> {
     let (port, prometheus) = (free_port()?, free_port()?);
-    let mut cmd = match setup {
+    let mut cmd = launcher(setup)?;
+    cmd.args([
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+        "--policy",
+        "cache_aware",
+    ])
+    .args([
+        "--prometheus-port",
+        &prometheus.to_string(),
+        "--worker-urls",
+    ])
+    .args(sim_urls)
+    .env("HF_HUB_OFFLINE", "1")
+    .stdout(std::fs::File::create(dir.join("peer.log"))?)
+    .stderr(std::fs::File::create(dir.join("peer.err"))?);
+    let child = cmd.spawn().context("starting the peer router")?;
+    let process = Process::new(child, format!("127.0.0.1:{port}").parse()?);
+    let url = format!("http://127.0.0.1:{port}");
+    wait_ready(setup, &url, sim_urls.len(), dir).await?;
+    Ok((process, url))
+}
+
+/// The peer's launch command, before the options every peer takes.
+fn launcher(setup: &Setup) -> anyhow::Result<std::process::Command> {
+    Ok(match setup {
         Setup::Sglang(python) => {
             let mut c = std::process::Command::new(python);
             c.args([
@@ -53,56 +81,35 @@ pub async fn start_peer(
         | Setup::OracleCapped => {
             anyhow::bail!("not a peer")
         }
-    };
-    cmd.args([
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &port.to_string(),
-        "--policy",
-        "cache_aware",
-    ])
-    .args([
-        "--prometheus-port",
-        &prometheus.to_string(),
-        "--worker-urls",
-    ])
-    .args(sim_urls)
-    .env("HF_HUB_OFFLINE", "1")
-    .stdout(std::fs::File::create(dir.join("peer.log"))?)
-    .stderr(std::fs::File::create(dir.join("peer.err"))?);
-    let child = cmd.spawn().context("starting the peer router")?;
-    let process = Process::new(child, format!("127.0.0.1:{port}").parse()?);
-    let url = format!("http://127.0.0.1:{port}");
+    })
+}
+
+/// What one look at a peer's readiness endpoint saw.
+enum Readiness {
+    Ready,
+    NotReady,
+    /// Ready, but no request gets through yet (SMG registers its workers asynchronously).
+    NotRouting,
+}
+
+/// Polls the peer at `url` until it is ready with its `workers`; fails after 60 s of not ready
+/// (logs in `dir`).
+async fn wait_ready(
+    setup: &Setup,
+    url: &str,
+    workers: usize,
+    dir: &std::path::Path,
+) -> anyhow::Result<()> {
     let client = reqwest::Client::new();
-    let ready_path = if matches!(setup, Setup::Sglang(_) | Setup::Smg(_)) {
-        "/readiness"
-    } else {
-        "/health"
-    };
     let start = std::time::Instant::now();
     loop {
-        if let Ok(r) = client.get(format!("{url}{ready_path}")).send().await
-            && r.status().is_success()
-        {
-            let text = r.text().await.unwrap_or_default();
-            let ready = match setup {
-                Setup::Sglang(_) => {
-                    serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|v| {
-                        v["status"] == "ready"
-                            && v["healthy_workers"].as_u64() == Some(sim_urls.len() as u64)
-                    })
-                }
-                _ => true,
-            };
-            // SMG registers workers asynchronously: wait until a request gets through.
-            if ready && matches!(setup, Setup::Smg(_)) && !answers(&client, &url).await {
+        match readiness(setup, &client, url, workers).await {
+            Readiness::Ready => return Ok(()),
+            Readiness::NotRouting => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
-            if ready {
-                return Ok((process, url));
-            }
+            Readiness::NotReady => {}
         }
         anyhow::ensure!(
             start.elapsed() < Duration::from_secs(60),
@@ -110,6 +117,41 @@ pub async fn start_peer(
             dir.display()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The peer's readiness: `/readiness` for sglang-router (which must also count every worker
+/// healthy) and SMG (which must also answer a request), `/health` for vllm-router.
+async fn readiness(
+    setup: &Setup,
+    client: &reqwest::Client,
+    url: &str,
+    workers: usize,
+) -> Readiness {
+    let ready_path = if matches!(setup, Setup::Sglang(_) | Setup::Smg(_)) {
+        "/readiness"
+    } else {
+        "/health"
+    };
+    let Ok(r) = client.get(format!("{url}{ready_path}")).send().await else {
+        return Readiness::NotReady;
+    };
+    if !r.status().is_success() {
+        return Readiness::NotReady;
+    }
+    let text = r.text().await.unwrap_or_default();
+    let ready = match setup {
+        Setup::Sglang(_) => serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|v| {
+            v["status"] == "ready" && v["healthy_workers"].as_u64() == Some(workers as u64)
+        }),
+        _ => true,
+    };
+    if !ready {
+        Readiness::NotReady
+    } else if matches!(setup, Setup::Smg(_)) && !answers(client, url).await {
+        Readiness::NotRouting
+    } else {
+        Readiness::Ready
     }
 }
 
