@@ -19,20 +19,17 @@
 //! - `noop-ext-proc` (hidden): the no-op external processor of the overhead baseline, run as its
 //!   own process by `overhead`.
 //!
-//! This file is the command line and the dispatch; each subcommand with more than a call to
-//! make is a module of `cmd/`, and what they share (the workload catalogue, the rows, a row's
-//! processes) is the library's.
+//! This file is the command line and the dispatch; each subcommand is a module of `cmd/`, and
+//! what they share (the workload catalogue, the rows, a row's processes) is the library's.
 
 mod cmd;
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
 use cmd::pd::PdOpts;
 use cmd::replicas::ReplicasOpts;
 use cmd::suite::SuiteOpts;
-use testkit::bin_dir;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -164,32 +161,14 @@ async fn main() -> anyhow::Result<()> {
         Cmd::TokenizeCost {
             calls,
             tokenizer_json,
-        } => {
-            let sim = bin_dir().join("model-sim");
-            let lines =
-                prefix_bench::tokenize_cost::run(&sim, calls, tokenizer_json.as_deref()).await?;
-            print!("{}", prefix_bench::tokenize_cost::table(&lines));
-            Ok(())
-        }
-        Cmd::NoopExtProc { grpc_addr } => {
-            let listener = tokio::net::TcpListener::bind(&grpc_addr)
-                .await
-                .with_context(|| format!("binding {grpc_addr}"))?;
-            // `testkit::start_noop_ext_proc` reads this line.
-            eprintln!("noop-ext-proc serving grpc_addr={}", listener.local_addr()?);
-            prefix_bench::noop_ext_proc::serve(listener).await
-        }
+        } => cmd::tokenize_cost::run(calls, tokenizer_json.as_deref()).await,
+        Cmd::NoopExtProc { grpc_addr } => cmd::noop_ext_proc::run(&grpc_addr).await,
         Cmd::SyncApply {
             rate,
             seconds,
             blocks,
             pods,
-        } => {
-            let bin = bin_dir().join("prefix-picker");
-            let cost = prefix_bench::sync_cost::run(&bin, rate, seconds, blocks, pods).await?;
-            println!("{}", serde_json::to_string_pretty(&cost)?);
-            Ok(())
-        }
+        } => cmd::sync_apply::run(rate, seconds, blocks, pods).await,
         Cmd::Report {
             results,
             summary: only_summary,
