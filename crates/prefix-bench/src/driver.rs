@@ -366,6 +366,16 @@ struct Bases {
 }
 
 impl Bases {
+    /// `base`: the router URLs, comma-separated; `sims`: the engines' URLs.
+    fn new(base: &str, sims: &[String]) -> Bases {
+        Bases {
+            urls: base.split(',').map(str::to_string).collect(),
+            next: AtomicUsize::new(0),
+            sims: sims.to_vec(),
+            t0: Instant::now(),
+        }
+    }
+
     fn pick(&self, r: &BenchRequest) -> &str {
         match r.pin_to.and_then(|i| self.sims.get(i)) {
             Some(sim) => sim,
@@ -408,12 +418,7 @@ pub async fn warm_up(base: &str, sims: &[String], pinned: bool, model: &str) {
         .timeout(Duration::from_secs(60))
         .build()
         .expect("client");
-    let base = Bases {
-        urls: base.split(',').map(str::to_string).collect(),
-        next: AtomicUsize::new(0),
-        sims: sims.to_vec(),
-        t0: Instant::now(),
-    };
+    let base = Bases::new(base, sims);
     let requests: Vec<BenchRequest> = (0..WARM_UP_REQUESTS)
         .map(|i| {
             let mut r = BenchRequest::new(
@@ -469,80 +474,19 @@ pub async fn run_with(
         .timeout(Duration::from_secs(600))
         .build()
         .expect("client");
-    let base = Arc::new(Bases {
-        urls: base.split(',').map(str::to_string).collect(),
-        next: AtomicUsize::new(0),
-        sims: sims.to_vec(),
-        t0: Instant::now(),
-    });
+    let base = Arc::new(Bases::new(base, sims));
     let banked = Banked::new(engine_counters_each(&client, sims).await);
     let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
-    let total = requests.len();
     let started = Instant::now();
-    let progress = {
-        let samples = samples.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                let n = samples.lock().len();
-                eprint!("\r  {n}/{total} requests");
-                if n >= total {
-                    break;
-                }
-            }
-        })
-    };
+    let progress = progress(samples.clone(), requests.len());
     let stop = tokio::sync::Notify::new();
     let workload_done = async {
         match arrival {
             Arrival::Closed { concurrency } => {
-                let queue = Arc::new(Mutex::new(units(requests)));
-                let mut workers = Vec::new();
-                for _ in 0..concurrency.max(1) {
-                    let (queue, samples, client, base) =
-                        (queue.clone(), samples.clone(), client.clone(), base.clone());
-                    workers.push(tokio::spawn(async move {
-                        loop {
-                            let Some(unit) = queue.lock().pop_front() else {
-                                break;
-                            };
-                            run_unit(&client, &base, unit, &samples).await;
-                        }
-                    }));
-                }
-                for w in workers {
-                    let _ = w.await;
-                }
+                closed_loop(requests, concurrency, &client, &base, &samples).await;
             }
             Arrival::Poisson { .. } | Arrival::Trace => {
-                let mut rng = match arrival {
-                    Arrival::Poisson { seed, .. } => SmallRng::seed_from_u64(seed),
-                    _ => SmallRng::seed_from_u64(0),
-                };
-                let mut at = 0.0f64;
-                let mut tasks = Vec::new();
-                for unit in units(requests) {
-                    let offset = match (arrival, unit.requests[0].at_ms) {
-                        (Arrival::Trace, Some(ms)) => ms / 1000.0,
-                        (Arrival::Poisson { rate, .. }, _) => {
-                            at += -(1.0 - rng.random::<f64>()).ln() / rate.max(1e-9);
-                            at
-                        }
-                        _ => 0.0,
-                    };
-                    let (samples, client, base) = (samples.clone(), client.clone(), base.clone());
-                    tasks.push(tokio::spawn(async move {
-                        tokio::time::sleep_until(
-                            tokio::time::Instant::from_std(started)
-                                + Duration::from_secs_f64(offset),
-                        )
-                        .await;
-                        run_unit(&client, &base, unit, &samples).await;
-                    }));
-                }
-                for t in tasks {
-                    let _ = t.await;
-                }
+                open_loop(requests, arrival, started, &client, &base, &samples).await;
             }
         }
         // `notify_one` keeps the permit if the actions are not waiting at this moment.
@@ -563,33 +507,123 @@ pub async fn run_with(
     eprintln!();
     let (hits, queries) = banked.total(&engine_counters_each(&client, sims).await);
     let samples = std::mem::take(&mut *samples.lock());
-    let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok).collect();
-    let mut pod_share = BTreeMap::new();
-    for s in &ok {
-        *pod_share.entry(s.served_by.clone()).or_insert(0) += 1;
+    let mut r = RunResult::of(samples, sims.len(), duration);
+    r.router = router.to_string();
+    r.workload = workload.to_string();
+    r.hit_rate = if queries > 0.0 { hits / queries } else { 0.0 };
+    r.ceiling_hit_rate = ceiling;
+    r
+}
+
+/// Says on stderr, every 2 s, how many of `total` requests have finished.
+fn progress(samples: Arc<Mutex<Vec<Sample>>>, total: usize) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let n = samples.lock().len();
+            eprint!("\r  {n}/{total} requests");
+            if n >= total {
+                break;
+            }
+        }
+    })
+}
+
+/// The closed loop: `concurrency` workers, each taking the next unit when its last is done.
+async fn closed_loop(
+    requests: &[BenchRequest],
+    concurrency: usize,
+    client: &reqwest::Client,
+    base: &Arc<Bases>,
+    samples: &Arc<Mutex<Vec<Sample>>>,
+) {
+    let queue = Arc::new(Mutex::new(units(requests)));
+    let mut workers = Vec::new();
+    for _ in 0..concurrency.max(1) {
+        let (queue, samples, client, base) =
+            (queue.clone(), samples.clone(), client.clone(), base.clone());
+        workers.push(tokio::spawn(async move {
+            loop {
+                let Some(unit) = queue.lock().pop_front() else {
+                    break;
+                };
+                run_unit(&client, &base, unit, &samples).await;
+            }
+        }));
     }
-    let mean = ok.len() as f64 / sims.len().max(1) as f64;
-    let max = pod_share.values().copied().max().unwrap_or(0) as f64;
-    RunResult {
-        router: router.to_string(),
-        workload: workload.to_string(),
-        rep: 1,
-        requests: samples.len(),
-        errors: samples.len() - ok.len(),
-        duration_s: duration,
-        requests_per_s: ok.len() as f64 / duration,
-        output_tokens_per_s: ok.iter().map(|s| s.output_tokens).sum::<u64>() as f64 / duration,
-        ttft_ms: Percentiles::of(ok.iter().map(|s| s.ttft).collect()),
-        e2e_ms: Percentiles::of(ok.iter().map(|s| s.e2e).collect()),
-        hit_rate: if queries > 0.0 { hits / queries } else { 0.0 },
-        ceiling_hit_rate: ceiling,
-        pod_share,
-        max_over_mean: if mean > 0.0 { max / mean } else { 0.0 },
-        pods_per_group: pods_per_group(
-            ok.iter()
-                .filter_map(|s| Some((s.group?, s.served_by.as_str()))),
-        ),
-        samples,
+    for w in workers {
+        let _ = w.await;
+    }
+}
+
+/// The open loop: each unit starts at its trace time (`Trace`) or its Poisson arrival
+/// (`Poisson`, seeded) after `started`, whatever is still running.
+async fn open_loop(
+    requests: &[BenchRequest],
+    arrival: Arrival,
+    started: Instant,
+    client: &reqwest::Client,
+    base: &Arc<Bases>,
+    samples: &Arc<Mutex<Vec<Sample>>>,
+) {
+    let mut rng = match arrival {
+        Arrival::Poisson { seed, .. } => SmallRng::seed_from_u64(seed),
+        _ => SmallRng::seed_from_u64(0),
+    };
+    let mut at = 0.0f64;
+    let mut tasks = Vec::new();
+    for unit in units(requests) {
+        let offset = match (arrival, unit.requests[0].at_ms) {
+            (Arrival::Trace, Some(ms)) => ms / 1000.0,
+            (Arrival::Poisson { rate, .. }, _) => {
+                at += -(1.0 - rng.random::<f64>()).ln() / rate.max(1e-9);
+                at
+            }
+            _ => 0.0,
+        };
+        let (samples, client, base) = (samples.clone(), client.clone(), base.clone());
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep_until(
+                tokio::time::Instant::from_std(started) + Duration::from_secs_f64(offset),
+            )
+            .await;
+            run_unit(&client, &base, unit, &samples).await;
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+}
+
+impl RunResult {
+    /// What clients saw of a run of `duration` seconds on `pods` engines (router, workload and
+    /// hit rates left for the caller).
+    fn of(samples: Vec<Sample>, pods: usize, duration: f64) -> RunResult {
+        let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok).collect();
+        let mut pod_share = BTreeMap::new();
+        for s in &ok {
+            *pod_share.entry(s.served_by.clone()).or_insert(0) += 1;
+        }
+        let mean = ok.len() as f64 / pods.max(1) as f64;
+        let max = pod_share.values().copied().max().unwrap_or(0) as f64;
+        RunResult {
+            rep: 1,
+            requests: samples.len(),
+            errors: samples.len() - ok.len(),
+            duration_s: duration,
+            requests_per_s: ok.len() as f64 / duration,
+            output_tokens_per_s: ok.iter().map(|s| s.output_tokens).sum::<u64>() as f64 / duration,
+            ttft_ms: Percentiles::of(ok.iter().map(|s| s.ttft).collect()),
+            e2e_ms: Percentiles::of(ok.iter().map(|s| s.e2e).collect()),
+            pod_share,
+            max_over_mean: if mean > 0.0 { max / mean } else { 0.0 },
+            pods_per_group: pods_per_group(
+                ok.iter()
+                    .filter_map(|s| Some((s.group?, s.served_by.as_str()))),
+            ),
+            samples,
+            ..RunResult::default()
+        }
     }
 }
 

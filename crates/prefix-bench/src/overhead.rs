@@ -122,42 +122,62 @@ pub fn summary_markdown(rows: &[OverheadRow]) -> String {
         }
     }
     order.sort_by_key(|&(c, _)| c);
-    // (concurrency, round) -> the round's baseline p50, and the no-op p50 per bootstrap.
-    let mut alone: BTreeMap<(usize, usize), f64> = BTreeMap::new();
-    let mut noop: BTreeMap<(usize, usize, &str), f64> = BTreeMap::new();
-    for r in rows {
-        match &r.kind {
-            RowKind::Alone => {
-                alone.insert((r.concurrency, r.round), r.p50_ms);
-            }
-            RowKind::Noop { file } => {
-                noop.insert((r.concurrency, r.round, file.as_str()), r.p50_ms);
-            }
-            _ => {}
-        }
-    }
+    let baselines = Baselines::of(rows);
     for (c, setup) in order {
         let mine: Vec<&OverheadRow> = rows
             .iter()
             .filter(|r| r.concurrency == c && r.setup == setup)
             .collect();
+        md.push_str(&baselines.summary_line(setup, c, &mine));
+    }
+    md
+}
+
+/// What the summary compares each round's rows with: the round's Envoy-alone p50, and its
+/// no-op p50 per bootstrap.
+struct Baselines<'a> {
+    /// (concurrency, round) -> p50.
+    alone: BTreeMap<(usize, usize), f64>,
+    /// (concurrency, round, bootstrap) -> p50.
+    noop: BTreeMap<(usize, usize, &'a str), f64>,
+}
+
+impl<'a> Baselines<'a> {
+    fn of(rows: &'a [OverheadRow]) -> Baselines<'a> {
+        let mut b = Baselines {
+            alone: BTreeMap::new(),
+            noop: BTreeMap::new(),
+        };
+        for r in rows {
+            match &r.kind {
+                RowKind::Alone => {
+                    b.alone.insert((r.concurrency, r.round), r.p50_ms);
+                }
+                RowKind::Noop { file } => {
+                    b.noop
+                        .insert((r.concurrency, r.round, file.as_str()), r.p50_ms);
+                }
+                _ => {}
+            }
+        }
+        b
+    }
+
+    /// The summary line of `setup` at concurrency `c`, from its rows of every round (`mine`).
+    fn summary_line(&self, setup: &str, c: usize, mine: &[&OverheadRow]) -> String {
         let column = |f: &dyn Fn(&OverheadRow) -> Option<f64>| {
             Spread::of(mine.iter().filter_map(|r| f(r)).collect())
         };
         let p50 = column(&|r| Some(r.p50_ms));
-        let vs_alone = column(&|r| Some(r.p50_ms - alone.get(&(r.concurrency, r.round))?));
+        let vs_alone = column(&|r| Some(r.p50_ms - self.alone.get(&(r.concurrency, r.round))?));
         let own = column(&|r| match &r.kind {
             RowKind::Picker { file } => {
-                Some(r.p50_ms - noop.get(&(r.concurrency, r.round, file.as_str()))?)
+                Some(r.p50_ms - self.noop.get(&(r.concurrency, r.round, file.as_str()))?)
             }
             _ => None,
         });
-        let p99 = column(&|r| Some(r.p99_ms));
-        let rps = column(&|r| Some(r.requests_per_s));
-        let proxy_cpu = column(&|r| Some(r.proxy_cpu_ms));
-        let ext_proc_cpu = column(&|r| r.ext_proc_cpu_ms);
         let is_alone = mine.iter().any(|r| r.kind == RowKind::Alone);
-        md.push_str(&format!(
+        format!(
             "| {setup} | {c} | {} | {} | {} | {} | {} | {} | {} |\n",
             p50.map_or("-".into(), |s| format!(
                 "{:.2} ({:.2}-{:.2})",
@@ -169,13 +189,12 @@ pub fn summary_markdown(rows: &[OverheadRow]) -> String {
                 None => "-".into(),
             },
             own.map_or("-".into(), Spread::signed),
-            Spread::median_of(p99, 2),
-            Spread::median_of(rps, 0),
-            Spread::median_of(proxy_cpu, 3),
-            Spread::median_of(ext_proc_cpu, 3),
-        ));
+            Spread::median_of(column(&|r| Some(r.p99_ms)), 2),
+            Spread::median_of(column(&|r| Some(r.requests_per_s)), 0),
+            Spread::median_of(column(&|r| Some(r.proxy_cpu_ms)), 3),
+            Spread::median_of(column(&|r| r.ext_proc_cpu_ms), 3),
+        )
     }
-    md
 }
 
 #[cfg(test)]

@@ -133,97 +133,135 @@ pub fn search(
     for (i, &pod) in start.iter().enumerate() {
         unit_pod[p.unit[i]] = pod;
     }
+    let mut start_load = vec![0usize; pods];
+    for &pod in &start {
+        start_load[pod] += 1;
+    }
     let mut e = Evaluator {
         p: &p,
         pods,
         kv_blocks,
         block_tokens,
-        limit: 0.0,
+        limit: (cap * requests.len() as f64 / pods as f64)
+            .max(start_load.iter().copied().max().unwrap_or(0) as f64),
         evaluations: 0,
         lookups: 0,
     };
-    let mut start_load = vec![0usize; pods];
-    for &pod in &start {
-        start_load[pod] += 1;
-    }
-    e.limit = (cap * requests.len() as f64 / pods as f64)
-        .max(start_load.iter().copied().max().unwrap_or(0) as f64);
     let start_hit_rate = e.hit_rate(&unit_pod);
-    let mut best = start_hit_rate;
     let groups: Vec<u32> = {
         let mut g: Vec<u32> = p.unit_group.iter().flatten().copied().collect();
         g.sort_unstable();
         g.dedup();
         g
     };
-    // Tries `candidate`; keeps it when feasible and better.
-    let mut attempt = |e: &mut Evaluator, unit_pod: &mut Vec<usize>, candidate: Vec<usize>| {
-        if e.lookups >= budget || candidate == *unit_pod || !e.feasible(&candidate) {
+    let mut climb = Climb {
+        e,
+        unit_pod,
+        best: start_hit_rate,
+        budget,
+    };
+    loop {
+        let improved = climb.group_moves(&groups);
+        let improved = climb.unit_moves() || improved;
+        if !improved || climb.e.lookups >= budget {
+            break;
+        }
+    }
+    Searched {
+        assignment: p.unit.iter().map(|&u| climb.unit_pod[u]).collect(),
+        start_hit_rate,
+        offline_hit_rate: climb.best,
+        evaluations: climb.e.evaluations,
+    }
+}
+
+/// The hill climb: the placement so far (each unit's pod) and its offline hit rate.
+struct Climb<'a> {
+    e: Evaluator<'a>,
+    unit_pod: Vec<usize>,
+    best: f64,
+    /// Block lookups the search may spend.
+    budget: usize,
+}
+
+impl Climb<'_> {
+    /// Tries `candidate`; keeps it when feasible and better.
+    fn attempt(&mut self, candidate: Vec<usize>) -> bool {
+        let e = &mut self.e;
+        if e.lookups >= self.budget || candidate == self.unit_pod || !e.feasible(&candidate) {
             return false;
         }
         let h = e.hit_rate(&candidate);
-        if h > best + 1e-12 {
-            best = h;
-            *unit_pod = candidate;
+        if h > self.best + 1e-12 {
+            self.best = h;
+            self.unit_pod = candidate;
             true
         } else {
             false
         }
-    };
-    let moved = |unit_pod: &[usize], group: u32, from: usize, to: usize| -> Vec<usize> {
+    }
+
+    /// `unit_pod` with the units of `group` on pod `from` moved to pod `to`.
+    fn moved(&self, unit_pod: &[usize], group: u32, from: usize, to: usize) -> Vec<usize> {
         unit_pod
             .iter()
             .enumerate()
             .map(|(u, &pod)| {
-                if pod == from && p.unit_group[u] == Some(group) {
+                if pod == from && self.e.p.unit_group[u] == Some(group) {
                     to
                 } else {
                     pod
                 }
             })
             .collect()
-    };
-    loop {
+    }
+
+    /// Whether a unit of `group` is on `pod`.
+    fn serves(&self, pod: usize, group: u32) -> bool {
+        (0..self.unit_pod.len())
+            .any(|u| self.unit_pod[u] == pod && self.e.p.unit_group[u] == Some(group))
+    }
+
+    /// One pass of group moves: every group's units on one pod moved to another, and swapped
+    /// with each other group's units there. Whether any was kept.
+    fn group_moves(&mut self, groups: &[u32]) -> bool {
         let mut improved = false;
-        for &g in &groups {
-            for from in 0..pods {
-                if !(0..unit_pod.len()).any(|u| unit_pod[u] == from && p.unit_group[u] == Some(g)) {
+        for &g in groups {
+            for from in 0..self.e.pods {
+                if !self.serves(from, g) {
                     continue;
                 }
-                for to in (0..pods).filter(|&to| to != from) {
-                    let candidate = moved(&unit_pod, g, from, to);
-                    improved |= attempt(&mut e, &mut unit_pod, candidate);
+                for to in (0..self.e.pods).filter(|&to| to != from) {
+                    let candidate = self.moved(&self.unit_pod, g, from, to);
+                    improved |= self.attempt(candidate);
                     for &h in groups.iter().filter(|&&h| h != g) {
-                        if !(0..unit_pod.len())
-                            .any(|u| unit_pod[u] == to && p.unit_group[u] == Some(h))
-                        {
+                        if !self.serves(to, h) {
                             continue;
                         }
-                        let swapped = moved(&moved(&unit_pod, g, from, to), h, to, from);
-                        improved |= attempt(&mut e, &mut unit_pod, swapped);
+                        let swapped =
+                            self.moved(&self.moved(&self.unit_pod, g, from, to), h, to, from);
+                        improved |= self.attempt(swapped);
                     }
                 }
             }
         }
-        for u in 0..unit_pod.len() {
-            for to in 0..pods {
-                if to == unit_pod[u] {
+        improved
+    }
+
+    /// One pass of unit moves: each unit to each other pod. Whether any was kept.
+    fn unit_moves(&mut self) -> bool {
+        let mut improved = false;
+        for u in 0..self.unit_pod.len() {
+            for to in 0..self.e.pods {
+                if to == self.unit_pod[u] {
                     continue;
                 }
-                let mut candidate = unit_pod.clone();
+                let mut candidate = self.unit_pod.clone();
                 candidate[u] = to;
-                improved |= attempt(&mut e, &mut unit_pod, candidate);
+                improved |= self.attempt(candidate);
             }
         }
-        if !improved || e.lookups >= budget {
-            break;
-        }
-    }
-    Searched {
-        assignment: p.unit.iter().map(|&u| unit_pod[u]).collect(),
-        start_hit_rate,
-        offline_hit_rate: best,
-        evaluations: e.evaluations,
+        improved
     }
 }
 

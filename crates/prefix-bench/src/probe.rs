@@ -4,8 +4,6 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
-/// `prefix_picker_decisions_total` by reason, summed over pickers' admin endpoints (a picker
-/// that does not answer counts nothing).
 /// The latency model's learned values in a picker's `/metrics` (concurrency and service time
 /// per pod, seconds per prefilled token), as one line for the run's log; empty without them.
 pub async fn latency_model(admin: SocketAddr) -> String {
@@ -13,37 +11,43 @@ pub async fn latency_model(admin: SocketAddr) -> String {
     let Ok(r) = reqwest::Client::new().get(url).send().await else {
         return String::new();
     };
-    let text = r.text().await.unwrap_or_default();
-    let value = |line: &str| line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
-    let mut parts = Vec::new();
-    for line in text.lines() {
-        let pod = || {
-            line.split("model_server_pod=\"")
-                .nth(1)
-                .and_then(|r| r.split('"').next())
-        };
-        if line.starts_with("prefix_picker_pod_concurrency{") {
-            parts.push(format!(
-                "{} runs {:.1}",
-                pod().unwrap_or("?"),
-                value(line).unwrap_or(0.0)
-            ));
-        } else if line.starts_with("prefix_picker_pod_service_seconds{") {
-            parts.push(format!(
-                "{} serves in {:.0} ms",
-                pod().unwrap_or("?"),
-                value(line).unwrap_or(0.0) * 1e3
-            ));
-        } else if line.starts_with("prefix_picker_prefill_seconds_per_token ") {
-            parts.push(format!(
-                "prefill {:.1} us/token",
-                value(line).unwrap_or(0.0) * 1e6
-            ));
-        }
-    }
-    parts.join(", ")
+    latency_model_line(&r.text().await.unwrap_or_default())
 }
 
+/// How the run's log shows a learned value, given its pod (`?` without one) and its value.
+type Show = fn(&str, f64) -> String;
+
+/// The learned values: each sample's name (up to its labels) and how the log shows it.
+const LEARNED: [(&str, Show); 3] = [
+    ("prefix_picker_pod_concurrency{", |pod, v| {
+        format!("{pod} runs {v:.1}")
+    }),
+    ("prefix_picker_pod_service_seconds{", |pod, v| {
+        format!("{pod} serves in {:.0} ms", v * 1e3)
+    }),
+    ("prefix_picker_prefill_seconds_per_token ", |_, v| {
+        format!("prefill {:.1} us/token", v * 1e6)
+    }),
+];
+
+/// [`latency_model`]'s line for a Prometheus text exposition.
+fn latency_model_line(text: &str) -> String {
+    text.lines()
+        .filter_map(|line| {
+            let (_, show) = LEARNED.iter().find(|(name, _)| line.starts_with(name))?;
+            let pod = line
+                .split("model_server_pod=\"")
+                .nth(1)
+                .and_then(|r| r.split('"').next());
+            let value = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+            Some(show(pod.unwrap_or("?"), value.unwrap_or(0.0)))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `prefix_picker_decisions_total` by reason, summed over pickers' admin endpoints (a picker
+/// that does not answer counts nothing).
 pub async fn decision_reasons(admins: &[SocketAddr]) -> BTreeMap<String, f64> {
     let client = reqwest::Client::new();
     let mut sums = BTreeMap::new();
@@ -83,6 +87,20 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_latency_model_line_shows_each_learned_value_in_order() {
+        let text = "# HELP prefix_picker_pod_concurrency Learned concurrency\n\
+            prefix_picker_pod_concurrency{model_server_pod=\"sim-0\"} 3.24\n\
+            prefix_picker_pod_service_seconds{model_server_pod=\"sim-0\"} 0.0421\n\
+            prefix_picker_pod_concurrency_other 7\n\
+            prefix_picker_prefill_seconds_per_token 0.0000123\n";
+        assert_eq!(
+            latency_model_line(text),
+            "sim-0 runs 3.2, sim-0 serves in 42 ms, prefill 12.3 us/token"
+        );
+        assert_eq!(latency_model_line("prefix_picker_decisions_total 1\n"), "");
+    }
 
     #[test]
     fn decision_reasons_are_read_from_the_exposition() {

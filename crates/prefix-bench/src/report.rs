@@ -190,6 +190,22 @@ pub fn markdown(results: &[RunResult]) -> String {
     out
 }
 
+/// Writes `<name>.json` (`results`) and `<name>.md` (`md`) into `out`.
+pub fn write_results(
+    out: &std::path::Path,
+    name: &str,
+    results: &impl serde::Serialize,
+    md: &str,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out)?;
+    std::fs::write(
+        out.join(format!("{name}.json")),
+        serde_json::to_string_pretty(results)?,
+    )?;
+    std::fs::write(out.join(format!("{name}.md")), md)?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

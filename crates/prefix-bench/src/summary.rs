@@ -61,58 +61,7 @@ pub fn markdown(results: &SuiteResults) -> String {
     let _ = writeln!(out, "|---|---|---|---|---|---|---|");
     for w in &workloads {
         let of: Vec<&Row> = rows.iter().filter(|r| r.median.workload == *w).collect();
-        let find = |pred: &dyn Fn(&str) -> bool| of.iter().find(|r| pred(&r.median.router));
-        let hit = |r: Option<&&Row>| r.map_or("-".into(), |r| pct(r.median.hit_rate));
-        let shipped = find(&|n| n == SHIPPED);
-        let peers: Vec<&Row> = of
-            .iter()
-            .copied()
-            .filter(|r| is_peer(&r.median.router))
-            .collect();
-        let best_hit = best(&peers, |r| r.median.hit_rate, 1000.0, false);
-        let best_hit = match best_hit.first() {
-            None => "-".to_string(),
-            Some(top) => format!(
-                "{} {}",
-                pct(top.median.hit_rate),
-                best_hit
-                    .iter()
-                    .map(|r| format!(
-                        "{} ({:.2})",
-                        peer_name(&r.median.router),
-                        r.median.max_over_mean
-                    ))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        };
-        let low_p99 = best(&peers, |r| r.median.ttft_ms.p99, 1.0, true);
-        let low_p99 = match low_p99.first() {
-            None => "-".to_string(),
-            Some(top) => format!(
-                "{:.0} {}",
-                top.median.ttft_ms.p99,
-                low_p99
-                    .iter()
-                    .map(|r| peer_name(&r.median.router))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        };
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} | {best_hit} | {low_p99} | {} | {} |",
-            report::short(w),
-            shipped.map_or("-".into(), |r| format!(
-                "{}, {:.0} / {:.0}",
-                pct(r.median.hit_rate),
-                r.median.ttft_ms.p50,
-                r.median.ttft_ms.p99
-            )),
-            shipped.map_or("-".into(), |r| format!("{:.2}", r.median.max_over_mean)),
-            hit(find(&|n| n == ROUND_ROBIN)),
-            hit(find(&|n| n.starts_with(CAPPED_ORACLE))),
-        );
+        let _ = writeln!(out, "{}", line(w, &of));
     }
     let _ = writeln!(
         out,
@@ -124,6 +73,79 @@ pub fn markdown(results: &SuiteResults) -> String {
         let _ = write!(out, "\n{notes}");
     }
     out
+}
+
+/// The table line of workload `w`, whose rows are `of`.
+fn line(w: &str, of: &[&Row]) -> String {
+    let find = |pred: &dyn Fn(&str) -> bool| of.iter().find(|r| pred(&r.median.router));
+    let hit = |r: Option<&&Row>| r.map_or("-".into(), |r| pct(r.median.hit_rate));
+    let shipped = find(&|n| n == SHIPPED);
+    let peers: Vec<&Row> = of
+        .iter()
+        .copied()
+        .filter(|r| is_peer(&r.median.router))
+        .collect();
+    format!(
+        "| {} | {} | {} | {} | {} | {} | {} |",
+        report::short(w),
+        shipped.map_or("-".into(), |r| format!(
+            "{}, {:.0} / {:.0}",
+            pct(r.median.hit_rate),
+            r.median.ttft_ms.p50,
+            r.median.ttft_ms.p99
+        )),
+        shipped.map_or("-".into(), |r| format!("{:.2}", r.median.max_over_mean)),
+        best_peer_hit(&peers),
+        lowest_peer_p99(&peers),
+        hit(find(&|n| n == ROUND_ROBIN)),
+        hit(find(&|n| n.starts_with(CAPPED_ORACLE))),
+    )
+}
+
+/// The best peer hit rate, and each peer that reaches it as shown, with its load.
+fn best_peer_hit(peers: &[&Row]) -> String {
+    let best_hit = best(peers, |r| r.median.hit_rate, 1000.0, false);
+    match best_hit.first() {
+        None => "-".to_string(),
+        Some(top) => format!(
+            "{} {}",
+            pct(top.median.hit_rate),
+            best_hit
+                .iter()
+                .map(|r| format!(
+                    "{} ({:.2})",
+                    peer_name(&r.median.router),
+                    r.median.max_over_mean
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// The lowest peer TTFT p99, and each peer that reaches it as shown.
+fn lowest_peer_p99(peers: &[&Row]) -> String {
+    let low_p99 = best(peers, |r| r.median.ttft_ms.p99, 1.0, true);
+    match low_p99.first() {
+        None => "-".to_string(),
+        Some(top) => format!(
+            "{:.0} {}",
+            top.median.ttft_ms.p99,
+            low_p99
+                .iter()
+                .map(|r| peer_name(&r.median.router))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// The summary beside a results file: `suite.json` -> `suite-summary.md`.
+pub fn path_beside(results: &std::path::Path) -> std::path::PathBuf {
+    let stem = results
+        .file_stem()
+        .map_or_else(|| "suite".into(), |s| s.to_string_lossy());
+    results.with_file_name(format!("{stem}-summary.md"))
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ use prefix_picker::metrics::engine_truth::EngineTruthMetrics;
 use prefix_picker::prompt::Rendering;
 use prefix_picker::request::{Api, InferenceRequest};
 use prefix_picker::tokenizer::file::FileSource;
-use prefix_picker::tokenizer::heads::{HeadTokens, TokenizerSection};
+use prefix_picker::tokenizer::heads::{HeadFound, HeadTokens, TokenizerSection};
 use prefix_picker::tokenizer::{EngineKind, EngineTokenizer, TokenizeInput, TokenizerConfig};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -207,51 +207,14 @@ async fn request_path(
     }
     let registry = prometheus::Registry::new();
     let metrics = EngineTruthMetrics::register(&registry, &["engine", "estimate"], &["timeout"]);
-    let heads = Arc::new(HeadTokens::new(section, metrics));
+    let path = RequestPath {
+        heads: Arc::new(HeadTokens::new(section, metrics)),
+        pod,
+    };
     let shutdown = CancellationToken::new();
-    let filler = tokio::spawn(Arc::clone(&heads).run(shutdown.clone()));
-    let render = |body: &[u8]| -> anyhow::Result<String> {
-        Ok(InferenceRequest::parse_as(body, Rendering::Engine)?.prompt?)
-    };
-    let find = |prompt: &str, body: &[u8]| {
-        heads.find(
-            "m",
-            Some(Api::ChatCompletions),
-            prompt,
-            Some(body),
-            Some(pod),
-        )
-    };
-
-    // Known: one request queues its heads; wait (polling, with a deadline) until they are in.
-    let body = chat_body(bytes, 1 << 41);
-    let prompt = render(&body)?;
-    find(&prompt, &body);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while heads.lookup("m", Api::ChatCompletions, &prompt).is_none() {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the {size} prompt's heads were not tokenized within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let mut known = Vec::with_capacity(calls);
-    for _ in 0..calls {
-        let started = Instant::now();
-        let found = find(&prompt, &body);
-        known.push(started.elapsed());
-        anyhow::ensure!(found.is_some(), "a known {size} head was not found");
-    }
-
-    // Unknown: a new conversation each time (each is queued; the queue may drop some, counted).
-    let mut unknown = Vec::with_capacity(calls);
-    for i in 0..calls {
-        let body = chat_body(bytes, (1 << 42) + i as u64);
-        let prompt = render(&body)?;
-        let started = Instant::now();
-        std::hint::black_box(find(&prompt, &body));
-        unknown.push(started.elapsed());
-    }
+    let filler = tokio::spawn(Arc::clone(&path.heads).run(shutdown.clone()));
+    let known = path.known(size, bytes, calls).await?;
+    let unknown = path.unknown(bytes, calls)?;
     shutdown.cancel();
     filler.await?;
     let (p50, p99) = percentiles(known);
@@ -283,6 +246,71 @@ async fn request_path(
             p99: u99,
         },
     ])
+}
+
+/// The request path's head lookup ([`HeadTokens::find`]) for chat prompts to `pod`.
+struct RequestPath {
+    heads: Arc<HeadTokens>,
+    pod: SocketAddr,
+}
+
+impl RequestPath {
+    /// A chat body's prompt, rendered as the engine renders it.
+    fn render(body: &[u8]) -> anyhow::Result<String> {
+        Ok(InferenceRequest::parse_as(body, Rendering::Engine)?.prompt?)
+    }
+
+    fn find(&self, prompt: &str, body: &[u8]) -> Option<HeadFound> {
+        self.heads.find(
+            "m",
+            Some(Api::ChatCompletions),
+            prompt,
+            Some(body),
+            Some(self.pod),
+        )
+    }
+
+    /// `calls` lookups of one prompt whose heads are known: one request queues them; polled
+    /// (with a 30 s deadline) until the background has tokenized them.
+    async fn known(&self, size: &str, bytes: usize, calls: usize) -> anyhow::Result<Vec<Duration>> {
+        let body = chat_body(bytes, 1 << 41);
+        let prompt = Self::render(&body)?;
+        self.find(&prompt, &body);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self
+            .heads
+            .lookup("m", Api::ChatCompletions, &prompt)
+            .is_none()
+        {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the {size} prompt's heads were not tokenized within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let mut known = Vec::with_capacity(calls);
+        for _ in 0..calls {
+            let started = Instant::now();
+            let found = self.find(&prompt, &body);
+            known.push(started.elapsed());
+            anyhow::ensure!(found.is_some(), "a known {size} head was not found");
+        }
+        Ok(known)
+    }
+
+    /// `calls` lookups of a new conversation each (each is queued; the queue may drop some,
+    /// counted).
+    fn unknown(&self, bytes: usize, calls: usize) -> anyhow::Result<Vec<Duration>> {
+        let mut unknown = Vec::with_capacity(calls);
+        for i in 0..calls {
+            let body = chat_body(bytes, (1 << 42) + i as u64);
+            let prompt = Self::render(&body)?;
+            let started = Instant::now();
+            std::hint::black_box(self.find(&prompt, &body));
+            unknown.push(started.elapsed());
+        }
+        Ok(unknown)
+    }
 }
 
 /// The lines as a markdown table.

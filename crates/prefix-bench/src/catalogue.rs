@@ -1,0 +1,392 @@
+//! The suite's workloads (`prefix-bench suite`, `--quick` for the small ones): each a
+//! [`WorkloadSpec`] with its `--workloads` key, its report name, its requests
+//! ([`workload`]), how they arrive, and the engines it runs on (KV cache blocks, running
+//! requests, sims without prefix caching, restarts mid-run). The `trace` workload replays a
+//! Mooncake trace file and is skipped, with the reason, when the file is missing.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+use super::driver::Arrival;
+use super::engines::SIMS;
+use super::project::root;
+use super::suite_results::Skipped;
+use super::workload::{self, BenchRequest};
+
+/// One workload of the suite: its requests, how they arrive, and the engines it runs on.
+pub struct WorkloadSpec {
+    /// Short name for `--workloads`.
+    pub key: &'static str,
+    pub name: &'static str,
+    pub requests: Vec<BenchRequest>,
+    pub arrival: Arrival,
+    /// KV cache blocks per sim (the shared-prefix workloads use a small cache for pressure).
+    pub kv_blocks: usize,
+    /// Running requests per sim before requests queue.
+    pub max_num_seqs: usize,
+    /// Sims (by index) that run with `--no-enable-prefix-caching`.
+    pub caching_off: Vec<usize>,
+    /// Every engine restarts once mid-run ([`workload::restarts`]).
+    pub restarts: bool,
+}
+
+impl WorkloadSpec {
+    pub fn new(
+        key: &'static str,
+        name: &'static str,
+        requests: Vec<BenchRequest>,
+        arrival: Arrival,
+        kv_blocks: usize,
+    ) -> WorkloadSpec {
+        WorkloadSpec {
+            key,
+            name,
+            requests,
+            arrival,
+            kv_blocks,
+            max_num_seqs: 64,
+            caching_off: Vec::new(),
+            restarts: false,
+        }
+    }
+
+    pub fn max_num_seqs(mut self, n: usize) -> WorkloadSpec {
+        self.max_num_seqs = n;
+        self
+    }
+
+    /// Sim `pod` runs with `--no-enable-prefix-caching`.
+    pub fn caching_off(mut self, pod: usize) -> WorkloadSpec {
+        self.caching_off.push(pod);
+        self
+    }
+
+    /// Every engine restarts once, one at a time, mid-run.
+    pub fn with_restarts(mut self) -> WorkloadSpec {
+        self.restarts = true;
+        self
+    }
+
+    /// The restarts of a run of this workload (none unless [`WorkloadSpec::with_restarts`]).
+    pub fn restart_schedule(&self) -> Vec<workload::Restart> {
+        if self.restarts {
+            workload::restarts(self.requests.len(), SIMS)
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Selected by `--workloads` (nothing given = all).
+    pub fn selected(&self, filter: &[String]) -> bool {
+        filter.is_empty()
+            || filter
+                .iter()
+                .any(|f| f == self.key || self.name.starts_with(f.as_str()))
+    }
+}
+
+/// Multi-tenant system prompts, tokens (~6 KB): the engines' caches hold about a quarter of the
+/// 16 tenants' prompts (4 x 96 blocks of 16 tokens, plus 64 blocks for running requests).
+pub const TENANT_SYSTEM_TOKENS: usize = 1536;
+pub const TENANT_KV_BLOCKS: usize = 4 * TENANT_SYSTEM_TOKENS / 16 + 64;
+
+/// The `trace` workload's file when `--trace` names none.
+pub fn default_trace() -> PathBuf {
+    root().join("../shared/data/mooncake/synthetic_trace.jsonl")
+}
+
+/// Why the `trace` workload cannot run, when its file is missing.
+fn trace_missing(path: &std::path::Path) -> Skipped {
+    Skipped {
+        workload: "trace".into(),
+        reason: format!(
+            "the trace file {} is missing: get `synthetic_trace.jsonl` from Mooncake's \
+             `FAST25-release/traces/` (https://github.com/kvcache-ai/Mooncake, Apache-2.0) and put \
+             it there, or name it with `--trace FILE`",
+            path.display()
+        ),
+    }
+}
+
+/// The workloads (`--quick`: the small ones), and those skipped for a missing input.
+pub fn workloads(
+    quick: bool,
+    seed: u64,
+    trace_path: &std::path::Path,
+) -> anyhow::Result<(Vec<WorkloadSpec>, Vec<Skipped>)> {
+    let mut w = if quick {
+        quick_catalogue(seed)
+    } else {
+        full_catalogue(seed)
+    };
+    let mut skipped = Vec::new();
+    if trace_path.exists() {
+        w.push(trace_workload(quick, trace_path)?);
+    } else {
+        skipped.push(trace_missing(trace_path));
+    }
+    Ok((w, skipped))
+}
+
+/// The `--quick` catalogue, in report order. A table: each workload's parameters read best
+/// side by side with the others'.
+fn quick_catalogue(seed: u64) -> Vec<WorkloadSpec> {
+    let m = "model";
+    vec![
+        WorkloadSpec::new(
+            "shared-prefix",
+            "shared-prefix (16 groups x 8, system 1024 tok, question 64, out 32)",
+            workload::shared_prefix(16, 8, 1024, 64, 32, seed, m),
+            Arrival::Closed { concurrency: 8 },
+            4096,
+        ),
+        WorkloadSpec::new(
+            "multi-turn",
+            "multi-turn (16 conversations x 4 turns, user 128 tok, out 64)",
+            workload::multi_turn(16, 4, 256, 128, 64, seed, m),
+            Arrival::Closed { concurrency: 8 },
+            4096,
+        ),
+        WorkloadSpec::new(
+            "burst",
+            "burst (8 new prefixes x 8 at once, 1024 tok)",
+            workload::burst(8, 8, 1024, 16, seed, m),
+            Arrival::Closed { concurrency: 1 },
+            4096,
+        ),
+        WorkloadSpec::new(
+            "multi-tenant",
+            "multi-tenant (16 tenants x 6 KB system, Zipf 1, 48 sessions of 1-3 turns, out 16; caches hold ~4 tenants)",
+            workload::multi_tenant(16, 48, TENANT_SYSTEM_TOKENS, 64, 16, 1.0, seed, m),
+            Arrival::Closed { concurrency: 8 },
+            TENANT_KV_BLOCKS,
+        ),
+        WorkloadSpec::new(
+            "agent",
+            "agent (8 sessions x 4 turns, shared 10 KB tool preamble, steps ~128 tok, out 16)",
+            workload::agent_sessions(8, 4, 10 * 1024, 64, 128, 16, seed, m),
+            Arrival::Closed { concurrency: 4 },
+            2048,
+        ),
+        WorkloadSpec::new(
+            "busy-tenants",
+            "busy-tenants (12 tenants x 6 KB system, Zipf 1, 64 sessions of 1-3 turns, out 32; max-num-seqs 4, 24 clients for 16 slots)",
+            workload::multi_tenant(12, 64, TENANT_SYSTEM_TOKENS, 64, 32, 1.0, seed, m),
+            Arrival::Closed { concurrency: 24 },
+            BUSY_KV_BLOCKS,
+        )
+        .max_num_seqs(4),
+        WorkloadSpec::new(
+            "hot-prefix",
+            "hot-prefix (8 prefixes, 50% on one, 96 requests, system 512 tok, out 16; max-num-seqs 8)",
+            workload::hot_prefix(8, 96, 0.5, 512, 64, 16, seed, m),
+            Arrival::Closed { concurrency: 12 },
+            4096,
+        )
+        .max_num_seqs(8),
+    ]
+}
+
+/// The full catalogue, in report order. A table, as [`quick_catalogue`]'s: a function per workload
+/// would scatter what a reader compares (sizes, arrivals, caches, engines).
+fn full_catalogue(seed: u64) -> Vec<WorkloadSpec> {
+    let m = "model";
+    vec![
+        WorkloadSpec::new(
+            "sglang-defaults",
+            "shared-prefix SGLang defaults (64 groups x 16, system 2048 tok, question 128, out 256)",
+            workload::shared_prefix(64, 16, 2048, 128, 256, seed, m),
+            Arrival::Closed { concurrency: 32 },
+            4096,
+        ),
+        WorkloadSpec::new(
+            "kthena-long",
+            "shared-prefix Kthena long system (48 groups x 8, system 4096 tok, question 256, out 128)",
+            workload::shared_prefix(48, 8, 4096, 256, 128, seed, m),
+            Arrival::Poisson { rate: 40.0, seed },
+            // Scaled with the groups (64 groups on 4,096 blocks before), for the same pressure.
+            3072,
+        ),
+        WorkloadSpec::new(
+            "kthena-short",
+            "shared-prefix Kthena short system (48 groups x 8, system 256 tok, question 4096, out 128)",
+            workload::shared_prefix(48, 8, 256, 4096, 128, seed, m),
+            Arrival::Poisson { rate: 40.0, seed },
+            3072,
+        ),
+        WorkloadSpec::new(
+            "multi-turn",
+            "multi-turn (64 conversations x 6 turns, system 512, user 256 tok, out 128)",
+            workload::multi_turn(64, 6, 512, 256, 128, seed, m),
+            Arrival::Closed { concurrency: 32 },
+            4096,
+        ),
+        WorkloadSpec::new(
+            "burst",
+            "burst (32 new prefixes x 16 at once, 2048 tok)",
+            workload::burst(32, 16, 2048, 32, seed, m),
+            Arrival::Closed { concurrency: 2 },
+            4096,
+        ),
+        WorkloadSpec::new(
+            "multi-tenant",
+            "multi-tenant (16 tenants x 6 KB system, Zipf 1, 192 sessions of 1-3 turns, question 128 tok, out 64; caches hold ~4 tenants)",
+            workload::multi_tenant(16, 192, TENANT_SYSTEM_TOKENS, 128, 64, 1.0, seed, m),
+            Arrival::Closed { concurrency: 12 },
+            TENANT_KV_BLOCKS,
+        ),
+        WorkloadSpec::new(
+            "agent",
+            "agent (32 sessions x 8 turns, shared 10 KB tool preamble, steps ~512 tok, out 48)",
+            workload::agent_sessions(32, 8, 10 * 1024, 128, 512, 48, seed, m),
+            Arrival::Closed { concurrency: 16 },
+            2048,
+        ),
+        WorkloadSpec::new(
+            "busy-tenants",
+            "busy-tenants (12 tenants x 6 KB system, Zipf 1, 256 sessions of 1-3 turns, question 128 tok, out 64; max-num-seqs 4, 24 clients for 16 slots)",
+            workload::multi_tenant(12, 256, TENANT_SYSTEM_TOKENS, 128, 64, 1.0, seed, m),
+            Arrival::Closed { concurrency: 24 },
+            BUSY_KV_BLOCKS,
+        )
+        .max_num_seqs(4),
+        WorkloadSpec::new(
+            "ramp",
+            "ramp (12 tenants x 6 KB system, Zipf 1, 640 single questions, out 64; open loop 10 -> 130 -> 10 requests/s, ~1.5x the capacity of 4 pods x max-num-seqs 4 at the peak)",
+            ramp_requests(640, seed, m),
+            Arrival::Trace,
+            BUSY_KV_BLOCKS,
+        )
+        .max_num_seqs(4),
+        WorkloadSpec::new(
+            "hot-prefix",
+            "hot-prefix (16 prefixes, 50% on one, 512 requests, system 1024 tok, question 128, out 64; max-num-seqs 8)",
+            workload::hot_prefix(16, 512, 0.5, 1024, 128, 64, seed, m),
+            Arrival::Closed { concurrency: 24 },
+            4096,
+        )
+        .max_num_seqs(8),
+        // Engine truth: what an estimate cannot know. Both the full multi-tenant workload.
+        WorkloadSpec::new(
+            "engine-restarts",
+            "engine-restarts (multi-tenant as above; each of the 4 engines restarts once, one at a time, after 1/5, 2/5, 3/5, 4/5 of the requests: killed and started again on the same ports, cache empty)",
+            workload::multi_tenant(16, 192, TENANT_SYSTEM_TOKENS, 128, 64, 1.0, seed, m),
+            Arrival::Closed { concurrency: 12 },
+            TENANT_KV_BLOCKS,
+        )
+        .with_restarts(),
+        WorkloadSpec::new(
+            "caching-off",
+            "caching-off (multi-tenant as above; sim-0 runs with --no-enable-prefix-caching: it never reuses its cache)",
+            workload::multi_tenant(16, 192, TENANT_SYSTEM_TOKENS, 128, 64, 1.0, seed, m),
+            Arrival::Closed { concurrency: 12 },
+            TENANT_KV_BLOCKS,
+        )
+        .caching_off(CACHING_OFF_POD),
+    ]
+}
+
+/// The `trace` workload: the first requests of the Mooncake trace at `path`, 20x faster.
+fn trace_workload(quick: bool, path: &std::path::Path) -> anyhow::Result<WorkloadSpec> {
+    let limit = if quick { 200 } else { 600 };
+    Ok(WorkloadSpec::new(
+        "trace",
+        if quick {
+            "trace (Mooncake synthetic, first 200 requests, 20x speed-up)"
+        } else {
+            "trace (Mooncake synthetic, first 600 requests, 20x speed-up)"
+        },
+        workload::trace(path, limit, 20.0, 64, "model")
+            .with_context(|| format!("reading {}", path.display()))?,
+        Arrival::Trace,
+        // Long reuse distances: a full H100-sized cache (32,768 blocks = 524k tokens).
+        32_768,
+    ))
+}
+
+/// The pod of `caching-off` that never reuses its cache: the first, where routers that break
+/// ties by endpoint order land.
+pub const CACHING_OFF_POD: usize = 0;
+
+/// KV blocks per sim of the busy workloads: room for every tenant's prompt on every pod (the
+/// pressure there is the queue, not the cache).
+pub const BUSY_KV_BLOCKS: usize = 4096;
+
+/// The `ramp` workload: single questions to 12 Zipf tenants, arriving 10 -> 130 -> 10 per second.
+fn ramp_requests(n: usize, seed: u64, model: &str) -> Vec<BenchRequest> {
+    let mut requests: Vec<BenchRequest> =
+        workload::multi_tenant(12, n * 2, TENANT_SYSTEM_TOKENS, 128, 64, 1.0, seed, model)
+            .into_iter()
+            .filter(|r| r.body["messages"].as_array().is_some_and(|m| m.len() == 2))
+            .take(n)
+            .map(|mut r| {
+                r.conversation = None;
+                r
+            })
+            .collect();
+    workload::ramp(&mut requests, 10.0, 130.0);
+    requests
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn find<'a>(w: &'a [WorkloadSpec], key: &str) -> Option<&'a WorkloadSpec> {
+        w.iter().find(|w| w.key == key)
+    }
+
+    #[test]
+    fn the_engine_truth_workloads_are_the_full_multi_tenant_one_disturbed() {
+        let all = workloads(false, 1, &default_trace()).unwrap().0;
+        let tenants = find(&all, "multi-tenant").unwrap();
+        let restarts = find(&all, "engine-restarts").unwrap();
+        let off = find(&all, "caching-off").unwrap();
+        for w in [restarts, off] {
+            assert_eq!(w.requests.len(), tenants.requests.len(), "{}", w.key);
+            assert_eq!(w.requests[7].body, tenants.requests[7].body, "{}", w.key);
+            assert_eq!(w.arrival, tenants.arrival);
+            assert_eq!(
+                (w.kv_blocks, w.max_num_seqs),
+                (tenants.kv_blocks, tenants.max_num_seqs)
+            );
+        }
+        // Every engine restarts once, one at a time, inside the run; no pod without caching.
+        let schedule = restarts.restart_schedule();
+        assert_eq!(
+            schedule.iter().map(|r| r.engine).collect::<Vec<_>>(),
+            (0..SIMS).collect::<Vec<_>>()
+        );
+        assert!(schedule.last().unwrap().after < restarts.requests.len());
+        assert!(restarts.caching_off.is_empty());
+        // One pod never reuses its cache; nothing restarts.
+        assert_eq!(off.caching_off, vec![CACHING_OFF_POD]);
+        assert!(off.restart_schedule().is_empty());
+        // The other workloads are undisturbed, and `--quick` has neither new one.
+        for w in all
+            .iter()
+            .filter(|w| !["engine-restarts", "caching-off"].contains(&w.key))
+        {
+            assert!(w.caching_off.is_empty() && !w.restarts, "{}", w.key);
+        }
+        let quick = workloads(true, 1, &default_trace()).unwrap().0;
+        assert!(find(&quick, "engine-restarts").is_none() && find(&quick, "caching-off").is_none());
+    }
+    #[test]
+    fn a_missing_trace_is_skipped_naming_the_file_and_where_to_get_it() {
+        let missing = std::path::Path::new("/nonexistent/synthetic_trace.jsonl");
+        for quick in [false, true] {
+            let (w, skipped) = workloads(quick, 1, missing).unwrap();
+            assert!(find(&w, "trace").is_none());
+            assert_eq!(skipped.len(), 1);
+            assert_eq!(skipped[0].workload, "trace");
+            let reason = &skipped[0].reason;
+            assert!(
+                reason.contains("/nonexistent/synthetic_trace.jsonl"),
+                "{reason}"
+            );
+            assert!(reason.contains("kvcache-ai/Mooncake") && reason.contains("--trace"));
+        }
+    }
+}

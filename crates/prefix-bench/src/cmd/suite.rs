@@ -1,0 +1,352 @@
+//! `prefix-bench suite`: every selected workload on every selected row, `--repeat` times
+//! interleaved, on fresh sims per run; writes `suite.json`, `suite.md`, `suite-summary.md` and
+//! `suite.png` (`suite-quick*` with `--quick`), and with `--samples` every request's
+//! measurements.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use clap::Args;
+use prefix_bench::catalogue::{WorkloadSpec, default_trace, workloads};
+use prefix_bench::cluster::{Setup, start_cluster_on};
+use prefix_bench::driver::{self, RunResult};
+use prefix_bench::engines::{EnginePlan, SIMS, restarts_mid_run, sim_args};
+use prefix_bench::rows::{
+    CAPPED_ORACLE_BUDGET, CAPPED_ORACLE_LOAD, EXT_PROC_FLOOR, routers, without_refused_rows,
+};
+use prefix_bench::suite_results::{Skipped, SuiteResults};
+use prefix_bench::workload::BenchRequest;
+use prefix_bench::{oracle, placement_search, probe, report, summary, workload};
+
+// Options of `prefix-bench suite` (help text: the `Cmd::Suite` doc comment).
+#[derive(Debug, Args)]
+pub struct SuiteOpts {
+    /// Small workloads, one run per row (about two minutes): a developer's check, not a result.
+    #[arg(long)]
+    quick: bool,
+    /// Directory for `suite.json` (every run), `suite.md` (a table per workload),
+    /// `suite-summary.md` (a line per workload) and `suite.png` (`suite-quick*` with `--quick`).
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+    /// Seed of the workloads' generated prompts and arrivals (same seed, same requests).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Runs of every row, interleaved (run 1 of every router, then run 2, ...); the tables show
+    /// medians. Default: 3, or 1 with `--quick`.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: Option<u32>,
+    /// Only these workloads (keys such as `multi-tenant,agent,hot-prefix`, or name prefixes).
+    #[arg(long, value_delimiter = ',')]
+    workloads: Vec<String>,
+    /// Only the routers whose row name contains one of these (e.g. `round-robin,oracle`); the
+    /// ablation rows run whenever `--ablation` is given.
+    #[arg(long, value_delimiter = ',')]
+    routers: Vec<String>,
+    /// Add the ablation rows: the shipped config with one `picker.affinity` switch off each.
+    #[arg(long)]
+    ablation: bool,
+    /// On these workloads (keys), add the ext_proc floor row: Envoy with `envoy.yaml` and the
+    /// no-op processor (`noop-ext-proc`) in the picker's place, routing round robin. Its TTFT
+    /// is what any ext_proc endpoint picker pays before it routes.
+    #[arg(long, value_delimiter = ',')]
+    ext_proc_floor: Vec<String>,
+    /// Also write every request's measurements (start, TTFT, end-to-end, serving pod, group)
+    /// to `<out>/suite-samples.jsonl`, one line per request, tagged with router, workload, run.
+    #[arg(long)]
+    samples: bool,
+    /// Run the shipped-config rows (and their engine-events and ablation rows) with this picker
+    /// config instead of `deploy/local/config.yaml`: its `scheduler:` section and its
+    /// `picker.affinity` mapping (the suite writes the endpoints). Validated first, as
+    /// `prefix-picker validate` does.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The Mooncake trace the `trace` workload replays. Default:
+    /// `../shared/data/mooncake/synthetic_trace.jsonl` under `PREFIX_PICKER_ROOT`; when it is
+    /// missing the workload is skipped, said on stderr and listed in the reports.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+}
+
+/// `suite --samples`: one JSON line per request of every run.
+fn write_samples(path: &std::path::Path, results: &[RunResult]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    for r in results {
+        for s in &r.samples {
+            let line = serde_json::json!({"router": r.router, "workload": r.workload, "rep": r.rep, "sample": s});
+            writeln!(f, "{line}")?;
+        }
+    }
+    f.flush()?;
+    Ok(())
+}
+
+/// Runs the suite: the selected workloads and rows, every row of a workload `--repeat` times
+/// (interleaved), then the reports.
+pub async fn run(opts: SuiteOpts) -> anyhow::Result<()> {
+    let repeat = opts.repeat.unwrap_or(if opts.quick { 1 } else { 3 }) as usize;
+    let trace = opts.trace.clone().unwrap_or_else(default_trace);
+    let (selected, skipped) = selected_workloads(opts.quick, opts.seed, &trace, &opts.workloads)?;
+    let routers = selected_rows(opts.ablation, opts.config.as_deref(), &opts.routers)?;
+    let reads_events = routers.iter().any(|(_, s)| s.reads_engine_events());
+    let mut results = Vec::new();
+    let started = std::time::Instant::now();
+    for w in &selected {
+        let plan = WorkloadPlan::new(w, &routers, &opts.ext_proc_floor);
+        for rep in 1..=repeat {
+            // Round robin first, then the ext_proc floor (when asked for), then the others.
+            for (router, setup) in routers
+                .iter()
+                .take(1)
+                .chain(&plan.floor)
+                .chain(routers.iter().skip(1))
+            {
+                eprintln!(
+                    "[{:.0} s] {} | {router} | run {rep}/{repeat}",
+                    started.elapsed().as_secs_f64(),
+                    w.name
+                );
+                let mut r = run_row(&plan, router, setup, reads_events).await?;
+                r.rep = rep;
+                results.push(r);
+            }
+        }
+    }
+    let suite = SuiteResults {
+        runs: results,
+        skipped,
+        config: opts.config,
+    };
+    write_reports(&suite, &opts.out, opts.quick, opts.samples)
+}
+
+/// The workloads `only` selects (all when empty), and the skipped ones among them, each said
+/// on stderr. Fails when nothing is left to run.
+fn selected_workloads(
+    quick: bool,
+    seed: u64,
+    trace: &std::path::Path,
+    only: &[String],
+) -> anyhow::Result<(Vec<WorkloadSpec>, Vec<Skipped>)> {
+    let (all, skipped) = workloads(quick, seed, trace)?;
+    let skipped: Vec<Skipped> = skipped
+        .into_iter()
+        .filter(|s| only.is_empty() || only.iter().any(|f| s.workload.starts_with(f.as_str())))
+        .collect();
+    for s in &skipped {
+        eprintln!("skipping workload {}: {}", s.workload, s.reason);
+    }
+    let keys: Vec<&str> = all.iter().map(|w| w.key).collect();
+    let selected: Vec<WorkloadSpec> = all.into_iter().filter(|w| w.selected(only)).collect();
+    anyhow::ensure!(
+        !selected.is_empty(),
+        "{}",
+        if skipped.is_empty() {
+            format!("no workload matches {only:?} (keys: {})", keys.join(", "))
+        } else {
+            "every selected workload was skipped (see above)".to_string()
+        }
+    );
+    Ok((selected, skipped))
+}
+
+/// The rows `only` selects (all when empty; the ablation rows whenever `ablation`), without
+/// those this prefix-picker refuses. Fails when none is left.
+fn selected_rows(
+    ablation: bool,
+    config: Option<&std::path::Path>,
+    only: &[String],
+) -> anyhow::Result<Vec<(String, Setup)>> {
+    let rows: Vec<(String, Setup)> = routers(ablation, config)?
+        .into_iter()
+        .filter(|(name, _)| {
+            // `--ablation` asks for its rows whatever `--routers` selects.
+            only.is_empty()
+                || name.starts_with(report::ABLATION)
+                || only.iter().any(|r| name.contains(r.as_str()))
+        })
+        .collect();
+    anyhow::ensure!(!rows.is_empty(), "no router matches {only:?}");
+    let rows = without_refused_rows(rows)?;
+    anyhow::ensure!(!rows.is_empty(), "every selected row was skipped");
+    Ok(rows)
+}
+
+/// What every row of a workload shares: its hit-rate ceiling, the oracles' pinned requests,
+/// and its ext_proc floor row (`--ext-proc-floor`).
+struct WorkloadPlan<'a> {
+    w: &'a WorkloadSpec,
+    ceiling: f64,
+    /// The requests pinned by [`oracle::pin`].
+    pinned: Vec<BenchRequest>,
+    /// The requests pinned by the capped oracle's searched placement (empty without its row).
+    capped: Vec<BenchRequest>,
+    floor: Option<(String, Setup)>,
+}
+
+impl WorkloadPlan<'_> {
+    fn new<'a>(
+        w: &'a WorkloadSpec,
+        routers: &[(String, Setup)],
+        ext_proc_floor: &[String],
+    ) -> WorkloadPlan<'a> {
+        let capped = if routers
+            .iter()
+            .any(|(_, s)| matches!(s, Setup::OracleCapped))
+        {
+            capped_placement(w)
+        } else {
+            Vec::new()
+        };
+        let floor = ext_proc_floor.iter().any(|k| k == w.key).then(|| {
+            (
+                EXT_PROC_FLOOR.to_string(),
+                Setup::NoopExtProc {
+                    file: "envoy.yaml".into(),
+                },
+            )
+        });
+        WorkloadPlan {
+            w,
+            ceiling: workload::ceiling_hit_rate(&w.requests, 16),
+            pinned: oracle::pin(&w.requests, SIMS),
+            capped,
+            floor,
+        }
+    }
+
+    /// The requests a row sends: pinned for the oracles, else the workload's.
+    fn requests(&self, setup: &Setup) -> &[BenchRequest] {
+        match setup {
+            Setup::Oracle => &self.pinned,
+            Setup::OracleCapped => &self.capped,
+            _ => &self.w.requests,
+        }
+    }
+}
+
+/// The capped oracle's requests: pinned to the placement [`placement_search::search`] finds
+/// offline; the search and which groups each pod serves are said on stderr.
+fn capped_placement(w: &WorkloadSpec) -> Vec<BenchRequest> {
+    let t = std::time::Instant::now();
+    let s = placement_search::search(
+        &w.requests,
+        SIMS,
+        w.kv_blocks,
+        16,
+        CAPPED_ORACLE_LOAD,
+        CAPPED_ORACLE_BUDGET,
+    );
+    eprintln!(
+        "{}: capped oracle placement searched in {:.1} s ({} placements): offline hit rate {:.1}% (balanced start {:.1}%)",
+        w.name,
+        t.elapsed().as_secs_f64(),
+        s.evaluations,
+        s.offline_hit_rate * 100.0,
+        s.start_hit_rate * 100.0
+    );
+    // Which groups each pod serves (request counts), for small group counts.
+    let mut per_pod: Vec<std::collections::BTreeMap<u32, usize>> = vec![Default::default(); SIMS];
+    for (r, &pod) in w.requests.iter().zip(&s.assignment) {
+        if let Some(g) = r.group {
+            *per_pod[pod].entry(g).or_default() += 1;
+        }
+    }
+    if per_pod.iter().map(|m| m.len()).sum::<usize>() <= 64 {
+        for (pod, groups) in per_pod.iter().enumerate() {
+            eprintln!("  pod {pod}: groups (requests) {groups:?}");
+        }
+    }
+    oracle::pin_to(&w.requests, &s.assignment)
+}
+
+/// One run of a row on a workload: fresh sims and the row's router, the warm-up, the run (with
+/// the workload's engine restarts), and its headline numbers on stderr.
+async fn run_row(
+    plan: &WorkloadPlan<'_>,
+    router: &str,
+    setup: &Setup,
+    reads_events: bool,
+) -> anyhow::Result<RunResult> {
+    let w = plan.w;
+    let engines = EnginePlan {
+        args: sim_args(w.kv_blocks, w.max_num_seqs),
+        caching_off: w.caching_off.clone(),
+        kv_events: reads_events || w.restarts,
+        model: workload::model(&w.requests).to_string(),
+    };
+    let mut c = start_cluster_on(setup, engines).await?;
+    driver::warm_up(
+        &c.url,
+        &c.sim_urls,
+        matches!(setup, Setup::Oracle | Setup::OracleCapped),
+        workload::model(&w.requests),
+    )
+    .await;
+    let warm_up_reasons = match c.picker_admin {
+        Some(admin) => probe::decision_reasons(&[admin]).await,
+        None => Default::default(),
+    };
+    let mid_run = restarts_mid_run(&mut c.sims, w.restart_schedule());
+    let r = driver::run_with(
+        router,
+        w.name,
+        &c.url,
+        &c.sim_urls,
+        plan.requests(setup),
+        w.arrival,
+        plan.ceiling,
+        mid_run,
+    )
+    .await;
+    if let Some(admin) = c.picker_admin {
+        log_picker(admin, &warm_up_reasons).await;
+    }
+    eprintln!(
+        "  hit rate {:.1}% (ceiling {:.1}%), TTFT p50 {:.0} ms, max/mean pod share {:.2}, pods per group {:.2}, errors {}",
+        r.hit_rate * 100.0,
+        plan.ceiling * 100.0,
+        r.ttft_ms.p50,
+        r.max_over_mean,
+        r.pods_per_group,
+        r.errors
+    );
+    Ok(r)
+}
+
+/// Says on stderr what the picker at `admin` decided during the run (its decisions by reason,
+/// less those of the warm-up) and what its latency model learned.
+async fn log_picker(admin: std::net::SocketAddr, warm_up_reasons: &BTreeMap<String, f64>) {
+    let reasons = probe::decision_reasons(&[admin]).await;
+    let shown: Vec<String> = reasons
+        .iter()
+        .map(|(reason, n)| (reason, n - warm_up_reasons.get(reason).unwrap_or(&0.0)))
+        .filter(|(_, n)| *n > 0.0)
+        .map(|(reason, n)| format!("{reason} {n}"))
+        .collect();
+    eprintln!("  decisions: {}", shown.join(", "));
+    let learned = probe::latency_model(admin).await;
+    if !learned.is_empty() {
+        eprintln!("  latency model: {learned}");
+    }
+}
+
+/// Prints the tables and writes `<name>.json`, `.md`, `-summary.md`, `.png` and, with
+/// `samples`, `-samples.jsonl` (`name`: `suite`, or `suite-quick` with `quick`).
+fn write_reports(
+    suite: &SuiteResults,
+    out: &std::path::Path,
+    quick: bool,
+    samples: bool,
+) -> anyhow::Result<()> {
+    let md = suite.markdown();
+    println!("{md}");
+    let name = if quick { "suite-quick" } else { "suite" };
+    report::write_results(out, name, suite, &md)?;
+    let json = out.join(format!("{name}.json"));
+    std::fs::write(summary::path_beside(&json), summary::markdown(suite))?;
+    if samples {
+        write_samples(&out.join(format!("{name}-samples.jsonl")), &suite.runs)?;
+    }
+    report::plot(&suite.runs, &out.join(format!("{name}.png")))
+}

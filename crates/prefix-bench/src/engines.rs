@@ -1,0 +1,173 @@
+//! The model-sims a suite row runs on: [`SIMS`] of them, their arguments ([`sim_args`]), which
+//! of them run without prefix caching, whether they publish KV events (and so can be restarted
+//! mid-run, [`restarts_mid_run`]).
+
+use testkit::{Process, bin_dir};
+
+use super::driver;
+use super::picker_config;
+use super::workload;
+
+/// Engines per row.
+pub const SIMS: usize = 4;
+/// Simulated engines: 7-8B on one H100, `kv_blocks` of cache, 10x faster.
+pub fn sim_args(kv_blocks: usize, max_num_seqs: usize) -> Vec<String> {
+    let (kv, seqs) = (kv_blocks.to_string(), max_num_seqs.to_string());
+    [
+        "--time-scale",
+        "10",
+        "--kv-blocks",
+        kv.as_str(),
+        "--max-num-seqs",
+        seqs.as_str(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// The engines of a row.
+pub struct EnginePlan {
+    /// Every sim's arguments ([`sim_args`]).
+    pub args: Vec<String>,
+    /// Sims (by index) that run with `--no-enable-prefix-caching`.
+    pub caching_off: Vec<usize>,
+    /// Sims that publish KV events and can be restarted ([`testkit::Sim`]).
+    pub kv_events: bool,
+    /// The model the workload's requests name (the kvcache-aware row's relays write it).
+    pub model: String,
+}
+
+impl EnginePlan {
+    /// `SIMS` sims with `args`, no events.
+    pub fn plain(args: &[String]) -> EnginePlan {
+        EnginePlan {
+            args: args.to_vec(),
+            caching_off: Vec::new(),
+            kv_events: false,
+            model: "model".into(),
+        }
+    }
+
+    /// Sim `i`'s own arguments (after the common ones).
+    pub fn extra(&self, i: usize) -> Vec<String> {
+        if self.caching_off.contains(&i) {
+            vec!["--no-enable-prefix-caching".to_string()]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Starts the sims `sim-0..SIMS`, each seeded with its number.
+    pub fn start(&self) -> anyhow::Result<Sims> {
+        let bin = bin_dir().join("model-sim");
+        if self.kv_events {
+            return Ok(Sims::Publishing(testkit::Sim::start_n(
+                &bin,
+                SIMS,
+                &self.args,
+                |i| self.extra(i),
+            )?));
+        }
+        let sims = (0..SIMS)
+            .map(|i| {
+                let mut args = self.args.clone();
+                args.extend(["--seed".to_string(), i.to_string()]);
+                args.extend(self.extra(i));
+                testkit::start_sim(&bin, &format!("sim-{i}"), &args)
+            })
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Sims::Plain(sims))
+    }
+}
+
+/// A row's running sims.
+pub enum Sims {
+    Plain(Vec<Process>),
+    /// Publishing KV events, restartable.
+    Publishing(Vec<testkit::Sim>),
+}
+
+impl Sims {
+    /// The static endpoints `sim-0..` of a picker config.
+    pub fn pods(&self) -> Vec<picker_config::Pod> {
+        match self {
+            Sims::Plain(sims) => sims
+                .iter()
+                .enumerate()
+                .map(|(i, s)| picker_config::Pod {
+                    name: format!("sim-{i}"),
+                    addr: s.addr,
+                    kv_events: None,
+                })
+                .collect(),
+            Sims::Publishing(sims) => sims
+                .iter()
+                .map(|s| picker_config::Pod {
+                    name: s.name().to_string(),
+                    addr: s.addr(),
+                    kv_events: Some(s.kv_events()),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The driver's mid-run actions for `schedule`: restart sim `engine` after `after` requests
+/// (none when the schedule is empty). Restarting needs sims that publish KV events
+/// ([`testkit::Sim`]).
+pub fn restarts_mid_run(
+    sims: &mut Sims,
+    schedule: Vec<workload::Restart>,
+) -> Option<driver::MidRun<'_>> {
+    if schedule.is_empty() {
+        return None;
+    }
+    let Sims::Publishing(sims) = sims else {
+        eprintln!("  restarts need restartable sims: none done");
+        return None;
+    };
+    let after = schedule.iter().map(|r| r.after).collect();
+    Some(driver::MidRun {
+        after,
+        act: Box::new(move |i| {
+            let Some(sim) = schedule.get(i).and_then(|r| sims.get_mut(r.engine)) else {
+                return Ok(());
+            };
+            let t = std::time::Instant::now();
+            sim.restart()?;
+            eprint!(
+                " [{} restarted in {} ms] ",
+                sim.name(),
+                t.elapsed().as_millis()
+            );
+            Ok(())
+        }),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalogue::CACHING_OFF_POD;
+
+    #[test]
+    fn only_the_caching_off_pod_gets_the_flag() {
+        let plan = EnginePlan {
+            args: sim_args(1024, 8),
+            caching_off: vec![CACHING_OFF_POD],
+            kv_events: false,
+            model: "model".into(),
+        };
+        for i in 0..SIMS {
+            assert_eq!(
+                plan.extra(i),
+                if i == CACHING_OFF_POD {
+                    vec!["--no-enable-prefix-caching".to_string()]
+                } else {
+                    Vec::new()
+                }
+            );
+        }
+    }
+}
