@@ -92,8 +92,8 @@ enum Readiness {
     NotRouting,
 }
 
-/// Polls the peer at `url` until it is ready with its `workers`; fails after 60 s of not ready
-/// (logs in `dir`).
+/// Polls the peer at `url` until it is ready with its `workers` and routing; fails after 60 s
+/// of not being both (logs in `dir`).
 async fn wait_ready(
     setup: &Setup,
     url: &str,
@@ -103,20 +103,17 @@ async fn wait_ready(
     let client = reqwest::Client::new();
     let start = std::time::Instant::now();
     loop {
-        match readiness(setup, &client, url, workers).await {
+        let pause = match readiness(setup, &client, url, workers).await {
             Readiness::Ready => return Ok(()),
-            Readiness::NotRouting => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-            Readiness::NotReady => {}
-        }
+            Readiness::NotRouting => Duration::from_millis(100),
+            Readiness::NotReady => Duration::from_millis(50),
+        };
         anyhow::ensure!(
             start.elapsed() < Duration::from_secs(60),
-            "peer router did not become ready (see {})",
+            "peer router did not become ready and routing in 60 s (see {})",
             dir.display()
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(pause).await;
     }
 }
 
