@@ -220,17 +220,5 @@ impl Scheduler {
     }
 }
 
-impl Scheduler {
-    /// The prompt's block hashes: the request's own when a pass before computed them.
-    fn hashes_of(&self, request: &RouteRequest<'_>, prompt: &str) -> Vec<BlockHash> {
-        match request.hashes {
-            Some(hashes) => hashes.to_vec(),
-            None => self
-                .prefix
-                .hash_salted(request.model, request.salt, prompt.as_bytes()),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests;

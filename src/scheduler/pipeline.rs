@@ -60,7 +60,8 @@ impl Scheduler {
         keep: usize,
     ) -> Result<Decision<C>, Filtered> {
         let started = Instant::now();
-        // One entry per plugin, plus prefix-cache's match ratio.
+        // 1. candidates: the caller's, in its order. One observation per plugin, plus
+        // prefix-cache's match ratio.
         let mut observations =
             Vec::with_capacity(self.config.filters.len() + self.config.scorers.len() + 1);
         // 2. filters
@@ -75,7 +76,7 @@ impl Scheduler {
         }
         let n = next(&self.counters.decisions, take);
         let mut rng = SmallRng::seed_from_u64(self.seed ^ n.wrapping_mul(0xA076_1D64_78BD_642F));
-        // 3. match: the affinity mode's pick (4-8) on it, else Kthena's weighted scores.
+        // 3. match: the affinity mode's pick (4-8) on it, else Kthena's score and rank.
         let mut decision = match self.affinity_match(&request, &candidates, &mut observations) {
             Some((config, matched)) => {
                 self.affinity_decision(config, &request, candidates, matched, &mut rng, keep)
@@ -104,9 +105,11 @@ impl Scheduler {
     ) -> Decision<C> {
         let scored = &matched.scored;
         let session = candidates::session_position(&candidates, request.session_pod);
+        // 4. load
         let load = self.load(config, &candidates, scored, matched.hashes.len());
         let index = self.prefix.index();
         let churn = |i: usize| candidates[i].index_pod().map_or(0.0, |p| index.churn(p));
+        // 5-7. gate, place, tie
         let (primary, why) = pick(
             config,
             &scored.matched_blocks,
@@ -118,6 +121,7 @@ impl Scheduler {
             load.prefill_per_block,
             rng,
         );
+        // 8. fallbacks
         let rest = keep.max(1) - 1;
         let ranked = std::iter::once(primary)
             .chain(fallbacks::fallbacks(
@@ -130,7 +134,54 @@ impl Scheduler {
             .collect();
         self.affinity_result(candidates, ranked, primary, why, matched, load.predictions)
     }
+}
 
+/// The affinity pick (steps 5-7): the chosen candidate's position and why. `matched` and `held`
+/// are each candidate's longest match with and without the holds of requests in flight;
+/// `churn(i)` is candidate `i`'s churn, read only for new work; `prefill_per_block` the seconds
+/// one uncached block of the prompt costs (the latency model's; unused without it).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the pick's inputs, each used once; a struct would only rename them"
+)]
+pub fn pick<R: Rng>(
+    config: &AffinityConfig,
+    matched: &[usize],
+    held: &[usize],
+    loads: &[PodLoad],
+    hashes: &[BlockHash],
+    session: Option<usize>,
+    churn: &dyn Fn(usize) -> f64,
+    prefill_per_block: f64,
+    rng: &mut R,
+) -> (usize, AffinityReason) {
+    debug_assert_eq!(matched.len(), loads.len());
+    // 5. gate: a match held only in flight counts when it covers most of the prompt; then each
+    // candidate's gates, and the session's pod while it is not saturated.
+    let matched = gate::effective(config, matched, held, hashes.len());
+    let gates = gate::Gates::new(
+        config,
+        &matched,
+        held,
+        loads,
+        hashes.len(),
+        prefill_per_block,
+    );
+    if let Some(i) = gates.session(session) {
+        return (i, AffinityReason::Session);
+    }
+    // 6. place (7. tie, inside it, among equal candidates); with the latency model a pick that
+    // waits because every pod would is `affinity_saturated`.
+    let available = |i: usize| gates.available(i);
+    let saturated = |i: usize| gates.saturated(i);
+    let limit = gates.share_limit();
+    let placed = place(
+        config, &matched, loads, hashes, &available, &saturated, churn, limit, rng,
+    );
+    gates.reason(loads, placed)
+}
+
+impl Scheduler {
     /// The affinity decision as a value: prefix-cache's percentages (times its weight) as the
     /// only plugin's scores, the pick's prediction, the engine matches.
     fn affinity_result<C>(
@@ -181,50 +232,6 @@ impl Scheduler {
             kv_matched: None,
         }
     }
-}
-
-/// The affinity pick (steps 5-7): the chosen candidate's position and why. `matched` and `held`
-/// are each candidate's longest match with and without the holds of requests in flight;
-/// `churn(i)` is candidate `i`'s churn, read only for new work; `prefill_per_block` the seconds
-/// one uncached block of the prompt costs (the latency model's; unused without it).
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the pick's inputs, each used once; a struct would only rename them"
-)]
-pub fn pick<R: Rng>(
-    config: &AffinityConfig,
-    matched: &[usize],
-    held: &[usize],
-    loads: &[PodLoad],
-    hashes: &[BlockHash],
-    session: Option<usize>,
-    churn: &dyn Fn(usize) -> f64,
-    prefill_per_block: f64,
-    rng: &mut R,
-) -> (usize, AffinityReason) {
-    debug_assert_eq!(matched.len(), loads.len());
-    // 5. gate: a match held only in flight counts when it covers most of the prompt; then each
-    // candidate's gates, and the session's pod while it is not saturated.
-    let matched = gate::effective(config, matched, held, hashes.len());
-    let gates = gate::Gates::new(
-        config,
-        &matched,
-        held,
-        loads,
-        hashes.len(),
-        prefill_per_block,
-    );
-    if let Some(i) = gates.session(session) {
-        return (i, AffinityReason::Session);
-    }
-    // 6. place (7. tie, inside it, among equal candidates)
-    let available = |i: usize| gates.available(i);
-    let saturated = |i: usize| gates.saturated(i);
-    let limit = gates.share_limit();
-    let placed = place(
-        config, &matched, loads, hashes, &available, &saturated, churn, limit, rng,
-    );
-    gate::waiting_everywhere(config, loads, placed)
 }
 
 #[cfg(test)]

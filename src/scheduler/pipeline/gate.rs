@@ -60,6 +60,8 @@ pub(super) struct Gates {
     gates: Vec<Gate>,
     /// `(1 + shareHeadroom) x` the mean share (at least `1/n`): above it a pod is over-share.
     limit: f64,
+    /// With the latency model: every candidate predicts a wait.
+    all_wait: bool,
 }
 
 impl Gates {
@@ -97,10 +99,12 @@ impl Gates {
         };
         let total = blocks as f64;
         let (mut least_within, mut least_all) = (f64::INFINITY, f64::INFINITY);
+        let mut all_wait = latency;
         for (i, g) in gates.iter_mut().enumerate() {
             g.share_ok = !g.over || keeps(i);
             if latency {
                 let l = &loads[i];
+                all_wait &= l.wait > 0.0;
                 g.cost =
                     l.wait + (total - matched[i] as f64) * prefill_per_block * (1.0 + l.backlog);
                 least_all = least_all.min(g.cost);
@@ -121,7 +125,11 @@ impl Gates {
                 g.queued
             };
         }
-        Gates { gates, limit }
+        Gates {
+            gates,
+            limit,
+            all_wait,
+        }
     }
 
     pub(super) fn saturated(&self, i: usize) -> bool {
@@ -139,6 +147,19 @@ impl Gates {
     /// The session's pod, while it is a candidate and not saturated (over its share or not).
     pub(super) fn session(&self, session: Option<usize>) -> Option<usize> {
         session.filter(|&i| i < self.gates.len() && !self.saturated(i))
+    }
+
+    /// `affinity_saturated` for the placed pick when, with the latency model, it waits in a
+    /// queue because every pod would; else the placement's reason.
+    pub(super) fn reason(
+        &self,
+        loads: &[PodLoad],
+        (i, why): (usize, AffinityReason),
+    ) -> (usize, AffinityReason) {
+        if self.all_wait && loads[i].wait > 0.0 {
+            return (i, AffinityReason::Saturated);
+        }
+        (i, why)
     }
 }
 
@@ -159,20 +180,6 @@ fn queued(config: &AffinityConfig, l: &PodLoad) -> bool {
 fn hot(config: &AffinityConfig, l: &PodLoad) -> bool {
     !(config.spill_hot_only && config.tentative)
         || i64::from(l.head_inflight) * 2 >= l.inflight.max(1)
-}
-
-/// The placed pick, or `affinity_saturated` for it when, with the latency model, it waits in a
-/// queue because every pod would.
-pub(super) fn waiting_everywhere(
-    config: &AffinityConfig,
-    loads: &[PodLoad],
-    (i, why): (usize, AffinityReason),
-) -> (usize, AffinityReason) {
-    let latency = config.load_gate && config.latency_model;
-    if latency && loads[i].wait > 0.0 && loads.iter().all(|l| l.wait > 0.0) {
-        return (i, AffinityReason::Saturated);
-    }
-    (i, why)
 }
 
 #[cfg(test)]
@@ -273,12 +280,19 @@ mod tests {
         let mut loads = [load(0, 0.0, 0.0), load(0, 0.0, 0.0)];
         loads[0].wait = 0.5;
         let hit = (0, AffinityReason::Hit);
-        assert_eq!(waiting_everywhere(&c, &loads, hit), hit);
+        let gates = |config: &AffinityConfig, loads: &[PodLoad]| {
+            Gates::new(config, &[2, 0], &[2, 0], loads, 2, 0.0)
+        };
+        assert_eq!(gates(&c, &loads).reason(&loads, hit), hit);
         loads[1].wait = 0.1;
+        let saturated = (0, AffinityReason::Saturated);
+        assert_eq!(gates(&c, &loads).reason(&loads, hit), saturated);
         assert_eq!(
-            waiting_everywhere(&c, &loads, hit),
-            (0, AffinityReason::Saturated)
+            gates(&c, &loads)
+                .reason(&loads, (1, AffinityReason::Spill))
+                .1,
+            saturated.1
         );
-        assert_eq!(waiting_everywhere(&COUNTS, &loads, hit), hit, "no model");
+        assert_eq!(gates(&COUNTS, &loads).reason(&loads, hit), hit, "no model");
     }
 }

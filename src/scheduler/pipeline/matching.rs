@@ -64,6 +64,17 @@ impl Scheduler {
         };
         Some((config, matched))
     }
+
+    /// The prompt's block hashes: the request's own when a pass before computed them (PD's
+    /// prefill passes reuse the decode pass's).
+    pub(super) fn hashes_of(&self, request: &RouteRequest<'_>, prompt: &str) -> Vec<BlockHash> {
+        match request.hashes {
+            Some(hashes) => hashes.to_vec(),
+            None => self
+                .prefix
+                .hash_salted(request.model, request.salt, prompt.as_bytes()),
+        }
+    }
 }
 
 #[cfg(test)]
