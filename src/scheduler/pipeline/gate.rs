@@ -98,33 +98,11 @@ impl Gates {
                 && (matched[i].saturating_sub(elsewhere)) as f64 > config.spill_loss * blocks as f64
         };
         let total = blocks as f64;
-        let (mut least_within, mut least_all) = (f64::INFINITY, f64::INFINITY);
-        let mut all_wait = latency;
-        for (i, g) in gates.iter_mut().enumerate() {
-            g.share_ok = !g.over || keeps(i);
-            if latency {
-                let l = &loads[i];
-                all_wait &= l.wait > 0.0;
-                g.cost =
-                    l.wait + (total - matched[i] as f64) * prefill_per_block * (1.0 + l.backlog);
-                least_all = least_all.min(g.cost);
-                if g.share_ok {
-                    least_within = least_within.min(g.cost);
-                }
-            }
-        }
-        let least = if least_within.is_finite() {
-            least_within
-        } else {
-            least_all
+        let cost = |i: usize| {
+            let l = &loads[i];
+            l.wait + (total - matched[i] as f64) * prefill_per_block * (1.0 + l.backlog)
         };
-        for g in &mut gates {
-            g.saturated = if latency {
-                g.cost > least + 1e-9 * least.abs()
-            } else {
-                g.queued
-            };
-        }
+        let all_wait = saturate(&mut gates, latency, keeps, cost);
         Gates {
             gates,
             limit,
@@ -161,6 +139,45 @@ impl Gates {
         }
         (i, why)
     }
+}
+
+/// Each candidate's share gate (`keeps(i)`: an over-share pod keeps the request), then its
+/// saturation: with the latency model (`latency`), a cost above the least among the pods within
+/// their share (among all when none is); without it, a queue. Whether every pod waits (with the
+/// latency model), from the same pass.
+fn saturate(
+    gates: &mut [Gate],
+    latency: bool,
+    keeps: impl Fn(usize) -> bool,
+    cost: impl Fn(usize) -> f64,
+) -> bool {
+    let (mut least_within, mut least_all) = (f64::INFINITY, f64::INFINITY);
+    // With the latency model a pod is queued when it predicts a wait.
+    let mut all_wait = latency;
+    for (i, g) in gates.iter_mut().enumerate() {
+        g.share_ok = !g.over || keeps(i);
+        if latency {
+            g.cost = cost(i);
+            all_wait &= g.queued;
+            least_all = least_all.min(g.cost);
+            if g.share_ok {
+                least_within = least_within.min(g.cost);
+            }
+        }
+    }
+    let least = if least_within.is_finite() {
+        least_within
+    } else {
+        least_all
+    };
+    for g in gates.iter_mut() {
+        g.saturated = if latency {
+            g.cost > least + 1e-9 * least.abs()
+        } else {
+            g.queued
+        };
+    }
+    all_wait
 }
 
 /// Queued: with the latency model a predicted wait; without it, in flight at `podCapacity` or
