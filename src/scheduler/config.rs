@@ -180,8 +180,38 @@ impl SchedulerConfig {
         }
     }
 
-    /// One line naming the effective routing mode (for `validate` and the start-up log).
+    /// One line naming the effective routing mode (for `validate` and the start-up log): the
+    /// mode and its switches, the block chain, then what else is on.
     pub fn mode_summary(&self) -> String {
+        let mode = match &self.affinity {
+            None => "kthena (weighted plugin scores)".to_string(),
+            Some(a) => affinity_summary(a),
+        };
+        let mut line = format!("routing mode: {mode}; {}", self.chain_summary());
+        if let Some(k) = self.kvcache_aware() {
+            line.push_str(&format!(
+                "; kvcache-aware on (blocks of {} tokens, up to {} blocks, tokenizer port vllm {} / sglang {}; Redis from REDIS_HOST/REDIS_PORT/REDIS_PASSWORD)",
+                k.block_size_to_hash,
+                k.max_blocks_to_match,
+                k.vllm_tokenizer_port,
+                k.sglang_tokenizer_port
+            ));
+        }
+        if let Some(l) = &self.load_shedding {
+            line.push_str(&format!(
+                "; load shedding on (queueDepth {}, kvCacheUtilization {}, maxInFlightPerPod {}, metrics stale after {} s)",
+                l.queue_depth,
+                l.kv_cache_utilization,
+                l.max_inflight
+                    .map_or_else(|| "unset".to_string(), |m| m.to_string()),
+                l.staleness.as_secs_f64()
+            ));
+        }
+        line
+    }
+
+    /// The block chain and, with a `pdGroup`, how pods pair.
+    fn chain_summary(&self) -> String {
         let p = &self.prefix_cache;
         let chain = format!(
             "{} chain of {} blocks of {} bytes ({} KiB), {} entries per pod",
@@ -191,7 +221,7 @@ impl SchedulerConfig {
             p.max_blocks_to_match * p.block_size_to_hash / 1024,
             p.max_hash_cache_size
         );
-        let chain = match &self.pd {
+        match &self.pd {
             None => chain,
             Some(g) => format!(
                 "{chain}; prefill/decode pairs by label {} (prefill {:?}, decode {:?})",
@@ -199,55 +229,33 @@ impl SchedulerConfig {
                 g.prefill_labels(),
                 g.decode_labels()
             ),
-        };
-        let mode = match &self.affinity {
-            None => format!("routing mode: kthena (weighted plugin scores); {chain}"),
-            Some(a) => {
-                let on = |b: bool| if b { "on" } else { "off" };
-                format!(
-                    "routing mode: affinity (tentative {} [tentativeMinRatio {}], consolidateTies {}, balanceNew {} [placeByChurn {}, churnSlack {}], loadGate {} [latencyModel {}, spillHotOnly {}, podCapacity {}, maxQueue {}, shareHeadroom {}, shareWindow {}, tieLoadSlack {}, spillLoss {}], longPrompts {}, engineBudget {} [bytesPerToken {}, engineTokens {}]); {chain}",
-                    on(a.tentative),
-                    a.tentative_min_ratio,
-                    on(a.consolidate_ties),
-                    on(a.balance_new),
-                    on(a.place_by_churn),
-                    a.churn_slack,
-                    on(a.load_gate),
-                    on(a.latency_model),
-                    on(a.spill_hot_only),
-                    a.pod_capacity,
-                    a.max_queue,
-                    a.share_headroom,
-                    a.share_window,
-                    a.tie_load_slack,
-                    a.spill_loss,
-                    on(a.long_prompts),
-                    on(a.engine_budget),
-                    a.bytes_per_token,
-                    a.engine_tokens
-                )
-            }
-        };
-        let mode = match self.kvcache_aware() {
-            None => mode,
-            Some(k) => format!(
-                "{mode}; kvcache-aware on (blocks of {} tokens, up to {} blocks, tokenizer port vllm {} / sglang {}; Redis from REDIS_HOST/REDIS_PORT/REDIS_PASSWORD)",
-                k.block_size_to_hash,
-                k.max_blocks_to_match,
-                k.vllm_tokenizer_port,
-                k.sglang_tokenizer_port
-            ),
-        };
-        match &self.load_shedding {
-            None => mode,
-            Some(l) => format!(
-                "{mode}; load shedding on (queueDepth {}, kvCacheUtilization {}, maxInFlightPerPod {}, metrics stale after {} s)",
-                l.queue_depth,
-                l.kv_cache_utilization,
-                l.max_inflight
-                    .map_or_else(|| "unset".to_string(), |m| m.to_string()),
-                l.staleness.as_secs_f64()
-            ),
         }
     }
+}
+
+/// The affinity mode and every switch and number of it.
+fn affinity_summary(a: &AffinityConfig) -> String {
+    let on = |b: bool| if b { "on" } else { "off" };
+    format!(
+        "affinity (tentative {} [tentativeMinRatio {}], consolidateTies {}, balanceNew {} [placeByChurn {}, churnSlack {}], loadGate {} [latencyModel {}, spillHotOnly {}, podCapacity {}, maxQueue {}, shareHeadroom {}, shareWindow {}, tieLoadSlack {}, spillLoss {}], longPrompts {}, engineBudget {} [bytesPerToken {}, engineTokens {}])",
+        on(a.tentative),
+        a.tentative_min_ratio,
+        on(a.consolidate_ties),
+        on(a.balance_new),
+        on(a.place_by_churn),
+        a.churn_slack,
+        on(a.load_gate),
+        on(a.latency_model),
+        on(a.spill_hot_only),
+        a.pod_capacity,
+        a.max_queue,
+        a.share_headroom,
+        a.share_window,
+        a.tie_load_slack,
+        a.spill_loss,
+        on(a.long_prompts),
+        on(a.engine_budget),
+        a.bytes_per_token,
+        a.engine_tokens
+    )
 }

@@ -11,10 +11,10 @@
 //! - `prefill = uncached tokens x seconds per token`, the uncached tokens being the prompt's
 //!   blocks the pod does not hold (index and holds), converted with `bytesPerToken`.
 //!
-//! The pick ([`super::affinity::pick`]) weighs a candidate at `wait + prefill x (1 + backlog)`,
-//! `backlog` being the queue it would join in slots (`k / concurrency`): a prefill on a queueing
-//! pod also delays every request queued behind it by its time over the slots, so under load a
-//! match is worth more than one request's prefill.
+//! The affinity pick's gate (`pipeline/gate.rs`) weighs a candidate at `wait + prefill x (1 +
+//! backlog)`, `backlog` being the queue it would join in slots (`k / concurrency`): a prefill on
+//! a queueing pod also delays every request queued behind it by its time over the slots, so
+//! under load a match is worth more than one request's prefill.
 //!
 //! Learned, per pod ([`PodTiming`]):
 //! - `concurrency`: the engine's `running` in every scrape that shows a queue (`waiting` > 0),

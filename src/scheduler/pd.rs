@@ -225,21 +225,18 @@ impl Scheduler {
         let started = Instant::now();
         let roles: Vec<Option<(PdRole, &str)>> =
             candidates.iter().map(|c| group.role_of(c)).collect();
-        let decode: Vec<C> = candidates
-            .iter()
-            .zip(&roles)
-            .filter(|(_, r)| matches!(r, Some((PdRole::Decode, _))))
-            .map(|(c, _)| c.clone())
-            .collect();
+        // 1. no decode pod: Kthena's error.
+        let decode = of_role(&candidates, &roles, |r| matches!(r, (PdRole::Decode, _)));
         if decode.is_empty() {
             return Err(Unpaired {
                 error: PickError::NoDecodePod,
                 observations: Vec::new(),
             });
         }
+        // 2. the decode pass: the best five decode pods.
         let mut decision = self.decide(request, decode, take, TOP_DECODE)?;
         let mut observations = std::mem::take(&mut decision.observations);
-        // The prefill passes score the same prompt: hashed once, by the decode pass.
+        // 3. a prefill pass per kept decode pod; the prompt hashed once, by the decode pass.
         let prefill_request = RouteRequest {
             hashes: Some(&decision.hashes),
             ..request
@@ -248,54 +245,74 @@ impl Scheduler {
         let mut paired = None;
         for (i, d) in decision.ranked.iter().enumerate() {
             let own = group.role_of(d).map(|(_, g)| g);
-            let prefill: Vec<C> = candidates
-                .iter()
-                .zip(&roles)
-                .filter(|(_, r)| matches!(r, Some((PdRole::Prefill, g))  if Some(*g) == own))
-                .map(|(c, _)| c.clone())
-                .collect();
-            if prefill.is_empty() {
-                passes.push(PrefillPass::NoPrefillPods { decode: d.clone() });
-                continue;
+            let prefill = of_role(
+                &candidates,
+                &roles,
+                |r| matches!(r, (PdRole::Prefill, g) if Some(*g) == own),
+            );
+            let pass = self.prefill_pass(prefill_request, d, prefill, take, &mut observations);
+            if let (None, PrefillPass::Scored { decision: p, .. }) = (&paired, &pass) {
+                paired = Some((i, PdPairing::of(p)));
             }
-            match self.decide(prefill_request, prefill, take, 1) {
-                Err(f) => {
-                    observations.extend(f.observations);
-                    passes.push(PrefillPass::FilteredOut {
-                        decode: d.clone(),
-                        filter: f.filter,
-                    });
-                }
-                Ok(mut p) => {
-                    observations.append(&mut p.observations);
-                    p.hashes = Vec::new();
-                    if paired.is_none() {
-                        paired = Some((
-                            i,
-                            PdPairing {
-                                prefill: p.primary().clone(),
-                                prefill_reason: p.reason,
-                                prefill_candidates: p.candidates.len(),
-                                passes: Vec::new(),
-                            },
-                        ));
-                    }
-                    passes.push(PrefillPass::Scored {
-                        decode: d.clone(),
-                        decision: Box::new(p),
-                    });
-                }
-            }
+            passes.push(pass);
         }
+        // 4. no pair at all: Kthena's error; else the first decode pod with a pair.
         let Some((primary, pairing)) = paired else {
             return Err(Unpaired {
                 error: PickError::NoPdPair,
                 observations,
             });
         };
+        self.keep_paired(&mut decision, primary, group);
+        decision.pd = Some(PdPairing { passes, ..pairing });
+        decision.observations = observations;
+        decision.duration = started.elapsed();
+        Ok(decision)
+    }
+
+    /// One kept decode pod's prefill pass over its group's prefill pods.
+    fn prefill_pass<C: Candidate + Clone>(
+        &self,
+        request: RouteRequest<'_>,
+        decode: &C,
+        prefill: Vec<C>,
+        take: bool,
+        observations: &mut Vec<Observation>,
+    ) -> PrefillPass<C> {
+        let decode = decode.clone();
+        if prefill.is_empty() {
+            return PrefillPass::NoPrefillPods { decode };
+        }
+        match self.decide(request, prefill, take, 1) {
+            Err(f) => {
+                observations.extend(f.observations);
+                PrefillPass::FilteredOut {
+                    decode,
+                    filter: f.filter,
+                }
+            }
+            Ok(mut p) => {
+                observations.append(&mut p.observations);
+                p.hashes = Vec::new();
+                PrefillPass::Scored {
+                    decode,
+                    decision: Box::new(p),
+                }
+            }
+        }
+    }
+
+    /// The decode pick becomes the first kept decode pod with a pair (`primary`); its fallbacks,
+    /// the later kept decode pods of its group.
+    fn keep_paired<C: Candidate + Clone>(
+        &self,
+        decision: &mut Decision<C>,
+        primary: usize,
+        group: &PdGroup,
+    ) {
         if primary > 0 {
             // The best decode pods had no pair: the pick's reason and prediction are its own.
-            decision.reason = reason_for(&decision, &decision.ranked[primary]);
+            decision.reason = reason_for(decision, &decision.ranked[primary]);
             decision.predicted_blocks = 0;
         }
         let own = group.role_of(&decision.ranked[primary]).map(|(_, g)| g);
@@ -306,11 +323,33 @@ impl Scheduler {
             .cloned()
             .collect();
         decision.ranked = ranked;
-        decision.pd = Some(PdPairing { passes, ..pairing });
-        decision.observations = observations;
-        decision.duration = started.elapsed();
-        Ok(decision)
     }
+}
+
+impl<C: Clone> PdPairing<C> {
+    /// The pairing a scored prefill pass names (its passes are added once all have run).
+    fn of(pass: &Decision<C>) -> PdPairing<C> {
+        PdPairing {
+            prefill: pass.primary().clone(),
+            prefill_reason: pass.reason,
+            prefill_candidates: pass.candidates.len(),
+            passes: Vec::new(),
+        }
+    }
+}
+
+/// The candidates whose role (and group) `keep` accepts, in order.
+fn of_role<C: Clone>(
+    candidates: &[C],
+    roles: &[Option<(PdRole, &str)>],
+    keep: impl Fn(&(PdRole, &str)) -> bool,
+) -> Vec<C> {
+    candidates
+        .iter()
+        .zip(roles)
+        .filter(|(_, r)| r.as_ref().is_some_and(&keep))
+        .map(|(c, _)| c.clone())
+        .collect()
 }
 
 /// The reason of a weighted decision had `pick` been its first: a prefix hit when `pick` holds

@@ -582,36 +582,3 @@ fn a_live_engine_view_outranks_the_estimate() {
     let half = d.engine[1].unwrap().blocks;
     assert!(half.abs_diff(blocks / 2) <= 1, "{half} of {blocks}");
 }
-
-proptest::proptest! {
-    /// The fallbacks equal the first `keep` of every other candidate sorted by (longest match,
-    /// load, position).
-    #[test]
-    fn fallbacks_equal_a_full_sort(
-        pods in proptest::collection::vec((0usize..4, 0i64..3, 0u8..3), 1..20),
-        primary in 0usize..20,
-        keep in 0usize..6,
-    ) {
-        let primary = primary % pods.len();
-        let matched: Vec<usize> = pods.iter().map(|p| p.0).collect();
-        let loads: Vec<PodLoad> = pods
-            .iter()
-            .map(|p| PodLoad {
-                key: 0,
-                inflight: p.1,
-                waiting: f64::from(p.2),
-                share: 0.0,
-                head_inflight: 0,
-                wait: 0.0,
-                backlog: 0.0,
-            })
-            .collect();
-        let mut all: Vec<(std::cmp::Reverse<usize>, i64, usize)> = (0..pods.len())
-            .filter(|&i| i != primary)
-            .map(|i| (std::cmp::Reverse(matched[i]), pods[i].1 + i64::from(pods[i].2), i))
-            .collect();
-        all.sort_unstable();
-        let expected: Vec<usize> = all.iter().take(keep).map(|&(_, _, i)| i).collect();
-        proptest::prop_assert_eq!(fallbacks(primary, &matched, &loads, keep), expected);
-    }
-}

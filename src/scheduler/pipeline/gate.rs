@@ -1,0 +1,315 @@
+//! Step 5, gate: which candidates the affinity pick may place on.
+//!
+//! First the match that counts: a match held only by requests in flight counts when it covers
+//! `tentativeMinRatio` of the prompt, or all of it but one block (the same prompt sent again: a
+//! burst); a request that adds more than that to a held head is new work and goes by what
+//! completed requests left ([`effective`]). Then, per candidate, computed once ([`Gates`]):
+//! - *queued*: with the latency model, it predicts a wait; without it, its in-flight count is at
+//!   `podCapacity` or its engine queue over `maxQueue`;
+//! - *over* its share: its share of recent picks exceeds the mean (at least `1/n`) by more than
+//!   `shareHeadroom`, and (`spillHotOnly`) the request's head makes up at least half of its
+//!   requests in flight; an over-share pod still keeps a burst in progress that would lose more
+//!   than `spillLoss` of the prompt on any other available pod;
+//! - *saturated*: with the latency model, it costs (`wait + prefill x (1 + backlog)`) more than
+//!   the least among the pods within their share; without it, queued;
+//! - *available*: neither saturated nor over its share.
+//!
+//! A session's pod is the pick while it is not saturated. Without the load gate (`loadGate`
+//! off) nothing is queued or over its share.
+
+use crate::scheduler::affinity::{AffinityConfig, AffinityReason, PodLoad};
+
+/// The match that counts per candidate: `matched` (index, engine and holds in flight), or
+/// `held` (index and engine alone) where the rest is held only in flight and leaves more than
+/// the allowed part of the prompt uncovered.
+pub(super) fn effective(
+    config: &AffinityConfig,
+    matched: &[usize],
+    held: &[usize],
+    blocks: usize,
+) -> Vec<usize> {
+    let total = blocks as f64;
+    let allowed_rest = ((1.0 - config.tentative_min_ratio) * total).max(1.0);
+    matched
+        .iter()
+        .zip(held)
+        .map(|(&m, &h)| {
+            if m > h && total - m as f64 > allowed_rest {
+                h
+            } else {
+                m
+            }
+        })
+        .collect()
+}
+
+/// One candidate's gates, each computed once (the placement reads them several times per
+/// candidate; as closures they cost a third of the pick at 1,024 pods).
+#[derive(Debug, Clone, Copy, Default)]
+struct Gate {
+    queued: bool,
+    over: bool,
+    share_ok: bool,
+    cost: f64,
+    saturated: bool,
+}
+
+/// Every candidate's gates, and the share limit they were judged by.
+#[derive(Debug)]
+pub(super) struct Gates {
+    gates: Vec<Gate>,
+    /// `(1 + shareHeadroom) x` the mean share (at least `1/n`): above it a pod is over-share.
+    limit: f64,
+    /// With the latency model: every candidate predicts a wait.
+    all_wait: bool,
+}
+
+impl Gates {
+    /// The gates of each candidate, from its effective match, its match without holds, its
+    /// load, the prompt's block count and the seconds one uncached block costs.
+    pub(super) fn new(
+        config: &AffinityConfig,
+        matched: &[usize],
+        held: &[usize],
+        loads: &[PodLoad],
+        blocks: usize,
+        prefill_per_block: f64,
+    ) -> Gates {
+        let n = matched.len();
+        let latency = config.load_gate && config.latency_model;
+        let mean = loads.iter().map(|l| l.share).sum::<f64>() / n as f64;
+        let limit = (1.0 + config.share_headroom) * mean.max(1.0 / n as f64);
+        let mut gates: Vec<Gate> = loads
+            .iter()
+            .map(|l| Gate {
+                queued: queued(config, l),
+                over: config.load_gate && n > 1 && l.share > limit && hot(config, l),
+                ..Gate::default()
+            })
+            .collect();
+        // An over-share pod keeps a burst in progress that would lose more than `spillLoss`.
+        let elsewhere = (0..n)
+            .filter(|&i| !gates[i].queued && !gates[i].over)
+            .map(|i| matched[i])
+            .max()
+            .unwrap_or(0);
+        let keeps = |i: usize| {
+            matched[i] > held[i]
+                && (matched[i].saturating_sub(elsewhere)) as f64 > config.spill_loss * blocks as f64
+        };
+        let total = blocks as f64;
+        let cost = |i: usize| {
+            let l = &loads[i];
+            l.wait + (total - matched[i] as f64) * prefill_per_block * (1.0 + l.backlog)
+        };
+        let all_wait = saturate(&mut gates, latency, keeps, cost);
+        Gates {
+            gates,
+            limit,
+            all_wait,
+        }
+    }
+
+    pub(super) fn saturated(&self, i: usize) -> bool {
+        self.gates[i].saturated
+    }
+
+    pub(super) fn available(&self, i: usize) -> bool {
+        !self.gates[i].saturated && self.gates[i].share_ok
+    }
+
+    pub(super) fn share_limit(&self) -> f64 {
+        self.limit
+    }
+
+    /// The session's pod, while it is a candidate and not saturated (over its share or not).
+    pub(super) fn session(&self, session: Option<usize>) -> Option<usize> {
+        session.filter(|&i| i < self.gates.len() && !self.saturated(i))
+    }
+
+    /// `affinity_saturated` for the placed pick when, with the latency model, it waits in a
+    /// queue because every pod would; else the placement's reason.
+    pub(super) fn reason(
+        &self,
+        loads: &[PodLoad],
+        (i, why): (usize, AffinityReason),
+    ) -> (usize, AffinityReason) {
+        if self.all_wait && loads[i].wait > 0.0 {
+            return (i, AffinityReason::Saturated);
+        }
+        (i, why)
+    }
+}
+
+/// Each candidate's share gate (`keeps(i)`: an over-share pod keeps the request), then its
+/// saturation: with the latency model (`latency`), a cost above the least among the pods within
+/// their share (among all when none is); without it, a queue. Whether every pod waits (with the
+/// latency model), from the same pass.
+fn saturate(
+    gates: &mut [Gate],
+    latency: bool,
+    keeps: impl Fn(usize) -> bool,
+    cost: impl Fn(usize) -> f64,
+) -> bool {
+    let (mut least_within, mut least_all) = (f64::INFINITY, f64::INFINITY);
+    // With the latency model a pod is queued when it predicts a wait.
+    let mut all_wait = latency;
+    for (i, g) in gates.iter_mut().enumerate() {
+        g.share_ok = !g.over || keeps(i);
+        if latency {
+            g.cost = cost(i);
+            all_wait &= g.queued;
+            least_all = least_all.min(g.cost);
+            if g.share_ok {
+                least_within = least_within.min(g.cost);
+            }
+        }
+    }
+    let least = if least_within.is_finite() {
+        least_within
+    } else {
+        least_all
+    };
+    for g in gates.iter_mut() {
+        g.saturated = if latency {
+            g.cost > least + 1e-9 * least.abs()
+        } else {
+            g.queued
+        };
+    }
+    all_wait
+}
+
+/// Queued: with the latency model a predicted wait; without it, in flight at `podCapacity` or
+/// an engine queue over `maxQueue`; never without the load gate.
+fn queued(config: &AffinityConfig, l: &PodLoad) -> bool {
+    if config.load_gate && config.latency_model {
+        l.wait > 0.0
+    } else {
+        config.load_gate
+            && (l.waiting > f64::from(config.max_queue)
+                || l.inflight >= i64::from(config.pod_capacity))
+    }
+}
+
+/// Whether the request's head drives the pod's load (half its requests in flight or more).
+/// Holds are what show a prefix in flight: without `tentative` every prefix counts as hot.
+fn hot(config: &AffinityConfig, l: &PodLoad) -> bool {
+    !(config.spill_hot_only && config.tentative)
+        || i64::from(l.head_inflight) * 2 >= l.inflight.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(inflight: i64, waiting: f64, share: f64) -> PodLoad {
+        PodLoad {
+            key: 0,
+            inflight,
+            waiting,
+            share,
+            head_inflight: 0,
+            wait: 0.0,
+            backlog: 0.0,
+        }
+    }
+
+    /// `latencyModel: false`: the gates of `podCapacity` and `maxQueue`.
+    const COUNTS: AffinityConfig = AffinityConfig {
+        latency_model: false,
+        ..AffinityConfig::DEFAULT
+    };
+
+    #[test]
+    fn a_match_held_only_in_flight_counts_when_it_covers_most_of_the_prompt() {
+        let c = AffinityConfig::DEFAULT; // tentativeMinRatio 0.9: 1 of 10 blocks may be missing
+        assert_eq!(effective(&c, &[9, 5, 4], &[2, 5, 0], 10), [9, 5, 0]);
+        // A short prompt: all of it but one block.
+        assert_eq!(effective(&c, &[2, 1], &[0, 0], 3), [2, 0]);
+    }
+
+    #[test]
+    fn without_the_latency_model_a_full_pod_or_a_queue_saturates() {
+        let loads = [load(64, 0.0, 0.0), load(0, 1.0, 0.0), load(63, 0.0, 0.0)];
+        let g = Gates::new(&COUNTS, &[0, 0, 0], &[0, 0, 0], &loads, 4, 0.0);
+        assert_eq!(
+            (0..3).map(|i| g.saturated(i)).collect::<Vec<_>>(),
+            [true, true, false]
+        );
+        let open = AffinityConfig {
+            load_gate: false,
+            ..COUNTS
+        };
+        let g = Gates::new(&open, &[0, 0, 0], &[0, 0, 0], &loads, 4, 0.0);
+        assert!(
+            (0..3).all(|i| g.available(i)),
+            "no load gate: all available"
+        );
+    }
+
+    #[test]
+    fn over_share_pods_are_unavailable_but_not_saturated() {
+        // Mean share 0.4, limit 1.25 x 0.4 = 0.5; pod 0 is over it, its prefix hot.
+        let mut loads = [load(1, 0.0, 0.9), load(0, 0.0, 0.2), load(0, 0.0, 0.1)];
+        loads[0].head_inflight = 1;
+        let g = Gates::new(&COUNTS, &[0, 0, 0], &[0, 0, 0], &loads, 4, 0.0);
+        assert!((g.share_limit() - 0.5).abs() < 1e-12);
+        assert!(!g.available(0) && !g.saturated(0));
+        assert!(g.available(1) && g.available(2));
+        // A session stays on its over-share pod; a saturated one it leaves.
+        assert_eq!(g.session(Some(0)), Some(0));
+        loads[0].inflight = 64;
+        let g = Gates::new(&COUNTS, &[0, 0, 0], &[0, 0, 0], &loads, 4, 0.0);
+        assert_eq!(g.session(Some(0)), None);
+        assert_eq!(g.session(Some(7)), None, "not a candidate");
+    }
+
+    #[test]
+    fn an_over_share_pod_keeps_a_burst_that_would_lose_much_elsewhere() {
+        // Pod 0 holds 8 of 8 blocks, 6 only in flight; elsewhere at most 2: it keeps the burst.
+        let loads = [load(2, 0.0, 0.9), load(0, 0.0, 0.0)];
+        let mut hot = loads;
+        hot[0].head_inflight = 2;
+        let g = Gates::new(&COUNTS, &[8, 2], &[2, 2], &hot, 8, 0.0);
+        assert!(g.available(0));
+        // Held by completed requests alone, it is no burst: it spills.
+        let g = Gates::new(&COUNTS, &[8, 2], &[8, 2], &hot, 8, 0.0);
+        assert!(!g.available(0));
+    }
+
+    #[test]
+    fn with_the_latency_model_a_pod_costing_more_than_the_least_saturates() {
+        let c = AffinityConfig::DEFAULT;
+        // Pod 0 holds all 10 blocks but waits 1 s; pod 1 holds 5, idle, at 0.1 s per block.
+        let mut loads = [load(0, 0.0, 0.0), load(0, 0.0, 0.0)];
+        loads[0].wait = 1.0;
+        let g = Gates::new(&c, &[10, 5], &[10, 5], &loads, 10, 0.1);
+        assert!(g.saturated(0) && g.available(1));
+        // Cheap prefill: its queue costs less than the blocks it saves.
+        let g = Gates::new(&c, &[10, 5], &[10, 5], &loads, 10, 0.3);
+        assert!(g.available(0) && g.saturated(1));
+    }
+
+    #[test]
+    fn a_pick_waits_as_saturated_only_when_every_pod_waits() {
+        let c = AffinityConfig::DEFAULT;
+        let mut loads = [load(0, 0.0, 0.0), load(0, 0.0, 0.0)];
+        loads[0].wait = 0.5;
+        let hit = (0, AffinityReason::Hit);
+        let gates = |config: &AffinityConfig, loads: &[PodLoad]| {
+            Gates::new(config, &[2, 0], &[2, 0], loads, 2, 0.0)
+        };
+        assert_eq!(gates(&c, &loads).reason(&loads, hit), hit);
+        loads[1].wait = 0.1;
+        let saturated = (0, AffinityReason::Saturated);
+        assert_eq!(gates(&c, &loads).reason(&loads, hit), saturated);
+        assert_eq!(
+            gates(&c, &loads)
+                .reason(&loads, (1, AffinityReason::Spill))
+                .1,
+            saturated.1
+        );
+        assert_eq!(gates(&COUNTS, &loads).reason(&loads, hit), hit, "no model");
+    }
+}

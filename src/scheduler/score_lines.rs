@@ -1,0 +1,103 @@
+//! Kthena's `--v=4` score lines of a decision, verbatim, at debug level on the `scores`
+//! target (the golden-log tests compare them with Kthena's), then the affinity mode's
+//! predictions and match sources.
+
+use super::{Candidate, Decision, PrefillPass};
+
+impl<C: Candidate> Decision<C> {
+    /// Kthena's `--v=4` score lines, verbatim, at debug level on the `scores` target; in PD
+    /// mode with Kthena's phase lines before the decode pass and each prefill pass.
+    pub fn log_scores(&self) {
+        if !tracing::enabled!(target: "scores", tracing::Level::DEBUG) {
+            return;
+        }
+        let Some(pd) = &self.pd else {
+            self.log_pass();
+            return;
+        };
+        tracing::debug!(target: "scores", "Using optimized PD disaggregated scheduling");
+        tracing::debug!(target: "scores", "Running score plugins for decode pod");
+        self.log_pass();
+        for pass in &pd.passes {
+            match pass {
+                PrefillPass::Scored { decision, .. } => {
+                    tracing::debug!(target: "scores", "Running score plugins for prefill pod");
+                    decision.log_pass();
+                }
+                PrefillPass::NoPrefillPods { decode } => tracing::debug!(
+                    target: "scores",
+                    decode_instance = decode.label(),
+                    "prefill pods for decode group not found"
+                ),
+                PrefillPass::FilteredOut { decode, filter } => tracing::debug!(
+                    target: "scores",
+                    decode_instance = decode.label(),
+                    filter,
+                    "prefill pods were filtered out"
+                ),
+            }
+        }
+    }
+
+    /// One pass's score lines.
+    fn log_pass(&self) {
+        for p in &self.plugins {
+            let Some(scores) = &p.scores else { continue };
+            tracing::debug!(target: "scores", "ScorePlugin: {}", p.plugin);
+            for (e, s) in self.candidates.iter().zip(scores) {
+                tracing::debug!(target: "scores", "Pod: {}, Score: {}", e.label(), s);
+            }
+        }
+        if let Some((matched, total)) = &self.kv_matched {
+            // Kthena's calculatePodScores line per pod holding the first block.
+            for (e, &m) in self.candidates.iter().zip(matched) {
+                if m == 0 {
+                    continue;
+                }
+                let score = (m as f64 / *total as f64 * 100.0) as u32;
+                tracing::debug!(
+                    target: "scores",
+                    "KVCacheAware.calculateScores: pod={} matched={}/{} blocks, score={}",
+                    e.cache_owner().unwrap_or(e.label()),
+                    m,
+                    total,
+                    score
+                );
+            }
+        }
+        tracing::debug!(target: "scores", "Final Pod Scores:");
+        for (e, t) in self.candidates.iter().zip(&self.totals) {
+            tracing::debug!(target: "scores", "  Pod: {}, Final Score: {}", e.label(), t);
+        }
+        if self.predictions.is_empty() {
+            return;
+        }
+        tracing::debug!(target: "scores", "Predicted TTFT:");
+        for (e, p) in self.candidates.iter().zip(&self.predictions) {
+            tracing::debug!(
+                target: "scores",
+                "  Pod: {}, Predicted TTFT: {:.1} ms (wait {:.1} ms, prefill {:.1} ms of {:.0} tokens)",
+                e.label(),
+                p.ttft() * 1e3,
+                p.wait * 1e3,
+                p.prefill * 1e3,
+                p.uncached_tokens
+            );
+        }
+        if self.engine.is_empty() {
+            return;
+        }
+        tracing::debug!(target: "scores", "Match sources:");
+        for (i, e) in self.candidates.iter().enumerate() {
+            match self.engine.get(i).copied().flatten() {
+                Some(m) => tracing::debug!(
+                    target: "scores",
+                    "  Pod: {}, Source: engine, Matched: {} tokens",
+                    e.label(),
+                    m.tokens
+                ),
+                None => tracing::debug!(target: "scores", "  Pod: {}, Source: estimate", e.label()),
+            }
+        }
+    }
+}
