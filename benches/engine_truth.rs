@@ -79,7 +79,12 @@ fn bench_match(c: &mut Criterion, size: usize) {
 fn bench_heads(c: &mut Criterion) {
     let mut g = c.benchmark_group("heads");
     let registry = prometheus::Registry::new();
-    let metrics = EngineTruthMetrics::register(&registry, &["engine", "estimate"], &["timeout"]);
+    let metrics = EngineTruthMetrics::register(
+        &registry,
+        &["engine", "estimate"],
+        &["engine", "request"],
+        &["timeout"],
+    );
     let section: TokenizerSection = serde_yaml_ng::from_str("source: engine").unwrap();
     let heads = HeadTokens::new(section, metrics);
     // An 8 KiB conversation of 9 messages, none of its heads known: the lookup misses (the

@@ -20,6 +20,7 @@ pub mod candidate;
 pub mod config;
 pub mod engine_match;
 pub mod gpu_usage;
+mod hold;
 pub mod kvcache_aware;
 pub mod latency;
 pub mod least_latency;
@@ -40,12 +41,14 @@ use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use thiserror::Error;
 
+use crate::engine_view::EngineView;
 use crate::hashing::{BlockHash, CacheSalt};
-use crate::prefix_index::{HoldId, ModelKey, PodHandle, PodSlot, RecordOutcome, TentativeEntries};
+use crate::prefix_index::{ModelKey, PodHandle, PodSlot, RecordOutcome, TentativeEntries};
 use crate::prompt::NoPrompt;
 use affinity::{AffinityConfig, AffinityReason, PodLoad};
 pub use candidate::{Candidate, EngineStats};
 use config::{FilterKind, SchedulerConfig, ScorerKind};
+pub use hold::{HoldEnd, TentativeHold};
 pub use pd::{PdGroup, PdPairing, PdRole, PrefillPass, Unpaired};
 use prefix_cache::PrefixCache;
 
@@ -289,6 +292,15 @@ impl<C: Candidate> Decision<C> {
         let slot = self.primary().slot();
         let at = self.candidates.iter().position(|c| c.slot() == slot);
         at.map_or(MatchSource::Estimate, |i| self.match_source(i))
+    }
+
+    /// The token-chain hash of the request's head's last full block at the primary pick's
+    /// engine block size, when the primary was matched by its live engine view (what a hold
+    /// for it awaits).
+    pub fn primary_last_block(&self) -> Option<u64> {
+        let slot = self.primary().slot();
+        let at = self.candidates.iter().position(|c| c.slot() == slot)?;
+        self.engine.get(at).copied().flatten()?.last_block
     }
 
     /// The latency model's prediction for the primary pick (affinity mode only).
@@ -958,7 +970,9 @@ impl Scheduler {
             let now = self.counters.picks.fetch_add(1, Ordering::Relaxed) as u32;
             decision.primary().recent().add(now, keep);
         }
-        self.hold_tentative(model, &decision.hashes, decision.primary().slot())
+        let primary = decision.primary();
+        let engine = primary.engine_view().zip(decision.primary_last_block());
+        self.hold_tentative(model, &decision.hashes, primary.slot(), engine)
     }
 
     /// [`commit`](Scheduler::commit) for a PD decision's prefill pod: an affinity pick joins its
@@ -983,28 +997,33 @@ impl Scheduler {
             let now = self.counters.picks.fetch_add(1, Ordering::Relaxed) as u32;
             pd.prefill.recent().add(now, keep);
         }
-        self.hold_tentative(model, &decision.hashes, pd.prefill.slot())
+        self.hold_tentative(model, &decision.hashes, pd.prefill.slot(), None)
     }
 
-    /// Holds `hashes` tentatively for the pod in `slot` until the request completes (affinity
-    /// mode with `tentative`); `None` when there is nothing to hold.
+    /// Holds `hashes` tentatively for the pod in `pod` until the request ends (affinity mode
+    /// with `tentative`); `None` when there is nothing to hold. `engine`: the pod's live view and
+    /// the token-chain hash of the request's head's last full block: the hold claims its blocks
+    /// until that view stores it.
     pub fn hold_tentative(
         &self,
         model: &str,
         hashes: &[BlockHash],
-        pod: crate::prefix_index::PodSlot,
+        pod: PodSlot,
+        engine: Option<(&EngineView, u64)>,
     ) -> Option<TentativeHold> {
         let config = self.config.affinity.as_ref()?;
         if !config.tentative || hashes.is_empty() {
             return None;
         }
-        let id = self
-            .tentative
-            .add(ModelKey::of(model), hashes.into(), pod)?;
+        let engine = engine.map(|(view, block)| view.await_block(block));
+        let id =
+            self.tentative
+                .add_awaiting(ModelKey::of(model), hashes.into(), pod, engine.clone())?;
         Some(TentativeHold {
             entries: self.tentative.clone(),
             id,
             pod,
+            engine,
         })
     }
 
@@ -1055,28 +1074,6 @@ fn fallbacks(primary: usize, matched: &[usize], loads: &[PodLoad], keep: usize) 
 fn session_position<C: Candidate>(candidates: &[C], pod: Option<PodSlot>) -> Option<usize> {
     let pod = pod?;
     candidates.iter().position(|c| c.slot() == pod)
-}
-
-/// A prompt held tentatively for a pod ([`Scheduler::hold_tentative`]), released when dropped:
-/// the request's ticket drops it at completion (after recording), rollback or expiry.
-#[derive(Debug)]
-pub struct TentativeHold {
-    entries: Arc<TentativeEntries>,
-    id: HoldId,
-    pod: crate::prefix_index::PodSlot,
-}
-
-impl TentativeHold {
-    /// The pod the prompt is held for.
-    pub fn pod(&self) -> crate::prefix_index::PodSlot {
-        self.pod
-    }
-}
-
-impl Drop for TentativeHold {
-    fn drop(&mut self) {
-        self.entries.remove(self.id);
-    }
 }
 
 #[cfg(test)]
