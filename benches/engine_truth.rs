@@ -1,5 +1,5 @@
 //! Engine truth's costs: applying KV events to a pod's engine view (block events per second on
-//! one core, at a steady size), matching a request against it, hashing a prompt's tokens, the
+//! one core, at a steady size; also with 64 holds in flight awaiting blocks from it), matching a request against it, hashing a prompt's tokens, the
 //! request path's head lookup, and the view's memory per block.
 //!
 //! `cargo bench --bench engine_truth`; the memory line is printed after the criterion groups.
@@ -34,14 +34,20 @@ fn filled(blocks: usize) -> (EngineView, u64) {
     (view, next)
 }
 
-fn bench_ingest(c: &mut Criterion, size: usize) {
+fn bench_ingest(c: &mut Criterion, size: usize, waits: usize) {
     let mut g = c.benchmark_group("engine_view");
     let (view, mut next) = filled(size);
+    // Holds in flight awaiting blocks this run never stores (a store looks each block up).
+    let waiting: Vec<_> = (0..waits as u64).map(|i| view.await_block(!i)).collect();
     let mut oldest = 1u64;
     let tokens: Vec<u32> = (0..(BATCH * BLOCK) as u32).collect();
     // One store of BATCH blocks and one removal of BATCH blocks: 2 x BATCH block events.
     g.throughput(Throughput::Elements((2 * BATCH) as u64));
-    g.bench_function(format!("ingest_{size}blocks"), |b| {
+    let name = match waits {
+        0 => format!("ingest_{size}blocks"),
+        n => format!("ingest_{size}blocks_{n}waits"),
+    };
+    g.bench_function(name, |b| {
         b.iter(|| {
             let hashes: Vec<u64> = (next..next + BATCH as u64).collect();
             let mut t = tokens.clone();
@@ -53,6 +59,7 @@ fn bench_ingest(c: &mut Criterion, size: usize) {
             oldest += BATCH as u64;
         })
     });
+    assert!(waiting.iter().all(|w| !w.is_stored()));
     g.finish();
 }
 
@@ -79,7 +86,12 @@ fn bench_match(c: &mut Criterion, size: usize) {
 fn bench_heads(c: &mut Criterion) {
     let mut g = c.benchmark_group("heads");
     let registry = prometheus::Registry::new();
-    let metrics = EngineTruthMetrics::register(&registry, &["engine", "estimate"], &["timeout"]);
+    let metrics = EngineTruthMetrics::register(
+        &registry,
+        &["engine", "estimate"],
+        &["engine", "request"],
+        &["timeout"],
+    );
     let section: TokenizerSection = serde_yaml_ng::from_str("source: engine").unwrap();
     let heads = HeadTokens::new(section, metrics);
     // An 8 KiB conversation of 9 messages, none of its heads known: the lookup misses (the
@@ -116,7 +128,8 @@ fn main() {
         .measurement_time(Duration::from_secs(3))
         .sample_size(20)
         .configure_from_args();
-    bench_ingest(&mut c, size);
+    bench_ingest(&mut c, size, 0);
+    bench_ingest(&mut c, size, 64);
     bench_match(&mut c, size);
     bench_heads(&mut c);
     c.final_summary();

@@ -15,13 +15,23 @@
 //! lock spans pods. `live` says whether the view is current (events flowing, no unfilled gap);
 //! a pod whose view is not live is routed by the estimate. `max_blocks` bounds the memory of a
 //! view whatever a publisher sends (stores beyond it are refused and counted).
+//!
+//! A decision-time hold on a pod whose view is live awaits the engine's store of the held
+//! head's last full block ([`EngineView::await_block`], `awaiting.rs`): the store that applies it
+//! ends the hold's claim, which the view covers from then on.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+mod awaiting;
+
+pub use awaiting::Awaited;
+use awaiting::Awaiting;
 
 /// The chain's seed for a first block (no parent).
 const CHAIN_SEED: u64 = 0x656e_6769_6e65_5f76;
@@ -92,6 +102,8 @@ pub struct EngineView {
     max_blocks: usize,
     /// Blocks the view held at its last change (read without the lock, for gauges).
     blocks: AtomicU64,
+    /// Blocks that holds wait for the engine to store.
+    awaiting: Awaiting,
 }
 
 impl EngineView {
@@ -102,7 +114,17 @@ impl EngineView {
             live: AtomicBool::new(false),
             max_blocks,
             blocks: AtomicU64::new(0),
+            awaiting: Awaiting::default(),
         }
+    }
+
+    /// Awaits the engine's store of the block whose token-chain hash is `hash` (at this view's
+    /// block size): the returned wait is stored when a `BlockStored` applies it, at once if
+    /// the view holds it already.
+    pub fn await_block(&self, hash: u64) -> Arc<Awaited> {
+        // Under the read lock: no store runs between the check and the filing.
+        let s = self.state.read();
+        self.awaiting.add(hash, s.held.contains(hash))
     }
 
     /// Whether requests are matched against this view (events flowing, nothing missed).
@@ -167,6 +189,7 @@ impl EngineView {
             bytes,
             ..
         } = &mut *s;
+        let mut awaited = self.awaiting.lock_if_any();
         let mut chain = match parent {
             None => Some(CHAIN_SEED),
             Some(p) => by_engine.get(&p).copied(),
@@ -197,6 +220,9 @@ impl EngineView {
                 }
             }
             out.added += 1;
+            if let Some(awaited) = awaited.as_mut() {
+                awaited.stored(ours);
+            }
             chain = Some(ours);
         }
         self.blocks.store(held.len() as u64, Ordering::Relaxed);

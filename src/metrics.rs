@@ -290,6 +290,7 @@ impl RouterMetrics {
             engine: engine_truth::EngineTruthMetrics::register(
                 registry,
                 &crate::scheduler::MatchSource::ALL.map(crate::scheduler::MatchSource::as_str),
+                &crate::scheduler::HoldEnd::ALL.map(crate::scheduler::HoldEnd::as_str),
                 &engine_truth::TokenizeErrorKind::ALL.map(engine_truth::TokenizeErrorKind::as_str),
             ),
             kvcache: kvcache::KvCacheMetrics::register(registry),

@@ -1,5 +1,6 @@
 //! The engine-truth families: KV-cache events per pod, each pod's engine view, where decisions'
-//! matches came from, and the engine tokens of prompts. Labels are plain strings and the enums
+//! matches came from, what ended the holds that awaited an engine, and the engine tokens of
+//! prompts. Labels are plain strings and the enums
 //! below; nothing here knows the subscriber, the view or the scheduler.
 
 use prometheus::{GaugeVec, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
@@ -175,6 +176,7 @@ pub struct EngineTruthMetrics {
     pub view_blocks: IntGaugeVec,
     pub view_live: IntGaugeVec,
     pub match_source: IntCounterVec,
+    pub holds: IntCounterVec,
     pub engine_tokens: IntCounterVec,
     pub tokenize_calls: IntCounterVec,
     pub tokenize_duration: Histogram,
@@ -184,7 +186,14 @@ pub struct EngineTruthMetrics {
 pub const TOKENIZE_OK: &str = "ok";
 
 impl EngineTruthMetrics {
-    pub fn register(registry: &Registry, sources: &[&str], errors: &[&str]) -> EngineTruthMetrics {
+    /// `sources`: the match sources; `hold_ends`: what ends a hold that awaited its engine;
+    /// `errors`: the tokenize error kinds (the label values, from the types that own them).
+    pub fn register(
+        registry: &Registry,
+        sources: &[&str],
+        hold_ends: &[&str],
+        errors: &[&str],
+    ) -> EngineTruthMetrics {
         let pod = super::POD_LABELS;
         let m = EngineTruthMetrics {
             kv_events: IntCounterVec::new(
@@ -244,6 +253,17 @@ impl EngineTruthMetrics {
                 &["source"],
             )
             .expect("valid metric"),
+            holds: IntCounterVec::new(
+                Opts::new(
+                    "prefix_picker_engine_holds_total",
+                    listing(
+                        "Affinity-mode holds on pods matched by their engine, by what ended them: the engine's store of the held head, or the request's end before it",
+                        &[("ended", hold_ends)],
+                    ),
+                ),
+                &["ended"],
+            )
+            .expect("valid metric"),
             engine_tokens: IntCounterVec::new(
                 Opts::new(
                     "prefix_picker_engine_tokens_total",
@@ -278,6 +298,9 @@ impl EngineTruthMetrics {
         for s in sources {
             m.match_source.with_label_values(&[s]);
         }
+        for e in hold_ends {
+            m.holds.with_label_values(&[e]);
+        }
         for o in HeadOutcome::ALL {
             m.engine_tokens.with_label_values(&[o.as_str()]);
         }
@@ -290,6 +313,7 @@ impl EngineTruthMetrics {
         register(registry, m.view_blocks.clone());
         register(registry, m.view_live.clone());
         register(registry, m.match_source.clone());
+        register(registry, m.holds.clone());
         register(registry, m.engine_tokens.clone());
         register(registry, m.tokenize_calls.clone());
         register(registry, m.tokenize_duration.clone());

@@ -9,6 +9,11 @@
 //! publishes index records only) and cost nothing when the mode is off. The set is bounded by the
 //! requests in flight.
 //!
+//! A hold on a pod whose engine view is live may await the engine's store of its head
+//! ([`Awaited`]): once the engine stored it, the view holds what the hold claimed and the hold
+//! no longer raises a match; it still counts as a request in flight on its head until its
+//! request ends and removes it.
+//!
 //! A hold is stored whole (the prompt's hash chain, shared), filed under its first block: two
 //! chained prompts share block `i` only if they share every block before it, so only holds
 //! filed under the query's first block can match it, and each one's common prefix with the query
@@ -24,6 +29,7 @@ use parking_lot::Mutex;
 
 use super::candidates::CandidatePositions;
 use super::{ModelKey, PodSlot};
+use crate::engine_view::Awaited;
 use crate::hashing::BlockHash;
 
 const SHARDS: usize = 16;
@@ -53,6 +59,15 @@ struct Held {
     id: u64,
     pod: PodSlot,
     hashes: Arc<[BlockHash]>,
+    /// The engine's store that ends the claim, for a pod whose view was live.
+    engine: Option<Arc<Awaited>>,
+}
+
+impl Held {
+    /// Whether the hold still claims its blocks (its engine has not stored them).
+    fn claims(&self) -> bool {
+        self.engine.as_ref().is_none_or(|a| !a.is_stored())
+    }
 }
 
 type Shard = HashMap<(u64, u64), Vec<Held>, BuildHasherDefault<KeyHasher>>;
@@ -97,13 +112,30 @@ fn common_prefix(a: &[BlockHash], b: &[BlockHash]) -> usize {
 impl TentativeEntries {
     /// Holds the chain `hashes` (non-empty) for `pod`.
     pub fn add(&self, model: ModelKey, hashes: Arc<[BlockHash]>, pod: PodSlot) -> Option<HoldId> {
+        self.add_awaiting(model, hashes, pod, None)
+    }
+
+    /// [`TentativeEntries::add`] for a pod whose engine view is live: the hold claims its blocks
+    /// until `engine` is stored (or until removed).
+    pub fn add_awaiting(
+        &self,
+        model: ModelKey,
+        hashes: Arc<[BlockHash]>,
+        pod: PodSlot,
+        engine: Option<Arc<Awaited>>,
+    ) -> Option<HoldId> {
         let first = *hashes.first()?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.shards[shard_of(model, first)]
             .lock()
             .entry((model.0, first.0))
             .or_default()
-            .push(Held { id, pod, hashes });
+            .push(Held {
+                id,
+                pod,
+                hashes,
+                engine,
+            });
         self.holds.fetch_add(1, Ordering::Relaxed);
         Some(HoldId { model, first, id })
     }
@@ -143,8 +175,8 @@ impl TentativeEntries {
             .sum()
     }
 
-    /// Raises `matched[i]` to candidate `i`'s longest tentative match (blocks), if longer, and
-    /// counts in `heads[i]` the requests in flight on candidate `i` that share the first block.
+    /// Raises `matched[i]` to candidate `i`'s longest tentative match (blocks) among the holds
+    /// that still claim theirs, if longer, and counts in `heads[i]` the requests in flight on candidate `i` that share the first block.
     pub fn extend_matches(
         &self,
         model: ModelKey,
@@ -172,7 +204,7 @@ impl TentativeEntries {
                 continue;
             };
             heads[ci] += 1;
-            if matched[ci] >= held.hashes.len().min(hashes.len()) {
+            if matched[ci] >= held.hashes.len().min(hashes.len()) || !held.claims() {
                 continue;
             }
             matched[ci] = matched[ci].max(common_prefix(&held.hashes, hashes));

@@ -16,6 +16,9 @@
 //!
 //! A tentative hold (affinity mode) is confirmed, moved or rolled back per pod: the decode
 //! pod's by who served, the prefill pod's confirmed with the record or rolled back without it.
+//! A hold that awaited its engine is counted by what ended it
+//! (`prefix_picker_engine_holds_total{ended}`); one the engine confirmed before the request
+//! ended is not counted again as a tentative record.
 //!
 //! A 2xx completion served by another pod than the pick moves the request's session there.
 
@@ -28,10 +31,10 @@ use crate::hashing::BlockHash;
 pub use crate::metrics::outcomes::{RouteOutcome, TentativeOutcome};
 use crate::metrics::{CachedTokens, RouterMetrics};
 use crate::prefix_index::ModelKey;
-use crate::routing::pending::Expired;
+use crate::routing::pending::{Expired, HoldsEnded};
 use crate::routing::{RecordOrigin, Router};
 use crate::scheduler::latency::Prediction;
-use crate::scheduler::{Decision, TentativeHold};
+use crate::scheduler::{Decision, HoldEnd, TentativeHold};
 use crate::sessions::SessionKey;
 
 /// A routed request until it ends: what completion needs to record it. Holds the primary pod's
@@ -95,10 +98,15 @@ impl Ticket {
         }
     }
 
-    /// Tentative holds this route keeps (decode and prefill pods).
-    pub fn tentative_holds(&self) -> usize {
-        usize::from(self.tentative.is_some())
-            + usize::from(self.prefill.as_ref().is_some_and(|p| p.tentative.is_some()))
+    /// Ends the route's tentative holds (decode and prefill pods), for a route that ends
+    /// without a completion (expired).
+    pub fn end_holds(&mut self) -> HoldsEnded {
+        let mut out = HoldsEnded::default();
+        let prefill = self.prefill.as_mut().and_then(|p| p.tentative.take());
+        for hold in [self.tentative.take(), prefill].into_iter().flatten() {
+            out.add(hold.end());
+        }
+        out
     }
 
     /// The primary pick.
@@ -226,7 +234,7 @@ impl Router {
     /// tentative holds released, nothing recorded) and counts them as `expired`. The start-up's
     /// ticker calls it every second with the clock.
     pub fn expire_pending(&self, now: Instant) -> Expired {
-        let expired = self.pending.expire(now);
+        let (expired, holds) = self.pending.expire_holds(now);
         if expired.routes > 0 {
             self.metrics
                 .records
@@ -239,6 +247,7 @@ impl Router {
                 .with_label_values(&[TentativeOutcome::Expired.as_str()])
                 .inc_by(expired.tentative as u64);
         }
+        count_engine_holds(self, &holds);
         expired
     }
 }
@@ -305,12 +314,18 @@ fn complete(router: &Router, mut route: Ticket, ending: Ending) {
         .records
         .with_label_values(&[outcome.as_str()])
         .inc();
-    let count = |outcome: TentativeOutcome| {
-        router
-            .metrics
-            .tentative
-            .with_label_values(&[outcome.as_str()])
-            .inc();
+    // Each hold ended, then counted: a tentative record unless its engine confirmed it first.
+    let end = |hold: TentativeHold, outcome: TentativeOutcome| {
+        let mut ended = HoldsEnded::default();
+        ended.add(hold.end());
+        if ended.released() {
+            router
+                .metrics
+                .tentative
+                .with_label_values(&[outcome.as_str()])
+                .inc();
+        }
+        count_engine_holds(router, &ended);
     };
     if let Some(hold) = route.tentative.take() {
         let tentative = match served_slot {
@@ -318,8 +333,7 @@ fn complete(router: &Router, mut route: Ticket, ending: Ending) {
             Some(_) => TentativeOutcome::Moved,
             None => TentativeOutcome::RolledBack,
         };
-        drop(hold);
-        count(tentative);
+        end(hold, tentative);
     }
     if let Some(hold) = route.prefill.as_mut().and_then(|p| p.tentative.take()) {
         // The prefill pod is the one named in the header, whoever decoded.
@@ -327,8 +341,21 @@ fn complete(router: &Router, mut route: Ticket, ending: Ending) {
             Some(_) => TentativeOutcome::Confirmed,
             None => TentativeOutcome::RolledBack,
         };
-        drop(hold);
-        count(tentative);
+        end(hold, tentative);
+    }
+}
+
+/// Counts `prefix_picker_engine_holds_total`.
+fn count_engine_holds(router: &Router, ended: &HoldsEnded) {
+    for (end, n) in HoldEnd::ALL.iter().zip(ended.engine) {
+        if n > 0 {
+            router
+                .metrics
+                .engine
+                .holds
+                .with_label_values(&[end.as_str()])
+                .inc_by(n as u64);
+        }
     }
 }
 

@@ -26,6 +26,7 @@ use rand::Rng;
 use subtle::ConstantTimeEq;
 
 use super::Ticket;
+use crate::scheduler::HoldEnd;
 
 const SHARDS: usize = 16;
 
@@ -36,8 +37,43 @@ const SECRET_BYTES: usize = 16;
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Expired {
     pub routes: usize,
-    /// Of them, tentative holds released (a PD route holds one per pod).
+    /// Of them, tentative holds released (a PD route holds one per pod; a hold its engine
+    /// confirmed earlier is not released here).
     pub tentative: usize,
+}
+
+/// What ending some routes' tentative holds did, for counting.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct HoldsEnded {
+    /// Holds the routes' end released (`prefix_picker_tentative_records_total`): all but
+    /// those their engine confirmed first.
+    pub tentative: usize,
+    /// Holds that awaited their engine, by what ended them (in [`HoldEnd::ALL`] order).
+    pub engine: [usize; HoldEnd::ALL.len()],
+}
+
+impl HoldsEnded {
+    /// Counts one hold's end ([`TentativeHold::end`](crate::scheduler::TentativeHold::end)).
+    pub(super) fn add(&mut self, end: Option<HoldEnd>) {
+        if end != Some(HoldEnd::Engine) {
+            self.tentative += 1;
+        }
+        if let Some(end) = end {
+            self.engine[end as usize] += 1;
+        }
+    }
+
+    /// Whether the route's end released a hold (it is a tentative record).
+    pub(super) fn released(&self) -> bool {
+        self.tentative > 0
+    }
+
+    fn merge(&mut self, other: HoldsEnded) {
+        self.tentative += other.tentative;
+        for (total, n) in self.engine.iter_mut().zip(other.engine) {
+            *total += n;
+        }
+    }
 }
 
 /// Why [`PendingRoutes::take`] claimed nothing.
@@ -132,19 +168,26 @@ impl PendingRoutes {
     /// Drops expired entries (releasing their in-flight counts and tentative holds); returns
     /// how many, and how many tentative holds they released.
     pub fn expire(&self, now: Instant) -> Expired {
+        self.expire_holds(now).0
+    }
+
+    /// [`PendingRoutes::expire`], and what ending the expired routes' holds did.
+    pub(super) fn expire_holds(&self, now: Instant) -> (Expired, HoldsEnded) {
         let mut out = Expired::default();
+        let mut holds = HoldsEnded::default();
         for shard in &self.shards {
             let mut shard = shard.lock();
             shard.retain(|_, w| {
                 let keep = w.deadline > now;
                 if !keep {
                     out.routes += 1;
-                    out.tentative += w.route.tentative_holds();
+                    holds.merge(w.route.end_holds());
                 }
                 keep
             });
         }
-        out
+        out.tentative = holds.tentative;
+        (out, holds)
     }
 }
 

@@ -1,14 +1,14 @@
 //! What a routed decision changes once it is committed: an affinity pick joins its pod's
 //! recent share (the balance signal of later picks), and with `tentative` the prompt is held
-//! for the pod until the request completes ([`TentativeHold`]), so requests right behind it see
-//! the match. An explained decision is never committed.
+//! for the pod until the request completes, or until its engine stores it ([`TentativeHold`]),
+//! so requests right behind it see the match. An explained decision is never committed.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{Candidate, Decision, DecisionReason, Scheduler, affinity};
+use super::{Candidate, Decision, DecisionReason, Scheduler, TentativeHold, affinity};
+use crate::engine_view::EngineView;
 use crate::hashing::BlockHash;
-use crate::prefix_index::{HoldId, ModelKey, PodSlot, TentativeEntries};
+use crate::prefix_index::{ModelKey, PodSlot};
 
 impl Scheduler {
     /// Makes a routed decision's pick count: an affinity pick joins its pod's recent share, and
@@ -33,7 +33,9 @@ impl Scheduler {
             let now = self.counters.picks.fetch_add(1, Ordering::Relaxed) as u32;
             decision.primary().recent().add(now, keep);
         }
-        self.hold_tentative(model, &decision.hashes, decision.primary().slot())
+        let primary = decision.primary();
+        let engine = primary.engine_view().zip(decision.primary_last_block());
+        self.hold_tentative(model, &decision.hashes, primary.slot(), engine)
     }
 
     /// [`commit`](Scheduler::commit) for a PD decision's prefill pod: an affinity pick joins its
@@ -58,50 +60,33 @@ impl Scheduler {
             let now = self.counters.picks.fetch_add(1, Ordering::Relaxed) as u32;
             pd.prefill.recent().add(now, keep);
         }
-        self.hold_tentative(model, &decision.hashes, pd.prefill.slot())
+        self.hold_tentative(model, &decision.hashes, pd.prefill.slot(), None)
     }
 
-    /// Holds `hashes` tentatively for the pod in `slot` until the request completes (affinity
-    /// mode with `tentative`); `None` when there is nothing to hold.
+    /// Holds `hashes` tentatively for the pod in `pod` until the request ends (affinity mode
+    /// with `tentative`); `None` when there is nothing to hold. `engine`: the pod's live view and
+    /// the token-chain hash of the request's head's last full block: the hold claims its blocks
+    /// until that view stores it.
     pub fn hold_tentative(
         &self,
         model: &str,
         hashes: &[BlockHash],
         pod: PodSlot,
+        engine: Option<(&EngineView, u64)>,
     ) -> Option<TentativeHold> {
         let config = self.config.affinity.as_ref()?;
         if !config.tentative || hashes.is_empty() {
             return None;
         }
-        let id = self
-            .tentative
-            .add(ModelKey::of(model), hashes.into(), pod)?;
+        let engine = engine.map(|(view, block)| view.await_block(block));
+        let id =
+            self.tentative
+                .add_awaiting(ModelKey::of(model), hashes.into(), pod, engine.clone())?;
         Some(TentativeHold {
             entries: self.tentative.clone(),
             id,
             pod,
+            engine,
         })
-    }
-}
-
-/// A prompt held tentatively for a pod ([`Scheduler::hold_tentative`]), released when dropped:
-/// the request's ticket drops it at completion (after recording), rollback or expiry.
-#[derive(Debug)]
-pub struct TentativeHold {
-    entries: Arc<TentativeEntries>,
-    id: HoldId,
-    pod: PodSlot,
-}
-
-impl TentativeHold {
-    /// The pod the prompt is held for.
-    pub fn pod(&self) -> PodSlot {
-        self.pod
-    }
-}
-
-impl Drop for TentativeHold {
-    fn drop(&mut self) {
-        self.entries.remove(self.id);
     }
 }

@@ -256,6 +256,15 @@ impl<C: Candidate> Decision<C> {
         at.map_or(MatchSource::Estimate, |i| self.match_source(i))
     }
 
+    /// The token-chain hash of the request's head's last full block at the primary pick's
+    /// engine block size, when the primary was matched by its live engine view (what a hold
+    /// for it awaits).
+    pub fn primary_last_block(&self) -> Option<u64> {
+        let slot = self.primary().slot();
+        let at = self.candidates.iter().position(|c| c.slot() == slot)?;
+        self.engine.get(at).copied().flatten()?.last_block
+    }
+
     /// The latency model's prediction for the primary pick (affinity mode only).
     pub fn primary_prediction(&self) -> Option<latency::Prediction> {
         let slot = self.primary().slot();

@@ -5,7 +5,9 @@
 //! The pick compares candidates in blocks of the rendered prompt, so an engine match converts
 //! to the share of the prompt it covers: `tokens matched / head tokens x head bytes / prompt
 //! bytes x prompt blocks`, rounded down. The request's token chain is hashed once per engine
-//! block size among the candidates (one, in a pool of one engine).
+//! block size among the candidates (one, in a pool of one engine). Its last hash (the head's
+//! last full block) is what a hold for the pod awaits from the engine
+//! ([`EngineView::await_block`]).
 
 use super::candidate::Candidate;
 use super::{EngineTokens, MatchSource};
@@ -18,6 +20,9 @@ pub struct EngineMatched {
     pub tokens: usize,
     /// The same, in blocks of the rendered prompt (what the pick compares).
     pub blocks: usize,
+    /// The token-chain hash of the head's last full block at the engine's block size: a hold
+    /// for the pod ends when the engine stores it. `None`: no full block (or no block size yet).
+    pub last_block: Option<u64>,
 }
 
 /// Per candidate, its engine match, or `None` where the estimate applies (no live view, or no
@@ -40,34 +45,54 @@ pub fn matches<C: Candidate>(
     // Share of the prompt's blocks per engine token.
     let head_share = tokens.prompt_bytes.min(prompt_bytes) as f64 / prompt_bytes as f64;
     let blocks_per_token = head_share * prompt_blocks as f64 / tokens.tokens.len() as f64;
-    let mut chains: Vec<(usize, Vec<u64>)> = Vec::with_capacity(1);
-    candidates
+    let views: Vec<Option<(&EngineView, usize)>> = candidates
         .iter()
-        .map(|c| {
-            let view = live(c)?;
-            let block_size = view.block_size();
+        .map(|c| live(c).map(|v| (v, v.block_size())))
+        .collect();
+    // A live view that has stored nothing since it went live holds nothing and does not know
+    // its block size yet: a hold for it awaits its first store at the pool's (another live
+    // view's, one engine kind per pool being the usual case; where the pod's differs, the hold
+    // ends with its request).
+    let pool = views.iter().flatten().map(|&(_, bs)| bs).find(|&bs| bs > 0);
+    let mut chains = Chains::default();
+    views
+        .into_iter()
+        .map(|view| {
+            let (view, block_size) = view?;
             if block_size == 0 {
-                // Live, and nothing stored since it went live: it holds nothing.
                 return Some(EngineMatched {
                     tokens: 0,
                     blocks: 0,
+                    last_block: pool.and_then(|bs| chains.of(tokens.tokens, bs).last().copied()),
                 });
             }
-            let at = match chains.iter().position(|(bs, _)| *bs == block_size) {
-                Some(at) => at,
-                None => {
-                    chains.push((block_size, token_chain(tokens.tokens, block_size)));
-                    chains.len() - 1
-                }
-            };
-            let held = view.longest_match(&chains[at].1) * block_size;
+            let chain = chains.of(tokens.tokens, block_size);
+            let held = view.longest_match(chain) * block_size;
             let blocks = ((held as f64 * blocks_per_token) as usize).min(prompt_blocks);
             Some(EngineMatched {
                 tokens: held,
                 blocks,
+                last_block: chain.last().copied(),
             })
         })
         .collect()
+}
+
+/// The request's token chain per block size, hashed once each.
+#[derive(Default)]
+struct Chains(Vec<(usize, Vec<u64>)>);
+
+impl Chains {
+    fn of(&mut self, tokens: &[u32], block_size: usize) -> &[u64] {
+        let at = match self.0.iter().position(|(bs, _)| *bs == block_size) {
+            Some(at) => at,
+            None => {
+                self.0.push((block_size, token_chain(tokens, block_size)));
+                self.0.len() - 1
+            }
+        };
+        &self.0[at].1
+    }
 }
 
 /// Where candidate `i`'s match came from, given [`matches`]'s result.

@@ -22,6 +22,7 @@ pub mod config;
 pub mod decision;
 pub mod engine_match;
 pub mod gpu_usage;
+mod hold;
 pub mod kvcache_aware;
 pub mod latency;
 pub mod least_latency;
@@ -43,12 +44,12 @@ use crate::hashing::BlockHash;
 use crate::prefix_index::{PodHandle, RecordOutcome, TentativeEntries};
 use affinity::AffinityConfig;
 pub use candidate::{Candidate, EngineStats};
-pub use commit::TentativeHold;
 use config::{SchedulerConfig, ScorerKind};
 pub use decision::{
     Decision, DecisionReason, Filtered, MatchSource, Observation, PickError, PluginScores,
     PluginType, Unscored,
 };
+pub use hold::{HoldEnd, TentativeHold};
 pub use pd::{PdGroup, PdPairing, PdRole, PrefillPass, Unpaired};
 use prefix_cache::PrefixCache;
 pub use route_request::{EngineTokens, RouteRequest};

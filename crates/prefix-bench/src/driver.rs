@@ -268,6 +268,8 @@ async fn one(client: &reqwest::Client, base: &str, r: &BenchRequest, t0: Instant
     let mut usage_chunks = 0u64;
     // The stream's last bytes, where the usage chunk is.
     let mut tail: Vec<u8> = Vec::new();
+    // Whether the engine said it ended the answer (see `generation_ended`).
+    let mut ended = false;
     while let Some(chunk) = stream.next().await {
         let Ok(chunk) = chunk else {
             return Sample::default();
@@ -279,12 +281,14 @@ async fn one(client: &reqwest::Client, base: &str, r: &BenchRequest, t0: Instant
         // Not a token: the usage chunk of `stream_options.include_usage` (no choices).
         usage_chunks += chunk.windows(14).filter(|w| w == b"\"choices\":[]").count() as u64;
         tail.extend_from_slice(&chunk);
+        ended = ended || generation_ended(&tail);
         if tail.len() > USAGE_TAIL_BYTES {
             tail.drain(..tail.len() - USAGE_TAIL_BYTES);
         }
     }
-    if streamed && !finished(&tail) {
-        // Cut short (its engine died mid-answer), however cleanly the router ended it.
+    if streamed && !(ended && finished(&tail)) {
+        // Cut short (its engine died mid-answer), however cleanly the router ended it: smg
+        // closes a stream whose engine died with `data: [DONE]`, but no chunk ended the answer.
         return Sample::default();
     }
     Sample {
@@ -305,6 +309,15 @@ async fn one(client: &reqwest::Client, base: &str, r: &BenchRequest, t0: Instant
 fn finished(tail: &[u8]) -> bool {
     let end = tail.trim_ascii_end();
     end.ends_with(b"data: [DONE]")
+}
+
+/// Whether `bytes` hold the event with which an engine ends its answer: a chunk with a
+/// `finish_reason` (chat and completions; null on every other chunk) or the Responses API's
+/// `response.completed`.
+fn generation_ended(bytes: &[u8]) -> bool {
+    const ENDS: [&[u8]; 2] = [b"\"finish_reason\":\"", b"\"type\":\"response.completed\""];
+    ENDS.iter()
+        .any(|end| bytes.windows(end.len()).any(|w| w == *end))
 }
 
 /// Bytes of a stream's end kept for its usage chunk.
@@ -705,5 +718,18 @@ mod tests {
             b"data: {\"choices\":[{\"delta\":{\"content\":\" the\"}}]}\n\n"
         ));
         assert!(!finished(b""));
+    }
+
+    #[test]
+    fn a_stream_ends_its_answer_with_a_finish_reason_or_response_completed() {
+        let last = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" the\"},\"finish_reason\":\"length\"}]}\n\n";
+        assert!(generation_ended(last));
+        assert!(generation_ended(
+            b"data: {\"type\":\"response.completed\",\"response\":{}}\n\n"
+        ));
+        // Every chunk before the last, and a stream a router closed after its engine died.
+        let cut = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" the\"},\"finish_reason\":null}]}\n\ndata: [DONE]\n\n";
+        assert!(finished(cut));
+        assert!(!generation_ended(cut));
     }
 }

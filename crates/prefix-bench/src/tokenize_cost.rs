@@ -206,7 +206,12 @@ async fn request_path(
         anyhow::bail!("{warning}");
     }
     let registry = prometheus::Registry::new();
-    let metrics = EngineTruthMetrics::register(&registry, &["engine", "estimate"], &["timeout"]);
+    let metrics = EngineTruthMetrics::register(
+        &registry,
+        &["engine", "estimate"],
+        &["engine", "request"],
+        &["timeout"],
+    );
     let path = RequestPath {
         heads: Arc::new(HeadTokens::new(section, metrics)),
         pod,

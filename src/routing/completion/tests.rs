@@ -425,3 +425,76 @@ fn a_first_byte_counts_the_ttft_prediction_error() {
     let sum = router.metrics.ttft_prediction_error.get_sample_sum();
     assert!((sum - (0.030 - prediction.ttft())).abs() < 1e-9, "{sum}");
 }
+
+/// A route on a pod whose engine view is live, its hold awaiting the engine's store of
+/// `tokens` (as a request whose head is known in engine tokens is held).
+fn route_awaiting(router: &Router, q: &str, tokens: &[u32]) -> Ticket {
+    use crate::engine_view::token_chain;
+    let mut ticket = route(router, &body(&prefix(6), q));
+    let pod = ticket.primary().clone();
+    let view = pod.engine.as_ref().expect("the pod publishes");
+    let last = *token_chain(tokens, 16).last().unwrap();
+    let live = router.scheduler.load();
+    ticket.tentative =
+        live.scheduler
+            .hold_tentative("m", &ticket.hashes, pod.index.slot(), Some((view, last)));
+    ticket
+}
+
+/// A hold its engine confirmed is counted once, by the engine family, whether its route then
+/// completes or expires; one whose route ended first is a tentative record as before, and
+/// counted as ended by the request.
+#[test]
+fn a_hold_the_engine_confirmed_is_not_counted_again_at_completion() {
+    let pods = (0..PODS)
+        .map(|i| {
+            let mut s = spec(&format!("pod-{i}"), addr(i).port(), &[]);
+            s.kv_events = Some(crate::endpoints::KvEventsAddress {
+                endpoint: format!("tcp://127.0.0.1:{}", 5557 + i),
+                replay: None,
+            });
+            s
+        })
+        .collect();
+    let router = router_from_config(
+        "picker:\n  affinity: {}\n",
+        pods,
+        &prometheus::Registry::new(),
+    );
+    let engine = |end: HoldEnd| {
+        router
+            .metrics
+            .engine
+            .holds
+            .with_label_values(&[end.as_str()])
+            .get()
+    };
+    // Four heads of 4 blocks each; the engine stores the first and the third.
+    let heads: Vec<Vec<u32>> = (0..4)
+        .map(|h| (h * 1000..h * 1000 + 64).collect())
+        .collect();
+    let [confirmed, unconfirmed, confirmed_expiring, expiring] =
+        [0, 1, 2, 3].map(|h| route_awaiting(&router, &format!("q{h}"), &heads[h]));
+    for (t, h) in [(&confirmed, 0), (&confirmed_expiring, 2)] {
+        let view = t.primary().engine.as_ref().unwrap();
+        let base = 10 * h as u64;
+        view.store(None, &[base, base + 1, base + 2, base + 3], &heads[h], 16);
+    }
+    let stored = |t: &Ticket| t.tentative.as_ref().unwrap().stored_by_engine();
+    assert!(stored(&confirmed) && stored(&confirmed_expiring));
+    assert!(!stored(&unconfirmed) && !stored(&expiring));
+    router.complete(confirmed, ok(Served::NotReported));
+    router.complete(unconfirmed, ok(Served::NotReported));
+    assert_eq!((engine(HoldEnd::Engine), engine(HoldEnd::Request)), (1, 1));
+    assert_eq!(tentative(&router, TentativeOutcome::Confirmed), 1);
+    router.pending.insert(confirmed_expiring);
+    router.pending.insert(expiring);
+    let expired = router.expire_pending(Instant::now() + Duration::from_secs(3600));
+    assert_eq!((expired.routes, expired.tentative), (2, 1));
+    assert_eq!((engine(HoldEnd::Engine), engine(HoldEnd::Request)), (2, 2));
+    assert_eq!(tentative(&router, TentativeOutcome::Expired), 1);
+    assert_eq!(
+        (holds(&router), router.scheduler.tentative().blocks()),
+        (0, 0)
+    );
+}

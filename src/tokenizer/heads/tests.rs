@@ -2,7 +2,12 @@ use super::*;
 use prometheus::Registry;
 
 fn metrics() -> EngineTruthMetrics {
-    EngineTruthMetrics::register(&Registry::new(), &["engine", "estimate"], &["timeout"])
+    EngineTruthMetrics::register(
+        &Registry::new(),
+        &["engine", "estimate"],
+        &["engine", "request"],
+        &["timeout"],
+    )
 }
 
 fn section() -> TokenizerSection {

@@ -1,7 +1,8 @@
 //! Engine truth through Envoy: model-sims publish vLLM's KV events and serve `/tokenize`; the
 //! shipped config with `picker.tokenizer` matches their pods by what the engines hold. An
 //! evicted prefix stops attracting requests at once, a restarted engine loses its entries (its
-//! view and its estimate), a pod with prefix caching off is never preferred, and garbage on an
+//! view and its estimate), a hold on a pod matched by its engine ends with the engine's store
+//! of the held prompt, a pod with prefix caching off is never preferred, and garbage on an
 //! event socket leaves routing intact. With the `file` tokenizer source (the sims and the
 //! picker on the sim's `tokenizer.json`) requests are matched by the engines with no call to
 //! their `/tokenize`.
@@ -10,6 +11,7 @@ use super::{chat, send};
 use crate::harness::*;
 use model_sim::engine::EngineConfig;
 use prefix_picker::Config;
+use prefix_picker::routing::{Ending, Served};
 use prefix_picker::serve::Running;
 use serde_json::Value;
 
@@ -113,22 +115,72 @@ async fn an_evicted_prefix_stops_attracting_requests_at_once() {
             >= 1.0
     );
     // Both requests completed (their decision-time holds are gone: what follows is the
-    // engine's view alone).
+    // engine's view alone). The first was held until its completion (its head not yet in the
+    // engine's tokens); the second's head was in the engine already: its engine confirmed it.
     wait_metric(
         &picker,
         "prefix_picker_tentative_records_total{outcome=\"confirmed\"}",
-        2.0,
+        1.0,
     )
     .await;
+    wait_metric(&picker, ENGINE_CONFIRMED, 1.0).await;
     // The engine drops its cache: the prefix no longer attracts requests, with no completion
     // or scrape in between.
     let holder_sim = sims.iter().find(|s| s.name == holder).unwrap();
     assert!(holder_sim.engine.reset_prefix_cache());
     wait_view(&picker, &holder, 0.0).await;
-    let e = explain(&picker, &chat(&system, "third question")).await;
+    let third = chat(&system, "third question");
+    let e = explain(&picker, &third).await;
     assert_eq!(pod(&e, &holder)["match"]["engine_tokens"], 0, "{e}");
     assert_eq!(pod(&e, &holder)["scores"]["prefix-cache"], 0, "{e}");
+
+    // Routed now, it is held until its engine stores the prefix again: the engine's event ends
+    // the hold, before the request completes. (Routed in process and sent to its sim directly,
+    // so the completion comes after the event, whatever the timing.)
+    let body = serde_json::to_vec(&third).unwrap();
+    let routed = picker
+        .router
+        .route("/v1/chat/completions", Some(&body), None)
+        .unwrap();
+    let ticket = routed.ticket;
+    let hold = ticket.tentative.as_ref().expect("held");
+    assert!(!hold.stored_by_engine());
+    let served = reqwest::Client::new()
+        .post(format!(
+            "http://{}/v1/chat/completions",
+            ticket.primary().spec.address
+        ))
+        .json(&third)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(served.status(), 200);
+    poll("the engine's store ends the hold", || async {
+        hold.stored_by_engine().then_some(())
+    })
+    .await;
+    picker.router.complete(
+        ticket,
+        Ending::Completed {
+            status: Some(200),
+            served: Served::NotReported,
+            cached_tokens: None,
+            first_byte: None,
+        },
+    );
+    assert_eq!(metric(&picker, ENGINE_CONFIRMED).await, 2.0);
+    assert_eq!(
+        metric(
+            &picker,
+            "prefix_picker_engine_holds_total{ended=\"request\"}"
+        )
+        .await,
+        0.0
+    );
 }
+
+/// Holds on pods matched by their engine that the engine confirmed.
+const ENGINE_CONFIRMED: &str = "prefix_picker_engine_holds_total{ended=\"engine\"}";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_engine_loses_its_entries() {
