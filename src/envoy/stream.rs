@@ -237,14 +237,14 @@ impl StreamState {
             self.set_request_id = true;
         }
         if h.end_of_stream {
-            return self.route_now(None, BodyEnd::EndOfStream);
+            return self.route_now(None);
         }
         match self.request_mode {
             Some(BodyMode::FullDuplex) => {
                 self.holding_headers = true;
                 vec![]
             }
-            Some(BodyMode::None) => self.route_now(None, BodyEnd::EndOfStream),
+            Some(BodyMode::None) => self.route_now(None),
             _ => vec![reply(Out::RequestHeaders(HeadersResponse::default()))],
         }
     }
@@ -278,13 +278,13 @@ impl StreamState {
         // BUFFERED: Envoy sends the whole body in one message, with `end_of_stream` false only
         // when request trailers follow it (its ext_proc filter sends the buffered body when the
         // trailers arrive, headers still held), so that message is the body's end too.
+        // The usual case is one message with the whole body: kept without a copy.
+        if self.body.is_empty() {
+            self.body = b.body;
+        } else {
+            self.body.extend_from_slice(&b.body);
+        }
         if b.end_of_stream || self.request_mode == Some(BodyMode::Buffered) {
-            // The usual case is one message with the whole body: route it without a copy.
-            if self.body.is_empty() {
-                self.body = b.body;
-            } else {
-                self.body.extend_from_slice(&b.body);
-            }
             let end = if b.end_of_stream {
                 BodyEnd::EndOfStream
             } else {
@@ -292,7 +292,6 @@ impl StreamState {
             };
             return self.route_body(end);
         }
-        self.body.extend_from_slice(&b.body);
         match self.request_mode {
             Some(BodyMode::FullDuplex) => vec![],
             Some(BodyMode::BufferedPartial) => {
@@ -366,16 +365,21 @@ impl StreamState {
         Some(pending)
     }
 
-    /// Routes on the whole body gathered so far ([`StreamState::route_now`]).
+    /// Routes on the whole body gathered so far ([`StreamState::route_now`]); a
+    /// FULL_DUPLEX_STREAMED body then goes back to Envoy after the pick (moved, not copied: the
+    /// stream needs it no more).
     fn route_body(&mut self, end: BodyEnd) -> Vec<ProcessingResponse> {
         let body = std::mem::take(&mut self.body);
-        let replies = self.route_now(Some(&body), end);
-        self.body = body;
+        let full_duplex = self.holding_headers;
+        let mut replies = self.route_now(Some(&body));
+        if full_duplex && self.routed {
+            replies.extend(body_chunks(body, end));
+        }
         replies
     }
 
     /// Routes and builds the replies that carry the pick (or the immediate error).
-    fn route_now(&mut self, body: Option<&[u8]>, end: BodyEnd) -> Vec<ProcessingResponse> {
+    fn route_now(&mut self, body: Option<&[u8]>) -> Vec<ProcessingResponse> {
         let restrict = match self.restriction() {
             Ok(r) => r,
             Err(f) => return vec![self.immediate(&f)],
@@ -436,20 +440,15 @@ impl StreamState {
             ..CommonResponse::default()
         };
         let metadata = Some(lb_metadata(&destination, self.route_key.as_deref()));
-        let full_duplex_body = self.holding_headers && body.is_some();
         if body.is_none() || self.holding_headers {
             self.holding_headers = false;
-            let mut replies = vec![ProcessingResponse {
+            return vec![ProcessingResponse {
                 response: Some(Out::RequestHeaders(HeadersResponse {
                     response: Some(common),
                 })),
                 dynamic_metadata: metadata,
                 ..ProcessingResponse::default()
             }];
-            if full_duplex_body {
-                replies.extend(body_chunks(body.unwrap_or_default(), end));
-            }
-            return replies;
         }
         vec![ProcessingResponse {
             response: Some(Out::RequestBody(BodyResponse {

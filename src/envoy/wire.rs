@@ -151,7 +151,12 @@ pub(crate) fn lb_metadata(destination: &str, route_key: Option<&str>) -> Struct 
 /// ended the stream is sent with `end_of_stream` on its last chunk (an empty one if need be);
 /// when trailers follow, Envoy ends the stream with them (a body ending with `end_of_stream`
 /// before the trailers left Envoy waiting for the request until `stream_idle_timeout`).
-pub(crate) fn body_chunks(body: &[u8], end: BodyEnd) -> Vec<ProcessingResponse> {
+/// A body of one chunk (the usual case) is moved into its reply, not copied.
+pub(crate) fn body_chunks(body: Vec<u8>, end: BodyEnd) -> Vec<ProcessingResponse> {
+    let ends_stream = end == BodyEnd::EndOfStream;
+    if body.len() <= BODY_CHUNK && (ends_stream || !body.is_empty()) {
+        return vec![reply(Out::RequestBody(streamed_body(body, ends_stream)))];
+    }
     let mut chunks: Vec<&[u8]> = body.chunks(BODY_CHUNK).collect();
     if chunks.is_empty() && end == BodyEnd::EndOfStream {
         chunks.push(&[]);

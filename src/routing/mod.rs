@@ -392,12 +392,7 @@ impl Router {
             .inspect_err(|f| self.count(model, &f.observations))
             .map_err(PickError::from)?;
         self.observe(model, &decision);
-        self.metrics
-            .pod_picks
-            .with_label_values(&crate::metrics::pod_label_values(
-                &decision.primary().spec.id,
-            ))
-            .inc();
+        decision.primary().count_pick(&self.metrics);
         let tentative = live.scheduler.commit(model, &decision);
         let prefill_tentative = live.scheduler.commit_prefill(model, &decision);
         let mut ticket = Ticket::new(
