@@ -54,15 +54,14 @@ use ep::{
 use super::access_log::warn_other_replica;
 use super::handler::{Lookup, StreamHandler};
 use super::wire::{
-    BodyEnd, BodyMode, CONFORMANCE_SERVED_HEADER, DESTINATION_HEADER, PREFILLER_HEADER,
-    TEST_SELECTION_HEADER, body_chunks, destination, header_value, lb_metadata, merge_metadata,
-    read_subset_hint, reply, route_key_from_metadata, served_from_metadata, set_header,
-    streamed_body,
+    BodyEnd, BodyMode, CONFORMANCE_SERVED_HEADER, TEST_SELECTION_HEADER, body_chunks, destination,
+    header_value, lb_metadata, merge_metadata, pick_headers, read_subset_hint, reply,
+    route_key_from_metadata, served_from_metadata, set_header, streamed_body,
 };
 use crate::cached_tokens::CachedTokensScan;
 use crate::endpoints::AddressPattern;
 use crate::routing::pending::Miss;
-use crate::routing::{Ending, RouteFailure, Router, Served, Ticket};
+use crate::routing::{Ending, RouteFailure, Routed, Router, Served, Ticket};
 use crate::scheduler::kvcache_aware::KvBlockOwners;
 
 impl StreamHandler for StreamState {
@@ -292,6 +291,13 @@ impl StreamState {
             };
             return self.route_body(end);
         }
+        self.body_continues()
+    }
+
+    /// A body message that is not the body's last (as far as its mode tells): FULL_DUPLEX
+    /// waits for more, BUFFERED_PARTIAL routes a body that parses whole (trailers follow) and
+    /// refuses one cut at Envoy's buffer limit, STREAMED continues.
+    fn body_continues(&mut self) -> Vec<ProcessingResponse> {
         match self.request_mode {
             Some(BodyMode::FullDuplex) => vec![],
             Some(BodyMode::BufferedPartial) => {
@@ -378,26 +384,10 @@ impl StreamState {
         replies
     }
 
-    /// Routes and builds the replies that carry the pick (or the immediate error).
+    /// Routes and builds the reply that carries the pick (or the immediate error): the headers
+    /// reply when they were held (FULL_DUPLEX) or the request has no body, else the body reply.
     fn route_now(&mut self, body: Option<&[u8]>) -> Vec<ProcessingResponse> {
-        let restrict = match self.restriction() {
-            Ok(r) => r,
-            Err(f) => return vec![self.immediate(&f)],
-        };
-        // The lookup's owners, if it was made for this very body.
-        let kv = self
-            .kv_lookup
-            .take()
-            .filter(|(len, _)| Some(*len) == body.map(<[u8]>::len))
-            .and_then(|(_, owners)| owners);
-        let routed = self.router.route_looked_up(
-            &self.path,
-            body,
-            restrict.as_deref(),
-            self.session.as_deref().map(str::as_bytes),
-            kv.as_ref(),
-        );
-        let routed = match routed {
+        let routed = match self.route(body) {
             Ok(r) => r,
             Err(f) => return vec![self.immediate(&f)],
         };
@@ -407,6 +397,54 @@ impl StreamState {
             .pd
             .as_ref()
             .map(|pd| pd.prefill.host.as_str());
+        self.log_pick(&routed, &destination, prefill);
+        self.routed = true;
+        self.route_key = self.keep_route(routed.ticket);
+        let request_id = self
+            .set_request_id
+            .then_some(self.request_id.as_deref().unwrap_or_default());
+        let common = CommonResponse {
+            header_mutation: Some(pick_headers(&destination, prefill, request_id)),
+            clear_route_cache: true,
+            ..CommonResponse::default()
+        };
+        let response = if body.is_none() || self.holding_headers {
+            self.holding_headers = false;
+            Out::RequestHeaders(HeadersResponse {
+                response: Some(common),
+            })
+        } else {
+            Out::RequestBody(BodyResponse {
+                response: Some(common),
+            })
+        };
+        vec![ProcessingResponse {
+            response: Some(response),
+            dynamic_metadata: Some(lb_metadata(&destination, self.route_key.as_deref())),
+            ..ProcessingResponse::default()
+        }]
+    }
+
+    /// The router's decision for this request: its candidates narrowed by the subset hint (and
+    /// the conformance header), its session, and kvcache-aware's owners when the lookup was made
+    /// for this very body.
+    fn route(&mut self, body: Option<&[u8]>) -> Result<Routed, RouteFailure> {
+        let restrict = self.restriction()?;
+        let kv = self
+            .kv_lookup
+            .take()
+            .filter(|(len, _)| Some(*len) == body.map(<[u8]>::len))
+            .and_then(|(_, owners)| owners);
+        self.router.route_looked_up(
+            &self.path,
+            body,
+            restrict.as_deref(),
+            self.session.as_deref().map(str::as_bytes),
+            kv.as_ref(),
+        )
+    }
+
+    fn log_pick(&self, routed: &Routed, destination: &str, prefill: Option<&str>) {
         tracing::debug!(
             request_id = self.request_id.as_deref().unwrap_or(""),
             model = %routed.ticket.model,
@@ -416,47 +454,6 @@ impl StreamState {
             session = %routed.ticket.session.map(|k| k.to_string()).unwrap_or_default(),
             "picked"
         );
-        self.routed = true;
-        self.route_key = self.keep_route(routed.ticket);
-        let mut set_headers = vec![set_header(DESTINATION_HEADER, &destination)];
-        // Overwritten in PD mode (every value of the header replaced), removed otherwise.
-        let mut remove_headers = vec![];
-        match prefill {
-            Some(host) => set_headers.push(set_header(PREFILLER_HEADER, host)),
-            None => remove_headers.push(PREFILLER_HEADER.to_string()),
-        }
-        if self.set_request_id {
-            set_headers.push(set_header(
-                "x-request-id",
-                self.request_id.as_deref().unwrap_or_default(),
-            ));
-        }
-        let common = CommonResponse {
-            header_mutation: Some(HeaderMutation {
-                set_headers,
-                remove_headers,
-            }),
-            clear_route_cache: true,
-            ..CommonResponse::default()
-        };
-        let metadata = Some(lb_metadata(&destination, self.route_key.as_deref()));
-        if body.is_none() || self.holding_headers {
-            self.holding_headers = false;
-            return vec![ProcessingResponse {
-                response: Some(Out::RequestHeaders(HeadersResponse {
-                    response: Some(common),
-                })),
-                dynamic_metadata: metadata,
-                ..ProcessingResponse::default()
-            }];
-        }
-        vec![ProcessingResponse {
-            response: Some(Out::RequestBody(BodyResponse {
-                response: Some(common),
-            })),
-            dynamic_metadata: metadata,
-            ..ProcessingResponse::default()
-        }]
     }
 
     /// Keeps the ticket for completion: on this stream, or (when this stream will not see the
