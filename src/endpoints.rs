@@ -17,13 +17,13 @@ mod pattern;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock};
-use prometheus::IntGauge;
+use prometheus::{IntCounter, IntGauge};
 
 use crate::engine_view::EngineView;
 use crate::metrics::RouterMetrics;
@@ -101,6 +101,10 @@ pub struct Endpoint {
     generation: RwLock<Arc<str>>,
     /// What the engine holds, by its KV-cache events (pods with `spec.kv_events` only).
     pub engine: Option<EngineView>,
+    /// The pod's `prefix_picker_pod_inflight_requests` and `prefix_picker_pod_picks_total`
+    /// series, looked up when first counted and kept: a request looks no label set up.
+    inflight_series: OnceLock<IntGauge>,
+    picks_series: OnceLock<IntCounter>,
 }
 
 impl Endpoint {
@@ -133,6 +137,26 @@ impl Endpoint {
 
     pub fn serves(&self, model: &str) -> bool {
         self.spec.models.is_empty() || self.spec.models.iter().any(|m| m == model)
+    }
+
+    /// Counts a pick of this pod as primary (`prefix_picker_pod_picks_total`).
+    pub fn count_pick(&self, metrics: &RouterMetrics) {
+        self.picks_series
+            .get_or_init(|| {
+                metrics
+                    .pod_picks
+                    .with_label_values(&crate::metrics::pod_label_values(&self.spec.id))
+            })
+            .inc();
+    }
+
+    /// The pod's `prefix_picker_pod_inflight_requests` series.
+    fn inflight_series(&self, metrics: &RouterMetrics) -> &IntGauge {
+        self.inflight_series.get_or_init(|| {
+            metrics
+                .pod_inflight
+                .with_label_values(&crate::metrics::pod_label_values(&self.spec.id))
+        })
     }
 }
 
@@ -206,9 +230,7 @@ pub struct InflightGuard {
 impl InflightGuard {
     pub fn new(endpoint: Arc<Endpoint>, metrics: &RouterMetrics) -> InflightGuard {
         endpoint.inflight.fetch_add(1, Ordering::Relaxed);
-        let gauge = metrics
-            .pod_inflight
-            .with_label_values(&crate::metrics::pod_label_values(&endpoint.spec.id));
+        let gauge = endpoint.inflight_series(metrics).clone();
         gauge.inc();
         InflightGuard { endpoint, gauge }
     }
@@ -437,6 +459,8 @@ impl Endpoints {
                 .as_ref()
                 .map(|_| EngineView::new(self.max_engine_blocks)),
             spec,
+            inflight_series: OnceLock::new(),
+            picks_series: OnceLock::new(),
         })
     }
 

@@ -1,4 +1,4 @@
-//! Discovery metrics (`prefix_picker_discovery_*`), registered explicitly.
+//! Discovery metrics (`prefix_picker_discovery_*`), declared as data and registered explicitly.
 //!
 //! - `prefix_picker_discovery_pods{state}`: pods the watcher currently sees, by whether they
 //!   count (`ready`) or why not (`not_ready`, `terminating`, `no_ip`).
@@ -11,10 +11,11 @@
 //! - `prefix_picker_discovery_watch_errors_total{resource}`: errors from the watch stream (each
 //!   one retried with kube-runtime's default backoff).
 
-use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{IntCounterVec, IntGaugeVec, Registry};
 
 use crate::discovery::pod::PodState;
-use crate::metrics::listing;
+use crate::metrics::family::Label::{Enum, Free};
+use crate::metrics::family::{Family, Label};
 
 /// The `resource` label: what a watch is on.
 pub const RESOURCES: [&str; 2] = ["pod", "inferencepool"];
@@ -22,6 +23,37 @@ pub const RESOURCES: [&str; 2] = ["pod", "inferencepool"];
 pub const EVENTS: [&str; 3] = ["apply", "delete", "resync"];
 /// The `reason` label of `prefix_picker_discovery_watch_restarts_total`.
 pub const RESTART_REASONS: [&str; 2] = ["relist", "target"];
+
+// Every listed value exists at 0 from the start, as the help string says.
+const PODS: Family = Family::gauge(
+    "prefix_picker_discovery_pods",
+    "Pods seen by the Kubernetes watch, by state",
+    &[Enum("state", || {
+        PodState::ALL.map(PodState::as_str).to_vec()
+    })],
+);
+const ENDPOINTS: Family = Family::gauge(
+    "prefix_picker_discovery_endpoints",
+    "Endpoints discovered from Kubernetes (pod IP x target port), by role label (none \
+     without one)",
+    &[Free("role")],
+);
+const RESOURCE: Label = Enum("resource", || RESOURCES.to_vec());
+const EVENTS_TOTAL: Family = Family::counter(
+    "prefix_picker_discovery_events_total",
+    "Kubernetes watch events applied, by resource and event",
+    &[RESOURCE, Enum("event", || EVENTS.to_vec())],
+);
+const WATCH_RESTARTS: Family = Family::counter(
+    "prefix_picker_discovery_watch_restarts_total",
+    "Kubernetes watches restarted with a full list, by resource and reason",
+    &[RESOURCE, Enum("reason", || RESTART_REASONS.to_vec())],
+);
+const WATCH_ERRORS: Family = Family::counter(
+    "prefix_picker_discovery_watch_errors_total",
+    "Errors from a Kubernetes watch (retried with backoff), by resource",
+    &[RESOURCE],
+);
 
 #[derive(Debug, Clone)]
 pub struct DiscoveryMetrics {
@@ -34,73 +66,13 @@ pub struct DiscoveryMetrics {
 
 impl DiscoveryMetrics {
     pub fn register(registry: &Registry) -> DiscoveryMetrics {
-        let gauge = |name: &str, help: String, label: &str| {
-            IntGaugeVec::new(Opts::new(name, help), &[label]).expect("valid metric")
-        };
-        let counter = |name: &str, help: String, labels: &[&str]| {
-            IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
-        };
-        let m = DiscoveryMetrics {
-            pods: gauge(
-                "prefix_picker_discovery_pods",
-                listing(
-                    "Pods seen by the Kubernetes watch, by state",
-                    &[("state", &PodState::ALL.map(PodState::as_str))],
-                ),
-                "state",
-            ),
-            endpoints: gauge(
-                "prefix_picker_discovery_endpoints",
-                "Endpoints discovered from Kubernetes (pod IP x target port), by role label (none \
-                 without one)"
-                    .into(),
-                "role",
-            ),
-            events: counter(
-                "prefix_picker_discovery_events_total",
-                listing(
-                    "Kubernetes watch events applied, by resource and event",
-                    &[("resource", &RESOURCES), ("event", &EVENTS)],
-                ),
-                &["resource", "event"],
-            ),
-            watch_restarts: counter(
-                "prefix_picker_discovery_watch_restarts_total",
-                listing(
-                    "Kubernetes watches restarted with a full list, by resource and reason",
-                    &[("resource", &RESOURCES), ("reason", &RESTART_REASONS)],
-                ),
-                &["resource", "reason"],
-            ),
-            watch_errors: counter(
-                "prefix_picker_discovery_watch_errors_total",
-                listing(
-                    "Errors from a Kubernetes watch (retried with backoff), by resource",
-                    &[("resource", &RESOURCES)],
-                ),
-                &["resource"],
-            ),
-        };
-        for c in [&m.pods, &m.endpoints] {
-            registry.register(Box::new(c.clone())).expect("unique");
+        DiscoveryMetrics {
+            pods: PODS.register(registry),
+            endpoints: ENDPOINTS.register(registry),
+            events: EVENTS_TOTAL.register(registry),
+            watch_restarts: WATCH_RESTARTS.register(registry),
+            watch_errors: WATCH_ERRORS.register(registry),
         }
-        for c in [&m.events, &m.watch_restarts, &m.watch_errors] {
-            registry.register(Box::new(c.clone())).expect("unique");
-        }
-        // Every listed value exists at 0 from the start, as the help string says.
-        for state in PodState::ALL {
-            m.pods.with_label_values(&[state.as_str()]);
-        }
-        for resource in RESOURCES {
-            for event in EVENTS {
-                m.events.with_label_values(&[resource, event]);
-            }
-            for reason in RESTART_REASONS {
-                m.watch_restarts.with_label_values(&[resource, reason]);
-            }
-            m.watch_errors.with_label_values(&[resource]);
-        }
-        m
     }
 
     /// Counts a watch event applied.

@@ -1,5 +1,5 @@
-//! The ext_proc gRPC service: one stream state machine (`stream.rs`) per stream, served on its
-//! own task ([`drive_stream`], `handler.rs`).
+//! The ext_proc gRPC service: one stream state machine (`stream.rs`) per stream, driven inside
+//! the stream of its replies ([`drive_stream`], `handler.rs`).
 
 use std::sync::Arc;
 

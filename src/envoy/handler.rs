@@ -1,13 +1,13 @@
-//! What one ext_proc stream does with its messages ([`StreamHandler`]), and the task that drives a
-//! handler over a stream ([`drive_stream`]). The picker's stream state machine is one handler;
-//! the benchmark's no-op processor another.
+//! What one ext_proc stream does with its messages ([`StreamHandler`]), and how a handler is
+//! driven over a stream ([`drive_stream`]: inside the stream of its replies, with no task or
+//! channel of its own). The picker's stream state machine is one handler; the benchmark's no-op
+//! processor another.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 
 use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
 use ep::{ProcessingRequest, ProcessingResponse};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
 use crate::scheduler::kvcache_aware::KvBlockOwners;
@@ -42,29 +42,71 @@ pub trait StreamHandler: Send + 'static {
 /// A lookup the stream awaits before routing.
 pub type Lookup = crate::kvcache::lookup::Pending;
 
-/// Serves one stream on its own task: each message's replies are sent in order until the
-/// handler is done, Envoy ends the stream, or nobody reads the replies any more.
+/// Serves one stream: each message's replies are sent in order until the handler is done,
+/// Envoy ends the stream, or nobody reads the replies any more; then [`StreamHandler::finish`]
+/// runs (also when the reply stream is dropped half-way, e.g. Envoy reset the stream).
+///
+/// The handler runs inside the reply stream, on the task that sends the replies (hyper's, one
+/// per gRPC stream): no task of its own and no channel, so a message costs no wake-up of a
+/// second task and no hand-over between them. Each message is read when hyper asks for the next
+/// reply, which it does as long as Envoy grants the stream send window.
 pub fn drive_stream<H: StreamHandler>(
-    mut inbound: Streaming<ProcessingRequest>,
-    mut handler: H,
+    inbound: Streaming<ProcessingRequest>,
+    handler: H,
 ) -> ReplyStream {
-    let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(async move {
-        'stream: while let Ok(Some(message)) = inbound.message().await {
+    let driver = Driver {
+        inbound,
+        handler: Finishing(handler),
+        queued: VecDeque::new(),
+        ended: false,
+    };
+    Box::pin(futures_util::stream::unfold(driver, |mut d| async move {
+        let reply = d.next_reply().await?;
+        Some((Ok(reply), d))
+    }))
+}
+
+/// One stream's state between replies.
+struct Driver<H: StreamHandler> {
+    inbound: Streaming<ProcessingRequest>,
+    handler: Finishing<H>,
+    /// Replies of the last message not sent yet.
+    queued: VecDeque<ProcessingResponse>,
+    /// Nothing more to read: the handler is done, or Envoy ended the stream.
+    ended: bool,
+}
+
+impl<H: StreamHandler> Driver<H> {
+    /// The next reply to send, reading messages until one calls for a reply; `None` once the
+    /// stream is over (the driver is then dropped, which finishes the handler).
+    async fn next_reply(&mut self) -> Option<ProcessingResponse> {
+        loop {
+            if let Some(reply) = self.queued.pop_front() {
+                return Some(reply);
+            }
+            if self.ended {
+                return None;
+            }
+            let Ok(Some(message)) = self.inbound.message().await else {
+                self.ended = true;
+                continue;
+            };
+            let handler = &mut self.handler.0;
             if let Some(lookup) = handler.lookup(&message) {
                 let owners = lookup.await;
                 handler.looked_up(owners);
             }
-            for reply in handler.replies(message) {
-                if tx.send(Ok(reply)).await.is_err() {
-                    break 'stream;
-                }
-            }
-            if handler.done() {
-                break;
-            }
+            self.queued.extend(handler.replies(message));
+            self.ended = handler.done();
         }
-        handler.finish();
-    });
-    Box::pin(ReceiverStream::new(rx))
+    }
+}
+
+/// Calls [`StreamHandler::finish`] when the stream's state goes, however the stream ended.
+struct Finishing<H: StreamHandler>(H);
+
+impl<H: StreamHandler> Drop for Finishing<H> {
+    fn drop(&mut self) {
+        self.0.finish();
+    }
 }

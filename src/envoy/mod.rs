@@ -2,8 +2,8 @@
 //! `envoy-types`. It translates messages into [`Router`] calls and decisions back into
 //! messages; routing itself knows nothing of Envoy.
 //!
-//! - [`ext_proc`]: the ext_proc gRPC service, one task per stream;
-//! - `handler`: what a stream does with its messages, and the task that drives it;
+//! - [`ext_proc`]: the ext_proc gRPC service, a state machine per stream;
+//! - `handler`: what a stream does with its messages, and how it is driven (no task of its own);
 //! - `stream`: one stream's state machine (request phase, pick, response phase, completion);
 //! - [`wire`]: the header and metadata names, Envoy's body modes, reply builders and metadata
 //!   readers;

@@ -54,15 +54,14 @@ use ep::{
 use super::access_log::warn_other_replica;
 use super::handler::{Lookup, StreamHandler};
 use super::wire::{
-    BodyEnd, BodyMode, CONFORMANCE_SERVED_HEADER, DESTINATION_HEADER, PREFILLER_HEADER,
-    TEST_SELECTION_HEADER, body_chunks, destination, header_value, lb_metadata, merge_metadata,
-    read_subset_hint, reply, route_key_from_metadata, served_from_metadata, set_header,
-    streamed_body,
+    BodyEnd, BodyMode, CONFORMANCE_SERVED_HEADER, TEST_SELECTION_HEADER, body_chunks, destination,
+    header_value, lb_metadata, merge_metadata, pick_headers, read_subset_hint, reply,
+    route_key_from_metadata, served_from_metadata, set_header, streamed_body,
 };
 use crate::cached_tokens::CachedTokensScan;
 use crate::endpoints::AddressPattern;
 use crate::routing::pending::Miss;
-use crate::routing::{Ending, RouteFailure, Router, Served, Ticket};
+use crate::routing::{Ending, RouteFailure, Routed, Router, Served, Ticket};
 use crate::scheduler::kvcache_aware::KvBlockOwners;
 
 impl StreamHandler for StreamState {
@@ -237,14 +236,14 @@ impl StreamState {
             self.set_request_id = true;
         }
         if h.end_of_stream {
-            return self.route_now(None, BodyEnd::EndOfStream);
+            return self.route_now(None);
         }
         match self.request_mode {
             Some(BodyMode::FullDuplex) => {
                 self.holding_headers = true;
                 vec![]
             }
-            Some(BodyMode::None) => self.route_now(None, BodyEnd::EndOfStream),
+            Some(BodyMode::None) => self.route_now(None),
             _ => vec![reply(Out::RequestHeaders(HeadersResponse::default()))],
         }
     }
@@ -278,13 +277,13 @@ impl StreamState {
         // BUFFERED: Envoy sends the whole body in one message, with `end_of_stream` false only
         // when request trailers follow it (its ext_proc filter sends the buffered body when the
         // trailers arrive, headers still held), so that message is the body's end too.
+        // The usual case is one message with the whole body: kept without a copy.
+        if self.body.is_empty() {
+            self.body = b.body;
+        } else {
+            self.body.extend_from_slice(&b.body);
+        }
         if b.end_of_stream || self.request_mode == Some(BodyMode::Buffered) {
-            // The usual case is one message with the whole body: route it without a copy.
-            if self.body.is_empty() {
-                self.body = b.body;
-            } else {
-                self.body.extend_from_slice(&b.body);
-            }
             let end = if b.end_of_stream {
                 BodyEnd::EndOfStream
             } else {
@@ -292,7 +291,13 @@ impl StreamState {
             };
             return self.route_body(end);
         }
-        self.body.extend_from_slice(&b.body);
+        self.body_continues()
+    }
+
+    /// A body message that is not the body's last (as far as its mode tells): FULL_DUPLEX
+    /// waits for more, BUFFERED_PARTIAL routes a body that parses whole (trailers follow) and
+    /// refuses one cut at Envoy's buffer limit, STREAMED continues.
+    fn body_continues(&mut self) -> Vec<ProcessingResponse> {
         match self.request_mode {
             Some(BodyMode::FullDuplex) => vec![],
             Some(BodyMode::BufferedPartial) => {
@@ -366,34 +371,23 @@ impl StreamState {
         Some(pending)
     }
 
-    /// Routes on the whole body gathered so far ([`StreamState::route_now`]).
+    /// Routes on the whole body gathered so far ([`StreamState::route_now`]); a
+    /// FULL_DUPLEX_STREAMED body then goes back to Envoy after the pick (moved, not copied: the
+    /// stream needs it no more).
     fn route_body(&mut self, end: BodyEnd) -> Vec<ProcessingResponse> {
         let body = std::mem::take(&mut self.body);
-        let replies = self.route_now(Some(&body), end);
-        self.body = body;
+        let full_duplex = self.holding_headers;
+        let mut replies = self.route_now(Some(&body));
+        if full_duplex && self.routed {
+            replies.extend(body_chunks(body, end));
+        }
         replies
     }
 
-    /// Routes and builds the replies that carry the pick (or the immediate error).
-    fn route_now(&mut self, body: Option<&[u8]>, end: BodyEnd) -> Vec<ProcessingResponse> {
-        let restrict = match self.restriction() {
-            Ok(r) => r,
-            Err(f) => return vec![self.immediate(&f)],
-        };
-        // The lookup's owners, if it was made for this very body.
-        let kv = self
-            .kv_lookup
-            .take()
-            .filter(|(len, _)| Some(*len) == body.map(<[u8]>::len))
-            .and_then(|(_, owners)| owners);
-        let routed = self.router.route_looked_up(
-            &self.path,
-            body,
-            restrict.as_deref(),
-            self.session.as_deref().map(str::as_bytes),
-            kv.as_ref(),
-        );
-        let routed = match routed {
+    /// Routes and builds the reply that carries the pick (or the immediate error): the headers
+    /// reply when they were held (FULL_DUPLEX) or the request has no body, else the body reply.
+    fn route_now(&mut self, body: Option<&[u8]>) -> Vec<ProcessingResponse> {
+        let routed = match self.route(body) {
             Ok(r) => r,
             Err(f) => return vec![self.immediate(&f)],
         };
@@ -403,6 +397,54 @@ impl StreamState {
             .pd
             .as_ref()
             .map(|pd| pd.prefill.host.as_str());
+        self.log_pick(&routed, &destination, prefill);
+        self.routed = true;
+        self.route_key = self.keep_route(routed.ticket);
+        let request_id = self
+            .set_request_id
+            .then_some(self.request_id.as_deref().unwrap_or_default());
+        let common = CommonResponse {
+            header_mutation: Some(pick_headers(&destination, prefill, request_id)),
+            clear_route_cache: true,
+            ..CommonResponse::default()
+        };
+        let response = if body.is_none() || self.holding_headers {
+            self.holding_headers = false;
+            Out::RequestHeaders(HeadersResponse {
+                response: Some(common),
+            })
+        } else {
+            Out::RequestBody(BodyResponse {
+                response: Some(common),
+            })
+        };
+        vec![ProcessingResponse {
+            response: Some(response),
+            dynamic_metadata: Some(lb_metadata(&destination, self.route_key.as_deref())),
+            ..ProcessingResponse::default()
+        }]
+    }
+
+    /// The router's decision for this request: its candidates narrowed by the subset hint (and
+    /// the conformance header), its session, and kvcache-aware's owners when the lookup was made
+    /// for this very body.
+    fn route(&mut self, body: Option<&[u8]>) -> Result<Routed, RouteFailure> {
+        let restrict = self.restriction()?;
+        let kv = self
+            .kv_lookup
+            .take()
+            .filter(|(len, _)| Some(*len) == body.map(<[u8]>::len))
+            .and_then(|(_, owners)| owners);
+        self.router.route_looked_up(
+            &self.path,
+            body,
+            restrict.as_deref(),
+            self.session.as_deref().map(str::as_bytes),
+            kv.as_ref(),
+        )
+    }
+
+    fn log_pick(&self, routed: &Routed, destination: &str, prefill: Option<&str>) {
         tracing::debug!(
             request_id = self.request_id.as_deref().unwrap_or(""),
             model = %routed.ticket.model,
@@ -412,52 +454,6 @@ impl StreamState {
             session = %routed.ticket.session.map(|k| k.to_string()).unwrap_or_default(),
             "picked"
         );
-        self.routed = true;
-        self.route_key = self.keep_route(routed.ticket);
-        let mut set_headers = vec![set_header(DESTINATION_HEADER, &destination)];
-        // Overwritten in PD mode (every value of the header replaced), removed otherwise.
-        let mut remove_headers = vec![];
-        match prefill {
-            Some(host) => set_headers.push(set_header(PREFILLER_HEADER, host)),
-            None => remove_headers.push(PREFILLER_HEADER.to_string()),
-        }
-        if self.set_request_id {
-            set_headers.push(set_header(
-                "x-request-id",
-                self.request_id.as_deref().unwrap_or_default(),
-            ));
-        }
-        let common = CommonResponse {
-            header_mutation: Some(HeaderMutation {
-                set_headers,
-                remove_headers,
-            }),
-            clear_route_cache: true,
-            ..CommonResponse::default()
-        };
-        let metadata = Some(lb_metadata(&destination, self.route_key.as_deref()));
-        let full_duplex_body = self.holding_headers && body.is_some();
-        if body.is_none() || self.holding_headers {
-            self.holding_headers = false;
-            let mut replies = vec![ProcessingResponse {
-                response: Some(Out::RequestHeaders(HeadersResponse {
-                    response: Some(common),
-                })),
-                dynamic_metadata: metadata,
-                ..ProcessingResponse::default()
-            }];
-            if full_duplex_body {
-                replies.extend(body_chunks(body.unwrap_or_default(), end));
-            }
-            return replies;
-        }
-        vec![ProcessingResponse {
-            response: Some(Out::RequestBody(BodyResponse {
-                response: Some(common),
-            })),
-            dynamic_metadata: metadata,
-            ..ProcessingResponse::default()
-        }]
     }
 
     /// Keeps the ticket for completion: on this stream, or (when this stream will not see the

@@ -12,8 +12,8 @@ use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
 use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
 use ep::processing_response::Response as Out;
 use ep::{
-    BodyMutation, BodyResponse, CommonResponse, ProcessingResponse, StreamedBodyResponse,
-    body_mutation,
+    BodyMutation, BodyResponse, CommonResponse, HeaderMutation, ProcessingResponse,
+    StreamedBodyResponse, body_mutation,
 };
 
 use crate::endpoints::AddressPattern;
@@ -114,6 +114,30 @@ pub(crate) fn set_header(key: &str, value: &str) -> HeaderValueOption {
     }
 }
 
+/// The pick's header mutation: [`DESTINATION_HEADER`] set to `destination`; in PD mode
+/// [`PREFILLER_HEADER`] set to the prefill pod (every value of the header replaced), else
+/// removed, so the header reaching a pod is always the picker's; `x-request-id` set when the
+/// picker generated one.
+pub(crate) fn pick_headers(
+    destination: &str,
+    prefill: Option<&str>,
+    request_id: Option<&str>,
+) -> HeaderMutation {
+    let mut set_headers = vec![set_header(DESTINATION_HEADER, destination)];
+    let mut remove_headers = vec![];
+    match prefill {
+        Some(host) => set_headers.push(set_header(PREFILLER_HEADER, host)),
+        None => remove_headers.push(PREFILLER_HEADER.to_string()),
+    }
+    if let Some(id) = request_id {
+        set_headers.push(set_header("x-request-id", id));
+    }
+    HeaderMutation {
+        set_headers,
+        remove_headers,
+    }
+}
+
 pub(crate) fn string_value(s: &str) -> Value {
     Value {
         kind: Some(Kind::StringValue(s.to_string())),
@@ -151,7 +175,12 @@ pub(crate) fn lb_metadata(destination: &str, route_key: Option<&str>) -> Struct 
 /// ended the stream is sent with `end_of_stream` on its last chunk (an empty one if need be);
 /// when trailers follow, Envoy ends the stream with them (a body ending with `end_of_stream`
 /// before the trailers left Envoy waiting for the request until `stream_idle_timeout`).
-pub(crate) fn body_chunks(body: &[u8], end: BodyEnd) -> Vec<ProcessingResponse> {
+/// A body of one chunk (the usual case) is moved into its reply, not copied.
+pub(crate) fn body_chunks(body: Vec<u8>, end: BodyEnd) -> Vec<ProcessingResponse> {
+    let ends_stream = end == BodyEnd::EndOfStream;
+    if body.len() <= BODY_CHUNK && (ends_stream || !body.is_empty()) {
+        return vec![reply(Out::RequestBody(streamed_body(body, ends_stream)))];
+    }
     let mut chunks: Vec<&[u8]> = body.chunks(BODY_CHUNK).collect();
     if chunks.is_empty() && end == BodyEnd::EndOfStream {
         chunks.push(&[]);
@@ -212,5 +241,44 @@ pub(crate) fn merge_metadata(into: &mut HashMap<String, Struct>, md: Metadata) {
             .or_default()
             .fields
             .extend(fields.fields);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(m: &HeaderMutation) -> Vec<(&str, &[u8])> {
+        m.set_headers
+            .iter()
+            .filter_map(|o| o.header.as_ref())
+            .map(|h| (h.key.as_str(), h.raw_value.as_slice()))
+            .collect()
+    }
+
+    #[test]
+    fn the_pick_sets_the_destination_and_removes_a_client_prefiller() {
+        let m = pick_headers("10.0.0.1:8000,10.0.0.2:8000", None, None);
+        assert_eq!(
+            set(&m),
+            [(DESTINATION_HEADER, &b"10.0.0.1:8000,10.0.0.2:8000"[..])]
+        );
+        assert_eq!(m.remove_headers, [PREFILLER_HEADER]);
+        let overwrite = HeaderAppendAction::OverwriteIfExistsOrAdd as i32;
+        assert!(m.set_headers.iter().all(|o| o.append_action == overwrite));
+    }
+
+    #[test]
+    fn in_pd_mode_the_prefiller_is_set_and_a_generated_request_id_too() {
+        let m = pick_headers("10.0.0.1:8000", Some("10.0.0.9:8000"), Some("id-1"));
+        assert_eq!(
+            set(&m),
+            [
+                (DESTINATION_HEADER, &b"10.0.0.1:8000"[..]),
+                (PREFILLER_HEADER, &b"10.0.0.9:8000"[..]),
+                ("x-request-id", &b"id-1"[..]),
+            ]
+        );
+        assert!(m.remove_headers.is_empty());
     }
 }

@@ -3,9 +3,11 @@
 //! prompts. Labels are plain strings and the enums
 //! below; nothing here knows the subscriber, the view or the scheduler.
 
-use prometheus::{GaugeVec, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{GaugeVec, Histogram, IntCounterVec, IntGaugeVec, Registry};
 
-use super::{LATENCY_BUCKETS, listing, register};
+use super::family::Label::{Enum, Free, Given};
+use super::family::{Family, Label};
+use super::{LATENCY_BUCKETS, POD_LABELS};
 
 /// The kinds of [`TokenizeError`](crate::tokenizer::TokenizeError), for counting; `as_str()` is the label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -167,6 +169,76 @@ impl HeadOutcome {
     }
 }
 
+const KV_EVENTS: Family = Family::counter(
+    "prefix_picker_kv_events_total",
+    "KV-cache block events applied to a pod's engine view, by event",
+    &[
+        Free(POD_LABELS[0]),
+        Free(POD_LABELS[1]),
+        Enum("event", || {
+            KvEventKind::ALL.map(KvEventKind::as_str).to_vec()
+        }),
+    ],
+);
+const STREAM: Family = Family::counter(
+    "prefix_picker_kv_event_stream_total",
+    "What happened on a pod's KV-event stream, by kind",
+    &[
+        Free(POD_LABELS[0]),
+        Free(POD_LABELS[1]),
+        Enum("kind", || {
+            StreamEvent::ALL.map(StreamEvent::as_str).to_vec()
+        }),
+    ],
+);
+const POD: [Label; 2] = [Free(POD_LABELS[0]), Free(POD_LABELS[1])];
+const LAG: Family = Family::float_gauge(
+    "prefix_picker_kv_event_lag_seconds",
+    "Receipt time minus the engine's timestamp of a pod's last event batch",
+    &POD,
+);
+const VIEW_BLOCKS: Family = Family::gauge(
+    "prefix_picker_engine_view_blocks",
+    "KV-cache blocks a pod's engine holds, by its events",
+    &POD,
+);
+const VIEW_LIVE: Family = Family::gauge(
+    "prefix_picker_engine_view_live",
+    "1 while a pod is matched by its engine's events, 0 while by the estimate",
+    &POD,
+);
+/// Its sources are given at registration.
+const MATCH_SOURCE: Family = Family::counter(
+    "prefix_picker_match_source_total",
+    "Affinity-mode decisions, by where the picked pod's match came from",
+    &[Given("source")],
+);
+/// What ends a hold (the engine, the request) is given at registration.
+const HOLDS: Family = Family::counter(
+    "prefix_picker_engine_holds_total",
+    "Affinity-mode holds on pods matched by their engine, by what ended them: the engine's store of the held head, or the request's end before it",
+    &[Given("ended")],
+);
+const ENGINE_TOKENS: Family = Family::counter(
+    "prefix_picker_engine_tokens_total",
+    "Requests to pods with engine views, by how their engine tokens were found",
+    &[Enum("outcome", || {
+        HeadOutcome::ALL.map(HeadOutcome::as_str).to_vec()
+    })],
+);
+/// Its results ([`TOKENIZE_OK`] and the error kinds) are given at registration.
+const TOKENIZE_CALLS: Family = Family::counter(
+    "prefix_picker_tokenize_calls_total",
+    "Prompt heads tokenized (a call to an engine's /tokenize, or the file source in process), by result",
+    &[Given("result")],
+);
+const TOKENIZE_DURATION: Family = Family::histogram(
+    "prefix_picker_tokenize_duration_seconds",
+    "Time of one head's tokenization (off the request path)",
+    &[],
+    &LATENCY_BUCKETS,
+);
+
 /// The engine-truth families.
 #[derive(Debug, Clone)]
 pub struct EngineTruthMetrics {
@@ -186,138 +258,27 @@ pub struct EngineTruthMetrics {
 pub const TOKENIZE_OK: &str = "ok";
 
 impl EngineTruthMetrics {
-    /// `sources`: the match sources; `hold_ends`: what ends a hold that awaited its engine;
-    /// `errors`: the tokenize error kinds (the label values, from the types that own them).
+    /// The families, with the match `sources`, what ends a hold (`hold_ends`) and the tokenize
+    /// `errors` their labels take (the label values, from the types that own them).
     pub fn register(
         registry: &Registry,
         sources: &[&str],
         hold_ends: &[&str],
         errors: &[&str],
     ) -> EngineTruthMetrics {
-        let pod = super::POD_LABELS;
-        let m = EngineTruthMetrics {
-            kv_events: IntCounterVec::new(
-                Opts::new(
-                    "prefix_picker_kv_events_total",
-                    listing(
-                        "KV-cache block events applied to a pod's engine view, by event",
-                        &[("event", &KvEventKind::ALL.map(KvEventKind::as_str))],
-                    ),
-                ),
-                &[super::POD_LABELS[0], super::POD_LABELS[1], "event"],
-            )
-            .expect("valid metric"),
-            stream: IntCounterVec::new(
-                Opts::new(
-                    "prefix_picker_kv_event_stream_total",
-                    listing(
-                        "What happened on a pod's KV-event stream, by kind",
-                        &[("kind", &StreamEvent::ALL.map(StreamEvent::as_str))],
-                    ),
-                ),
-                &[super::POD_LABELS[0], super::POD_LABELS[1], "kind"],
-            )
-            .expect("valid metric"),
-            lag: GaugeVec::new(
-                Opts::new(
-                    "prefix_picker_kv_event_lag_seconds",
-                    "Receipt time minus the engine's timestamp of a pod's last event batch",
-                ),
-                &pod,
-            )
-            .expect("valid metric"),
-            view_blocks: IntGaugeVec::new(
-                Opts::new(
-                    "prefix_picker_engine_view_blocks",
-                    "KV-cache blocks a pod's engine holds, by its events",
-                ),
-                &pod,
-            )
-            .expect("valid metric"),
-            view_live: IntGaugeVec::new(
-                Opts::new(
-                    "prefix_picker_engine_view_live",
-                    "1 while a pod is matched by its engine's events, 0 while by the estimate",
-                ),
-                &pod,
-            )
-            .expect("valid metric"),
-            match_source: IntCounterVec::new(
-                Opts::new(
-                    "prefix_picker_match_source_total",
-                    listing(
-                        "Affinity-mode decisions, by where the picked pod's match came from",
-                        &[("source", sources)],
-                    ),
-                ),
-                &["source"],
-            )
-            .expect("valid metric"),
-            holds: IntCounterVec::new(
-                Opts::new(
-                    "prefix_picker_engine_holds_total",
-                    listing(
-                        "Affinity-mode holds on pods matched by their engine, by what ended them: the engine's store of the held head, or the request's end before it",
-                        &[("ended", hold_ends)],
-                    ),
-                ),
-                &["ended"],
-            )
-            .expect("valid metric"),
-            engine_tokens: IntCounterVec::new(
-                Opts::new(
-                    "prefix_picker_engine_tokens_total",
-                    listing(
-                        "Requests to pods with engine views, by how their engine tokens were found",
-                        &[("outcome", &HeadOutcome::ALL.map(HeadOutcome::as_str))],
-                    ),
-                ),
-                &["outcome"],
-            )
-            .expect("valid metric"),
-            tokenize_calls: IntCounterVec::new(
-                Opts::new(
-                    "prefix_picker_tokenize_calls_total",
-                    listing(
-                        "Prompt heads tokenized (a call to an engine's /tokenize, or the file source in process), by result",
-                        &[("result", &[&[TOKENIZE_OK], errors].concat())],
-                    ),
-                ),
-                &["result"],
-            )
-            .expect("valid metric"),
-            tokenize_duration: Histogram::with_opts(
-                HistogramOpts::new(
-                    "prefix_picker_tokenize_duration_seconds",
-                    "Time of one head's tokenization (off the request path)",
-                )
-                .buckets(LATENCY_BUCKETS.to_vec()),
-            )
-            .expect("valid metric"),
-        };
-        for s in sources {
-            m.match_source.with_label_values(&[s]);
+        let results = [&[TOKENIZE_OK], errors].concat();
+        EngineTruthMetrics {
+            kv_events: KV_EVENTS.register(registry),
+            stream: STREAM.register(registry),
+            lag: LAG.register(registry),
+            view_blocks: VIEW_BLOCKS.register(registry),
+            view_live: VIEW_LIVE.register(registry),
+            match_source: MATCH_SOURCE.register_with(registry, &[sources]),
+            holds: HOLDS.register_with(registry, &[hold_ends]),
+            engine_tokens: ENGINE_TOKENS.register(registry),
+            tokenize_calls: TOKENIZE_CALLS.register_with(registry, &[&results]),
+            tokenize_duration: TOKENIZE_DURATION.register(registry),
         }
-        for e in hold_ends {
-            m.holds.with_label_values(&[e]);
-        }
-        for o in HeadOutcome::ALL {
-            m.engine_tokens.with_label_values(&[o.as_str()]);
-        }
-        for result in std::iter::once(&TOKENIZE_OK).chain(errors) {
-            m.tokenize_calls.with_label_values(&[result]);
-        }
-        register(registry, m.kv_events.clone());
-        register(registry, m.stream.clone());
-        register(registry, m.lag.clone());
-        register(registry, m.view_blocks.clone());
-        register(registry, m.view_live.clone());
-        register(registry, m.match_source.clone());
-        register(registry, m.holds.clone());
-        register(registry, m.engine_tokens.clone());
-        register(registry, m.tokenize_calls.clone());
-        register(registry, m.tokenize_duration.clone());
-        m
     }
 
     /// Removes a departed pod's series.

@@ -3,11 +3,11 @@
 //! prefix-picker's own: each lookup's result, the Redis connection and the hourly GC. Nothing
 //! here knows Redis or the scheduler.
 
-use prometheus::{
-    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-};
+use prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGauge, Registry};
 
-use super::{MATCH_RATIO_BUCKETS, listing, register};
+use super::MATCH_RATIO_BUCKETS;
+use super::family::Family;
+use super::family::Label::{Enum, Free};
 
 /// Kthena's duration buckets for the tokenize and Redis histograms.
 const DURATION_BUCKETS: [f64; 12] = [
@@ -86,6 +86,52 @@ impl LookupResult {
     }
 }
 
+// Kthena's four (help and labels as Kthena wrote them), then prefix-picker's own.
+const MATCH_RATIO: Family = Family::histogram(
+    "kthena_router_kvcache_aware_match_ratio",
+    "Fraction of the prompt's blocks whose KV cache the best-matching candidate pod \
+     already held, per kvcache-aware match attempt (0 = miss)",
+    &[Free("model")],
+    &MATCH_RATIO_BUCKETS,
+);
+const REDIS_DURATION: Family = Family::histogram(
+    "kthena_router_kvcache_aware_redis_duration_seconds",
+    "Time spent in the batched Redis lookup during a kvcache-aware match attempt",
+    &[Free("model")],
+    &DURATION_BUCKETS,
+);
+const TOKENIZE_DURATION: Family = Family::histogram(
+    "kthena_router_kvcache_aware_tokenize_duration_seconds",
+    "Time spent tokenizing the prompt during a kvcache-aware match attempt",
+    &[Free("model")],
+    &DURATION_BUCKETS,
+);
+/// Its `stage` series start per model ([`KvCacheMetrics::touch_model`]).
+const ERRORS: Family = Family::counter(
+    "kthena_router_kvcache_aware_errors_total",
+    "Number of kvcache-aware match attempts aborted by an error, labelled by \
+     failing stage (tokenize or redis)",
+    &[Free("model"), Free("stage")],
+);
+const LOOKUPS: Family = Family::counter(
+    "prefix_picker_kvcache_lookups_total",
+    "kvcache-aware lookups before routing (tokenize + Redis), by result; \
+     every result but ok routes the request without the plugin's score",
+    &[Enum("result", || {
+        LookupResult::ALL.map(LookupResult::as_str).to_vec()
+    })],
+);
+const REDIS_CONNECTED: Family = Family::gauge(
+    "prefix_picker_kvcache_redis_connected",
+    "1 while the kvcache-aware Redis connection is up (0 also when kvcache-aware is off)",
+    &[],
+);
+const GC_REMOVED: Family = Family::counter(
+    "prefix_picker_kvcache_gc_removed_total",
+    "Owner fields older than 24 h removed by kvcache-aware's hourly GC",
+    &[],
+);
+
 #[derive(Debug, Clone)]
 pub struct KvCacheMetrics {
     pub match_ratio: HistogramVec,
@@ -99,73 +145,15 @@ pub struct KvCacheMetrics {
 
 impl KvCacheMetrics {
     pub fn register(registry: &Registry) -> KvCacheMetrics {
-        let histogram = |name: &str, help: &str, buckets: &[f64]| {
-            HistogramVec::new(
-                HistogramOpts::new(name, help).buckets(buckets.to_vec()),
-                &["model"],
-            )
-            .expect("valid metric")
-        };
-        let m = KvCacheMetrics {
-            match_ratio: histogram(
-                "kthena_router_kvcache_aware_match_ratio",
-                "Fraction of the prompt's blocks whose KV cache the best-matching candidate pod \
-                 already held, per kvcache-aware match attempt (0 = miss)",
-                &MATCH_RATIO_BUCKETS,
-            ),
-            redis_duration: histogram(
-                "kthena_router_kvcache_aware_redis_duration_seconds",
-                "Time spent in the batched Redis lookup during a kvcache-aware match attempt",
-                &DURATION_BUCKETS,
-            ),
-            tokenize_duration: histogram(
-                "kthena_router_kvcache_aware_tokenize_duration_seconds",
-                "Time spent tokenizing the prompt during a kvcache-aware match attempt",
-                &DURATION_BUCKETS,
-            ),
-            errors: IntCounterVec::new(
-                Opts::new(
-                    "kthena_router_kvcache_aware_errors_total",
-                    "Number of kvcache-aware match attempts aborted by an error, labelled by \
-                     failing stage (tokenize or redis)",
-                ),
-                &["model", "stage"],
-            )
-            .expect("valid metric"),
-            lookups: IntCounterVec::new(
-                Opts::new(
-                    "prefix_picker_kvcache_lookups_total",
-                    listing(
-                        "kvcache-aware lookups before routing (tokenize + Redis), by result; \
-                         every result but ok routes the request without the plugin's score",
-                        &[("result", &LookupResult::ALL.map(LookupResult::as_str))],
-                    ),
-                ),
-                &["result"],
-            )
-            .expect("valid metric"),
-            redis_connected: IntGauge::new(
-                "prefix_picker_kvcache_redis_connected",
-                "1 while the kvcache-aware Redis connection is up (0 also when kvcache-aware is off)",
-            )
-            .expect("valid metric"),
-            gc_removed: IntCounter::new(
-                "prefix_picker_kvcache_gc_removed_total",
-                "Owner fields older than 24 h removed by kvcache-aware's hourly GC",
-            )
-            .expect("valid metric"),
-        };
-        for r in LookupResult::ALL {
-            m.lookups.with_label_values(&[r.as_str()]);
+        KvCacheMetrics {
+            match_ratio: MATCH_RATIO.register(registry),
+            redis_duration: REDIS_DURATION.register(registry),
+            tokenize_duration: TOKENIZE_DURATION.register(registry),
+            errors: ERRORS.register(registry),
+            lookups: LOOKUPS.register(registry),
+            redis_connected: REDIS_CONNECTED.register(registry),
+            gc_removed: GC_REMOVED.register(registry),
         }
-        register(registry, m.match_ratio.clone());
-        register(registry, m.redis_duration.clone());
-        register(registry, m.tokenize_duration.clone());
-        register(registry, m.errors.clone());
-        register(registry, m.lookups.clone());
-        register(registry, m.redis_connected.clone());
-        register(registry, m.gc_removed.clone());
-        m
     }
 
     /// Starts a model's error series at 0 (both stages), once it is first looked up.

@@ -30,7 +30,7 @@ use crate::endpoints::{Endpoint, InflightGuard};
 use crate::hashing::BlockHash;
 pub use crate::metrics::outcomes::{RouteOutcome, TentativeOutcome};
 use crate::metrics::{CachedTokens, RouterMetrics};
-use crate::prefix_index::ModelKey;
+use crate::prefix_index::{ModelKey, PodSlot};
 use crate::routing::pending::{Expired, HoldsEnded};
 use crate::routing::{RecordOrigin, Router};
 use crate::scheduler::latency::Prediction;
@@ -253,7 +253,25 @@ impl Router {
 }
 
 fn complete(router: &Router, mut route: Ticket, ending: Ending) {
-    // A session follows the pod that served it (Envoy fell back: not the pick).
+    follow_session(router, &route, &ending);
+    let (outcome, served_slot) = match recordable(&route, ending) {
+        Ok(served) => {
+            let slot = served.pod.index.slot();
+            record(router, &route, served);
+            (RouteOutcome::Recorded, Some(slot))
+        }
+        Err(outcome) => (outcome, None),
+    };
+    router
+        .metrics
+        .records
+        .with_label_values(&[outcome.as_str()])
+        .inc();
+    release_holds(router, &mut route, served_slot);
+}
+
+/// A session follows the pod that served a 2xx (Envoy fell back: not the pick).
+fn follow_session(router: &Router, route: &Ticket, ending: &Ending) {
     if let (
         Some(key),
         Ending::Completed {
@@ -261,60 +279,79 @@ fn complete(router: &Router, mut route: Ticket, ending: Ending) {
             served: Served::Pod(pod),
             ..
         },
-    ) = (route.session, &ending)
+    ) = (route.session, ending)
         && (200..300).contains(status)
         && !Arc::ptr_eq(pod, route.guard.endpoint())
     {
         router.remember_session(key, pod.spec.address);
     }
-    let mut served_slot = None;
-    let outcome = match ending {
-        Ending::Aborted => RouteOutcome::Aborted,
+}
+
+/// A 2xx completion with blocks to record, and the pod it is recorded for.
+struct Recordable {
+    /// Envoy's report, else the primary pick.
+    pod: Arc<Endpoint>,
+    cached_tokens: Option<u64>,
+    first_byte: Option<Instant>,
+}
+
+/// What `ending` lets completion record, or the outcome that records nothing.
+fn recordable(route: &Ticket, ending: Ending) -> Result<Recordable, RouteOutcome> {
+    match ending {
+        Ending::Aborted => Err(RouteOutcome::Aborted),
         Ending::Completed { status, .. } if !status.is_some_and(|s| (200..300).contains(&s)) => {
-            RouteOutcome::Failed
+            Err(RouteOutcome::Failed)
         }
-        Ending::Completed { .. } if route.hashes.is_empty() => RouteOutcome::Unscored,
+        Ending::Completed { .. } if route.hashes.is_empty() => Err(RouteOutcome::Unscored),
         Ending::Completed {
             served: Served::Unknown,
             ..
-        } => RouteOutcome::UnknownPod,
+        } => Err(RouteOutcome::UnknownPod),
         Ending::Completed {
             served,
             cached_tokens,
             first_byte,
             ..
-        } => {
-            let pod = match served {
+        } => Ok(Recordable {
+            pod: match served {
                 Served::Pod(e) => e,
                 _ => route.guard.endpoint().clone(),
-            };
-            if Arc::ptr_eq(&pod, route.guard.endpoint()) {
-                if let Some(reported) = cached_tokens {
-                    correct_estimate(router, &route, &pod, reported);
-                }
-                if let Some((prediction, at)) = route.prediction {
-                    learn_latency(router, &pod, prediction, at, first_byte);
-                }
-            }
-            router.record(&route.model, &route.hashes, &pod, RecordOrigin::Local);
-            if let Some(prefill) = &route.prefill {
-                router.record(
-                    &route.model,
-                    &route.hashes,
-                    prefill.pod(),
-                    RecordOrigin::Local,
-                );
-            }
-            served_slot = Some(pod.index.slot());
-            RouteOutcome::Recorded
+            },
+            cached_tokens,
+            first_byte,
+        }),
+    }
+}
+
+/// Records the prompt for the pod that served (and, in PD mode, the prefill pod); a completion
+/// by the primary pick first checks the engine's `cached_tokens` report and teaches the latency
+/// model.
+fn record(router: &Router, route: &Ticket, served: Recordable) {
+    let pod = &served.pod;
+    if Arc::ptr_eq(pod, route.guard.endpoint()) {
+        if let Some(reported) = served.cached_tokens {
+            correct_estimate(router, route, pod, reported);
         }
-    };
-    router
-        .metrics
-        .records
-        .with_label_values(&[outcome.as_str()])
-        .inc();
-    // Each hold ended, then counted: a tentative record unless its engine confirmed it first.
+        if let Some((prediction, at)) = route.prediction {
+            learn_latency(router, pod, prediction, at, served.first_byte);
+        }
+    }
+    router.record(&route.model, &route.hashes, pod, RecordOrigin::Local);
+    if let Some(prefill) = &route.prefill {
+        router.record(
+            &route.model,
+            &route.hashes,
+            prefill.pod(),
+            RecordOrigin::Local,
+        );
+    }
+}
+
+/// Ends the route's tentative holds, counting each: the decode pod's confirmed when it served,
+/// moved when another pod did, rolled back without a record; the prefill pod's (named in the
+/// header, whoever decoded) confirmed with the record, rolled back without. A hold its engine
+/// confirmed first counts only in `prefix_picker_engine_holds_total`.
+fn release_holds(router: &Router, route: &mut Ticket, served_slot: Option<PodSlot>) {
     let end = |hold: TentativeHold, outcome: TentativeOutcome| {
         let mut ended = HoldsEnded::default();
         ended.add(hold.end());
@@ -328,20 +365,15 @@ fn complete(router: &Router, mut route: Ticket, ending: Ending) {
         count_engine_holds(router, &ended);
     };
     if let Some(hold) = route.tentative.take() {
-        let tentative = match served_slot {
-            Some(slot) if slot == hold.pod() => TentativeOutcome::Confirmed,
-            Some(_) => TentativeOutcome::Moved,
-            None => TentativeOutcome::RolledBack,
-        };
-        end(hold, tentative);
+        let outcome = decode_hold_outcome(served_slot, hold.pod());
+        end(hold, outcome);
     }
     if let Some(hold) = route.prefill.as_mut().and_then(|p| p.tentative.take()) {
-        // The prefill pod is the one named in the header, whoever decoded.
-        let tentative = match served_slot {
+        let outcome = match served_slot {
             Some(_) => TentativeOutcome::Confirmed,
             None => TentativeOutcome::RolledBack,
         };
-        end(hold, tentative);
+        end(hold, outcome);
     }
 }
 
@@ -356,6 +388,16 @@ fn count_engine_holds(router: &Router, ended: &HoldsEnded) {
                 .with_label_values(&[end.as_str()])
                 .inc_by(n as u64);
         }
+    }
+}
+
+/// The end of the decode pod's tentative hold (held for `held`), given the slot the prompt was
+/// recorded for (none: nothing recorded).
+fn decode_hold_outcome(served_slot: Option<PodSlot>, held: PodSlot) -> TentativeOutcome {
+    match served_slot {
+        Some(slot) if slot == held => TentativeOutcome::Confirmed,
+        Some(_) => TentativeOutcome::Moved,
+        None => TentativeOutcome::RolledBack,
     }
 }
 

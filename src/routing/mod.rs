@@ -392,12 +392,7 @@ impl Router {
             .inspect_err(|f| self.count(model, &f.observations))
             .map_err(PickError::from)?;
         self.observe(model, &decision);
-        self.metrics
-            .pod_picks
-            .with_label_values(&crate::metrics::pod_label_values(
-                &decision.primary().spec.id,
-            ))
-            .inc();
+        decision.primary().count_pick(&self.metrics);
         let tentative = live.scheduler.commit(model, &decision);
         let prefill_tentative = live.scheduler.commit_prefill(model, &decision);
         let mut ticket = Ticket::new(
@@ -408,22 +403,21 @@ impl Router {
             &self.metrics,
         );
         if let Some((key, pod)) = session {
-            let outcome = match pod {
-                SessionPod::New => SessionOutcome::New,
-                SessionPod::Candidate(_) if decision.reason == DecisionReason::Session => {
-                    SessionOutcome::Kept
-                }
-                _ => SessionOutcome::Moved,
-            };
-            self.metrics
-                .session_requests
-                .with_label_values(&[outcome.as_str()])
-                .inc();
-            tracing::trace!(session = %key, outcome = outcome.as_str(), "session");
-            self.remember_session(key, decision.primary().spec.address);
+            self.settle_session(key, pod, &decision);
             ticket.session = Some(key);
         }
         Ok(Routed { decision, ticket })
+    }
+
+    /// Counts where a request of a session went and makes the pick the session's pod.
+    fn settle_session(&self, key: SessionKey, pod: SessionPod, decision: &Decision<Arc<Endpoint>>) {
+        let outcome = SessionPod::outcome(pod, decision.reason);
+        self.metrics
+            .session_requests
+            .with_label_values(&[outcome.as_str()])
+            .inc();
+        tracing::trace!(session = %key, outcome = outcome.as_str(), "session");
+        self.remember_session(key, decision.primary().spec.address);
     }
 
     /// The session's key and where its pod is (`None` without a session header or with
@@ -593,6 +587,18 @@ enum SessionPod {
     NotCandidate,
     /// A candidate, in this prefix-index slot.
     Candidate(PodSlot),
+}
+
+impl SessionPod {
+    /// Where the session's request went: kept on its pod when the decision's reason is the
+    /// session, moved otherwise, new without a pod.
+    fn outcome(pod: SessionPod, reason: DecisionReason) -> SessionOutcome {
+        match pod {
+            SessionPod::New => SessionOutcome::New,
+            SessionPod::Candidate(_) if reason == DecisionReason::Session => SessionOutcome::Kept,
+            _ => SessionOutcome::Moved,
+        }
+    }
 }
 
 /// A request as routing reads it: the inference request for a known API, none for another path.

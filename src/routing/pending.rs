@@ -136,11 +136,7 @@ impl PendingRoutes {
             route,
         };
         self.shard(n).lock().insert(n, waiting);
-        let mut key = format!("{:016x}-{n}.", self.replica);
-        for b in secret {
-            key.push_str(&format!("{b:02x}"));
-        }
-        key
+        route_key(self.replica, n, &secret)
     }
 
     /// Claims the route `key` names, if it waits and the secret matches.
@@ -189,6 +185,19 @@ impl PendingRoutes {
         out.tentative = holds.tentative;
         (out, holds)
     }
+}
+
+/// `REPLICA-N.SECRET` written into one allocation (a route is keyed on every request).
+fn route_key(replica: u64, n: u64, secret: &[u8; SECRET_BYTES]) -> String {
+    use std::fmt::Write;
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut key = String::with_capacity(16 + 1 + 20 + 1 + 2 * SECRET_BYTES);
+    write!(key, "{replica:016x}-{n}.").expect("writing to a String cannot fail");
+    for b in secret {
+        key.push(char::from(HEX[usize::from(b >> 4)]));
+        key.push(char::from(HEX[usize::from(b & 0xf)]));
+    }
+    key
 }
 
 /// `REPLICA-N.SECRET` (REPLICA: 16 lowercase hex digits, SECRET: 32) as its parts.
@@ -254,6 +263,15 @@ mod tests {
         assert_eq!(pending.take(&keys[1]).unwrap().hashes, [BlockHash(2)]);
         assert!(pending.is_empty());
         assert_eq!(pod.inflight(), 0);
+    }
+
+    #[test]
+    fn route_keys_are_replica_dash_number_dot_secret_in_lowercase_hex() {
+        let secret: [u8; SECRET_BYTES] = std::array::from_fn(|i| (i as u8).wrapping_mul(37) ^ 0xa5);
+        let key = route_key(0x00c0_ffee_0000_00ab, 1234, &secret);
+        let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(key, format!("00c0ffee000000ab-1234.{hex}"));
+        assert_eq!(parse_key(&key), Some((0x00c0_ffee_0000_00ab, 1234, secret)));
     }
 
     #[test]

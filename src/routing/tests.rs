@@ -397,3 +397,25 @@ fn only_the_affinity_mode_hashes_tools() {
     assert!(!a.is_empty());
     assert_eq!(a, b);
 }
+
+#[test]
+fn a_session_request_is_kept_only_when_its_pod_was_the_reason() {
+    let on_pod = SessionPod::Candidate(crate::prefix_index::PodSlot(3));
+    let outcome = SessionPod::outcome;
+    assert_eq!(
+        outcome(on_pod, DecisionReason::Session),
+        SessionOutcome::Kept
+    );
+    assert_eq!(
+        outcome(on_pod, DecisionReason::PrefixHit),
+        SessionOutcome::Moved
+    );
+    assert_eq!(
+        outcome(SessionPod::NotCandidate, DecisionReason::Session),
+        SessionOutcome::Moved
+    );
+    assert_eq!(
+        outcome(SessionPod::New, DecisionReason::PrefixMiss),
+        SessionOutcome::New
+    );
+}

@@ -1,8 +1,9 @@
-//! The `prefix_picker_sync_*` metrics, declared together and registered explicitly.
+//! The `prefix_picker_sync_*` metrics, declared together as data and registered explicitly.
 
-use prometheus::{Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
-use crate::metrics::listing;
+use crate::metrics::family::Family;
+use crate::metrics::family::Label::Enum;
 
 /// Why a record was not published or not applied (the `reason` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +62,55 @@ impl Role {
     }
 }
 
+const PUBLISHED: Family = Family::counter(
+    "prefix_picker_sync_published_total",
+    "Records this replica added to the Redis stream",
+    &[],
+);
+const APPLIED: Family = Family::counter(
+    "prefix_picker_sync_applied_total",
+    "Records of other replicas (or of this replica's earlier runs) applied to the local index",
+    &[],
+);
+/// Every reason exists at 0 from the start: "nothing dropped" is a value, not an absence.
+const DROPPED: Family = Family::counter(
+    "prefix_picker_sync_dropped_total",
+    "Records not published or not applied, by reason",
+    &[Enum("reason", || {
+        DropReason::ALL.map(DropReason::as_str).to_vec()
+    })],
+);
+const REPLAY_SECONDS: Family = Family::float_gauge(
+    "prefix_picker_sync_replay_seconds",
+    "Duration of the warm replay at start-up (set when it finishes)",
+    &[],
+);
+const REPLAYED: Family = Family::counter(
+    "prefix_picker_sync_replayed_total",
+    "Stream entries read by the warm replay at start-up",
+    &[],
+);
+const LAG_SECONDS: Family = Family::float_gauge(
+    "prefix_picker_sync_lag_seconds",
+    "Age of the last stream entry read when it was read (0 when caught up)",
+    &[],
+);
+const LAG_ENTRIES: Family = Family::gauge(
+    "prefix_picker_sync_lag_entries",
+    "Stream entries added but not yet read by this replica",
+    &[],
+);
+const CONNECTED: Family = Family::gauge(
+    "prefix_picker_sync_redis_connected",
+    "1 while the connection to Redis is up, by role",
+    &[Enum("role", || Role::ALL.map(Role::as_str).to_vec())],
+);
+const RECONNECTS: Family = Family::counter(
+    "prefix_picker_sync_redis_connects_total",
+    "Successful connections to Redis, by role",
+    &[Enum("role", || Role::ALL.map(Role::as_str).to_vec())],
+);
+
 #[derive(Debug, Clone)]
 pub struct SyncMetrics {
     pub published: IntCounter,
@@ -76,102 +126,17 @@ pub struct SyncMetrics {
 
 impl SyncMetrics {
     pub fn register(registry: &Registry) -> SyncMetrics {
-        let m = SyncMetrics {
-            published: IntCounter::new(
-                "prefix_picker_sync_published_total",
-                "Records this replica added to the Redis stream",
-            )
-            .expect("valid metric"),
-            applied: IntCounter::new(
-                "prefix_picker_sync_applied_total",
-                "Records of other replicas (or of this replica's earlier runs) applied to the local index",
-            )
-            .expect("valid metric"),
-            dropped: IntCounterVec::new(
-                Opts::new(
-                    "prefix_picker_sync_dropped_total",
-                    listing(
-                        "Records not published or not applied, by reason",
-                        &[("reason", &DropReason::ALL.map(DropReason::as_str))],
-                    ),
-                ),
-                &["reason"],
-            )
-            .expect("valid metric"),
-            replay_seconds: Gauge::new(
-                "prefix_picker_sync_replay_seconds",
-                "Duration of the warm replay at start-up (set when it finishes)",
-            )
-            .expect("valid metric"),
-            replayed: IntCounter::new(
-                "prefix_picker_sync_replayed_total",
-                "Stream entries read by the warm replay at start-up",
-            )
-            .expect("valid metric"),
-            lag_seconds: Gauge::new(
-                "prefix_picker_sync_lag_seconds",
-                "Age of the last stream entry read when it was read (0 when caught up)",
-            )
-            .expect("valid metric"),
-            lag_entries: IntGauge::new(
-                "prefix_picker_sync_lag_entries",
-                "Stream entries added but not yet read by this replica",
-            )
-            .expect("valid metric"),
-            connected: IntGaugeVec::new(
-                Opts::new(
-                    "prefix_picker_sync_redis_connected",
-                    listing(
-                        "1 while the connection to Redis is up, by role",
-                        &[("role", &Role::ALL.map(Role::as_str))],
-                    ),
-                ),
-                &["role"],
-            )
-            .expect("valid metric"),
-            reconnects: IntCounterVec::new(
-                Opts::new(
-                    "prefix_picker_sync_redis_connects_total",
-                    listing(
-                        "Successful connections to Redis, by role",
-                        &[("role", &Role::ALL.map(Role::as_str))],
-                    ),
-                ),
-                &["role"],
-            )
-            .expect("valid metric"),
-        };
-        for c in [&m.published, &m.applied, &m.replayed] {
-            registry
-                .register(Box::new(c.clone()))
-                .expect("unique metric");
+        SyncMetrics {
+            published: PUBLISHED.register(registry),
+            applied: APPLIED.register(registry),
+            dropped: DROPPED.register(registry),
+            replay_seconds: REPLAY_SECONDS.register(registry),
+            replayed: REPLAYED.register(registry),
+            lag_seconds: LAG_SECONDS.register(registry),
+            lag_entries: LAG_ENTRIES.register(registry),
+            connected: CONNECTED.register(registry),
+            reconnects: RECONNECTS.register(registry),
         }
-        for c in [&m.dropped, &m.reconnects] {
-            registry
-                .register(Box::new(c.clone()))
-                .expect("unique metric");
-        }
-        registry
-            .register(Box::new(m.replay_seconds.clone()))
-            .expect("unique metric");
-        registry
-            .register(Box::new(m.lag_seconds.clone()))
-            .expect("unique metric");
-        registry
-            .register(Box::new(m.lag_entries.clone()))
-            .expect("unique metric");
-        registry
-            .register(Box::new(m.connected.clone()))
-            .expect("unique metric");
-        for role in Role::ALL {
-            m.connected.with_label_values(&[role.as_str()]).set(0);
-            m.reconnects.with_label_values(&[role.as_str()]);
-        }
-        // Every reason exists at 0 from the start: "nothing dropped" is a value, not an absence.
-        for reason in DropReason::ALL {
-            m.dropped.with_label_values(&[reason.as_str()]);
-        }
-        m
     }
 
     pub fn drop(&self, reason: DropReason, n: u64) {

@@ -160,7 +160,7 @@ impl ExternalProcessor for NoopExtProc {
         &self,
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<Self::ProcessStream>, Status> {
-        // The picker's own stream driver: the same task and channel per stream.
+        // The picker's own stream driver: the same per-stream cost.
         Ok(Response::new(drive_stream(
             request.into_inner(),
             NoopStream::default(),

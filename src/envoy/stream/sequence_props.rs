@@ -29,6 +29,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::config::PickerConfig;
+use crate::envoy::wire::DESTINATION_HEADER;
 use crate::testing::envoy::*;
 use crate::testing::*;
 

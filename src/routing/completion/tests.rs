@@ -498,3 +498,63 @@ fn a_hold_the_engine_confirmed_is_not_counted_again_at_completion() {
         (0, 0)
     );
 }
+
+/// What an ending lets completion record: only a 2xx with blocks, for the pod Envoy named (else
+/// the primary); everything else is the outcome that records nothing.
+#[test]
+fn only_a_2xx_with_blocks_is_recordable_for_the_pod_that_served() {
+    let router = affinity_router();
+    let p = "a shared system prompt long enough for a few blocks of hashes, ".repeat(40);
+    let ticket = route(&router, &body(&p, "q"));
+    let other = router
+        .endpoints
+        .snapshot()
+        .all()
+        .iter()
+        .find(|e| !Arc::ptr_eq(e, ticket.primary()))
+        .unwrap()
+        .clone();
+    let outcome = |ending| recordable(&ticket, ending).err();
+    assert_eq!(outcome(Ending::Aborted), Some(RouteOutcome::Aborted));
+    for status in [None, Some(199), Some(300), Some(503)] {
+        let failed = Ending::Completed {
+            status,
+            served: Served::NotReported,
+            cached_tokens: None,
+            first_byte: None,
+        };
+        assert_eq!(outcome(failed), Some(RouteOutcome::Failed), "{status:?}");
+    }
+    assert_eq!(outcome(ok(Served::Unknown)), Some(RouteOutcome::UnknownPod));
+    let primary = recordable(&ticket, ok(Served::NotReported)).ok().unwrap();
+    assert!(Arc::ptr_eq(&primary.pod, ticket.primary()));
+    let moved = recordable(&ticket, ok(Served::Pod(other.clone())))
+        .ok()
+        .unwrap();
+    assert!(Arc::ptr_eq(&moved.pod, &other));
+    let unscored = Ticket {
+        hashes: vec![],
+        ..route(&router, &body(&p, "r"))
+    };
+    assert_eq!(
+        recordable(&unscored, ok(Served::NotReported)).err(),
+        Some(RouteOutcome::Unscored)
+    );
+}
+
+#[test]
+fn the_decode_hold_is_confirmed_moved_or_rolled_back() {
+    let (held, other) = (PodSlot(1), PodSlot(2));
+    assert_eq!(
+        decode_hold_outcome(Some(held), held),
+        TentativeOutcome::Confirmed
+    );
+    assert_eq!(
+        decode_hold_outcome(Some(other), held),
+        TentativeOutcome::Moved
+    );
+    assert_eq!(
+        decode_hold_outcome(None, held),
+        TentativeOutcome::RolledBack
+    );
+}

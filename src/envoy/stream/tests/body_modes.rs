@@ -8,13 +8,24 @@ use super::*;
 #[test]
 fn chunks_are_bounded_and_last_ends_stream() {
     let body = vec![b'x'; BODY_CHUNK * 2 + 5];
-    let chunks = body_chunks(&body, BodyEnd::EndOfStream);
+    let chunks = body_chunks(body.clone(), BodyEnd::EndOfStream);
     assert_eq!(chunks.len(), 3);
-    assert_eq!(body_chunks(&[], BodyEnd::EndOfStream).len(), 1);
+    assert_eq!(streamed(&chunks[2]), Some((&body[..5], true)));
+    assert_eq!(body_chunks(vec![], BodyEnd::EndOfStream).len(), 1);
     assert_eq!(
-        streamed(&body_chunks(&[], BodyEnd::EndOfStream).remove(0)),
+        streamed(&body_chunks(vec![], BodyEnd::EndOfStream).remove(0)),
         Some((&b""[..], true))
     );
+    assert!(body_chunks(vec![], BodyEnd::Trailers).is_empty());
+    // One chunk: the body itself, ending the stream only when no trailers follow.
+    let one = vec![b'y'; BODY_CHUNK];
+    for (end, ends) in [(BodyEnd::EndOfStream, true), (BodyEnd::Trailers, false)] {
+        let chunks = body_chunks(one.clone(), end);
+        assert_eq!(chunks.len(), 1);
+        assert_eq!(streamed(&chunks[0]), Some((&one[..], ends)));
+    }
+    let two = body_chunks(vec![b'z'; BODY_CHUNK + 1], BodyEnd::Trailers);
+    assert_eq!(streamed(&two[1]), Some((&b"z"[..], false)));
 }
 
 #[test]
