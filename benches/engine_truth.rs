@@ -1,6 +1,9 @@
 //! Engine truth's costs: applying KV events to a pod's engine view (block events per second on
 //! one core, at a steady size; also with 64 holds in flight awaiting blocks from it), matching a request against it, hashing a prompt's tokens, the
-//! request path's head lookup, and the view's memory per block.
+//! request path's head lookup, the `file` tokenizer source's cold cost (chat template rendered
+//! and encoded; the template alone; the bare `tokenizers` encode of the rendered text, the
+//! crate's floor; of that, the byte-level pre-tokenizer alone and its GPT-2 regex alone) at
+//! 2 KB, 8 KiB and 220 KB, and the view's memory per block.
 //!
 //! `cargo bench --bench engine_truth`; the memory line is printed after the criterion groups.
 //! Under `cargo test --benches` the fixtures are small.
@@ -12,6 +15,9 @@ use criterion::{BatchSize, Criterion, Throughput};
 use prefix_picker::engine_view::{EngineView, token_chain};
 use prefix_picker::metrics::engine_truth::EngineTruthMetrics;
 use prefix_picker::request::Api;
+use prefix_picker::tokenizer::TokenizeInput;
+use prefix_picker::tokenizer::chat_template::ChatTemplate;
+use prefix_picker::tokenizer::file::FileSource;
 use prefix_picker::tokenizer::heads::{HeadTokens, TokenizerSection};
 
 const BLOCK: usize = 16;
@@ -119,6 +125,105 @@ fn bench_heads(c: &mut Criterion) {
     g.finish();
 }
 
+/// The `messages` of a chat prompt of about `bytes` bytes whose text is new for each `nonce`
+/// (prefix-bench's `tokenize-cost` prompts: a system message of benchmark words, a question).
+fn chat_messages(bytes: usize, nonce: u64) -> String {
+    let words = [
+        "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta",
+    ];
+    let mut system = format!("Tenant {nonce}. ");
+    let mut i = nonce as usize;
+    while system.len() < bytes {
+        system.push_str(words[i % words.len()]);
+        system.push(' ');
+        i = i.wrapping_mul(31).wrapping_add(7);
+    }
+    serde_json::json!([
+        {"role": "system", "content": system},
+        {"role": "user", "content": "What does the tenant say first?"},
+    ])
+    .to_string()
+}
+
+/// The `file` source on model-sim's `tokenizer.json` and chat template, a new prompt each call:
+/// render + encode (`tokenize`), the render alone, and the bare `tokenizers` encode of the
+/// rendered text (what the crate costs with nothing of ours around it).
+fn bench_file_tokenizer(c: &mut Criterion, sizes: &[(&str, usize)]) {
+    let mut g = c.benchmark_group("tokenize_file");
+    let dir = tempfile::tempdir().unwrap();
+    model_sim::tokenizer_json::write(dir.path()).unwrap();
+    let path = dir.path().join("tokenizer.json");
+    let source = FileSource::load(&path).unwrap();
+    let template = ChatTemplate::from_dir(dir.path()).unwrap().unwrap();
+    let bare = tokenizers::Tokenizer::from_file(&path).unwrap();
+    // `tokenizers`' ByteLevel split (GPT-2's pattern), as the crate compiles it.
+    let gpt2 = tokenizers::utils::SysRegex::new(
+        r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
+    )
+    .unwrap();
+    // Checked before measuring: the three agree on what they compute.
+    let messages = chat_messages(2_000, 1);
+    let rendered = template.render(&messages, None, true).unwrap();
+    let ids = source
+        .tokenize(&TokenizeInput::chat(&messages, None))
+        .unwrap();
+    let bare_ids = bare.encode_fast(rendered.as_str(), false).unwrap();
+    assert_eq!(ids.as_slice(), bare_ids.get_ids());
+    // One new prompt per iteration, its result dropped before the next (as the background
+    // worker does): a batch of live results would grow the heap and slow every allocation.
+    let mut nonce = 1u64 << 43;
+    let mut next = |bytes: usize| {
+        nonce += 1;
+        chat_messages(bytes, nonce)
+    };
+    for &(label, bytes) in sizes {
+        g.throughput(Throughput::Bytes(bytes as u64));
+        g.bench_function(format!("cold_{label}"), |b| {
+            b.iter_batched(
+                || next(bytes),
+                |m| black_box(source.tokenize(&TokenizeInput::chat(&m, None)).unwrap()),
+                BatchSize::PerIteration,
+            )
+        });
+        g.bench_function(format!("render_{label}"), |b| {
+            b.iter_batched(
+                || next(bytes),
+                |m| black_box(template.render(&m, None, true).unwrap()),
+                BatchSize::PerIteration,
+            )
+        });
+        g.bench_function(format!("bare_encode_fast_{label}"), |b| {
+            b.iter_batched(
+                || template.render(&next(bytes), None, true).unwrap(),
+                |text| black_box(bare.encode_fast(text.as_str(), false).unwrap()),
+                BatchSize::PerIteration,
+            )
+        });
+        // Inside encode_fast: the ByteLevel pre-tokenizer (regex split, bytes to symbols, the
+        // crate's alignment bookkeeping) on the whole text, and its regex alone.
+        let pre = bare.get_pre_tokenizer().unwrap();
+        g.bench_function(format!("bare_pre_tokenize_{label}"), |b| {
+            b.iter_batched(
+                || template.render(&next(bytes), None, true).unwrap(),
+                |text| {
+                    let mut split = tokenizers::PreTokenizedString::from(text.as_str());
+                    tokenizers::PreTokenizer::pre_tokenize(pre, &mut split).unwrap();
+                    black_box(split)
+                },
+                BatchSize::PerIteration,
+            )
+        });
+        g.bench_function(format!("gpt2_regex_{label}"), |b| {
+            b.iter_batched(
+                || template.render(&next(bytes), None, true).unwrap(),
+                |text| black_box(gpt2.find_iter(&text).count()),
+                BatchSize::PerIteration,
+            )
+        });
+    }
+    g.finish();
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let measuring = args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--test");
@@ -128,6 +233,14 @@ fn main() {
         .measurement_time(Duration::from_secs(3))
         .sample_size(20)
         .configure_from_args();
+    let sizes: &[(&str, usize)] = if measuring {
+        &[("2KB", 2_000), ("8KiB", 8_192), ("220KB", 220_000)]
+    } else {
+        &[("2KB", 2_000)]
+    };
+    // First, before the views' fixtures below build and free a million-block view: placed after
+    // them, the tokenizer's many small allocations measured about twice as slow.
+    bench_file_tokenizer(&mut c, sizes);
     bench_ingest(&mut c, size, 0);
     bench_ingest(&mut c, size, 64);
     bench_match(&mut c, size);
