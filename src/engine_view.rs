@@ -94,6 +94,43 @@ struct ViewState {
     bytes: Vec<u8>,
 }
 
+impl ViewState {
+    /// Starts the view over at `block_size` if it had another (an engine restarted with another
+    /// `--block-size`; 0 before the first store).
+    #[inline]
+    fn set_block_size(&mut self, block_size: usize) {
+        if self.block_size != block_size {
+            self.by_engine.clear();
+            self.held.clear();
+            self.block_size = block_size;
+        }
+    }
+
+    /// Maps engine block `engine` to token-chain hash `ours` and holds it; false, changing
+    /// nothing, for a new block while the view holds `max_blocks`.
+    #[inline]
+    fn put(&mut self, engine: u64, ours: u64, max_blocks: usize) -> bool {
+        match self.by_engine.entry(engine) {
+            Entry::Occupied(e) => {
+                // Stored again (vLLM re-announces a block it re-cached): same content.
+                if *e.get() != ours {
+                    let old = std::mem::replace(e.into_mut(), ours);
+                    self.held.release(old);
+                    self.held.add(ours);
+                }
+            }
+            Entry::Vacant(e) => {
+                if self.held.len() >= max_blocks {
+                    return false;
+                }
+                e.insert(ours);
+                self.held.add(ours);
+            }
+        }
+        true
+    }
+}
+
 /// One engine's KV cache as its events describe it.
 #[derive(Debug)]
 pub struct EngineView {
@@ -177,22 +214,13 @@ impl EngineView {
             out.skipped = engine_hashes.len();
             return out;
         }
-        let mut s = self.state.write();
-        if s.block_size != block_size {
-            s.by_engine.clear();
-            s.held.clear();
-            s.block_size = block_size;
-        }
-        let ViewState {
-            by_engine,
-            held,
-            bytes,
-            ..
-        } = &mut *s;
+        let mut guard = self.state.write();
+        let s = &mut *guard;
+        s.set_block_size(block_size);
         let mut awaited = self.awaiting.lock_if_any();
         let mut chain = match parent {
             None => Some(CHAIN_SEED),
-            Some(p) => by_engine.get(&p).copied(),
+            Some(p) => s.by_engine.get(&p).copied(),
         };
         for (i, &engine) in engine_hashes.iter().enumerate() {
             let tokens = token_ids.get(i * block_size..(i + 1) * block_size);
@@ -200,24 +228,10 @@ impl EngineView {
                 out.skipped += engine_hashes.len() - i;
                 break;
             };
-            let ours = block_hash(parent, tokens, bytes);
-            match by_engine.entry(engine) {
-                Entry::Occupied(e) => {
-                    // Stored again (vLLM re-announces a block it re-cached): same content.
-                    if *e.get() != ours {
-                        let old = std::mem::replace(e.into_mut(), ours);
-                        held.release(old);
-                        held.add(ours);
-                    }
-                }
-                Entry::Vacant(e) => {
-                    if held.len() >= self.max_blocks {
-                        out.skipped += engine_hashes.len() - i;
-                        break;
-                    }
-                    e.insert(ours);
-                    held.add(ours);
-                }
+            let ours = block_hash(parent, tokens, &mut s.bytes);
+            if !s.put(engine, ours, self.max_blocks) {
+                out.skipped += engine_hashes.len() - i;
+                break;
             }
             out.added += 1;
             if let Some(awaited) = awaited.as_mut() {
@@ -225,7 +239,7 @@ impl EngineView {
             }
             chain = Some(ours);
         }
-        self.blocks.store(held.len() as u64, Ordering::Relaxed);
+        self.blocks.store(s.held.len() as u64, Ordering::Relaxed);
         out
     }
 

@@ -35,7 +35,8 @@
 //! until `top_k` candidates have matched. When a set holds more unmatched candidates than slots
 //! remain, the winners are drawn with the caller's seeded RNG. The walk looks hashes up in
 //! batches (the last [`FIRST_BATCH`], then doubling), each batch grouped by shard; candidates
-//! are found by pod slot in a small hash table ([`candidates`]).
+//! are found by pod slot in a small hash table ([`candidates`]). The affinity mode's lookup
+//! bisects each chain instead ([`chain`]).
 //!
 //! Neither call allocates on its hot path except for its result: each reuses a per-thread set of
 //! buffers.
@@ -51,6 +52,7 @@
 //! wave before them, and touching the slots as well, measured slower (`benches/RESULTS.md`).
 
 mod candidates;
+mod chain;
 mod models;
 mod pod_lru;
 mod reverse;
@@ -158,6 +160,19 @@ impl Hashed {
             word,
             mix: mix_word(word, seed),
         }
+    }
+
+    /// The key of block `hash` of `model`, whose salt ([`model_salt`]) is `salt`.
+    #[inline]
+    fn block(hash: BlockHash, model: ModelId, salt: u64, seed: u64) -> Hashed {
+        Hashed::salted(
+            Key {
+                hash: hash.0,
+                model,
+            },
+            salt,
+            seed,
+        )
     }
 
     fn shard(self) -> usize {
@@ -448,7 +463,7 @@ impl PrefixIndex {
         let salt = model_salt(model, self.seed);
         let mut removed = 0;
         for h in hashes {
-            let key = Hashed::salted(Key { hash: h.0, model }, salt, self.seed);
+            let key = Hashed::block(*h, model, salt, self.seed);
             let mut shard = self.shards[key.shard()].write();
             if let Some(node) = shard.holder_node(key, slot) {
                 shard.remove(key, slot);
@@ -536,22 +551,18 @@ impl PrefixIndex {
             batch,
         } = scratch;
         // Processing order: deepest first.
-        keys.clear();
         let salt = model_salt(model, self.seed);
+        keys.clear();
         keys.extend(
             hashes
                 .iter()
                 .rev()
-                .map(|h| Hashed::salted(Key { hash: h.0, model }, salt, self.seed)),
+                .map(|&h| Hashed::block(h, model, salt, self.seed)),
         );
 
         // 1. Which entries the pod holds now, and in which node.
         self.find_held(slot, keys, held, batch);
-        black_box(
-            held.iter()
-                .filter(|&&node| node != NIL)
-                .fold(0, |acc, &node| acc ^ lru.touch(node)),
-        );
+        touch_held(lru, held);
         // 2. The pod's list.
         earlier_occurrences(keys, latest, earlier);
         let evicted = self.update_list(lru, keys, held, earlier, at, changes, &mut outcome);
@@ -559,6 +570,20 @@ impl PrefixIndex {
         self.apply_changes(slot, changes, batch);
         let capacity = lru.capacity();
         drop(guard);
+        self.note_evictions(pod, &evicted, capacity, &mut outcome);
+        outcome
+    }
+
+    /// After a record (its pod's mutex released): adds its evictions, `evicted` per model, to
+    /// the pod's churn and to `outcome`.
+    #[inline]
+    fn note_evictions(
+        &self,
+        pod: &PodHandle,
+        evicted: &[(ModelId, u64)],
+        capacity: usize,
+        outcome: &mut RecordOutcome,
+    ) {
         let evicted_entries: u64 = evicted.iter().map(|&(_, n)| n).sum();
         let now = self.records.fetch_add(1, Ordering::Relaxed);
         pod.0.churn.add(
@@ -571,7 +596,6 @@ impl PrefixIndex {
                 .models
                 .keys(|key| evicted.iter().map(|&(m, n)| (key(m), n)).collect());
         }
-        outcome
     }
 
     /// Record step 1: `held[j]` = the node of `slot`'s list holding `keys[j]`, else `NIL`
@@ -742,7 +766,9 @@ impl PrefixIndex {
         matched
     }
 
-    /// The longest-match walk of [`PrefixIndex::longest_matches`], writing into `matched`.
+    /// The longest-match walk of [`PrefixIndex::longest_matches`], writing into `matched`: looks
+    /// hashes up in batches from the last ([`PrefixIndex::look_up_sets`]), then walks each batch
+    /// from its last hash, crediting the candidates in its set ([`credit`]).
     #[expect(
         clippy::too_many_arguments,
         reason = "the walk's inputs and its output buffers, passed apart so each borrow is separate"
@@ -768,44 +794,27 @@ impl PrefixIndex {
         positions.rebuild(candidates);
         let salt = model_salt(model, self.seed);
         let mut found = 0;
-        let mut rng_slot = None;
-        let mut tie_rng = Some(tie_rng);
+        let mut tie = TieRng::new(tie_rng);
         let (mut end, mut batch_len) = (hashes.len(), FIRST_BATCH);
         while end > 0 && found < limit {
-            // Look up hashes[start..end] (grouped by shard), then walk them from the last. A set
-            // of several pods is read again when the walk reaches it, so hashes the walk never
-            // reaches cost one probe, not a copy of their sets.
+            // Look up hashes[start..end], then walk them from the last.
             let start = end.saturating_sub(batch_len);
             keys.clear();
             keys.extend(
                 hashes[start..end]
                     .iter()
-                    .map(|h| Hashed::salted(Key { hash: h.0, model }, salt, self.seed)),
+                    .map(|&h| Hashed::block(h, model, salt, self.seed)),
             );
-            batch.regroup(keys.iter().map(|k| k.shard()));
-            sets.clear();
-            sets.resize(keys.len(), PodSet::Empty);
-            let shards = self.read_batch(batch, keys);
-            for (s, group) in batch.groups() {
-                let shard = shards.get(s);
-                for &p in group {
-                    sets[p as usize] = shard.pod_set(keys[p as usize]);
-                }
-            }
-            drop(shards);
+            self.look_up_sets(keys, batch, sets);
             for p in (0..keys.len()).rev() {
                 if found >= limit {
                     break;
                 }
-                let i = start + p;
                 pods.clear();
                 match sets[p] {
                     PodSet::Empty => continue,
                     PodSet::One(pod) => pods.push(pod),
-                    PodSet::Several => {
-                        let key = keys[p];
-                        self.shards[key.shard()].read().push_pods(key, pods);
-                    }
+                    PodSet::Several => self.shards[keys[p].shard()].read().push_pods(keys[p], pods),
                 }
                 fresh.clear();
                 fresh.extend(
@@ -813,104 +822,29 @@ impl PrefixIndex {
                         .filter_map(|&pod| positions.position(pod))
                         .filter(|&ci| matched[ci] == 0),
                 );
-                let room = limit - found;
-                if fresh.len() > room {
-                    fresh.sort_unstable();
-                    let rng = rng_slot.get_or_insert_with(|| (tie_rng.take().expect("once"))());
-                    for j in sample(rng, fresh.len(), room) {
-                        matched[fresh[j]] = i + 1;
-                    }
-                    found += room;
-                } else {
-                    for &ci in fresh.iter() {
-                        matched[ci] = i + 1;
-                    }
-                    found += fresh.len();
-                }
+                found += credit(fresh, matched, limit - found, start + p + 1, &mut tie);
             }
             end = start;
             batch_len = batch_len.saturating_mul(2);
         }
     }
 
-    /// Longest match per candidate (blocks, 0 for none) of a chained prompt, found by bisection:
-    /// a pod that holds block `i` of a chain holds the blocks before it (a record adds whole
-    /// prompts, deepest first, so a pod's list drops a prompt's deepest blocks first), so
-    /// `log2(blocks)` lookups per distinct match length replace the walk over every block. No
-    /// top-k limit and no tie-break: the affinity mode's lookup (the Kthena walk is
-    /// [`PrefixIndex::longest_matches`]). A pod whose list broke the prefix property (a shared
-    /// early block evicted before a deeper one) gets a match between the two, never an error.
-    pub fn chain_matches(
-        &self,
-        model: ModelKey,
-        hashes: &[BlockHash],
-        candidates: &[PodSlot],
-    ) -> Vec<usize> {
-        let mut matched = vec![0usize; candidates.len()];
-        let Some(model) = self.models.get(model) else {
-            return matched;
-        };
-        if hashes.is_empty() {
-            return matched;
-        }
-        let salt = model_salt(model, self.seed);
-        let mut positions = CandidatePositions::default();
-        positions.rebuild(candidates);
-        let mut pods = Vec::new();
-        let probe = |i: usize, out: &mut Vec<usize>, pods: &mut Vec<PodSlot>| {
-            let key = Hashed::salted(
-                Key {
-                    hash: hashes[i].0,
-                    model,
-                },
-                salt,
-                self.seed,
-            );
-            pods.clear();
-            self.shards[key.shard()].read().push_pods(key, pods);
-            out.extend(pods.iter().filter_map(|&p| positions.position(p)));
-        };
-        let mut holding = Vec::new();
-        probe(0, &mut holding, &mut pods);
-        if holding.is_empty() {
-            return matched;
-        }
-        // (lo, hi, start, end): the candidates holding[start..end] each hold block lo; none is
-        // known to hold block hi. Groups are split in place (those holding mid moved first).
-        let mut work = vec![(0usize, hashes.len(), 0usize, holding.len())];
-        let mut found = Vec::new();
-        // seen[ci] == probe number: candidate ci holds the probed block.
-        let mut seen = vec![0u32; candidates.len()];
-        let mut probes = 0u32;
-        while let Some((lo, hi, start, end)) = work.pop() {
-            if hi - lo == 1 {
-                for &ci in &holding[start..end] {
-                    matched[ci] = lo + 1;
-                }
-                continue;
-            }
-            let mid = lo + (hi - lo) / 2;
-            found.clear();
-            probe(mid, &mut found, &mut pods);
-            probes += 1;
-            for &ci in &found {
-                seen[ci] = probes;
-            }
-            let mut split = start;
-            for j in start..end {
-                if seen[holding[j]] == probes {
-                    holding.swap(split, j);
-                    split += 1;
-                }
-            }
-            if split < end {
-                work.push((lo, mid, split, end));
-            }
-            if split > start {
-                work.push((mid, hi, start, split));
+    /// Walk step: `sets[p]` = the pod set of `keys[p]`, looked up grouped by shard under one
+    /// wave of read locks ([`PrefixIndex::read_batch`]). A set of several pods is read again
+    /// when the walk reaches it, so hashes the walk never reaches cost one probe, not a copy of
+    /// their sets.
+    #[inline]
+    fn look_up_sets(&self, keys: &[Hashed], batch: &mut ShardBatch, sets: &mut Vec<PodSet>) {
+        batch.regroup(keys.iter().map(|k| k.shard()));
+        sets.clear();
+        sets.resize(keys.len(), PodSet::Empty);
+        let shards = self.read_batch(batch, keys);
+        for (s, group) in batch.groups() {
+            let shard = shards.get(s);
+            for &p in group {
+                sets[p as usize] = shard.pod_set(keys[p as usize]);
             }
         }
-        matched
     }
 
     /// Entries across all pods (a block held by three pods counts three).
@@ -985,6 +919,63 @@ impl PrefixIndex {
                 .collect()
         })
     }
+}
+
+/// The walk's tie-break RNG, made by the caller's closure on first use (most walks break no tie).
+struct TieRng<R, F> {
+    make: Option<F>,
+    rng: Option<R>,
+}
+
+impl<R, F: FnOnce() -> R> TieRng<R, F> {
+    fn new(make: F) -> Self {
+        TieRng {
+            make: Some(make),
+            rng: None,
+        }
+    }
+
+    /// The RNG, made now if this is its first use.
+    fn get(&mut self) -> &mut R {
+        let make = &mut self.make;
+        self.rng
+            .get_or_insert_with(|| (make.take().expect("made once"))())
+    }
+}
+
+/// Walk step: gives the match `blocks` to the candidates of `fresh` (none matched yet), or to
+/// `room` of them drawn with the tie RNG when there are more; returns how many got it.
+#[inline]
+fn credit<R: Rng, F: FnOnce() -> R>(
+    fresh: &mut [usize],
+    matched: &mut [usize],
+    room: usize,
+    blocks: usize,
+    tie: &mut TieRng<R, F>,
+) -> usize {
+    if fresh.len() > room {
+        fresh.sort_unstable();
+        for j in sample(tie.get(), fresh.len(), room) {
+            matched[fresh[j]] = blocks;
+        }
+        room
+    } else {
+        for &ci in fresh.iter() {
+            matched[ci] = blocks;
+        }
+        fresh.len()
+    }
+}
+
+/// Reads the list nodes step 1 of a record found held, in one loop of independent loads, so
+/// their cache misses overlap before step 2 refreshes them one by one.
+#[inline]
+fn touch_held(lru: &PodLru, held: &[u32]) {
+    black_box(
+        held.iter()
+            .filter(|&&node| node != NIL)
+            .fold(0, |acc, &node| acc ^ lru.touch(node)),
+    );
 }
 
 /// Touches the tag words of every key of a batch (see [`ReverseShard::touch`]): one loop of

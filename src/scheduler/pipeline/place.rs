@@ -184,22 +184,7 @@ mod tests {
     use rand::rngs::SmallRng;
 
     use super::*;
-
-    fn loads(inflight: &[i64]) -> Vec<PodLoad> {
-        inflight
-            .iter()
-            .enumerate()
-            .map(|(i, &inflight)| PodLoad {
-                key: i as u64 * 0x9E37_79B9,
-                inflight,
-                waiting: 0.0,
-                share: 0.0,
-                head_inflight: 0,
-                wait: 0.0,
-                backlog: 0.0,
-            })
-            .collect()
-    }
+    use crate::scheduler::pipeline::tests::loads_in_flight;
 
     /// `place` with every pod available except those in `unavailable`, none saturated
     /// except those in `full`, churn 0.
@@ -228,7 +213,7 @@ mod tests {
 
     #[test]
     fn the_longest_match_on_an_available_pod_is_a_hit() {
-        let l = loads(&[5, 0, 0]);
+        let l = loads_in_flight(&[5, 0, 0]);
         assert_eq!(
             placed(&C, &[4, 2, 0], &l, &[], &[]),
             (0, AffinityReason::Hit)
@@ -237,7 +222,7 @@ mod tests {
 
     #[test]
     fn the_longest_match_on_an_unavailable_pod_spills_to_the_next_longest() {
-        let l = loads(&[0, 0, 0]);
+        let l = loads_in_flight(&[0, 0, 0]);
         assert_eq!(
             placed(&C, &[4, 2, 0], &l, &[0], &[]),
             (1, AffinityReason::Spill)
@@ -246,7 +231,7 @@ mod tests {
 
     #[test]
     fn new_work_goes_to_the_least_loaded_and_is_a_miss_when_nobody_holds_it() {
-        let l = loads(&[3, 1, 2]);
+        let l = loads_in_flight(&[3, 1, 2]);
         assert_eq!(
             placed(&C, &[0, 0, 0], &l, &[], &[]),
             (1, AffinityReason::Miss)
@@ -269,7 +254,7 @@ mod tests {
 
     #[test]
     fn nothing_available_takes_the_best_match_with_room_else_the_least_loaded() {
-        let l = loads(&[3, 1, 2]);
+        let l = loads_in_flight(&[3, 1, 2]);
         // Pod 0 over its share (unavailable, not saturated) holds the longest match.
         let over = placed(&C, &[3, 1, 0], &l, &[0, 1, 2], &[1, 2]);
         assert_eq!(over, (0, AffinityReason::Saturated));
@@ -279,7 +264,7 @@ mod tests {
 
     #[test]
     fn new_work_avoids_pods_that_evict_most_and_pods_over_their_share() {
-        let l = loads(&[0, 0, 0]);
+        let l = loads_in_flight(&[0, 0, 0]);
         let churns = [0.5, 0.1, 0.1];
         let mut shares = l.clone();
         shares[1].share = 2.0; // over the limit of 1.0

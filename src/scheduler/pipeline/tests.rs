@@ -4,11 +4,20 @@ use rand::rngs::SmallRng;
 use super::*;
 use crate::scheduler::affinity::rendezvous_key;
 
+/// `n` idle pods ([`loads_in_flight`]).
 fn loads(n: usize) -> Vec<PodLoad> {
-    (0..n)
-        .map(|i| PodLoad {
+    loads_in_flight(&vec![0; n])
+}
+
+/// Pods `10.0.0.{i}:8000` with `inflight[i]` requests in flight and nothing else (no engine
+/// queue, share or wait): the load fixture of the pipeline's tests and of its steps' tests.
+pub(super) fn loads_in_flight(inflight: &[i64]) -> Vec<PodLoad> {
+    inflight
+        .iter()
+        .enumerate()
+        .map(|(i, &inflight)| PodLoad {
             key: rendezvous_key(&format!("10.0.0.{i}:8000").parse().unwrap()),
-            inflight: 0,
+            inflight,
             waiting: 0.0,
             share: 0.0,
             head_inflight: 0,

@@ -59,22 +59,7 @@ mod tests {
     use rand::rngs::SmallRng;
 
     use super::*;
-
-    fn loads(inflight: &[i64]) -> Vec<PodLoad> {
-        inflight
-            .iter()
-            .enumerate()
-            .map(|(i, &inflight)| PodLoad {
-                key: (i as u64 + 1).wrapping_mul(0x5851_F42D_4C95_7F2D),
-                inflight,
-                waiting: 0.0,
-                share: 0.0,
-                head_inflight: 0,
-                wait: 0.0,
-                backlog: 0.0,
-            })
-            .collect()
-    }
+    use crate::scheduler::pipeline::tests::loads_in_flight;
 
     fn rng() -> SmallRng {
         SmallRng::seed_from_u64(11)
@@ -83,7 +68,7 @@ mod tests {
     #[test]
     fn the_least_loaded_of_the_tie_wins_within_the_slack() {
         let c = AffinityConfig::DEFAULT;
-        let l = loads(&[2, 0, 1]);
+        let l = loads_in_flight(&[2, 0, 1]);
         assert_eq!(tie_break(&c, 0..3, &l, Some(9), &mut rng()), 1);
         let near: Vec<usize> = near_least_loaded(&c, 0..3, &l).collect();
         assert_eq!(near, [1]);
@@ -98,7 +83,7 @@ mod tests {
     #[test]
     fn equal_load_goes_by_rendezvous_the_same_pod_for_the_same_key_whatever_the_order() {
         let c = AffinityConfig::DEFAULT;
-        let l = loads(&[0; 8]);
+        let l = loads_in_flight(&[0; 8]);
         let picks: Vec<usize> = (0..64u64)
             .map(|key| tie_break(&c, 0..8, &l, Some(key), &mut rng()))
             .collect();
@@ -122,7 +107,7 @@ mod tests {
             consolidate_ties: false,
             ..AffinityConfig::DEFAULT
         };
-        let l = loads(&[0; 4]);
+        let l = loads_in_flight(&[0; 4]);
         let picks: Vec<usize> = (0..64)
             .map(|s| tie_break(&random, 0..4, &l, Some(1), &mut SmallRng::seed_from_u64(s)))
             .collect();
