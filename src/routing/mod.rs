@@ -508,7 +508,7 @@ impl Router {
     fn decide(
         s: &Scheduler,
         request: RouteRequest<'_>,
-        candidates: Vec<Arc<Endpoint>>,
+        candidates: Arc<[Arc<Endpoint>]>,
         routed: bool,
     ) -> Result<Decision<Arc<Endpoint>>, Unpaired> {
         match (&s.config().pd, routed) {
@@ -542,7 +542,7 @@ impl Router {
         &self,
         parsed: &'a Parsed,
         restrict: Option<&[AddressPattern]>,
-    ) -> Result<(RouteRequest<'a>, Vec<Arc<Endpoint>>), PickError> {
+    ) -> Result<(RouteRequest<'a>, Arc<[Arc<Endpoint>]>), PickError> {
         let model = parsed.request.as_ref().map(|r| r.model.as_str());
         let candidates = self.endpoints.snapshot().candidates(model, restrict)?;
         let prompt = match &parsed.request {
