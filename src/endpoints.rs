@@ -221,6 +221,10 @@ impl Candidate for Endpoint {
     }
 }
 
+/// A list of pods shared by the snapshot and the decisions made over it (cloned by one
+/// reference count).
+pub type PodList = Arc<[Arc<Endpoint>]>;
+
 /// Counts one request in flight on a pod until dropped (so aborts never leak a count).
 #[derive(Debug)]
 pub struct InflightGuard {
@@ -262,7 +266,7 @@ pub enum Update {
 /// An immutable snapshot of the pod set.
 #[derive(Debug, Default)]
 pub struct EndpointSet {
-    all: Arc<[Arc<Endpoint>]>,
+    all: PodList,
     by_host: HashMap<SocketAddr, Arc<Endpoint>>,
     /// Whether any endpoint lists the models it serves.
     lists_models: bool,
@@ -271,9 +275,9 @@ pub struct EndpointSet {
     /// with the decisions made over it: a request's candidates cost one reference count, not
     /// one per pod (cloning and dropping a pod's `Arc` per candidate was 14% of the request
     /// path at 1,024 pods: benches/RESULTS.md, "Cost growth with the pool").
-    by_model: HashMap<String, Arc<[Arc<Endpoint>]>>,
+    by_model: HashMap<String, PodList>,
     /// The pods that list no model (they serve any): the candidates of a model no pod lists.
-    any_model: Arc<[Arc<Endpoint>]>,
+    any_model: PodList,
 }
 
 impl EndpointSet {
@@ -281,7 +285,7 @@ impl EndpointSet {
     fn new(all: Vec<Arc<Endpoint>>) -> EndpointSet {
         let by_host = all.iter().map(|e| (e.spec.address, e.clone())).collect();
         let lists_models = all.iter().any(|e| !e.spec.models.is_empty());
-        let mut by_model: HashMap<String, Arc<[Arc<Endpoint>]>> = HashMap::new();
+        let mut by_model: HashMap<String, PodList> = HashMap::new();
         for model in all.iter().flat_map(|e| &e.spec.models) {
             if !by_model.contains_key(model) {
                 let pods = all.iter().filter(|e| e.serves(model)).cloned().collect();
@@ -321,7 +325,7 @@ impl EndpointSet {
         &self,
         model: Option<&str>,
         restrict: Option<&[AddressPattern]>,
-    ) -> Result<Arc<[Arc<Endpoint>]>, PickError> {
+    ) -> Result<PodList, PickError> {
         if self.all.is_empty() {
             return Err(PickError::NoEndpoints);
         }
@@ -338,7 +342,7 @@ impl EndpointSet {
         let Some(allowed) = restrict else {
             return Ok(pods.clone());
         };
-        let out: Arc<[Arc<Endpoint>]> = pods
+        let out: PodList = pods
             .iter()
             .filter(|e| allowed.iter().any(|a| a.matches(&e.spec.address)))
             .cloned()
