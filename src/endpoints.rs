@@ -83,6 +83,9 @@ pub struct Endpoint {
     /// `ip:port` (IPv6 bracketed), as Envoy expects it in the pick.
     pub host: String,
     pub index: PodHandle,
+    /// `index.slot()`, kept beside the fields the pick reads: the handle is another
+    /// allocation, and the slot is read for every candidate of every decision.
+    slot: PodSlot,
     inflight: AtomicI64,
     /// The engine's last stats and when they were set (`None`: never scraped).
     stats: RwLock<(EngineStats, Option<Instant>)>,
@@ -162,7 +165,7 @@ impl Endpoint {
 
 impl Candidate for Endpoint {
     fn slot(&self) -> PodSlot {
-        self.index.slot()
+        self.slot
     }
 
     fn index_pod(&self) -> Option<&PodHandle> {
@@ -218,6 +221,10 @@ impl Candidate for Endpoint {
     }
 }
 
+/// A list of pods shared by the snapshot and the decisions made over it (cloned by one
+/// reference count).
+pub type PodList = Arc<[Arc<Endpoint>]>;
+
 /// Counts one request in flight on a pod until dropped (so aborts never leak a count).
 #[derive(Debug)]
 pub struct InflightGuard {
@@ -259,15 +266,18 @@ pub enum Update {
 /// An immutable snapshot of the pod set.
 #[derive(Debug, Default)]
 pub struct EndpointSet {
-    all: Vec<Arc<Endpoint>>,
+    all: PodList,
     by_host: HashMap<SocketAddr, Arc<Endpoint>>,
     /// Whether any endpoint lists the models it serves.
     lists_models: bool,
     /// Per listed model, the pods serving it (in `all` order): built with the snapshot, so a
-    /// request's candidates cost its model's pods, not a scan of the pool.
-    by_model: HashMap<String, Vec<Arc<Endpoint>>>,
+    /// request's candidates cost its model's pods, not a scan of the pool. Each list is shared
+    /// with the decisions made over it: a request's candidates cost one reference count, not
+    /// one per pod (cloning and dropping a pod's `Arc` per candidate was 14% of the request
+    /// path at 1,024 pods: benches/RESULTS.md, "Cost growth with the pool").
+    by_model: HashMap<String, PodList>,
     /// The pods that list no model (they serve any): the candidates of a model no pod lists.
-    any_model: Vec<Arc<Endpoint>>,
+    any_model: PodList,
 }
 
 impl EndpointSet {
@@ -275,7 +285,7 @@ impl EndpointSet {
     fn new(all: Vec<Arc<Endpoint>>) -> EndpointSet {
         let by_host = all.iter().map(|e| (e.spec.address, e.clone())).collect();
         let lists_models = all.iter().any(|e| !e.spec.models.is_empty());
-        let mut by_model: HashMap<String, Vec<Arc<Endpoint>>> = HashMap::new();
+        let mut by_model: HashMap<String, PodList> = HashMap::new();
         for model in all.iter().flat_map(|e| &e.spec.models) {
             if !by_model.contains_key(model) {
                 let pods = all.iter().filter(|e| e.serves(model)).cloned().collect();
@@ -288,7 +298,7 @@ impl EndpointSet {
             .cloned()
             .collect();
         EndpointSet {
-            all,
+            all: all.into(),
             by_host,
             lists_models,
             by_model,
@@ -315,25 +325,30 @@ impl EndpointSet {
         &self,
         model: Option<&str>,
         restrict: Option<&[AddressPattern]>,
-    ) -> Result<Vec<Arc<Endpoint>>, PickError> {
+    ) -> Result<PodList, PickError> {
         if self.all.is_empty() {
             return Err(PickError::NoEndpoints);
         }
-        let mut out = match model {
+        let pods = match model {
             Some(model) if self.lists_models => {
                 let pods = self.by_model.get(model).unwrap_or(&self.any_model);
                 if pods.is_empty() {
                     return Err(PickError::UnknownModel(model.to_string()));
                 }
-                pods.clone()
+                pods
             }
-            _ => self.all.clone(),
+            _ => &self.all,
         };
-        if let Some(allowed) = restrict {
-            out.retain(|e| allowed.iter().any(|a| a.matches(&e.spec.address)));
-            if out.is_empty() {
-                return Err(PickError::SubsetUnavailable);
-            }
+        let Some(allowed) = restrict else {
+            return Ok(pods.clone());
+        };
+        let out: PodList = pods
+            .iter()
+            .filter(|e| allowed.iter().any(|a| a.matches(&e.spec.address)))
+            .cloned()
+            .collect();
+        if out.is_empty() {
+            return Err(PickError::SubsetUnavailable);
         }
         Ok(out)
     }
@@ -442,11 +457,13 @@ impl Endpoints {
             .rsplit_once(':')
             .filter(|(_, port)| port.parse::<u16>().is_ok())
             .map_or(spec.id.name.as_str(), |(name, _)| name);
+        let index = self.index.add_pod();
         Arc::new(Endpoint {
+            slot: index.slot(),
             cache_owner: crate::scheduler::kvcache_aware::owner_id(pod_name, &spec.id.namespace),
             label: spec.id.to_string(),
             host: spec.address.to_string(),
-            index: self.index.add_pod(),
+            index,
             inflight: AtomicI64::new(0),
             stats: RwLock::new((EngineStats::default(), None)),
             waiting: AtomicU64::new(EngineStats::default().waiting.to_bits()),
@@ -481,7 +498,7 @@ impl Endpoints {
         let old = self.current.load_full();
         let position = old.all.iter().position(|x| Arc::ptr_eq(x, e))?;
         let fresh = self.fresh(e.spec.clone(), generation.into());
-        let mut all = old.all.clone();
+        let mut all = old.all.to_vec();
         all[position] = fresh.clone();
         self.current.store(Arc::new(EndpointSet::new(all)));
         self.changed.notify_waiters();

@@ -340,9 +340,10 @@ fn a_session_stays_on_its_pod_until_it_is_saturated() {
         .snapshot()
         .candidates(None, None)
         .unwrap()
-        .into_iter()
+        .iter()
         .find(|e| e.spec.address != pod.spec.address)
-        .unwrap();
+        .unwrap()
+        .clone();
     complete(r, Served::Pod(other.clone()));
     let r = route(12, "s-1");
     assert_eq!(r.decision.primary().spec.address, other.spec.address);

@@ -3,6 +3,7 @@
 //! for the caller to count ([`Observation`]), and why a request could not be routed
 //! ([`PickError`]). Values only: the steps in `pipeline.rs` make them.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use thiserror::Error;
@@ -204,13 +205,18 @@ pub struct PluginScores {
 /// A routing decision, with everything that produced it.
 #[derive(Debug, Clone)]
 pub struct Decision<C> {
-    /// Pods that passed the filters, in scoring order.
-    pub candidates: Vec<C>,
+    /// Pods that passed the filters, in scoring order: the caller's list, shared (one
+    /// reference count per decision, not one per pod), copied only when a filter removes a pod.
+    pub candidates: Arc<[C]>,
     pub plugins: Vec<PluginScores>,
     /// Weighted totals per candidate.
     pub totals: Vec<u64>,
     /// Primary pick first, then fallbacks.
     pub ranked: Vec<C>,
+    /// Where `ranked[0]` is in `candidates`, as the step that ranked knew it: the accessors of
+    /// the primary's per-candidate values check it, and search by slot only when it does not
+    /// name the primary (PD mode may promote another decode pod).
+    pub primary_at: usize,
     pub reason: DecisionReason,
     /// The prompt's block hashes (empty when unscored); recorded for the serving pod.
     pub hashes: Vec<BlockHash>,
@@ -249,26 +255,42 @@ impl<C: Candidate> Decision<C> {
         engine_match::source(&self.engine, i)
     }
 
+    /// Where the primary pick is among the candidates: [`Decision::primary_at`] when it names
+    /// the primary, else found by slot.
+    pub fn primary_position(&self) -> Option<usize> {
+        let slot = self.primary().slot();
+        match self.candidates.get(self.primary_at) {
+            Some(c) if c.slot() == slot => Some(self.primary_at),
+            _ => self.candidates.iter().position(|c| c.slot() == slot),
+        }
+    }
+
     /// [`Decision::match_source`] of the primary pick.
     pub fn primary_source(&self) -> MatchSource {
-        let slot = self.primary().slot();
-        let at = self.candidates.iter().position(|c| c.slot() == slot);
-        at.map_or(MatchSource::Estimate, |i| self.match_source(i))
+        if self.engine.is_empty() {
+            return MatchSource::Estimate;
+        }
+        self.primary_position()
+            .map_or(MatchSource::Estimate, |i| self.match_source(i))
     }
 
     /// The token-chain hash of the request's head's last full block at the primary pick's
     /// engine block size, when the primary was matched by its live engine view (what a hold
     /// for it awaits).
     pub fn primary_last_block(&self) -> Option<u64> {
-        let slot = self.primary().slot();
-        let at = self.candidates.iter().position(|c| c.slot() == slot)?;
+        if self.engine.is_empty() {
+            return None;
+        }
+        let at = self.primary_position()?;
         self.engine.get(at).copied().flatten()?.last_block
     }
 
     /// The latency model's prediction for the primary pick (affinity mode only).
     pub fn primary_prediction(&self) -> Option<latency::Prediction> {
-        let slot = self.primary().slot();
-        let at = self.candidates.iter().position(|c| c.slot() == slot)?;
+        if self.predictions.is_empty() {
+            return None;
+        }
+        let at = self.primary_position()?;
         self.predictions.get(at).copied()
     }
 }

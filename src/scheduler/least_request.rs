@@ -5,6 +5,8 @@
 //! weigh 100x); `score = int((maxBase - base) / maxBase * 100)`, 100 for all when `maxBase == 0`.
 //! Filter: keep a pod iff the engine's `waiting < maxWaitingRequests` (default 10).
 
+use std::sync::Arc;
+
 use super::Candidate;
 
 /// Scores from (onFlight, running) pairs.
@@ -34,9 +36,22 @@ pub fn score<C: Candidate>(candidates: &[C]) -> Vec<u32> {
     score_counts(&counts)
 }
 
-/// Keeps the pods whose engine queue is below `max_waiting`.
-pub fn filter<C: Candidate>(candidates: &mut Vec<C>, max_waiting: u64) {
-    candidates.retain(|e| e.stats().waiting < max_waiting as f64);
+/// Keeps the pods whose engine queue is below `max_waiting`; the shared list is copied only
+/// when the filter removes a pod.
+pub fn filter<C: Candidate + Clone>(candidates: &mut Arc<[C]>, max_waiting: u64) {
+    if candidates.iter().all(|e| keeps(e, max_waiting)) {
+        return;
+    }
+    *candidates = candidates
+        .iter()
+        .filter(|e| keeps(*e, max_waiting))
+        .cloned()
+        .collect();
+}
+
+/// Whether the filter keeps `e`: its engine queue is below `max_waiting`.
+fn keeps<C: Candidate>(e: &C, max_waiting: u64) -> bool {
+    e.stats().waiting < max_waiting as f64
 }
 
 #[cfg(test)]

@@ -185,9 +185,9 @@ impl Scheduler {
     pub fn schedule<C: Candidate + Clone>(
         &self,
         request: RouteRequest<'_>,
-        candidates: Vec<C>,
+        candidates: impl Into<Arc<[C]>>,
     ) -> Result<Decision<C>, Filtered> {
-        self.decide(request, candidates, true, self.max_endpoints)
+        self.decide(request, candidates.into(), true, self.max_endpoints)
     }
 
     /// The decision [`schedule`](Scheduler::schedule) would make now, changing no state (its
@@ -195,9 +195,9 @@ impl Scheduler {
     pub fn explain<C: Candidate + Clone>(
         &self,
         request: RouteRequest<'_>,
-        candidates: Vec<C>,
+        candidates: impl Into<Arc<[C]>>,
     ) -> Result<Decision<C>, Filtered> {
-        self.decide(request, candidates, false, self.max_endpoints)
+        self.decide(request, candidates.into(), false, self.max_endpoints)
     }
 
     /// Engine tokens in one prompt block.

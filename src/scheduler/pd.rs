@@ -20,6 +20,7 @@
 //! pair would be drawn from the same prefill pods), and the primary's pair is the prefill pod.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use thiserror::Error;
@@ -199,26 +200,26 @@ impl Scheduler {
     pub fn schedule_pd<C: Candidate + Clone>(
         &self,
         request: RouteRequest<'_>,
-        candidates: Vec<C>,
+        candidates: impl Into<Arc<[C]>>,
         group: &PdGroup,
     ) -> Result<Decision<C>, Unpaired> {
-        self.decide_pd(request, candidates, group, true)
+        self.decide_pd(request, &candidates.into(), group, true)
     }
 
     /// The decision [`schedule_pd`](Scheduler::schedule_pd) would make now, changing no state.
     pub fn explain_pd<C: Candidate + Clone>(
         &self,
         request: RouteRequest<'_>,
-        candidates: Vec<C>,
+        candidates: impl Into<Arc<[C]>>,
         group: &PdGroup,
     ) -> Result<Decision<C>, Unpaired> {
-        self.decide_pd(request, candidates, group, false)
+        self.decide_pd(request, &candidates.into(), group, false)
     }
 
     fn decide_pd<C: Candidate + Clone>(
         &self,
         request: RouteRequest<'_>,
-        candidates: Vec<C>,
+        candidates: &[C],
         group: &PdGroup,
         take: bool,
     ) -> Result<Decision<C>, Unpaired> {
@@ -226,7 +227,7 @@ impl Scheduler {
         let roles: Vec<Option<(PdRole, &str)>> =
             candidates.iter().map(|c| group.role_of(c)).collect();
         // 1. no decode pod: Kthena's error.
-        let decode = of_role(&candidates, &roles, |r| matches!(r, (PdRole::Decode, _)));
+        let decode = of_role(candidates, &roles, |r| matches!(r, (PdRole::Decode, _)));
         if decode.is_empty() {
             return Err(Unpaired {
                 error: PickError::NoDecodePod,
@@ -246,7 +247,7 @@ impl Scheduler {
         for (i, d) in decision.ranked.iter().enumerate() {
             let own = group.role_of(d).map(|(_, g)| g);
             let prefill = of_role(
-                &candidates,
+                candidates,
                 &roles,
                 |r| matches!(r, (PdRole::Prefill, g) if Some(*g) == own),
             );
@@ -275,7 +276,7 @@ impl Scheduler {
         &self,
         request: RouteRequest<'_>,
         decode: &C,
-        prefill: Vec<C>,
+        prefill: Arc<[C]>,
         take: bool,
         observations: &mut Vec<Observation>,
     ) -> PrefillPass<C> {
@@ -343,7 +344,7 @@ fn of_role<C: Clone>(
     candidates: &[C],
     roles: &[Option<(PdRole, &str)>],
     keep: impl Fn(&(PdRole, &str)) -> bool,
-) -> Vec<C> {
+) -> Arc<[C]> {
     candidates
         .iter()
         .zip(roles)

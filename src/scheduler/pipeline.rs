@@ -36,6 +36,7 @@ mod rank;
 mod score;
 mod tie;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
@@ -55,7 +56,7 @@ impl Scheduler {
     pub(super) fn decide<C: Candidate + Clone>(
         &self,
         request: RouteRequest<'_>,
-        mut candidates: Vec<C>,
+        mut candidates: Arc<[C]>,
         take: bool,
         keep: usize,
     ) -> Result<Decision<C>, Filtered> {
@@ -98,7 +99,7 @@ impl Scheduler {
         &self,
         config: &AffinityConfig,
         request: &RouteRequest<'_>,
-        candidates: Vec<C>,
+        candidates: Arc<[C]>,
         matched: Matched,
         rng: &mut SmallRng,
         keep: usize,
@@ -186,7 +187,7 @@ impl Scheduler {
     /// only plugin's scores, the pick's prediction, the engine matches.
     fn affinity_result<C>(
         &self,
-        candidates: Vec<C>,
+        candidates: Arc<[C]>,
         ranked: Vec<C>,
         primary: usize,
         why: AffinityReason,
@@ -219,6 +220,7 @@ impl Scheduler {
             }],
             totals,
             ranked,
+            primary_at: primary,
             reason: why.into(),
             predicted_blocks: scored.held_blocks[primary],
             predictions,

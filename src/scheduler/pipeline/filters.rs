@@ -6,6 +6,7 @@
 //! match) no filter runs, since Kthena's least-request filter would only refuse requests once
 //! every pod queues (load shedding is the opt-in for that).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::scheduler::config::{FilterKind, SchedulerConfig};
@@ -24,10 +25,10 @@ pub(super) fn active<'a>(
 
 /// Runs `filters` over `candidates` in order, each timed into `observations`; the filter that
 /// left no pod, if one did (the later ones do not run).
-pub(super) fn run<C: Candidate>(
+pub(super) fn run<C: Candidate + Clone>(
     filters: &[FilterKind],
     max_waiting: u64,
-    candidates: &mut Vec<C>,
+    candidates: &mut Arc<[C]>,
     observations: &mut Vec<Observation>,
 ) -> Option<&'static str> {
     for filter in filters {
@@ -54,21 +55,23 @@ mod tests {
     use crate::scheduler::test_pod::{Pod, req};
     use crate::scheduler::{EngineStats, Scheduler, Unscored};
 
-    fn pods(waiting: &[f64]) -> Vec<Pod> {
+    fn pods(waiting: &[f64]) -> Arc<[Arc<Pod>]> {
         let s = Scheduler::new(Default::default(), 5, 1);
         waiting
             .iter()
-            .map(|&waiting| Pod {
-                handle: s.prefix_cache().index().add_pod(),
-                label: "default/pod".into(),
-                labels: Default::default(),
-                stats: EngineStats {
-                    waiting,
-                    ..EngineStats::default()
-                },
-                recent: RecentPicks::default(),
-                rendezvous: 0,
-                engine: None,
+            .map(|&waiting| {
+                Arc::new(Pod {
+                    handle: s.prefix_cache().index().add_pod(),
+                    label: "default/pod".into(),
+                    labels: Default::default(),
+                    stats: EngineStats {
+                        waiting,
+                        ..EngineStats::default()
+                    },
+                    recent: RecentPicks::default(),
+                    rendezvous: 0,
+                    engine: None,
+                })
             })
             .collect()
     }

@@ -4,6 +4,8 @@
 //! prefix-cache's scores (a hit when the primary holds a prefix, overruled when only another
 //! pod does, a miss when none does, unscored when prefix-cache gave nothing).
 
+use std::sync::Arc;
+
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 
@@ -16,7 +18,7 @@ use crate::scheduler::{Candidate, Decision, DecisionReason, RouteRequest};
 pub(super) fn decision<C: Candidate + Clone>(
     weighted: Weighted,
     request: &RouteRequest<'_>,
-    candidates: Vec<C>,
+    candidates: Arc<[C]>,
     rng: &mut SmallRng,
     keep: usize,
 ) -> Decision<C> {
@@ -38,6 +40,7 @@ pub(super) fn decision<C: Candidate + Clone>(
         plugins: weighted.plugins,
         totals: weighted.totals,
         ranked,
+        primary_at: order[0],
         reason,
         hashes: weighted.hashes,
         prompt_bytes: request.prompt.map_or(0, str::len),
