@@ -3,7 +3,8 @@
 //!
 //! Every `scrapeIntervalSeconds` (default 1 s; 0 disables) each pod is fetched with a timeout
 //! (`scrapeTimeoutSeconds`, default 0.5 s), at most `scrapeConcurrency` (default 16) at a time.
-//! The text is parsed with `openmetrics-parser`. Each signal (waiting, running, KV usage, TTFT
+//! The families read are cut out of the text first ([`families`]: a line scanner that skips
+//! every other family without parsing its samples), then parsed with `openmetrics-parser`. Each signal (waiting, running, KV usage, TTFT
 //! and TPOT histograms) is read from the first of its names present ([`names`]: vLLM's current
 //! names, SGLang's, vLLM's previous ones; or one configured spec per signal, GIE's syntax). The
 //! last matching series of a family wins. TTFT/TPOT are the mean over the last scrape period from
@@ -21,6 +22,7 @@
 //! later (the engine restarted) starts the pod cold. The first round is signalled so that the
 //! sync replay can wait for it (records stamped with an earlier life are then dropped).
 
+pub mod families;
 pub mod names;
 mod scraper;
 
@@ -145,6 +147,10 @@ pub fn start_generation(start_time: f64) -> String {
 
 /// The standard process collector's start time (Python's `prometheus_client`, Go's, Rust's).
 const START_TIME: &str = "process_start_time_seconds";
+/// vLLM's cache config, whose labels give its KV capacity.
+const VLLM_CACHE_CONFIG: &str = "vllm:cache_config_info";
+/// SGLang's KV capacity in tokens.
+const SGLANG_MAX_TOKENS: &str = "sglang:max_total_num_tokens";
 
 type Exposition = openmetrics_parser::MetricsExposition<PrometheusType, PrometheusValue>;
 
@@ -153,8 +159,23 @@ pub fn parse(text: &str) -> Result<RawEngineMetrics, ScrapeError> {
     parse_with(text, &SignalSpecs::default())
 }
 
-/// Parses a Prometheus text exposition, reading each signal by `names`.
+/// The families any signal or engine fact is read from, with `names`.
+fn wanted(names: &SignalSpecs) -> families::Wanted<'_> {
+    let signals = Signal::ALL
+        .into_iter()
+        .flat_map(|s| names.get(s).iter().map(|spec| spec.name.as_str()));
+    families::Wanted::new(signals.chain([VLLM_CACHE_CONFIG, SGLANG_MAX_TOKENS, START_TIME]))
+}
+
+/// Parses a Prometheus text exposition, reading each signal by `names`: only the families read
+/// are parsed ([`families`]).
 pub fn parse_with(text: &str, names: &SignalSpecs) -> Result<RawEngineMetrics, ScrapeError> {
+    parse_whole_with(&wanted(names).keep(text), names)
+}
+
+/// [`parse_with`] parsing every family of the text: the reference the family filter is
+/// tested (and benchmarked) against.
+pub fn parse_whole_with(text: &str, names: &SignalSpecs) -> Result<RawEngineMetrics, ScrapeError> {
     let exposition = openmetrics_parser::prometheus::parse_prometheus(text)
         .map_err(|e| ScrapeError::Parse(format!("{e:?}")))?;
     let mut missing = Signals::default();
@@ -187,7 +208,7 @@ pub fn parse_with(text: &str, names: &SignalSpecs) -> Result<RawEngineMetrics, S
 }
 
 fn kv_capacity(e: &Exposition) -> Option<u64> {
-    let from_vllm = e.families.get("vllm:cache_config_info").and_then(|f| {
+    let from_vllm = e.families.get(VLLM_CACHE_CONFIG).and_then(|f| {
         f.iter_samples().find_map(|s| {
             let labels = s.get_labelset().ok()?;
             let blocks: u64 = labels.get_label_value("num_gpu_blocks")?.parse().ok()?;
@@ -195,8 +216,7 @@ fn kv_capacity(e: &Exposition) -> Option<u64> {
             Some(blocks.saturating_mul(size))
         })
     });
-    let tokens =
-        from_vllm.or_else(|| Some(scalar(named(e, "sglang:max_total_num_tokens")) as u64))?;
+    let tokens = from_vllm.or_else(|| Some(scalar(named(e, SGLANG_MAX_TOKENS)) as u64))?;
     (tokens > 0).then_some(tokens)
 }
 
