@@ -168,9 +168,17 @@ fn wanted(names: &SignalSpecs) -> families::Wanted<'_> {
 }
 
 /// Parses a Prometheus text exposition, reading each signal by `names`: only the families read
-/// are parsed ([`families`]).
+/// are parsed ([`families`]). A text none of whose lines is kept (every line a well-formed
+/// sample or description of a family not read) reads as every signal missing.
 pub fn parse_with(text: &str, names: &SignalSpecs) -> Result<RawEngineMetrics, ScrapeError> {
-    parse_whole_with(&wanted(names).keep(text), names)
+    let kept = wanted(names).keep(text);
+    if kept.is_empty() && !text.trim().is_empty() {
+        let nothing = Exposition {
+            families: std::collections::HashMap::new(),
+        };
+        return Ok(read(&nothing, names));
+    }
+    parse_whole_with(&kept, names)
 }
 
 /// [`parse_with`] parsing every family of the text: the reference the family filter is
@@ -178,10 +186,15 @@ pub fn parse_with(text: &str, names: &SignalSpecs) -> Result<RawEngineMetrics, S
 pub fn parse_whole_with(text: &str, names: &SignalSpecs) -> Result<RawEngineMetrics, ScrapeError> {
     let exposition = openmetrics_parser::prometheus::parse_prometheus(text)
         .map_err(|e| ScrapeError::Parse(format!("{e:?}")))?;
+    Ok(read(&exposition, names))
+}
+
+/// The values read from a parsed exposition.
+fn read(exposition: &Exposition, names: &SignalSpecs) -> RawEngineMetrics {
     let mut missing = Signals::default();
     let mut read = |s: Signal| {
         let specs = names.get(s);
-        let found = last_value(&exposition, specs);
+        let found = last_value(exposition, specs);
         if found.is_none() && !specs.is_empty() {
             missing.insert(s);
         }
@@ -193,18 +206,18 @@ pub fn parse_whole_with(text: &str, names: &SignalSpecs) -> Result<RawEngineMetr
         scalar(read(Signal::KvCacheUsage)),
     );
     let (ttft, tpot) = (totals(read(Signal::Ttft)), totals(read(Signal::Tpot)));
-    Ok(RawEngineMetrics {
+    RawEngineMetrics {
         waiting,
         running,
         kv_usage,
         ttft,
         tpot,
         missing,
-        kv_capacity_tokens: kv_capacity(&exposition),
-        start_time: named(&exposition, START_TIME)
+        kv_capacity_tokens: kv_capacity(exposition),
+        start_time: named(exposition, START_TIME)
             .map(|v| scalar(Some(v)))
             .filter(|t| *t > 0.0),
-    })
+    }
 }
 
 fn kv_capacity(e: &Exposition) -> Option<u64> {

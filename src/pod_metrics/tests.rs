@@ -200,9 +200,9 @@ fn reads_the_engine_start_time() {
 #[test]
 fn a_whole_vllm_exposition_reads_the_same_with_unread_families_skipped() {
     let text = include_str!("testdata/vllm-metrics.txt");
-    let names = SignalSpecs::default();
-    let whole = parse_whole_with(text, &names).unwrap();
-    assert_eq!(parse_with(text, &names).unwrap(), whole);
+    let builtin = SignalSpecs::default();
+    let whole = parse_whole_with(text, &builtin).unwrap();
+    assert_eq!(parse_with(text, &builtin).unwrap(), whole);
     assert_eq!(
         (whole.waiting, whole.running, whole.kv_usage),
         (3.0, 12.0, 0.4125)
@@ -211,7 +211,7 @@ fn a_whole_vllm_exposition_reads_the_same_with_unread_families_skipped() {
     assert_eq!(whole.start_time, Some(1.76498112e9));
     assert!(whole.missing.is_empty());
     assert!(whole.ttft.count > 0 && whole.tpot.count > 0, "{whole:?}");
-    let kept = wanted(&names).keep(text);
+    let kept = wanted(&builtin).keep(text);
     assert!(
         kept.len() * 4 < text.len(),
         "{} of {}",
@@ -240,6 +240,12 @@ fn a_whole_vllm_exposition_reads_the_same_with_unread_families_skipped() {
             "{family}"
         );
     }
+    // A text of unread families only reads as the whole text does: every signal missing.
+    assert_eq!(
+        parse_with(TRITON, &builtin).unwrap(),
+        parse_whole_with(TRITON, &builtin).unwrap()
+    );
+    assert!(parse("").is_err() && parse_whole_with("", &builtin).is_err());
     // Configured names: the filter keeps the configured family instead.
     let configured = names("{totalQueuedRequests: process_open_fds}");
     let read = parse_with(text, &configured).unwrap();
