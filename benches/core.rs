@@ -31,6 +31,11 @@
 //!   delta is not blurred by the benches' own memory; printed before and after the benches,
 //!   together with the scheduler fixture's heap per entry after all the benches' records.
 //!
+//! - `scrape/vllm_metrics_text{,_whole}`: one engine scrape's parse of a vLLM-shaped `/metrics`
+//!   (50 KB, `src/pod_metrics/testdata/vllm-metrics.txt`): the families the picker reads cut
+//!   out by the line scanner and parsed, against every family parsed (the reference, what the
+//!   scrape did before), in the same run; checked equal first.
+//!
 //! - callgrind mode (not criterion): `PREFIX_PICKER_BENCH_CALLGRIND=200` runs 200 score + record
 //!   rounds on the churned fixture inside one function, for
 //!   `valgrind --tool=callgrind --toggle-collect='*callgrind_score_record*'` (see RESULTS.md).
@@ -467,6 +472,25 @@ fn bench_request_path(c: &mut Criterion) {
     g.finish();
 }
 
+/// `scrape/*`: an engine scrape's parse, the families read only against every family.
+fn bench_scrape(c: &mut Criterion) {
+    use prefix_picker::pod_metrics::{names::SignalSpecs, parse_whole_with, parse_with};
+    let text = include_str!("../src/pod_metrics/testdata/vllm-metrics.txt");
+    let names = SignalSpecs::default();
+    let whole = parse_whole_with(text, &names).expect("parses");
+    assert_eq!(parse_with(text, &names).expect("parses"), whole);
+    assert!(whole.missing.is_empty() && whole.ttft.count > 0);
+    let mut g = c.benchmark_group("scrape");
+    g.throughput(Throughput::Bytes(text.len() as u64));
+    g.bench_function("vllm_metrics_text", |b| {
+        b.iter(|| parse_with(black_box(text), &names).expect("parses"))
+    });
+    g.bench_function("vllm_metrics_text_whole", |b| {
+        b.iter(|| parse_whole_with(black_box(text), &names).expect("parses"))
+    });
+    g.finish();
+}
+
 fn bench_score_record(c: &mut Criterion, sched: &OnceCell<Scheduler>, fill: usize) {
     let mut g = c.benchmark_group("score_record");
     g.throughput(Throughput::Elements(1));
@@ -843,10 +867,22 @@ fn print_summary(since: SystemTime) {
         "record_throughput/2_threads_separate_indexes",
         "memory_floor/independent",
         "memory_floor/dependent",
+        "scrape/vllm_metrics_text",
+        "scrape/vllm_metrics_text_whole",
     ] {
         if let Some(ns) = median_ns(id, since) {
             println!("{id:<45} {:>10.3} us  {:>8.0} /s", ns / 1e3, 1e9 / ns);
         }
+    }
+    if let (Some(read), Some(whole)) = (
+        median_ns("scrape/vllm_metrics_text", since),
+        median_ns("scrape/vllm_metrics_text_whole", since),
+    ) {
+        println!(
+            "scrape/vllm_metrics_text ratio to _whole = {:.3} (families read only / every family \
+             parsed)",
+            read / whole
+        );
     }
     let one = median_ns("record_throughput/1_thread", since);
     for two in [
@@ -947,6 +983,7 @@ fn main() {
     let sched: OnceCell<Scheduler> = OnceCell::new();
     bench_hash(&mut c);
     bench_request_path(&mut c);
+    bench_scrape(&mut c);
     bench_score_record(&mut c, &sched, fill);
     bench_record_throughput(&mut c, &sched, fill);
     bench_memory_floor(&mut c, &sched, fill);

@@ -3,7 +3,8 @@
 //!
 //! Every `scrapeIntervalSeconds` (default 1 s; 0 disables) each pod is fetched with a timeout
 //! (`scrapeTimeoutSeconds`, default 0.5 s), at most `scrapeConcurrency` (default 16) at a time.
-//! The text is parsed with `openmetrics-parser`. Each signal (waiting, running, KV usage, TTFT
+//! The families read are cut out of the text first ([`families`]: a line scanner that skips
+//! every other family without parsing its samples), then parsed with `openmetrics-parser`. Each signal (waiting, running, KV usage, TTFT
 //! and TPOT histograms) is read from the first of its names present ([`names`]: vLLM's current
 //! names, SGLang's, vLLM's previous ones; or one configured spec per signal, GIE's syntax). The
 //! last matching series of a family wins. TTFT/TPOT are the mean over the last scrape period from
@@ -21,6 +22,7 @@
 //! later (the engine restarted) starts the pod cold. The first round is signalled so that the
 //! sync replay can wait for it (records stamped with an earlier life are then dropped).
 
+pub mod families;
 pub mod names;
 mod scraper;
 
@@ -145,6 +147,10 @@ pub fn start_generation(start_time: f64) -> String {
 
 /// The standard process collector's start time (Python's `prometheus_client`, Go's, Rust's).
 const START_TIME: &str = "process_start_time_seconds";
+/// vLLM's cache config, whose labels give its KV capacity.
+const VLLM_CACHE_CONFIG: &str = "vllm:cache_config_info";
+/// SGLang's KV capacity in tokens.
+const SGLANG_MAX_TOKENS: &str = "sglang:max_total_num_tokens";
 
 type Exposition = openmetrics_parser::MetricsExposition<PrometheusType, PrometheusValue>;
 
@@ -153,14 +159,42 @@ pub fn parse(text: &str) -> Result<RawEngineMetrics, ScrapeError> {
     parse_with(text, &SignalSpecs::default())
 }
 
-/// Parses a Prometheus text exposition, reading each signal by `names`.
+/// The families any signal or engine fact is read from, with `names`.
+fn wanted(names: &SignalSpecs) -> families::Wanted<'_> {
+    let signals = Signal::ALL
+        .into_iter()
+        .flat_map(|s| names.get(s).iter().map(|spec| spec.name.as_str()));
+    families::Wanted::new(signals.chain([VLLM_CACHE_CONFIG, SGLANG_MAX_TOKENS, START_TIME]))
+}
+
+/// Parses a Prometheus text exposition, reading each signal by `names`: only the families read
+/// are parsed ([`families`]). A text none of whose lines is kept (every line a well-formed
+/// sample or description of a family not read) reads as every signal missing.
 pub fn parse_with(text: &str, names: &SignalSpecs) -> Result<RawEngineMetrics, ScrapeError> {
+    let kept = wanted(names).keep(text);
+    if kept.is_empty() && !text.trim().is_empty() {
+        let nothing = Exposition {
+            families: std::collections::HashMap::new(),
+        };
+        return Ok(read(&nothing, names));
+    }
+    parse_whole_with(&kept, names)
+}
+
+/// [`parse_with`] parsing every family of the text: the reference the family filter is
+/// tested (and benchmarked) against.
+pub fn parse_whole_with(text: &str, names: &SignalSpecs) -> Result<RawEngineMetrics, ScrapeError> {
     let exposition = openmetrics_parser::prometheus::parse_prometheus(text)
         .map_err(|e| ScrapeError::Parse(format!("{e:?}")))?;
+    Ok(read(&exposition, names))
+}
+
+/// The values read from a parsed exposition.
+fn read(exposition: &Exposition, names: &SignalSpecs) -> RawEngineMetrics {
     let mut missing = Signals::default();
     let mut read = |s: Signal| {
         let specs = names.get(s);
-        let found = last_value(&exposition, specs);
+        let found = last_value(exposition, specs);
         if found.is_none() && !specs.is_empty() {
             missing.insert(s);
         }
@@ -172,22 +206,22 @@ pub fn parse_with(text: &str, names: &SignalSpecs) -> Result<RawEngineMetrics, S
         scalar(read(Signal::KvCacheUsage)),
     );
     let (ttft, tpot) = (totals(read(Signal::Ttft)), totals(read(Signal::Tpot)));
-    Ok(RawEngineMetrics {
+    RawEngineMetrics {
         waiting,
         running,
         kv_usage,
         ttft,
         tpot,
         missing,
-        kv_capacity_tokens: kv_capacity(&exposition),
-        start_time: named(&exposition, START_TIME)
+        kv_capacity_tokens: kv_capacity(exposition),
+        start_time: named(exposition, START_TIME)
             .map(|v| scalar(Some(v)))
             .filter(|t| *t > 0.0),
-    })
+    }
 }
 
 fn kv_capacity(e: &Exposition) -> Option<u64> {
-    let from_vllm = e.families.get("vllm:cache_config_info").and_then(|f| {
+    let from_vllm = e.families.get(VLLM_CACHE_CONFIG).and_then(|f| {
         f.iter_samples().find_map(|s| {
             let labels = s.get_labelset().ok()?;
             let blocks: u64 = labels.get_label_value("num_gpu_blocks")?.parse().ok()?;
@@ -195,8 +229,7 @@ fn kv_capacity(e: &Exposition) -> Option<u64> {
             Some(blocks.saturating_mul(size))
         })
     });
-    let tokens =
-        from_vllm.or_else(|| Some(scalar(named(e, "sglang:max_total_num_tokens")) as u64))?;
+    let tokens = from_vllm.or_else(|| Some(scalar(named(e, SGLANG_MAX_TOKENS)) as u64))?;
     (tokens > 0).then_some(tokens)
 }
 

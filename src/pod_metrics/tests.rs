@@ -193,6 +193,66 @@ fn reads_the_engine_start_time() {
     assert_eq!(start_generation(1_712_345_678.25), "started-1712345678.25");
 }
 
+/// A vLLM engine's whole `/metrics`, written in the shape of vLLM 0.10's exposition (its
+/// families, label sets and bucket bounds, Python's process and GC collectors, the HTTP
+/// instrumentator's; not captured from a running engine): the signals read from it are the
+/// whole text's, and the families nobody reads are skipped, not parsed.
+#[test]
+fn a_whole_vllm_exposition_reads_the_same_with_unread_families_skipped() {
+    let text = include_str!("testdata/vllm-metrics.txt");
+    let builtin = SignalSpecs::default();
+    let whole = parse_whole_with(text, &builtin).unwrap();
+    assert_eq!(parse_with(text, &builtin).unwrap(), whole);
+    assert_eq!(
+        (whole.waiting, whole.running, whole.kv_usage),
+        (3.0, 12.0, 0.4125)
+    );
+    assert_eq!(whole.kv_capacity_tokens, Some(27_145 * 16));
+    assert_eq!(whole.start_time, Some(1.76498112e9));
+    assert!(whole.missing.is_empty());
+    assert!(whole.ttft.count > 0 && whole.tpot.count > 0, "{whole:?}");
+    let kept = wanted(&builtin).keep(text);
+    assert!(
+        kept.len() * 4 < text.len(),
+        "{} of {}",
+        kept.len(),
+        text.len()
+    );
+    for unread in [
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_prompt_tokens",
+        "vllm:prompt_tokens_total",
+        "http_request_duration_highr_seconds",
+        "python_gc_objects_collected_total",
+    ] {
+        assert!(!kept.contains(unread), "{unread} was kept");
+    }
+    for family in [
+        "vllm:time_to_first_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:num_requests_waiting",
+        "vllm:cache_config_info",
+    ] {
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains(family)).collect();
+        assert!(lines.len() > 2, "{family}");
+        assert!(
+            lines.iter().all(|l| kept.lines().any(|k| k == *l)),
+            "{family}"
+        );
+    }
+    // A text of unread families only reads as the whole text does: every signal missing.
+    assert_eq!(
+        parse_with(TRITON, &builtin).unwrap(),
+        parse_whole_with(TRITON, &builtin).unwrap()
+    );
+    assert!(parse("").is_err() && parse_whole_with("", &builtin).is_err());
+    // Configured names: the filter keeps the configured family instead.
+    let configured = names("{totalQueuedRequests: process_open_fds}");
+    let read = parse_with(text, &configured).unwrap();
+    assert_eq!(read, parse_whole_with(text, &configured).unwrap());
+    assert_eq!(read.waiting, 211.0);
+}
+
 #[test]
 fn garbage_is_an_error() {
     assert!(parse("this is { not metrics").is_err());

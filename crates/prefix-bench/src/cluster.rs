@@ -32,6 +32,14 @@ pub enum Setup {
     /// Envoy with one of the `envoy/` examples, its ext_proc cluster pointing at the no-op
     /// processor (`prefix-bench noop-ext-proc`) instead of the picker.
     NoopExtProc { file: String },
+    /// Envoy with one of the `envoy/` examples, its ext_proc cluster pointing at the routing
+    /// floor (`prefix-bench routing-floor`, [`routing_floor`](super::routing_floor)) with
+    /// `scheduler` and `picker.affinity` over the row's pods.
+    RoutingFloor {
+        file: String,
+        scheduler: String,
+        affinity: Option<serde_json::Value>,
+    },
     /// sglang-router (`python -m sglang_router.launch_router`, from its own virtualenv).
     Sglang(PathBuf),
     /// vllm-router (the `vllm-router` console script, from its own virtualenv).
@@ -74,7 +82,8 @@ pub const TOKENIZER_PORT: &str = "65535";
 /// A row's processes, running: its sims and its router (stopped on drop).
 pub struct Cluster {
     pub sims: Sims,
-    /// The process behind Envoy's ext_proc cluster: prefix-picker or the no-op processor.
+    /// The process behind Envoy's ext_proc cluster: prefix-picker, the no-op processor or the
+    /// routing floor.
     pub ext_proc: Option<Process>,
     pub envoy: Option<testkit::EnvoyProcess>,
     pub peer: Option<Process>,
@@ -144,6 +153,16 @@ pub async fn start_cluster_on(setup: &Setup, mut engines: EnginePlan) -> anyhow:
         }
         Setup::NoopExtProc { file } => {
             let p = testkit::start_noop_ext_proc(&std::env::current_exe()?, cluster.dir.path())?;
+            (file.as_str(), Some(p))
+        }
+        Setup::RoutingFloor {
+            file,
+            scheduler,
+            affinity,
+        } => {
+            let config = picker_config::render(scheduler, &pods, affinity.as_ref(), None)?;
+            let bench = std::env::current_exe()?;
+            let p = testkit::start_routing_floor(&bench, cluster.dir.path(), &config)?;
             (file.as_str(), Some(p))
         }
     };

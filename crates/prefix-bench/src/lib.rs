@@ -14,6 +14,7 @@ pub mod placement_search;
 pub mod probe;
 pub mod project;
 pub mod report;
+pub mod routing_floor;
 pub mod row_config;
 pub mod rows;
 pub mod suite_results;

@@ -10,14 +10,17 @@
 //!   workload runs on sims that publish them (the same engines for every row). `--config`
 //!   gives the shipped-config rows another picker config (`prefix_bench::row_config`).
 //! - `overhead`: instant backends, fixed concurrency: requests/s, p50/p99 latency and CPU per
-//!   request of Envoy alone vs Envoy + a no-op ext_proc vs Envoy + prefix-picker (both Envoy
-//!   setups), in one run.
+//!   request of Envoy alone vs Envoy + a no-op ext_proc vs Envoy + the routing floor (the no-op
+//!   plus the routing any prefix-cache router must do) vs Envoy + prefix-picker (each Envoy
+//!   setup), in one run, with the CPU ratios to both floors.
 //! - `run`: one workload against an existing router URL.
 //! - `report`: rewrite the markdown, summary and PNG of a results file (`--summary`: print it).
 //! - `pd`: prefill/decode disaggregation, prefix-picker's `pdGroup` pairs against round-robin
 //!   pairs on model-sims in PD roles; the headline is the prefill hit rate (`prefix_bench::pd`).
 //! - `noop-ext-proc` (hidden): the no-op external processor of the overhead baseline, run as its
 //!   own process by `overhead`.
+//! - `routing-floor` (hidden): the no-op's protocol plus the routing any prefix-cache router must
+//!   do, with prefix-picker's core alone; `overhead`'s floor row (`prefix_bench::routing_floor`).
 //!
 //! This file is the command line and the dispatch; each subcommand is a module of `cmd/`, and
 //! what they share (the workload catalogue, the rows, a row's processes) is the library's.
@@ -46,8 +49,8 @@ struct Cli {
 enum Cmd {
     /// The standard suite (or `--quick`), comparing routers on the same sims and workloads.
     Suite(SuiteOpts),
-    /// Proxy overhead: Envoy alone vs Envoy + a no-op ext_proc vs Envoy + prefix-picker, instant
-    /// backends.
+    /// Proxy overhead: Envoy alone vs Envoy + a no-op ext_proc vs Envoy + the routing floor vs
+    /// Envoy + prefix-picker, instant backends.
     Overhead {
         #[arg(long, default_value_t = 2000)]
         requests: usize,
@@ -56,8 +59,8 @@ enum Cmd {
         /// Output tokens per response (SSE events); >1 measures the per-chunk cost.
         #[arg(long, default_value_t = 1)]
         output_tokens: usize,
-        /// Envoy bootstraps under `envoy/` to compare: each gets a no-op ext_proc row and a
-        /// prefix-picker row.
+        /// Envoy bootstraps under `envoy/` to compare: each gets a no-op ext_proc row, a
+        /// routing-floor row and the prefix-picker rows.
         #[arg(
             long,
             default_value = "envoy.yaml,envoy-observer.yaml,envoy-full-duplex.yaml",
@@ -119,6 +122,15 @@ enum Cmd {
         #[arg(long, default_value = "127.0.0.1:0")]
         grpc_addr: String,
     },
+    /// Serve the routing floor (`prefix_bench::routing_floor`); `overhead` runs it.
+    #[command(hide = true)]
+    RoutingFloor {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        grpc_addr: String,
+        /// A picker config file: its scheduler, `picker.affinity` and static endpoints.
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// The cost for a picker of applying another replica's records from Redis (sync).
     SyncApply {
         /// Records per second published by the simulated remote replica.
@@ -163,6 +175,9 @@ async fn main() -> anyhow::Result<()> {
             tokenizer_json,
         } => cmd::tokenize_cost::run(calls, tokenizer_json.as_deref()).await,
         Cmd::NoopExtProc { grpc_addr } => cmd::noop_ext_proc::run(&grpc_addr).await,
+        Cmd::RoutingFloor { grpc_addr, config } => {
+            cmd::routing_floor::run(&grpc_addr, &config).await
+        }
         Cmd::SyncApply {
             rate,
             seconds,

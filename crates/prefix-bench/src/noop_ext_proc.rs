@@ -17,6 +17,10 @@
 //! It also serves Envoy's gRPC access-log service, reading and dropping every entry, so setups
 //! that learn completions from the access log (`envoy/envoy.yaml`) have their baseline too.
 //!
+//! The stream is generic over [`Routing`]: the no-op's is `()`, which does nothing (and compiles
+//! to nothing); the routing floor ([`crate::routing_floor`]) speaks this very protocol and adds
+//! a pick per request and a record per completion through it.
+//!
 //! Runs as `prefix-bench noop-ext-proc --grpc-addr 127.0.0.1:0` (its own process, like the
 //! picker) and logs `grpc_addr=<bound address>` to stderr once it accepts streams.
 
@@ -27,10 +31,14 @@ use envoy_types::pb::envoy::service::accesslog::v3::{
     StreamAccessLogsMessage, StreamAccessLogsResponse,
 };
 use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
+use envoy_types::pb::google::protobuf::Struct;
 use ep::external_processor_server::ExternalProcessor;
 use ep::processing_request::Request as In;
 use ep::processing_response::Response as Out;
-use ep::{BodyResponse, HeadersResponse, ProcessingRequest, ProcessingResponse, TrailersResponse};
+use ep::{
+    BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, ProcessingRequest,
+    ProcessingResponse, TrailersResponse,
+};
 use tokio::net::TcpListener;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -77,19 +85,84 @@ fn step(message: ProcessingRequest) -> Step {
 }
 
 /// `ProcessingMode.BodySendMode.FULL_DUPLEX_STREAMED`.
-const FULL_DUPLEX_STREAMED: i32 = 4;
+pub const FULL_DUPLEX_STREAMED: i32 = 4;
 
-/// One stream of the no-op processor: answers each phase, done once the response has ended.
+/// What a processor built on this protocol does beyond answering each phase: nothing for the
+/// no-op (`()`); a pick per request and a record per completion for the routing floor.
+pub trait Routing: Send + 'static {
+    /// Sees every message before it is answered (headers, attributes, protocol config).
+    fn observe(&mut self, message: &ProcessingRequest);
+    /// The request body is whole: the pick the reply that releases the request carries
+    /// (`None`: that reply mutates nothing).
+    fn pick(&mut self, body: &[u8]) -> Option<Pick>;
+    /// The response has ended (its body's `end_of_stream`, or its trailers).
+    fn response_ended(&mut self);
+}
+
+/// A pick as the releasing reply carries it: a header mutation and `envoy.lb` metadata.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pick {
+    pub headers: HeaderMutation,
+    pub metadata: Struct,
+}
+
+impl Routing for () {
+    fn observe(&mut self, _: &ProcessingRequest) {}
+
+    fn pick(&mut self, _: &[u8]) -> Option<Pick> {
+        None
+    }
+
+    fn response_ended(&mut self) {}
+}
+
+/// The request headers' reply that releases a FULL_DUPLEX request: empty, or with the pick
+/// (the picker's shape: header mutation, `clear_route_cache`, dynamic metadata).
+fn released_headers(pick: Option<Pick>) -> ProcessingResponse {
+    let Some(pick) = pick else {
+        return reply(Out::RequestHeaders(HeadersResponse::default()));
+    };
+    ProcessingResponse {
+        response: Some(Out::RequestHeaders(HeadersResponse {
+            response: Some(picked(pick.headers)),
+        })),
+        dynamic_metadata: Some(pick.metadata),
+        ..ProcessingResponse::default()
+    }
+}
+
+fn picked(headers: HeaderMutation) -> CommonResponse {
+    CommonResponse {
+        header_mutation: Some(headers),
+        clear_route_cache: true,
+        ..CommonResponse::default()
+    }
+}
+
+/// One stream of the no-op processor (or of a processor built on it, `R`): answers each phase,
+/// done once the response has ended.
 #[derive(Debug, Default)]
-struct NoopStream {
+pub struct NoopStream<R = ()> {
     ended: bool,
     request_full_duplex: bool,
     response_full_duplex: bool,
     /// FULL_DUPLEX request: the headers are not answered yet; the body so far.
     held_body: Option<Vec<u8>>,
+    routing: R,
 }
 
-impl NoopStream {
+impl<R: Routing> NoopStream<R> {
+    /// A stream that does what `routing` does beyond the protocol.
+    pub fn new(routing: R) -> NoopStream<R> {
+        NoopStream {
+            ended: false,
+            request_full_duplex: false,
+            response_full_duplex: false,
+            held_body: None,
+            routing,
+        }
+    }
+
     /// The FULL_DUPLEX exchanges; `None` for messages answered as in the other modes.
     fn full_duplex(&mut self, message: &mut ProcessingRequest) -> Option<Vec<ProcessingResponse>> {
         match message.request.as_mut()? {
@@ -105,7 +178,7 @@ impl NoopStream {
                 }
                 let body = self.held_body.take().unwrap_or_default();
                 Some(vec![
-                    reply(Out::RequestHeaders(HeadersResponse::default())),
+                    released_headers(self.routing.pick(&body)),
                     reply(Out::RequestBody(streamed_body(body, true))),
                 ])
             }
@@ -113,7 +186,7 @@ impl NoopStream {
                 // The body ended with trailers instead of `end_of_stream`.
                 let body = self.held_body.take().unwrap_or_default();
                 Some(vec![
-                    reply(Out::RequestHeaders(HeadersResponse::default())),
+                    released_headers(self.routing.pick(&body)),
                     reply(Out::RequestBody(streamed_body(body, false))),
                     reply(Out::RequestTrailers(TrailersResponse::default())),
                 ])
@@ -129,22 +202,46 @@ impl NoopStream {
             _ => None,
         }
     }
-}
 
-impl StreamHandler for NoopStream {
-    fn replies(&mut self, mut message: ProcessingRequest) -> Vec<ProcessingResponse> {
-        if let Some(pc) = &message.protocol_config {
-            self.request_full_duplex = pc.request_body_mode == FULL_DUPLEX_STREAMED;
-            self.response_full_duplex = pc.response_body_mode == FULL_DUPLEX_STREAMED;
-        }
+    /// The replies to `message`, by the protocol alone (the pick included).
+    fn answer(&mut self, mut message: ProcessingRequest) -> Vec<ProcessingResponse> {
         if !message.observability_mode
             && let Some(replies) = self.full_duplex(&mut message)
         {
             return replies;
         }
-        let Step { reply, last } = step(message);
+        // A whole body in another mode (BUFFERED): its reply carries the pick.
+        let pick = match &message.request {
+            Some(In::RequestBody(b)) if !message.observability_mode && b.end_of_stream => {
+                self.routing.pick(&b.body)
+            }
+            _ => None,
+        };
+        let Step { mut reply, last } = step(message);
         self.ended |= last;
+        if let (Some(pick), Some(r)) = (pick, reply.as_mut())
+            && let Some(Out::RequestBody(b)) = r.response.as_mut()
+        {
+            b.response = Some(picked(pick.headers));
+            r.dynamic_metadata = Some(pick.metadata);
+        }
         reply.into_iter().collect()
+    }
+}
+
+impl<R: Routing> StreamHandler for NoopStream<R> {
+    fn replies(&mut self, message: ProcessingRequest) -> Vec<ProcessingResponse> {
+        if let Some(pc) = &message.protocol_config {
+            self.request_full_duplex = pc.request_body_mode == FULL_DUPLEX_STREAMED;
+            self.response_full_duplex = pc.response_body_mode == FULL_DUPLEX_STREAMED;
+        }
+        self.routing.observe(&message);
+        let was_ended = self.ended;
+        let replies = self.answer(message);
+        if self.ended && !was_ended {
+            self.routing.response_ended();
+        }
+        replies
     }
 
     fn done(&self) -> bool {
@@ -163,7 +260,7 @@ impl ExternalProcessor for NoopExtProc {
         // The picker's own stream driver: the same per-stream cost.
         Ok(Response::new(drive_stream(
             request.into_inner(),
-            NoopStream::default(),
+            NoopStream::<()>::default(),
         )))
     }
 }
@@ -303,7 +400,7 @@ mod tests {
 
     #[test]
     fn full_duplex_request_is_answered_at_its_end_with_the_body_sent_back() {
-        let mut s = NoopStream::default();
+        let mut s = NoopStream::<()>::default();
         let headers = In::RequestHeaders(HttpHeaders::default());
         assert!(s.replies(full_duplex(request(headers, false))).is_empty());
         assert!(
@@ -331,7 +428,7 @@ mod tests {
 
     #[test]
     fn full_duplex_request_ended_by_trailers() {
-        let mut s = NoopStream::default();
+        let mut s = NoopStream::<()>::default();
         s.replies(full_duplex(request(
             In::RequestHeaders(HttpHeaders::default()),
             false,
@@ -348,7 +445,7 @@ mod tests {
 
     #[test]
     fn full_duplex_header_only_request_is_answered_at_once() {
-        let mut s = NoopStream::default();
+        let mut s = NoopStream::<()>::default();
         let headers = In::RequestHeaders(HttpHeaders {
             end_of_stream: true,
             ..HttpHeaders::default()
@@ -358,6 +455,74 @@ mod tests {
             r[0].response,
             Some(Out::RequestHeaders(HeadersResponse::default()))
         );
+    }
+
+    /// A routing that picks "pod" for every body and counts the responses ended.
+    #[derive(Debug, Default)]
+    struct Fixed {
+        bodies: Vec<Vec<u8>>,
+        ended: usize,
+    }
+
+    impl Routing for Fixed {
+        fn observe(&mut self, _: &ProcessingRequest) {}
+
+        fn pick(&mut self, body: &[u8]) -> Option<Pick> {
+            self.bodies.push(body.to_vec());
+            Some(Pick {
+                headers: HeaderMutation {
+                    remove_headers: vec!["pod".into()],
+                    ..HeaderMutation::default()
+                },
+                metadata: Struct::default(),
+            })
+        }
+
+        fn response_ended(&mut self) {
+            self.ended += 1;
+        }
+    }
+
+    fn carries_the_pick(r: &ProcessingResponse) -> bool {
+        let common = match &r.response {
+            Some(Out::RequestHeaders(h)) => h.response.as_ref(),
+            Some(Out::RequestBody(b)) => b.response.as_ref(),
+            _ => None,
+        };
+        common.is_some_and(|c| {
+            c.clear_route_cache && c.header_mutation.as_ref().unwrap().remove_headers == ["pod"]
+        }) && r.dynamic_metadata.is_some()
+    }
+
+    #[test]
+    fn the_reply_that_releases_the_request_carries_the_pick_in_every_mode() {
+        // FULL_DUPLEX: the held headers' reply, once the body is whole.
+        let mut s = NoopStream::new(Fixed::default());
+        let headers = In::RequestHeaders(HttpHeaders::default());
+        s.replies(full_duplex(request(headers, false)));
+        s.replies(request(In::RequestBody(body(b"ab", false)), false));
+        let r = s.replies(request(In::RequestBody(body(b"c", true)), false));
+        assert!(carries_the_pick(&r[0]) && !carries_the_pick(&r[1]), "{r:?}");
+        assert_eq!(s.routing.bodies, [b"abc".to_vec()]);
+        s.replies(request(In::ResponseBody(body(b"x", true)), false));
+        s.replies(request(In::ResponseBody(body(b"", true)), false));
+        assert_eq!(s.routing.ended, 1);
+        // BUFFERED: the body's reply; an observer's body is neither picked nor answered.
+        let mut s = NoopStream::new(Fixed::default());
+        let r = s.replies(request(In::RequestHeaders(HttpHeaders::default()), false));
+        assert!(!carries_the_pick(&r[0]));
+        let r = s.replies(request(In::RequestBody(body(b"abc", true)), false));
+        assert!(carries_the_pick(&r[0]), "{r:?}");
+        assert!(
+            s.replies(request(In::RequestBody(body(b"d", true)), true))
+                .is_empty()
+        );
+        assert_eq!(s.routing.bodies, [b"abc".to_vec()]);
+        s.replies(request(
+            In::ResponseTrailers(HttpTrailers::default()),
+            false,
+        ));
+        assert_eq!(s.routing.ended, 1);
     }
 
     #[test]

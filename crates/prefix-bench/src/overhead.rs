@@ -7,7 +7,12 @@
 //! alone" in the same round and at the same concurrency, and for a prefix-picker row, its p50
 //! minus the no-op processor's with the same Envoy bootstrap in the same round (what the picker
 //! itself adds). The summary gives the median of each comparison over the rounds, with its
-//! range, and the median of the per-request CPU columns.
+//! range, and the median of the per-request CPU columns. [`cpu_ratios`] compares the CPU per
+//! request of the picker rows with the two floors of their bootstrap in the same round: the
+//! no-op processor and the routing floor (the no-op plus the routing any prefix-cache router
+//! must do, [`crate::routing_floor`]).
+
+pub mod cpu_ratios;
 
 use std::collections::BTreeMap;
 
@@ -20,6 +25,8 @@ pub enum RowKind {
     Noop { file: String },
     /// Envoy with the bootstrap `file` and prefix-picker.
     Picker { file: String },
+    /// Envoy with the bootstrap `file`, its processor the routing floor.
+    Floor { file: String },
     /// Another router, without Envoy.
     Peer,
 }
@@ -65,14 +72,14 @@ impl OverheadRow {
 
 /// Median and range of a set of values.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct Spread {
-    median: f64,
-    min: f64,
-    max: f64,
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
 }
 
 impl Spread {
-    fn of(mut values: Vec<f64>) -> Option<Spread> {
+    pub fn of(mut values: Vec<f64>) -> Option<Spread> {
         if values.is_empty() {
             return None;
         }
@@ -112,7 +119,7 @@ pub fn summary_markdown(rows: &[OverheadRow]) -> String {
          and \"vs no-op\" compare each row with the baseline row of the same round.\n\n"
     );
     md.push_str(
-        "| setup | concurrency | p50 (ms) | p50 vs Envoy alone | prefix-picker's own (vs no-op, same bootstrap) | p99 (ms) | req/s | proxy CPU ms/req | ext_proc CPU ms/req |\n\
+        "| setup | concurrency | p50 (ms) | p50 vs Envoy alone | its own (vs no-op, same bootstrap) | p99 (ms) | req/s | proxy CPU ms/req | ext_proc CPU ms/req |\n\
          |---|---|---|---|---|---|---|---|---|\n",
     );
     let mut order: Vec<(usize, &str)> = Vec::new();
@@ -171,7 +178,7 @@ impl<'a> Baselines<'a> {
         let p50 = column(&|r| Some(r.p50_ms));
         let vs_alone = column(&|r| Some(r.p50_ms - self.alone.get(&(r.concurrency, r.round))?));
         let own = column(&|r| match &r.kind {
-            RowKind::Picker { file } => {
+            RowKind::Picker { file } | RowKind::Floor { file } => {
                 Some(r.p50_ms - self.noop.get(&(r.concurrency, r.round, file.as_str()))?)
             }
             _ => None,
@@ -198,18 +205,21 @@ impl<'a> Baselines<'a> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn row(kind: RowKind, round: usize, p50: f64) -> OverheadRow {
+    pub(super) fn row(kind: RowKind, round: usize, p50: f64) -> OverheadRow {
         let setup = match &kind {
             RowKind::Alone => "Envoy alone".to_string(),
             RowKind::Noop { file } => format!("no-op ({file})"),
             RowKind::Picker { file } => format!("picker ({file})"),
+            RowKind::Floor { file } => format!("floor ({file})"),
             RowKind::Peer => "peer".to_string(),
         };
         let ext_proc_cpu_ms = match kind {
-            RowKind::Noop { .. } | RowKind::Picker { .. } => Some(0.1 * round as f64),
+            RowKind::Noop { .. } | RowKind::Picker { .. } | RowKind::Floor { .. } => {
+                Some(0.1 * round as f64)
+            }
             _ => None,
         };
         OverheadRow {
@@ -225,12 +235,16 @@ mod tests {
         }
     }
 
-    fn noop(file: &str) -> RowKind {
+    pub(super) fn noop(file: &str) -> RowKind {
         RowKind::Noop { file: file.into() }
     }
 
-    fn picker(file: &str) -> RowKind {
+    pub(super) fn picker(file: &str) -> RowKind {
         RowKind::Picker { file: file.into() }
+    }
+
+    pub(super) fn floor(file: &str) -> RowKind {
+        RowKind::Floor { file: file.into() }
     }
 
     #[test]

@@ -77,6 +77,7 @@ fn launcher(setup: &Setup) -> anyhow::Result<std::process::Command> {
         Setup::Envoy { .. }
         | Setup::KvCacheAware { .. }
         | Setup::NoopExtProc { .. }
+        | Setup::RoutingFloor { .. }
         | Setup::Oracle
         | Setup::OracleCapped => {
             anyhow::bail!("not a peer")

@@ -231,3 +231,155 @@ async fn noop_ext_proc_answers_each_phase_with_an_empty_reply() {
     drop(tx);
     assert!(replies.message().await.unwrap().is_none());
 }
+
+/// The overhead table's routing floor, as `prefix-bench overhead` starts it: the reply that
+/// releases a request carries the pick (header and `envoy.lb` metadata, with a route key when
+/// the stream will not see the response), and an access-log entry naming that key records the
+/// prompt for the pod that served, where the same prompt then goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routing_floor_routes_a_request_and_records_its_completion() {
+    use envoy_types::pb::envoy::config::core::v3 as core;
+    use envoy_types::pb::envoy::data::accesslog::v3 as data;
+    use envoy_types::pb::envoy::data::accesslog::v3::AccessLogCommon;
+    use envoy_types::pb::envoy::service::accesslog::v3 as als;
+    use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
+    use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = "endpoints:\n\
+        - {name: a, address: \"127.0.0.1:8001\"}\n\
+        - {name: b, address: \"127.0.0.1:8002\"}\n\
+        picker: {affinity: {}}\n";
+    let floor = testkit::start_routing_floor(
+        std::path::Path::new(env!("CARGO_BIN_EXE_prefix-bench")),
+        dir.path(),
+        config,
+    )
+    .unwrap();
+    let url = format!("http://{}", floor.addr);
+    let body = serde_json::to_vec(&serde_json::json!({
+        "model": "m", "prompt": prefix_bench::workload::text(7, 4096), "max_tokens": 1,
+    }))
+    .unwrap();
+    // One request: its pick (`ip:port[,...]`) and its route key.
+    let route = || async {
+        let mut client =
+            ep::external_processor_client::ExternalProcessorClient::connect(url.clone())
+                .await
+                .unwrap();
+        let headers = ep::HttpHeaders {
+            headers: Some(core::HeaderMap {
+                headers: vec![core::HeaderValue {
+                    key: ":path".into(),
+                    raw_value: b"/v1/completions".to_vec(),
+                    ..core::HeaderValue::default()
+                }],
+            }),
+            ..ep::HttpHeaders::default()
+        };
+        let messages = vec![
+            ep::ProcessingRequest {
+                request: Some(ep::processing_request::Request::RequestHeaders(headers)),
+                protocol_config: Some(ep::ProtocolConfiguration {
+                    request_body_mode: 4,
+                    ..ep::ProtocolConfiguration::default()
+                }),
+                ..ep::ProcessingRequest::default()
+            },
+            ep::ProcessingRequest {
+                request: Some(ep::processing_request::Request::RequestBody(ep::HttpBody {
+                    body: body.clone(),
+                    end_of_stream: true,
+                    ..ep::HttpBody::default()
+                })),
+                ..ep::ProcessingRequest::default()
+            },
+        ];
+        let mut replies = client
+            .process(tokio_stream::iter(messages))
+            .await
+            .unwrap()
+            .into_inner();
+        let reply = replies.message().await.unwrap().unwrap();
+        let Some(ep::processing_response::Response::RequestHeaders(h)) = reply.response else {
+            panic!("not the headers reply: {reply:?}");
+        };
+        let set = &h.response.unwrap().header_mutation.unwrap().set_headers[0];
+        let set = set.header.as_ref().unwrap();
+        assert_eq!(set.key, "x-gateway-destination-endpoint");
+        let destination = String::from_utf8(set.raw_value.clone()).unwrap();
+        let lb = &reply.dynamic_metadata.unwrap().fields["envoy.lb"];
+        let Some(Kind::StructValue(lb)) = &lb.kind else {
+            panic!("envoy.lb is not a struct");
+        };
+        let text = |key: &str| match &lb.fields[key].kind {
+            Some(Kind::StringValue(s)) => s.clone(),
+            other => panic!("{key}: {other:?}"),
+        };
+        assert_eq!(text("x-gateway-destination-endpoint"), destination);
+        (destination, text("x-prefix-picker-route"))
+    };
+    let (destination, key) = route().await;
+    let primary = destination.split(',').next().unwrap();
+    assert!(
+        ["127.0.0.1:8001", "127.0.0.1:8002"].contains(&primary),
+        "{destination}"
+    );
+    // Envoy reports another pod served it (a fallback).
+    let served: u32 = if primary.ends_with("8001") {
+        8002
+    } else {
+        8001
+    };
+    let entry = data::HttpAccessLogEntry {
+        common_properties: Some(AccessLogCommon {
+            metadata: Some(core::Metadata {
+                filter_metadata: std::collections::HashMap::from([(
+                    "envoy.lb".to_string(),
+                    Struct {
+                        fields: std::collections::HashMap::from([(
+                            "x-prefix-picker-route".to_string(),
+                            Value {
+                                kind: Some(Kind::StringValue(key)),
+                            },
+                        )]),
+                    },
+                )]),
+                ..core::Metadata::default()
+            }),
+            upstream_remote_address: Some(core::Address {
+                address: Some(core::address::Address::SocketAddress(core::SocketAddress {
+                    address: "127.0.0.1".into(),
+                    port_specifier: Some(core::socket_address::PortSpecifier::PortValue(served)),
+                    ..core::SocketAddress::default()
+                })),
+            }),
+            ..AccessLogCommon::default()
+        }),
+        response: Some(data::HttpResponseProperties {
+            response_code: Some(envoy_types::pb::google::protobuf::UInt32Value { value: 200 }),
+            ..data::HttpResponseProperties::default()
+        }),
+        ..data::HttpAccessLogEntry::default()
+    };
+    let message = als::StreamAccessLogsMessage {
+        log_entries: Some(als::stream_access_logs_message::LogEntries::HttpLogs(
+            als::stream_access_logs_message::HttpAccessLogEntries {
+                log_entry: vec![entry],
+            },
+        )),
+        ..als::StreamAccessLogsMessage::default()
+    };
+    let mut log = als::access_log_service_client::AccessLogServiceClient::connect(url.clone())
+        .await
+        .unwrap();
+    // The service answers once it has read (and applied) every entry of the stream.
+    log.stream_access_logs(tokio_stream::iter(vec![message]))
+        .await
+        .unwrap();
+    let (again, _) = route().await;
+    assert!(
+        again.starts_with(&format!("127.0.0.1:{served}")),
+        "{again} (served by {served})"
+    );
+}

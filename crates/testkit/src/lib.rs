@@ -349,6 +349,24 @@ pub fn start_noop_ext_proc(bench_bin: &Path, dir: &Path) -> anyhow::Result<Proce
     Ok(process)
 }
 
+/// Starts `prefix-bench routing-floor` (`bench_bin`) on port 0 with the picker config
+/// `config` (written to `dir/floor.yaml`), logging to `dir/routing-floor.log`; reads the bound
+/// address from that log, as [`start_noop_ext_proc`].
+pub fn start_routing_floor(bench_bin: &Path, dir: &Path, config: &str) -> anyhow::Result<Process> {
+    let cfg = dir.join("floor.yaml");
+    std::fs::write(&cfg, config)?;
+    let log_path = dir.join("routing-floor.log");
+    let mut command = Command::new(bench_bin);
+    command
+        .args(["routing-floor", "--grpc-addr", "127.0.0.1:0", "--config"])
+        .arg(&cfg);
+    let mut process = spawn_logging(command, &log_path)?;
+    process.addr = wait_for("routing-floor to listen", Duration::from_secs(30), || {
+        logged_addr(&std::fs::read_to_string(&log_path).ok()?, "grpc_addr=")
+    })?;
+    Ok(process)
+}
+
 /// The directory of the running executable (where the workspace's other binaries are).
 pub fn bin_dir() -> PathBuf {
     std::env::current_exe()

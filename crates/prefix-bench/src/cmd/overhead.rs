@@ -1,7 +1,9 @@
 //! `prefix-bench overhead`: instant backends, fixed concurrency; requests/s, p50/p99 latency
-//! and CPU per request of Envoy alone, Envoy + the no-op ext_proc and Envoy + prefix-picker
-//! (each Envoy bootstrap), and the installed peers, `rounds` times in alternation
-//! (`prefix_bench::overhead`).
+//! and CPU per request of Envoy alone, Envoy + the no-op ext_proc, Envoy + the routing floor
+//! (the no-op plus the routing any prefix-cache router must do, with the shipped config's
+//! scheduler) and Envoy + prefix-picker (each Envoy bootstrap), and the installed peers,
+//! `rounds` times in alternation (`prefix_bench::overhead`); then the CPU ratios to the no-op
+//! and to the floor (`prefix_bench::overhead::cpu_ratios`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -66,13 +68,18 @@ pub async fn run(
         md.push('\n');
         md.push_str(&overhead::summary_markdown(&rows));
     }
+    let ratios = overhead::cpu_ratios::cpu_ratio_markdown(&rows);
+    if !ratios.is_empty() {
+        md.push('\n');
+        md.push_str(&ratios);
+    }
     println!("{md}");
     write_results(&out, &format!("overhead-{output_tokens}tok"), &runs, &md)
 }
 
-/// The setups compared with Envoy alone: per Envoy bootstrap the no-op processor, the picker
-/// with Kthena's plugins and with the shipped config (when it has a `picker.affinity`
-/// mapping); then the peers `bench/run` installed.
+/// The setups compared with Envoy alone: per Envoy bootstrap the no-op processor, the routing
+/// floor and the picker with the shipped config (both when it has a `picker.affinity`
+/// mapping), the picker with Kthena's plugins; then the peers `bench/run` installed.
 fn setups(envoy_files: &[String]) -> anyhow::Result<Vec<OverheadSetup>> {
     let shipped = shipped_config()?;
     let (scheduler, affinity) = (shipped.scheduler, shipped.affinity);
@@ -88,8 +95,18 @@ fn setups(envoy_files: &[String]) -> anyhow::Result<Vec<OverheadSetup>> {
             RowKind::Picker { file: file.clone() },
             Setup::envoy(file, Some(scheduler.clone())),
         ));
-        // The shipped config (affinity mode), what the demo and the chart run.
+        // The shipped config (affinity mode), what the demo and the chart run, and its floor:
+        // the same scheduler over the same pods, without the picker's platform.
         if let Some(affinity) = &affinity {
+            setups.push((
+                format!("Envoy + no-op + routing core (floor), shipped config ({file})"),
+                RowKind::Floor { file: file.clone() },
+                Setup::RoutingFloor {
+                    file: file.clone(),
+                    scheduler: scheduler.clone(),
+                    affinity: Some(affinity.clone()),
+                },
+            ));
             setups.push((
                 format!("Envoy + prefix-picker, shipped config ({file})"),
                 RowKind::Picker { file: file.clone() },
