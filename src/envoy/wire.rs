@@ -102,7 +102,8 @@ pub(crate) fn header_value(h: &HeaderValue) -> std::borrow::Cow<'_, str> {
     }
 }
 
-pub(crate) fn set_header(key: &str, value: &str) -> HeaderValueOption {
+/// A header mutation that sets `key` to `value`, replacing any value it had.
+pub fn set_header(key: &str, value: &str) -> HeaderValueOption {
     HeaderValueOption {
         header: Some(HeaderValue {
             key: key.to_string(),

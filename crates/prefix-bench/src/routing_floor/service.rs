@@ -17,10 +17,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendAction;
-use envoy_types::pb::envoy::config::core::v3::{
-    Address, HeaderValue, HeaderValueOption, address, socket_address,
-};
+use envoy_types::pb::envoy::config::core::v3::{Address, address, socket_address};
 use envoy_types::pb::envoy::data::accesslog::v3::HttpAccessLogEntry;
 use envoy_types::pb::envoy::service::accesslog::v3::access_log_service_server::{
     AccessLogService, AccessLogServiceServer,
@@ -39,7 +36,9 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::{FloorTicket, RoutingFloor};
 use crate::noop_ext_proc::{NoopStream, Pick, Routing};
-use prefix_picker::envoy::wire::{DESTINATION_HEADER, LB_NAMESPACE, PREFILLER_HEADER, ROUTE_KEY};
+use prefix_picker::envoy::wire::{
+    DESTINATION_HEADER, LB_NAMESPACE, PREFILLER_HEADER, ROUTE_KEY, set_header,
+};
 use prefix_picker::envoy::{ReplyStream, drive_stream, ext_proc_server};
 
 /// One stream's routing: what it read of the request and response, and its route.
@@ -135,18 +134,6 @@ fn upstream_address(attributes: &HashMap<String, Struct>) -> Option<SocketAddr> 
             Some(Kind::StringValue(s)) => s.parse().ok(),
             _ => None,
         })
-}
-
-fn set_header(key: &str, value: &str) -> HeaderValueOption {
-    HeaderValueOption {
-        header: Some(HeaderValue {
-            key: key.to_string(),
-            value: String::new(),
-            raw_value: value.as_bytes().to_vec(),
-        }),
-        append_action: HeaderAppendAction::OverwriteIfExistsOrAdd as i32,
-        ..HeaderValueOption::default()
-    }
 }
 
 fn string_value(s: String) -> Value {
@@ -272,7 +259,9 @@ pub async fn serve(listener: TcpListener, floor: Arc<RoutingFloor>) -> anyhow::R
 mod tests {
     use super::*;
     use crate::noop_ext_proc::FULL_DUPLEX_STREAMED;
-    use envoy_types::pb::envoy::config::core::v3::{HeaderMap, Metadata, SocketAddress};
+    use envoy_types::pb::envoy::config::core::v3::{
+        HeaderMap, HeaderValue, Metadata, SocketAddress,
+    };
     use envoy_types::pb::envoy::data::accesslog::v3::AccessLogCommon;
     use envoy_types::pb::envoy::data::accesslog::v3::HttpResponseProperties;
     use envoy_types::pb::google::protobuf::UInt32Value;
