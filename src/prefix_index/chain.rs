@@ -5,7 +5,10 @@
 //! group over `lo..hi` holds block `lo` and none of it is known to hold block `hi`; probing the
 //! middle block splits it in place into those holding it (range `mid..hi`) and the rest
 //! (`lo..mid`), until a range is one block wide: its group matched `lo + 1` blocks. Ranges wait
-//! on a stack. No knobs.
+//! on a stack. A probe costs the probed block's pods, not the group's: where the block's pods
+//! are block `lo`'s, in the same order (a prompt every pod holds, recorded whole), the group
+//! moves whole without a look-up; else the block's holders are found among the candidates and
+//! moved to the group's front through each candidate's place in it. No knobs.
 
 use super::candidates::CandidatePositions;
 use super::models::ModelId;
@@ -33,8 +36,9 @@ impl PrefixIndex {
             return matched;
         }
         let mut probe = ChainProbe::new(self, model, hashes, candidates);
+        let first = probe.fetch(0);
         let mut holding = Vec::new();
-        probe.holders(0, &mut holding);
+        probe.positions_of(first, &mut holding);
         if !holding.is_empty() {
             probe.bisect(&mut holding, &mut matched);
         }
@@ -42,15 +46,17 @@ impl PrefixIndex {
     }
 }
 
-/// One chain lookup: which candidates hold block `i` of the chain.
+/// One chain lookup: which pods hold block `i` of the chain, and which candidates those are.
 struct ChainProbe<'a> {
     index: &'a PrefixIndex,
     hashes: &'a [BlockHash],
     model: ModelId,
     salt: u64,
     positions: CandidatePositions,
-    /// The pods of the last probed block's set (a buffer reused across probes).
+    /// The pods of every probed block, one after another (`lists` says where each block's are).
     pods: Vec<PodSlot>,
+    /// `(block, start, end)`: the probed block's pods are `pods[start..end]`.
+    lists: Vec<(usize, usize, usize)>,
 }
 
 impl<'a> ChainProbe<'a> {
@@ -69,18 +75,41 @@ impl<'a> ChainProbe<'a> {
             salt: model_salt(model, index.seed),
             positions,
             pods: Vec::new(),
+            lists: Vec::new(),
         }
     }
 
-    /// Appends to `out` the positions of the candidates holding block `i`.
+    /// Reads the pods holding block `i` (every pod, candidate or not) into `pods`; returns
+    /// their range there.
     #[inline]
-    fn holders(&mut self, i: usize, out: &mut Vec<usize>) {
+    fn fetch(&mut self, i: usize) -> (usize, usize) {
         let key = Hashed::block(self.hashes[i], self.model, self.salt, self.index.seed);
-        self.pods.clear();
+        let start = self.pods.len();
         self.index.shards[key.shard()]
             .read()
             .push_pods(key, &mut self.pods);
-        out.extend(self.pods.iter().filter_map(|&p| self.positions.position(p)));
+        self.lists.push((i, start, self.pods.len()));
+        (start, self.pods.len())
+    }
+
+    /// The range of block `i`'s pods, read by an earlier [`ChainProbe::fetch`].
+    fn fetched(&self, i: usize) -> (usize, usize) {
+        let &(_, start, end) = self
+            .lists
+            .iter()
+            .find(|&&(block, ..)| block == i)
+            .expect("a group's first block was probed");
+        (start, end)
+    }
+
+    /// Appends to `out` the candidate positions of the pods in `range`.
+    #[inline]
+    fn positions_of(&self, (start, end): (usize, usize), out: &mut Vec<usize>) {
+        out.extend(
+            self.pods[start..end]
+                .iter()
+                .filter_map(|&p| self.positions.position(p)),
+        );
     }
 
     /// Sets `matched[ci]` for each candidate `ci` of `holding` (those holding block 0) to the
@@ -90,9 +119,11 @@ impl<'a> ChainProbe<'a> {
         // known to hold block hi. Groups are split in place (those holding mid moved first).
         let mut work = vec![(0usize, self.hashes.len(), 0usize, holding.len())];
         let mut found = Vec::new();
-        // seen[ci] == probe number: candidate ci holds the probed block.
-        let mut seen = vec![0u32; matched.len()];
-        let mut probes = 0u32;
+        // at[ci]: candidate ci's place in `holding`.
+        let mut at = vec![usize::MAX; matched.len()];
+        for (k, &ci) in holding.iter().enumerate() {
+            at[ci] = k;
+        }
         while let Some((lo, hi, start, end)) = work.pop() {
             if hi - lo == 1 {
                 for &ci in &holding[start..end] {
@@ -101,13 +132,15 @@ impl<'a> ChainProbe<'a> {
                 continue;
             }
             let mid = lo + (hi - lo) / 2;
-            found.clear();
-            self.holders(mid, &mut found);
-            probes += 1;
-            for &ci in &found {
-                seen[ci] = probes;
+            let (lo_pods, mid_pods) = (self.fetched(lo), self.fetch(mid));
+            if self.pods[lo_pods.0..lo_pods.1] == self.pods[mid_pods.0..mid_pods.1] {
+                // The same pods as block lo's: the whole group holds mid.
+                work.push((mid, hi, start, end));
+                continue;
             }
-            let split = start + seen_first(&mut holding[start..end], &seen, probes);
+            found.clear();
+            self.positions_of(mid_pods, &mut found);
+            let split = start + holders_first(holding, &mut at, start, end, &found);
             if split < end {
                 work.push((lo, mid, split, end));
             }
@@ -118,16 +151,28 @@ impl<'a> ChainProbe<'a> {
     }
 }
 
-/// Moves the candidates of `group` that `seen` marks with `probe` to its front (by swaps, in
-/// place); returns how many there are.
+/// Moves the candidates of `found` that are in `holding[start..end]` to its front (by swaps,
+/// keeping `at` each candidate's place in `holding`); returns how many there are.
 #[inline]
-fn seen_first(group: &mut [usize], seen: &[u32], probe: u32) -> usize {
-    let mut split = 0;
-    for j in 0..group.len() {
-        if seen[group[j]] == probe {
-            group.swap(split, j);
-            split += 1;
+fn holders_first(
+    holding: &mut [usize],
+    at: &mut [usize],
+    start: usize,
+    end: usize,
+    found: &[usize],
+) -> usize {
+    let mut front = start;
+    for &ci in found {
+        let j = at[ci];
+        // In the group and not moved yet (a pod listed twice in a set is moved once).
+        if j < front || j >= end {
+            continue;
         }
+        let other = holding[front];
+        holding.swap(front, j);
+        at[other] = j;
+        at[ci] = front;
+        front += 1;
     }
-    split
+    front - start
 }

@@ -518,3 +518,114 @@ fn shrinking_a_budget_keeps_the_most_recent_entries_in_order() {
     index.record(&pod, M, &hashes(&[6, 7]));
     assert_eq!(index.pod_entries(pod.slot()), 5);
 }
+
+/// Many pods sharing long prefixes (so a block's pods often equal the first block's, in order,
+/// and the bisection moves whole groups), some of them made to forget blocks out of order
+/// (breaking the prefix property), asked about by a shuffled subset of candidates that may list
+/// a pod twice: each candidate's match is its own binary search over the blocks (the group
+/// bisection only batches those), a pod listed twice counted at its first place only.
+#[derive(Debug, Clone)]
+enum ManyOp {
+    Record {
+        pod: usize,
+        prompt: Vec<u8>,
+    },
+    Budget {
+        pod: usize,
+        cap: usize,
+    },
+    Forget {
+        pod: usize,
+        prompt: Vec<u8>,
+        block: usize,
+    },
+}
+
+fn many_op() -> impl Strategy<Value = ManyOp> {
+    // A shared head of 0-8 'a's, then a short tail: most prompts share their first blocks.
+    let prompt = (0usize..8, prop::collection::vec(b'a'..b'c', 0..6)).prop_map(|(head, tail)| {
+        let mut p = vec![b'a'; head];
+        p.extend(tail);
+        p.push(b'z');
+        p
+    });
+    prop_oneof![
+        8 => (0usize..24, prompt.clone()).prop_map(|(pod, prompt)| ManyOp::Record { pod, prompt }),
+        1 => (0usize..24, 2usize..30).prop_map(|(pod, cap)| ManyOp::Budget { pod, cap }),
+        1 => (0usize..24, prompt, 0usize..14)
+            .prop_map(|(pod, prompt, block)| ManyOp::Forget { pod, prompt, block }),
+    ]
+}
+
+/// Candidate `slot`'s binary search for the last block it holds, given that it holds block 0.
+fn searched(index: &PrefixIndex, hs: &[BlockHash], slot: PodSlot) -> usize {
+    let holds = |i: usize| index.pods_holding(M, hs[i]).contains(&slot);
+    if !holds(0) {
+        return 0;
+    }
+    let (mut lo, mut hi) = (0, hs.len());
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if holds(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo + 1
+}
+
+proptest! {
+    #[test]
+    fn chain_matches_of_many_pods_are_each_candidates_own_search(
+        ops in prop::collection::vec(many_op(), 1..80),
+        query in prop::collection::vec(b'a'..b'c', 1..14),
+        picks in prop::collection::vec(0usize..24, 0..30),
+    ) {
+        let chain = crate::hashing::BlockChain { block_size: 1, max_blocks: 64 };
+        let index = PrefixIndex::new(30);
+        let handles: Vec<PodHandle> = (0..24).map(|_| index.add_pod()).collect();
+        for op in ops {
+            match op {
+                ManyOp::Record { pod, prompt } => {
+                    index.record(&handles[pod], M, &chain.hash("m", &prompt));
+                }
+                ManyOp::Budget { pod, cap } => {
+                    index.set_pod_capacity(handles[pod].slot(), cap);
+                }
+                ManyOp::Forget { pod, prompt, block } => {
+                    let hs = chain.hash("m", &prompt);
+                    if let Some(h) = hs.get(block) {
+                        index.forget(&handles[pod], M, &[*h]);
+                    }
+                }
+            }
+        }
+        let hs = chain.hash("m", &query);
+        let candidates: Vec<PodSlot> = picks.iter().map(|&p| handles[p].slot()).collect();
+        let expected: Vec<usize> = candidates
+            .iter()
+            .enumerate()
+            .map(|(i, &slot)| {
+                if candidates[..i].contains(&slot) { 0 } else { searched(&index, &hs, slot) }
+            })
+            .collect();
+        prop_assert_eq!(index.chain_matches(M, &hs, &candidates), expected);
+    }
+}
+
+#[test]
+fn a_block_held_by_as_many_other_pods_is_not_taken_for_the_same_holders() {
+    // Pod a holds the chain but forgot its first block; pod b holds only the first block. Both
+    // blocks 0 and 1 have one holder each: b's match stops at 1 all the same.
+    let index = PrefixIndex::new(8);
+    let (a, b) = (index.add_pod(), index.add_pod());
+    let chain = hashes(&[1, 2, 3]);
+    index.record(&a, M, &chain);
+    index.record(&b, M, &chain[..1]);
+    index.forget(&a, M, &chain[..1]);
+    assert_eq!(
+        index.chain_matches(M, &chain, &[a.slot(), b.slot()]),
+        [0, 1]
+    );
+}
