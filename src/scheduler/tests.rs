@@ -582,3 +582,79 @@ fn a_live_engine_view_outranks_the_estimate() {
     let half = d.engine[1].unwrap().blocks;
     assert!(half.abs_diff(blocks / 2) <= 1, "{half} of {blocks}");
 }
+
+/// With engine truth, new work whose prompt no engine holds any more goes back to its former
+/// home: the pod the picker placed it on before (its estimate still holds it), not where new
+/// work would go otherwise; an engine that holds it still wins, and without engine tokens the
+/// estimate alone decides as before (a hit on that pod).
+#[test]
+fn new_work_goes_back_to_its_former_home_when_no_engine_holds_it() {
+    use crate::engine_view::EngineView;
+    let mut config = SchedulerConfig::default();
+    config.apply_affinity(Some(AffinityConfig::default()));
+    let s = Scheduler::new(config, 5, 1);
+    let pods: Vec<Arc<Pod>> = (0..4)
+        .map(|i| {
+            let address = SocketAddr::from(([10, 0, 0, i as u8 + 1], 8000));
+            let view = EngineView::new(1 << 16);
+            view.set_live(true);
+            Arc::new(Pod {
+                handle: s.prefix_cache().index().add_pod(),
+                label: format!("default/pod-{i}"),
+                labels: Default::default(),
+                stats: EngineStats::default(),
+                recent: RecentPicks::default(),
+                rendezvous: rendezvous_key(&address),
+                engine: Some(view),
+            })
+        })
+        .collect();
+    let prompt = "A tenant's long system prompt. ".repeat(40);
+    let tokens: &'static [u32] = (0..256).collect::<Vec<u32>>().leak();
+    let with_tokens = || {
+        let mut r = req(&prompt);
+        r.engine_tokens = Some(EngineTokens {
+            tokens,
+            prompt_bytes: prompt.len(),
+        });
+        r
+    };
+    let position = |d: &Decision<Arc<Pod>>| {
+        pods.iter()
+            .position(|p| p.slot() == d.primary().slot())
+            .unwrap()
+    };
+    // No former home: new work goes where the new-work rule sends it.
+    let fresh = s.explain(with_tokens(), pods.clone()).unwrap();
+    assert_eq!(fresh.reason, DecisionReason::AffinityMiss);
+    let usual = position(&fresh);
+    // The picker placed the prompt on another pod, whose engine has since evicted it.
+    let home = (usual + 1) % pods.len();
+    s.record("m", &fresh.hashes, &pods[home].handle);
+    let d = s.explain(with_tokens(), pods.clone()).unwrap();
+    assert_eq!(
+        (position(&d), d.reason),
+        (home, DecisionReason::AffinityMiss)
+    );
+    assert_eq!(d.primary_source(), MatchSource::Engine);
+    assert_eq!(d.engine[home].map(|m| m.tokens), Some(0));
+    // Matched by the estimate alone (no engine tokens): a hit on that pod, as before.
+    let d = s.explain(req(&prompt), pods.clone()).unwrap();
+    assert_eq!(
+        (position(&d), d.reason),
+        (home, DecisionReason::AffinityHit)
+    );
+    // A pod whose engine holds the prompt outranks the former home.
+    let holder = (home + 1) % pods.len();
+    let engine_hashes: Vec<u64> = (1..=16).collect();
+    pods[holder]
+        .engine
+        .as_ref()
+        .unwrap()
+        .store(None, &engine_hashes, tokens, 16);
+    let d = s.explain(with_tokens(), pods.clone()).unwrap();
+    assert_eq!(
+        (position(&d), d.reason),
+        (holder, DecisionReason::AffinityHit)
+    );
+}
