@@ -48,7 +48,7 @@ use super::latency::Prediction;
 use super::{Candidate, Decision, Filtered, PluginScores, RouteRequest, Scheduler, next};
 use crate::hashing::BlockHash;
 use matching::Matched;
-pub(super) use place::{NewWork, place};
+pub(super) use place::place;
 
 impl Scheduler {
     /// One decision over `candidates`. `take` = false: a dry run (explain) that leaves the
@@ -119,7 +119,6 @@ impl Scheduler {
             &matched.hashes,
             session,
             &churn,
-            &scored.former_blocks,
             load.prefill_per_block,
             rng,
         );
@@ -140,9 +139,8 @@ impl Scheduler {
 
 /// The affinity pick (steps 5-7): the chosen candidate's position and why. `matched` and `held`
 /// are each candidate's longest match with and without the holds of requests in flight;
-/// `churn(i)` is candidate `i`'s churn and `former[i]` its former-home match (empty: none; see
-/// [`place`]), both read only for new work; `prefill_per_block` the seconds one uncached block
-/// of the prompt costs (the latency model's; unused without it).
+/// `churn(i)` is candidate `i`'s churn, read only for new work; `prefill_per_block` the seconds
+/// one uncached block of the prompt costs (the latency model's; unused without it).
 #[expect(
     clippy::too_many_arguments,
     reason = "the pick's inputs, each used once; a struct would only rename them"
@@ -155,7 +153,6 @@ pub fn pick<R: Rng>(
     hashes: &[BlockHash],
     session: Option<usize>,
     churn: &dyn Fn(usize) -> f64,
-    former: &[usize],
     prefill_per_block: f64,
     rng: &mut R,
 ) -> (usize, AffinityReason) {
@@ -179,9 +176,8 @@ pub fn pick<R: Rng>(
     let available = |i: usize| gates.available(i);
     let saturated = |i: usize| gates.saturated(i);
     let limit = gates.share_limit();
-    let new_work = NewWork { churn, former };
     let placed = place(
-        config, &matched, loads, hashes, &available, &saturated, &new_work, limit, rng,
+        config, &matched, loads, hashes, &available, &saturated, churn, limit, rng,
     );
     gates.reason(loads, placed)
 }

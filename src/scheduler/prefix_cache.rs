@@ -73,11 +73,6 @@ pub struct PrefixScores {
     pub held_blocks: Vec<usize>,
     /// Affinity mode: requests in flight on each candidate that share the prompt's first block.
     pub head_inflight: Vec<u32>,
-    /// Affinity mode, where a candidate was matched by its engine's view: the index's estimate
-    /// for it (where the picker placed the prompt before, whatever the engine did since: a
-    /// *former home* when the engine no longer holds it); 0 for the others. Empty when no
-    /// candidate was matched by its engine.
-    pub former_blocks: Vec<usize>,
 }
 
 impl PrefixScores {
@@ -177,7 +172,6 @@ impl PrefixCache {
             total_blocks: total,
             held_blocks: Vec::new(),
             head_inflight: Vec::new(),
-            former_blocks: Vec::new(),
         })
     }
 
@@ -198,14 +192,9 @@ impl PrefixCache {
         }
         let key = ModelKey::of(model);
         let mut held = self.index.chain_matches(key, hashes, candidates);
-        let mut former = if engine.is_empty() {
-            Vec::new()
-        } else {
-            vec![0; candidates.len()]
-        };
-        for ((h, e), f) in held.iter_mut().zip(engine).zip(former.iter_mut()) {
+        for (h, e) in held.iter_mut().zip(engine) {
             if let Some(e) = e {
-                *f = std::mem::replace(h, e.blocks);
+                *h = e.blocks;
             }
         }
         let mut matched = held.clone();
@@ -218,7 +207,6 @@ impl PrefixCache {
             total_blocks: total,
             held_blocks: held,
             head_inflight: heads,
-            former_blocks: former,
         })
     }
 

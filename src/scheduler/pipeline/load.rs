@@ -177,7 +177,6 @@ mod tests {
             total_blocks: 10,
             held_blocks: vec![4, 0],
             head_inflight: vec![0, 2],
-            former_blocks: Vec::new(),
         };
         let load = s.load(&affinity, &pods, &scored, 10);
         let keys: Vec<(u64, f64, u32, f64)> = load

@@ -3,7 +3,7 @@
 //!
 //! | best available | pick | reason |
 //! | --- | --- | --- |
-//! | 0, with `balanceNew` | new work ([`new_work`]): its former home ([`former_home`]) when it has one, else the quietest pods (`placeByChurn`), then the least recent share among the least loaded | miss (spill when some unavailable pod holds a block) |
+//! | 0, with `balanceNew` | new work ([`new_work`]): the quietest pods (`placeByChurn`), then the least recent share among the least loaded | miss (spill when some unavailable pod holds a block) |
 //! | `best_all` | the tie among the available pods holding it | hit (miss when it is 0) |
 //! | above 0, below `best_all` | the tie among the available pods holding `best` | spill |
 //! | 0, without `balanceNew` | the tie among the least-loaded available pods | spill |
@@ -11,14 +11,6 @@
 //!
 //! The tie rule is step 7 ([`super::tie`]); its key is the deepest block the tied pods hold (the
 //! first block when none holds any).
-//!
-//! A *former home* exists only with engine truth: a pod matched by its engine's view whose
-//! estimate in the index still holds the prompt (the picker placed it there; the engine has
-//! since evicted it, or its view was dropped). The engine is right that it holds nothing, so
-//! the prompt is new work; among the available pods within the share limit, the one that held
-//! most of it takes it back (it re-warms there after one miss) instead of the prompt's tenant
-//! scattering over the pool. Without event endpoints there is none and new work is placed as
-//! before.
 
 use rand::Rng;
 
@@ -38,7 +30,7 @@ pub fn place<R: Rng>(
     hashes: &[BlockHash],
     available: &dyn Fn(usize) -> bool,
     saturated: &dyn Fn(usize) -> bool,
-    new: &NewWork<'_>,
+    churn: &dyn Fn(usize) -> f64,
     limit: f64,
     rng: &mut R,
 ) -> (usize, AffinityReason) {
@@ -50,16 +42,7 @@ pub fn place<R: Rng>(
     match best_available {
         // No available pod holds any block: new work for this pod set, by share.
         Some(0) if config.balance_new => {
-            let i = former_home(
-                config,
-                pool.clone(),
-                loads,
-                limit,
-                new.former,
-                &tie_key,
-                rng,
-            )
-            .unwrap_or_else(|| new_work(config, pool, loads, limit, new.churn, tie_key(0), rng));
+            let i = new_work(config, pool, loads, limit, churn, tie_key(0), rng);
             let why = if best_all == 0 {
                 AffinityReason::Miss
             } else {
@@ -86,34 +69,6 @@ pub fn place<R: Rng>(
             (i, AffinityReason::Saturated)
         }
     }
-}
-
-/// What new work is placed by, besides load and share.
-pub struct NewWork<'a> {
-    /// Candidate `i`'s churn ([`crate::prefix_index::PrefixIndex::churn`]), read once per pod.
-    pub churn: &'a dyn Fn(usize) -> f64,
-    /// Candidate `i`'s former-home match in blocks (the index's estimate where its engine's view
-    /// was matched instead; empty or 0: none).
-    pub former: &'a [usize],
-}
-
-/// New work's former home: among `pool`, the pods within the share `limit` with the longest
-/// former-home match, by the tie rule on the deepest block they held; `None` when no pod of
-/// `pool` within the limit has one.
-fn former_home<R: Rng>(
-    config: &AffinityConfig,
-    pool: impl Iterator<Item = usize> + Clone,
-    loads: &[PodLoad],
-    limit: f64,
-    former: &[usize],
-    tie_key: &dyn Fn(usize) -> Option<u64>,
-    rng: &mut R,
-) -> Option<usize> {
-    let of = |i: usize| former.get(i).copied().unwrap_or(0);
-    let homes = pool.filter(|&i| of(i) > 0 && loads[i].share <= limit);
-    let best = homes.clone().map(of).max()?;
-    let held = homes.filter(|&i| of(i) == best);
-    Some(tie_break(config, held, loads, tie_key(best), rng))
 }
 
 /// New work (no available pod holds a block): among `pool`, the pods that evict least
@@ -248,10 +203,7 @@ mod tests {
             &hashes,
             &|i| !unavailable.contains(&i) && !full.contains(&i),
             &|i| full.contains(&i),
-            &NewWork {
-                churn: &|_| 0.0,
-                former: &[],
-            },
+            &|_| 0.0,
             1.0,
             &mut SmallRng::seed_from_u64(3),
         )
@@ -308,71 +260,6 @@ mod tests {
         assert_eq!(over, (0, AffinityReason::Saturated));
         let all_full = placed(&C, &[3, 1, 0], &l, &[], &[0, 1, 2]);
         assert_eq!(all_full, (1, AffinityReason::Saturated));
-    }
-
-    /// [`place`] of new work (nothing matched) on idle pods with `shares`, pods in
-    /// `unavailable` excluded, the share limit 0.5, and `former` homes.
-    fn placed_new(
-        shares: &[f64],
-        unavailable: &[usize],
-        former: &[usize],
-    ) -> (usize, AffinityReason) {
-        let mut l = loads_in_flight(&vec![0; shares.len()]);
-        for (p, &s) in l.iter_mut().zip(shares) {
-            p.share = s;
-        }
-        let hashes: Vec<BlockHash> = (1..=8).map(BlockHash).collect();
-        place(
-            &C,
-            &vec![0; shares.len()],
-            &l,
-            &hashes,
-            &|i| !unavailable.contains(&i),
-            &|_| false,
-            &NewWork {
-                churn: &|_| 0.0,
-                former,
-            },
-            0.5,
-            &mut SmallRng::seed_from_u64(3),
-        )
-    }
-
-    #[test]
-    fn new_work_goes_to_its_former_home_within_the_gates() {
-        let shares = [0.1, 0.0, 0.2, 0.3];
-        // Without a former home: the least recent share.
-        assert_eq!(placed_new(&shares, &[], &[]), (1, AffinityReason::Miss));
-        assert_eq!(placed_new(&shares, &[], &[0; 4]).0, 1);
-        // The pod that held most of the prompt takes it back.
-        assert_eq!(
-            placed_new(&shares, &[], &[0, 0, 3, 5]),
-            (3, AffinityReason::Miss)
-        );
-        // Not when it is unavailable, nor over the share limit: the next former home, else
-        // the new-work rule.
-        assert_eq!(placed_new(&shares, &[3], &[0, 0, 3, 5]).0, 2);
-        let over = [0.1, 0.0, 0.2, 0.6];
-        assert_eq!(placed_new(&over, &[], &[0, 0, 3, 5]).0, 2);
-        assert_eq!(placed_new(&over, &[], &[0, 0, 0, 5]).0, 1);
-        // A match on an available pod is not new work: the former home is not read.
-        let l = loads_in_flight(&[0, 0, 0, 0]);
-        let hashes: Vec<BlockHash> = (1..=8).map(BlockHash).collect();
-        let hit = place(
-            &C,
-            &[0, 2, 0, 0],
-            &l,
-            &hashes,
-            &|_| true,
-            &|_| false,
-            &NewWork {
-                churn: &|_| 0.0,
-                former: &[0, 0, 0, 8],
-            },
-            1.0,
-            &mut SmallRng::seed_from_u64(3),
-        );
-        assert_eq!(hit, (1, AffinityReason::Hit));
     }
 
     #[test]

@@ -60,7 +60,6 @@ fn pick_one(
         h,
         None,
         &|_| 0.0,
-        &[],
         0.0,
         &mut SmallRng::seed_from_u64(7),
     )
@@ -167,7 +166,6 @@ fn ties_consolidate_on_the_deepest_block_held() {
                 &h,
                 None,
                 &|_| 0.0,
-                &[],
                 0.0,
                 &mut SmallRng::seed_from_u64(s),
             )
@@ -199,7 +197,6 @@ fn without_consolidation_ties_are_random() {
                 &hashes(4),
                 None,
                 &|_| 0.0,
-                &[],
                 0.0,
                 &mut SmallRng::seed_from_u64(s),
             )
@@ -224,7 +221,6 @@ fn a_match_held_only_in_flight_counts_when_it_covers_most_of_the_prompt() {
             &h,
             None,
             &|_| 0.0,
-            &[],
             0.0,
             &mut SmallRng::seed_from_u64(1)
         ),
@@ -240,7 +236,6 @@ fn a_match_held_only_in_flight_counts_when_it_covers_most_of_the_prompt() {
             &h,
             None,
             &|_| 0.0,
-            &[],
             0.0,
             &mut SmallRng::seed_from_u64(1)
         )
@@ -269,7 +264,6 @@ fn a_burst_in_progress_stays_on_an_over_share_pod_new_work_does_not() {
             &hashes(8),
             None,
             &|_| 0.0,
-            &[],
             0.0,
             &mut SmallRng::seed_from_u64(1)
         ),
@@ -291,7 +285,6 @@ fn a_burst_in_progress_stays_on_an_over_share_pod_new_work_does_not() {
             &hashes(8),
             None,
             &|_| 0.0,
-            &[],
             0.0,
             &mut SmallRng::seed_from_u64(1)
         )
@@ -380,7 +373,6 @@ fn a_session_keeps_its_pod_until_the_pod_is_saturated() {
             &hashes(8),
             session,
             &|_| 0.0,
-            &[],
             0.0,
             &mut SmallRng::seed_from_u64(3),
         )
@@ -416,7 +408,6 @@ fn new_prefixes_go_to_the_pod_that_evicts_least_within_its_share() {
             &[BlockHash(k)],
             None,
             &|i| churn[i],
-            &[],
             0.0,
             &mut SmallRng::seed_from_u64(1),
         )
@@ -449,7 +440,6 @@ fn new_prefixes_go_to_the_pod_that_evicts_least_within_its_share() {
         &[BlockHash(3)],
         None,
         &panics,
-        &[],
         0.0,
         &mut SmallRng::seed_from_u64(1),
     );
@@ -463,7 +453,6 @@ fn new_prefixes_go_to_the_pod_that_evicts_least_within_its_share() {
         &hashes(8),
         None,
         &|i| churn[i],
-        &[],
         0.0,
         &mut SmallRng::seed_from_u64(1),
     );
@@ -485,7 +474,6 @@ fn pick_timed(matched: &[usize], waits: &[f64], per_block: f64) -> (usize, Affin
         &hashes(8),
         None,
         &|_| 0.0,
-        &[],
         per_block,
         &mut SmallRng::seed_from_u64(7),
     )
@@ -542,7 +530,6 @@ fn reference_pick<R: rand::Rng>(
     hashes: &[BlockHash],
     session: Option<usize>,
     churn: &dyn Fn(usize) -> f64,
-    former: &[usize],
     prefill_per_block: f64,
     rng: &mut R,
 ) -> (usize, AffinityReason) {
@@ -612,9 +599,8 @@ fn reference_pick<R: rand::Rng>(
     if let Some(i) = session.filter(|&i| i < n && !saturated(i)) {
         return (i, AffinityReason::Session);
     }
-    let new = NewWork { churn, former };
     let (i, why) = place(
-        config, matched, loads, hashes, &available, &saturated, &new, limit, rng,
+        config, matched, loads, hashes, &available, &saturated, churn, limit, rng,
     );
     if latency && loads[i].wait > 0.0 && loads.iter().all(|l| l.wait > 0.0) {
         return (i, AffinityReason::Saturated);
@@ -624,11 +610,11 @@ fn reference_pick<R: rand::Rng>(
 
 proptest::proptest! {
     /// The pick equals [`reference_pick`] on random pools: matches, holds, loads, shares,
-    /// waits, sessions, churns and former homes, with and without the latency model and the load gate.
+    /// waits, sessions and churns, with and without the latency model and the load gate.
     #[test]
     fn the_pick_equals_the_reference(
         pods in proptest::collection::vec(
-            (0usize..6, 0usize..3, 0i64..4, 0u8..3, 0u8..4, 0u32..3, 0u8..3, 0u8..3, 0usize..3),
+            (0usize..6, 0usize..3, 0i64..4, 0u8..3, 0u8..4, 0u32..3, 0u8..3, 0u8..3),
             1..12,
         ),
         blocks in 1u64..8,
@@ -654,11 +640,10 @@ proptest::proptest! {
         }
         let churns: Vec<f64> = pods.iter().map(|p| f64::from(p.7) * 0.1).collect();
         let churn = |i: usize| churns[i];
-        let former: Vec<usize> = pods.iter().map(|p| p.8).collect();
         let per_block = f64::from(per_block) * 0.004;
-        let ours = pick(&config, &matched, &held, &l, &h, session, &churn, &former, per_block,
+        let ours = pick(&config, &matched, &held, &l, &h, session, &churn, per_block,
             &mut SmallRng::seed_from_u64(seed));
-        let reference = reference_pick(&config, &matched, &held, &l, &h, session, &churn, &former,
+        let reference = reference_pick(&config, &matched, &held, &l, &h, session, &churn,
             per_block, &mut SmallRng::seed_from_u64(seed));
         proptest::prop_assert_eq!(ours, reference);
     }
