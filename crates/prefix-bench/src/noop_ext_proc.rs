@@ -283,9 +283,19 @@ impl AccessLogService for NoopAccessLog {
 
 /// Serves the no-op processor on `listener` until the process ends.
 pub async fn serve(listener: TcpListener) -> anyhow::Result<()> {
+    serve_processor(listener, NoopExtProc, NoopAccessLog).await
+}
+
+/// Serves an ext_proc processor and its access-log sink on `listener` until the process ends,
+/// as the picker serves its own (the message limits of [`ext_proc_server`], no Nagle).
+pub async fn serve_processor<P: ExternalProcessor, L: AccessLogService>(
+    listener: TcpListener,
+    processor: P,
+    access_log: L,
+) -> anyhow::Result<()> {
     tonic::transport::Server::builder()
-        .add_service(ext_proc_server(NoopExtProc))
-        .add_service(AccessLogServiceServer::new(NoopAccessLog))
+        .add_service(ext_proc_server(processor))
+        .add_service(AccessLogServiceServer::new(access_log))
         // Envoy waits on every reply: never let Nagle + delayed ACK add 40 ms.
         .serve_with_incoming(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),

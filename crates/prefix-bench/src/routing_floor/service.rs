@@ -19,9 +19,7 @@ use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::{Address, address, socket_address};
 use envoy_types::pb::envoy::data::accesslog::v3::HttpAccessLogEntry;
-use envoy_types::pb::envoy::service::accesslog::v3::access_log_service_server::{
-    AccessLogService, AccessLogServiceServer,
-};
+use envoy_types::pb::envoy::service::accesslog::v3::access_log_service_server::AccessLogService;
 use envoy_types::pb::envoy::service::accesslog::v3::stream_access_logs_message::LogEntries;
 use envoy_types::pb::envoy::service::accesslog::v3::{
     StreamAccessLogsMessage, StreamAccessLogsResponse,
@@ -35,11 +33,11 @@ use tokio::net::TcpListener;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{FloorTicket, RoutingFloor};
-use crate::noop_ext_proc::{NoopStream, Pick, Routing};
+use crate::noop_ext_proc::{NoopStream, Pick, Routing, serve_processor};
 use prefix_picker::envoy::wire::{
     DESTINATION_HEADER, LB_NAMESPACE, PREFILLER_HEADER, ROUTE_KEY, set_header,
 };
-use prefix_picker::envoy::{ReplyStream, drive_stream, ext_proc_server};
+use prefix_picker::envoy::{ReplyStream, drive_stream};
 
 /// One stream's routing: what it read of the request and response, and its route.
 #[derive(Debug)]
@@ -244,15 +242,7 @@ impl AccessLogService for FloorAccessLog {
 
 /// Serves the floor on `listener` until the process ends.
 pub async fn serve(listener: TcpListener, floor: Arc<RoutingFloor>) -> anyhow::Result<()> {
-    tonic::transport::Server::builder()
-        .add_service(ext_proc_server(FloorExtProc(floor.clone())))
-        .add_service(AccessLogServiceServer::new(FloorAccessLog(floor)))
-        // Envoy waits on every reply: never let Nagle + delayed ACK add 40 ms.
-        .serve_with_incoming(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-        )
-        .await?;
-    Ok(())
+    serve_processor(listener, FloorExtProc(floor.clone()), FloorAccessLog(floor)).await
 }
 
 #[cfg(test)]
