@@ -92,6 +92,13 @@ impl<'a> ChainProbe<'a> {
         (start, self.pods.len())
     }
 
+    /// Drops the last fetched block's pods.
+    fn forget_last(&mut self) {
+        if let Some((_, start, _)) = self.lists.pop() {
+            self.pods.truncate(start);
+        }
+    }
+
     /// The range of block `i`'s pods, read by an earlier [`ChainProbe::fetch`].
     fn fetched(&self, i: usize) -> (usize, usize) {
         let &(_, start, end) = self
@@ -146,6 +153,9 @@ impl<'a> ChainProbe<'a> {
             }
             if split > start {
                 work.push((mid, hi, start, split));
+            } else {
+                // No group starts at mid: its pods are not read again.
+                self.forget_last();
             }
         }
     }
