@@ -40,7 +40,7 @@ impl PrefixIndex {
         let mut holding = Vec::new();
         probe.positions_of(first, &mut holding);
         if !holding.is_empty() {
-            probe.bisect(&mut holding, &mut matched);
+            probe.bisect(&mut holding, &mut matched, first);
         }
         matched
     }
@@ -53,10 +53,9 @@ struct ChainProbe<'a> {
     model: ModelId,
     salt: u64,
     positions: CandidatePositions,
-    /// The pods of every probed block, one after another (`lists` says where each block's are).
+    /// The pods of the probed blocks a group starts at, one block's after another (each group
+    /// keeps the range of its first block's).
     pods: Vec<PodSlot>,
-    /// `(block, start, end)`: the probed block's pods are `pods[start..end]`.
-    lists: Vec<(usize, usize, usize)>,
 }
 
 impl<'a> ChainProbe<'a> {
@@ -75,7 +74,6 @@ impl<'a> ChainProbe<'a> {
             salt: model_salt(model, index.seed),
             positions,
             pods: Vec::new(),
-            lists: Vec::new(),
         }
     }
 
@@ -88,25 +86,12 @@ impl<'a> ChainProbe<'a> {
         self.index.shards[key.shard()]
             .read()
             .push_pods(key, &mut self.pods);
-        self.lists.push((i, start, self.pods.len()));
         (start, self.pods.len())
     }
 
-    /// Drops the last fetched block's pods.
-    fn forget_last(&mut self) {
-        if let Some((_, start, _)) = self.lists.pop() {
-            self.pods.truncate(start);
-        }
-    }
-
-    /// The range of block `i`'s pods, read by an earlier [`ChainProbe::fetch`].
-    fn fetched(&self, i: usize) -> (usize, usize) {
-        let &(_, start, end) = self
-            .lists
-            .iter()
-            .find(|&&(block, ..)| block == i)
-            .expect("a group's first block was probed");
-        (start, end)
+    /// Drops the pods of the last fetched block, whose range starts at `start`.
+    fn forget_last(&mut self, (start, _): (usize, usize)) {
+        self.pods.truncate(start);
     }
 
     /// Appends to `out` the candidate positions of the pods in `range`.
@@ -121,17 +106,18 @@ impl<'a> ChainProbe<'a> {
 
     /// Sets `matched[ci]` for each candidate `ci` of `holding` (those holding block 0) to the
     /// blocks it holds, bisecting every group of candidates that share a range.
-    fn bisect(&mut self, holding: &mut [usize], matched: &mut [usize]) {
-        // (lo, hi, start, end): the candidates holding[start..end] each hold block lo; none is
-        // known to hold block hi. Groups are split in place (those holding mid moved first).
-        let mut work = vec![(0usize, self.hashes.len(), 0usize, holding.len())];
+    fn bisect(&mut self, holding: &mut [usize], matched: &mut [usize], first: (usize, usize)) {
+        // (lo, hi, start, end, lo_pods): the candidates holding[start..end] each hold block lo,
+        // whose pods are self.pods[lo_pods]; none is known to hold block hi. Groups are split in
+        // place (those holding mid moved first).
+        let mut work = vec![(0usize, self.hashes.len(), 0usize, holding.len(), first)];
         let mut found = Vec::new();
         // at[ci]: candidate ci's place in `holding`.
         let mut at = vec![usize::MAX; matched.len()];
         for (k, &ci) in holding.iter().enumerate() {
             at[ci] = k;
         }
-        while let Some((lo, hi, start, end)) = work.pop() {
+        while let Some((lo, hi, start, end, lo_pods)) = work.pop() {
             if hi - lo == 1 {
                 for &ci in &holding[start..end] {
                     matched[ci] = lo + 1;
@@ -139,23 +125,24 @@ impl<'a> ChainProbe<'a> {
                 continue;
             }
             let mid = lo + (hi - lo) / 2;
-            let (lo_pods, mid_pods) = (self.fetched(lo), self.fetch(mid));
+            let mid_pods = self.fetch(mid);
             if self.pods[lo_pods.0..lo_pods.1] == self.pods[mid_pods.0..mid_pods.1] {
-                // The same pods as block lo's: the whole group holds mid.
-                work.push((mid, hi, start, end));
+                // The same pods as block lo's: the whole group holds mid (and keeps lo's copy).
+                self.forget_last(mid_pods);
+                work.push((mid, hi, start, end, lo_pods));
                 continue;
             }
             found.clear();
             self.positions_of(mid_pods, &mut found);
             let split = start + holders_first(holding, &mut at, start, end, &found);
             if split < end {
-                work.push((lo, mid, split, end));
+                work.push((lo, mid, split, end, lo_pods));
             }
             if split > start {
-                work.push((mid, hi, start, split));
+                work.push((mid, hi, start, split, mid_pods));
             } else {
                 // No group starts at mid: its pods are not read again.
-                self.forget_last();
+                self.forget_last(mid_pods);
             }
         }
     }
