@@ -34,7 +34,7 @@ pub enum Arrival {
 }
 
 /// One request's measurements (seconds; `start` from the start of the run).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Sample {
     pub ok: bool,
     pub start: f64,

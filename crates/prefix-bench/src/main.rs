@@ -82,6 +82,13 @@ enum Cmd {
         #[arg(long)]
         summary: bool,
     },
+    /// Where each row's uncached prompt tokens went, from `suite --samples`'s
+    /// `suite-samples.jsonl`: a table per workload, losses by cause (a group's first request, in
+    /// flight, evicted, moved to a new pod, the request's own tokens; `prefix_bench::misses`).
+    Misses {
+        /// The samples file `suite --samples` wrote.
+        samples: PathBuf,
+    },
     /// One workload against a running router.
     Run {
         #[arg(long)]
@@ -188,6 +195,7 @@ async fn main() -> anyhow::Result<()> {
             results,
             summary: only_summary,
         } => cmd::report::run(&results, only_summary),
+        Cmd::Misses { samples } => cmd::misses::run(&samples),
         Cmd::Run {
             url,
             sims,

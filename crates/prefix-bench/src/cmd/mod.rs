@@ -4,6 +4,7 @@
 //! `sync_cost`); what the others
 //! share (the workload catalogue, the rows, starting a row's processes) is the library's too.
 
+pub mod misses;
 pub mod noop_ext_proc;
 pub mod overhead;
 pub mod pd;
