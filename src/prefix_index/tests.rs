@@ -519,11 +519,8 @@ fn shrinking_a_budget_keeps_the_most_recent_entries_in_order() {
     assert_eq!(index.pod_entries(pod.slot()), 5);
 }
 
-/// Many pods sharing long prefixes (so a block's pods often equal the first block's, in order,
-/// and the bisection moves whole groups), some of them made to forget blocks out of order
-/// (breaking the prefix property), asked about by a shuffled subset of candidates that may list
-/// a pod twice: each candidate's match is its own binary search over the blocks (the group
-/// bisection only batches those), a pod listed twice counted at its first place only.
+/// What happens to one of many pods before `chain_matches` is asked: a record, a new budget, or
+/// one block forgotten out of order (breaking the prefix property).
 #[derive(Debug, Clone)]
 enum ManyOp {
     Record {
@@ -576,6 +573,11 @@ fn searched(index: &PrefixIndex, hs: &[BlockHash], slot: PodSlot) -> usize {
 }
 
 proptest! {
+    /// Many pods sharing long prefixes (so a block's pods often equal the first block's, in
+    /// order, and the bisection moves whole groups), some made to forget blocks out of order,
+    /// asked about by a shuffled subset of candidates that may list a pod twice: each
+    /// candidate's match is its own binary search over the blocks (the group bisection only
+    /// batches those), a pod listed twice counted at its first place only.
     #[test]
     fn chain_matches_of_many_pods_are_each_candidates_own_search(
         ops in prop::collection::vec(many_op(), 1..80),
