@@ -609,6 +609,10 @@ fn affinity_errors_name_the_key_and_the_value() {
             "affinity.bytesPerToken must be > 0, got 0",
         ),
         (
+            "experimental: {shareBusy: 1.5}",
+            "affinity.experimental.shareBusy must be in 0..=1, got 1.5",
+        ),
+        (
             "experimental: {latencySignals: [inflight, queue]}",
             "affinity.experimental.latencySignals must be a list of inflight, engineQueue, pace, prefillFit, got \"queue\"",
         ),
@@ -620,12 +624,13 @@ fn affinity_errors_name_the_key_and_the_value() {
     }
     // The experimental keys reach the scheduler.
     let c = Config::parse(
-        "picker: {affinity: {experimental: {placeByChurn: false, churnSlack: 0.1}}}\n",
+        "picker: {affinity: {experimental: {placeByChurn: false, churnSlack: 0.1, shareBusy: 0}}}\n",
     )
     .unwrap();
     let a = c.scheduler.affinity.expect("affinity mode");
     assert!(!a.place_by_churn);
     assert_eq!(a.churn_slack, 0.1);
+    assert_eq!(a.share_busy, 0.0);
     assert_eq!(a.bytes_per_token, 4);
     // The latency model's signals: all by default, or those listed.
     use crate::scheduler::latency::{LatencySignal, Signals};

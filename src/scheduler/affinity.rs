@@ -10,8 +10,9 @@
 //! (`wait + prefill x (1 + backlog)`); a candidate is *saturated* when it costs more than the
 //! least among those within their share (without the model: when its engine queue exceeds
 //! `maxQueue` or its in-flight count reaches `podCapacity`), and *over-share* when its share of recent picks exceeds the mean (at least `1/n`) by more than
-//! `shareHeadroom` and (`spillHotOnly`) the request's prefix makes up at least half of its
-//! requests in flight; the others are *available*. Then:
+//! `shareHeadroom`, (`spillHotOnly`) the request's prefix makes up at least half of its
+//! requests in flight and (`shareBusy`, off by default) its requests in flight fill that
+//! fraction of its engine's slots; the others are *available*. Then:
 //! - the longest match overall is on an available pod: pick it (`affinity_hit`);
 //! - nobody holds any block: among the available pods within the share headroom, those whose
 //!   index evicts least (`placeByChurn`, within `churnSlack`), then the least recent share among
@@ -86,6 +87,10 @@ pub struct AffinityConfig {
     /// An over-share pod spills only requests whose head makes up at least half of its
     /// requests in flight (the prefix that drives its load), not its cold prefixes.
     pub spill_hot_only: bool,
+    /// The share gate acts on a pod only while its requests in flight fill at least this
+    /// fraction of its engine's concurrency (learned from the engine's queue; a pod that has
+    /// not queued borrows the least the pool learned; none learned: not busy). 0: always.
+    pub share_busy: f64,
     /// New prefixes go, among the available pods within the share headroom, to those whose
     /// index evicts least ([`crate::prefix_index::PrefixIndex::churn`]), within `churnSlack`.
     pub place_by_churn: bool,
@@ -124,6 +129,7 @@ impl AffinityConfig {
         engine_tokens: 0,
         balance_new: true,
         spill_hot_only: true,
+        share_busy: 0.0,
         place_by_churn: true,
         churn_slack: 0.0,
         latency_model: true,
@@ -184,6 +190,8 @@ pub struct PodLoad {
     pub share: f64,
     /// Requests in flight on this pod that share the prompt's first block.
     pub head_inflight: u32,
+    /// Its requests in flight over its engine's concurrency (0 when no concurrency is known).
+    pub fill: f64,
     /// Seconds a request picked now waits for a slot ([`super::latency::PodTiming::wait`]).
     pub wait: f64,
     /// The queue it would join, in slots (positions over concurrency; 0 with a free slot).

@@ -7,9 +7,11 @@
 //! - *queued*: with the latency model, it predicts a wait; without it, its in-flight count is at
 //!   `podCapacity` or its engine queue over `maxQueue`;
 //! - *over* its share: its share of recent picks exceeds the mean (at least `1/n`) by more than
-//!   `shareHeadroom`, and (`spillHotOnly`) the request's head makes up at least half of its
-//!   requests in flight; an over-share pod still keeps a burst in progress that would lose more
-//!   than `spillLoss` of the prompt on any other available pod;
+//!   `shareHeadroom`, (`spillHotOnly`) the request's head makes up at least half of its
+//!   requests in flight, and (`shareBusy`, 0 by default: always) its requests in flight fill
+//!   that fraction of its engine's slots, as learned from the engine's queue (a pool that never
+//!   queued spills nothing for share); an over-share pod still keeps a burst in progress that would lose
+//!   more than `spillLoss` of the prompt on any other available pod;
 //! - *saturated*: with the latency model, it costs (`wait + prefill x (1 + backlog)`) more than
 //!   the least among the pods within their share; without it, queued;
 //! - *available*: neither saturated nor over its share.
@@ -83,7 +85,11 @@ impl Gates {
             .iter()
             .map(|l| Gate {
                 queued: queued(config, l),
-                over: config.load_gate && n > 1 && l.share > limit && hot(config, l),
+                over: config.load_gate
+                    && n > 1
+                    && l.share > limit
+                    && hot(config, l)
+                    && busy(config, l),
                 ..Gate::default()
             })
             .collect();
@@ -192,6 +198,12 @@ fn queued(config: &AffinityConfig, l: &PodLoad) -> bool {
     }
 }
 
+/// Whether the pod is busy enough for the share gate: its requests in flight fill at least
+/// `shareBusy` of its engine's concurrency (always with `shareBusy` 0).
+fn busy(config: &AffinityConfig, l: &PodLoad) -> bool {
+    l.fill >= config.share_busy
+}
+
 /// Whether the request's head drives the pod's load (half its requests in flight or more).
 /// Holds are what show a prefix in flight: without `tentative` every prefix counts as hot.
 fn hot(config: &AffinityConfig, l: &PodLoad) -> bool {
@@ -203,6 +215,7 @@ fn hot(config: &AffinityConfig, l: &PodLoad) -> bool {
 mod tests {
     use super::*;
 
+    /// A pod whose requests in flight fill its engine's slots (`fill` 1: the share gate may act).
     fn load(inflight: i64, waiting: f64, share: f64) -> PodLoad {
         PodLoad {
             key: 0,
@@ -210,6 +223,7 @@ mod tests {
             waiting,
             share,
             head_inflight: 0,
+            fill: 1.0,
             wait: 0.0,
             backlog: 0.0,
         }
@@ -263,6 +277,32 @@ mod tests {
         let g = Gates::new(&COUNTS, &[0, 0, 0], &[0, 0, 0], &loads, 4, 0.0);
         assert_eq!(g.session(Some(0)), None);
         assert_eq!(g.session(Some(7)), None, "not a candidate");
+    }
+
+    #[test]
+    fn with_share_busy_only_a_pod_that_fills_its_slots_spills_for_its_share() {
+        // Pod 0 is over its share with its prefix hot, as above.
+        let mut loads = [load(1, 0.0, 0.9), load(0, 0.0, 0.2), load(0, 0.0, 0.1)];
+        loads[0].head_inflight = 1;
+        let busy = AffinityConfig {
+            share_busy: 1.0,
+            ..COUNTS
+        };
+        // Half of its engine's slots in flight (or no concurrency known: 0): it keeps its
+        // prefixes.
+        for fill in [0.0, 0.5] {
+            loads[0].fill = fill;
+            let g = Gates::new(&busy, &[0, 0, 0], &[0, 0, 0], &loads, 4, 0.0);
+            assert!(g.available(0), "fill {fill}");
+        }
+        // Every slot: the share gate acts.
+        loads[0].fill = 1.0;
+        let g = Gates::new(&busy, &[0, 0, 0], &[0, 0, 0], &loads, 4, 0.0);
+        assert!(!g.available(0) && !g.saturated(0));
+        // `shareBusy` 0 (the default): whatever the fill.
+        loads[0].fill = 0.0;
+        let g = Gates::new(&COUNTS, &[0, 0, 0], &[0, 0, 0], &loads, 4, 0.0);
+        assert!(!g.available(0));
     }
 
     #[test]

@@ -111,6 +111,9 @@ fn read<C: Candidate>(
     let (inflight, waiting) = (e.inflight(), e.waiting());
     let uncached_tokens = shared.blocks.saturating_sub(matched) as f64 * shared.tokens_per_block;
     let timing = e.timing();
+    let concurrency = timing
+        .and_then(|t| t.concurrency())
+        .or(shared.pool.concurrency);
     let (wait, backlog) = match timing {
         Some(t) if shared.latency_model => {
             let age = if waiting > 0.0 { e.stats_age() } else { None };
@@ -132,6 +135,7 @@ fn read<C: Candidate>(
         waiting,
         share: e.recent().share_ln(shared.now, shared.ln_keep),
         head_inflight,
+        fill: concurrency.map_or(0.0, |c| inflight as f64 / c),
         wait,
         backlog,
     };
@@ -191,5 +195,7 @@ mod tests {
         let uncached: Vec<f64> = load.predictions.iter().map(|p| p.uncached_tokens).collect();
         assert_eq!(uncached, [6.0 * 32.0, 10.0 * 32.0]);
         assert!(load.predictions.iter().all(|p| p.wait == 0.0 && p.has_slot));
+        // No engine has shown its concurrency: no pod counts as filling its slots.
+        assert!(load.loads.iter().all(|l| l.fill == 0.0));
     }
 }

@@ -21,17 +21,20 @@ pub(super) fn loads_in_flight(inflight: &[i64]) -> Vec<PodLoad> {
             waiting: 0.0,
             share: 0.0,
             head_inflight: 0,
+            fill: 0.0,
             wait: 0.0,
             backlog: 0.0,
         })
         .collect()
 }
 
-/// [`loads`] with each pod's recent share.
+/// [`loads`] with each pod's recent share, every pod's engine slots full (`fill` 1: busy
+/// enough for the share gate).
 fn with_shares(shares: &[f64]) -> Vec<PodLoad> {
     let mut l = loads(shares.len());
     for (p, &share) in l.iter_mut().zip(shares) {
         p.share = share;
+        p.fill = 1.0;
     }
     l
 }
@@ -289,6 +292,27 @@ fn a_burst_in_progress_stays_on_an_over_share_pod_new_work_does_not() {
             &mut SmallRng::seed_from_u64(1)
         )
         .1,
+        AffinityReason::Spill
+    );
+}
+
+#[test]
+fn with_share_busy_an_over_share_pod_with_free_slots_keeps_its_prefixes() {
+    let mut l = with_shares(&[0.7, 0.1, 0.1, 0.1]);
+    l[0].fill = 0.5;
+    let c = AffinityConfig {
+        spill_hot_only: false,
+        share_busy: 1.0,
+        ..AffinityConfig::default()
+    };
+    assert_eq!(
+        pick_one(&c, &[8, 0, 0, 0], &l, &hashes(8)),
+        (0, AffinityReason::Hit)
+    );
+    // Where the engine's slots are full, it spills.
+    l[0].fill = 1.0;
+    assert_eq!(
+        pick_one(&c, &[8, 0, 0, 0], &l, &hashes(8)).1,
         AffinityReason::Spill
     );
 }
@@ -564,7 +588,8 @@ fn reference_pick<R: rand::Rng>(
         !(config.spill_hot_only && config.tentative)
             || i64::from(loads[i].head_inflight) * 2 >= loads[i].inflight.max(1)
     };
-    let over = |i: usize| config.load_gate && n > 1 && loads[i].share > limit && hot(i);
+    let busy = |i: usize| loads[i].fill >= config.share_busy;
+    let over = |i: usize| config.load_gate && n > 1 && loads[i].share > limit && hot(i) && busy(i);
     let elsewhere = (0..n)
         .filter(|&i| !queued(i) && !over(i))
         .map(|i| matched[i])
@@ -610,7 +635,8 @@ fn reference_pick<R: rand::Rng>(
 
 proptest::proptest! {
     /// The pick equals [`reference_pick`] on random pools: matches, holds, loads, shares,
-    /// waits, sessions and churns, with and without the latency model and the load gate.
+    /// waits, sessions and churns, with and without the latency model and the load gate, the
+    /// share gate acting always or only on busy pods.
     #[test]
     fn the_pick_equals_the_reference(
         pods in proptest::collection::vec(
@@ -622,9 +648,12 @@ proptest::proptest! {
         latency_model in proptest::bool::ANY,
         load_gate in proptest::bool::ANY,
         per_block in 0u8..3,
+        share_busy in 0u8..3,
         seed in 0u64..1000,
     ) {
-        let config = AffinityConfig { latency_model, load_gate, ..AffinityConfig::DEFAULT };
+        let share_busy = f64::from(share_busy) * 0.5;
+        let config =
+            AffinityConfig { latency_model, load_gate, share_busy, ..AffinityConfig::DEFAULT };
         let h = hashes(blocks);
         let b = blocks as usize;
         let matched: Vec<usize> = pods.iter().map(|p| p.0.min(b)).collect();
@@ -632,6 +661,7 @@ proptest::proptest! {
         let mut l = loads(pods.len());
         for (load, p) in l.iter_mut().zip(&pods) {
             load.inflight = p.2;
+            load.fill = p.2 as f64 / 2.0;
             load.waiting = f64::from(p.3);
             load.share = f64::from(p.4) * 0.1;
             load.head_inflight = p.5;
