@@ -9,10 +9,11 @@
 //! of what it does not hold, that prefill counted once more per slot of queue it would delay
 //! (`wait + prefill x (1 + backlog)`); a candidate is *saturated* when it costs more than the
 //! least among those within their share (without the model: when its engine queue exceeds
-//! `maxQueue` or its in-flight count reaches `podCapacity`), and *over-share* when its share of recent picks exceeds the mean (at least `1/n`) by more than
-//! `shareHeadroom`, (`spillHotOnly`) the request's prefix makes up at least half of its
-//! requests in flight and (`shareBusy`, off by default) its requests in flight fill that
-//! fraction of its engine's slots; the others are *available*. Then:
+//! `maxQueue` or its in-flight count reaches `podCapacity`), and *over-share* when its share of
+//! recent picks exceeds the mean (at least `1/n`) by more than `shareHeadroom`, (`spillHotOnly`)
+//! the request's prefix makes up at least half of its requests in flight and (`shareBusy`, off
+//! by default) its requests in flight fill that fraction of its engine's slots; the others are
+//! *available*. Then:
 //! - the longest match overall is on an available pod: pick it (`affinity_hit`);
 //! - nobody holds any block: among the available pods within the share headroom, those whose
 //!   index evicts least (`placeByChurn`, within `churnSlack`), then the least recent share among

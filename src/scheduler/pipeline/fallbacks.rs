@@ -80,7 +80,7 @@ mod tests {
                     waiting: f64::from(p.2),
                     share: 0.0,
                     head_inflight: 0,
-            fill: 0.0,
+                    fill: 0.0,
                     wait: 0.0,
                     backlog: 0.0,
                 })

@@ -10,8 +10,8 @@
 //!   `shareHeadroom`, (`spillHotOnly`) the request's head makes up at least half of its
 //!   requests in flight, and (`shareBusy`, 0 by default: always) its requests in flight fill
 //!   that fraction of its engine's slots, as learned from the engine's queue (a pool that never
-//!   queued spills nothing for share); an over-share pod still keeps a burst in progress that would lose
-//!   more than `spillLoss` of the prompt on any other available pod;
+//!   queued spills nothing for share); an over-share pod still keeps a burst in progress that
+//!   would lose more than `spillLoss` of the prompt on any other available pod;
 //! - *saturated*: with the latency model, it costs (`wait + prefill x (1 + backlog)`) more than
 //!   the least among the pods within their share; without it, queued;
 //! - *available*: neither saturated nor over its share.
