@@ -191,7 +191,8 @@ pub struct PodLoad {
     pub share: f64,
     /// Requests in flight on this pod that share the prompt's first block.
     pub head_inflight: u32,
-    /// Its requests in flight over its engine's concurrency (0 when no concurrency is known).
+    /// The fraction of its engine's slots its requests in flight fill
+    /// ([`super::latency::PodTiming::fill`]).
     pub fill: f64,
     /// Seconds a request picked now waits for a slot ([`super::latency::PodTiming::wait`]).
     pub wait: f64,

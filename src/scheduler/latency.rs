@@ -246,12 +246,21 @@ impl PodTiming {
         self.service.known()
     }
 
+    /// Requests the engine runs at once: its own, else the least `pool` learned.
+    fn slots(&self, pool: Pool) -> Option<f64> {
+        self.concurrency().or(pool.concurrency)
+    }
+
     /// Whether a request picked now, with `inflight` requests of this picker on the pod, finds
     /// a free slot (unknown concurrency here and in `pool`: yes).
     pub fn has_slot(&self, inflight: i64, pool: Pool) -> bool {
-        self.concurrency()
-            .or(pool.concurrency)
-            .is_none_or(|c| (inflight as f64) < c)
+        self.slots(pool).is_none_or(|c| (inflight as f64) < c)
+    }
+
+    /// The fraction of the engine's slots `inflight` requests of this picker fill (0 when no
+    /// concurrency is known here or in `pool`).
+    pub fn fill(&self, inflight: i64, pool: Pool) -> f64 {
+        self.slots(pool).map_or(0.0, |c| inflight as f64 / c)
     }
 
     /// The expected seconds a request picked now waits for a slot: `inflight` this picker has
@@ -270,7 +279,7 @@ impl PodTiming {
         age: Option<Duration>,
         pool: Pool,
     ) -> (f64, f64) {
-        let Some(concurrency) = self.concurrency().or(pool.concurrency) else {
+        let Some(concurrency) = self.slots(pool) else {
             return (0.0, 0.0);
         };
         let signals = pool.signals;

@@ -18,6 +18,7 @@ fn no_queue_seen_predicts_no_wait_whatever_the_count() {
         0.0
     );
     assert!(t.has_slot(50, Pool::default()));
+    assert_eq!(t.fill(50, Pool::default()), 0.0, "no slots known: no fill");
     // The pool's concurrency stands in: 50 in flight on 4 slots.
     let pool = Pool {
         service: Some(0.2),
@@ -25,6 +26,7 @@ fn no_queue_seen_predicts_no_wait_whatever_the_count() {
         ..Pool::default()
     };
     assert!(!t.has_slot(50, pool));
+    assert_eq!(t.fill(2, pool), 0.5);
     assert!((t.wait(50, 0.0, None, pool) - 47.0 * 0.05).abs() < 1e-9);
     // Running without a queue teaches nothing before a queue was seen.
     t.observe_engine(8.0, 0.0);

@@ -111,9 +111,6 @@ fn read<C: Candidate>(
     let (inflight, waiting) = (e.inflight(), e.waiting());
     let uncached_tokens = shared.blocks.saturating_sub(matched) as f64 * shared.tokens_per_block;
     let timing = e.timing();
-    let concurrency = timing
-        .and_then(|t| t.concurrency())
-        .or(shared.pool.concurrency);
     let (wait, backlog) = match timing {
         Some(t) if shared.latency_model => {
             let age = if waiting > 0.0 { e.stats_age() } else { None };
@@ -135,7 +132,7 @@ fn read<C: Candidate>(
         waiting,
         share: e.recent().share_ln(shared.now, shared.ln_keep),
         head_inflight,
-        fill: concurrency.map_or(0.0, |c| inflight as f64 / c),
+        fill: timing.map_or(0.0, |t| t.fill(inflight, shared.pool)),
         wait,
         backlog,
     };
