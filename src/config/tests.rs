@@ -613,6 +613,10 @@ fn affinity_errors_name_the_key_and_the_value() {
             "affinity.experimental.shareBusy must be in 0..=1, got 1.5",
         ),
         (
+            "experimental: {sharePressure: -0.5}",
+            "affinity.experimental.sharePressure must be a number >= 0, got -0.5",
+        ),
+        (
             "experimental: {latencySignals: [inflight, queue]}",
             "affinity.experimental.latencySignals must be a list of inflight, engineQueue, pace, prefillFit, got \"queue\"",
         ),
@@ -624,13 +628,14 @@ fn affinity_errors_name_the_key_and_the_value() {
     }
     // The experimental keys reach the scheduler.
     let c = Config::parse(
-        "picker: {affinity: {experimental: {placeByChurn: false, churnSlack: 0.1, shareBusy: 0}}}\n",
+        "picker: {affinity: {experimental: {placeByChurn: false, churnSlack: 0.1, shareBusy: 0, sharePressure: 1.5}}}\n",
     )
     .unwrap();
     let a = c.scheduler.affinity.expect("affinity mode");
     assert!(!a.place_by_churn);
     assert_eq!(a.churn_slack, 0.1);
     assert_eq!(a.share_busy, 0.0);
+    assert_eq!(a.share_pressure, 1.5);
     assert_eq!(a.bytes_per_token, 4);
     // The latency model's signals: all by default, or those listed.
     use crate::scheduler::latency::{LatencySignal, Signals};

@@ -12,8 +12,9 @@
 //! `maxQueue` or its in-flight count reaches `podCapacity`), and *over-share* when its share of
 //! recent picks exceeds the mean (at least `1/n`) by more than `shareHeadroom`, (`spillHotOnly`)
 //! the request's prefix makes up at least half of its requests in flight and (`shareBusy`, off
-//! by default) its requests in flight fill that fraction of its engine's slots; the others are
-//! *available*. Then:
+//! by default) its requests in flight fill that fraction of its engine's slots or
+//! (`sharePressure`) its recent picks wrote that many times the mean of uncached prompt tokens;
+//! the others are *available*. Then:
 //! - the longest match overall is on an available pod: pick it (`affinity_hit`);
 //! - nobody holds any block: among the available pods within the share headroom, those whose
 //!   index evicts least (`placeByChurn`, within `churnSlack`), then the least recent share among
@@ -92,6 +93,10 @@ pub struct AffinityConfig {
     /// fraction of its engine's concurrency (learned from the engine's queue; a pod that has
     /// not queued borrows the least the pool learned; none learned: not busy). 0: always.
     pub share_busy: f64,
+    /// Above 0, a pod also counts as busy for the share gate while its recent picks wrote
+    /// (prefilled) more than this many times the candidates' mean of uncached prompt tokens:
+    /// its cache turns over faster than the pool's. 0: off.
+    pub share_pressure: f64,
     /// New prefixes go, among the available pods within the share headroom, to those whose
     /// index evicts least ([`crate::prefix_index::PrefixIndex::churn`]), within `churnSlack`.
     pub place_by_churn: bool,
@@ -131,6 +136,7 @@ impl AffinityConfig {
         balance_new: true,
         spill_hot_only: true,
         share_busy: 0.0,
+        share_pressure: 0.0,
         place_by_churn: true,
         churn_slack: 0.0,
         latency_model: true,
@@ -158,24 +164,37 @@ pub enum AffinityReason {
 }
 
 /// A pod's share of recent picks: an exponential moving average over picks (each pick keeps
-/// `keep` of the share before it and adds `1 - keep` to its pod's).
+/// `keep` of the share before it and adds `1 - keep` to its pod's); and likewise the prompt
+/// tokens its picks did not hold (what they made its engine prefill and write to its cache).
 #[derive(Debug, Default)]
-pub struct RecentPicks(DecayingSum);
+pub struct RecentPicks {
+    picks: DecayingSum,
+    written: DecayingSum,
+}
 
 impl RecentPicks {
     /// The share at pick number `now`, each pick keeping `keep` of the share before it.
     pub fn share(&self, now: u32, keep: f64) -> f64 {
-        self.0.value(now, keep)
+        self.picks.value(now, keep)
     }
 
     /// [`RecentPicks::share`] given `keep.ln()` (one logarithm for all the candidates).
     pub fn share_ln(&self, now: u32, ln_keep: f64) -> f64 {
-        self.0.value_ln(now, ln_keep)
+        self.picks.value_ln(now, ln_keep)
     }
 
-    /// Counts pick number `now` for this pod.
-    pub fn add(&self, now: u32, keep: f64) {
-        self.0.add(now, keep, 1.0 - keep);
+    /// The moving average of uncached prompt tokens per pick, given `keep.ln()`.
+    pub fn written_ln(&self, now: u32, ln_keep: f64) -> f64 {
+        self.written.value_ln(now, ln_keep)
+    }
+
+    /// Counts pick number `now` for this pod, which did not hold `uncached` of its prompt's
+    /// tokens.
+    pub fn add(&self, now: u32, keep: f64, uncached: f64) {
+        self.picks.add(now, keep, 1.0 - keep);
+        if uncached > 0.0 {
+            self.written.add(now, keep, (1.0 - keep) * uncached);
+        }
     }
 }
 
@@ -194,6 +213,9 @@ pub struct PodLoad {
     /// The fraction of its engine's slots its requests in flight fill
     /// ([`super::latency::PodTiming::fill`]).
     pub fill: f64,
+    /// The prompt tokens its recent picks did not hold ([`RecentPicks::written_ln`]); read
+    /// only with `sharePressure` on, else 0.
+    pub written: f64,
     /// Seconds a request picked now waits for a slot ([`super::latency::PodTiming::wait`]).
     pub wait: f64,
     /// The queue it would join, in slots (positions over concurrency; 0 with a free slot).

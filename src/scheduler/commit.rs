@@ -5,6 +5,7 @@
 
 use std::sync::atomic::Ordering;
 
+use super::pd::PrefillPass;
 use super::{Candidate, Decision, DecisionReason, Scheduler, TentativeHold, affinity};
 use crate::engine_view::EngineView;
 use crate::hashing::BlockHash;
@@ -31,7 +32,10 @@ impl Scheduler {
         if affinity_pick {
             let keep = affinity::keep_factor(config.share_window, decision.candidates.len());
             let now = self.counters.picks.fetch_add(1, Ordering::Relaxed) as u32;
-            decision.primary().recent().add(now, keep);
+            let uncached = decision
+                .primary_prediction()
+                .map_or(0.0, |p| p.uncached_tokens);
+            decision.primary().recent().add(now, keep, uncached);
         }
         let primary = decision.primary();
         let engine = primary.engine_view().zip(decision.primary_last_block());
@@ -58,7 +62,20 @@ impl Scheduler {
         if affinity_pick {
             let keep = affinity::keep_factor(config.share_window, pd.prefill_candidates);
             let now = self.counters.picks.fetch_add(1, Ordering::Relaxed) as u32;
-            pd.prefill.recent().add(now, keep);
+            // The prompt tokens the prefill pod did not hold, from the pass that picked it.
+            let uncached = pd
+                .passes
+                .iter()
+                .find_map(|pass| match pass {
+                    PrefillPass::Scored { decision, .. }
+                        if decision.primary().slot() == pd.prefill.slot() =>
+                    {
+                        decision.primary_prediction()
+                    }
+                    _ => None,
+                })
+                .map_or(0.0, |p| p.uncached_tokens);
+            pd.prefill.recent().add(now, keep, uncached);
         }
         self.hold_tentative(model, &decision.hashes, pd.prefill.slot(), None)
     }

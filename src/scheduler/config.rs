@@ -237,7 +237,7 @@ impl SchedulerConfig {
 fn affinity_summary(a: &AffinityConfig) -> String {
     let on = |b: bool| if b { "on" } else { "off" };
     format!(
-        "affinity (tentative {} [tentativeMinRatio {}], consolidateTies {}, balanceNew {} [placeByChurn {}, churnSlack {}], loadGate {} [latencyModel {}, spillHotOnly {}, shareBusy {}, podCapacity {}, maxQueue {}, shareHeadroom {}, shareWindow {}, tieLoadSlack {}, spillLoss {}], longPrompts {}, engineBudget {} [bytesPerToken {}, engineTokens {}])",
+        "affinity (tentative {} [tentativeMinRatio {}], consolidateTies {}, balanceNew {} [placeByChurn {}, churnSlack {}], loadGate {} [latencyModel {}, spillHotOnly {}, shareBusy {}, sharePressure {}, podCapacity {}, maxQueue {}, shareHeadroom {}, shareWindow {}, tieLoadSlack {}, spillLoss {}], longPrompts {}, engineBudget {} [bytesPerToken {}, engineTokens {}])",
         on(a.tentative),
         a.tentative_min_ratio,
         on(a.consolidate_ties),
@@ -248,6 +248,7 @@ fn affinity_summary(a: &AffinityConfig) -> String {
         on(a.latency_model),
         on(a.spill_hot_only),
         a.share_busy,
+        a.share_pressure,
         a.pod_capacity,
         a.max_queue,
         a.share_headroom,

@@ -40,6 +40,7 @@ mod tests {
             share: 0.0,
             head_inflight: 0,
             fill: 0.0,
+            written: 0.0,
             wait: 0.0,
             backlog: 0.0,
         }
@@ -81,6 +82,7 @@ mod tests {
                     share: 0.0,
                     head_inflight: 0,
                     fill: 0.0,
+                    written: 0.0,
                     wait: 0.0,
                     backlog: 0.0,
                 })

@@ -9,8 +9,9 @@
 //! - *over* its share: its share of recent picks exceeds the mean (at least `1/n`) by more than
 //!   `shareHeadroom`, (`spillHotOnly`) the request's head makes up at least half of its
 //!   requests in flight, and (`shareBusy`, 0 by default: always) its requests in flight fill
-//!   that fraction of its engine's slots, as learned from the engine's queue (a pool that never
-//!   queued spills nothing for share); an over-share pod still keeps a burst in progress that
+//!   that fraction of its engine's slots, as learned from the engine's queue, or
+//!   (`sharePressure`) its recent picks wrote more than that many times the candidates' mean of
+//!   uncached prompt tokens; an over-share pod still keeps a burst in progress that
 //!   would lose more than `spillLoss` of the prompt on any other available pod;
 //! - *saturated*: with the latency model, it costs (`wait + prefill x (1 + backlog)`) more than
 //!   the least among the pods within their share; without it, queued;
@@ -81,6 +82,11 @@ impl Gates {
         let latency = config.load_gate && config.latency_model;
         let mean = loads.iter().map(|l| l.share).sum::<f64>() / n as f64;
         let limit = (1.0 + config.share_headroom) * mean.max(1.0 / n as f64);
+        let pressed = if config.share_pressure > 0.0 {
+            config.share_pressure * loads.iter().map(|l| l.written).sum::<f64>() / n as f64
+        } else {
+            f64::INFINITY
+        };
         let mut gates: Vec<Gate> = loads
             .iter()
             .map(|l| Gate {
@@ -89,7 +95,7 @@ impl Gates {
                     && n > 1
                     && l.share > limit
                     && hot(config, l)
-                    && busy(config, l),
+                    && busy(config, l, pressed),
                 ..Gate::default()
             })
             .collect();
@@ -199,9 +205,10 @@ fn queued(config: &AffinityConfig, l: &PodLoad) -> bool {
 }
 
 /// Whether the pod is busy enough for the share gate: its requests in flight fill at least
-/// `shareBusy` of its engine's concurrency (always with `shareBusy` 0).
-fn busy(config: &AffinityConfig, l: &PodLoad) -> bool {
-    l.fill >= config.share_busy
+/// `shareBusy` of its engine's concurrency (always with `shareBusy` 0), or (`sharePressure`) its
+/// recent picks wrote more uncached tokens than `pressed`.
+fn busy(config: &AffinityConfig, l: &PodLoad, pressed: f64) -> bool {
+    l.fill >= config.share_busy || (l.written > 0.0 && l.written > pressed)
 }
 
 /// Whether the request's head drives the pod's load (half its requests in flight or more).
@@ -224,6 +231,7 @@ mod tests {
             share,
             head_inflight: 0,
             fill: 1.0,
+            written: 0.0,
             wait: 0.0,
             backlog: 0.0,
         }
@@ -303,6 +311,43 @@ mod tests {
         loads[0].fill = 0.0;
         let g = Gates::new(&COUNTS, &[0, 0, 0], &[0, 0, 0], &loads, 4, 0.0);
         assert!(!g.available(0));
+    }
+
+    #[test]
+    fn with_share_pressure_a_pod_that_writes_more_than_the_pool_spills_for_its_share() {
+        // Pod 0 is over its share with its prefix hot, its slots half full (not busy by them).
+        let mut loads = [load(1, 0.0, 0.9), load(0, 0.0, 0.2), load(0, 0.0, 0.1)];
+        loads[0].head_inflight = 1;
+        loads[0].fill = 0.5;
+        let pressed = AffinityConfig {
+            share_busy: 1.0,
+            share_pressure: 1.5,
+            ..COUNTS
+        };
+        // Its picks wrote what the others' did (its hot prefix was cached): it keeps them.
+        for (i, written) in [300.0, 300.0, 300.0].into_iter().enumerate() {
+            loads[i].written = written;
+        }
+        let g = Gates::new(&pressed, &[0, 0, 0], &[0, 0, 0], &loads, 4, 0.0);
+        assert!(g.available(0));
+        // It wrote 2.25x the mean (1200 of 1600 over 3 pods): above 1.5x, the share gate acts.
+        loads[0].written = 1200.0;
+        loads[1].written = 400.0;
+        loads[2].written = 0.0;
+        let g = Gates::new(&pressed, &[0, 0, 0], &[0, 0, 0], &loads, 4, 0.0);
+        assert!(!g.available(0) && !g.saturated(0));
+        // Within its share, writing is no reason to spill.
+        loads[0].share = 0.3;
+        let g = Gates::new(&pressed, &[0, 0, 0], &[0, 0, 0], &loads, 4, 0.0);
+        assert!(g.available(0));
+        // `sharePressure` 0: writes are not read.
+        loads[0].share = 0.9;
+        let off = AffinityConfig {
+            share_pressure: 0.0,
+            ..pressed
+        };
+        let g = Gates::new(&off, &[0, 0, 0], &[0, 0, 0], &loads, 4, 0.0);
+        assert!(g.available(0));
     }
 
     #[test]

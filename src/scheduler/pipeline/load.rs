@@ -45,12 +45,17 @@ impl Scheduler {
     ) -> Load {
         let shared = self.load_shared(config, candidates, blocks);
         let mut predictions = Vec::with_capacity(candidates.len());
+        let pressure = config.share_pressure > 0.0;
         let loads = candidates
             .iter()
             .enumerate()
             .map(|(i, e)| {
                 let head_inflight = scored.head_inflight.get(i).copied().unwrap_or(0);
-                let (load, prediction) = read(e, scored.matched_blocks[i], head_inflight, &shared);
+                let (mut load, prediction) =
+                    read(e, scored.matched_blocks[i], head_inflight, &shared);
+                if pressure {
+                    load.written = e.recent().written_ln(shared.now, shared.ln_keep);
+                }
                 predictions.push(prediction);
                 load
             })
@@ -133,6 +138,7 @@ fn read<C: Candidate>(
         share: e.recent().share_ln(shared.now, shared.ln_keep),
         head_inflight,
         fill: timing.map_or(0.0, |t| t.fill(inflight, shared.pool)),
+        written: 0.0,
         wait,
         backlog,
     };
@@ -194,5 +200,34 @@ mod tests {
         assert!(load.predictions.iter().all(|p| p.wait == 0.0 && p.has_slot));
         // No engine has shown its concurrency: no pod counts as filling its slots.
         assert!(load.loads.iter().all(|l| l.fill == 0.0));
+        // What its picks wrote is read only with `sharePressure` on.
+        // (Pick 0 counted on pod 1; the load reads it at the pick clock's next step.)
+        pods[1].recent.add(0, 0.5, 320.0);
+        s.counters
+            .picks
+            .store(1, std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            load_of(&s, &affinity, &pods, &scored)
+                .iter()
+                .all(|l| l.written == 0.0)
+        );
+        let pressed = AffinityConfig {
+            share_pressure: 1.5,
+            ..affinity
+        };
+        let written: Vec<bool> = load_of(&s, &pressed, &pods, &scored)
+            .iter()
+            .map(|l| l.written > 0.0)
+            .collect();
+        assert_eq!(written, [false, true]);
+    }
+
+    fn load_of(
+        s: &Scheduler,
+        config: &AffinityConfig,
+        pods: &[Arc<Pod>],
+        scored: &PrefixScores,
+    ) -> Vec<PodLoad> {
+        s.load(config, pods, scored, 10).loads
     }
 }

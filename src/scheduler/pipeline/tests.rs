@@ -22,6 +22,7 @@ pub(super) fn loads_in_flight(inflight: &[i64]) -> Vec<PodLoad> {
             share: 0.0,
             head_inflight: 0,
             fill: 0.0,
+            written: 0.0,
             wait: 0.0,
             backlog: 0.0,
         })
@@ -588,7 +589,11 @@ fn reference_pick<R: rand::Rng>(
         !(config.spill_hot_only && config.tentative)
             || i64::from(loads[i].head_inflight) * 2 >= loads[i].inflight.max(1)
     };
-    let busy = |i: usize| loads[i].fill >= config.share_busy;
+    let pressed = loads.iter().map(|l| l.written).sum::<f64>() / n as f64 * config.share_pressure;
+    let busy = |i: usize| {
+        loads[i].fill >= config.share_busy
+            || (config.share_pressure > 0.0 && loads[i].written > 0.0 && loads[i].written > pressed)
+    };
     let over = |i: usize| config.load_gate && n > 1 && loads[i].share > limit && hot(i) && busy(i);
     let elsewhere = (0..n)
         .filter(|&i| !queued(i) && !over(i))
@@ -636,7 +641,7 @@ fn reference_pick<R: rand::Rng>(
 proptest::proptest! {
     /// The pick equals [`reference_pick`] on random pools: matches, holds, loads, shares,
     /// waits, sessions and churns, with and without the latency model and the load gate, the
-    /// share gate acting always or only on busy pods.
+    /// share gate acting always or only on busy pods (by their slots, or their writes).
     #[test]
     fn the_pick_equals_the_reference(
         pods in proptest::collection::vec(
@@ -649,11 +654,18 @@ proptest::proptest! {
         load_gate in proptest::bool::ANY,
         per_block in 0u8..3,
         share_busy in 0u8..3,
+        share_pressure in 0u8..3,
         seed in 0u64..1000,
     ) {
         let share_busy = f64::from(share_busy) * 0.5;
-        let config =
-            AffinityConfig { latency_model, load_gate, share_busy, ..AffinityConfig::DEFAULT };
+        let share_pressure = f64::from(share_pressure) * 0.75;
+        let config = AffinityConfig {
+            latency_model,
+            load_gate,
+            share_busy,
+            share_pressure,
+            ..AffinityConfig::DEFAULT
+        };
         let h = hashes(blocks);
         let b = blocks as usize;
         let matched: Vec<usize> = pods.iter().map(|p| p.0.min(b)).collect();
@@ -667,6 +679,7 @@ proptest::proptest! {
             load.head_inflight = p.5;
             load.wait = f64::from(p.6) * 0.01;
             load.backlog = f64::from(p.6) * 0.5;
+            load.written = f64::from(p.3) * 100.0;
         }
         let churns: Vec<f64> = pods.iter().map(|p| f64::from(p.7) * 0.1).collect();
         let churn = |i: usize| churns[i];
