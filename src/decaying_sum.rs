@@ -46,6 +46,23 @@ impl DecayingSum {
         Self::decayed_ln(self.0.load(Ordering::Relaxed), now, ln_keep)
     }
 
+    /// The values of two sums at clock step `now`, given `keep.ln()`: one `exp` when both were
+    /// last added at the same step (sums that every step adds to together).
+    pub fn pair_ln(a: &DecayingSum, b: &DecayingSum, now: u32, ln_keep: f64) -> (f64, f64) {
+        let (va, vb) = (a.0.load(Ordering::Relaxed), b.0.load(Ordering::Relaxed));
+        let (at_a, value_a) = Self::unpack(va);
+        let (at_b, value_b) = Self::unpack(vb);
+        if at_a != at_b || value_a == 0.0 {
+            return (
+                Self::decayed_ln(va, now, ln_keep),
+                Self::decayed_ln(vb, now, ln_keep),
+            );
+        }
+        let a = Self::decayed_ln(va, now, ln_keep);
+        let factor = a / f64::from(value_a);
+        (a, f64::from(value_b) * factor)
+    }
+
     /// Adds `amount` at step `now`, after the step's decay: the sum as of step `now + 1`.
     pub fn add(&self, now: u32, keep: f64, amount: f64) {
         let _ = self
@@ -72,5 +89,28 @@ mod tests {
         assert!((sum.value(4, 0.5) - 1.125).abs() < 1e-6);
         // Far in the future: nothing left.
         assert_eq!(sum.value(4 + (1 << 21), 0.5), 0.0);
+    }
+
+    #[test]
+    fn a_pair_reads_as_each_alone() {
+        let ln = 0.5f64.ln();
+        let (a, b) = (DecayingSum::default(), DecayingSum::default());
+        assert_eq!(DecayingSum::pair_ln(&a, &b, 3, ln), (0.0, 0.0));
+        // Added together (one exp for both), then apart (one each).
+        a.add(0, 0.5, 1.0);
+        b.add(0, 0.5, 3.0);
+        let both = |now| (a.value_ln(now, ln), b.value_ln(now, ln));
+        for now in [1, 4, 4 + (1 << 21)] {
+            let (x, y) = DecayingSum::pair_ln(&a, &b, now, ln);
+            let (ex, ey) = both(now);
+            assert!(
+                (x - ex).abs() < 1e-9 && (y - ey).abs() < 1e-9,
+                "{now}: {x} {y}"
+            );
+        }
+        b.add(4, 0.5, 1.0);
+        let (x, y) = DecayingSum::pair_ln(&a, &b, 6, ln);
+        let (ex, ey) = both(6);
+        assert!((x - ex).abs() < 1e-9 && (y - ey).abs() < 1e-9, "{x} {y}");
     }
 }

@@ -135,8 +135,8 @@ impl AffinityConfig {
         engine_tokens: 0,
         balance_new: true,
         spill_hot_only: true,
-        share_busy: 0.0,
-        share_pressure: 0.0,
+        share_busy: 1.0,
+        share_pressure: 1.5,
         place_by_churn: true,
         churn_slack: 0.0,
         latency_model: true,
@@ -188,13 +188,17 @@ impl RecentPicks {
         self.written.value_ln(now, ln_keep)
     }
 
+    /// The share and the written tokens together, given `keep.ln()`: one `exp` for both (each
+    /// pick adds to both at once).
+    pub fn share_written_ln(&self, now: u32, ln_keep: f64) -> (f64, f64) {
+        DecayingSum::pair_ln(&self.picks, &self.written, now, ln_keep)
+    }
+
     /// Counts pick number `now` for this pod, which did not hold `uncached` of its prompt's
     /// tokens.
     pub fn add(&self, now: u32, keep: f64, uncached: f64) {
         self.picks.add(now, keep, 1.0 - keep);
-        if uncached > 0.0 {
-            self.written.add(now, keep, (1.0 - keep) * uncached);
-        }
+        self.written.add(now, keep, (1.0 - keep) * uncached);
     }
 }
 
@@ -213,8 +217,7 @@ pub struct PodLoad {
     /// The fraction of its engine's slots its requests in flight fill
     /// ([`super::latency::PodTiming::fill`]).
     pub fill: f64,
-    /// The prompt tokens its recent picks did not hold ([`RecentPicks::written_ln`]); read
-    /// only with `sharePressure` on, else 0.
+    /// The prompt tokens its recent picks did not hold ([`RecentPicks::written_ln`]).
     pub written: f64,
     /// Seconds a request picked now waits for a slot ([`super::latency::PodTiming::wait`]).
     pub wait: f64,

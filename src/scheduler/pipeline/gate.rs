@@ -307,9 +307,13 @@ mod tests {
         loads[0].fill = 1.0;
         let g = Gates::new(&busy, &[0, 0, 0], &[0, 0, 0], &loads, 4, 0.0);
         assert!(!g.available(0) && !g.saturated(0));
-        // `shareBusy` 0 (the default): whatever the fill.
+        // `shareBusy` 0: whatever the fill.
         loads[0].fill = 0.0;
-        let g = Gates::new(&COUNTS, &[0, 0, 0], &[0, 0, 0], &loads, 4, 0.0);
+        let always = AffinityConfig {
+            share_busy: 0.0,
+            ..COUNTS
+        };
+        let g = Gates::new(&always, &[0, 0, 0], &[0, 0, 0], &loads, 4, 0.0);
         assert!(!g.available(0));
     }
 

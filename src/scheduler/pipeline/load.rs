@@ -1,8 +1,8 @@
 //! Step 4, load: what the affinity pick reads of each candidate, in one pass: its in-flight
-//! count, its engine's queue, its share of recent picks, its requests in flight on the prompt's
-//! head, and the latency model's prediction (wait for a slot, the queue it would join, the
-//! prefill of what it does not hold). Each engine's stats are read once per pod; its scrape age
-//! only when it reported a queue.
+//! count, its engine's queue, its share of recent picks and the tokens they wrote, its requests
+//! in flight on the prompt's head, and the latency model's prediction (wait for a slot, the
+//! queue it would join, the prefill of what it does not hold). Each engine's stats are read once
+//! per pod; its scrape age only when it reported a queue.
 //!
 //! The prefill rate is the one learned over every pod (`latencySignals: prefillFit`), else the
 //! prior; a pod that has not learned its concurrency yet borrows the least the pool learned.
@@ -45,17 +45,12 @@ impl Scheduler {
     ) -> Load {
         let shared = self.load_shared(config, candidates, blocks);
         let mut predictions = Vec::with_capacity(candidates.len());
-        let pressure = config.share_pressure > 0.0;
         let loads = candidates
             .iter()
             .enumerate()
             .map(|(i, e)| {
                 let head_inflight = scored.head_inflight.get(i).copied().unwrap_or(0);
-                let (mut load, prediction) =
-                    read(e, scored.matched_blocks[i], head_inflight, &shared);
-                if pressure {
-                    load.written = e.recent().written_ln(shared.now, shared.ln_keep);
-                }
+                let (load, prediction) = read(e, scored.matched_blocks[i], head_inflight, &shared);
                 predictions.push(prediction);
                 load
             })
@@ -131,14 +126,15 @@ fn read<C: Candidate>(
         has_slot: timing.is_none_or(|t| t.has_slot(inflight, shared.pool)),
         running: inflight as f64,
     };
+    let (share, written) = e.recent().share_written_ln(shared.now, shared.ln_keep);
     let load = PodLoad {
         key: e.rendezvous(),
         inflight,
         waiting,
-        share: e.recent().share_ln(shared.now, shared.ln_keep),
+        share,
         head_inflight,
         fill: timing.map_or(0.0, |t| t.fill(inflight, shared.pool)),
-        written: 0.0,
+        written,
         wait,
         backlog,
     };
@@ -200,34 +196,17 @@ mod tests {
         assert!(load.predictions.iter().all(|p| p.wait == 0.0 && p.has_slot));
         // No engine has shown its concurrency: no pod counts as filling its slots.
         assert!(load.loads.iter().all(|l| l.fill == 0.0));
-        // What its picks wrote is read only with `sharePressure` on.
-        // (Pick 0 counted on pod 1; the load reads it at the pick clock's next step.)
+        // Pick 0, on pod 1, wrote 320 tokens: read with its share at the pick clock's next step.
         pods[1].recent.add(0, 0.5, 320.0);
         s.counters
             .picks
             .store(1, std::sync::atomic::Ordering::Relaxed);
-        assert!(
-            load_of(&s, &affinity, &pods, &scored)
-                .iter()
-                .all(|l| l.written == 0.0)
-        );
-        let pressed = AffinityConfig {
-            share_pressure: 1.5,
-            ..affinity
-        };
-        let written: Vec<bool> = load_of(&s, &pressed, &pods, &scored)
+        let load = s.load(&affinity, &pods, &scored, 10);
+        let read: Vec<(bool, bool)> = load
+            .loads
             .iter()
-            .map(|l| l.written > 0.0)
+            .map(|l| (l.share > 0.0, l.written > 0.0))
             .collect();
-        assert_eq!(written, [false, true]);
-    }
-
-    fn load_of(
-        s: &Scheduler,
-        config: &AffinityConfig,
-        pods: &[Arc<Pod>],
-        scored: &PrefixScores,
-    ) -> Vec<PodLoad> {
-        s.load(config, pods, scored, 10).loads
+        assert_eq!(read, [(false, false), (true, true)]);
     }
 }

@@ -319,6 +319,33 @@ fn with_share_busy_an_over_share_pod_with_free_slots_keeps_its_prefixes() {
 }
 
 #[test]
+fn by_default_an_idle_over_share_pod_spills_only_while_it_writes_more_than_the_pool() {
+    // Free slots: the share gate rests unless the pod's picks write (prefill and cache) more
+    // than 1.5x the candidates' mean of uncached tokens.
+    let mut l = with_shares(&[0.7, 0.1, 0.1, 0.1]);
+    l[0].fill = 0.5;
+    let c = AffinityConfig {
+        spill_hot_only: false,
+        ..AffinityConfig::default()
+    };
+    assert_eq!((c.share_busy, c.share_pressure), (1.0, 1.5));
+    // A tenant's prompt it holds: its requests write their questions, as elsewhere.
+    for p in &mut l {
+        p.written = 100.0;
+    }
+    assert_eq!(
+        pick_one(&c, &[8, 0, 0, 0], &l, &hashes(8)),
+        (0, AffinityReason::Hit)
+    );
+    // Sessions behind a shared preamble: each writes its own history there, 3x the mean.
+    l[0].written = 1300.0;
+    assert_eq!(
+        pick_one(&c, &[8, 0, 0, 0], &l, &hashes(8)).1,
+        AffinityReason::Spill
+    );
+}
+
+#[test]
 fn an_over_share_pod_spills_only_the_prefix_that_drives_its_load() {
     let c = AffinityConfig {
         spill_hot_only: true,
