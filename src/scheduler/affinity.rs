@@ -11,10 +11,10 @@
 //! least among those within their share (without the model: when its engine queue exceeds
 //! `maxQueue` or its in-flight count reaches `podCapacity`), and *over-share* when its share of
 //! recent picks exceeds the mean (at least `1/n`) by more than `shareHeadroom`, (`spillHotOnly`)
-//! the request's prefix makes up at least half of its requests in flight and (`shareBusy`, off
-//! by default) its requests in flight fill that fraction of its engine's slots or
-//! (`sharePressure`) its recent picks wrote that many times the mean of uncached prompt tokens;
-//! the others are *available*. Then:
+//! the request's prefix makes up at least half of its requests in flight and the pod is busy:
+//! its requests in flight fill `shareBusy` of its engine's slots or (`sharePressure`) its recent
+//! picks wrote that many times the mean of uncached prompt tokens; the others are *available*.
+//! Then:
 //! - the longest match overall is on an available pod: pick it (`affinity_hit`);
 //! - nobody holds any block: among the available pods within the share headroom, those whose
 //!   index evicts least (`placeByChurn`, within `churnSlack`), then the least recent share among
@@ -44,7 +44,8 @@
 //! (picks per candidate that the share remembers, an exponential moving average),
 //! `tieLoadSlack` 0, `spillLoss` 0.25 (an over-share pod keeps a burst in progress: requests
 //! whose match there is held by requests in flight and would lose more than a quarter of the
-//! prompt elsewhere), `churnSlack` 0.
+//! prompt elsewhere), `churnSlack` 0, `shareBusy` 1 (0: every over-share pod is busy),
+//! `sharePressure` 1.5 (0: off).
 
 use std::net::SocketAddr;
 

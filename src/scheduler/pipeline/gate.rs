@@ -8,11 +8,11 @@
 //!   `podCapacity` or its engine queue over `maxQueue`;
 //! - *over* its share: its share of recent picks exceeds the mean (at least `1/n`) by more than
 //!   `shareHeadroom`, (`spillHotOnly`) the request's head makes up at least half of its
-//!   requests in flight, and (`shareBusy`, 0 by default: always) its requests in flight fill
-//!   that fraction of its engine's slots, as learned from the engine's queue, or
-//!   (`sharePressure`) its recent picks wrote more than that many times the candidates' mean of
-//!   uncached prompt tokens; an over-share pod still keeps a burst in progress that
-//!   would lose more than `spillLoss` of the prompt on any other available pod;
+//!   requests in flight, and it is busy: its requests in flight fill `shareBusy` (1; 0: always)
+//!   of its engine's slots, as learned from the engine's queue, or (`sharePressure`, 1.5) its
+//!   recent picks wrote more than that many times the candidates' mean of uncached prompt
+//!   tokens; an over-share pod still keeps a burst in progress that would lose more than
+//!   `spillLoss` of the prompt on any other available pod;
 //! - *saturated*: with the latency model, it costs (`wait + prefill x (1 + backlog)`) more than
 //!   the least among the pods within their share; without it, queued;
 //! - *available*: neither saturated nor over its share.
