@@ -179,18 +179,9 @@ impl RecentPicks {
         self.picks.value(now, keep)
     }
 
-    /// [`RecentPicks::share`] given `keep.ln()` (one logarithm for all the candidates).
-    pub fn share_ln(&self, now: u32, ln_keep: f64) -> f64 {
-        self.picks.value_ln(now, ln_keep)
-    }
-
-    /// The moving average of uncached prompt tokens per pick, given `keep.ln()`.
-    pub fn written_ln(&self, now: u32, ln_keep: f64) -> f64 {
-        self.written.value_ln(now, ln_keep)
-    }
-
-    /// The share and the written tokens together, given `keep.ln()`: one `exp` for both (each
-    /// pick adds to both at once).
+    /// [`RecentPicks::share`], and the moving average of uncached prompt tokens per pick, given
+    /// `keep.ln()` (one logarithm for all the candidates): one `exp` for both (each pick adds to
+    /// both at once).
     pub fn share_written_ln(&self, now: u32, ln_keep: f64) -> (f64, f64) {
         DecayingSum::pair_ln(&self.picks, &self.written, now, ln_keep)
     }
@@ -218,7 +209,7 @@ pub struct PodLoad {
     /// The fraction of its engine's slots its requests in flight fill
     /// ([`super::latency::PodTiming::fill`]).
     pub fill: f64,
-    /// The prompt tokens its recent picks did not hold ([`RecentPicks::written_ln`]).
+    /// The prompt tokens its recent picks did not hold ([`RecentPicks::share_written_ln`]).
     pub written: f64,
     /// Seconds a request picked now waits for a slot ([`super::latency::PodTiming::wait`]).
     pub wait: f64,

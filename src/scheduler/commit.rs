@@ -5,7 +5,6 @@
 
 use std::sync::atomic::Ordering;
 
-use super::pd::PrefillPass;
 use super::{Candidate, Decision, DecisionReason, Scheduler, TentativeHold, affinity};
 use crate::engine_view::EngineView;
 use crate::hashing::BlockHash;
@@ -30,12 +29,15 @@ impl Scheduler {
                 | DecisionReason::Session
         );
         if affinity_pick {
-            let keep = affinity::keep_factor(config.share_window, decision.candidates.len());
-            let now = self.counters.picks.fetch_add(1, Ordering::Relaxed) as u32;
             let uncached = decision
                 .primary_prediction()
                 .map_or(0.0, |p| p.uncached_tokens);
-            decision.primary().recent().add(now, keep, uncached);
+            self.count_pick(
+                config,
+                decision.primary(),
+                decision.candidates.len(),
+                uncached,
+            );
         }
         let primary = decision.primary();
         let engine = primary.engine_view().zip(decision.primary_last_block());
@@ -60,24 +62,28 @@ impl Scheduler {
                 | DecisionReason::AffinitySaturated
         );
         if affinity_pick {
-            let keep = affinity::keep_factor(config.share_window, pd.prefill_candidates);
-            let now = self.counters.picks.fetch_add(1, Ordering::Relaxed) as u32;
-            // The prompt tokens the prefill pod did not hold, from the pass that picked it.
-            let uncached = pd
-                .passes
-                .iter()
-                .find_map(|pass| match pass {
-                    PrefillPass::Scored { decision, .. }
-                        if decision.primary().slot() == pd.prefill.slot() =>
-                    {
-                        decision.primary_prediction()
-                    }
-                    _ => None,
-                })
-                .map_or(0.0, |p| p.uncached_tokens);
-            pd.prefill.recent().add(now, keep, uncached);
+            self.count_pick(
+                config,
+                &pd.prefill,
+                pd.prefill_candidates,
+                pd.prefill_uncached,
+            );
         }
         self.hold_tentative(model, &decision.hashes, pd.prefill.slot(), None)
+    }
+
+    /// Counts an affinity pick of `pod` among `candidates` in its recent share, with the
+    /// `uncached` prompt tokens it wrote.
+    fn count_pick<C: Candidate>(
+        &self,
+        config: &affinity::AffinityConfig,
+        pod: &C,
+        candidates: usize,
+        uncached: f64,
+    ) {
+        let keep = affinity::keep_factor(config.share_window, candidates);
+        let now = self.counters.picks.fetch_add(1, Ordering::Relaxed) as u32;
+        pod.recent().add(now, keep, uncached);
     }
 
     /// Holds `hashes` tentatively for the pod in `pod` until the request ends (affinity mode

@@ -167,6 +167,8 @@ pub struct PdPairing<C> {
     pub prefill_reason: DecisionReason,
     /// Pods the prefill pass chose from (the affinity mode's share window).
     pub prefill_candidates: usize,
+    /// Prompt tokens the prefill pod did not hold, as its pass predicted (affinity mode; else 0).
+    pub prefill_uncached: f64,
     pub passes: Vec<PrefillPass<C>>,
 }
 
@@ -327,13 +329,14 @@ impl Scheduler {
     }
 }
 
-impl<C: Clone> PdPairing<C> {
+impl<C: Candidate + Clone> PdPairing<C> {
     /// The pairing a scored prefill pass names (its passes are added once all have run).
     fn of(pass: &Decision<C>) -> PdPairing<C> {
         PdPairing {
             prefill: pass.primary().clone(),
             prefill_reason: pass.reason,
             prefill_candidates: pass.candidates.len(),
+            prefill_uncached: pass.primary_prediction().map_or(0.0, |p| p.uncached_tokens),
             passes: Vec::new(),
         }
     }

@@ -190,7 +190,7 @@ fn explain_counts_no_affinity_pick() {
     // With the prompt's tokens it did not hold (all of them: nothing was recorded).
     let uncached = d.primary_prediction().unwrap().uncached_tokens;
     assert!(uncached > 0.0);
-    assert!(d.primary().recent.written_ln(1, 0.5f64.ln()) > 0.0);
+    assert!(d.primary().recent.share_written_ln(1, 0.5f64.ln()).1 > 0.0);
     drop(hold);
     assert_eq!(s.tentative().holds(), 0);
 }

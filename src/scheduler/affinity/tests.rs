@@ -20,17 +20,17 @@ fn recent_writes_average_the_uncached_tokens_of_the_pods_picks() {
     let keep = keep_factor(4, 4);
     let ln_keep = keep.ln();
     r.add(0, keep, 1000.0);
-    let after_one = r.written_ln(1, ln_keep);
+    let after_one = r.share_written_ln(1, ln_keep).1;
     assert!(
         (after_one - (1.0 - keep) * 1000.0).abs() < 1e-3,
         "{after_one}"
     );
     // A pick that held its whole prompt writes nothing and only lets the average decay.
     r.add(1, keep, 0.0);
-    assert!((r.written_ln(2, ln_keep) - after_one * keep).abs() < 1e-3);
+    assert!((r.share_written_ln(2, ln_keep).1 - after_one * keep).abs() < 1e-3);
     // Its share counts both picks alike.
-    assert!((r.share_ln(2, ln_keep) - (1.0 - keep) * (1.0 + keep)).abs() < 1e-6);
-    assert_eq!(RecentPicks::default().written_ln(5, ln_keep), 0.0);
+    assert!((r.share_written_ln(2, ln_keep).0 - (1.0 - keep) * (1.0 + keep)).abs() < 1e-6);
+    assert_eq!(RecentPicks::default().share_written_ln(5, ln_keep).1, 0.0);
 }
 
 #[test]

@@ -389,8 +389,8 @@ fn affinity_commits_hold_the_prompt_for_both_pods() {
     assert_eq!(c.s.tentative().holds(), 2);
     // Each pod's recent writes count the prompt it did not hold (all of it, on either).
     let ln_keep = 0.5f64.ln();
-    assert!(c.pod("d").recent.written_ln(1, ln_keep) > 0.0);
-    assert!(c.pod("p").recent.written_ln(2, ln_keep) > 0.0);
+    assert!(c.pod("d").recent.share_written_ln(1, ln_keep).1 > 0.0);
+    assert!(c.pod("p").recent.share_written_ln(2, ln_keep).1 > 0.0);
     // The held prompt now matches on both pods (the next request sees it on each pass).
     let next = c.schedule(&prompt).unwrap();
     assert_eq!(next.reason, DecisionReason::AffinityHit);

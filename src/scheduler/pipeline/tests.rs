@@ -297,52 +297,49 @@ fn a_burst_in_progress_stays_on_an_over_share_pod_new_work_does_not() {
     );
 }
 
-#[test]
-fn with_share_busy_an_over_share_pod_with_free_slots_keeps_its_prefixes() {
+/// Pod 0 holds all 8 blocks at a 0.7 share against three pods at 0.1, its engine's slots half
+/// full: `loads` with `set` applied, then the pick under `config` (`spillHotOnly` off).
+fn idle_over_share_pick(
+    config: AffinityConfig,
+    set: impl FnOnce(&mut [PodLoad]),
+) -> (usize, AffinityReason) {
     let mut l = with_shares(&[0.7, 0.1, 0.1, 0.1]);
     l[0].fill = 0.5;
+    set(&mut l);
     let c = AffinityConfig {
         spill_hot_only: false,
+        ..config
+    };
+    pick_one(&c, &[8, 0, 0, 0], &l, &hashes(8))
+}
+
+#[test]
+fn with_share_busy_an_over_share_pod_with_free_slots_keeps_its_prefixes() {
+    let c = AffinityConfig {
         share_busy: 1.0,
         ..AffinityConfig::default()
     };
-    assert_eq!(
-        pick_one(&c, &[8, 0, 0, 0], &l, &hashes(8)),
-        (0, AffinityReason::Hit)
-    );
+    assert_eq!(idle_over_share_pick(c, |_| {}), (0, AffinityReason::Hit));
     // Where the engine's slots are full, it spills.
-    l[0].fill = 1.0;
-    assert_eq!(
-        pick_one(&c, &[8, 0, 0, 0], &l, &hashes(8)).1,
-        AffinityReason::Spill
-    );
+    let full = idle_over_share_pick(c, |l| l[0].fill = 1.0);
+    assert_eq!(full.1, AffinityReason::Spill);
 }
 
 #[test]
 fn by_default_an_idle_over_share_pod_spills_only_while_it_writes_more_than_the_pool() {
     // Free slots: the share gate rests unless the pod's picks write (prefill and cache) more
     // than 1.5x the candidates' mean of uncached tokens.
-    let mut l = with_shares(&[0.7, 0.1, 0.1, 0.1]);
-    l[0].fill = 0.5;
-    let c = AffinityConfig {
-        spill_hot_only: false,
-        ..AffinityConfig::default()
-    };
+    let c = AffinityConfig::default();
     assert_eq!((c.share_busy, c.share_pressure), (1.0, 1.5));
     // A tenant's prompt it holds: its requests write their questions, as elsewhere.
-    for p in &mut l {
-        p.written = 100.0;
-    }
-    assert_eq!(
-        pick_one(&c, &[8, 0, 0, 0], &l, &hashes(8)),
-        (0, AffinityReason::Hit)
-    );
+    let alike = |l: &mut [PodLoad]| l.iter_mut().for_each(|p| p.written = 100.0);
+    assert_eq!(idle_over_share_pick(c, alike), (0, AffinityReason::Hit));
     // Sessions behind a shared preamble: each writes its own history there, 3x the mean.
-    l[0].written = 1300.0;
-    assert_eq!(
-        pick_one(&c, &[8, 0, 0, 0], &l, &hashes(8)).1,
-        AffinityReason::Spill
-    );
+    let pressed = idle_over_share_pick(c, |l| {
+        alike(l);
+        l[0].written = 1300.0;
+    });
+    assert_eq!(pressed.1, AffinityReason::Spill);
 }
 
 #[test]
