@@ -10,13 +10,17 @@
 //!   16 models, 64 each (the request's model has 64 candidates among 1,024 pods).
 //! - `complete/8KiB_{N}pods`: route, then complete with a 2xx (the prompt recorded for the pod,
 //!   the hold released, the outcome counted): a request's whole cost in the picker's core.
+//! - `floor/read_{N}pods`: one pass over the N pods reading what the request path reads of
+//!   each candidate's load (in flight, engine queue, share, concurrency), keeping the least:
+//!   the floor of any pick that weighs every candidate.
 //! - `explain/8KiB_1024pods`: the decision `/debug/explain` serialises (nothing committed).
 //! - `metrics/1024pods`: encoding the registry with a series per pod in every per-pod family.
 //! - `threads/8KiB_1024pods_{1,2}`: wall time per routed request with 1 or 2 OS threads routing
 //!   distinct bodies through one router (`iter_custom`).
 //! - bytes per index entry at 1,024 pods (printed, not timed).
 //!
-//! `PREFIX_PICKER_BENCH_PODS=N` builds only the pool of N pods (one model): e.g. to profile it.
+//! `PREFIX_PICKER_BENCH_PODS=N` builds only the pool of N pods (one model): e.g. to profile it;
+//! `PREFIX_PICKER_BENCH_BUDGET=N` fills each list to N entries instead (e.g. under callgrind).
 //!
 //! The index is filled through the router's own `record` with chains that share the bodies'
 //! system prompt (its real block hashes) and end in random blocks, up to `maxHashCacheSize`
@@ -39,6 +43,8 @@ use prefix_picker::endpoints::{Endpoint, EndpointSpec, PodId, Update};
 use prefix_picker::hashing::BlockHash;
 use prefix_picker::metrics::{self, PrefixCacheMetrics, RouterMetrics};
 use prefix_picker::routing::{Ending, RecordOrigin, Router, Served};
+use prefix_picker::scheduler::Candidate;
+use prefix_picker::scheduler::affinity;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -268,6 +274,29 @@ fn bench_pool(c: &mut Criterion, pool: &Pool, name: &str) {
         })
     });
     g.finish();
+    // The floor of any pick that weighs every candidate's load: one pass reading each pod's
+    // in-flight count, engine queue, share of recent picks and learned concurrency (what the
+    // request path reads of a candidate), keeping the least loaded.
+    let set = pool.router.endpoints.snapshot();
+    let candidates = set.all();
+    let ln_keep = affinity::keep_factor(4, candidates.len()).ln();
+    let mut g = c.benchmark_group("floor");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function(format!("read_{}pods", pool.pods), |b| {
+        b.iter(|| {
+            let mut least = (f64::INFINITY, 0usize);
+            for (i, e) in black_box(candidates).iter().enumerate() {
+                let (share, written) = e.recent().share_written_ln(1 << 16, ln_keep);
+                let slots = e.timing().and_then(|t| t.concurrency()).unwrap_or(64.0);
+                let load = (e.inflight() as f64 + e.waiting()) / slots + share + written;
+                if load < least.0 {
+                    least = (load, i);
+                }
+            }
+            least
+        })
+    });
+    g.finish();
     let mut g = c.benchmark_group("complete");
     g.throughput(Throughput::Elements(1));
     let mut seed = 1_000_000u64;
@@ -347,7 +376,14 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let has = |flag: &str| args.iter().any(|a| a == flag);
     let measuring = has("--bench") && !has("--test") && !has("--list");
-    let budget = if measuring { 50_000 } else { TEST_BUDGET };
+    // `PREFIX_PICKER_BENCH_BUDGET=N` fills each list to N entries (e.g. under callgrind).
+    let budget = match std::env::var("PREFIX_PICKER_BENCH_BUDGET") {
+        Ok(v) => v
+            .parse()
+            .expect("PREFIX_PICKER_BENCH_BUDGET: entries per pod"),
+        Err(_) if measuring => 50_000,
+        Err(_) => TEST_BUDGET,
+    };
     let mut c = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3))

@@ -48,7 +48,7 @@ use super::latency::Prediction;
 use super::{Candidate, Decision, Filtered, PluginScores, RouteRequest, Scheduler, next};
 use crate::hashing::BlockHash;
 use matching::Matched;
-pub(super) use place::place;
+use place::place;
 
 impl Scheduler {
     /// One decision over `candidates`. `take` = false: a dry run (explain) that leaves the
@@ -159,10 +159,9 @@ pub fn pick<R: Rng>(
     debug_assert_eq!(matched.len(), loads.len());
     // 5. gate: a match held only in flight counts when it covers most of the prompt; then each
     // candidate's gates, and the session's pod while it is not saturated.
-    let matched = gate::effective(config, matched, held, hashes.len());
     let gates = gate::Gates::new(
         config,
-        &matched,
+        matched,
         held,
         loads,
         hashes.len(),
@@ -173,12 +172,7 @@ pub fn pick<R: Rng>(
     }
     // 6. place (7. tie, inside it, among equal candidates); with the latency model a pick that
     // waits because every pod would is `affinity_saturated`.
-    let available = |i: usize| gates.available(i);
-    let saturated = |i: usize| gates.saturated(i);
-    let limit = gates.share_limit();
-    let placed = place(
-        config, &matched, loads, hashes, &available, &saturated, churn, limit, rng,
-    );
+    let placed = place(config, &gates, loads, hashes, churn, rng);
     gates.reason(loads, placed)
 }
 

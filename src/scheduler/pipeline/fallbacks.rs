@@ -15,9 +15,12 @@ pub(super) fn fallbacks(
 ) -> Vec<usize> {
     let keep = keep.min(matched.len().saturating_sub(1));
     let mut kept: Vec<(std::cmp::Reverse<usize>, i64, usize)> = Vec::with_capacity(keep + 1);
-    for i in (0..matched.len()).filter(|&i| i != primary) {
-        let load = loads[i].inflight + loads[i].waiting as i64;
-        let t = (std::cmp::Reverse(matched[i]), load, i);
+    for (i, (&m, l)) in matched.iter().zip(loads).enumerate() {
+        // Once `keep` are kept, a shorter match than the last kept's cannot enter.
+        if i == primary || (kept.len() == keep && kept.last().is_none_or(|last| m < last.0.0)) {
+            continue;
+        }
+        let t = (std::cmp::Reverse(m), l.inflight + l.waiting as i64, i);
         if kept.len() == keep && kept.last().is_none_or(|last| t >= *last) {
             continue;
         }

@@ -22,28 +22,16 @@
 
 use crate::scheduler::affinity::{AffinityConfig, AffinityReason, PodLoad};
 
-/// The match that counts per candidate: `matched` (index, engine and holds in flight), or
-/// `held` (index and engine alone) where the rest is held only in flight and leaves more than
-/// the allowed part of the prompt uncovered.
-pub(super) fn effective(
-    config: &AffinityConfig,
-    matched: &[usize],
-    held: &[usize],
-    blocks: usize,
-) -> Vec<usize> {
-    let total = blocks as f64;
-    let allowed_rest = ((1.0 - config.tentative_min_ratio) * total).max(1.0);
-    matched
-        .iter()
-        .zip(held)
-        .map(|(&m, &h)| {
-            if m > h && total - m as f64 > allowed_rest {
-                h
-            } else {
-                m
-            }
-        })
-        .collect()
+/// The match that counts, given a candidate's match with holds in flight (`m`) and without
+/// them (`h`): `m`, or `h` where the rest is held only in flight and leaves more than
+/// `allowed_rest` blocks of the prompt's `total` uncovered.
+#[inline(always)]
+fn effective(m: usize, h: usize, total: f64, allowed_rest: f64) -> usize {
+    if m > h && total - m as f64 > allowed_rest {
+        h
+    } else {
+        m
+    }
 }
 
 /// One candidate's gates, each computed once (the placement reads them several times per
@@ -53,23 +41,33 @@ struct Gate {
     queued: bool,
     over: bool,
     share_ok: bool,
-    cost: f64,
     saturated: bool,
+    cost: f64,
 }
 
-/// Every candidate's gates, and the share limit they were judged by.
+/// Every candidate's effective match and gates, the share limit they were judged by, and what
+/// the placement reads of them all, from four passes over the candidates (as separate steps
+/// the pick made a dozen; benches/RESULTS.md, "Cost growth with the pool").
 #[derive(Debug)]
 pub(super) struct Gates {
+    /// The match that counts, per candidate.
+    matched: Vec<usize>,
     gates: Vec<Gate>,
     /// `(1 + shareHeadroom) x` the mean share (at least `1/n`): above it a pod is over-share.
     limit: f64,
     /// With the latency model: every candidate predicts a wait.
     all_wait: bool,
+    /// The longest match over every candidate.
+    best_all: usize,
+    /// The longest match among the available candidates, and the least load (in flight plus
+    /// engine queue) among the available candidates holding it; `None`: none is available.
+    best_available: Option<(usize, f64)>,
 }
 
 impl Gates {
-    /// The gates of each candidate, from its effective match, its match without holds, its
-    /// load, the prompt's block count and the seconds one uncached block costs.
+    /// The gates of each candidate, from its match with holds in flight (`matched`), without
+    /// them (`held`), its load, the prompt's block count and the seconds one uncached block
+    /// costs.
     pub(super) fn new(
         config: &AffinityConfig,
         matched: &[usize],
@@ -78,48 +76,122 @@ impl Gates {
         blocks: usize,
         prefill_per_block: f64,
     ) -> Gates {
+        debug_assert!(matched.len() == held.len() && held.len() == loads.len());
         let n = matched.len();
         let latency = config.load_gate && config.latency_model;
-        let mean = loads.iter().map(|l| l.share).sum::<f64>() / n as f64;
-        let limit = (1.0 + config.share_headroom) * mean.max(1.0 / n as f64);
+        let total = blocks as f64;
+        // 1. The match that counts; the shares' and writes' sums; the longest match.
+        let allowed_rest = ((1.0 - config.tentative_min_ratio) * total).max(1.0);
+        let (mut shares, mut written, mut best_all) = (0.0, 0.0, 0);
+        let effective: Vec<usize> = matched
+            .iter()
+            .zip(held)
+            .zip(loads)
+            .map(|((&m, &h), l)| {
+                shares += l.share;
+                written += l.written;
+                let e = effective(m, h, total, allowed_rest);
+                best_all = best_all.max(e);
+                e
+            })
+            .collect();
+        let limit = (1.0 + config.share_headroom) * (shares / n as f64).max(1.0 / n as f64);
         let pressed = if config.share_pressure > 0.0 {
-            config.share_pressure * loads.iter().map(|l| l.written).sum::<f64>() / n as f64
+            config.share_pressure * written / n as f64
         } else {
             f64::INFINITY
         };
+        // 2. Queued and over-share; the longest match elsewhere (on pods neither).
+        let mut elsewhere = 0;
         let mut gates: Vec<Gate> = loads
             .iter()
-            .map(|l| Gate {
-                queued: queued(config, l),
-                over: config.load_gate
+            .zip(&effective)
+            .map(|(l, &m)| {
+                let queued = queued(config, l);
+                let over = config.load_gate
                     && n > 1
                     && l.share > limit
                     && hot(config, l)
-                    && busy(config, l, pressed),
-                ..Gate::default()
+                    && busy(config, l, pressed);
+                if !queued && !over {
+                    elsewhere = elsewhere.max(m);
+                }
+                Gate {
+                    queued,
+                    over,
+                    ..Gate::default()
+                }
             })
             .collect();
-        // An over-share pod keeps a burst in progress that would lose more than `spillLoss`.
-        let elsewhere = (0..n)
-            .filter(|&i| !gates[i].queued && !gates[i].over)
-            .map(|i| matched[i])
-            .max()
-            .unwrap_or(0);
-        let keeps = |i: usize| {
-            matched[i] > held[i]
-                && (matched[i].saturating_sub(elsewhere)) as f64 > config.spill_loss * blocks as f64
+        // 3. An over-share pod keeps a burst in progress that would lose more than
+        // `spillLoss`; with the latency model each pod's cost and the least.
+        let spill_loss = config.spill_loss * total;
+        let (mut least_within, mut least_all) = (f64::INFINITY, f64::INFINITY);
+        let mut all_wait = latency;
+        for (i, g) in gates.iter_mut().enumerate() {
+            let m = effective[i];
+            let keeps = m > held[i] && m.saturating_sub(elsewhere) as f64 > spill_loss;
+            g.share_ok = !g.over || keeps;
+            if latency {
+                let l = &loads[i];
+                g.cost = l.wait + (total - m as f64) * prefill_per_block * (1.0 + l.backlog);
+                all_wait &= g.queued;
+                least_all = least_all.min(g.cost);
+                if g.share_ok {
+                    least_within = least_within.min(g.cost);
+                }
+            }
+        }
+        // 4. Saturated: with the latency model a cost above the least among the pods within
+        // their share (among all when none is); without it, queued. The longest match on an
+        // available pod, and the least load among those holding it.
+        let least = if least_within.is_finite() {
+            least_within
+        } else {
+            least_all
         };
-        let total = blocks as f64;
-        let cost = |i: usize| {
-            let l = &loads[i];
-            l.wait + (total - matched[i] as f64) * prefill_per_block * (1.0 + l.backlog)
-        };
-        let all_wait = saturate(&mut gates, latency, keeps, cost);
+        let mut best_available: Option<(usize, f64)> = None;
+        for (i, g) in gates.iter_mut().enumerate() {
+            g.saturated = if latency {
+                g.cost > least + 1e-9 * least.abs()
+            } else {
+                g.queued
+            };
+            if g.saturated || !g.share_ok {
+                continue;
+            }
+            let (m, load) = (effective[i], loads[i].inflight as f64 + loads[i].waiting);
+            // As `f64::min` folds from infinity (a NaN load never is the least).
+            best_available = match best_available {
+                Some((best, _)) if m < best => best_available,
+                Some((best, least)) if m == best => Some((best, least.min(load))),
+                _ => Some((m, f64::INFINITY.min(load))),
+            };
+        }
         Gates {
+            matched: effective,
             gates,
             limit,
             all_wait,
+            best_all,
+            best_available,
         }
+    }
+
+    /// The match that counts, per candidate.
+    pub(super) fn matched(&self) -> &[usize] {
+        &self.matched
+    }
+
+    /// The longest match over every candidate.
+    pub(super) fn best_all(&self) -> usize {
+        self.best_all
+    }
+
+    /// The longest match among the available candidates and the least load among those
+    /// holding it; `None` when none is available.
+    pub(super) fn best_available(&self) -> Option<(usize, f64)> {
+        self.best_available
     }
 
     pub(super) fn saturated(&self, i: usize) -> bool {
@@ -153,43 +225,43 @@ impl Gates {
     }
 }
 
-/// Each candidate's share gate (`keeps(i)`: an over-share pod keeps the request), then its
-/// saturation: with the latency model (`latency`), a cost above the least among the pods within
-/// their share (among all when none is); without it, a queue. Whether every pod waits (with the
-/// latency model), from the same pass.
-fn saturate(
-    gates: &mut [Gate],
-    latency: bool,
-    keeps: impl Fn(usize) -> bool,
-    cost: impl Fn(usize) -> f64,
-) -> bool {
-    let (mut least_within, mut least_all) = (f64::INFINITY, f64::INFINITY);
-    // With the latency model a pod is queued when it predicts a wait.
-    let mut all_wait = latency;
-    for (i, g) in gates.iter_mut().enumerate() {
-        g.share_ok = !g.over || keeps(i);
-        if latency {
-            g.cost = cost(i);
-            all_wait &= g.queued;
-            least_all = least_all.min(g.cost);
-            if g.share_ok {
-                least_within = least_within.min(g.cost);
-            }
+#[cfg(test)]
+impl Gates {
+    /// Gates as a test states them: candidate `i` available or saturated as the closures say
+    /// (an unavailable pod that is not saturated is over its share), the share limit `limit`;
+    /// the placement's summaries found from them.
+    pub(super) fn given(
+        matched: &[usize],
+        loads: &[PodLoad],
+        available: impl Fn(usize) -> bool,
+        saturated: impl Fn(usize) -> bool,
+        limit: f64,
+    ) -> Gates {
+        let gates: Vec<Gate> = (0..matched.len())
+            .map(|i| Gate {
+                saturated: saturated(i),
+                share_ok: available(i) || saturated(i),
+                ..Gate::default()
+            })
+            .collect();
+        let load = |i: usize| loads[i].inflight as f64 + loads[i].waiting;
+        let pool = || (0..matched.len()).filter(|&i| available(i));
+        let best_available = pool().map(|i| matched[i]).max().map(|best| {
+            let least = pool()
+                .filter(|&i| matched[i] == best)
+                .map(load)
+                .fold(f64::INFINITY, f64::min);
+            (best, least)
+        });
+        Gates {
+            matched: matched.to_vec(),
+            gates,
+            limit,
+            all_wait: false,
+            best_all: matched.iter().copied().max().unwrap_or(0),
+            best_available,
         }
     }
-    let least = if least_within.is_finite() {
-        least_within
-    } else {
-        least_all
-    };
-    for g in gates.iter_mut() {
-        g.saturated = if latency {
-            g.cost > least + 1e-9 * least.abs()
-        } else {
-            g.queued
-        };
-    }
-    all_wait
 }
 
 /// Queued: with the latency model a predicted wait; without it, in flight at `podCapacity` or
@@ -246,9 +318,15 @@ mod tests {
     #[test]
     fn a_match_held_only_in_flight_counts_when_it_covers_most_of_the_prompt() {
         let c = AffinityConfig::DEFAULT; // tentativeMinRatio 0.9: 1 of 10 blocks may be missing
-        assert_eq!(effective(&c, &[9, 5, 4], &[2, 5, 0], 10), [9, 5, 0]);
+        let effective = |matched: &[usize], held: &[usize], blocks: usize| {
+            let loads = vec![load(0, 0.0, 0.0); matched.len()];
+            Gates::new(&c, matched, held, &loads, blocks, 0.0)
+                .matched()
+                .to_vec()
+        };
+        assert_eq!(effective(&[9, 5, 4], &[2, 5, 0], 10), [9, 5, 0]);
         // A short prompt: all of it but one block.
-        assert_eq!(effective(&c, &[2, 1], &[0, 0], 3), [2, 0]);
+        assert_eq!(effective(&[2, 1], &[0, 0], 3), [2, 0]);
     }
 
     #[test]

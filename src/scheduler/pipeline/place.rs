@@ -14,34 +14,31 @@
 
 use rand::Rng;
 
-use super::tie::{near_least_loaded, tie_break};
+use super::gate::Gates;
+use super::tie::{near_least_loaded, tie_break, tie_break_within};
 use crate::hashing::BlockHash;
 use crate::scheduler::affinity::{AffinityConfig, AffinityReason, PodLoad};
 
-/// The pick once each pod's availability is known: its position and why.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the placement's inputs, each used once; a struct would only rename them"
-)]
-pub fn place<R: Rng>(
+/// The pick once each pod's gates are known: its position and why. The longest matches and
+/// the least load among the available pods holding the longest come with the gates, so a hit
+/// takes one more pass over the candidates (the tie).
+pub(super) fn place<R: Rng>(
     config: &AffinityConfig,
-    matched: &[usize],
+    gates: &Gates,
     loads: &[PodLoad],
     hashes: &[BlockHash],
-    available: &dyn Fn(usize) -> bool,
-    saturated: &dyn Fn(usize) -> bool,
     churn: &dyn Fn(usize) -> f64,
-    limit: f64,
     rng: &mut R,
 ) -> (usize, AffinityReason) {
+    let matched = gates.matched();
     let n = matched.len();
-    let best_all = matched.iter().copied().max().unwrap_or(0);
-    let best_available = (0..n).filter(|&i| available(i)).map(|i| matched[i]).max();
+    let best_all = gates.best_all();
     let tie_key = |m: usize| hashes.get(m.saturating_sub(1)).map(|h| h.0);
-    let pool = (0..n).filter(|&i| available(i));
-    match best_available {
+    let pool = (0..n).filter(|&i| gates.available(i));
+    match gates.best_available() {
         // No available pod holds any block: new work for this pod set, by share.
-        Some(0) if config.balance_new => {
+        Some((0, _)) if config.balance_new => {
+            let limit = gates.share_limit();
             let i = new_work(config, pool, loads, limit, churn, tie_key(0), rng);
             let why = if best_all == 0 {
                 AffinityReason::Miss
@@ -50,9 +47,9 @@ pub fn place<R: Rng>(
             };
             (i, why)
         }
-        Some(best) if best == best_all || best > 0 => {
+        Some((best, least)) if best == best_all || best > 0 => {
             let holding = pool.filter(|&i| matched[i] == best);
-            let i = tie_break(config, holding, loads, tie_key(best), rng);
+            let i = tie_break_within(config, holding, loads, least, tie_key(best), rng);
             let why = match (best == best_all, best > 0) {
                 (true, true) => AffinityReason::Hit,
                 (true, false) => AffinityReason::Miss,
@@ -65,7 +62,8 @@ pub fn place<R: Rng>(
             AffinityReason::Spill,
         ),
         None => {
-            let i = nothing_available(config, matched, loads, saturated, &tie_key, rng);
+            let saturated = |i: usize| gates.saturated(i);
+            let i = nothing_available(config, matched, loads, &saturated, &tie_key, rng);
             (i, AffinityReason::Saturated)
         }
     }
@@ -73,7 +71,7 @@ pub fn place<R: Rng>(
 
 /// New work (no available pod holds a block): among `pool`, the pods that evict least
 /// (`placeByChurn`, [`quietest`]), then the least recent share among the least loaded.
-fn new_work<R: Rng>(
+pub(super) fn new_work<R: Rng>(
     config: &AffinityConfig,
     pool: impl Iterator<Item = usize> + Clone,
     loads: &[PodLoad],
@@ -91,7 +89,7 @@ fn new_work<R: Rng>(
 }
 
 /// The tie among the least loaded (in flight plus engine queue) of `pool`.
-fn least_loaded<R: Rng>(
+pub(super) fn least_loaded<R: Rng>(
     config: &AffinityConfig,
     pool: impl Iterator<Item = usize> + Clone,
     loads: &[PodLoad],
@@ -108,7 +106,7 @@ fn least_loaded<R: Rng>(
 
 /// Nothing available: the best match among the pods that are not saturated, else the least
 /// loaded of all.
-fn nothing_available<R: Rng>(
+pub(super) fn nothing_available<R: Rng>(
     config: &AffinityConfig,
     matched: &[usize],
     loads: &[PodLoad],
@@ -196,15 +194,19 @@ mod tests {
         full: &[usize],
     ) -> (usize, AffinityReason) {
         let hashes: Vec<BlockHash> = (1..=8).map(BlockHash).collect();
-        place(
-            config,
+        let gates = Gates::given(
             matched,
             loads,
-            &hashes,
-            &|i| !unavailable.contains(&i) && !full.contains(&i),
-            &|i| full.contains(&i),
-            &|_| 0.0,
+            |i| !unavailable.contains(&i) && !full.contains(&i),
+            |i| full.contains(&i),
             1.0,
+        );
+        place(
+            config,
+            &gates,
+            loads,
+            &hashes,
+            &|_| 0.0,
             &mut SmallRng::seed_from_u64(3),
         )
     }

@@ -653,7 +653,7 @@ fn reference_pick<R: rand::Rng>(
     if let Some(i) = session.filter(|&i| i < n && !saturated(i)) {
         return (i, AffinityReason::Session);
     }
-    let (i, why) = place(
+    let (i, why) = reference_place(
         config, matched, loads, hashes, &available, &saturated, churn, limit, rng,
     );
     if latency && loads[i].wait > 0.0 && loads.iter().all(|l| l.wait > 0.0) {
@@ -662,10 +662,63 @@ fn reference_pick<R: rand::Rng>(
     (i, why)
 }
 
+/// The placement as written before the gates found the longest matches and the least load
+/// at the longest ([`Gates`]): each read through closures, each in its own pass.
+#[expect(clippy::too_many_arguments, reason = "the placement's inputs")]
+fn reference_place<R: rand::Rng>(
+    config: &AffinityConfig,
+    matched: &[usize],
+    loads: &[PodLoad],
+    hashes: &[BlockHash],
+    available: &dyn Fn(usize) -> bool,
+    saturated: &dyn Fn(usize) -> bool,
+    churn: &dyn Fn(usize) -> f64,
+    limit: f64,
+    rng: &mut R,
+) -> (usize, AffinityReason) {
+    use super::place::{least_loaded, new_work, nothing_available};
+    use super::tie::tie_break;
+    let n = matched.len();
+    let best_all = matched.iter().copied().max().unwrap_or(0);
+    let best_available = (0..n).filter(|&i| available(i)).map(|i| matched[i]).max();
+    let tie_key = |m: usize| hashes.get(m.saturating_sub(1)).map(|h| h.0);
+    let pool = (0..n).filter(|&i| available(i));
+    match best_available {
+        Some(0) if config.balance_new => {
+            let i = new_work(config, pool, loads, limit, churn, tie_key(0), rng);
+            let why = if best_all == 0 {
+                AffinityReason::Miss
+            } else {
+                AffinityReason::Spill
+            };
+            (i, why)
+        }
+        Some(best) if best == best_all || best > 0 => {
+            let holding = pool.filter(|&i| matched[i] == best);
+            let i = tie_break(config, holding, loads, tie_key(best), rng);
+            let why = match (best == best_all, best > 0) {
+                (true, true) => AffinityReason::Hit,
+                (true, false) => AffinityReason::Miss,
+                (false, _) => AffinityReason::Spill,
+            };
+            (i, why)
+        }
+        Some(_) => (
+            least_loaded(config, pool, loads, tie_key(0), rng),
+            AffinityReason::Spill,
+        ),
+        None => {
+            let i = nothing_available(config, matched, loads, saturated, &tie_key, rng);
+            (i, AffinityReason::Saturated)
+        }
+    }
+}
+
 proptest::proptest! {
     /// The pick equals [`reference_pick`] on random pools: matches, holds, loads, shares,
     /// waits, sessions and churns, with and without the latency model and the load gate, the
-    /// share gate acting always or only on busy pods (by their slots, or their writes).
+    /// share gate acting always or only on busy pods (by their slots, or their writes), ties
+    /// within a load slack or not, consolidated or random.
     #[test]
     fn the_pick_equals_the_reference(
         pods in proptest::collection::vec(
@@ -679,6 +732,8 @@ proptest::proptest! {
         per_block in 0u8..3,
         share_busy in 0u8..3,
         share_pressure in 0u8..3,
+        tie_load_slack in 0u32..3,
+        consolidate_ties in proptest::bool::ANY,
         seed in 0u64..1000,
     ) {
         let share_busy = f64::from(share_busy) * 0.5;
@@ -688,6 +743,8 @@ proptest::proptest! {
             load_gate,
             share_busy,
             share_pressure,
+            tie_load_slack,
+            consolidate_ties,
             ..AffinityConfig::DEFAULT
         };
         let h = hashes(blocks);

@@ -20,7 +20,25 @@ pub(super) fn tie_break<R: Rng>(
     key: Option<u64>,
     rng: &mut R,
 ) -> usize {
-    let tied = near_least_loaded(config, tied, loads);
+    let least = tied
+        .clone()
+        .map(|i| load(loads, i))
+        .fold(f64::INFINITY, f64::min);
+    tie_break_within(config, tied, loads, least, key, rng)
+}
+
+/// [`tie_break`] given the least load among `tied` (in flight plus engine queue, as `f64::min`
+/// folds it from infinity), which the caller found in a pass it made anyway.
+pub(super) fn tie_break_within<R: Rng>(
+    config: &AffinityConfig,
+    tied: impl Iterator<Item = usize> + Clone,
+    loads: &[PodLoad],
+    least: f64,
+    key: Option<u64>,
+    rng: &mut R,
+) -> usize {
+    let limit = least + f64::from(config.tie_load_slack);
+    let tied = tied.filter(move |&i| load(loads, i) <= limit);
     match key {
         Some(key) if config.consolidate_ties => tied
             .max_by_key(|&i| mix(key ^ loads[i].key))
@@ -41,10 +59,17 @@ pub(super) fn near_least_loaded<'a>(
     pods: impl Iterator<Item = usize> + Clone + 'a,
     loads: &'a [PodLoad],
 ) -> impl Iterator<Item = usize> + Clone + 'a {
-    let load = |i: usize| loads[i].inflight as f64 + loads[i].waiting;
-    let least = pods.clone().map(load).fold(f64::INFINITY, f64::min);
+    let least = pods
+        .clone()
+        .map(|i| load(loads, i))
+        .fold(f64::INFINITY, f64::min);
     let limit = least + f64::from(config.tie_load_slack);
-    pods.filter(move |&i| load(i) <= limit)
+    pods.filter(move |&i| load(loads, i) <= limit)
+}
+
+/// A pod's load: in flight plus engine queue.
+fn load(loads: &[PodLoad], i: usize) -> f64 {
+    loads[i].inflight as f64 + loads[i].waiting
 }
 
 /// The rendezvous weight of a key and a pod's identity (a 128-bit multiply, folded).
