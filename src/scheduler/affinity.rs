@@ -206,6 +206,8 @@ pub struct PodLoad {
     pub share: f64,
     /// Requests in flight on this pod that share the prompt's first block.
     pub head_inflight: u32,
+    /// A slot was free for a request picked now ([`super::latency::PodTiming::has_slot`]).
+    pub has_slot: bool,
     /// The fraction of its engine's slots its requests in flight fill
     /// ([`super::latency::PodTiming::fill`]).
     pub fill: f64,

@@ -11,6 +11,7 @@ use thiserror::Error;
 use super::affinity::AffinityReason;
 use super::engine_match::{self, EngineMatched};
 use super::latency;
+use super::predictions::Predictions;
 use super::{Candidate, PdPairing};
 use crate::hashing::BlockHash;
 use crate::prompt::NoPrompt;
@@ -227,7 +228,7 @@ pub struct Decision<C> {
     /// engine should report as cached).
     pub predicted_blocks: usize,
     /// Affinity mode: the latency model's prediction per candidate (empty otherwise).
-    pub predictions: Vec<latency::Prediction>,
+    pub predictions: Predictions,
     /// Affinity mode: each candidate's match on its engine's view, where it had one (empty when
     /// none did; [`Decision::match_source`]).
     pub engine: Vec<Option<EngineMatched>>,
@@ -291,7 +292,7 @@ impl<C: Candidate> Decision<C> {
             return None;
         }
         let at = self.primary_position()?;
-        self.predictions.get(at).copied()
+        self.predictions.get(at)
     }
 }
 

@@ -29,6 +29,7 @@ pub mod least_latency;
 pub mod least_request;
 pub mod pd;
 mod pipeline;
+pub mod predictions;
 pub mod prefix_cache;
 pub mod random;
 pub mod route_request;

@@ -44,7 +44,7 @@ use rand::{Rng, SeedableRng};
 
 use super::affinity::{AffinityConfig, AffinityReason, PodLoad};
 use super::config::ScorerKind;
-use super::latency::Prediction;
+use super::predictions::Predictions;
 use super::{Candidate, Decision, Filtered, PluginScores, RouteRequest, Scheduler, next};
 use crate::hashing::BlockHash;
 use matching::Matched;
@@ -119,7 +119,7 @@ impl Scheduler {
             &matched.hashes,
             session,
             &churn,
-            load.prefill_per_block,
+            load.prefill_per_block(),
             rng,
         );
         // 8. fallbacks
@@ -133,7 +133,7 @@ impl Scheduler {
             ))
             .map(|i| candidates[i].clone())
             .collect();
-        self.affinity_result(candidates, ranked, primary, why, matched, load.predictions)
+        self.affinity_result(candidates, ranked, primary, why, matched, load)
     }
 }
 
@@ -186,7 +186,7 @@ impl Scheduler {
         primary: usize,
         why: AffinityReason,
         matched: Matched,
-        predictions: Vec<Prediction>,
+        load: load::Load,
     ) -> Decision<C> {
         let Matched {
             hashes,
@@ -217,7 +217,7 @@ impl Scheduler {
             primary_at: primary,
             reason: why.into(),
             predicted_blocks: scored.held_blocks[primary],
-            predictions,
+            predictions: Predictions::new(load.loads, scored.matched_blocks, load.basis),
             engine,
             hashes,
             prompt_bytes,

@@ -73,7 +73,7 @@ impl<C: Candidate> Decision<C> {
             return;
         }
         tracing::debug!(target: "scores", "Predicted TTFT:");
-        for (e, p) in self.candidates.iter().zip(&self.predictions) {
+        for (e, p) in self.candidates.iter().zip(self.predictions.iter()) {
             tracing::debug!(
                 target: "scores",
                 "  Pod: {}, Predicted TTFT: {:.1} ms (wait {:.1} ms, prefill {:.1} ms of {:.0} tokens)",

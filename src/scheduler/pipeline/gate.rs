@@ -302,6 +302,7 @@ mod tests {
             waiting,
             share,
             head_inflight: 0,
+            has_slot: true,
             fill: 1.0,
             written: 0.0,
             wait: 0.0,

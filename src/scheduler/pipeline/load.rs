@@ -1,24 +1,31 @@
 //! Step 4, load: what the affinity pick reads of each candidate, in one pass: its in-flight
 //! count, its engine's queue, its share of recent picks and the tokens they wrote, its requests
-//! in flight on the prompt's head, and the latency model's prediction (wait for a slot, the
-//! queue it would join, the prefill of what it does not hold). Each engine's stats are read once
-//! per pod; its scrape age only when it reported a queue.
+//! in flight on the prompt's head, and the latency model's wait for a slot and the queue it
+//! would join. Each engine's stats are read once per pod; its scrape age only when it reported
+//! a queue. The predictions (those and the prefill of what a pod does not hold) are derived
+//! from the loads when read ([`crate::scheduler::predictions`]).
 //!
 //! The prefill rate is the one learned over every pod (`latencySignals: prefillFit`), else the
 //! prior; a pod that has not learned its concurrency yet borrows the least the pool learned.
 
 use crate::scheduler::affinity::{self, AffinityConfig, PodLoad};
-use crate::scheduler::latency::{self, LatencySignal, Pool, Prediction};
+use crate::scheduler::latency::{self, LatencySignal, Pool};
+use crate::scheduler::predictions::PredictionBasis;
 use crate::scheduler::prefix_cache::PrefixScores;
 use crate::scheduler::{Candidate, Scheduler};
 
-/// Every candidate's load and prediction (in candidate order), and the seconds one uncached
-/// block of the prompt costs.
+/// Every candidate's load (in candidate order), and what their predictions share.
 #[derive(Debug)]
 pub(super) struct Load {
     pub loads: Vec<PodLoad>,
-    pub predictions: Vec<Prediction>,
-    pub prefill_per_block: f64,
+    pub basis: PredictionBasis,
+}
+
+impl Load {
+    /// The seconds one uncached block of the prompt costs.
+    pub fn prefill_per_block(&self) -> f64 {
+        self.basis.seconds_per_token * self.basis.tokens_per_block
+    }
 }
 
 /// What every candidate's reading shares.
@@ -27,15 +34,14 @@ struct Shared {
     /// The pick clock (picks made), and the share's decay per pick, as a logarithm.
     now: u32,
     ln_keep: f64,
-    per_token: f64,
-    tokens_per_block: f64,
     pool: Pool,
     latency_model: bool,
-    blocks: usize,
 }
 
 impl Scheduler {
-    /// Step 4 over `candidates`, given the match (`scored`) of a prompt of `blocks` blocks.
+    /// Step 4 over `candidates`, given the match (`scored`) of a prompt of `blocks` blocks. One
+    /// pass reads every candidate and the least concurrency the pool learned; the pods that
+    /// learned none are read again with it (only while some have and some have not).
     pub(super) fn load<C: Candidate>(
         &self,
         config: &AffinityConfig,
@@ -43,73 +49,71 @@ impl Scheduler {
         scored: &PrefixScores,
         blocks: usize,
     ) -> Load {
-        let shared = self.load_shared(config, candidates, blocks);
-        let mut predictions = Vec::with_capacity(candidates.len());
-        let loads = candidates
+        let mut shared = self.load_shared(config, candidates.len());
+        let head_inflight = |i: usize| scored.head_inflight.get(i).copied().unwrap_or(0);
+        let (mut learned, mut unlearned) = (None::<f64>, false);
+        let mut loads: Vec<PodLoad> = candidates
             .iter()
             .enumerate()
             .map(|(i, e)| {
-                let head_inflight = scored.head_inflight.get(i).copied().unwrap_or(0);
-                let (load, prediction) = read(e, scored.matched_blocks[i], head_inflight, &shared);
-                predictions.push(prediction);
-                load
+                match e.timing().map(|t| t.concurrency()) {
+                    Some(Some(c)) => learned = Some(learned.map_or(c, |l| l.min(c))),
+                    Some(None) => unlearned = true,
+                    None => {}
+                }
+                read(e, head_inflight(i), &shared)
             })
             .collect();
-        Load {
-            loads,
-            predictions,
-            prefill_per_block: shared.per_token * shared.tokens_per_block,
+        if unlearned && learned.is_some() {
+            shared.pool.concurrency = learned;
+            for (i, e) in candidates.iter().enumerate() {
+                if e.timing().is_some_and(|t| t.concurrency().is_none()) {
+                    loads[i] = read(e, head_inflight(i), &shared);
+                }
+            }
         }
-    }
-
-    fn load_shared<C: Candidate>(
-        &self,
-        config: &AffinityConfig,
-        candidates: &[C],
-        blocks: usize,
-    ) -> Shared {
-        let now = self
-            .counters
-            .picks
-            .load(std::sync::atomic::Ordering::Relaxed) as u32;
-        let ln_keep = affinity::keep_factor(config.share_window, candidates.len()).ln();
-        let per_token = if config.latency_signals.has(LatencySignal::PrefillFit) {
+        let seconds_per_token = if config.latency_signals.has(LatencySignal::PrefillFit) {
             self.counters.prefill.seconds_per_token()
         } else {
             latency::PRIOR_SECONDS_PER_TOKEN
         };
+        Load {
+            loads,
+            basis: PredictionBasis {
+                blocks,
+                tokens_per_block: self.tokens_per_block(config),
+                seconds_per_token,
+            },
+        }
+    }
+
+    /// What every candidate's reading shares, before the pool's concurrency is known.
+    fn load_shared(&self, config: &AffinityConfig, candidates: usize) -> Shared {
+        let now = self
+            .counters
+            .picks
+            .load(std::sync::atomic::Ordering::Relaxed) as u32;
+        let ln_keep = affinity::keep_factor(config.share_window, candidates).ln();
         let pool = Pool {
-            concurrency: candidates
-                .iter()
-                .filter_map(|e| e.timing()?.concurrency())
-                .reduce(f64::min),
+            concurrency: None,
             service: self.counters.prefill.service(),
             signals: config.latency_signals,
         };
         Shared {
             now,
             ln_keep,
-            per_token,
-            tokens_per_block: self.tokens_per_block(config),
             pool,
             latency_model: config.latency_model,
-            blocks,
         }
     }
 }
 
-/// One candidate's load and prediction, given the blocks it matched and its requests in flight
-/// on the prompt's head. Inlined into the pass over the candidates (as a call it cost 6% more
-/// instructions per decision at 1,024 pods: callgrind, `benches/scale.rs`).
+/// One candidate's load, given its requests in flight on the prompt's head. Inlined into the
+/// pass over the candidates (as a call it cost 6% more instructions per decision at 1,024
+/// pods: callgrind, `benches/scale.rs`).
 #[inline(always)]
-fn read<C: Candidate>(
-    e: &C,
-    matched: usize,
-    head_inflight: u32,
-    shared: &Shared,
-) -> (PodLoad, Prediction) {
+fn read<C: Candidate>(e: &C, head_inflight: u32, shared: &Shared) -> PodLoad {
     let (inflight, waiting) = (e.inflight(), e.waiting());
-    let uncached_tokens = shared.blocks.saturating_sub(matched) as f64 * shared.tokens_per_block;
     let timing = e.timing();
     let (wait, backlog) = match timing {
         Some(t) if shared.latency_model => {
@@ -118,27 +122,19 @@ fn read<C: Candidate>(
         }
         _ => (0.0, 0.0),
     };
-    let prediction = Prediction {
-        wait,
-        backlog,
-        prefill: uncached_tokens * shared.per_token,
-        uncached_tokens,
-        has_slot: timing.is_none_or(|t| t.has_slot(inflight, shared.pool)),
-        running: inflight as f64,
-    };
     let (share, written) = e.recent().share_written_ln(shared.now, shared.ln_keep);
-    let load = PodLoad {
+    PodLoad {
         key: e.rendezvous(),
         inflight,
         waiting,
         share,
         head_inflight,
+        has_slot: timing.is_none_or(|t| t.has_slot(inflight, shared.pool)),
         fill: timing.map_or(0.0, |t| t.fill(inflight, shared.pool)),
         written,
         wait,
         backlog,
-    };
-    (load, prediction)
+    }
 }
 
 #[cfg(test)]
@@ -146,8 +142,11 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::prefix_index::PodSlot;
     use crate::scheduler::affinity::RecentPicks;
     use crate::scheduler::config::SchedulerConfig;
+    use crate::scheduler::latency::PodTiming;
+    use crate::scheduler::predictions::Predictions;
     use crate::scheduler::test_pod::Pod;
     use crate::scheduler::{EngineStats, latency::PRIOR_SECONDS_PER_TOKEN};
 
@@ -190,10 +189,11 @@ mod tests {
         assert_eq!(keys, [(40, 0.0, 0, 0.0), (41, 3.0, 2, 0.0)]);
         // 128-byte blocks of 4 bytes a token: 32 tokens a block, at the prior rate.
         let per_block = 32.0 * PRIOR_SECONDS_PER_TOKEN;
-        assert!((load.prefill_per_block - per_block).abs() < 1e-15);
-        let uncached: Vec<f64> = load.predictions.iter().map(|p| p.uncached_tokens).collect();
+        assert!((load.prefill_per_block() - per_block).abs() < 1e-15);
+        let predictions = Predictions::new(load.loads.clone(), vec![4, 0], load.basis);
+        let uncached: Vec<f64> = predictions.iter().map(|p| p.uncached_tokens).collect();
         assert_eq!(uncached, [6.0 * 32.0, 10.0 * 32.0]);
-        assert!(load.predictions.iter().all(|p| p.wait == 0.0 && p.has_slot));
+        assert!(predictions.iter().all(|p| p.wait == 0.0 && p.has_slot));
         // No engine has shown its concurrency: no pod counts as filling its slots.
         assert!(load.loads.iter().all(|l| l.fill == 0.0));
         // Pick 0, on pod 1, wrote 320 tokens: read with its share at the pick clock's next step.
@@ -208,5 +208,77 @@ mod tests {
             .map(|l| (l.share > 0.0, l.written > 0.0))
             .collect();
         assert_eq!(read, [(false, false), (true, true)]);
+    }
+
+    /// A pod with the latency model's timing, for the pool's concurrency.
+    struct Timed {
+        inflight: i64,
+        timing: PodTiming,
+        recent: RecentPicks,
+    }
+
+    impl Candidate for Timed {
+        fn slot(&self) -> PodSlot {
+            PodSlot(0)
+        }
+        fn inflight(&self) -> i64 {
+            self.inflight
+        }
+        fn stats(&self) -> EngineStats {
+            EngineStats::default()
+        }
+        fn recent(&self) -> &RecentPicks {
+            &self.recent
+        }
+        fn timing(&self) -> Option<&PodTiming> {
+            Some(&self.timing)
+        }
+        fn rendezvous(&self) -> u64 {
+            0
+        }
+        fn label(&self) -> &str {
+            "default/timed"
+        }
+    }
+
+    #[test]
+    fn a_pod_that_learned_no_concurrency_borrows_the_least_the_pool_learned() {
+        let mut config = SchedulerConfig::default();
+        config.apply_affinity(Some(AffinityConfig::DEFAULT));
+        let s = Scheduler::new(config, 5, 1);
+        let affinity = *s.affinity().unwrap();
+        // Three requests in flight on each: the first runs 4 at once, the second 2, the third
+        // has shown no queue yet.
+        let pod = |running: Option<f64>| {
+            let timing = PodTiming::default();
+            if let Some(running) = running {
+                timing.observe_engine(running, 1.0);
+            }
+            Timed {
+                inflight: 3,
+                timing,
+                recent: RecentPicks::default(),
+            }
+        };
+        let scored = |n: usize| PrefixScores {
+            scores: vec![0; n],
+            matched_blocks: vec![0; n],
+            total_blocks: 10,
+            held_blocks: vec![0; n],
+            head_inflight: vec![0; n],
+        };
+        let read = |pods: &[Timed]| {
+            let load = s.load(&affinity, pods, &scored(pods.len()), 10);
+            load.loads
+                .iter()
+                .map(|l| (l.has_slot, l.fill))
+                .collect::<Vec<_>>()
+        };
+        let mixed = [pod(Some(4.0)), pod(Some(2.0)), pod(None)];
+        assert_eq!(read(&mixed), [(true, 0.75), (false, 1.5), (false, 1.5)]);
+        // Alone, it has learned nothing to borrow: a free slot, no fill.
+        assert_eq!(read(&mixed[2..]), [(true, 0.0)]);
+        // Learned or not, a pod that learned its own keeps it.
+        assert_eq!(read(&mixed[..1]), [(true, 0.75)]);
     }
 }

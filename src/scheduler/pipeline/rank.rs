@@ -46,7 +46,7 @@ pub(super) fn decision<C: Candidate + Clone>(
         prompt_bytes: request.prompt.map_or(0, str::len),
         unscored: weighted.unscored,
         predicted_blocks: 0,
-        predictions: Vec::new(),
+        predictions: Default::default(),
         engine: Vec::new(),
         observations: Vec::new(),
         duration: std::time::Duration::ZERO,

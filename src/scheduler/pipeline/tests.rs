@@ -21,6 +21,7 @@ pub(super) fn loads_in_flight(inflight: &[i64]) -> Vec<PodLoad> {
             waiting: 0.0,
             share: 0.0,
             head_inflight: 0,
+            has_slot: true,
             fill: 0.0,
             written: 0.0,
             wait: 0.0,
