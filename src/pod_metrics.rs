@@ -12,8 +12,8 @@
 //! unchanged). A failed scrape keeps the previous values;
 //! `prefix_picker_engine_scrape_timestamp_seconds{pod}` exposes staleness.
 //!
-//! A signal an engine does not export is not read as zero: it keeps its value of the last scrape
-//! that had it (0 if none did), is counted in
+//! A signal an engine does not export, or exports as no number (NaN, an infinity), is not read
+//! as zero: it keeps its value of the last scrape that had it (0 if none did), is counted in
 //! `prefix_picker_engine_metric_missing_total{signal}` at every scrape, and is warned about once
 //! per pod, naming the metric names tried.
 //!
@@ -194,7 +194,9 @@ fn read(exposition: &Exposition, names: &SignalSpecs) -> RawEngineMetrics {
     let mut missing = Signals::default();
     let mut read = |s: Signal| {
         let specs = names.get(s);
-        let found = last_value(exposition, specs);
+        // A sample that is not a number (NaN, an infinity) is read as missing: the pick adds
+        // and compares these.
+        let found = last_value(exposition, specs).filter(|v| finite(v));
         if found.is_none() && !specs.is_empty() {
             missing.insert(s);
         }
@@ -258,6 +260,16 @@ fn named<'a>(e: &'a Exposition, name: &str) -> Option<&'a PrometheusValue> {
         .get(name)
         .and_then(|f| f.iter_samples().last())
         .map(|s| &s.value)
+}
+
+/// Whether a sample's value (a histogram's sum) is a finite number.
+fn finite(value: &PrometheusValue) -> bool {
+    match value {
+        PrometheusValue::Gauge(n) | PrometheusValue::Unknown(n) => n.as_f64().is_finite(),
+        PrometheusValue::Counter(c) => c.value.as_f64().is_finite(),
+        PrometheusValue::Histogram(h) => h.sum.as_ref().is_none_or(|s| s.as_f64().is_finite()),
+        _ => true,
+    }
 }
 
 fn scalar(value: Option<&PrometheusValue>) -> f64 {

@@ -34,6 +34,27 @@ fn parses_vllm_names_last_series_wins_missing_is_reported() {
     assert_eq!(m.missing.iter().collect::<Vec<_>>(), [Signal::Tpot]);
 }
 
+/// A queue or a usage that is not a number is missing, not a value: the pick adds and compares
+/// queues (a NaN queue on every pod left it no least-loaded pod).
+#[test]
+fn a_sample_that_is_not_a_number_is_missing() {
+    let text = VLLM
+        .replace(
+            "vllm:num_requests_waiting 2",
+            "vllm:num_requests_waiting NaN",
+        )
+        .replace(
+            "vllm:kv_cache_usage_perc 0.25",
+            "vllm:kv_cache_usage_perc +Inf",
+        );
+    let m = parse(&text).unwrap();
+    assert_eq!((m.waiting, m.kv_usage, m.running), (0.0, 0.0, 3.0));
+    assert_eq!(
+        m.missing.iter().collect::<Vec<_>>(),
+        [Signal::Waiting, Signal::KvCacheUsage, Signal::Tpot]
+    );
+}
+
 /// SGLang's names (`--enable-metrics`), as its exposition spells them: every signal is read.
 #[test]
 fn parses_sglang_names() {

@@ -100,7 +100,8 @@ pub(super) fn least_loaded<R: Rng>(
         .clone()
         .map(|i| load(loads, i))
         .fold(f64::INFINITY, f64::min);
-    let tied = pool.filter(|&i| load(loads, i) == least);
+    // Every pod ties when no load was a number (an engine queue reported as NaN).
+    let tied = pool.filter(|&i| load(loads, i) == least || !least.is_finite());
     tie_break(config, tied, loads, key, rng)
 }
 

@@ -773,3 +773,33 @@ proptest::proptest! {
         proptest::prop_assert_eq!(ours, reference);
     }
 }
+
+/// An engine queue that is not a number (a NaN gauge) on every candidate leaves the pick a pod,
+/// on a hit, on new work and without the latency model, never a panic.
+#[test]
+fn a_queue_that_is_not_a_number_still_picks_a_pod() {
+    let mut l = loads_in_flight(&[0, 1, 0]);
+    for load in &mut l {
+        load.waiting = f64::NAN;
+    }
+    let counts = AffinityConfig {
+        latency_model: false,
+        ..AffinityConfig::DEFAULT
+    };
+    for c in [AffinityConfig::DEFAULT, counts] {
+        let (i, why) = pick_one(&c, &[3, 3, 0], &l, &hashes(4));
+        assert!(i < 2 && why == AffinityReason::Hit, "{i} {why:?}");
+        let (i, _) = pick_one(&c, &[0, 0, 0], &l, &hashes(4));
+        assert!(i < 3);
+    }
+    // Every pod full (`podCapacity`): the least loaded of all, none a number.
+    let full = AffinityConfig {
+        pod_capacity: 1,
+        ..counts
+    };
+    for load in &mut l {
+        load.inflight = 1;
+    }
+    let (i, why) = pick_one(&full, &[3, 3, 0], &l, &hashes(4));
+    assert!(i < 3 && why == AffinityReason::Saturated, "{i} {why:?}");
+}

@@ -38,7 +38,7 @@ pub(super) fn tie_break_within<R: Rng>(
     rng: &mut R,
 ) -> usize {
     let limit = least + f64::from(config.tie_load_slack);
-    let tied = tied.filter(move |&i| load(loads, i) <= limit);
+    let tied = tied.filter(move |&i| near(load(loads, i), least, limit));
     match key {
         Some(key) if config.consolidate_ties => tied
             .max_by_key(|&i| mix(key ^ loads[i].key))
@@ -64,7 +64,14 @@ pub(super) fn near_least_loaded<'a>(
         .map(|i| load(loads, i))
         .fold(f64::INFINITY, f64::min);
     let limit = least + f64::from(config.tie_load_slack);
-    pods.filter(move |&i| load(loads, i) <= limit)
+    pods.filter(move |&i| near(load(loads, i), least, limit))
+}
+
+/// Whether a pod of load `l` is near the `least` (within `limit`); every pod is when no load
+/// was a number to compare (an engine that reported its queue as NaN): the tie still has its
+/// members.
+fn near(l: f64, least: f64, limit: f64) -> bool {
+    l <= limit || !least.is_finite()
 }
 
 /// A pod's load: in flight plus engine queue.
