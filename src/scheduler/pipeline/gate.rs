@@ -20,6 +20,7 @@
 //! A session's pod is the pick while it is not saturated. Without the load gate (`loadGate`
 //! off) nothing is queued or over its share.
 
+use super::tie::load;
 use crate::scheduler::affinity::{AffinityConfig, AffinityReason, PodLoad};
 
 /// The match that counts, given a candidate's match with holds in flight (`m`) and without
@@ -160,7 +161,7 @@ impl Gates {
             if g.saturated || !g.share_ok {
                 continue;
             }
-            let (m, load) = (effective[i], loads[i].inflight as f64 + loads[i].waiting);
+            let (m, load) = (effective[i], load(loads, i));
             // As `f64::min` folds from infinity (a NaN load never is the least).
             best_available = match best_available {
                 Some((best, _)) if m < best => best_available,
@@ -244,12 +245,11 @@ impl Gates {
                 ..Gate::default()
             })
             .collect();
-        let load = |i: usize| loads[i].inflight as f64 + loads[i].waiting;
         let pool = || (0..matched.len()).filter(|&i| available(i));
         let best_available = pool().map(|i| matched[i]).max().map(|best| {
             let least = pool()
                 .filter(|&i| matched[i] == best)
-                .map(load)
+                .map(|i| load(loads, i))
                 .fold(f64::INFINITY, f64::min);
             (best, least)
         });

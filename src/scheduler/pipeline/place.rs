@@ -15,7 +15,7 @@
 use rand::Rng;
 
 use super::gate::Gates;
-use super::tie::{near_least_loaded, tie_break, tie_break_within};
+use super::tie::{load, near_least_loaded, tie_break, tie_break_within};
 use crate::hashing::BlockHash;
 use crate::scheduler::affinity::{AffinityConfig, AffinityReason, PodLoad};
 
@@ -124,11 +124,6 @@ pub(super) fn nothing_available<R: Rng>(
         }
         None => least_loaded(config, 0..n, loads, tie_key(0), rng),
     }
-}
-
-/// A pod's load: in flight plus engine queue.
-fn load(loads: &[PodLoad], i: usize) -> f64 {
-    loads[i].inflight as f64 + loads[i].waiting
 }
 
 /// The pods of `pool` (non-empty) that new work evicts least from, with their churn: those

@@ -75,7 +75,7 @@ fn near(l: f64, least: f64, limit: f64) -> bool {
 }
 
 /// A pod's load: in flight plus engine queue.
-fn load(loads: &[PodLoad], i: usize) -> f64 {
+pub(super) fn load(loads: &[PodLoad], i: usize) -> f64 {
     loads[i].inflight as f64 + loads[i].waiting
 }
 
