@@ -20,6 +20,8 @@
 //! A session's pod is the pick while it is not saturated. Without the load gate (`loadGate`
 //! off) nothing is queued or over its share.
 
+#[cfg(test)]
+use super::tie::least_load;
 use super::tie::load;
 use crate::scheduler::affinity::{AffinityConfig, AffinityReason, PodLoad};
 
@@ -247,10 +249,7 @@ impl Gates {
             .collect();
         let pool = || (0..matched.len()).filter(|&i| available(i));
         let best_available = pool().map(|i| matched[i]).max().map(|best| {
-            let least = pool()
-                .filter(|&i| matched[i] == best)
-                .map(|i| load(loads, i))
-                .fold(f64::INFINITY, f64::min);
+            let least = least_load(pool().filter(|&i| matched[i] == best), loads);
             (best, least)
         });
         Gates {

@@ -150,12 +150,18 @@ mod tests {
     use crate::scheduler::test_pod::Pod;
     use crate::scheduler::{EngineStats, latency::PRIOR_SECONDS_PER_TOKEN};
 
-    #[test]
-    fn each_candidate_is_read_once_with_its_queue_share_and_uncached_prefill() {
+    /// A scheduler in the affinity mode's defaults, and those defaults.
+    fn affinity_scheduler() -> (Scheduler, AffinityConfig) {
         let mut config = SchedulerConfig::default();
         config.apply_affinity(Some(AffinityConfig::DEFAULT));
         let s = Scheduler::new(config, 5, 1);
         let affinity = *s.affinity().unwrap();
+        (s, affinity)
+    }
+
+    #[test]
+    fn each_candidate_is_read_once_with_its_queue_share_and_uncached_prefill() {
+        let (s, affinity) = affinity_scheduler();
         let pods: Vec<Arc<Pod>> = (0..2)
             .map(|i| {
                 Arc::new(Pod {
@@ -243,10 +249,7 @@ mod tests {
 
     #[test]
     fn a_pod_that_learned_no_concurrency_borrows_the_least_the_pool_learned() {
-        let mut config = SchedulerConfig::default();
-        config.apply_affinity(Some(AffinityConfig::DEFAULT));
-        let s = Scheduler::new(config, 5, 1);
-        let affinity = *s.affinity().unwrap();
+        let (s, affinity) = affinity_scheduler();
         // Three requests in flight on each: the first runs 4 at once, the second 2, the third
         // has shown no queue yet.
         let pod = |running: Option<f64>| {

@@ -15,7 +15,7 @@
 use rand::Rng;
 
 use super::gate::Gates;
-use super::tie::{load, near_least_loaded, tie_break, tie_break_within};
+use super::tie::{least_load, load, near, near_least_loaded, tie_break, tie_break_within};
 use crate::hashing::BlockHash;
 use crate::scheduler::affinity::{AffinityConfig, AffinityReason, PodLoad};
 
@@ -40,22 +40,12 @@ pub(super) fn place<R: Rng>(
         Some((0, _)) if config.balance_new => {
             let limit = gates.share_limit();
             let i = new_work(config, pool, loads, limit, churn, tie_key(0), rng);
-            let why = if best_all == 0 {
-                AffinityReason::Miss
-            } else {
-                AffinityReason::Spill
-            };
-            (i, why)
+            (i, reason(0, best_all))
         }
         Some((best, least)) if best == best_all || best > 0 => {
             let holding = pool.filter(|&i| matched[i] == best);
             let i = tie_break_within(config, holding, loads, least, tie_key(best), rng);
-            let why = match (best == best_all, best > 0) {
-                (true, true) => AffinityReason::Hit,
-                (true, false) => AffinityReason::Miss,
-                (false, _) => AffinityReason::Spill,
-            };
-            (i, why)
+            (i, reason(best, best_all))
         }
         Some(_) => (
             least_loaded(config, pool, loads, tie_key(0), rng),
@@ -66,6 +56,16 @@ pub(super) fn place<R: Rng>(
             let i = nothing_available(config, matched, loads, &saturated, &tie_key, rng);
             (i, AffinityReason::Saturated)
         }
+    }
+}
+
+/// Why a pod holding `best` blocks was placed when the longest match is `best_all`: a hit when
+/// it holds the longest, a miss when nobody holds a block, else a spill.
+pub(super) fn reason(best: usize, best_all: usize) -> AffinityReason {
+    match (best == best_all, best > 0) {
+        (true, true) => AffinityReason::Hit,
+        (true, false) => AffinityReason::Miss,
+        (false, _) => AffinityReason::Spill,
     }
 }
 
@@ -96,12 +96,8 @@ pub(super) fn least_loaded<R: Rng>(
     key: Option<u64>,
     rng: &mut R,
 ) -> usize {
-    let least = pool
-        .clone()
-        .map(|i| load(loads, i))
-        .fold(f64::INFINITY, f64::min);
-    // Every pod ties when no load was a number (an engine queue reported as NaN).
-    let tied = pool.filter(|&i| load(loads, i) == least || !least.is_finite());
+    let least = least_load(pool.clone(), loads);
+    let tied = pool.filter(|&i| near(load(loads, i), least, least));
     tie_break(config, tied, loads, key, rng)
 }
 

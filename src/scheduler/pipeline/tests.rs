@@ -677,7 +677,7 @@ fn reference_place<R: rand::Rng>(
     limit: f64,
     rng: &mut R,
 ) -> (usize, AffinityReason) {
-    use super::place::{least_loaded, new_work, nothing_available};
+    use super::place::{least_loaded, new_work, nothing_available, reason};
     use super::tie::tie_break;
     let n = matched.len();
     let best_all = matched.iter().copied().max().unwrap_or(0);
@@ -687,22 +687,12 @@ fn reference_place<R: rand::Rng>(
     match best_available {
         Some(0) if config.balance_new => {
             let i = new_work(config, pool, loads, limit, churn, tie_key(0), rng);
-            let why = if best_all == 0 {
-                AffinityReason::Miss
-            } else {
-                AffinityReason::Spill
-            };
-            (i, why)
+            (i, reason(0, best_all))
         }
         Some(best) if best == best_all || best > 0 => {
             let holding = pool.filter(|&i| matched[i] == best);
             let i = tie_break(config, holding, loads, tie_key(best), rng);
-            let why = match (best == best_all, best > 0) {
-                (true, true) => AffinityReason::Hit,
-                (true, false) => AffinityReason::Miss,
-                (false, _) => AffinityReason::Spill,
-            };
-            (i, why)
+            (i, reason(best, best_all))
         }
         Some(_) => (
             least_loaded(config, pool, loads, tie_key(0), rng),

@@ -20,10 +20,7 @@ pub(super) fn tie_break<R: Rng>(
     key: Option<u64>,
     rng: &mut R,
 ) -> usize {
-    let least = tied
-        .clone()
-        .map(|i| load(loads, i))
-        .fold(f64::INFINITY, f64::min);
+    let least = least_load(tied.clone(), loads);
     tie_break_within(config, tied, loads, least, key, rng)
 }
 
@@ -59,18 +56,21 @@ pub(super) fn near_least_loaded<'a>(
     pods: impl Iterator<Item = usize> + Clone + 'a,
     loads: &'a [PodLoad],
 ) -> impl Iterator<Item = usize> + Clone + 'a {
-    let least = pods
-        .clone()
-        .map(|i| load(loads, i))
-        .fold(f64::INFINITY, f64::min);
+    let least = least_load(pods.clone(), loads);
     let limit = least + f64::from(config.tie_load_slack);
     pods.filter(move |&i| near(load(loads, i), least, limit))
+}
+
+/// The least load of `pods`, as `f64::min` folds it from infinity (a NaN load is never the
+/// least; infinity when none is a number).
+pub(super) fn least_load(pods: impl Iterator<Item = usize>, loads: &[PodLoad]) -> f64 {
+    pods.map(|i| load(loads, i)).fold(f64::INFINITY, f64::min)
 }
 
 /// Whether a pod of load `l` is near the `least` (within `limit`); every pod is when no load
 /// was a number to compare (an engine that reported its queue as NaN): the tie still has its
 /// members.
-fn near(l: f64, least: f64, limit: f64) -> bool {
+pub(super) fn near(l: f64, least: f64, limit: f64) -> bool {
     l <= limit || !least.is_finite()
 }
 
