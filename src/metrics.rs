@@ -120,6 +120,7 @@ pub const MATCH_RATIO_BUCKETS: [f64; 9] = [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95,
 pub mod engine_truth;
 pub mod family;
 pub mod kvcache;
+pub mod model_labels;
 pub mod outcomes;
 
 const LATENCY_BUCKETS: [f64; 14] = [
@@ -151,6 +152,8 @@ pub struct PrefixCacheMetrics {
     pub match_ratio: HistogramVec,
     pub evictions: IntCounterVec,
     pub entries: IntGauge,
+    /// The `model` label's bound, for `evictions` and the names remembered for it.
+    pub models: model_labels::ModelLabels,
     model_names: Arc<RwLock<HashMap<ModelKey, String>>>,
 }
 
@@ -160,6 +163,7 @@ impl PrefixCacheMetrics {
             match_ratio: MATCH_RATIO.register(registry),
             evictions: EVICTIONS.register(registry),
             entries: ENTRIES.register(registry),
+            models: model_labels::ModelLabels::default(),
             model_names: Arc::default(),
         }
     }
@@ -174,21 +178,24 @@ impl PrefixCacheMetrics {
     pub fn count_record(&self, model: &str, outcome: &RecordOutcome) {
         for &(evicted, count) in &outcome.evicted {
             if evicted == ModelKey::of(model) {
-                self.evictions.with_label_values(&[model]).inc_by(count);
+                self.evictions
+                    .with_label_values(&[self.models.label(model)])
+                    .inc_by(count);
             } else {
                 let name = self.model_name(evicted);
                 self.evictions
-                    .with_label_values(&[name.as_str()])
+                    .with_label_values(&[self.models.label(&name)])
                     .inc_by(count);
             }
         }
         self.remember_model(model);
     }
 
-    /// Remembers a model's name so evictions of its entries can be labelled.
+    /// Remembers a model's name so evictions of its entries can be labelled (a model past
+    /// the label's bound is not remembered: its evictions count under the bound's label).
     pub fn remember_model(&self, model: &str) {
         let key = ModelKey::of(model);
-        if !self.model_names.read().contains_key(&key) {
+        if !self.model_names.read().contains_key(&key) && self.models.is_named(model) {
             self.model_names.write().insert(key, model.to_string());
         }
     }
@@ -236,6 +243,8 @@ pub struct RouterMetrics {
     pub sessions_dropped: IntCounterVec,
     pub config_reloads: IntCounterVec,
     pub config_info: IntGaugeVec,
+    /// The `model` label's bound for the decision's families.
+    pub models: model_labels::ModelLabels,
     /// KV-cache events, engine views, match sources, engine tokens.
     pub engine: engine_truth::EngineTruthMetrics,
     /// kvcache-aware's lookups, Redis connection and GC.
@@ -505,6 +514,7 @@ impl RouterMetrics {
             sessions_dropped: SESSIONS_DROPPED.register(registry),
             config_reloads: CONFIG_RELOADS.register(registry),
             config_info: CONFIG_INFO.register(registry),
+            models: model_labels::ModelLabels::default(),
             engine: engine_truth::EngineTruthMetrics::register(
                 registry,
                 &crate::scheduler::MatchSource::ALL.map(crate::scheduler::MatchSource::as_str),

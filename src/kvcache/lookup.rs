@@ -208,7 +208,7 @@ impl KvLookup {
         let tokens = tokens.map_err(|_| LookupResult::TokenizeError)?;
         self.metrics
             .tokenize_duration
-            .with_label_values(&[model])
+            .with_label_values(&[self.metrics.models.label(model)])
             .observe(took.as_secs_f64());
         Ok(tokens)
     }
@@ -251,7 +251,7 @@ impl KvLookup {
         };
         self.metrics
             .redis_duration
-            .with_label_values(&[model])
+            .with_label_values(&[self.metrics.models.label(model)])
             .observe(took.as_secs_f64());
         tracing::debug!(target: "scores", "KVCacheAware.Score: Redis query took {:?}, blocksWithHits={}/{}",
             took, owners.iter().filter(|o| !o.is_empty()).count(), hashes.len());

@@ -141,6 +141,8 @@ pub struct KvCacheMetrics {
     pub lookups: IntCounterVec,
     pub redis_connected: IntGauge,
     pub gc_removed: IntCounter,
+    /// The `model` label's bound.
+    pub models: super::model_labels::ModelLabels,
 }
 
 impl KvCacheMetrics {
@@ -153,11 +155,13 @@ impl KvCacheMetrics {
             lookups: LOOKUPS.register(registry),
             redis_connected: REDIS_CONNECTED.register(registry),
             gc_removed: GC_REMOVED.register(registry),
+            models: super::model_labels::ModelLabels::default(),
         }
     }
 
     /// Starts a model's error series at 0 (both stages), once it is first looked up.
     pub fn touch_model(&self, model: &str) {
+        let model = self.models.label(model);
         for s in KvCacheStage::ALL {
             self.errors.with_label_values(&[model, s.as_str()]);
         }
@@ -168,7 +172,7 @@ impl KvCacheMetrics {
         self.lookups.with_label_values(&[result.as_str()]).inc();
         if let Some(stage) = result.stage() {
             self.errors
-                .with_label_values(&[model, stage.as_str()])
+                .with_label_values(&[self.models.label(model), stage.as_str()])
                 .inc();
         }
     }

@@ -282,6 +282,7 @@ impl Router {
 
     /// Counts plugin times and match ratios.
     fn count(&self, model: &str, observations: &[Observation]) {
+        let model = self.metrics.models.label(model);
         for o in observations {
             match *o {
                 Observation::PluginTime {

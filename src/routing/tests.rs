@@ -62,6 +62,37 @@ fn explain_changes_no_state_and_counts_nothing() {
 }
 
 #[test]
+fn a_client_naming_a_new_model_every_request_cannot_grow_the_model_label() {
+    use crate::metrics::model_labels::{MAX_MODELS, OTHER_MODEL};
+    let registry = prometheus::Registry::new();
+    // Pods that list no models serve any: every model a client names is routed and counted.
+    let router = router_from_config("picker: {affinity: {}}\n", three(), &registry);
+    for i in 0..MAX_MODELS + 50 {
+        let body = format!(
+            r#"{{"model": "client-{i}", "prompt": "a prompt long enough for a block or two"}}"#
+        );
+        let routed = router.route("/v1/completions", Some(body.as_bytes()), None);
+        assert!(routed.is_ok());
+    }
+    let models: std::collections::BTreeSet<String> = registry
+        .gather()
+        .iter()
+        .filter(|f| f.name() == "kthena_router_prefix_cache_match_ratio")
+        .flat_map(|f| f.get_metric().iter())
+        .flat_map(|m| m.get_label().iter())
+        .filter(|l| l.name() == "model")
+        .map(|l| l.value().to_string())
+        .collect();
+    assert_eq!(
+        models.len(),
+        MAX_MODELS + 1,
+        "the first {MAX_MODELS} and one more"
+    );
+    assert!(models.contains("client-0") && models.contains(OTHER_MODEL));
+    assert!(!models.contains(&format!("client-{}", MAX_MODELS + 1)));
+}
+
+#[test]
 fn failure_body_is_openai_shaped() {
     let f = RouteFailure::new(400, "invalid_request_error", "bad");
     let v: serde_json::Value = serde_json::from_slice(&f.body()).unwrap();
