@@ -118,7 +118,8 @@ impl BlockChain {
 
     /// Kthena's chain from `prev` (the seed).
     fn kthena_from(&self, mut prev: u64, covered: &[u8], out: &mut Vec<BlockHash>) {
-        let mut buf = Vec::with_capacity(20 + self.block_size);
+        // The buffer holds one block: never more than the prompt, whatever the configured size.
+        let mut buf = Vec::with_capacity(20 + self.block_size.min(covered.len()));
         for block in covered.chunks(self.block_size) {
             buf.clear();
             push_decimal(&mut buf, prev);
@@ -228,6 +229,14 @@ mod tests {
                 16885010878743789486
             ]
         );
+    }
+
+    #[test]
+    fn a_block_size_past_any_prompt_hashes_it_as_one_block_without_reserving_the_size() {
+        // `blockSizeToHash: 1000000000000` passes Kthena's lenient parsing; the buffer was once
+        // reserved at the configured size and aborted the process on the first prompt.
+        let huge = chain(usize::MAX / 2, 128).hash("test-model", b"Hello World");
+        assert_eq!(huge, chain(64, 128).hash("test-model", b"Hello World"));
     }
 
     #[test]

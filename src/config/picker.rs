@@ -187,6 +187,11 @@ impl Default for PickerConfig {
 /// The warning for load shedding that can never shed.
 pub const NOTHING_TO_SHED: &str = "picker.loadShedding never sheds: engine scraping is off (scrapeIntervalSeconds: 0) and maxInFlightPerPod is unset";
 
+/// The longest duration any `...Seconds` key of the picker takes: a day.
+pub const MAX_SECONDS: f64 = 86_400.0;
+/// The shortest scrape interval other than 0 (off).
+const MIN_SCRAPE_INTERVAL: f64 = 0.001;
+
 impl PickerConfig {
     /// The numbers no mode may have: out of range or not finite; one error each.
     pub(super) fn check_numbers(&self, errors: &mut Vec<ConfigError>) {
@@ -196,23 +201,32 @@ impl PickerConfig {
                 self.max_endpoints
             )));
         }
-        let interval_ok =
-            self.scrape_interval_seconds.is_finite() && self.scrape_interval_seconds >= 0.0;
+        // Up to a day, so every duration fits a timer; a scrape interval of 0 is off, under a
+        // millisecond it would be a zero-length period.
+        let within = |v: f64, min: f64| v.is_finite() && (min..=MAX_SECONDS).contains(&v);
+        let interval_ok = self.scrape_interval_seconds == 0.0
+            || within(self.scrape_interval_seconds, MIN_SCRAPE_INTERVAL);
         let timeout_ok =
-            self.scrape_timeout_seconds.is_finite() && self.scrape_timeout_seconds > 0.0;
+            self.scrape_timeout_seconds > 0.0 && within(self.scrape_timeout_seconds, 0.0);
         let shutdown_ok = [self.shutdown_delay_seconds, self.shutdown_grace_seconds]
             .iter()
-            .all(|v| v.is_finite() && *v >= 0.0);
+            .all(|v| within(*v, 0.0));
         if !shutdown_ok {
             errors.push(ConfigError::Picker(format!(
-                "shutdownDelaySeconds and shutdownGraceSeconds must be >= 0, got {} and {}",
+                "shutdownDelaySeconds and shutdownGraceSeconds must be between 0 and {MAX_SECONDS}, got {} and {}",
                 self.shutdown_delay_seconds, self.shutdown_grace_seconds
             )));
         }
         if !interval_ok || !timeout_ok {
             errors.push(ConfigError::Picker(format!(
-                "scrapeIntervalSeconds must be >= 0 and scrapeTimeoutSeconds > 0, got {} and {}",
+                "scrapeIntervalSeconds must be 0 (off) or between {MIN_SCRAPE_INTERVAL} and {MAX_SECONDS}, and scrapeTimeoutSeconds > 0 and at most {MAX_SECONDS}, got {} and {}",
                 self.scrape_interval_seconds, self.scrape_timeout_seconds
+            )));
+        }
+        if self.response_timeout_seconds > MAX_SECONDS as u64 {
+            errors.push(ConfigError::Picker(format!(
+                "responseTimeoutSeconds must be at most {MAX_SECONDS}, got {}",
+                self.response_timeout_seconds
             )));
         }
         if self.max_body_bytes == 0 {
@@ -253,10 +267,37 @@ mod tests {
             problems(&bad),
             [
                 "picker: maxEndpoints must be between 1 and 5, got 6",
-                "picker: shutdownDelaySeconds and shutdownGraceSeconds must be >= 0, got 0 and NaN",
-                "picker: scrapeIntervalSeconds must be >= 0 and scrapeTimeoutSeconds > 0, got 1 and 0",
+                "picker: shutdownDelaySeconds and shutdownGraceSeconds must be between 0 and 86400, got 0 and NaN",
+                "picker: scrapeIntervalSeconds must be 0 (off) or between 0.001 and 86400, and scrapeTimeoutSeconds > 0 and at most 86400, got 1 and 0",
                 "picker: maxBodyBytes must be > 0",
             ]
         );
+    }
+
+    #[test]
+    fn durations_past_a_timer_or_under_a_tick_are_refused_not_panicked_on() {
+        // Each once passed and then panicked: `Duration::from_secs_f64(1e20)` at start-up, a
+        // zero-length scrape period in tokio's `interval`, `Instant::now() + ttl` per request.
+        let bad = PickerConfig {
+            shutdown_delay_seconds: 1e20,
+            scrape_interval_seconds: 1e-10,
+            response_timeout_seconds: u64::MAX,
+            ..PickerConfig::default()
+        };
+        assert_eq!(
+            problems(&bad),
+            [
+                "picker: shutdownDelaySeconds and shutdownGraceSeconds must be between 0 and 86400, got 100000000000000000000 and 30",
+                "picker: scrapeIntervalSeconds must be 0 (off) or between 0.001 and 86400, and scrapeTimeoutSeconds > 0 and at most 86400, got 0.0000000001 and 0.5",
+                "picker: responseTimeoutSeconds must be at most 86400, got 18446744073709551615",
+            ]
+        );
+        let off = PickerConfig {
+            scrape_interval_seconds: 0.0,
+            shutdown_grace_seconds: MAX_SECONDS,
+            response_timeout_seconds: MAX_SECONDS as u64,
+            ..PickerConfig::default()
+        };
+        assert!(problems(&off).is_empty());
     }
 }

@@ -69,7 +69,7 @@ pub enum SyncConfigError {
     #[error("sync.redis.{key} must be greater than 0, got {value}")]
     Zero { key: &'static str, value: String },
     #[error(
-        "sync.redis.replayTimeoutSeconds must be a finite number > 0 with replayOnStart (0 would report ready before replaying anything; set replayOnStart: false to start cold), got {0}"
+        "sync.redis.replayTimeoutSeconds must be a number of seconds up to 86400, and > 0 with replayOnStart (0 would report ready before replaying anything; set replayOnStart: false to start cold), got {0}"
     )]
     Timeout(String),
     #[error("sync.redis.stream must not be empty")]
@@ -261,6 +261,9 @@ impl TryFrom<RawRedis> for RedisSync {
     }
 }
 
+/// The longest replay wait: a day.
+const MAX_REPLAY_TIMEOUT_SECONDS: f64 = 86_400.0;
+
 /// The URLs to connect to: `url`, or (with `cluster: true`) the seeds of `urls`.
 fn seed_urls(
     url: String,
@@ -313,7 +316,7 @@ impl RawRedis {
             }
         }
         let t = self.replay_timeout_seconds;
-        if !t.is_finite() || t < 0.0 || (self.replay_on_start && t == 0.0) {
+        if !(0.0..=MAX_REPLAY_TIMEOUT_SECONDS).contains(&t) || (self.replay_on_start && t == 0.0) {
             return Err(SyncConfigError::Timeout(t.to_string()));
         }
         if self.stream.is_empty() {
