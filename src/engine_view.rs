@@ -42,7 +42,8 @@ pub fn token_chain(tokens: &[u32], block_size: usize) -> Vec<u64> {
     let block_size = block_size.max(1);
     let mut out = Vec::with_capacity(tokens.len() / block_size);
     let mut parent = CHAIN_SEED;
-    let mut bytes = Vec::with_capacity(block_size * 4);
+    // One block's bytes, never more than the tokens: the block size comes from the engine.
+    let mut bytes = Vec::with_capacity(block_size.min(tokens.len()) * 4);
     for block in tokens.chunks_exact(block_size) {
         parent = block_hash(parent, block, &mut bytes);
         out.push(parent);
@@ -110,6 +111,7 @@ impl ViewState {
     /// nothing, for a new block while the view holds `max_blocks`.
     #[inline]
     fn put(&mut self, engine: u64, ours: u64, max_blocks: usize) -> bool {
+        let mapped = self.by_engine.len();
         match self.by_engine.entry(engine) {
             Entry::Occupied(e) => {
                 // Stored again (vLLM re-announces a block it re-cached): same content.
@@ -120,7 +122,9 @@ impl ViewState {
                 }
             }
             Entry::Vacant(e) => {
-                if self.held.len() >= max_blocks {
+                // Engine blocks, not distinct contents: blocks of equal tokens under other
+                // engine hashes (another LoRA, a cache salt) each take an entry.
+                if mapped >= max_blocks {
                     return false;
                 }
                 e.insert(ours);

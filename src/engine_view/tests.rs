@@ -103,6 +103,33 @@ fn the_view_is_bounded() {
 }
 
 #[test]
+fn the_bound_counts_engine_blocks_not_distinct_contents() {
+    // One content under ever new engine hashes (a publisher's LoRA ids or cache salts): each
+    // takes a table entry, so each counts toward the bound.
+    let view = EngineView::new(3);
+    let prompt = tokens(16, 0);
+    for engine in 1..=3 {
+        store_chain(&view, None, engine, &prompt, 16);
+    }
+    assert_eq!(view.store(None, &[4], &prompt, 16).skipped, 1);
+    view.remove(&[1]);
+    assert_eq!(view.store(None, &[4], &prompt, 16).added, 1);
+}
+
+#[test]
+fn a_block_size_past_any_prompt_matches_nothing_and_reserves_nothing() {
+    // The block size comes from the engine's events; a garbage `4294967295` once sized a
+    // buffer of 16 GiB on every request matched against the view.
+    let view = EngineView::new(1024);
+    let huge = u32::MAX as usize;
+    assert_eq!(view.store(None, &[1], &tokens(16, 0), huge).skipped, 1);
+    assert_eq!(view.block_size(), huge);
+    let chain = token_chain(&tokens(64, 0), huge);
+    assert!(chain.is_empty());
+    assert_eq!(view.longest_match(&chain), 0);
+}
+
+#[test]
 fn a_new_block_size_resets_the_view() {
     let view = EngineView::new(1024);
     store_chain(&view, None, 1, &tokens(64, 0), 16);

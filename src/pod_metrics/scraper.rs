@@ -216,15 +216,24 @@ impl Scraper {
     }
 }
 
+/// The most index entries an engine's report sizes a pod's budget to: 2^21 (about 90 MB of
+/// index at 42 B an entry; 67 M tokens of KV cache at 4 bytes a token in 128-byte blocks). The
+/// report is the engine's word: a larger one is clamped, so no engine can unbound the index.
+pub const MAX_ENGINE_BUDGET_ENTRIES: usize = 1 << 21;
+
 /// Sizes `e`'s index budget from its engine's `tokens` of KV cache.
-fn apply_budget(
+pub(super) fn apply_budget(
     endpoints: &Endpoints,
     metrics: &RouterMetrics,
     e: &Endpoint,
     budget: EngineBudget,
     tokens: u64,
 ) {
-    let entries = budget.affinity.budget_entries(tokens, budget.block_bytes);
+    let reported = budget.affinity.budget_entries(tokens, budget.block_bytes);
+    let entries = reported.min(MAX_ENGINE_BUDGET_ENTRIES);
+    if entries < reported {
+        tracing::warn!(pod = %e.label, engine_tokens = tokens, reported, entries, "the engine reports more KV cache than the index follows; budget clamped");
+    }
     let dropped: u64 = endpoints
         .index()
         .set_pod_capacity(e.index.slot(), entries)

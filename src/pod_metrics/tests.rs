@@ -375,3 +375,52 @@ async fn the_scrape_counts_a_missing_signal_and_keeps_its_value() {
     assert_eq!(pod.stats().kv_usage, 0.25, "kept, not read as 0");
     token.cancel();
 }
+
+/// An engine that reports more KV cache than any pod has sizes its budget to the ceiling, not
+/// to its word: the index's memory stays bounded whatever an engine exports.
+#[test]
+fn an_engine_budget_is_clamped_to_the_ceiling() {
+    use crate::endpoints::{EndpointSpec, PodId, Update};
+    use crate::prefix_index::PrefixIndex;
+    use crate::scheduler::affinity::AffinityConfig;
+    use scraper::{MAX_ENGINE_BUDGET_ENTRIES, apply_budget};
+
+    let registry = Registry::new();
+    let metrics = RouterMetrics::register(&registry);
+    let endpoints = Endpoints::new(Arc::new(PrefixIndex::new(10)), metrics.clone());
+    endpoints.apply(Update::Reset(vec![EndpointSpec {
+        id: PodId {
+            namespace: "default".into(),
+            name: "engine".into(),
+        },
+        address: "127.0.0.1:8000".parse().unwrap(),
+        models: vec![],
+        generation: String::new(),
+        role: None,
+        labels: Default::default(),
+        kv_events: None,
+        containers_started: None,
+    }]));
+    let pod = endpoints.snapshot().all()[0].clone();
+    let budget = EngineBudget {
+        affinity: AffinityConfig::default(),
+        block_bytes: 128,
+    };
+    let budget_of = || {
+        metrics
+            .pod_budget
+            .with_label_values(&["engine", "default"])
+            .get()
+    };
+    // `num_gpu_blocks="1000000000000"` x 16 tokens.
+    apply_budget(&endpoints, &metrics, &pod, budget, 16_000_000_000_000);
+    assert_eq!(budget_of(), MAX_ENGINE_BUDGET_ENTRIES as i64);
+    assert_eq!(
+        endpoints.index().pod_capacity(pod.index.slot()),
+        MAX_ENGINE_BUDGET_ENTRIES
+    );
+    // An engine's real size is followed.
+    apply_budget(&endpoints, &metrics, &pod, budget, 65_536);
+    let expected = AffinityConfig::default().budget_entries(65_536, 128);
+    assert_eq!(budget_of(), expected as i64);
+}

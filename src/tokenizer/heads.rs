@@ -27,12 +27,14 @@
 //! Knobs (`picker.tokenizer`): `source` (`engine` | `file`), `engine` (`vllm` | `sglang`: the
 //! body of the call), `port` (default: the pod's serving port), `timeoutMs` (50), `path` (the
 //! `file` source's `tokenizer.json`; `tokenizer_config.json` or `chat_template.jinja` beside it
-//! give the chat template), `cacheEntries` (heads kept, 65 536), `queue` (heads waiting to be
-//! tokenized, 1024; more are dropped, counted).
+//! give the chat template), `cacheEntries` (heads kept, 65 536), `cacheTokens` (their tokens,
+//! 16 Mi: 64 MiB), `queue` (heads waiting to be tokenized, 1024, holding at most
+//! [`QUEUED_BYTES`] of request bodies; more are dropped, counted).
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
@@ -52,6 +54,8 @@ const MESSAGE_END: &[u8] = b"<|im_end|>\n";
 const SHARDS: usize = 16;
 /// Fills tokenized at once.
 const FILLS_AT_ONCE: usize = 8;
+/// Request bodies the queue may hold at once (each fill keeps its body until tokenized).
+pub const QUEUED_BYTES: usize = 64 << 20;
 /// Fills tokenized at once in process (`source: file`): CPU work on blocking threads, kept
 /// off most of the cores that serve requests.
 #[cfg(feature = "tokenizer-file")]
@@ -81,6 +85,9 @@ pub struct TokenizerSection {
     pub timeout_ms: u64,
     #[serde(default = "default_cache_entries")]
     pub cache_entries: usize,
+    /// Tokens the heads kept may hold together.
+    #[serde(default = "default_cache_tokens")]
+    pub cache_tokens: usize,
     #[serde(default = "default_queue")]
     pub queue: usize,
     /// The `file` source's `tokenizer.json`.
@@ -117,6 +124,9 @@ fn default_timeout_ms() -> u64 {
 }
 fn default_cache_entries() -> usize {
     1 << 16
+}
+fn default_cache_tokens() -> usize {
+    1 << 24
 }
 fn default_queue() -> usize {
     1024
@@ -183,10 +193,10 @@ impl TokenizerSection {
         if self.timeout_ms == 0 {
             errors.push("tokenizer.timeoutMs must be > 0, got 0".to_string());
         }
-        if self.cache_entries == 0 || self.queue == 0 {
+        if self.cache_entries == 0 || self.cache_tokens == 0 || self.queue == 0 {
             errors.push(format!(
-                "tokenizer.cacheEntries and tokenizer.queue must be > 0, got {} and {}",
-                self.cache_entries, self.queue
+                "tokenizer.cacheEntries, tokenizer.cacheTokens and tokenizer.queue must be > 0, got {}, {} and {}",
+                self.cache_entries, self.cache_tokens, self.queue
             ));
         }
         errors
@@ -206,6 +216,13 @@ struct Fill {
     heads: Vec<(usize, u64, usize)>,
 }
 
+/// One shard of the head map: the heads and their tokens together.
+#[derive(Debug, Default)]
+struct HeadShard {
+    heads: HashMap<u64, HeadFound>,
+    tokens: usize,
+}
+
 /// A request's engine tokens, found.
 #[derive(Debug, Clone)]
 pub struct HeadFound {
@@ -218,9 +235,11 @@ pub struct HeadFound {
 #[derive(Debug)]
 pub struct HeadTokens {
     section: TokenizerSection,
-    shards: Vec<RwLock<HashMap<u64, HeadFound>>>,
+    shards: Vec<RwLock<HeadShard>>,
     /// Heads queued or being tokenized (not queued twice).
     pending: Mutex<HashSet<u64>>,
+    /// Bytes of request bodies queued or being tokenized (at most [`QUEUED_BYTES`]).
+    queued_bytes: AtomicUsize,
     queue: mpsc::Sender<Fill>,
     receiver: Mutex<Option<mpsc::Receiver<Fill>>>,
     metrics: EngineTruthMetrics,
@@ -232,6 +251,7 @@ impl HeadTokens {
         HeadTokens {
             shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
             pending: Mutex::default(),
+            queued_bytes: AtomicUsize::new(0),
             queue,
             receiver: Mutex::new(Some(receiver)),
             metrics,
@@ -309,6 +329,12 @@ impl HeadTokens {
         if wanted.is_empty() {
             return true;
         }
+        let queued = self.queued_bytes.fetch_add(body.len(), Ordering::Relaxed);
+        if queued + body.len() > QUEUED_BYTES {
+            self.queued_bytes.fetch_sub(body.len(), Ordering::Relaxed);
+            self.forget_pending(&wanted);
+            return false;
+        }
         let fill = Fill {
             model: model.to_string(),
             pod,
@@ -323,10 +349,7 @@ impl HeadTokens {
                 let fill = match e {
                     mpsc::error::TrySendError::Full(f) | mpsc::error::TrySendError::Closed(f) => f,
                 };
-                let mut pending = self.pending.lock();
-                for (_, d, _) in &fill.heads {
-                    pending.remove(d);
-                }
+                self.done(&fill);
                 false
             }
         }
@@ -349,7 +372,7 @@ impl HeadTokens {
             .enumerate()
             .rev()
             .find_map(|(i, &(_, digest, _))| {
-                let found = self.shard(digest).read().get(&digest).cloned()?;
+                let found = self.shard(digest).read().heads.get(&digest).cloned()?;
                 Some((i, found))
             })
     }
@@ -361,27 +384,44 @@ impl HeadTokens {
 
     /// Heads known.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.read().len()).sum()
+        self.shards.iter().map(|s| s.read().heads.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    fn shard(&self, digest: u64) -> &RwLock<HashMap<u64, HeadFound>> {
+    fn shard(&self, digest: u64) -> &RwLock<HeadShard> {
         &self.shards[(digest as usize) % SHARDS]
     }
 
+    /// Keeps `found` within the shard's share of `cacheEntries` and `cacheTokens`, dropping
+    /// arbitrary heads (hash order is effectively random); a head larger than the share alone
+    /// is not kept.
     fn insert(&self, digest: u64, found: HeadFound) {
-        let per_shard = self.section.cache_entries.div_ceil(SHARDS).max(1);
+        let entries = self.section.cache_entries.div_ceil(SHARDS).max(1);
+        let tokens = self.section.cache_tokens.div_ceil(SHARDS).max(1);
+        if found.tokens.len() > tokens {
+            return;
+        }
         let mut shard = self.shard(digest).write();
-        if shard.len() >= per_shard && !shard.contains_key(&digest) {
-            // Bounded: drop an arbitrary head (hash order is effectively random).
-            if let Some(&old) = shard.keys().next() {
-                shard.remove(&old);
+        let HeadShard {
+            heads,
+            tokens: held,
+        } = &mut *shard;
+        if let Some(old) = heads.remove(&digest) {
+            *held -= old.tokens.len();
+        }
+        while heads.len() >= entries || *held + found.tokens.len() > tokens {
+            let Some(&old) = heads.keys().next() else {
+                break;
+            };
+            if let Some(old) = heads.remove(&old) {
+                *held -= old.tokens.len();
             }
         }
-        shard.insert(digest, found);
+        *held += found.tokens.len();
+        heads.insert(digest, found);
     }
 
     /// Tokenizes queued heads until `shutdown` (call once; later calls return at once).
@@ -459,10 +499,16 @@ impl HeadTokens {
         }
     }
 
-    /// Forgets `fill`'s heads as pending.
+    /// Forgets `fill`'s heads as pending, and its body as queued.
     fn done(&self, fill: &Fill) {
+        self.queued_bytes
+            .fetch_sub(fill.body.len(), Ordering::Relaxed);
+        self.forget_pending(&fill.heads);
+    }
+
+    fn forget_pending(&self, heads: &[(usize, u64, usize)]) {
         let mut pending = self.pending.lock();
-        for (_, d, _) in &fill.heads {
+        for (_, d, _) in heads {
             pending.remove(d);
         }
     }

@@ -128,6 +128,77 @@ fn the_head_map_is_bounded() {
 }
 
 #[test]
+fn the_head_map_holds_at_most_its_tokens() {
+    // Long prompts once kept every head's tokens up to `cacheEntries` (65,536 of 55,000 tokens
+    // each for 220 KB prompts: 14 GB).
+    let mut s = section();
+    s.cache_tokens = SHARDS * 100; // 100 tokens a shard
+    let heads_map = HeadTokens::new(s, metrics());
+    let found = |n: usize| HeadFound {
+        tokens: Tokens::from(vec![7; n]),
+        prompt_bytes: n,
+    };
+    for d in 0..1000u64 {
+        heads_map.insert(d, found(30));
+    }
+    let held: usize = heads_map.shards.iter().map(|s| s.read().tokens).sum();
+    let counted: usize = heads_map
+        .shards
+        .iter()
+        .flat_map(|s| {
+            s.read()
+                .heads
+                .values()
+                .map(|f| f.tokens.len())
+                .collect::<Vec<_>>()
+        })
+        .sum();
+    assert_eq!(held, counted, "the shards count what they hold");
+    assert!(held <= SHARDS * 100 && heads_map.len() == SHARDS * 3);
+    // A head larger than a shard's share is not kept; one replaced keeps the count exact.
+    heads_map.insert(5000, found(101));
+    assert!(!heads_map.shard(5000).read().heads.contains_key(&5000));
+    let kept = *heads_map.shard(0).read().heads.keys().next().unwrap();
+    heads_map.insert(kept, found(10));
+    let held: usize = heads_map.shards.iter().map(|s| s.read().tokens).sum();
+    assert_eq!(held, SHARDS * 3 * 30 - 20);
+}
+
+#[test]
+fn the_queue_holds_at_most_its_bytes_of_bodies() {
+    let heads_map = HeadTokens::new(section(), metrics());
+    let pod: SocketAddr = "127.0.0.1:8000".parse().unwrap();
+    let body = vec![b' '; QUEUED_BYTES / 2 + 1];
+    let prompt = |i: usize| chatml(&[("system", &format!("tenant {i}")), ("user", "q")]);
+    let find = |i: usize| {
+        heads_map.find(
+            "m",
+            Some(Api::ChatCompletions),
+            &prompt(i),
+            Some(&body),
+            Some(pod),
+        );
+        heads_map
+            .metrics
+            .engine_tokens
+            .with_label_values(&["dropped"])
+            .get()
+    };
+    assert_eq!(find(0), 0, "one body fits");
+    assert_eq!(find(1), 1, "two do not: dropped, counted");
+    // The first fill done, its bytes are free again.
+    let queued = heads_map
+        .receiver
+        .lock()
+        .as_mut()
+        .unwrap()
+        .try_recv()
+        .unwrap();
+    heads_map.done(&queued);
+    assert_eq!(find(2), 1);
+}
+
+#[test]
 fn messages_are_joined_as_sent() {
     let body =
         r#"{"messages":[{"role":"user","content":"a", "z":1},{"content":"b","role":"user"}]}"#;
