@@ -69,7 +69,7 @@ pub async fn step(store: &KvStore, cursor: u64, now: i64) -> redis::RedisResult<
             .into_iter()
             .filter(|(_, v)| {
                 v.parse::<i64>()
-                    .is_ok_and(|w| now - w > FRESH.as_secs() as i64)
+                    .is_ok_and(|w| now.saturating_sub(w) > FRESH.as_secs() as i64)
             })
             .map(|(f, _)| f)
             .collect();

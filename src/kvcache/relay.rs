@@ -18,7 +18,8 @@
 //!
 //! One pipeline per event. Redis errors never end the relay: the event is retried with backoff
 //! (100 ms doubling to 5 s) on the shared connection ([`KvStore`]), which reconnects on its
-//! own; meanwhile newer events wait in the subscriber's channel (when it is full the
+//! own, unless Redis refused the writes themselves (`WRONGTYPE`, `NOPERM`, `OOM`: the event is
+//! skipped, warned and counted); meanwhile newer events wait in the subscriber's channel (when it is full the
 //! subscriber's own gap handling applies). Engine hashes are written as unsigned decimals (the
 //! Runtime writes Python's int); only the relay reads them back.
 
@@ -59,6 +60,8 @@ pub struct RelayCounts {
     pub resets: u64,
     pub disconnects: u64,
     pub redis_retries: u64,
+    /// Events whose writes Redis refused for good (`WRONGTYPE`, `NOPERM`, `OOM`): skipped.
+    pub refused_events: u64,
 }
 
 /// The writer: the layout and the engine -> standardized hash map.
@@ -93,7 +96,8 @@ impl Writer {
         )
     }
 
-    /// Applies one event, retrying Redis errors with backoff until done or `shutdown`.
+    /// Applies one event, retrying Redis errors with backoff until done or `shutdown`; an
+    /// error that no retry can mend (Redis answered with a refusal) skips the event.
     pub async fn apply(&mut self, store: &KvStore, event: &KvEvent, shutdown: &CancellationToken) {
         let mut backoff = Backoff::new();
         loop {
@@ -103,6 +107,11 @@ impl Writer {
             };
             match result {
                 Ok(()) => return,
+                Err(Some(e)) if matches!(e.retry_method(), redis::RetryMethod::NoRetry) => {
+                    tracing::warn!(error = %e, "kv-relay: Redis refused the event's writes; event skipped");
+                    self.counts.refused_events += 1;
+                    return;
+                }
                 Err(e) => {
                     if let Some(e) = e {
                         tracing::warn!(error = %e, "kv-relay: Redis write failed; retrying");
@@ -345,6 +354,7 @@ fn log_counts(c: &RelayCounts, stats: &crate::kv_events::SubscriberStats) {
         resets = c.resets,
         disconnects = c.disconnects,
         redis_retries = c.redis_retries,
+        refused_events = c.refused_events,
         received = stats.received.load(Relaxed),
         decode_errors = stats.decode_errors.load(Relaxed),
         gaps = stats.gaps.load(Relaxed),

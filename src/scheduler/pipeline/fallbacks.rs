@@ -20,7 +20,12 @@ pub(super) fn fallbacks(
         if i == primary || (kept.len() == keep && kept.last().is_none_or(|last| m < last.0.0)) {
             continue;
         }
-        let t = (std::cmp::Reverse(m), l.inflight + l.waiting as i64, i);
+        // Saturating: an engine may report any queue (`1e19` casts to `i64::MAX`).
+        let t = (
+            std::cmp::Reverse(m),
+            l.inflight.saturating_add(l.waiting as i64),
+            i,
+        );
         if kept.len() == keep && kept.last().is_none_or(|last| t >= *last) {
             continue;
         }
@@ -64,6 +69,13 @@ mod tests {
         assert_eq!(fallbacks(2, &matched, &loads, 2), [0, 4]);
         assert_eq!(fallbacks(0, &matched, &loads, 0), [] as [usize; 0]);
         assert_eq!(fallbacks(0, &[5], &[load(0, 0.0)], 4), [] as [usize; 0]);
+    }
+
+    #[test]
+    fn a_queue_past_any_integer_ranks_last_instead_of_wrapping() {
+        // `vllm:num_requests_waiting 1e19` with a request in flight once wrapped to the least.
+        let loads = [load(0, 0.0), load(1, 1e19), load(2, 0.0)];
+        assert_eq!(fallbacks(0, &[1, 1, 1], &loads, 2), [2, 1]);
     }
 
     proptest::proptest! {

@@ -545,3 +545,60 @@ async fn the_relay_survives_a_redis_restart_and_writes_what_it_missed() {
     .await;
     stop.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_redis_refuses_skips_its_event_and_the_next_lands() {
+    use prefix_picker::kv_events::{EngineBlockHash, KvEvent};
+    use prefix_picker::scheduler::kvcache_aware::{block_key, standardized_hash};
+    let redis = RedisServer::start().await;
+    let stop = CancellationToken::new();
+    let (store, _tasks) = store_on(&redis, &stop).await;
+    let mut conn = store.connection().unwrap();
+    let stored = |hash: u64, first_token: u32| KvEvent::BlockStored {
+        block_hashes: vec![EngineBlockHash(hash)],
+        parent: None,
+        token_ids: (first_token..first_token + 16).collect(),
+        block_size: 16,
+        lora_id: None,
+        medium: None,
+    };
+    let key = |first_token: u32| {
+        block_key(
+            "m",
+            standardized_hash(&(first_token..first_token + 16).collect::<Vec<_>>()),
+        )
+    };
+    // A string where the block's hash belongs: every HSET on it answers WRONGTYPE, which no
+    // retry mends (the relay once retried it forever, and every later event waited).
+    let _: () = redis::cmd("SET")
+        .arg(key(0))
+        .arg("not a hash")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut writer = relay::Writer::new(RelayIdentity {
+        pod: "sim-0.default".into(),
+        model: "m".into(),
+        engine: prefix_picker::tokenizer::EngineKind::Vllm,
+    });
+    // Bounded only so a regression fails instead of hanging the suite.
+    let first = stored(1, 0);
+    let refused = writer.apply(&store, &first, &stop);
+    tokio::time::timeout(std::time::Duration::from_secs(60), refused)
+        .await
+        .expect("a refused write is skipped, not retried forever");
+    writer.apply(&store, &stored(2, 100), &stop).await;
+    assert_eq!(writer.counts.refused_events, 1);
+    assert_eq!(writer.counts.stored_blocks, 1);
+    let owner: Option<String> = redis::cmd("HGET")
+        .arg(key(100))
+        .arg("sim-0.default")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        owner.is_some(),
+        "the event after the refused one is written"
+    );
+    stop.cancel();
+}
