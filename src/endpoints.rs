@@ -15,9 +15,9 @@
 
 mod pattern;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -108,6 +108,10 @@ pub struct Endpoint {
     /// series, looked up when first counted and kept: a request looks no label set up.
     inflight_series: OnceLock<IntGauge>,
     picks_series: OnceLock<IntCounter>,
+    /// Set when the pod left the set (not when a new incarnation replaced it), before its
+    /// series are removed: a writer that raced the removal removes them again
+    /// ([`Endpoints::forget_if_departed`]).
+    departed: AtomicBool,
 }
 
 impl Endpoint {
@@ -413,6 +417,19 @@ impl Endpoints {
             }
             Update::Remove(id) => specs.retain(|s| s.id != id),
         }
+        // One endpoint per id, the last spec winning (a static endpoint named like a discovered
+        // pod): two would share one id, and the one not kept would never be removed.
+        let mut seen = HashSet::with_capacity(specs.len());
+        let listed = specs.len();
+        specs.reverse();
+        specs.retain(|s| seen.insert(s.id.clone()));
+        specs.reverse();
+        if specs.len() < listed {
+            tracing::warn!(
+                duplicates = listed - specs.len(),
+                "pods listed twice under one namespace/name (e.g. a static endpoint named like a discovered pod): the last kept"
+            );
+        }
         let mut kept: HashMap<&PodId, &Arc<Endpoint>> =
             old.all.iter().map(|e| (&e.spec.id, e)).collect();
         let mut all = Vec::with_capacity(specs.len());
@@ -434,6 +451,11 @@ impl Endpoints {
         let mut left = Vec::new();
         for e in gone {
             self.index.remove_pod(e.index.slot());
+            // Requests in flight may keep the endpoint alive (up to `responseTimeoutSeconds`):
+            // its view's blocks are not.
+            if let Some(view) = &e.engine {
+                view.clear();
+            }
             let still_there = self
                 .current
                 .load()
@@ -441,11 +463,28 @@ impl Endpoints {
                 .iter()
                 .any(|n| n.spec.id == e.spec.id);
             if !still_there {
+                e.departed.store(true, Ordering::SeqCst);
                 self.metrics.forget_pod(&e.spec.id);
                 left.push(e.spec.id.clone());
             }
         }
         left
+    }
+
+    /// Removes `e`'s per-pod series again if it left the set: for writers that read the set
+    /// before the pod left and wrote its series after (the engine scrape, the KV-event
+    /// consumer). Call after writing.
+    pub fn forget_if_departed(&self, e: &Endpoint) {
+        let returned = || {
+            self.current
+                .load()
+                .all
+                .iter()
+                .any(|n| n.spec.id == e.spec.id)
+        };
+        if e.departed.load(Ordering::SeqCst) && !returned() {
+            self.metrics.forget_pod(&e.spec.id);
+        }
     }
 
     /// A new pod (or a new life of one): cold, with its own index slot.
@@ -478,6 +517,7 @@ impl Endpoints {
             spec,
             inflight_series: OnceLock::new(),
             picks_series: OnceLock::new(),
+            departed: AtomicBool::new(false),
         })
     }
 
@@ -558,6 +598,72 @@ mod tests {
                 .by_address(&"127.0.0.1:2".parse().unwrap())
                 .is_some()
         );
+    }
+
+    #[test]
+    fn a_pod_listed_twice_is_one_endpoint_and_stays_one_across_updates() {
+        // A static endpoint named like a discovered pod: the discovered one (listed last) is
+        // kept; each later update once replaced the static copy with a fresh endpoint and a
+        // new index slot, and never removed the old one.
+        let index = Arc::new(PrefixIndex::new(10));
+        let eps = Endpoints::new(
+            index.clone(),
+            RouterMetrics::register(&prometheus::Registry::new()),
+        );
+        let both = || vec![spec("a", 1, "static"), spec("a", 2, "discovered")];
+        eps.apply(Update::Reset(both()));
+        let a = eps.snapshot().all()[0].clone();
+        assert_eq!(eps.snapshot().all().len(), 1);
+        assert_eq!(a.spec.generation, "discovered");
+        index.record(&a.index, ModelKey(1), &[BlockHash(5)]);
+        eps.apply(Update::Reset(both()));
+        assert!(
+            Arc::ptr_eq(&eps.snapshot().all()[0], &a),
+            "nothing replaced"
+        );
+        assert_eq!(index.entries(), 1);
+    }
+
+    #[test]
+    fn a_pod_that_left_drops_its_engine_view_and_its_late_series() {
+        let registry = prometheus::Registry::new();
+        let metrics = RouterMetrics::register(&registry);
+        let eps = Endpoints::new(Arc::new(PrefixIndex::new(10)), metrics.clone());
+        let mut publishing = spec("a", 1, "1");
+        publishing.kv_events = Some(KvEventsAddress {
+            endpoint: "tcp://127.0.0.1:5557".into(),
+            replay: None,
+        });
+        eps.apply(Update::Reset(vec![publishing, spec("b", 2, "1")]));
+        let [a, b] = [0, 1].map(|i| eps.snapshot().all()[i].clone());
+        let view = a.engine.as_ref().expect("a view");
+        view.store(None, &[1], &(0..16).collect::<Vec<u32>>(), 16);
+        assert_eq!(view.blocks(), 1);
+        let series = |pod: &str| {
+            registry
+                .gather()
+                .iter()
+                .filter(|f| f.name() == "prefix_picker_engine_scrapes_total")
+                .flat_map(|f| f.get_metric().iter())
+                .filter(|m| m.get_label().iter().any(|l| l.value() == pod))
+                .count()
+        };
+        eps.apply(Update::Remove(a.spec.id.clone()));
+        // Held by a request in flight, the endpoint keeps no blocks.
+        assert_eq!(view.blocks(), 0);
+        // A scrape that read the set before the pod left writes its series after.
+        metrics.count_scrape(&a.spec.id, crate::metrics::ScrapeResult::Ok);
+        metrics.count_scrape(&b.spec.id, crate::metrics::ScrapeResult::Ok);
+        assert!(series("a") > 0);
+        eps.forget_if_departed(&a);
+        eps.forget_if_departed(&b);
+        assert_eq!(series("a"), 0, "the departed pod's series go again");
+        assert!(series("b") > 0, "a pod still there keeps its series");
+        // A new incarnation under the same id is no departure.
+        eps.apply(Update::Add(spec("b", 2, "2")));
+        metrics.count_scrape(&b.spec.id, crate::metrics::ScrapeResult::Ok);
+        eps.forget_if_departed(&b);
+        assert!(series("b") > 0);
     }
 
     #[test]

@@ -93,7 +93,7 @@ pub async fn follow(
             let cancel = shutdown.child_token();
             tokio::spawn(subscribe(
                 e.clone(),
-                endpoints.index().clone(),
+                endpoints.clone(),
                 section.clone(),
                 metrics.clone(),
                 cancel.clone(),
@@ -115,7 +115,7 @@ pub async fn follow(
 /// One pod: its subscriber and the consumer applying its updates.
 async fn subscribe(
     endpoint: Arc<Endpoint>,
-    index: Arc<PrefixIndex>,
+    endpoints: Arc<Endpoints>,
     section: KvEventsSection,
     metrics: EngineTruthMetrics,
     cancel: CancellationToken,
@@ -132,7 +132,7 @@ async fn subscribe(
     let stats = subscriber.stats();
     let (tx, mut rx) = mpsc::channel(256);
     let task = tokio::spawn(subscriber.run(tx, cancel.clone()));
-    let mut consumer = Consumer::new(&endpoint, view, &index, metrics, stats);
+    let mut consumer = Consumer::new(&endpoint, view, endpoints.index(), metrics, stats);
     tracing::info!(pod = %endpoint.spec.id, endpoint = %address.endpoint, "subscribing to KV events");
     let mut tick = tokio::time::interval(STATS_PERIOD);
     loop {
@@ -148,6 +148,8 @@ async fn subscribe(
     cancel.cancel();
     let _ = task.await;
     view.set_live(false);
+    // Cancelled because the pod left: the series this consumer wrote after it left go too.
+    endpoints.forget_if_departed(&endpoint);
 }
 
 /// One pod's series, resolved once.

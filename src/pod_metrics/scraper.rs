@@ -127,12 +127,14 @@ impl Scraper {
             .as_secs_f64();
         for (e, result) in results {
             match result {
-                Ok(raw) => self.record(e, raw, now),
+                Ok(raw) => self.record(e.clone(), raw, now),
                 Err(err) => {
                     tracing::debug!(pod = %e.label, error = %err, "engine metrics scrape failed");
                     self.metrics.count_scrape(&e.spec.id, ScrapeResult::Error);
                 }
             }
+            // A pod that left while the round fetched: its series, just written, go again.
+            self.endpoints.forget_if_departed(&e);
         }
     }
 
