@@ -289,11 +289,28 @@ fn period_means() {
     assert_eq!(period_mean(None, t(0.0, 0), 0.0), 0.0);
 }
 
+/// One pod, `default/engine`, serving at `address`.
+fn engine_at(address: std::net::SocketAddr) -> crate::endpoints::EndpointSpec {
+    crate::endpoints::EndpointSpec {
+        id: crate::endpoints::PodId {
+            namespace: "default".into(),
+            name: "engine".into(),
+        },
+        address,
+        models: vec![],
+        generation: String::new(),
+        role: None,
+        labels: Default::default(),
+        kv_events: None,
+        containers_started: None,
+    }
+}
+
 /// The scrape loop against an engine that stops exporting KV usage: the signal is counted at
 /// every scrape and keeps its value.
 #[tokio::test]
 async fn the_scrape_counts_a_missing_signal_and_keeps_its_value() {
-    use crate::endpoints::{EndpointSpec, PodId, Update};
+    use crate::endpoints::Update;
     use crate::prefix_index::PrefixIndex;
 
     let text = Arc::new(parking_lot::Mutex::new(VLLM.to_string()));
@@ -315,19 +332,7 @@ async fn the_scrape_counts_a_missing_signal_and_keeps_its_value() {
         Arc::new(PrefixIndex::new(10)),
         metrics.clone(),
     ));
-    endpoints.apply(Update::Reset(vec![EndpointSpec {
-        id: PodId {
-            namespace: "default".into(),
-            name: "engine".into(),
-        },
-        address,
-        models: vec![],
-        generation: String::new(),
-        role: None,
-        labels: Default::default(),
-        kv_events: None,
-        containers_started: None,
-    }]));
+    endpoints.apply(Update::Reset(vec![engine_at(address)]));
     let scrape_metrics = ScrapeMetrics::register(&registry);
     let missing = |s: Signal| {
         scrape_metrics
@@ -380,7 +385,7 @@ async fn the_scrape_counts_a_missing_signal_and_keeps_its_value() {
 /// to its word: the index's memory stays bounded whatever an engine exports.
 #[test]
 fn an_engine_budget_is_clamped_to_the_ceiling() {
-    use crate::endpoints::{EndpointSpec, PodId, Update};
+    use crate::endpoints::Update;
     use crate::prefix_index::PrefixIndex;
     use crate::scheduler::affinity::AffinityConfig;
     use scraper::{MAX_ENGINE_BUDGET_ENTRIES, apply_budget};
@@ -388,19 +393,9 @@ fn an_engine_budget_is_clamped_to_the_ceiling() {
     let registry = Registry::new();
     let metrics = RouterMetrics::register(&registry);
     let endpoints = Endpoints::new(Arc::new(PrefixIndex::new(10)), metrics.clone());
-    endpoints.apply(Update::Reset(vec![EndpointSpec {
-        id: PodId {
-            namespace: "default".into(),
-            name: "engine".into(),
-        },
-        address: "127.0.0.1:8000".parse().unwrap(),
-        models: vec![],
-        generation: String::new(),
-        role: None,
-        labels: Default::default(),
-        kv_events: None,
-        containers_started: None,
-    }]));
+    endpoints.apply(Update::Reset(vec![engine_at(
+        "127.0.0.1:8000".parse().unwrap(),
+    )]));
     let pod = endpoints.snapshot().all()[0].clone();
     let budget = EngineBudget {
         affinity: AffinityConfig::default(),

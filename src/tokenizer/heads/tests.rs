@@ -14,6 +14,11 @@ fn section() -> TokenizerSection {
     serde_yaml_ng::from_str("source: engine").unwrap()
 }
 
+/// The next fill waiting in the queue (none run here).
+fn next_queued(heads_map: &HeadTokens) -> Option<Fill> {
+    heads_map.receiver.lock().as_mut()?.try_recv().ok()
+}
+
 fn chatml(messages: &[(&str, &str)]) -> String {
     messages
         .iter()
@@ -67,23 +72,9 @@ fn a_miss_queues_its_heads_once_and_a_known_head_is_found() {
         find().is_none(),
         "queued once: the second miss queues nothing"
     );
-    let queued = heads_map
-        .receiver
-        .lock()
-        .as_mut()
-        .unwrap()
-        .try_recv()
-        .unwrap();
+    let queued = next_queued(&heads_map).expect("queued");
     assert_eq!(queued.heads.iter().map(|h| h.0).collect::<Vec<_>>(), [2, 1]);
-    assert!(
-        heads_map
-            .receiver
-            .lock()
-            .as_mut()
-            .unwrap()
-            .try_recv()
-            .is_err()
-    );
+    assert!(next_queued(&heads_map).is_none());
     // The tenant's head (its system message) tokenized: another question of that tenant finds it.
     let (_, digest, bytes) = queued.heads[1];
     heads_map.insert(
@@ -187,14 +178,7 @@ fn the_queue_holds_at_most_its_bytes_of_bodies() {
     assert_eq!(find(0), 0, "one body fits");
     assert_eq!(find(1), 1, "two do not: dropped, counted");
     // The first fill done, its bytes are free again.
-    let queued = heads_map
-        .receiver
-        .lock()
-        .as_mut()
-        .unwrap()
-        .try_recv()
-        .unwrap();
-    heads_map.done(&queued);
+    heads_map.done(&next_queued(&heads_map).expect("queued"));
     assert_eq!(find(2), 1);
 }
 
