@@ -456,13 +456,7 @@ impl Endpoints {
             if let Some(view) = &e.engine {
                 view.clear();
             }
-            let still_there = self
-                .current
-                .load()
-                .all
-                .iter()
-                .any(|n| n.spec.id == e.spec.id);
-            if !still_there {
+            if !self.lists(&e.spec.id) {
                 e.departed.store(true, Ordering::SeqCst);
                 self.metrics.forget_pod(&e.spec.id);
                 left.push(e.spec.id.clone());
@@ -475,16 +469,14 @@ impl Endpoints {
     /// before the pod left and wrote its series after (the engine scrape, the KV-event
     /// consumer). Call after writing.
     pub fn forget_if_departed(&self, e: &Endpoint) {
-        let returned = || {
-            self.current
-                .load()
-                .all
-                .iter()
-                .any(|n| n.spec.id == e.spec.id)
-        };
-        if e.departed.load(Ordering::SeqCst) && !returned() {
+        if e.departed.load(Ordering::SeqCst) && !self.lists(&e.spec.id) {
             self.metrics.forget_pod(&e.spec.id);
         }
+    }
+
+    /// Whether the current set has a pod named `id` (a new incarnation counts).
+    fn lists(&self, id: &PodId) -> bool {
+        self.current.load().all.iter().any(|n| &n.spec.id == id)
     }
 
     /// A new pod (or a new life of one): cold, with its own index slot.
