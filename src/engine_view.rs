@@ -42,13 +42,18 @@ pub fn token_chain(tokens: &[u32], block_size: usize) -> Vec<u64> {
     let block_size = block_size.max(1);
     let mut out = Vec::with_capacity(tokens.len() / block_size);
     let mut parent = CHAIN_SEED;
-    // One block's bytes, never more than the tokens: the block size comes from the engine.
-    let mut bytes = Vec::with_capacity(block_size.min(tokens.len()) * 4);
+    let mut bytes = block_buffer(block_size, tokens.len());
     for block in tokens.chunks_exact(block_size) {
         parent = block_hash(parent, block, &mut bytes);
         out.push(parent);
     }
     out
+}
+
+/// A buffer for one block's token bytes, never larger than `tokens` tokens' bytes: the block
+/// size comes from the engine's events.
+fn block_buffer(block_size: usize, tokens: usize) -> Vec<u8> {
+    Vec::with_capacity(block_size.min(tokens) * 4)
 }
 
 fn block_hash(parent: u64, block: &[u32], bytes: &mut Vec<u8>) -> u64 {

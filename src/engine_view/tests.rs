@@ -126,6 +126,7 @@ fn a_block_size_past_any_prompt_matches_nothing_and_reserves_nothing() {
     assert_eq!(view.block_size(), huge);
     let chain = token_chain(&tokens(64, 0), huge);
     assert!(chain.is_empty());
+    assert!(block_buffer(huge, 64).capacity() <= 64 * 4);
     assert_eq!(view.longest_match(&chain), 0);
 }
 
