@@ -243,7 +243,7 @@ pub struct RouterMetrics {
     pub sessions_dropped: IntCounterVec,
     pub config_reloads: IntCounterVec,
     pub config_info: IntGaugeVec,
-    /// The `model` label's bound for the decision's families.
+    /// The `model` label's bound for the decision's families and kvcache-aware's.
     pub models: model_labels::ModelLabels,
     /// KV-cache events, engine views, match sources, engine tokens.
     pub engine: engine_truth::EngineTruthMetrics,
@@ -483,6 +483,7 @@ impl RouterMetrics {
     /// string does. A table: one line per field.
     pub fn register(registry: &Registry) -> RouterMetrics {
         register_build_and_process(registry);
+        let models = model_labels::ModelLabels::default();
         RouterMetrics {
             plugin_duration: PLUGIN_DURATION.register(registry),
             decisions: DECISIONS.register(registry),
@@ -514,14 +515,14 @@ impl RouterMetrics {
             sessions_dropped: SESSIONS_DROPPED.register(registry),
             config_reloads: CONFIG_RELOADS.register(registry),
             config_info: CONFIG_INFO.register(registry),
-            models: model_labels::ModelLabels::default(),
+            models: models.clone(),
             engine: engine_truth::EngineTruthMetrics::register(
                 registry,
                 &crate::scheduler::MatchSource::ALL.map(crate::scheduler::MatchSource::as_str),
                 &crate::scheduler::HoldEnd::ALL.map(crate::scheduler::HoldEnd::as_str),
                 &engine_truth::TokenizeErrorKind::ALL.map(engine_truth::TokenizeErrorKind::as_str),
             ),
-            kvcache: kvcache::KvCacheMetrics::register(registry),
+            kvcache: kvcache::KvCacheMetrics::register(registry, models.clone()),
         }
     }
 

@@ -146,7 +146,12 @@ pub struct KvCacheMetrics {
 }
 
 impl KvCacheMetrics {
-    pub fn register(registry: &Registry) -> KvCacheMetrics {
+    /// Registers the families; `models` bounds their `model` label (shared with the
+    /// decision's families).
+    pub fn register(
+        registry: &Registry,
+        models: super::model_labels::ModelLabels,
+    ) -> KvCacheMetrics {
         KvCacheMetrics {
             match_ratio: MATCH_RATIO.register(registry),
             redis_duration: REDIS_DURATION.register(registry),
@@ -155,7 +160,7 @@ impl KvCacheMetrics {
             lookups: LOOKUPS.register(registry),
             redis_connected: REDIS_CONNECTED.register(registry),
             gc_removed: GC_REMOVED.register(registry),
-            models: super::model_labels::ModelLabels::default(),
+            models,
         }
     }
 

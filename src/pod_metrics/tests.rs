@@ -289,23 +289,6 @@ fn period_means() {
     assert_eq!(period_mean(None, t(0.0, 0), 0.0), 0.0);
 }
 
-/// One pod, `default/engine`, serving at `address`.
-fn engine_at(address: std::net::SocketAddr) -> crate::endpoints::EndpointSpec {
-    crate::endpoints::EndpointSpec {
-        id: crate::endpoints::PodId {
-            namespace: "default".into(),
-            name: "engine".into(),
-        },
-        address,
-        models: vec![],
-        generation: String::new(),
-        role: None,
-        labels: Default::default(),
-        kv_events: None,
-        containers_started: None,
-    }
-}
-
 /// The scrape loop against an engine that stops exporting KV usage: the signal is counted at
 /// every scrape and keeps its value.
 #[tokio::test]
@@ -332,7 +315,11 @@ async fn the_scrape_counts_a_missing_signal_and_keeps_its_value() {
         Arc::new(PrefixIndex::new(10)),
         metrics.clone(),
     ));
-    endpoints.apply(Update::Reset(vec![engine_at(address)]));
+    endpoints.apply(Update::Reset(vec![crate::testing::spec(
+        "engine",
+        address.port(),
+        &[],
+    )]));
     let scrape_metrics = ScrapeMetrics::register(&registry);
     let missing = |s: Signal| {
         scrape_metrics
@@ -393,8 +380,10 @@ fn an_engine_budget_is_clamped_to_the_ceiling() {
     let registry = Registry::new();
     let metrics = RouterMetrics::register(&registry);
     let endpoints = Endpoints::new(Arc::new(PrefixIndex::new(10)), metrics.clone());
-    endpoints.apply(Update::Reset(vec![engine_at(
-        "127.0.0.1:8000".parse().unwrap(),
+    endpoints.apply(Update::Reset(vec![crate::testing::spec(
+        "engine",
+        8000,
+        &[],
     )]));
     let pod = endpoints.snapshot().all()[0].clone();
     let budget = EngineBudget {
