@@ -4,7 +4,7 @@
 //!
 //! [`follow`] watches the pod set: a pod that appears (or a new incarnation of one) gets a
 //! subscriber ([`crate::kv_events::subscriber`]) and a consumer; a pod that leaves has both
-//! cancelled. The consumer applies each batch in order (`BlockStored` adds, `BlockRemoved`
+//! cancelled; a pair that stopped on its own (a panic) is started again. The consumer applies each batch in order (`BlockStored` adds, `BlockRemoved`
 //! removes, `AllBlocksCleared` clears) and keeps the view's `live` flag: on while connected,
 //! off while disconnected (the view is kept: a reconnect that continues the sequence resumes
 //! it, from the first batch after it). A `Reset` (a gap replay could not fill, a restarted publisher) drops the view, which
@@ -27,6 +27,7 @@ use std::time::Duration;
 use prometheus::{Gauge, IntCounter, IntGauge};
 use serde::Deserialize;
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::endpoints::{DEFAULT_MAX_ENGINE_BLOCKS, Endpoint, Endpoints};
@@ -69,8 +70,41 @@ pub async fn follow(
     metrics: EngineTruthMetrics,
     shutdown: CancellationToken,
 ) {
+    let spawn = {
+        let endpoints = endpoints.clone();
+        let metrics = metrics.clone();
+        move |e: Arc<Endpoint>, cancel: CancellationToken| {
+            tokio::spawn(subscribe(
+                e,
+                endpoints.clone(),
+                section.clone(),
+                metrics.clone(),
+                cancel,
+            ))
+        }
+    };
+    supervise(&endpoints, &metrics, &shutdown, spawn).await;
+}
+
+/// A pod's running subscriber task.
+struct Running {
+    endpoint: Arc<Endpoint>,
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+/// Runs `spawn`'s task for every publishing pod while it is in the set, cancelling it when the
+/// pod leaves. A task that ends on its own (only a bug ends one: a panic) is started again at
+/// the next pass (at most one a second), its view not live meanwhile, warned and counted
+/// (`kind="restart"`), so a pod's engine truth never freezes.
+async fn supervise(
+    endpoints: &Endpoints,
+    metrics: &EngineTruthMetrics,
+    shutdown: &CancellationToken,
+    spawn: impl Fn(Arc<Endpoint>, CancellationToken) -> JoinHandle<()>,
+) {
     // Keyed by the endpoint's address in memory: a new incarnation is a new endpoint.
-    let mut running: HashMap<usize, (Arc<Endpoint>, CancellationToken)> = HashMap::new();
+    let mut running: HashMap<usize, Running> = HashMap::new();
     loop {
         let set = endpoints.snapshot();
         let mut wanted: HashMap<usize, &Arc<Endpoint>> = HashMap::new();
@@ -79,26 +113,43 @@ pub async fn follow(
                 wanted.insert(Arc::as_ptr(e) as usize, e);
             }
         }
-        running.retain(|key, (_, cancel)| {
-            let keep = wanted.contains_key(key);
-            if !keep {
-                cancel.cancel();
+        running.retain(|key, r| {
+            if !wanted.contains_key(key) {
+                r.cancel.cancel();
+                return false;
             }
-            keep
+            if !r.task.is_finished() {
+                return true;
+            }
+            // The subscriber of a consumer that panicked is still connected.
+            r.cancel.cancel();
+            if let Some(view) = &r.endpoint.engine {
+                view.set_live(false);
+            }
+            let [name, namespace] = pod_label_values(&r.endpoint.spec.id);
+            metrics
+                .stream
+                .with_label_values(&[name, namespace, StreamEvent::Restart.as_str()])
+                .inc();
+            endpoints.forget_if_departed(&r.endpoint);
+            tracing::error!(pod = %r.endpoint.spec.id,
+                "the KV-event subscriber stopped on its own (a bug: please report it); started again, the pod matched by the estimate meanwhile");
+            false
         });
         for (key, e) in wanted {
             if running.contains_key(&key) {
                 continue;
             }
             let cancel = shutdown.child_token();
-            tokio::spawn(subscribe(
-                e.clone(),
-                endpoints.clone(),
-                section.clone(),
-                metrics.clone(),
-                cancel.clone(),
-            ));
-            running.insert(key, (e.clone(), cancel));
+            let task = spawn(e.clone(), cancel.clone());
+            running.insert(
+                key,
+                Running {
+                    endpoint: e.clone(),
+                    cancel,
+                    task,
+                },
+            );
         }
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -107,8 +158,8 @@ pub async fn follow(
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
     }
-    for (_, (_, cancel)) in running {
-        cancel.cancel();
+    for r in running.into_values() {
+        r.cancel.cancel();
     }
 }
 
@@ -296,18 +347,24 @@ impl<'a> Consumer<'a> {
     /// wrong topics) and the view's gauges into the metrics.
     fn sync_stats(&mut self) {
         let s = &self.stats;
-        let now = [
-            s.received.load(Relaxed),
-            s.decoded.load(Relaxed),
-            s.decode_errors.load(Relaxed),
-            s.wrong_topic.load(Relaxed),
-            s.unknown_events.load(Relaxed),
-            s.gaps.load(Relaxed),
-            s.replays.load(Relaxed),
-            s.resets.load(Relaxed),
-            s.reconnects.load(Relaxed),
-        ];
-        for ((counter, now), synced) in self.series.stream.iter().zip(now).zip(&mut self.synced) {
+        for (kind, (counter, synced)) in StreamEvent::ALL
+            .into_iter()
+            .zip(self.series.stream.iter().zip(&mut self.synced))
+        {
+            let now = match kind {
+                StreamEvent::Received => &s.received,
+                StreamEvent::Applied => &s.decoded,
+                StreamEvent::DecodeError => &s.decode_errors,
+                StreamEvent::WrongTopic => &s.wrong_topic,
+                StreamEvent::UnknownEvent => &s.unknown_events,
+                StreamEvent::Gap => &s.gaps,
+                StreamEvent::Replay => &s.replays,
+                StreamEvent::Reset => &s.resets,
+                StreamEvent::Reconnect => &s.reconnects,
+                // Counted by the supervisor, not the subscriber.
+                StreamEvent::Restart => continue,
+            }
+            .load(Relaxed);
             counter.inc_by(now.saturating_sub(*synced));
             *synced = now;
         }
@@ -322,4 +379,80 @@ impl<'a> Consumer<'a> {
 /// Whether an event's `medium` is the GPU (absent: engines before vLLM added the field).
 fn on_gpu(medium: Option<&str>) -> bool {
     medium.is_none_or(|m| m.eq_ignore_ascii_case("gpu"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use prometheus::Registry;
+
+    use super::*;
+    use crate::endpoints::{KvEventsAddress, Update};
+    use crate::metrics::RouterMetrics;
+
+    #[tokio::test]
+    async fn a_subscriber_that_stops_on_its_own_is_started_again_its_view_not_live_meanwhile() {
+        let metrics = RouterMetrics::register(&Registry::new());
+        let endpoints = Arc::new(Endpoints::new(
+            Arc::new(PrefixIndex::new(10)),
+            metrics.clone(),
+        ));
+        let mut spec = crate::testing::spec("engine", 18001, &[]);
+        spec.kv_events = Some(KvEventsAddress {
+            endpoint: "tcp://127.0.0.1:5557".into(),
+            replay: None,
+        });
+        endpoints.apply(Update::Reset(vec![spec]));
+        let e = endpoints.snapshot().all()[0].clone();
+        e.engine.as_ref().expect("a view").set_live(true);
+
+        // The first task panics as a bug would; the second runs until cancelled.
+        let (started, mut starts) = mpsc::unbounded_channel();
+        let cancelled = Arc::new(AtomicUsize::new(0));
+        let spawn = {
+            let cancelled = cancelled.clone();
+            let n = AtomicUsize::new(0);
+            move |_: Arc<Endpoint>, cancel: CancellationToken| {
+                let n = n.fetch_add(1, Relaxed);
+                started.send(n).unwrap();
+                let cancelled = cancelled.clone();
+                tokio::spawn(async move {
+                    assert!(n > 0, "a bug in the subscriber");
+                    cancel.cancelled().await;
+                    cancelled.fetch_add(1, Relaxed);
+                })
+            }
+        };
+        let shutdown = CancellationToken::new();
+        let supervisor = tokio::spawn({
+            let (endpoints, engine, shutdown) =
+                (endpoints.clone(), metrics.engine.clone(), shutdown.clone());
+            async move { supervise(&endpoints, &engine, &shutdown, spawn).await }
+        });
+        let mut next = async || {
+            tokio::time::timeout(Duration::from_secs(30), starts.recv())
+                .await
+                .ok()
+                .flatten()
+        };
+        assert_eq!(next().await, Some(0));
+        assert_eq!(next().await, Some(1), "started again");
+        assert!(!e.engine.as_ref().unwrap().is_live());
+        let restarts = metrics
+            .engine
+            .stream
+            .with_label_values(&["engine", "default", "restart"])
+            .get();
+        assert_eq!(restarts, 1);
+
+        // The pod leaves: its task is cancelled, and not started again.
+        endpoints.apply(Update::Reset(Vec::new()));
+        while cancelled.load(Relaxed) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        shutdown.cancel();
+        supervisor.await.unwrap();
+        assert!(starts.try_recv().is_err(), "no start for a pod that left");
+    }
 }

@@ -564,7 +564,6 @@ fn scrape_engines(
     generations_known
 }
 
-/// Expires completions nobody observed (every second); samples how many still wait.
 /// Engine truth: a KV-event subscriber per publishing pod ([`crate::engine_events`]) and, with
 /// `picker.tokenizer`, the background tokenizer of prompt heads.
 fn follow_engines(
@@ -592,6 +591,7 @@ fn follow_engines(
     }
 }
 
+/// Expires completions nobody observed (every second); samples how many still wait.
 fn expire_routes(
     router: &Arc<Router>,
     shutdown: &CancellationToken,

@@ -108,10 +108,12 @@ pub enum StreamEvent {
     Reset,
     /// A connection re-established.
     Reconnect,
+    /// The pod's subscriber stopped on its own (a bug) and was started again.
+    Restart,
 }
 
 impl StreamEvent {
-    pub const ALL: [StreamEvent; 9] = [
+    pub const ALL: [StreamEvent; 10] = [
         StreamEvent::Received,
         StreamEvent::Applied,
         StreamEvent::DecodeError,
@@ -121,6 +123,7 @@ impl StreamEvent {
         StreamEvent::Replay,
         StreamEvent::Reset,
         StreamEvent::Reconnect,
+        StreamEvent::Restart,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -134,6 +137,7 @@ impl StreamEvent {
             StreamEvent::Replay => "replay",
             StreamEvent::Reset => "reset",
             StreamEvent::Reconnect => "reconnect",
+            StreamEvent::Restart => "restart",
         }
     }
 }
