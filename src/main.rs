@@ -97,7 +97,8 @@ fn kv_relay(args: cli::kv_relay::KvRelayArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    runtime.block_on(relay(id, events, target))
+    let release = std::time::Duration::from_secs(args.release_seconds);
+    runtime.block_on(relay(id, events, target, release))
 }
 
 /// The relay itself: Redis connected in the background, events written until a signal.
@@ -105,6 +106,7 @@ async fn relay(
     id: prefix_picker::kvcache::relay::RelayIdentity,
     events: prefix_picker::kv_events::SubscriberConfig,
     target: prefix_picker::kvcache::redis_env::RedisTarget,
+    release: std::time::Duration,
 ) -> ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let shutdown = tokio_util::sync::CancellationToken::new();
@@ -134,7 +136,7 @@ async fn relay(
         terminated().await;
         stop.cancel();
     });
-    prefix_picker::kvcache::relay::run(id, events, store, shutdown.clone()).await;
+    prefix_picker::kvcache::relay::run(id, events, store, shutdown.clone(), release).await;
     shutdown.cancel();
     while tasks.join_next().await.is_some() {}
     ExitCode::SUCCESS

@@ -41,6 +41,10 @@ pub struct KvRelayArgs {
     /// The engine: the mapping keys' prefix (`vllm:` or `sglang:`).
     #[arg(long, value_enum, default_value_t = RelayEngine::Vllm)]
     pub engine: RelayEngine,
+    /// At shutdown (SIGTERM), remove the pod's fields from the blocks it holds within this
+    /// many seconds (0: keep them until the router's GC).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub release_seconds: u64,
     /// Log format.
     #[arg(long, value_enum, default_value_t = crate::cli::LogFormat::Text)]
     pub log_format: crate::cli::LogFormat,

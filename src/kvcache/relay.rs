@@ -16,6 +16,12 @@
 //!   pod holds is unknown): the pod's field is removed from every `matrix:kv:block:{model}@*`
 //!   key and its mapping keys are deleted (`SCAN ... COUNT 100`).
 //!
+//! On shutdown (SIGTERM) the relay releases what it wrote: `HDEL` of the pod's field from each
+//! block it knows the engine holds and `DEL` of their mapping keys, in pipelines, within
+//! `--release-seconds` (default 5; 0: keep them). Without it a departed pod's fields stay until
+//! the router's GC, which visits 100 keys an hour; blocks stored before the relay itself
+//! restarted are not known to it and stay.
+//!
 //! One pipeline per event. Redis errors never end the relay: the event is retried with backoff
 //! (100 ms doubling to 5 s) on the shared connection ([`KvStore`]), which reconnects on its
 //! own, unless Redis refused the writes themselves (`WRONGTYPE`, `NOPERM`, `OOM`: the event is
@@ -62,6 +68,8 @@ pub struct RelayCounts {
     pub redis_retries: u64,
     /// Events whose writes Redis refused for good (`WRONGTYPE`, `NOPERM`, `OOM`): skipped.
     pub refused_events: u64,
+    /// Blocks whose fields the relay removed at shutdown.
+    pub released_blocks: u64,
 }
 
 /// The writer: the layout and the engine -> standardized hash map.
@@ -277,7 +285,45 @@ impl Writer {
         self.apply(store, &KvEvent::AllBlocksCleared, shutdown)
             .await;
     }
+
+    /// Removes the pod's field from every block it knows the engine holds, and their mapping
+    /// keys, [`RELEASE_BATCH`] blocks per pipeline; returns how many blocks were released. A
+    /// Redis error ends it (the caller bounds it in time): what is left stays until the GC.
+    pub async fn release(&mut self, store: &KvStore) -> Result<usize, ReleaseError> {
+        let mut released = 0;
+        let blocks: Vec<(EngineBlockHash, StdBlockHash)> =
+            self.mapping.iter().map(|(&e, &s)| (e, s)).collect();
+        for batch in blocks.chunks(RELEASE_BATCH) {
+            let mut conn = store.connection().ok_or(ReleaseError::NotConnected)?;
+            let mut pipe = redis::pipe();
+            for &(engine, std) in batch {
+                pipe.cmd("HDEL")
+                    .arg(block_key(&self.id.model, std))
+                    .arg(&self.id.pod)
+                    .ignore();
+                pipe.cmd("DEL").arg(self.mapping_key(engine)).ignore();
+            }
+            pipe.query_async::<()>(&mut conn).await?;
+            for (engine, _) in batch {
+                self.mapping.remove(engine);
+            }
+            released += batch.len();
+        }
+        Ok(released)
+    }
 }
+
+/// Why the relay could not release its pod's blocks at shutdown.
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    #[error("Redis is not connected")]
+    NotConnected,
+    #[error(transparent)]
+    Redis(#[from] redis::RedisError),
+}
+
+/// Blocks per pipeline when the relay releases its pod's blocks at shutdown.
+const RELEASE_BATCH: usize = 512;
 
 /// `*`, `?`, `[`, `]` and `\` escaped for a `SCAN MATCH` pattern.
 fn glob_escape(s: &str) -> String {
@@ -291,12 +337,14 @@ fn glob_escape(s: &str) -> String {
     out
 }
 
-/// Runs the relay until `shutdown`: the subscriber in a task, the writer here.
+/// Runs the relay until `shutdown`: the subscriber in a task, the writer here; then releases
+/// the pod's blocks within `release` (zero: keeps them).
 pub async fn run(
     id: RelayIdentity,
     events: SubscriberConfig,
     store: KvStore,
     shutdown: CancellationToken,
+    release: Duration,
 ) -> RelayCounts {
     let (tx, mut rx) = mpsc::channel(1024);
     let subscriber = Subscriber::new(events);
@@ -339,6 +387,23 @@ pub async fn run(
         }
     }
     let _ = sub.await;
+    if !release.is_zero() {
+        let known = writer.mapping.len();
+        match tokio::time::timeout(release, writer.release(&store)).await {
+            Ok(Ok(n)) => {
+                writer.counts.released_blocks = n as u64;
+                tracing::info!(blocks = n, "kv-relay: released the pod's blocks");
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, left = writer.mapping.len(), known,
+                "kv-relay: could not release the pod's blocks; the rest stay until the router's GC"),
+            Err(_) => tracing::warn!(
+                left = writer.mapping.len(),
+                known,
+                seconds = release.as_secs_f64(),
+                "kv-relay: releasing the pod's blocks took too long; the rest stay until the router's GC"
+            ),
+        }
+    }
     log_counts(&writer.counts, &stats);
     writer.counts
 }
@@ -355,6 +420,7 @@ fn log_counts(c: &RelayCounts, stats: &crate::kv_events::SubscriberStats) {
         disconnects = c.disconnects,
         redis_retries = c.redis_retries,
         refused_events = c.refused_events,
+        released_blocks = c.released_blocks,
         received = stats.received.load(Relaxed),
         decode_errors = stats.decode_errors.load(Relaxed),
         gaps = stats.gaps.load(Relaxed),

@@ -5,6 +5,7 @@
 //! eviction removes the score, and with Redis down, a tokenizer that fails, a wrong-typed Redis
 //! key or a huge prompt, requests are still routed, counted, without the score.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use super::send;
@@ -35,8 +36,13 @@ fn guide_config(endpoints: &str, tokenizer_port: u16, redis: &RedisServer) -> Co
     config
 }
 
-/// A `kv-relay` beside `sim` (the relay's code in process), until `stop`.
-async fn relay_beside(sim: &Sim, redis: &RedisServer, stop: &CancellationToken) {
+/// A `kv-relay` beside `sim` (the relay's code in process), until `stop`; it then releases
+/// the pod's blocks, as at SIGTERM.
+async fn relay_beside(
+    sim: &Sim,
+    redis: &RedisServer,
+    stop: &CancellationToken,
+) -> tokio::task::JoinHandle<relay::RelayCounts> {
     let endpoint = sim.engine.kv_events().expect("publishes events");
     let loopback = |bound: &str| bound.replace("0.0.0.0", "127.0.0.1");
     let events = prefix_picker::kv_events::SubscriberConfig {
@@ -55,8 +61,8 @@ async fn relay_beside(sim: &Sim, redis: &RedisServer, stop: &CancellationToken) 
     tokio::spawn(async move {
         // The store's keeper lives as long as the relay.
         let _tasks = tasks;
-        relay::run(id, events, store, stop).await;
-    });
+        relay::run(id, events, store, stop, std::time::Duration::from_secs(5)).await
+    })
 }
 
 /// A text prompt whose sim tokens fill whole 16-token blocks (what the engine caches).
@@ -462,6 +468,104 @@ async fn gc_removes_owner_fields_older_than_a_day() {
     stop.cancel();
 }
 
+/// Lets the relay beside `sim` subscribe first: warm-up requests until one's blocks reach Redis
+/// (what the engine publishes before the relay's subscription is in place is lost, as on any
+/// SUB).
+async fn warm_until_written(sim: SocketAddr, redis: &RedisServer) {
+    let mut warm_ups = 0;
+    poll("a warm-up's blocks in Redis", || {
+        warm_ups += 1;
+        let n = warm_ups;
+        let url = redis.url();
+        async move {
+            let warm =
+                whole_blocks_prompt(sim, &format!("warm-up prompt {n}, one block or two")).await;
+            let status = reqwest::Client::new()
+                .post(format!("http://{sim}/v1/completions"))
+                .json(&json!({"model": "m", "prompt": warm}))
+                .send()
+                .await
+                .ok()?
+                .status();
+            assert_eq!(status, 200);
+            let mut c = redis::Client::open(url)
+                .ok()?
+                .get_multiplexed_async_connection()
+                .await
+                .ok()?;
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg("matrix:kv:block:m@*")
+                .query_async(&mut c)
+                .await
+                .ok()?;
+            (!keys.is_empty()).then_some(())
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_shutdown_the_relay_releases_its_pods_blocks_and_leaves_the_others() {
+    let engine = EngineConfig {
+        time_scale: 100.0,
+        ..EngineConfig::default()
+    };
+    let sim = Sim::start_with_events("sim-0", engine).await;
+    let redis = RedisServer::start().await;
+    let stop = CancellationToken::new();
+    let relay = relay_beside(&sim, &redis, &stop).await;
+    warm_until_written(sim.addr, &redis).await;
+    let mut c = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let conn = c.clone();
+    let keys = |pattern: &'static str| {
+        let mut c = conn.clone();
+        async move {
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(pattern)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            keys
+        }
+    };
+    let blocks = keys("matrix:kv:block:m@*").await;
+    assert!(!keys("vllm:kv:block:sim-0.default@*").await.is_empty());
+    // Another pod holds the first block too.
+    let _: () = redis::cmd("HSET")
+        .arg(&blocks[0])
+        .arg("sim-1.default")
+        .arg(1)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+
+    stop.cancel();
+    let counts = relay.await.unwrap();
+    assert!(counts.released_blocks >= blocks.len() as u64, "{counts:?}");
+    for key in &blocks {
+        let owners: HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(key)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert!(!owners.contains_key("sim-0.default"), "{key}: {owners:?}");
+    }
+    let first: HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(&blocks[0])
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(first.keys().collect::<Vec<_>>(), ["sim-1.default"]);
+    assert_eq!(
+        keys("vllm:kv:block:sim-0.default@*").await,
+        Vec::<String>::new()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_relay_survives_a_redis_restart_and_writes_what_it_missed() {
     let engine = EngineConfig {
@@ -498,32 +602,7 @@ async fn the_relay_survives_a_redis_restart_and_writes_what_it_missed() {
             .unwrap()
             .status()
     };
-    // Let the relay subscribe first: warm-up requests until one's blocks reach Redis (what the
-    // engine publishes before the relay's subscription is in place is lost, as on any SUB).
-    let mut warm_ups = 0;
-    poll("a warm-up's blocks in Redis", || {
-        warm_ups += 1;
-        let n = warm_ups;
-        let url = redis.url();
-        async move {
-            let warm =
-                whole_blocks_prompt(sim.addr, &format!("warm-up prompt {n}, one block or two"))
-                    .await;
-            assert_eq!(send_direct(warm).await, 200);
-            let mut c = redis::Client::open(url)
-                .ok()?
-                .get_multiplexed_async_connection()
-                .await
-                .ok()?;
-            let keys: Vec<String> = redis::cmd("KEYS")
-                .arg("matrix:kv:block:m@*")
-                .query_async(&mut c)
-                .await
-                .ok()?;
-            (!keys.is_empty()).then_some(())
-        }
-    })
-    .await;
+    warm_until_written(sim.addr, &redis).await;
     redis.kill();
     assert_eq!(send_direct(prompt).await, 200);
     redis.restart().await;
