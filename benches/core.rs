@@ -375,6 +375,7 @@ fn shipped_router() -> Router {
             labels: Default::default(),
             kv_events: None,
             containers_started: None,
+            engine_started: None,
         })
         .collect();
     router.endpoints.apply(Update::Reset(specs));

@@ -114,6 +114,7 @@ impl Pool {
                 labels: Default::default(),
                 kv_events: None,
                 containers_started: None,
+                engine_started: None,
             })
             .collect();
         router.endpoints.apply(Update::Reset(specs));

@@ -35,6 +35,9 @@ use crate::scheduler::latency::PodTiming;
 use crate::scheduler::{Candidate, PickError};
 pub use pattern::AddressPattern;
 
+/// `Endpoint::containers_started` when discovery knows no start.
+const NOT_STARTED: i64 = i64::MIN;
+
 /// The default bound of an engine view, in blocks (`picker.kvEvents.maxBlocksPerPod`).
 pub const DEFAULT_MAX_ENGINE_BLOCKS: usize = 1 << 20;
 
@@ -58,8 +61,39 @@ pub struct EndpointSpec {
     /// matched by the estimate.
     pub kv_events: Option<KvEventsAddress>,
     /// When the pod's containers last started (unix seconds; Kubernetes discovery), so that
-    /// kvcache-aware drops ownership written before; `None`: unknown (static endpoints).
+    /// kvcache-aware drops ownership written before; `None`: unknown (static endpoints). A
+    /// change alone keeps the endpoint: the current value is [`Endpoint::containers_started`].
     pub containers_started: Option<i64>,
+    /// When the pod's engine container last started (Kubernetes discovery): a change starts the
+    /// pod cold, as its engine lost its cache. `None`: unknown.
+    pub engine_started: Option<i64>,
+}
+
+impl EndpointSpec {
+    /// The same pod in the same life, whatever its containers' start: a sidecar that restarted
+    /// leaves the engine's cache (and the endpoint's state) as it was.
+    fn same_life(&self, other: &EndpointSpec) -> bool {
+        // Every field named: one added later must be decided on here.
+        let EndpointSpec {
+            id,
+            address,
+            models,
+            generation,
+            role,
+            labels,
+            kv_events,
+            containers_started: _,
+            engine_started,
+        } = self;
+        *id == other.id
+            && *address == other.address
+            && *models == other.models
+            && *generation == other.generation
+            && *role == other.role
+            && *labels == other.labels
+            && *kv_events == other.kv_events
+            && *engine_started == other.engine_started
+    }
 }
 
 /// A pod's KV-event publisher (vLLM's `--kv-events-config` `endpoint` and `replay_endpoint`).
@@ -102,6 +136,8 @@ pub struct Endpoint {
     pub rendezvous: u64,
     /// `spec.generation`, or the one the engine scrape learned when that is empty.
     generation: RwLock<Arc<str>>,
+    /// `spec.containers_started` as discovery last saw it ([`NOT_STARTED`]: `None`).
+    containers_started: AtomicI64,
     /// What the engine holds, by its KV-cache events (pods with `spec.kv_events` only).
     pub engine: Option<EngineView>,
     /// The pod's `prefix_picker_pod_inflight_requests` and `prefix_picker_pod_picks_total`
@@ -217,7 +253,7 @@ impl Candidate for Endpoint {
     }
 
     fn containers_started(&self) -> Option<i64> {
-        self.spec.containers_started
+        Some(self.containers_started.load(Ordering::Relaxed)).filter(|&t| t != NOT_STARTED)
     }
 
     fn pod_label(&self, key: &str) -> Option<&str> {
@@ -263,8 +299,15 @@ impl Drop for InflightGuard {
 pub enum Update {
     /// The complete set (pods not listed are gone).
     Reset(Vec<EndpointSpec>),
-    Add(EndpointSpec),
+    /// A pod added or changed ([`Update::add`]).
+    Add(Box<EndpointSpec>),
     Remove(PodId),
+}
+
+impl Update {
+    pub fn add(spec: EndpointSpec) -> Update {
+        Update::Add(Box::new(spec))
+    }
 }
 
 /// An immutable snapshot of the pod set.
@@ -408,12 +451,19 @@ impl Endpoints {
     pub fn apply(&self, update: Update) -> Vec<PodId> {
         let _writer = self.writer.lock();
         let old = self.current.load_full();
-        let mut specs: Vec<EndpointSpec> = old.all.iter().map(|e| e.spec.clone()).collect();
+        let mut specs: Vec<EndpointSpec> = old
+            .all
+            .iter()
+            .map(|e| EndpointSpec {
+                containers_started: e.containers_started(),
+                ..e.spec.clone()
+            })
+            .collect();
         match update {
             Update::Reset(new) => specs = new,
             Update::Add(spec) => {
                 specs.retain(|s| s.id != spec.id);
-                specs.push(spec);
+                specs.push(*spec);
             }
             Update::Remove(id) => specs.retain(|s| s.id != id),
         }
@@ -435,7 +485,14 @@ impl Endpoints {
         let mut all = Vec::with_capacity(specs.len());
         for spec in specs {
             let endpoint = match kept.get(&spec.id) {
-                Some(e) if e.spec == spec => kept.remove(&spec.id).expect("present").clone(),
+                Some(e) if e.spec.same_life(&spec) => {
+                    let e = kept.remove(&spec.id).expect("present").clone();
+                    e.containers_started.store(
+                        spec.containers_started.unwrap_or(NOT_STARTED),
+                        Ordering::Relaxed,
+                    );
+                    e
+                }
                 _ => {
                     let generation = spec.generation.as_str().into();
                     self.fresh(spec, generation)
@@ -502,6 +559,7 @@ impl Endpoints {
             timing: PodTiming::default(),
             rendezvous: rendezvous_key(&spec.address),
             generation: RwLock::new(generation),
+            containers_started: AtomicI64::new(spec.containers_started.unwrap_or(NOT_STARTED)),
             engine: spec
                 .kv_events
                 .as_ref()
@@ -558,6 +616,7 @@ mod tests {
             labels: BTreeMap::new(),
             kv_events: None,
             containers_started: None,
+            engine_started: None,
         }
     }
 
@@ -575,7 +634,7 @@ mod tests {
         assert!(Arc::ptr_eq(&eps.snapshot().all()[0], &a));
         assert_eq!(index.entries(), 1);
         // A restart (new generation) starts cold.
-        let left = eps.apply(Update::Add(spec("a", 1, "2")));
+        let left = eps.apply(Update::add(spec("a", 1, "2")));
         assert!(left.is_empty());
         assert_eq!(index.entries(), 0);
         let a2 = eps.snapshot().all()[0].clone();
@@ -590,6 +649,39 @@ mod tests {
                 .by_address(&"127.0.0.1:2".parse().unwrap())
                 .is_some()
         );
+    }
+
+    #[test]
+    fn a_sidecar_restart_keeps_the_pod_warm_an_engine_restart_does_not() {
+        let index = Arc::new(PrefixIndex::new(10));
+        let eps = Endpoints::new(
+            index.clone(),
+            RouterMetrics::register(&prometheus::Registry::new()),
+        );
+        let started = |containers: i64, engine: i64| EndpointSpec {
+            containers_started: Some(containers),
+            engine_started: Some(engine),
+            ..spec("a", 1, "uid")
+        };
+        eps.apply(Update::Reset(vec![started(10, 10)]));
+        let a = eps.snapshot().all()[0].clone();
+        index.record(&a.index, ModelKey(1), &[BlockHash(5)]);
+        a.inflight.store(3, Ordering::Relaxed);
+        // A sidecar restarted: the same endpoint, its entries and requests in flight kept; its
+        // containers' start (kvcache-aware's owner cut-off) moves on.
+        eps.apply(Update::add(started(20, 10)));
+        assert!(Arc::ptr_eq(&eps.snapshot().all()[0], &a));
+        assert_eq!((index.entries(), a.inflight()), (1, 3));
+        assert_eq!(a.containers_started(), Some(20));
+        // Another pod's update neither replaces it nor moves its start back.
+        eps.apply(Update::add(spec("b", 2, "uid")));
+        assert!(Arc::ptr_eq(&eps.snapshot().all()[0], &a));
+        assert_eq!(a.containers_started(), Some(20));
+        // The engine restarted: cold.
+        eps.apply(Update::add(started(30, 30)));
+        assert!(!Arc::ptr_eq(&eps.snapshot().all()[0], &a));
+        assert_eq!(index.entries(), 0);
+        assert_eq!(eps.snapshot().all()[0].containers_started(), Some(30));
     }
 
     #[test]
@@ -652,7 +744,7 @@ mod tests {
         assert_eq!(series("a"), 0, "the departed pod's series go again");
         assert!(series("b") > 0, "a pod still there keeps its series");
         // A new incarnation under the same id is no departure.
-        eps.apply(Update::Add(spec("b", 2, "2")));
+        eps.apply(Update::add(spec("b", 2, "2")));
         metrics.count_scrape(&b.spec.id, crate::metrics::ScrapeResult::Ok);
         eps.forget_if_departed(&b);
         assert!(series("b") > 0);
@@ -737,7 +829,7 @@ mod tests {
         ]));
         let set = eps.snapshot();
         assert_eq!(set.candidates(Some("m"), None).unwrap().len(), 2);
-        eps.apply(Update::Add(serving("c", 3, "x")));
+        eps.apply(Update::add(serving("c", 3, "x")));
         let set = eps.snapshot();
         assert_eq!(set.candidates(Some("m"), None).unwrap().len(), 1);
         assert_eq!(
@@ -779,12 +871,12 @@ mod tests {
                 spec("c", 3, ""),
                 serving("a", 1, &["m"]),
             ]),
-            Update::Add(serving("c", 3, &["y", "m"])),
+            Update::add(serving("c", 3, &["y", "m"])),
             Update::Remove(PodId {
                 namespace: "default".into(),
                 name: "a".into(),
             }),
-            Update::Add(spec("f", 6, "")),
+            Update::add(spec("f", 6, "")),
         ];
         for update in updates {
             eps.apply(update);
@@ -896,7 +988,7 @@ mod tests {
             "removed with the pod"
         );
         // Back, with a request of its own, while the old request is still in flight.
-        eps.apply(Update::Add(spec("a", 1, "")));
+        eps.apply(Update::add(spec("a", 1, "")));
         let a2 = eps.snapshot().all()[0].clone();
         let new = InflightGuard::new(a2, &metrics);
         drop(old);

@@ -140,6 +140,7 @@ pub fn static_endpoints(config: &Config) -> Vec<EndpointSpec> {
             }),
             // Static endpoints carry no start time: their kvcache-aware ownership is kept.
             containers_started: None,
+            engine_started: None,
         })
         .collect()
 }

@@ -331,7 +331,7 @@ impl KubernetesDiscovery {
         }
         for n in new {
             if !old.contains(n) {
-                self.endpoints.apply(Update::Add(n.clone()));
+                self.endpoints.apply(Update::add(n.clone()));
             }
         }
         self.warn_unpaired(new.iter().filter(|n| !old.iter().any(|o| o.id == n.id)));

@@ -5,7 +5,9 @@
 //! A counted pod yields one endpoint per target port, at `podIP:port`. Endpoint names: the pod
 //! name when there is one target port, `pod-name:port` when there are several (so each
 //! `namespace/name` in logs and metrics stays unique). The generation is the pod UID, so a pod
-//! recreated under the same name starts cold. `modelLabel` names the pod label holding the
+//! recreated under the same name starts cold; so does a pod whose engine container restarted
+//! (the running container that declares a target port; any container when none declares one),
+//! but not one whose sidecar did. `modelLabel` names the pod label holding the
 //! served model (absent: any model). With `pdGroup`, an endpoint carries the pod labels the group
 //! reads (its `groupKey` and label keys; other labels are left out, so changing them does not
 //! restart the pod cold), and its role for the endpoints metric is the group's sorting
@@ -61,11 +63,38 @@ pub struct PodLabels {
 /// `podLastContainerStartUnix` reads it (readiness is not used: it also flips on a probe failure,
 /// which leaves the engine's cache intact); `None` when none is running.
 fn containers_started(pod: &Pod) -> Option<i64> {
+    started(pod, |_| true)
+}
+
+/// When the pod's engine last started: the newest start among the running containers that
+/// declare one of the target `ports` (the engine; a sidecar's restart leaves its cache), or
+/// among all of them when none declares one.
+fn engine_started(pod: &Pod, ports: &[u16]) -> Option<i64> {
+    let serving: Vec<&str> =
+        pod.spec
+            .iter()
+            .flat_map(|s| &s.containers)
+            .filter(|c| {
+                c.ports.iter().flatten().any(|p| {
+                    u16::try_from(p.container_port).is_ok_and(|port| ports.contains(&port))
+                })
+            })
+            .map(|c| c.name.as_str())
+            .collect();
+    if serving.is_empty() {
+        return containers_started(pod);
+    }
+    started(pod, |name| serving.contains(&name))
+}
+
+/// The newest `startedAt` among the running containers whose name `which` accepts.
+fn started(pod: &Pod, which: impl Fn(&str) -> bool) -> Option<i64> {
     pod.status
         .as_ref()?
         .container_statuses
         .as_ref()?
         .iter()
+        .filter(|c| which(&c.name))
         .filter_map(|c| {
             Some(
                 c.state
@@ -109,6 +138,7 @@ impl PodEndpoints {
         let models: Vec<String> = label(pod, &labels.model).into_iter().collect();
         let generation = meta.uid.clone().unwrap_or_default();
         let containers_started = containers_started(pod);
+        let engine_started = engine_started(pod, ports);
         let kv_events = labels.kv_events.map(|(port, replay)| {
             let at = |p: u16| format!("tcp://{}", SocketAddr::new(ip, p));
             KvEventsAddress {
@@ -134,6 +164,7 @@ impl PodEndpoints {
                 labels: kept.clone(),
                 kv_events: kv_events.clone(),
                 containers_started,
+                engine_started,
             })
             .collect();
         PodEndpoints {
@@ -259,6 +290,44 @@ mod tests {
         assert_eq!(p.endpoints[0].containers_started, Some(1_767_225_620));
         let none = PodEndpoints::of(&pod(json!({}), ready("10.0.0.1")), "x", &[8000], &LABELS);
         assert_eq!(none.endpoints[0].containers_started, None);
+    }
+
+    #[test]
+    fn the_engines_start_is_the_container_that_serves_a_target_port() {
+        let mut status = ready("10.0.0.1");
+        status["containerStatuses"] = json!([
+            {"name": "vllm", "ready": true, "restartCount": 0, "image": "v", "imageID": "",
+             "state": {"running": {"startedAt": "2026-01-01T00:00:10Z"}}},
+            {"name": "kv-relay", "ready": true, "restartCount": 3, "image": "r", "imageID": "",
+             "state": {"running": {"startedAt": "2026-01-01T00:00:20Z"}}}
+        ]);
+        let with_ports = |ports: serde_json::Value| {
+            let mut p = pod(json!({}), status.clone());
+            p.spec = Some(
+                serde_json::from_value(json!({"containers": [
+                    {"name": "vllm", "ports": ports},
+                    {"name": "kv-relay"}
+                ]}))
+                .unwrap(),
+            );
+            PodEndpoints::of(&p, "x", &[8000], &LABELS).endpoints[0].clone()
+        };
+        let e = with_ports(json!([{"containerPort": 8000}, {"containerPort": 5557}]));
+        assert_eq!(
+            e.engine_started,
+            Some(1_767_225_610),
+            "vllm's, not the relay's"
+        );
+        assert_eq!(
+            e.containers_started,
+            Some(1_767_225_620),
+            "Kthena's: the newest"
+        );
+        // No container declares the target port: any container's start counts.
+        let e = with_ports(json!([{"containerPort": 9000}]));
+        assert_eq!(e.engine_started, Some(1_767_225_620));
+        let e = with_ports(json!([]));
+        assert_eq!(e.engine_started, Some(1_767_225_620));
     }
 
     #[test]

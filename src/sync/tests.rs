@@ -352,6 +352,7 @@ mod applier {
             labels: Default::default(),
             kv_events: None,
             containers_started: None,
+            engine_started: None,
         }
     }
 
@@ -419,7 +420,7 @@ mod applier {
             Applied::Dropped(DropReason::Malformed)
         );
         // A pod that appears later is found (the lookup map follows the snapshot).
-        endpoints.apply(Update::Add(spec("c", 3, "")));
+        endpoints.apply(Update::add(spec("c", 3, "")));
         assert_eq!(
             applier.apply(&enc(1, PARAMS, "default/c", "")),
             Applied::Recorded

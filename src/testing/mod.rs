@@ -26,6 +26,7 @@ pub(crate) fn spec(name: &str, port: u16, models: &[&str]) -> EndpointSpec {
         labels: Default::default(),
         kv_events: None,
         containers_started: None,
+        engine_started: None,
     }
 }
 

@@ -332,6 +332,7 @@ async fn an_inference_pool_selector_change_retargets_the_pods() {
         labels: Default::default(),
         kv_events: None,
         containers_started: None,
+        engine_started: None,
     };
     let s = Stack::start(&fake, "kubernetes: {inferencePool: llama}", vec![fixed]).await;
     const FIXED: &str = "llm/fixed@10.9.9.9:8000/";

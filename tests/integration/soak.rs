@@ -217,7 +217,7 @@ async fn run(duration: Duration, churn_every: Duration) {
                 restarts += 1;
                 let mut spec = all_specs[i].clone();
                 spec.generation = format!("restart-{restarts}");
-                router.endpoints.apply(Update::Add(spec));
+                router.endpoints.apply(Update::add(spec));
             }
             let present: Vec<usize> = (0..PODS).filter(|i| !removed.contains(i)).collect();
             let victim = present[rng.random_range(0..present.len())];

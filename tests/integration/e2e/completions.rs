@@ -192,7 +192,7 @@ async fn a_pod_leaving_with_a_request_in_flight_takes_its_series_along() {
         0.0
     );
     // Back (a new incarnation): its series start anew with its first pick.
-    picker.router.endpoints.apply(Update::Add(spec));
+    picker.router.endpoints.apply(Update::add(spec));
     let mut n = 0;
     poll("the returning pod to be picked", || {
         n += 1;
