@@ -4,17 +4,18 @@
 //!
 //! [`follow`] watches the pod set: a pod that appears (or a new incarnation of one) gets a
 //! subscriber ([`crate::kv_events::subscriber`]) and a consumer; a pod that leaves has both
-//! cancelled; a pair that stopped on its own (a panic) is started again. The consumer applies each batch in order (`BlockStored` adds, `BlockRemoved`
-//! removes, `AllBlocksCleared` clears) and keeps the view's `live` flag: on while connected,
-//! off while disconnected (the view is kept: a reconnect that continues the sequence resumes
-//! it, from the first batch after it). A `Reset` (a gap replay could not fill, a restarted publisher) drops the view, which
-//! then holds only what the engine stores from then on. When the engine itself lost its cache
-//! (`AllBlocksCleared`, or a publisher that restarted) the pod's estimate in the prefix index is
-//! dropped too, so requests matched by the estimate stop counting on it at once, not at the
-//! next scrape that sees the restart. A pod whose view is not live is
+//! cancelled; a pair that stopped on its own (a panic) is started again with the view dropped (the
+//! events in between are lost). The consumer applies each batch in order (`BlockStored` adds,
+//! `BlockRemoved` removes, `AllBlocksCleared` clears) and keeps the view's `live` flag: on while
+//! connected, off while disconnected (the view is kept: a reconnect that continues the sequence
+//! resumes it, from the first batch after it). A `Reset` (a gap replay could not fill, a restarted
+//! publisher) drops the view, which then holds only what the engine stores from then on. When the
+//! engine itself lost its cache (`AllBlocksCleared`, or a publisher that restarted) the pod's
+//! estimate in the prefix index is dropped too, so requests matched by the estimate stop counting
+//! on it at once, not at the next scrape that sees the restart. A pod whose view is not live is
 //! matched by the estimate. Events on another medium than the GPU (CPU offload tiers) are not
-//! applied. A picker that starts after its engines sees what they cached before only as they
-//! store it again (engines announce a block when they store it, not when they reuse it).
+//! applied. A picker that starts after its engines sees what they cached before only as they store
+//! it again (engines announce a block when they store it, not when they reuse it).
 //!
 //! Knobs (`picker.kvEvents`): `topic` (vLLM's `topic`, default empty), `maxBlocksPerPod`
 //! (each view's bound, default 2^20 blocks).
@@ -95,8 +96,9 @@ struct Running {
 
 /// Runs `spawn`'s task for every publishing pod while it is in the set, cancelling it when the
 /// pod leaves. A task that ends on its own (only a bug ends one: a panic) is started again at
-/// the next pass (at most one a second), its view not live meanwhile, warned and counted
-/// (`kind="restart"`), so a pod's engine truth never freezes.
+/// the next pass (at most one a second), its view dropped (the events in between are lost: the
+/// view holds what the engine stores from then on), warned and counted (`kind="restart"`), so
+/// a pod's engine truth never freezes.
 async fn supervise(
     endpoints: &Endpoints,
     metrics: &EngineTruthMetrics,
@@ -124,6 +126,7 @@ async fn supervise(
             // The subscriber of a consumer that panicked is still connected.
             r.cancel.cancel();
             if let Some(view) = &r.endpoint.engine {
+                view.clear();
                 view.set_live(false);
             }
             let [name, namespace] = pod_label_values(&r.endpoint.spec.id);
@@ -405,7 +408,9 @@ mod tests {
         });
         endpoints.apply(Update::Reset(vec![spec]));
         let e = endpoints.snapshot().all()[0].clone();
-        e.engine.as_ref().expect("a view").set_live(true);
+        let view = e.engine.as_ref().expect("a view");
+        view.store(None, &[1], &(0..16).collect::<Vec<u32>>(), 16);
+        view.set_live(true);
 
         // The first task panics as a bug would; the second runs until cancelled.
         let (started, mut starts) = mpsc::unbounded_channel();
@@ -438,7 +443,9 @@ mod tests {
         };
         assert_eq!(next().await, Some(0));
         assert_eq!(next().await, Some(1), "started again");
-        assert!(!e.engine.as_ref().unwrap().is_live());
+        // The events in between are lost: what the view held is unknown.
+        assert!(!view.is_live());
+        assert_eq!(view.blocks(), 0);
         let restarts = metrics
             .engine
             .stream
