@@ -62,7 +62,8 @@ pub struct EndpointSpec {
     pub kv_events: Option<KvEventsAddress>,
     /// When the pod's containers last started (unix seconds; Kubernetes discovery), so that
     /// kvcache-aware drops ownership written before; `None`: unknown (static endpoints). A
-    /// change alone keeps the endpoint: the current value is [`Endpoint::containers_started`].
+    /// change alone keeps the endpoint, so on an endpoint this is the value it was created
+    /// with: read the current one with `Candidate::containers_started`.
     pub containers_started: Option<i64>,
     /// When the pod's engine container last started (Kubernetes discovery): a change starts the
     /// pod cold, as its engine lost its cache. `None`: unknown.
@@ -587,7 +588,11 @@ impl Endpoints {
         let _writer = self.writer.lock();
         let old = self.current.load_full();
         let position = old.all.iter().position(|x| Arc::ptr_eq(x, e))?;
-        let fresh = self.fresh(e.spec.clone(), generation.into());
+        let spec = EndpointSpec {
+            containers_started: e.containers_started(),
+            ..e.spec.clone()
+        };
+        let fresh = self.fresh(spec, generation.into());
         let mut all = old.all.to_vec();
         all[position] = fresh.clone();
         self.current.store(Arc::new(EndpointSet::new(all)));

@@ -96,9 +96,9 @@ struct Running {
 
 /// Runs `spawn`'s task for every publishing pod while it is in the set, cancelling it when the
 /// pod leaves. A task that ends on its own (only a bug ends one: a panic) is started again at
-/// the next pass (at most one a second), its view dropped (the events in between are lost: the
-/// view holds what the engine stores from then on), warned and counted (`kind="restart"`), so
-/// a pod's engine truth never freezes.
+/// the next pass (at most one a second), its view dropped as after a `Reset` (the events in
+/// between are lost: the view holds what the engine stores from then on), logged and counted
+/// (`kind="restart"`), so a pod's engine truth never freezes.
 async fn supervise(
     endpoints: &Endpoints,
     metrics: &EngineTruthMetrics,
@@ -122,6 +122,10 @@ async fn supervise(
             }
             if !r.task.is_finished() {
                 return true;
+            }
+            if r.cancel.is_cancelled() {
+                // Ended by the shutdown.
+                return false;
             }
             // The subscriber of a consumer that panicked is still connected.
             r.cancel.cancel();
@@ -155,6 +159,7 @@ async fn supervise(
             );
         }
         tokio::select! {
+            biased;
             _ = shutdown.cancelled() => break,
             _ = endpoints.changed() => {}
             // A change signalled while this loop was not waiting is seen here.

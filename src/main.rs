@@ -110,6 +110,8 @@ async fn relay(
 ) -> ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let shutdown = tokio_util::sync::CancellationToken::new();
+    // The Redis connection outlives the events: the relay releases its pod's blocks after them.
+    let redis_shutdown = tokio_util::sync::CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
     let status = prefix_picker::sync::connection::LinkStatus {
         context: "kv-relay",
@@ -122,7 +124,7 @@ async fn relay(
         target,
         std::time::Duration::from_secs(5),
         status,
-        &shutdown,
+        &redis_shutdown,
         &mut tasks,
     ) {
         Ok(s) => s,
@@ -138,6 +140,7 @@ async fn relay(
     });
     prefix_picker::kvcache::relay::run(id, events, store, shutdown.clone(), release).await;
     shutdown.cancel();
+    redis_shutdown.cancel();
     while tasks.join_next().await.is_some() {}
     ExitCode::SUCCESS
 }

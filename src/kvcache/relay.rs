@@ -287,14 +287,14 @@ impl Writer {
     }
 
     /// Removes the pod's field from every block it knows the engine holds, and their mapping
-    /// keys, [`RELEASE_BATCH`] blocks per pipeline; returns how many blocks were released. A
-    /// Redis error ends it (the caller bounds it in time): what is left stays until the GC.
-    pub async fn release(&mut self, store: &KvStore) -> Result<usize, ReleaseError> {
+    /// keys, [`RELEASE_BATCH`] blocks per pipeline; a batch that fails (Redis down or not yet
+    /// reconnected) is retried with backoff. Returns how many blocks were released; the caller
+    /// bounds it in time, and what is left stays until the router's GC.
+    pub async fn release(&mut self, store: &KvStore) -> usize {
         let mut released = 0;
         let blocks: Vec<(EngineBlockHash, StdBlockHash)> =
             self.mapping.iter().map(|(&e, &s)| (e, s)).collect();
         for batch in blocks.chunks(RELEASE_BATCH) {
-            let mut conn = store.connection().ok_or(ReleaseError::NotConnected)?;
             let mut pipe = redis::pipe();
             for &(engine, std) in batch {
                 pipe.cmd("HDEL")
@@ -303,23 +303,29 @@ impl Writer {
                     .ignore();
                 pipe.cmd("DEL").arg(self.mapping_key(engine)).ignore();
             }
-            pipe.query_async::<()>(&mut conn).await?;
+            let mut backoff = Backoff::new();
+            loop {
+                let Some(mut conn) = store.connection() else {
+                    tokio::time::sleep(backoff.next_delay()).await;
+                    continue;
+                };
+                match pipe.query_async::<()>(&mut conn).await {
+                    Ok(()) => break,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "kv-relay: releasing the pod's blocks failed; retrying");
+                        store.failed();
+                        tokio::time::sleep(backoff.next_delay()).await;
+                    }
+                }
+            }
             for (engine, _) in batch {
                 self.mapping.remove(engine);
             }
             released += batch.len();
+            self.counts.released_blocks = released as u64;
         }
-        Ok(released)
+        released
     }
-}
-
-/// Why the relay could not release its pod's blocks at shutdown.
-#[derive(Debug, thiserror::Error)]
-pub enum ReleaseError {
-    #[error("Redis is not connected")]
-    NotConnected,
-    #[error(transparent)]
-    Redis(#[from] redis::RedisError),
 }
 
 /// Blocks per pipeline when the relay releases its pod's blocks at shutdown.
@@ -390,12 +396,7 @@ pub async fn run(
     if !release.is_zero() {
         let known = writer.mapping.len();
         match tokio::time::timeout(release, writer.release(&store)).await {
-            Ok(Ok(n)) => {
-                writer.counts.released_blocks = n as u64;
-                tracing::info!(blocks = n, "kv-relay: released the pod's blocks");
-            }
-            Ok(Err(e)) => tracing::warn!(error = %e, left = writer.mapping.len(), known,
-                "kv-relay: could not release the pod's blocks; the rest stay until the router's GC"),
+            Ok(n) => tracing::info!(blocks = n, "kv-relay: released the pod's blocks"),
             Err(_) => tracing::warn!(
                 left = writer.mapping.len(),
                 known,

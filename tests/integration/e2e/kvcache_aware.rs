@@ -56,12 +56,15 @@ async fn relay_beside(
         model: "m".into(),
         engine: prefix_picker::tokenizer::EngineKind::Vllm,
     };
-    let (store, tasks) = store_on(redis, stop).await;
+    // As `prefix-picker kv-relay`: the store's keeper outlives the events, for the release.
+    let keeper = CancellationToken::new();
+    let (store, tasks) = store_on(redis, &keeper).await;
     let stop = stop.clone();
     tokio::spawn(async move {
-        // The store's keeper lives as long as the relay.
         let _tasks = tasks;
-        relay::run(id, events, store, stop, std::time::Duration::from_secs(5)).await
+        let counts = relay::run(id, events, store, stop, std::time::Duration::from_secs(5)).await;
+        keeper.cancel();
+        counts
     })
 }
 
@@ -564,6 +567,42 @@ async fn at_shutdown_the_relay_releases_its_pods_blocks_and_leaves_the_others() 
         keys("vllm:kv:block:sim-0.default@*").await,
         Vec::<String>::new()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_release_at_shutdown_waits_out_a_redis_restart() {
+    use prefix_picker::kv_events::{EngineBlockHash, KvEvent};
+    let mut redis = RedisServer::start().await;
+    let keeper = CancellationToken::new();
+    let (store, _tasks) = store_on(&redis, &keeper).await;
+    let mut writer = relay::Writer::new(RelayIdentity {
+        pod: "sim-0.default".into(),
+        model: "m".into(),
+        engine: prefix_picker::tokenizer::EngineKind::Vllm,
+    });
+    let stored = KvEvent::BlockStored {
+        block_hashes: vec![EngineBlockHash(1), EngineBlockHash(2)],
+        parent: None,
+        token_ids: (0..32).collect(),
+        block_size: 16,
+        lora_id: None,
+        medium: None,
+    };
+    writer.apply(&store, &stored, &keeper).await;
+    assert_eq!(writer.counts.stored_blocks, 2);
+    // Redis goes away as the relay shuts down: the release retries until it is back.
+    redis.kill();
+    let release = tokio::spawn(async move {
+        let released = writer.release(&store).await;
+        (released, writer.counts.released_blocks)
+    });
+    redis.restart().await;
+    let released = tokio::time::timeout(std::time::Duration::from_secs(60), release)
+        .await
+        .expect("the release completes once Redis is back")
+        .unwrap();
+    assert_eq!(released, (2, 2));
+    keeper.cancel();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
