@@ -216,6 +216,29 @@ struct Fill {
     heads: Vec<(usize, u64, usize)>,
 }
 
+/// A fill taken from the queue: dropped, its body leaves the queue's bytes and its heads the
+/// pending set, whether its tokenization finished or panicked (a panic would otherwise keep
+/// its heads from being queued again and its bytes counted for good).
+struct Taken {
+    heads: Arc<HeadTokens>,
+    fill: Fill,
+}
+
+impl Taken {
+    fn new(heads: &Arc<HeadTokens>, fill: Fill) -> Taken {
+        Taken {
+            heads: Arc::clone(heads),
+            fill,
+        }
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        self.heads.done(&self.fill);
+    }
+}
+
 /// One shard of the head map: the heads and their tokens together.
 #[derive(Debug, Default)]
 struct HeadShard {
@@ -454,9 +477,9 @@ impl HeadTokens {
         while let Some((fill, permit)) = next_fill(&mut receiver, &permits, &shutdown).await {
             let (heads, tokenizer) = (self.clone(), tokenizer.clone());
             tokio::spawn(async move {
-                heads.tokenize(&tokenizer, &fill).await;
-                heads.done(&fill);
-                drop(permit);
+                let taken = Taken::new(&heads, fill);
+                heads.tokenize(&tokenizer, &taken.fill).await;
+                drop((taken, permit));
             });
         }
     }
@@ -474,9 +497,9 @@ impl HeadTokens {
         while let Some((fill, permit)) = next_fill(&mut receiver, &permits, &shutdown).await {
             let (heads, source) = (self.clone(), source.clone());
             tokio::task::spawn_blocking(move || {
-                heads.tokenize_file(&source, &fill);
-                heads.done(&fill);
-                drop(permit);
+                let taken = Taken::new(&heads, fill);
+                heads.tokenize_file(&source, &taken.fill);
+                drop((taken, permit));
             });
         }
     }
@@ -499,7 +522,8 @@ impl HeadTokens {
         }
     }
 
-    /// Forgets `fill`'s heads as pending, and its body as queued.
+    /// Forgets `fill`'s heads as pending, and its body as queued ([`Taken`] does, once the fill
+    /// is over).
     fn done(&self, fill: &Fill) {
         self.queued_bytes
             .fetch_sub(fill.body.len(), Ordering::Relaxed);

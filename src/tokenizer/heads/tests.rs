@@ -240,3 +240,36 @@ async fn the_file_source_tokenizes_heads_in_process() {
     shutdown.cancel();
     worker.await.unwrap();
 }
+
+#[test]
+fn a_fill_that_panics_frees_its_bytes_and_its_heads_queue_again() {
+    let heads_map = Arc::new(HeadTokens::new(section(), metrics()));
+    let prompt = chatml(&[("system", "tenant prompt"), ("user", "q1")]);
+    let body = br#"{"messages":[{"role":"system","content":"tenant prompt"},{"role":"user","content":"q1"}]}"#;
+    let pod: SocketAddr = "127.0.0.1:8000".parse().unwrap();
+    let find = || {
+        heads_map.find(
+            "m",
+            Some(Api::ChatCompletions),
+            &prompt,
+            Some(body),
+            Some(pod),
+        );
+    };
+    find();
+    let fill = next_queued(&heads_map).expect("queued");
+    assert_eq!(heads_map.queued_bytes.load(Ordering::Relaxed), body.len());
+    // As a fill task runs it, and a bug panics in the tokenization.
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let taken = Taken::new(&heads_map, fill);
+        let _tokenizing = &taken.fill;
+        panic!("a bug in the tokenization");
+    }));
+    assert!(panicked.is_err());
+    assert_eq!(heads_map.queued_bytes.load(Ordering::Relaxed), 0);
+    find();
+    assert!(
+        next_queued(&heads_map).is_some(),
+        "its heads are no longer pending: the next miss queues them"
+    );
+}
