@@ -281,6 +281,11 @@ impl EngineTokenizer {
         let inner = Arc::clone(&self.inner);
         let task_url = url.clone();
         let task = tokio::spawn(async move {
+            let mut slot = CallSlot {
+                inner: Arc::clone(&inner),
+                key,
+                armed: true,
+            };
             let url = task_url;
             inner.stats.calls.fetch_add(1, Relaxed);
             let started = Instant::now();
@@ -294,6 +299,7 @@ impl EngineTokenizer {
                 inner.stats.error(e.kind());
             }
             let evicted = inner.cache.complete(key, &result);
+            slot.armed = false;
             inner.stats.evictions.fetch_add(evicted, Relaxed);
             result
         });
@@ -307,6 +313,23 @@ impl EngineTokenizer {
         }
         .boxed()
         .shared()
+    }
+}
+
+/// A call's pending slot in the cache while its task runs: a task that ends without completing
+/// it (a panic) abandons it as it unwinds, so later requests for the key call again instead of
+/// joining a call that never answers.
+struct CallSlot {
+    inner: Arc<Inner>,
+    key: u64,
+    armed: bool,
+}
+
+impl Drop for CallSlot {
+    fn drop(&mut self) {
+        if self.armed {
+            self.inner.cache.abandon(self.key);
+        }
     }
 }
 

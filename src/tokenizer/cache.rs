@@ -130,6 +130,15 @@ impl Cache {
         }
     }
 
+    /// Forgets the call in flight for `key`, which ended without an answer: the next request
+    /// for the key calls again instead of joining it.
+    pub(super) fn abandon(&self, key: u64) {
+        let mut shard = self.shard(key).write();
+        if let Some(Slot::Pending(_)) = shard.map.get(&key) {
+            shard.map.remove(&key);
+        }
+    }
+
     /// Answers cached and the tokens they hold.
     pub(super) fn size(&self) -> (usize, usize) {
         self.shards.iter().fold((0, 0), |(e, t), s| {

@@ -356,3 +356,27 @@ fn a_config_that_cannot_work_is_refused() {
         InvalidTokenizerConfig::TinyBody(3)
     );
 }
+
+#[tokio::test]
+async fn a_call_whose_task_ends_without_an_answer_is_abandoned_not_joined_for_good() {
+    let t = tokenizer(TokenizerConfig::default());
+    let never: SharedCall = futures_util::future::pending().boxed().shared();
+    assert!(t.inner.cache.lead_or_join(42, || never.clone()).is_ok());
+    assert!(matches!(t.inner.cache.lookup(42), Some(Found::Join(_))));
+    // The task unwinds (a panic) with its slot armed: the key is free for the next call.
+    drop(CallSlot {
+        inner: Arc::clone(&t.inner),
+        key: 42,
+        armed: true,
+    });
+    assert!(t.inner.cache.lookup(42).is_none());
+    // A completed call's slot, disarmed, leaves its answer cached.
+    assert!(t.inner.cache.lead_or_join(43, || never.clone()).is_ok());
+    t.inner.cache.complete(43, &Ok(Tokens::from(vec![1, 2])));
+    drop(CallSlot {
+        inner: Arc::clone(&t.inner),
+        key: 43,
+        armed: false,
+    });
+    assert!(matches!(t.inner.cache.lookup(43), Some(Found::Hit(_))));
+}
