@@ -29,6 +29,8 @@ pub struct WorkloadSpec {
     pub caching_off: Vec<usize>,
     /// Every engine restarts once mid-run ([`workload::restarts`]).
     pub restarts: bool,
+    /// The picker behind Envoy restarts once, after half the requests.
+    pub picker_restart: bool,
 }
 
 impl WorkloadSpec {
@@ -48,6 +50,7 @@ impl WorkloadSpec {
             max_num_seqs: 64,
             caching_off: Vec::new(),
             restarts: false,
+            picker_restart: false,
         }
     }
 
@@ -66,6 +69,18 @@ impl WorkloadSpec {
     pub fn with_restarts(mut self) -> WorkloadSpec {
         self.restarts = true;
         self
+    }
+
+    /// The picker behind Envoy restarts once, after half the requests (the engines stay warm).
+    pub fn with_picker_restart(mut self) -> WorkloadSpec {
+        self.picker_restart = true;
+        self
+    }
+
+    /// After how many requests the picker restarts (`None` unless
+    /// [`WorkloadSpec::with_picker_restart`]).
+    pub fn picker_restart_after(&self) -> Option<usize> {
+        self.picker_restart.then_some(self.requests.len() / 2)
     }
 
     /// The restarts of a run of this workload (none unless [`WorkloadSpec::with_restarts`]).
@@ -284,6 +299,15 @@ fn full_catalogue(seed: u64) -> Vec<WorkloadSpec> {
             TENANT_KV_BLOCKS,
         )
         .caching_off(CACHING_OFF_POD),
+        // A rollout of the picker: what it knew is gone, the engines are warm.
+        WorkloadSpec::new(
+            "picker-restart",
+            "picker-restart (agent as above; the picker restarts after half the requests: its index and engine views empty, the engines warm; peer routers and oracles are not restarted)",
+            workload::agent_sessions(32, 8, 10 * 1024, 128, 512, 48, seed, m),
+            Arrival::Closed { concurrency: 16 },
+            2048,
+        )
+        .with_picker_restart(),
     ]
 }
 
@@ -363,15 +387,28 @@ mod tests {
         // One pod never reuses its cache; nothing restarts.
         assert_eq!(off.caching_off, vec![CACHING_OFF_POD]);
         assert!(off.restart_schedule().is_empty());
-        // The other workloads are undisturbed, and `--quick` has neither new one.
+        // The picker restarts once, halfway through the full agent workload.
+        let agent = find(&all, "agent").unwrap();
+        let rollout = find(&all, "picker-restart").unwrap();
+        assert_eq!(rollout.requests.len(), agent.requests.len());
+        assert_eq!(rollout.requests[7].body, agent.requests[7].body);
+        assert_eq!(
+            rollout.picker_restart_after(),
+            Some(agent.requests.len() / 2)
+        );
+        assert!(rollout.restart_schedule().is_empty() && rollout.caching_off.is_empty());
+        // The other workloads are undisturbed, and `--quick` has none of the new ones.
         for w in all
             .iter()
-            .filter(|w| !["engine-restarts", "caching-off"].contains(&w.key))
+            .filter(|w| !["engine-restarts", "caching-off", "picker-restart"].contains(&w.key))
         {
             assert!(w.caching_off.is_empty() && !w.restarts, "{}", w.key);
+            assert_eq!(w.picker_restart_after(), None, "{}", w.key);
         }
         let quick = workloads(true, 1, &default_trace()).unwrap().0;
-        assert!(find(&quick, "engine-restarts").is_none() && find(&quick, "caching-off").is_none());
+        for key in ["engine-restarts", "caching-off", "picker-restart"] {
+            assert!(find(&quick, key).is_none(), "{key}");
+        }
     }
     #[test]
     fn a_missing_trace_is_skipped_naming_the_file_and_where_to_get_it() {

@@ -91,10 +91,31 @@ pub struct Cluster {
     pub sim_urls: Vec<String>,
     /// prefix-picker's admin address (its `/metrics`), when the row runs it.
     pub picker_admin: Option<std::net::SocketAddr>,
+    /// The config of the prefix-picker behind Envoy (the affinity and Kthena rows), to start it
+    /// again mid-run ([`Cluster::restart_picker`]).
+    picker_config: Option<String>,
     /// The kvcache-aware row's redis-server and relays (killed on drop).
     _kvcache: Option<(super::sync_cost::RedisChild, Vec<Process>)>,
     /// The row's logs and config files (removed on drop).
     dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Stops the prefix-picker behind Envoy and starts it again with the same config on the
+    /// same gRPC address (a rollout of the picker: its index and engine views start empty, the
+    /// engines stay warm); returns whether there was one to restart.
+    pub fn restart_picker(&mut self) -> anyhow::Result<bool> {
+        let (Some(config), Some(old)) = (&self.picker_config, self.ext_proc.take()) else {
+            return Ok(false);
+        };
+        let grpc = old.addr;
+        drop(old);
+        let picker = bin_dir().join("prefix-picker");
+        let (p, admin) = testkit::restart_picker_on(&picker, self.dir.path(), config, 2, grpc)?;
+        self.ext_proc = Some(p);
+        self.picker_admin = Some(admin);
+        Ok(true)
+    }
 }
 
 /// Starts `setup` on [`SIMS`](super::engines::SIMS) plain sims with `sim_args`.
@@ -119,6 +140,7 @@ pub async fn start_cluster_on(setup: &Setup, mut engines: EnginePlan) -> anyhow:
         peer: None,
         sim_urls,
         picker_admin: None,
+        picker_config: None,
         _kvcache: None,
         dir,
     };
@@ -149,6 +171,7 @@ pub async fn start_cluster_on(setup: &Setup, mut engines: EnginePlan) -> anyhow:
             let config = picker_config::render(s, &pods, affinity.as_ref(), events.as_ref())?;
             let (p, admin) = testkit::start_picker(&picker, cluster.dir.path(), &config, 2)?;
             cluster.picker_admin = Some(admin);
+            cluster.picker_config = Some(config);
             (file.as_str(), Some(p))
         }
         Setup::NoopExtProc { file } => {

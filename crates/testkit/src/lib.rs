@@ -280,12 +280,45 @@ pub fn start_picker_with_env(
     v: u8,
     env: &[(&str, &str)],
 ) -> anyhow::Result<(Process, SocketAddr)> {
+    launch_picker(bin, dir, config, v, env, None)
+}
+
+/// [`start_picker`] with its gRPC listener on `grpc`: a picker started again where Envoy's
+/// ext_proc cluster points (its log goes to `dir/picker-again.log`).
+pub fn restart_picker_on(
+    bin: &Path,
+    dir: &Path,
+    config: &str,
+    v: u8,
+    grpc: SocketAddr,
+) -> anyhow::Result<(Process, SocketAddr)> {
+    launch_picker(bin, dir, config, v, &[], Some(grpc))
+}
+
+fn launch_picker(
+    bin: &Path,
+    dir: &Path,
+    config: &str,
+    v: u8,
+    env: &[(&str, &str)],
+    grpc: Option<SocketAddr>,
+) -> anyhow::Result<(Process, SocketAddr)> {
     let cfg = dir.join("picker.yaml");
     std::fs::write(&cfg, config)?;
-    let log_path = dir.join("picker.log");
+    let log_path = dir.join(if grpc.is_some() {
+        "picker-again.log"
+    } else {
+        "picker.log"
+    });
     let mut command = Command::new(bin);
+    match grpc {
+        None => command.args(SERVE_ON_ANY_PORT),
+        Some(addr) => command
+            .args(["serve", "--grpc-addr"])
+            .arg(addr.to_string())
+            .args(["--admin-addr", "127.0.0.1:0"]),
+    };
     command
-        .args(SERVE_ON_ANY_PORT)
         .args(["--v", &v.to_string(), "--config"])
         .arg(&cfg)
         .envs(env.iter().copied())

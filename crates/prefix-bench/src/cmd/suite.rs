@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use prefix_bench::catalogue::{WorkloadSpec, default_trace, workloads};
-use prefix_bench::cluster::{Setup, start_cluster_on};
+use prefix_bench::cluster::{Cluster, Setup, start_cluster_on};
 use prefix_bench::driver::{self, RunResult};
 use prefix_bench::engines::{EnginePlan, SIMS, restarts_mid_run, sim_args};
 use prefix_bench::rows::{
@@ -287,12 +287,16 @@ async fn run_row(
         Some(admin) => probe::decision_reasons(&[admin]).await,
         None => Default::default(),
     };
-    let mid_run = restarts_mid_run(&mut c.sims, w.restart_schedule());
+    let (url, sim_urls) = (c.url.clone(), c.sim_urls.clone());
+    let mid_run = match w.picker_restart_after() {
+        Some(after) => Some(picker_restart_mid_run(&mut c, after)),
+        None => restarts_mid_run(&mut c.sims, w.restart_schedule()),
+    };
     let r = driver::run_with(
         router,
         w.name,
-        &c.url,
-        &c.sim_urls,
+        &url,
+        &sim_urls,
         plan.requests(setup),
         w.arrival,
         plan.ceiling,
@@ -312,6 +316,21 @@ async fn run_row(
         r.errors
     );
     Ok(r)
+}
+
+/// The driver's mid-run action for the `picker-restart` workload: after `after` requests, the
+/// picker behind Envoy is stopped and started again on its address (rows without one: nothing).
+fn picker_restart_mid_run(c: &mut Cluster, after: usize) -> driver::MidRun<'_> {
+    driver::MidRun {
+        after: vec![after],
+        act: Box::new(move |_| {
+            let t = std::time::Instant::now();
+            if c.restart_picker()? {
+                eprint!(" [picker restarted in {} ms] ", t.elapsed().as_millis());
+            }
+            Ok(())
+        }),
+    }
 }
 
 /// Says on stderr what the picker at `admin` decided during the run (its decisions by reason,
