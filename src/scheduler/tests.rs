@@ -508,20 +508,13 @@ fn new_prompts_go_where_the_index_evicts_least() {
     }
 }
 
-/// Pods whose engine publishes KV events are matched by what the engine holds, in its tokens:
-/// the estimate's pick (the pod the prompt was sent to) loses to the pod whose engine reports
-/// holding it, and a pod whose view is not live keeps the estimate.
-#[test]
-fn a_live_engine_view_outranks_the_estimate() {
-    use crate::engine_view::EngineView;
-    let mut config = SchedulerConfig::default();
-    config.apply_affinity(Some(AffinityConfig::default()));
-    let s = Scheduler::new(config, 5, 1);
-    let pods: Vec<Arc<Pod>> = (0..3)
+/// Three pods whose engines publish KV events, pod `i`'s view live when `live(i)`.
+fn publishing_pods(s: &Scheduler, live: impl Fn(usize) -> bool) -> Vec<Arc<Pod>> {
+    (0..3)
         .map(|i| {
             let address = SocketAddr::from(([10, 0, 0, i as u8 + 1], 8000));
-            let view = EngineView::new(1 << 16);
-            view.set_live(i != 2);
+            let view = crate::engine_view::EngineView::new(1 << 16);
+            view.set_live(live(i));
             Arc::new(Pod {
                 handle: s.prefix_cache().index().add_pod(),
                 label: format!("default/pod-{i}"),
@@ -532,7 +525,18 @@ fn a_live_engine_view_outranks_the_estimate() {
                 engine: Some(view),
             })
         })
-        .collect();
+        .collect()
+}
+
+/// Pods whose engine publishes KV events are matched by what the engine holds, in its tokens:
+/// the estimate's pick (the pod the prompt was sent to) loses to the pod whose engine reports
+/// holding it, and a pod whose view is not live keeps the estimate.
+#[test]
+fn a_live_engine_view_outranks_the_estimate() {
+    let mut config = SchedulerConfig::default();
+    config.apply_affinity(Some(AffinityConfig::default()));
+    let s = Scheduler::new(config, 5, 1);
+    let pods = publishing_pods(&s, |i| i != 2);
     let prompt = "You are a helpful assistant. ".repeat(40);
     let tokens: Vec<u32> = (0..256).collect();
     let tokens: &'static [u32] = tokens.leak();
@@ -592,26 +596,10 @@ fn a_live_engine_view_outranks_the_estimate() {
 /// and the estimate (what this picker sent the pod) counts where it matches more.
 #[test]
 fn a_partial_engine_view_is_a_floor_under_the_estimate() {
-    use crate::engine_view::EngineView;
     let mut config = SchedulerConfig::default();
     config.apply_affinity(Some(AffinityConfig::default()));
     let s = Scheduler::new(config, 5, 1);
-    let pods: Vec<Arc<Pod>> = (0..3)
-        .map(|i| {
-            let address = SocketAddr::from(([10, 0, 0, i as u8 + 1], 8000));
-            let view = EngineView::new(1 << 16);
-            view.set_live(true);
-            Arc::new(Pod {
-                handle: s.prefix_cache().index().add_pod(),
-                label: format!("default/pod-{i}"),
-                labels: Default::default(),
-                stats: EngineStats::default(),
-                recent: RecentPicks::default(),
-                rendezvous: rendezvous_key(&address),
-                engine: Some(view),
-            })
-        })
-        .collect();
+    let pods = publishing_pods(&s, |_| true);
     let prompt = "You are a helpful assistant. ".repeat(40);
     let tokens: &'static [u32] = (0..256).collect::<Vec<u32>>().leak();
     let request = || {

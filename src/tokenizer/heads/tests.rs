@@ -19,6 +19,20 @@ fn next_queued(heads_map: &HeadTokens) -> Option<Fill> {
     heads_map.receiver.lock().as_mut()?.try_recv().ok()
 }
 
+/// A tenant's question (its system prompt, then "q1") looked up as a request would.
+fn tenant_question(heads_map: &HeadTokens) -> Option<HeadFound> {
+    let prompt = chatml(&[("system", "tenant prompt"), ("user", "q1")]);
+    let body = br#"{"messages":[{"role":"system","content":"tenant prompt"},{"role":"user","content":"q1"}]}"#;
+    let pod: SocketAddr = "127.0.0.1:8000".parse().unwrap();
+    heads_map.find(
+        "m",
+        Some(Api::ChatCompletions),
+        &prompt,
+        Some(body),
+        Some(pod),
+    )
+}
+
 fn chatml(messages: &[(&str, &str)]) -> String {
     messages
         .iter()
@@ -55,18 +69,7 @@ fn a_chat_prompt_has_one_head_per_message_and_shares_them_with_its_continuation(
 #[test]
 fn a_miss_queues_its_heads_once_and_a_known_head_is_found() {
     let heads_map = HeadTokens::new(section(), metrics());
-    let prompt = chatml(&[("system", "tenant prompt"), ("user", "q1")]);
-    let body = br#"{"messages":[{"role":"system","content":"tenant prompt"},{"role":"user","content":"q1"}]}"#;
-    let pod: SocketAddr = "127.0.0.1:8000".parse().unwrap();
-    let find = || {
-        heads_map.find(
-            "m",
-            Some(Api::ChatCompletions),
-            &prompt,
-            Some(body),
-            Some(pod),
-        )
-    };
+    let find = || tenant_question(&heads_map);
     assert!(find().is_none());
     assert!(
         find().is_none(),
@@ -244,21 +247,13 @@ async fn the_file_source_tokenizes_heads_in_process() {
 #[test]
 fn a_fill_that_panics_frees_its_bytes_and_its_heads_queue_again() {
     let heads_map = Arc::new(HeadTokens::new(section(), metrics()));
-    let prompt = chatml(&[("system", "tenant prompt"), ("user", "q1")]);
-    let body = br#"{"messages":[{"role":"system","content":"tenant prompt"},{"role":"user","content":"q1"}]}"#;
-    let pod: SocketAddr = "127.0.0.1:8000".parse().unwrap();
-    let find = || {
-        heads_map.find(
-            "m",
-            Some(Api::ChatCompletions),
-            &prompt,
-            Some(body),
-            Some(pod),
-        );
-    };
+    let find = || tenant_question(&heads_map);
     find();
     let fill = next_queued(&heads_map).expect("queued");
-    assert_eq!(heads_map.queued_bytes.load(Ordering::Relaxed), body.len());
+    assert_eq!(
+        heads_map.queued_bytes.load(Ordering::Relaxed),
+        fill.body.len()
+    );
     // As a fill task runs it, and a bug panics in the tokenization.
     let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let taken = Taken::new(&heads_map, fill);
