@@ -302,7 +302,7 @@ fn full_catalogue(seed: u64) -> Vec<WorkloadSpec> {
         // A rollout of the picker: what it knew is gone, the engines are warm.
         WorkloadSpec::new(
             "picker-restart",
-            "picker-restart (agent as above; the picker restarts after half the requests: its index and engine views empty, the engines warm; peer routers and oracles are not restarted)",
+            "picker-restart (agent as above; the picker restarts after half the requests: its index and engine views empty, the engines warm; peer routers, oracles and the kvcache-aware row are not restarted)",
             workload::agent_sessions(32, 8, 10 * 1024, 128, 512, 48, seed, m),
             Arrival::Closed { concurrency: 16 },
             2048,
