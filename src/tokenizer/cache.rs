@@ -116,9 +116,7 @@ impl Cache {
     /// Returns the number of entries evicted to make room.
     pub(super) fn complete(&self, key: u64, result: &Result<Tokens, TokenizeError>) -> u64 {
         let mut shard = self.shard(key).write();
-        if let Some(Slot::Pending(_)) = shard.map.get(&key) {
-            shard.map.remove(&key);
-        }
+        shard.end_call(key);
         match result {
             Ok(tokens) => shard.insert(
                 key,
@@ -133,10 +131,7 @@ impl Cache {
     /// Forgets the call in flight for `key`, which ended without an answer: the next request
     /// for the key calls again instead of joining it.
     pub(super) fn abandon(&self, key: u64) {
-        let mut shard = self.shard(key).write();
-        if let Some(Slot::Pending(_)) = shard.map.get(&key) {
-            shard.map.remove(&key);
-        }
+        self.shard(key).write().end_call(key);
     }
 
     /// Answers cached and the tokens they hold.
@@ -149,6 +144,13 @@ impl Cache {
 }
 
 impl Shard {
+    /// Removes the call in flight for `key`, if one is (a `Ready` entry stays).
+    fn end_call(&mut self, key: u64) {
+        if let Some(Slot::Pending(_)) = self.map.get(&key) {
+            self.map.remove(&key);
+        }
+    }
+
     fn insert(&mut self, key: u64, tokens: Tokens, max_entries: usize, max_tokens: usize) -> u64 {
         if max_entries == 0 || tokens.len() > max_tokens || self.map.contains_key(&key) {
             return 0;

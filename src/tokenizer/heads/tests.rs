@@ -19,11 +19,10 @@ fn next_queued(heads_map: &HeadTokens) -> Option<Fill> {
     heads_map.receiver.lock().as_mut()?.try_recv().ok()
 }
 
-/// A tenant's question (its system prompt, then "q1") looked up as a request would.
-fn tenant_question(heads_map: &HeadTokens) -> Option<HeadFound> {
+/// A tenant's question (its system prompt, then "q1") looked up as a request for `pod` would.
+fn tenant_question(heads_map: &HeadTokens, pod: SocketAddr) -> Option<HeadFound> {
     let prompt = chatml(&[("system", "tenant prompt"), ("user", "q1")]);
     let body = br#"{"messages":[{"role":"system","content":"tenant prompt"},{"role":"user","content":"q1"}]}"#;
-    let pod: SocketAddr = "127.0.0.1:8000".parse().unwrap();
     heads_map.find(
         "m",
         Some(Api::ChatCompletions),
@@ -69,7 +68,7 @@ fn a_chat_prompt_has_one_head_per_message_and_shares_them_with_its_continuation(
 #[test]
 fn a_miss_queues_its_heads_once_and_a_known_head_is_found() {
     let heads_map = HeadTokens::new(section(), metrics());
-    let find = || tenant_question(&heads_map);
+    let find = || tenant_question(&heads_map, "127.0.0.1:8000".parse().unwrap());
     assert!(find().is_none());
     assert!(
         find().is_none(),
@@ -216,18 +215,8 @@ async fn the_file_source_tokenizes_heads_in_process() {
     let shutdown = CancellationToken::new();
     let worker = tokio::spawn(heads_map.clone().run(shutdown.clone()));
     let prompt = chatml(&[("system", "tenant prompt"), ("user", "q1")]);
-    let body = br#"{"messages":[{"role":"system","content":"tenant prompt"},{"role":"user","content":"q1"}]}"#;
     // Port 9 (discard): nothing answers there, and nothing must be asked.
-    let pod: SocketAddr = "127.0.0.1:9".parse().unwrap();
-    let find = || {
-        heads_map.find(
-            "m",
-            Some(Api::ChatCompletions),
-            &prompt,
-            Some(body),
-            Some(pod),
-        )
-    };
+    let find = || tenant_question(&heads_map, "127.0.0.1:9".parse().unwrap());
     assert!(find().is_none());
     let deadline = Instant::now() + Duration::from_secs(10);
     let found = loop {
@@ -247,7 +236,7 @@ async fn the_file_source_tokenizes_heads_in_process() {
 #[test]
 fn a_fill_that_panics_frees_its_bytes_and_its_heads_queue_again() {
     let heads_map = Arc::new(HeadTokens::new(section(), metrics()));
-    let find = || tenant_question(&heads_map);
+    let find = || tenant_question(&heads_map, "127.0.0.1:8000".parse().unwrap());
     find();
     let fill = next_queued(&heads_map).expect("queued");
     assert_eq!(
