@@ -150,20 +150,6 @@ pub struct EngineView {
     blocks: AtomicU64,
     /// Blocks that holds wait for the engine to store.
     awaiting: Awaiting,
-    /// When the view last skipped a store for a parent it does not know ([`clock_ms`]; 0:
-    /// not since it was created or cleared): the engine holds blocks the view never saw.
-    orphaned_ms: AtomicU64,
-}
-
-/// How long a view stays [partial](EngineView::is_partial) after its last store on an unknown
-/// parent.
-pub const PARTIAL_FOR_MS: u64 = 60_000;
-
-/// Milliseconds since the first call in this process (at least 1: 0 means "never").
-pub fn clock_ms() -> u64 {
-    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    let start = START.get_or_init(std::time::Instant::now);
-    start.elapsed().as_millis() as u64 + 1
 }
 
 impl EngineView {
@@ -175,24 +161,7 @@ impl EngineView {
             max_blocks,
             blocks: AtomicU64::new(0),
             awaiting: Awaiting::default(),
-            orphaned_ms: AtomicU64::new(0),
         }
-    }
-
-    /// Whether the engine holds blocks this view never saw, at `now_ms` ([`clock_ms`]): it
-    /// skipped a store on an unknown parent within [`PARTIAL_FOR_MS`] (a prefix the engine
-    /// cached before the view began: a picker started beside warm engines, a lost gap). Such a
-    /// view is a floor, not the whole truth. `now_ms` is read only when this is asked of a
-    /// view that skipped one: [`EngineView::orphaned`] first.
-    pub fn is_partial(&self, now_ms: u64) -> bool {
-        let t = self.orphaned_ms.load(Ordering::Relaxed);
-        t != 0 && now_ms.saturating_sub(t) < PARTIAL_FOR_MS
-    }
-
-    /// Whether the view ever skipped a store on an unknown parent since it was created or
-    /// cleared (one load: the request path asks this before reading the clock).
-    pub fn orphaned(&self) -> bool {
-        self.orphaned_ms.load(Ordering::Relaxed) != 0
     }
 
     /// Awaits the engine's store of the block whose token-chain hash is `hash` (at this view's
@@ -265,9 +234,6 @@ impl EngineView {
         for (i, &engine) in engine_hashes.iter().enumerate() {
             let tokens = token_ids.get(i * block_size..(i + 1) * block_size);
             let (Some(parent), Some(tokens)) = (chain, tokens) else {
-                if chain.is_none() {
-                    self.orphaned_ms.store(clock_ms(), Ordering::Relaxed);
-                }
                 out.skipped += engine_hashes.len() - i;
                 break;
             };
@@ -311,7 +277,6 @@ impl EngineView {
         s.by_engine = HashMap::new();
         s.held = Held::default();
         self.blocks.store(0, Ordering::Relaxed);
-        self.orphaned_ms.store(0, Ordering::Relaxed);
         dropped
     }
 

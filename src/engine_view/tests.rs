@@ -187,32 +187,3 @@ proptest::proptest! {
         proptest::prop_assert_eq!(view.longest_match(&chain), walk);
     }
 }
-
-#[test]
-fn a_store_on_a_parent_the_view_never_saw_makes_it_partial_for_a_while() {
-    let view = EngineView::new(1024);
-    let now = clock_ms();
-    // Stores chained from the first block, or on a known parent: the view is the whole truth.
-    store_chain(&view, None, 100, &tokens(32, 0), 16);
-    store_chain(&view, Some(101), 200, &tokens(16, 500), 16);
-    assert!(!view.orphaned() && !view.is_partial(now));
-    // A block stored on a prefix the engine cached before the view began: skipped, and the
-    // engine holds blocks the view does not know.
-    let out = view.store(Some(9_999), &[300], &tokens(16, 900), 16);
-    assert_eq!((out.added, out.skipped), (0, 1));
-    let now = clock_ms();
-    assert!(view.orphaned() && view.is_partial(now));
-    assert!(view.is_partial(now + PARTIAL_FOR_MS - 1));
-    assert!(
-        !view.is_partial(now + PARTIAL_FOR_MS),
-        "no such store for a while: whole again"
-    );
-    // Too few token ids or a full view are no unknown parent.
-    let small = EngineView::new(1);
-    assert_eq!(small.store(None, &[1, 2], &tokens(32, 0), 16).skipped, 1);
-    assert_eq!(small.store(None, &[3], &tokens(8, 0), 16).skipped, 1);
-    assert!(!small.orphaned());
-    // Cleared (the engine lost its cache, or the view is dropped): whole again.
-    view.clear();
-    assert!(!view.orphaned());
-}

@@ -7,13 +7,11 @@
 //! bytes x prompt blocks`, rounded down. The request's token chain is hashed once per engine
 //! block size among the candidates (one, in a pool of one engine). Its last hash (the head's
 //! last full block) is what a hold for the pod awaits from the engine
-//! ([`EngineView::await_block`]). A [partial](EngineView::is_partial) view (the engine holds
-//! blocks it never saw, e.g. cached before the picker started) is a floor: where the estimate
-//! matches more, the candidate is matched by the estimate ([`prefer_longer_estimates`]).
+//! ([`EngineView::await_block`]).
 
 use super::candidate::Candidate;
 use super::{EngineTokens, MatchSource};
-use crate::engine_view::{EngineView, clock_ms, token_chain};
+use crate::engine_view::{EngineView, token_chain};
 
 /// One candidate's engine match.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,9 +23,6 @@ pub struct EngineMatched {
     /// The token-chain hash of the head's last full block at the engine's block size: a hold
     /// for the pod ends when the engine stores it. `None`: no full block (or no block size yet).
     pub last_block: Option<u64>,
-    /// The view is [partial](EngineView::is_partial): the engine holds blocks it never saw, so
-    /// the estimate's match counts where it is longer.
-    pub partial: bool,
 }
 
 /// Per candidate, its engine match, or `None` where the estimate applies (no live view, or no
@@ -60,19 +55,15 @@ pub fn matches<C: Candidate>(
     // ends with its request).
     let pool = views.iter().flatten().map(|&(_, bs)| bs).find(|&bs| bs > 0);
     let mut chains = Chains::default();
-    // The clock, read once and only for a view that ever skipped a store on an unknown parent.
-    let mut now = None;
     views
         .into_iter()
         .map(|view| {
             let (view, block_size) = view?;
-            let partial = view.orphaned() && view.is_partial(*now.get_or_insert_with(clock_ms));
             if block_size == 0 {
                 return Some(EngineMatched {
                     tokens: 0,
                     blocks: 0,
                     last_block: pool.and_then(|bs| chains.of(tokens.tokens, bs).last().copied()),
-                    partial,
                 });
             }
             let chain = chains.of(tokens.tokens, block_size);
@@ -82,7 +73,6 @@ pub fn matches<C: Candidate>(
                 tokens: held,
                 blocks,
                 last_block: chain.last().copied(),
-                partial,
             })
         })
         .collect()
@@ -102,17 +92,6 @@ impl Chains {
             }
         };
         &self.0[at].1
-    }
-}
-
-/// After the estimate's matches (`held`, with each engine match in place) are known: a
-/// partial view whose estimate matched more leaves its candidate to the estimate for this
-/// request (its source, and no hold awaits its engine).
-pub fn prefer_longer_estimates(engine: &mut [Option<EngineMatched>], held: &[usize]) {
-    for (e, &h) in engine.iter_mut().zip(held) {
-        if matches!(e, Some(m) if m.partial && h > m.blocks) {
-            *e = None;
-        }
     }
 }
 

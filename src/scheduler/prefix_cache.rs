@@ -194,12 +194,7 @@ impl PrefixCache {
         let mut held = self.index.chain_matches(key, hashes, candidates);
         for (h, e) in held.iter_mut().zip(engine) {
             if let Some(e) = e {
-                // A partial view is a floor under the estimate.
-                *h = if e.partial {
-                    (*h).max(e.blocks)
-                } else {
-                    e.blocks
-                };
+                *h = e.blocks;
             }
         }
         let mut matched = held.clone();

@@ -508,13 +508,20 @@ fn new_prompts_go_where_the_index_evicts_least() {
     }
 }
 
-/// Three pods whose engines publish KV events, pod `i`'s view live when `live(i)`.
-fn publishing_pods(s: &Scheduler, live: impl Fn(usize) -> bool) -> Vec<Arc<Pod>> {
-    (0..3)
+/// Pods whose engine publishes KV events are matched by what the engine holds, in its tokens:
+/// the estimate's pick (the pod the prompt was sent to) loses to the pod whose engine reports
+/// holding it, and a pod whose view is not live keeps the estimate.
+#[test]
+fn a_live_engine_view_outranks_the_estimate() {
+    use crate::engine_view::EngineView;
+    let mut config = SchedulerConfig::default();
+    config.apply_affinity(Some(AffinityConfig::default()));
+    let s = Scheduler::new(config, 5, 1);
+    let pods: Vec<Arc<Pod>> = (0..3)
         .map(|i| {
             let address = SocketAddr::from(([10, 0, 0, i as u8 + 1], 8000));
-            let view = crate::engine_view::EngineView::new(1 << 16);
-            view.set_live(live(i));
+            let view = EngineView::new(1 << 16);
+            view.set_live(i != 2);
             Arc::new(Pod {
                 handle: s.prefix_cache().index().add_pod(),
                 label: format!("default/pod-{i}"),
@@ -525,18 +532,7 @@ fn publishing_pods(s: &Scheduler, live: impl Fn(usize) -> bool) -> Vec<Arc<Pod>>
                 engine: Some(view),
             })
         })
-        .collect()
-}
-
-/// Pods whose engine publishes KV events are matched by what the engine holds, in its tokens:
-/// the estimate's pick (the pod the prompt was sent to) loses to the pod whose engine reports
-/// holding it, and a pod whose view is not live keeps the estimate.
-#[test]
-fn a_live_engine_view_outranks_the_estimate() {
-    let mut config = SchedulerConfig::default();
-    config.apply_affinity(Some(AffinityConfig::default()));
-    let s = Scheduler::new(config, 5, 1);
-    let pods = publishing_pods(&s, |i| i != 2);
+        .collect();
     let prompt = "You are a helpful assistant. ".repeat(40);
     let tokens: Vec<u32> = (0..256).collect();
     let tokens: &'static [u32] = tokens.leak();
@@ -589,48 +585,4 @@ fn a_live_engine_view_outranks_the_estimate() {
     let blocks = d.hashes.len();
     let half = d.engine[1].unwrap().blocks;
     assert!(half.abs_diff(blocks / 2) <= 1, "{half} of {blocks}");
-}
-
-/// A picker started beside warm engines: a pod's engine reuses a prefix the view never saw and
-/// stores only what follows it, on a parent the view does not know. The view is then partial,
-/// and the estimate (what this picker sent the pod) counts where it matches more.
-#[test]
-fn a_partial_engine_view_is_a_floor_under_the_estimate() {
-    let mut config = SchedulerConfig::default();
-    config.apply_affinity(Some(AffinityConfig::default()));
-    let s = Scheduler::new(config, 5, 1);
-    let pods = publishing_pods(&s, |_| true);
-    let prompt = "You are a helpful assistant. ".repeat(40);
-    let tokens: &'static [u32] = (0..256).collect::<Vec<u32>>().leak();
-    let request = || {
-        let mut r = req(&prompt);
-        r.engine_tokens = Some(EngineTokens {
-            tokens,
-            prompt_bytes: prompt.len(),
-        });
-        r
-    };
-    // The estimate: this picker sent the prompt to pod 2. Every view is empty and whole, so the
-    // engines' truth (nobody holds it) rules and the estimate does not count.
-    let first = s.schedule(request(), pods.clone()).unwrap();
-    s.record("m", &first.hashes, &pods[2].handle);
-    let d = s.schedule(request(), pods.clone()).unwrap();
-    assert_eq!(d.reason, DecisionReason::AffinityMiss, "{:?}", d.engine);
-    assert_eq!(d.engine[2].map(|m| m.blocks), Some(0));
-    // Pod 2's engine stores a block on a prefix it cached before the view began.
-    let view = pods[2].engine.as_ref().unwrap();
-    view.store(Some(77), &[500], &tokens[..16], 16);
-    let d = s.schedule(request(), pods.clone()).unwrap();
-    assert_eq!(d.primary().slot(), pods[2].slot(), "{:?}", d.engine);
-    assert_eq!(d.reason, DecisionReason::AffinityHit);
-    assert_eq!(d.engine[2], None, "matched by its estimate");
-    assert_eq!(d.primary_source(), MatchSource::Estimate);
-    assert_eq!(d.match_source(0), MatchSource::Engine, "a whole view");
-    // Where the partial view itself matches more, it is the engine's match.
-    let engine_hashes: Vec<u64> = (1..=16).collect();
-    view.store(None, &engine_hashes, tokens, 16);
-    let d = s.schedule(request(), pods.clone()).unwrap();
-    assert_eq!(d.primary().slot(), pods[2].slot());
-    assert_eq!(d.primary_source(), MatchSource::Engine);
-    assert!(d.engine[2].is_some_and(|m| m.partial && m.tokens == 256));
 }

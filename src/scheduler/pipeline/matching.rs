@@ -41,7 +41,7 @@ impl Scheduler {
         let hashes = self.hashes_of(request, prompt);
         let slots: Vec<_> = candidates.iter().map(|e| e.slot()).collect();
         let t = Instant::now();
-        let mut engine = engine_match::matches(
+        let engine = engine_match::matches(
             candidates,
             request.engine_tokens,
             prompt.len(),
@@ -56,7 +56,6 @@ impl Scheduler {
             elapsed: t.elapsed(),
         });
         observations.push(Observation::MatchRatio(scored.match_ratio()));
-        engine_match::prefer_longer_estimates(&mut engine, &scored.held_blocks);
         let matched = Matched {
             hashes,
             scored,
