@@ -4,7 +4,8 @@
 //! its subclasses, the replay ROUTER) and `vllm/config/kv_events.py` (`KVEventsConfig`), read at
 //! vllm-project/vllm commits `0181ea3173e53eea8cf04a86891488e3dc89bb34` (current: map-encoded
 //! events) and `b4e69e0af33f4698e157a262cc787fe61983cd3d` (the first release with events:
-//! array-encoded, no `medium`, no `data_parallel_rank`). SGLang's
+//! array-encoded, no `medium`, no `data_parallel_rank`); later vLLM adds the topic to each
+//! replay reply ([`subscriber`] reads both). SGLang's
 //! `python/sglang/srt/disaggregation/kv_events.py` (sgl-project/sglang commit
 //! `006d053f182f9b488d2bd841afa06d5f9120a258`) is a copy of the latter: same framing, same replay;
 //! its later releases encode events as maps too, with their own extra fields.

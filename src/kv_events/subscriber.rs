@@ -17,7 +17,8 @@
 //!   batches. Only `last + 1` continues; anything else resets.
 //! - Replay (vLLM's ROUTER handler): a DEALER sends `["", start_seq as 8-byte big-endian]`; the
 //!   publisher answers with `["", seq, payload]` for every buffered batch with `seq >= start`,
-//!   then `["", -1 as 8 bytes, ""]`. Only the gap is kept; the subscriber stops reading once it
+//!   then `["", -1 as 8 bytes, ""]` (current vLLM puts the topic before `seq`: `["", topic,
+//!   seq, payload]`, and an empty one before the end marker; both forms are read). Only the gap is kept; the subscriber stops reading once it
 //!   has it, or at [`REPLAY_TIMEOUT`]. Gaps over [`MAX_REPLAY`] batches are not asked for.
 //! - [`Update::Reset`] when a gap cannot be filled (no replay endpoint, replay incomplete, too
 //!   large, across a reconnect) or the sequence went back: the consumer drops everything it knows
@@ -555,15 +556,12 @@ impl<'a> State<'a> {
         socket.send(request).await.map_err(|e| e.to_string())?;
         while (got.len() as u64) < received - expected {
             let reply = socket.recv().await.map_err(|e| e.to_string())?;
-            // The ROUTER sends [identity, "", seq, payload]; the identity is consumed on the way.
             let frames: Vec<&[u8]> = reply.iter().map(|f| f.as_ref()).collect();
-            let [b"", seq, payload] = frames.as_slice() else {
-                return Err(format!("a reply of {} frames, expected 3", frames.len()));
-            };
-            if *seq == END_SEQ {
+            let (seq, payload) = replayed(&frames, self.config.topic.as_bytes())?;
+            if seq == END_SEQ {
                 return Ok(());
             }
-            let Ok(seq) = <[u8; 8]>::try_from(*seq).map(u64::from_be_bytes) else {
+            let Ok(seq) = <[u8; 8]>::try_from(seq).map(u64::from_be_bytes) else {
                 return Err(format!("a {}-byte sequence frame", seq.len()));
             };
             let next = expected + got.len() as u64;
@@ -579,6 +577,26 @@ impl<'a> State<'a> {
             }
         }
         Ok(())
+    }
+}
+
+/// A replay reply's sequence frame and payload. The ROUTER sends `[identity, "", seq, payload]`
+/// (SGLang, vLLM before the topic was added) or `[identity, "", topic, seq, payload]` (vLLM since;
+/// its end marker has an empty topic); the identity is consumed on the way.
+fn replayed<'f>(frames: &[&'f [u8]], topic: &[u8]) -> Result<(&'f [u8], &'f [u8]), String> {
+    match *frames {
+        [b"", seq, payload] => Ok((seq, payload)),
+        [b"", _, seq, _] if seq == END_SEQ => Ok((seq, &[])),
+        [b"", t, seq, payload] if t == topic => Ok((seq, payload)),
+        [b"", t, _, _] => Err(format!(
+            "a replayed batch on topic {:?}, expected {:?}",
+            String::from_utf8_lossy(t),
+            String::from_utf8_lossy(topic)
+        )),
+        _ => Err(format!(
+            "a reply of {} frames, expected 3 or 4 (with the topic)",
+            frames.len()
+        )),
     }
 }
 

@@ -71,10 +71,20 @@ struct Publisher {
 }
 
 impl Publisher {
+    /// A publisher whose replay replies are SGLang's and earlier vLLM's (`[seq, payload]`).
     async fn start(topic: &str) -> Publisher {
+        Publisher::launch(&["publish", topic]).await
+    }
+
+    /// A publisher whose replay replies are current vLLM's (`[topic, seq, payload]`).
+    async fn start_with_topic_in_replay(topic: &str) -> Publisher {
+        Publisher::launch(&["publish", topic, "topic-in-replay"]).await
+    }
+
+    async fn launch(args: &[&str]) -> Publisher {
         let mut child = Command::new(wire_python())
             .arg(script())
-            .args(["publish", topic])
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .kill_on_drop(true)
@@ -325,5 +335,27 @@ async fn without_replay_a_gap_resets_and_a_lost_connection_comes_back() {
     sub.batch(5).await;
     assert_eq!(count(&sub.stats.reconnects), 1);
 
+    sub.stop().await;
+}
+
+/// Current vLLM's replay replies carry the topic (its end marker an empty one): a gap is filled
+/// through them as through the older replies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_with_the_topic_fill_a_gap() {
+    let topic = "kv";
+    let mut publisher = Publisher::start_with_topic_in_replay(topic).await;
+    let mut sub = Running::start(publisher.config(topic, true));
+    assert_eq!(sub.next().await, Update::Connected);
+    publisher.subscribed(topic).await;
+    publisher.run("pub 0").await;
+    publisher.run("lose 1").await;
+    publisher.run("lose 2").await;
+    publisher.run("pub 3").await;
+    for seq in 0..4 {
+        sub.batch(seq).await;
+    }
+    assert_eq!(count(&sub.stats.gaps), 1);
+    assert_eq!(count(&sub.stats.replayed_batches), 2);
+    assert_eq!(count(&sub.stats.resets), 0);
     sub.stop().await;
 }

@@ -11,7 +11,7 @@ vllm/distributed/kv_events.py (the field layout copied, not vLLM itself), in thr
 Usage:
   kv_events_wire.py golden
       prints `name hex` lines: the payloads of tests/wire/golden.txt.
-  kv_events_wire.py publish TOPIC
+  kv_events_wire.py publish TOPIC [topic-in-replay]
       binds a publisher and a replay ROUTER on 127.0.0.1 port 0, prints `ports PUB REPLAY`, then
       `subscribed TOPIC_HEX` for each subscription, and serves commands from stdin, answering
       each with `ok`:
@@ -21,6 +21,8 @@ Usage:
                                  forgetting what it held for replay
         raw FRAME...             publish raw frames, each hex (`-` for an empty frame)
         quit
+With `topic-in-replay` the replay replies carry the topic before the sequence number (and an
+empty one before the end marker), as current vLLM sends them; without, as SGLang and earlier vLLM.
 The publisher is an XPUB socket only so that the test can see its subscription arrive (no
 sleeping for the slow joiner); to the subscriber it is the PUB socket vLLM binds. The replay
 handler is vLLM's `_service_replay`.
@@ -218,7 +220,7 @@ def batch(seq: int) -> bytes:
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
-def publish(topic: str):
+def publish(topic: str, topic_in_replay: bool):
     ctx = zmq.Context()
     pub = ctx.socket(zmq.XPUB)
     pub.setsockopt(zmq.XPUB_VERBOSE, 1)
@@ -247,10 +249,12 @@ def publish(topic: str):
                 continue
             client_id, _, start_seq_bytes = frame
             start_seq = int.from_bytes(start_seq_bytes, "big")
+            head = (client_id, b"", topic_bytes) if topic_in_replay else (client_id, b"")
             for seq, buf in buffer:
                 if seq >= start_seq:
-                    replay.send_multipart((client_id, b"", seq.to_bytes(8, "big"), buf))
-            replay.send_multipart((client_id, b"", END_SEQ, b""))
+                    replay.send_multipart((*head, seq.to_bytes(8, "big"), buf))
+            end_head = (client_id, b"", b"") if topic_in_replay else (client_id, b"")
+            replay.send_multipart((*end_head, END_SEQ, b""))
         if sys.stdin.fileno() in ready or sys.stdin in ready:
             line = sys.stdin.readline()
             if not line:
@@ -295,6 +299,8 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["golden"]:
         golden()
     elif len(sys.argv) == 3 and sys.argv[1] == "publish":
-        publish(sys.argv[2])
+        publish(sys.argv[2], False)
+    elif sys.argv[1:2] == ["publish"] and sys.argv[3:] == ["topic-in-replay"]:
+        publish(sys.argv[2], True)
     else:
         sys.exit(__doc__)
