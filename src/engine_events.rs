@@ -14,8 +14,10 @@
 //! estimate in the prefix index is dropped too, so requests matched by the estimate stop counting
 //! on it at once, not at the next scrape that sees the restart. A pod whose view is not live is
 //! matched by the estimate. Events on another medium than the GPU (CPU offload tiers) are not
-//! applied. A picker that starts after its engines sees what they cached before only as they store
-//! it again (engines announce a block when they store it, not when they reuse it).
+//! applied. A picker that starts after its engines first catches up from what each engine still
+//! buffers for replay (the subscriber's catch-up); what an engine stored before that it sees
+//! only as it is stored again (engines announce a block when they store it, not when they reuse
+//! it).
 //!
 //! Knobs (`picker.kvEvents`): `topic` (vLLM's `topic`, default empty), `maxBlocksPerPod`
 //! (each view's bound, default 2^20 blocks).

@@ -32,7 +32,8 @@ pub struct StaticEndpoint {
     /// `--kv-events-config` `endpoint` as seen from the picker); unset: none.
     #[serde(default, rename = "kvEventsEndpoint")]
     pub kv_events_endpoint: Option<String>,
-    /// Its replay socket (`replay_endpoint`), which fills gaps; unset: a gap drops the view.
+    /// Its replay socket (`replay_endpoint`), which fills gaps and catches a new view up; unset: a
+    /// gap drops the view and a new view starts from the next batch.
     #[serde(default, rename = "kvEventsReplayEndpoint")]
     pub kv_events_replay_endpoint: Option<String>,
 }

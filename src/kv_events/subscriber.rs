@@ -15,6 +15,14 @@
 //! - Across a reconnect a gap is never replayed: a new connection may be a new publisher process
 //!   whose counter restarted and ran past ours, and its replay buffer would hold another life's
 //!   batches. Only `last + 1` continues; anything else resets.
+//! - Catch-up, so that a subscriber started beside a warm engine sees the blocks the engine
+//!   stored in the batches it still buffers, not only what it stores from then on. At its first
+//!   connection the subscriber asks the replay endpoint for every batch the publisher holds (at
+//!   most the newest [`MAX_REPLAY`]) and delivers them when they run unbroken; the newest is the
+//!   baseline, and live messages up to it (sent while the replay ran) are dropped as duplicates.
+//!   A first batch with nothing before it to continue (none held at connect, or the first after
+//!   a reset for a restarted publisher, a reconnect or a gap too large) asks for what is held
+//!   before it, delivered when it runs unbroken up to it. Otherwise nothing is delivered first.
 //! - Replay (vLLM's ROUTER handler): a DEALER sends `["", start_seq as 8-byte big-endian]`; the
 //!   publisher answers with `["", seq, payload]` for every buffered batch with `seq >= start`,
 //!   then `["", -1 as 8 bytes, ""]` (current vLLM puts the topic before `seq`: `["", topic,
@@ -27,6 +35,7 @@
 //! Bad input (wrong topic, wrong frames, garbage, a batch over the [`Limits`]) is counted in
 //! [`SubscriberStats`] and warned about once per cause, never fatal.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -97,6 +106,17 @@ pub enum ResetReason {
 }
 
 impl ResetReason {
+    /// Whether the batch after this reset may be caught up from the replay buffer: not after a
+    /// replay that just failed or where there is none.
+    fn may_catch_up(&self) -> bool {
+        match self {
+            ResetReason::NoReplayEndpoint { .. } | ResetReason::ReplayIncomplete { .. } => false,
+            ResetReason::GapTooLarge { .. }
+            | ResetReason::Reconnected { .. }
+            | ResetReason::PublisherRestarted { .. } => true,
+        }
+    }
+
     /// A short stable name (a metric label).
     pub fn as_str(&self) -> &'static str {
         match self {
@@ -223,6 +243,15 @@ impl Subscriber {
                     if !state.send(Update::Connected).await {
                         return;
                     }
+                    if state.seq.last.is_none() {
+                        let caught_up = tokio::select! {
+                            _ = cancel.cancelled() => return,
+                            ok = state.catch_up(Span::All) => ok,
+                        };
+                        if !caught_up {
+                            return;
+                        }
+                    }
                     match state.receive(socket, monitor).await {
                         End::Stop => return,
                         End::Lost => {
@@ -274,12 +303,18 @@ struct Sequence {
     last: Option<u64>,
     /// No message yet on this connection.
     fresh: bool,
+    /// The newest batch the catch-up at connect delivered, until a live one passes it.
+    caught_up_to: Option<u64>,
 }
 
 /// What one sequence number means.
 #[derive(Debug, PartialEq, Eq)]
 enum Verdict {
-    /// The next one (or the first ever).
+    /// The first ever: nothing to continue.
+    First,
+    /// Delivered already, by the catch-up at connect.
+    Duplicate,
+    /// The next one.
     Next,
     /// `expected..received` are missing; replayable.
     Gap { expected: u64 },
@@ -290,11 +325,22 @@ enum Verdict {
 impl Sequence {
     fn reconnected(&mut self) {
         self.fresh = true;
+        self.caught_up_to = None;
+    }
+
+    /// The catch-up at connect delivered up to `newest`: the connection's live messages up to
+    /// it are duplicates, the next one continues.
+    fn caught_up(&mut self, newest: u64) {
+        self.caught_up_to = Some(newest);
+        self.fresh = false;
     }
 
     fn check(&self, received: u64) -> Verdict {
+        if self.caught_up_to.is_some_and(|newest| received <= newest) {
+            return Verdict::Duplicate;
+        }
         let Some(last) = self.last else {
-            return Verdict::Next;
+            return Verdict::First;
         };
         let expected = last.wrapping_add(1);
         if received == expected {
@@ -311,6 +357,9 @@ impl Sequence {
     fn delivered(&mut self, seq: u64) {
         self.last = Some(seq);
         self.fresh = false;
+        if self.caught_up_to.is_some_and(|newest| seq > newest) {
+            self.caught_up_to = None;
+        }
     }
 }
 
@@ -436,6 +485,12 @@ impl<'a> State<'a> {
         };
         match self.seq.check(seq) {
             Verdict::Next => {}
+            Verdict::Duplicate => return true,
+            Verdict::First => {
+                if !self.catch_up(Span::Before { until: seq }).await {
+                    return false;
+                }
+            }
             Verdict::Gap { expected } => {
                 self.stats.gaps.fetch_add(1, Relaxed);
                 match self.replay(expected, seq).await {
@@ -458,9 +513,55 @@ impl<'a> State<'a> {
                 if !self.send(Update::Reset { reason }).await {
                     return false;
                 }
+                if reason.may_catch_up() && !self.catch_up(Span::Before { until: seq }).await {
+                    return false;
+                }
             }
         }
         self.deliver(seq, batch).await
+    }
+
+    /// Delivers what the publisher still buffers of `span` (everything, or what comes before
+    /// the batch that starts the sequence), when it runs unbroken; `false` when the consumer is
+    /// gone.
+    async fn catch_up(&mut self, span: Span) -> bool {
+        let Some(endpoint) = self.config.replay_endpoint.clone() else {
+            return true;
+        };
+        if span == (Span::Before { until: 0 }) {
+            return true;
+        }
+        self.stats.replays.fetch_add(1, Relaxed);
+        let mut got = VecDeque::new();
+        let outcome =
+            tokio::time::timeout(REPLAY_TIMEOUT, self.fetch(&endpoint, span, &mut got)).await;
+        let why = match outcome {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e),
+            Err(_) => Some(format!("no complete answer within {REPLAY_TIMEOUT:?}")),
+        };
+        if let Some(why) = why {
+            if !std::mem::replace(&mut self.warned.replay, true) {
+                tracing::warn!(endpoint = %endpoint, why = %why,
+                    "KV events: catch-up replay failed; the view starts at the next batch (warned once)");
+            }
+            return true;
+        }
+        let Some(&(newest, _)) = got.back() else {
+            return true;
+        };
+        tracing::info!(endpoint = %endpoint, batches = got.len(), newest,
+            "KV events: caught up from the replay buffer");
+        if span == Span::All {
+            self.seq.caught_up(newest);
+        }
+        for (s, b) in got {
+            self.stats.replayed_batches.fetch_add(1, Relaxed);
+            if !self.deliver(s, b).await {
+                return false;
+            }
+        }
+        true
     }
 
     fn decode(&mut self, seq: u64, payload: &[u8]) -> Option<EventBatch> {
@@ -514,19 +615,20 @@ impl<'a> State<'a> {
             return Err(ResetReason::GapTooLarge { expected, received });
         }
         self.stats.replays.fetch_add(1, Relaxed);
-        let mut got = Vec::new();
-        let outcome = tokio::time::timeout(
-            REPLAY_TIMEOUT,
-            self.fetch(&endpoint, expected, received, &mut got),
-        )
-        .await;
+        let mut got = VecDeque::new();
+        let span = Span::Gap {
+            from: expected,
+            until: received,
+        };
+        let outcome =
+            tokio::time::timeout(REPLAY_TIMEOUT, self.fetch(&endpoint, span, &mut got)).await;
         let incomplete = ResetReason::ReplayIncomplete {
             expected,
             received,
             replayed: got.len() as u64,
         };
         let why = match outcome {
-            Ok(Ok(())) if got.len() as u64 == received - expected => return Ok(got),
+            Ok(Ok(())) if got.len() as u64 == received - expected => return Ok(got.into()),
             Ok(Ok(())) => "the publisher no longer holds them".to_string(),
             Ok(Err(e)) => e,
             Err(_) => format!("no complete answer within {REPLAY_TIMEOUT:?}"),
@@ -538,43 +640,63 @@ impl<'a> State<'a> {
         Err(incomplete)
     }
 
-    /// Reads replayed batches into `got` until it holds `expected..received` in order, the
-    /// publisher's end marker, or a batch out of order or undecodable.
+    /// Asks the replay endpoint for `span` and reads its batches into `got`, in order. A batch
+    /// out of order (after the first) or undecodable is an error; see [`Span`] for where each
+    /// kind starts and ends.
     async fn fetch(
         &mut self,
         endpoint: &str,
-        expected: u64,
-        received: u64,
-        got: &mut Vec<(u64, EventBatch)>,
+        span: Span,
+        got: &mut VecDeque<(u64, EventBatch)>,
     ) -> Result<(), String> {
+        let (from, until) = match span {
+            Span::Gap { from, until } => (from, until),
+            Span::Before { until } => (until.saturating_sub(MAX_REPLAY), until),
+            Span::All => (0, u64::MAX),
+        };
         let mut options = SocketOptions::default();
         options.connect_timeout(CONNECT_TIMEOUT);
         let mut socket = DealerSocket::with_options(options);
         socket.connect(endpoint).await.map_err(|e| e.to_string())?;
         let mut request = ZmqMessage::from(Vec::<u8>::new());
-        request.push_back(expected.to_be_bytes().to_vec().into());
+        request.push_back(from.to_be_bytes().to_vec().into());
         socket.send(request).await.map_err(|e| e.to_string())?;
-        while (got.len() as u64) < received - expected {
+        let mut next = from;
+        while next < until {
             let reply = socket.recv().await.map_err(|e| e.to_string())?;
             let frames: Vec<&[u8]> = reply.iter().map(|f| f.as_ref()).collect();
             let (seq, payload) = replayed(&frames, self.config.topic.as_bytes())?;
             if seq == END_SEQ {
+                if matches!(span, Span::Before { .. }) {
+                    got.clear();
+                }
                 return Ok(());
             }
             let Ok(seq) = <[u8; 8]>::try_from(seq).map(u64::from_be_bytes) else {
                 return Err(format!("a {}-byte sequence frame", seq.len()));
             };
-            let next = expected + got.len() as u64;
             if seq < next {
                 continue;
             }
             if seq > next {
-                return Err(format!("replay skipped from {next} to {seq}"));
+                if matches!(span, Span::Gap { .. }) || !got.is_empty() {
+                    return Err(format!("replay skipped from {next} to {seq}"));
+                }
+                if seq >= until {
+                    // The publisher holds nothing before `until`.
+                    return Ok(());
+                }
+                next = seq;
             }
             match self.decode(seq, payload) {
-                Some(batch) => got.push((seq, batch)),
+                Some(batch) => got.push_back((seq, batch)),
                 None => return Err(format!("replayed batch {seq} did not decode")),
             }
+            if got.len() as u64 > MAX_REPLAY {
+                // A publisher that holds more than vLLM's default: the newest are kept.
+                got.pop_front();
+            }
+            next += 1;
         }
         Ok(())
     }
@@ -600,6 +722,19 @@ fn replayed<'f>(frames: &[&'f [u8]], topic: &[u8]) -> Result<(&'f [u8], &'f [u8]
     }
 }
 
+/// Which batches a replay asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Span {
+    /// Exactly `from..until` (a gap); the end marker before `until` leaves a shortfall for the
+    /// caller to see.
+    Gap { from: u64, until: u64 },
+    /// The run from the oldest batch held up to the one before `until` (at most [`MAX_REPLAY`]);
+    /// none when the run does not reach it (a first batch with nothing to continue).
+    Before { until: u64 },
+    /// Everything held, up to the end marker; the newest [`MAX_REPLAY`] at most (at connect).
+    All,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -617,7 +752,7 @@ mod tests {
 
     #[test]
     fn sequence_verdicts() {
-        assert_eq!(Sequence::default().check(7), Verdict::Next);
+        assert_eq!(Sequence::default().check(7), Verdict::First);
         assert_eq!(after(&[3], false).check(4), Verdict::Next);
         assert_eq!(after(&[3], false).check(6), Verdict::Gap { expected: 4 });
         assert_eq!(
@@ -639,6 +774,6 @@ mod tests {
             })
         );
         // A first connection has nothing to continue.
-        assert_eq!(after(&[], true).check(9), Verdict::Next);
+        assert_eq!(after(&[], true).check(9), Verdict::First);
     }
 }

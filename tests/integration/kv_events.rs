@@ -123,6 +123,18 @@ impl Publisher {
         while self.line().await != want {}
     }
 
+    /// Waits until a new subscriber's subscription to `topic` reached the publisher and the
+    /// publisher answered its catch-up at connect (a replay from 0), in either order.
+    async fn subscribed_and_caught_up(&mut self, topic: &str) {
+        let want = format!("subscribed {}", hex(topic.as_bytes()));
+        let (mut subscribed, mut replayed) = (false, false);
+        while !(subscribed && replayed) {
+            let line = self.line().await;
+            subscribed |= line == want;
+            replayed |= line == "replayed 0";
+        }
+    }
+
     /// Runs one command and waits for its `ok`.
     async fn run(&mut self, command: &str) {
         self.stdin
@@ -135,7 +147,10 @@ impl Publisher {
             if line == "ok" {
                 return;
             }
-            assert!(line.starts_with("subscribed"), "{command}: {line:?}");
+            assert!(
+                line.starts_with("subscribed") || line.starts_with("replayed"),
+                "{command}: {line:?}"
+            );
         }
     }
 
@@ -226,7 +241,7 @@ async fn gaps_are_replayed_or_reset_and_bad_messages_counted() {
     let mut publisher = Publisher::start(topic).await;
     let mut sub = Running::start(publisher.config(topic, true));
     assert_eq!(sub.next().await, Update::Connected);
-    publisher.subscribed(topic).await;
+    publisher.subscribed_and_caught_up(topic).await;
 
     publisher.run("pub 0").await;
     publisher.run("pub 1").await;
@@ -258,7 +273,8 @@ async fn gaps_are_replayed_or_reset_and_bad_messages_counted() {
     sub.batch(4).await;
     sub.batch(5).await;
     assert_eq!(count(&sub.stats.gaps), 1);
-    assert_eq!(count(&sub.stats.replays), 1);
+    // The catch-up at connect (nothing held then) and this gap.
+    assert_eq!(count(&sub.stats.replays), 2);
     assert_eq!(count(&sub.stats.replayed_batches), 2);
 
     // 6 never held: replay cannot fill the gap.
@@ -346,7 +362,7 @@ async fn replies_with_the_topic_fill_a_gap() {
     let mut publisher = Publisher::start_with_topic_in_replay(topic).await;
     let mut sub = Running::start(publisher.config(topic, true));
     assert_eq!(sub.next().await, Update::Connected);
-    publisher.subscribed(topic).await;
+    publisher.subscribed_and_caught_up(topic).await;
     publisher.run("pub 0").await;
     publisher.run("lose 1").await;
     publisher.run("lose 2").await;
@@ -357,5 +373,123 @@ async fn replies_with_the_topic_fill_a_gap() {
     assert_eq!(count(&sub.stats.gaps), 1);
     assert_eq!(count(&sub.stats.replayed_batches), 2);
     assert_eq!(count(&sub.stats.resets), 0);
+    sub.stop().await;
+}
+
+/// A subscriber that starts beside a publisher that already sent batches (an idle engine, warm)
+/// delivers what the replay buffer holds as soon as it connects; live batches it already
+/// delivered are dropped. After a reset, the first batch is preceded by what the buffer holds
+/// before it, when that runs unbroken up to it; otherwise only the batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_sequence_catches_up_from_the_replay_buffer() {
+    let topic = "kv";
+    let mut publisher = Publisher::start_with_topic_in_replay(topic).await;
+    for seq in 0..3 {
+        publisher.run(&format!("lose {seq}")).await;
+    }
+    let mut sub = Running::start(publisher.config(topic, true));
+    assert_eq!(sub.next().await, Update::Connected);
+    for seq in 0..3 {
+        sub.batch(seq).await;
+    }
+    publisher.subscribed_and_caught_up(topic).await;
+    // A live batch the catch-up delivered already, then the next one.
+    publisher.run("pub 2").await;
+    publisher.run("pub 3").await;
+    sub.batch(3).await;
+    assert_eq!(count(&sub.stats.replays), 1);
+    assert_eq!(count(&sub.stats.replayed_batches), 3);
+    assert_eq!(count(&sub.stats.gaps), 0);
+    assert_eq!(count(&sub.stats.resets), 0);
+
+    // The publisher restarts and sends before the subscriber is back: its new life is caught up.
+    publisher.run("restart").await;
+    assert_eq!(sub.next().await, Update::Disconnected);
+    assert_eq!(sub.next().await, Update::Connected);
+    publisher.subscribed(topic).await;
+    publisher.run("lose 0").await;
+    publisher.run("lose 1").await;
+    publisher.run("pub 2").await;
+    assert_eq!(
+        sub.next().await,
+        Update::Reset {
+            reason: ResetReason::PublisherRestarted {
+                last: 3,
+                received: 2
+            }
+        }
+    );
+    for seq in 0..3 {
+        sub.batch(seq).await;
+    }
+
+    // Its buffer no longer holds the start of its life: the run from the oldest batch it holds.
+    publisher.run("restart").await;
+    assert_eq!(sub.next().await, Update::Disconnected);
+    assert_eq!(sub.next().await, Update::Connected);
+    publisher.subscribed(topic).await;
+    for seq in 0..4 {
+        publisher.run(&format!("lose {seq}")).await;
+    }
+    publisher.run("forget").await;
+    publisher.run("pub 4").await;
+    assert_eq!(
+        sub.next().await,
+        Update::Reset {
+            reason: ResetReason::Reconnected {
+                expected: 3,
+                received: 4
+            }
+        }
+    );
+    for seq in 1..5 {
+        sub.batch(seq).await;
+    }
+
+    // A hole in what it holds: nothing before the batch is delivered.
+    publisher.run("restart").await;
+    assert_eq!(sub.next().await, Update::Disconnected);
+    assert_eq!(sub.next().await, Update::Connected);
+    publisher.subscribed(topic).await;
+    publisher.run("lose 0").await;
+    publisher.run("lose 2").await;
+    publisher.run("pub 3").await;
+    assert_eq!(
+        sub.next().await,
+        Update::Reset {
+            reason: ResetReason::PublisherRestarted {
+                last: 4,
+                received: 3
+            }
+        }
+    );
+    sub.batch(3).await;
+    publisher.run("pub 4").await;
+    sub.batch(4).await;
+    assert_eq!(count(&sub.stats.replays), 4);
+    assert_eq!(count(&sub.stats.replayed_batches), 3 + 2 + 3);
+    assert_eq!(count(&sub.stats.resets), 3);
+
+    sub.stop().await;
+}
+
+/// A first batch with nothing before it to continue (the buffer held nothing at connect, then
+/// batches were lost in transit) is preceded by what the buffer holds before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_batch_is_preceded_by_what_the_buffer_holds() {
+    let topic = "";
+    let mut publisher = Publisher::start(topic).await;
+    let mut sub = Running::start(publisher.config(topic, true));
+    assert_eq!(sub.next().await, Update::Connected);
+    publisher.subscribed_and_caught_up(topic).await;
+    publisher.run("lose 0").await;
+    publisher.run("lose 1").await;
+    publisher.run("pub 2").await;
+    for seq in 0..3 {
+        sub.batch(seq).await;
+    }
+    assert_eq!(count(&sub.stats.replays), 2);
+    assert_eq!(count(&sub.stats.replayed_batches), 2);
+    assert_eq!(count(&sub.stats.gaps), 0);
     sub.stop().await;
 }

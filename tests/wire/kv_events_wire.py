@@ -13,12 +13,13 @@ Usage:
       prints `name hex` lines: the payloads of tests/wire/golden.txt.
   kv_events_wire.py publish TOPIC [topic-in-replay]
       binds a publisher and a replay ROUTER on 127.0.0.1 port 0, prints `ports PUB REPLAY`, then
-      `subscribed TOPIC_HEX` for each subscription, and serves commands from stdin, answering
-      each with `ok`:
+      `subscribed TOPIC_HEX` for each subscription and `replayed START` for each replay served,
+      and serves commands from stdin, answering each with `ok`:
         pub SEQ                  publish batch SEQ (MAP layout) and keep it for replay
         lose SEQ                 keep batch SEQ for replay without publishing it
         restart                  close the publisher and bind it again on the same port,
                                  forgetting what it held for replay
+        forget                   drop the oldest batch held for replay (a full buffer)
         raw FRAME...             publish raw frames, each hex (`-` for an empty frame)
         quit
 With `topic-in-replay` the replay replies carry the topic before the sequence number (and an
@@ -255,6 +256,7 @@ def publish(topic: str, topic_in_replay: bool):
                     replay.send_multipart((*head, seq.to_bytes(8, "big"), buf))
             end_head = (client_id, b"", b"") if topic_in_replay else (client_id, b"")
             replay.send_multipart((*end_head, END_SEQ, b""))
+            print("replayed", start_seq, flush=True)
         if sys.stdin.fileno() in ready or sys.stdin in ready:
             line = sys.stdin.readline()
             if not line:
@@ -287,6 +289,9 @@ def publish(topic: str, topic_in_replay: bool):
                         time.sleep(0.01)
                 poller.register(pub, zmq.POLLIN)
                 buffer.clear()
+            elif cmd == "forget":
+                # The oldest buffered batch falls out, as from vLLM's bounded `buffer_steps`.
+                buffer.pop(0)
             elif cmd == "raw":
                 pub.send_multipart([b"" if a == "-" else bytes.fromhex(a) for a in args])
             else:

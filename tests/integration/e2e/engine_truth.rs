@@ -5,7 +5,8 @@
 //! of the held prompt, a pod with prefix caching off is never preferred, and garbage on an
 //! event socket leaves routing intact. With the `file` tokenizer source (the sims and the
 //! picker on the sim's `tokenizer.json`) requests are matched by the engines with no call to
-//! their `/tokenize`.
+//! their `/tokenize`. A picker started beside a warm, idle engine holds what it cached, from the
+//! engine's replay buffer.
 
 use super::{chat, send};
 use crate::harness::*;
@@ -281,6 +282,49 @@ async fn a_restarted_engine_loses_its_entries() {
     // And its estimate went with it (no scrape here to see the restart).
     let e = explain(&picker, &as_text).await;
     assert_eq!(pod(&e, &holder)["scores"]["prefix-cache"], 0, "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_picker_started_beside_a_warm_engine_holds_what_it_cached() {
+    let sims = [
+        Sim::start_with_events("sim-0", engine()).await,
+        Sim::start_with_events("sim-1", engine()).await,
+    ];
+    let system = "You are the lighthouse keeper of tenant three. Log every ship. ".repeat(20);
+    // sim-1 serves the tenant before any picker runs, then idles: it publishes nothing more.
+    let warm = reqwest::Client::new()
+        .post(format!("http://{}/v1/chat/completions", sims[1].addr))
+        .json(&chat(&system, "q1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(warm.status(), 200);
+    let picker = start_picker(engine_truth_config(&sims, "")).await;
+    let envoy = start_envoy_for_sims(&picker, &sims).await;
+    wait_live(&picker, &["sim-0", "sim-1"]).await;
+    // Its view holds the tenant's blocks, replayed at connect.
+    wait_view(&picker, "sim-1", 4.0).await;
+    assert_eq!(metric(&picker, &view_series("blocks", "sim-0")).await, 0.0);
+    let replays = |pod: &str| {
+        format!(
+            "prefix_picker_kv_event_stream_total{{kind=\"replay\",model_server_namespace=\"default\",model_server_pod=\"{pod}\"}}"
+        )
+    };
+    assert!(metric(&picker, &replays("sim-1")).await >= 1.0);
+    // Once the tenant's head is in the engine's tokens, sim-1 is matched by what it cached
+    // before the picker started (wherever this first request went).
+    let r = send(&envoy, "/v1/chat/completions", &chat(&system, "q2")).await;
+    assert_eq!(r.status, 200);
+    wait_metric(
+        &picker,
+        "prefix_picker_tokenize_calls_total{result=\"ok\"}",
+        2.0,
+    )
+    .await;
+    let e = explain(&picker, &chat(&system, "q3")).await;
+    let held = &pod(&e, "sim-1")["match"];
+    assert_eq!(held["source"], "engine", "{e}");
+    assert!(held["engine_tokens"].as_u64().unwrap() >= 64, "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
