@@ -471,9 +471,7 @@ async fn gc_removes_owner_fields_older_than_a_day() {
     stop.cancel();
 }
 
-/// Lets the relay beside `sim` subscribe first: warm-up requests until one's blocks reach Redis
-/// (what the engine publishes before the relay's subscription is in place is lost, as on any
-/// SUB).
+/// Lets the relay beside `sim` subscribe first: warm-up requests until one's blocks reach Redis.
 async fn warm_until_written(sim: SocketAddr, redis: &RedisServer) {
     let mut warm_ups = 0;
     poll("a warm-up's blocks in Redis", || {
@@ -505,6 +503,49 @@ async fn warm_until_written(sim: SocketAddr, redis: &RedisServer) {
         }
     })
     .await;
+}
+
+/// A relay started (or restarted) beside a warm engine that then idles writes what the engine
+/// cached before, from the engine's replay buffer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_started_beside_a_warm_engine_writes_what_it_cached() {
+    let engine = EngineConfig {
+        time_scale: 100.0,
+        ..EngineConfig::default()
+    };
+    let sim = Sim::start_with_events("sim-0", engine).await;
+    let prompt = whole_blocks_prompt(sim.addr, &"a warm prompt, before any relay ".repeat(4)).await;
+    let status = reqwest::Client::new()
+        .post(format!("http://{}/v1/completions", sim.addr))
+        .json(&json!({"model": "m", "prompt": prompt}))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 200);
+    let redis = RedisServer::start().await;
+    let stop = CancellationToken::new();
+    let relay = relay_beside(&sim, &redis, &stop).await;
+    let url = redis.url();
+    poll("the warm prompt's blocks in Redis", || {
+        let url = url.clone();
+        async move {
+            let mut c = redis::Client::open(url)
+                .ok()?
+                .get_multiplexed_async_connection()
+                .await
+                .ok()?;
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg("vllm:kv:block:sim-0.default@*")
+                .query_async(&mut c)
+                .await
+                .ok()?;
+            (keys.len() >= 2).then_some(())
+        }
+    })
+    .await;
+    stop.cancel();
+    relay.await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
