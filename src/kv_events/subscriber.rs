@@ -775,5 +775,22 @@ mod tests {
         );
         // A first connection has nothing to continue.
         assert_eq!(after(&[], true).check(9), Verdict::First);
+        // Caught up at connect to 5: live batches up to it are duplicates, then the sequence
+        // continues as usual.
+        let mut s = after(&[], true);
+        s.caught_up(5);
+        for q in 3..=5 {
+            s.delivered(q);
+        }
+        assert_eq!(s.check(3), Verdict::Duplicate);
+        assert_eq!(s.check(5), Verdict::Duplicate);
+        assert_eq!(s.check(6), Verdict::Next);
+        assert_eq!(s.check(8), Verdict::Gap { expected: 6 });
+        s.delivered(6);
+        assert!(matches!(s.check(3), Verdict::Reset(_)));
+        // A reconnect forgets it.
+        s.caught_up(9);
+        s.reconnected();
+        assert!(matches!(s.check(4), Verdict::Reset(_)));
     }
 }
