@@ -26,8 +26,10 @@
 //! - Replay (vLLM's ROUTER handler): a DEALER sends `["", start_seq as 8-byte big-endian]`; the
 //!   publisher answers with `["", seq, payload]` for every buffered batch with `seq >= start`,
 //!   then `["", -1 as 8 bytes, ""]` (current vLLM puts the topic before `seq`: `["", topic,
-//!   seq, payload]`, and an empty one before the end marker; both forms are read). Only the gap is kept; the subscriber stops reading once it
-//!   has it, or at [`REPLAY_TIMEOUT`]. Gaps over [`MAX_REPLAY`] batches are not asked for.
+//!   seq, payload]`, and an empty one before the end marker; both forms are read). The
+//!   subscriber stops reading once it has what it asked for (a gap, or a catch-up's run), at
+//!   the end marker, or at [`REPLAY_TIMEOUT`]. Gaps over [`MAX_REPLAY`] batches are not asked
+//!   for.
 //! - [`Update::Reset`] when a gap cannot be filled (no replay endpoint, replay incomplete, too
 //!   large, across a reconnect) or the sequence went back: the consumer drops everything it knows
 //!   of the pod; the batches that follow describe only what the engine does from then on.
