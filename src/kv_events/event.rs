@@ -60,6 +60,8 @@ pub struct Limits {
     pub max_payload_bytes: usize,
     /// Batches with more events are refused.
     pub max_events: usize,
+    /// A replay (a gap, a catch-up) that brings more payload bytes than this is abandoned.
+    pub max_replay_bytes: usize,
 }
 
 impl Limits {
@@ -67,6 +69,8 @@ impl Limits {
     pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 16 << 20;
     /// One engine step stores or evicts far fewer (one event per request, or per eviction run).
     pub const DEFAULT_MAX_EVENTS: usize = 65_536;
+    /// 256 MiB: vLLM's 10,000 buffered batches are a few KiB each.
+    pub const DEFAULT_MAX_REPLAY_BYTES: usize = 256 << 20;
 }
 
 impl Default for Limits {
@@ -74,6 +78,7 @@ impl Default for Limits {
         Limits {
             max_payload_bytes: Limits::DEFAULT_MAX_PAYLOAD_BYTES,
             max_events: Limits::DEFAULT_MAX_EVENTS,
+            max_replay_bytes: Limits::DEFAULT_MAX_REPLAY_BYTES,
         }
     }
 }

@@ -36,7 +36,8 @@
 //!
 //! # Limits
 //! A payload over [`Limits::max_payload_bytes`] (default 16 MiB) or a batch with more than
-//! [`Limits::max_events`] (default 65 536) events is refused. Decoding never allocates beyond
+//! [`Limits::max_events`] (default 65 536) events is refused; a replay that brings more than
+//! [`Limits::max_replay_bytes`] (default 256 MiB) is abandoned. Decoding never allocates beyond
 //! the decoded events (no generic value tree, no preallocation from a declared length) and never
 //! recurses on nesting it skips, so garbage costs at most one pass over its bytes.
 //!

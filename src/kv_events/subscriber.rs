@@ -664,6 +664,7 @@ impl<'a> State<'a> {
         request.push_back(from.to_be_bytes().to_vec().into());
         socket.send(request).await.map_err(|e| e.to_string())?;
         let mut next = from;
+        let mut bytes = 0usize;
         while next < until {
             let reply = socket.recv().await.map_err(|e| e.to_string())?;
             let frames: Vec<&[u8]> = reply.iter().map(|f| f.as_ref()).collect();
@@ -689,6 +690,13 @@ impl<'a> State<'a> {
                     return Ok(());
                 }
                 next = seq;
+            }
+            bytes = bytes.saturating_add(payload.len());
+            if bytes > self.config.limits.max_replay_bytes {
+                return Err(format!(
+                    "more than {} bytes replayed",
+                    self.config.limits.max_replay_bytes
+                ));
             }
             match self.decode(seq, payload) {
                 Some(batch) => got.push_back((seq, batch)),

@@ -493,3 +493,25 @@ async fn a_first_batch_is_preceded_by_what_the_buffer_holds() {
     assert_eq!(count(&sub.stats.gaps), 0);
     sub.stop().await;
 }
+
+/// A replay that brings more bytes than the limit is abandoned: nothing is caught up, the view
+/// starts at the next batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_over_the_byte_limit_is_abandoned() {
+    let topic = "";
+    let mut publisher = Publisher::start(topic).await;
+    for seq in 0..4 {
+        publisher.run(&format!("lose {seq}")).await;
+    }
+    let mut config = publisher.config(topic, true);
+    // A batch is about 150 bytes: two fit, four do not.
+    config.limits.max_replay_bytes = 400;
+    let mut sub = Running::start(config);
+    assert_eq!(sub.next().await, Update::Connected);
+    publisher.subscribed_and_caught_up(topic).await;
+    publisher.run("pub 4").await;
+    sub.batch(4).await;
+    assert_eq!(count(&sub.stats.replays), 2);
+    assert_eq!(count(&sub.stats.replayed_batches), 0);
+    sub.stop().await;
+}
