@@ -471,6 +471,20 @@ async fn gc_removes_owner_fields_older_than_a_day() {
     stop.cancel();
 }
 
+/// The keys of the Redis at `url` that match `pattern` (`None` while it cannot be asked).
+async fn keys_matching(url: String, pattern: &str) -> Option<Vec<String>> {
+    let mut c = redis::Client::open(url)
+        .ok()?
+        .get_multiplexed_async_connection()
+        .await
+        .ok()?;
+    redis::cmd("KEYS")
+        .arg(pattern)
+        .query_async(&mut c)
+        .await
+        .ok()
+}
+
 /// Lets the relay beside `sim` subscribe first: warm-up requests until one's blocks reach Redis.
 async fn warm_until_written(sim: SocketAddr, redis: &RedisServer) {
     let mut warm_ups = 0;
@@ -489,16 +503,7 @@ async fn warm_until_written(sim: SocketAddr, redis: &RedisServer) {
                 .ok()?
                 .status();
             assert_eq!(status, 200);
-            let mut c = redis::Client::open(url)
-                .ok()?
-                .get_multiplexed_async_connection()
-                .await
-                .ok()?;
-            let keys: Vec<String> = redis::cmd("KEYS")
-                .arg("matrix:kv:block:m@*")
-                .query_async(&mut c)
-                .await
-                .ok()?;
+            let keys = keys_matching(url, "matrix:kv:block:m@*").await?;
             (!keys.is_empty()).then_some(())
         }
     })
@@ -530,16 +535,7 @@ async fn a_relay_started_beside_a_warm_engine_writes_what_it_cached() {
     poll("the warm prompt's blocks in Redis", || {
         let url = url.clone();
         async move {
-            let mut c = redis::Client::open(url)
-                .ok()?
-                .get_multiplexed_async_connection()
-                .await
-                .ok()?;
-            let keys: Vec<String> = redis::cmd("KEYS")
-                .arg("vllm:kv:block:sim-0.default@*")
-                .query_async(&mut c)
-                .await
-                .ok()?;
+            let keys = keys_matching(url, "vllm:kv:block:sim-0.default@*").await?;
             (keys.len() >= 2).then_some(())
         }
     })
