@@ -533,16 +533,8 @@ impl<'a> State<'a> {
         if span == (Span::Before { until: 0 }) {
             return true;
         }
-        self.stats.replays.fetch_add(1, Relaxed);
-        let mut got = VecDeque::new();
-        let outcome =
-            tokio::time::timeout(REPLAY_TIMEOUT, self.fetch(&endpoint, span, &mut got)).await;
-        let why = match outcome {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(e),
-            Err(_) => Some(format!("no complete answer within {REPLAY_TIMEOUT:?}")),
-        };
-        if let Some(why) = why {
+        let (got, failed) = self.replay_span(&endpoint, span).await;
+        if let Some(why) = failed {
             if !std::mem::replace(&mut self.warned.replay, true) {
                 tracing::warn!(endpoint = %endpoint, why = %why,
                     "KV events: catch-up replay failed; the view starts at the next batch (warned once)");
@@ -616,30 +608,45 @@ impl<'a> State<'a> {
         if received - expected > MAX_REPLAY {
             return Err(ResetReason::GapTooLarge { expected, received });
         }
-        self.stats.replays.fetch_add(1, Relaxed);
-        let mut got = VecDeque::new();
         let span = Span::Gap {
             from: expected,
             until: received,
         };
-        let outcome =
-            tokio::time::timeout(REPLAY_TIMEOUT, self.fetch(&endpoint, span, &mut got)).await;
+        let (got, failed) = self.replay_span(&endpoint, span).await;
         let incomplete = ResetReason::ReplayIncomplete {
             expected,
             received,
             replayed: got.len() as u64,
         };
-        let why = match outcome {
-            Ok(Ok(())) if got.len() as u64 == received - expected => return Ok(got.into()),
-            Ok(Ok(())) => "the publisher no longer holds them".to_string(),
-            Ok(Err(e)) => e,
-            Err(_) => format!("no complete answer within {REPLAY_TIMEOUT:?}"),
+        let why = match failed {
+            None if got.len() as u64 == received - expected => return Ok(got.into()),
+            None => "the publisher no longer holds them".to_string(),
+            Some(e) => e,
         };
         if !std::mem::replace(&mut self.warned.replay, true) {
             tracing::warn!(endpoint = %endpoint, expected, received, why = %why,
                 "KV events: replay failed (warned once)");
         }
         Err(incomplete)
+    }
+
+    /// One replay of `span` within [`REPLAY_TIMEOUT`], counted: the batches read and, if it
+    /// failed, why.
+    async fn replay_span(
+        &mut self,
+        endpoint: &str,
+        span: Span,
+    ) -> (VecDeque<(u64, EventBatch)>, Option<String>) {
+        self.stats.replays.fetch_add(1, Relaxed);
+        let mut got = VecDeque::new();
+        let outcome =
+            tokio::time::timeout(REPLAY_TIMEOUT, self.fetch(endpoint, span, &mut got)).await;
+        let failed = match outcome {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e),
+            Err(_) => Some(format!("no complete answer within {REPLAY_TIMEOUT:?}")),
+        };
+        (got, failed)
     }
 
     /// Asks the replay endpoint for `span` and reads its batches into `got`, in order. A batch

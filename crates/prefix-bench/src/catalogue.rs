@@ -207,6 +207,26 @@ fn quick_catalogue(seed: u64) -> Vec<WorkloadSpec> {
 /// would scatter what a reader compares (sizes, arrivals, caches, engines).
 fn full_catalogue(seed: u64) -> Vec<WorkloadSpec> {
     let m = "model";
+    // The full multi-tenant and agent workloads, under their own key and name and under those
+    // of the engine-truth workloads built on them (the same requests).
+    let multi_tenant = |key, name| {
+        WorkloadSpec::new(
+            key,
+            name,
+            workload::multi_tenant(16, 192, TENANT_SYSTEM_TOKENS, 128, 64, 1.0, seed, m),
+            Arrival::Closed { concurrency: 12 },
+            TENANT_KV_BLOCKS,
+        )
+    };
+    let agent = |key, name| {
+        WorkloadSpec::new(
+            key,
+            name,
+            workload::agent_sessions(32, 8, 10 * 1024, 128, 512, 48, seed, m),
+            Arrival::Closed { concurrency: 16 },
+            2048,
+        )
+    };
     vec![
         WorkloadSpec::new(
             "sglang-defaults",
@@ -244,19 +264,13 @@ fn full_catalogue(seed: u64) -> Vec<WorkloadSpec> {
             Arrival::Closed { concurrency: 2 },
             4096,
         ),
-        WorkloadSpec::new(
+        multi_tenant(
             "multi-tenant",
             "multi-tenant (16 tenants x 6 KB system, Zipf 1, 192 sessions of 1-3 turns, question 128 tok, out 64; caches hold ~4 tenants)",
-            workload::multi_tenant(16, 192, TENANT_SYSTEM_TOKENS, 128, 64, 1.0, seed, m),
-            Arrival::Closed { concurrency: 12 },
-            TENANT_KV_BLOCKS,
         ),
-        WorkloadSpec::new(
+        agent(
             "agent",
             "agent (32 sessions x 8 turns, shared 10 KB tool preamble, steps ~512 tok, out 48)",
-            workload::agent_sessions(32, 8, 10 * 1024, 128, 512, 48, seed, m),
-            Arrival::Closed { concurrency: 16 },
-            2048,
         ),
         WorkloadSpec::new(
             "busy-tenants",
@@ -283,29 +297,20 @@ fn full_catalogue(seed: u64) -> Vec<WorkloadSpec> {
         )
         .max_num_seqs(8),
         // Engine truth: what an estimate cannot know. Both the full multi-tenant workload.
-        WorkloadSpec::new(
+        multi_tenant(
             "engine-restarts",
             "engine-restarts (multi-tenant as above; each of the 4 engines restarts once, one at a time, after 1/5, 2/5, 3/5, 4/5 of the requests: killed and started again on the same ports, cache empty)",
-            workload::multi_tenant(16, 192, TENANT_SYSTEM_TOKENS, 128, 64, 1.0, seed, m),
-            Arrival::Closed { concurrency: 12 },
-            TENANT_KV_BLOCKS,
         )
         .with_restarts(),
-        WorkloadSpec::new(
+        multi_tenant(
             "caching-off",
             "caching-off (multi-tenant as above; sim-0 runs with --no-enable-prefix-caching: it never reuses its cache)",
-            workload::multi_tenant(16, 192, TENANT_SYSTEM_TOKENS, 128, 64, 1.0, seed, m),
-            Arrival::Closed { concurrency: 12 },
-            TENANT_KV_BLOCKS,
         )
         .caching_off(CACHING_OFF_POD),
         // A rollout of the picker: what it knew is gone, the engines are warm.
-        WorkloadSpec::new(
+        agent(
             "picker-restart",
             "picker-restart (agent as above; the picker restarts after half the requests: its index and engine views empty, the engines warm; peer routers, oracles and the kvcache-aware row are not restarted)",
-            workload::agent_sessions(32, 8, 10 * 1024, 128, 512, 48, seed, m),
-            Arrival::Closed { concurrency: 16 },
-            2048,
         )
         .with_picker_restart(),
     ]

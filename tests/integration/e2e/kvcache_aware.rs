@@ -68,6 +68,26 @@ async fn relay_beside(
     })
 }
 
+/// A sim that publishes its KV events (with a replay socket), at 100x speed.
+async fn publishing_sim() -> Sim {
+    let engine = EngineConfig {
+        time_scale: 100.0,
+        ..EngineConfig::default()
+    };
+    Sim::start_with_events("sim-0", engine).await
+}
+
+/// `prompt` completed on the sim at `sim` directly (no router): the answer's status.
+async fn complete_directly(sim: SocketAddr, prompt: &str) -> reqwest::StatusCode {
+    reqwest::Client::new()
+        .post(format!("http://{sim}/v1/completions"))
+        .json(&json!({"model": "m", "prompt": prompt}))
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
 /// A text prompt whose sim tokens fill whole 16-token blocks (what the engine caches).
 async fn whole_blocks_prompt(sim: SocketAddr, base: &str) -> String {
     let client = reqwest::Client::new();
@@ -178,13 +198,7 @@ async fn the_pod_that_served_a_prompt_scores_100_until_its_engine_evicts_it() {
         &"Another tenant entirely, with its own long instructions. ".repeat(14),
     )
     .await;
-    let r = reqwest::Client::new()
-        .post(format!("http://{}/v1/completions", holder_sim.addr))
-        .json(&json!({"model": "m", "prompt": other_prompt}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(complete_directly(holder_sim.addr, &other_prompt).await, 200);
     poll("the evicted prompt's score to drop", || async {
         kv_score(&picker, &body, &holder)
             .await
@@ -514,20 +528,9 @@ async fn warm_until_written(sim: SocketAddr, redis: &RedisServer) {
 /// cached before, from the engine's replay buffer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_started_beside_a_warm_engine_writes_what_it_cached() {
-    let engine = EngineConfig {
-        time_scale: 100.0,
-        ..EngineConfig::default()
-    };
-    let sim = Sim::start_with_events("sim-0", engine).await;
+    let sim = publishing_sim().await;
     let prompt = whole_blocks_prompt(sim.addr, &"a warm prompt, before any relay ".repeat(4)).await;
-    let status = reqwest::Client::new()
-        .post(format!("http://{}/v1/completions", sim.addr))
-        .json(&json!({"model": "m", "prompt": prompt}))
-        .send()
-        .await
-        .unwrap()
-        .status();
-    assert_eq!(status, 200);
+    assert_eq!(complete_directly(sim.addr, &prompt).await, 200);
     let redis = RedisServer::start().await;
     let stop = CancellationToken::new();
     let relay = relay_beside(&sim, &redis, &stop).await;
@@ -546,11 +549,7 @@ async fn a_relay_started_beside_a_warm_engine_writes_what_it_cached() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_shutdown_the_relay_releases_its_pods_blocks_and_leaves_the_others() {
-    let engine = EngineConfig {
-        time_scale: 100.0,
-        ..EngineConfig::default()
-    };
-    let sim = Sim::start_with_events("sim-0", engine).await;
+    let sim = publishing_sim().await;
     let redis = RedisServer::start().await;
     let stop = CancellationToken::new();
     let relay = relay_beside(&sim, &redis, &stop).await;
@@ -644,11 +643,7 @@ async fn the_release_at_shutdown_waits_out_a_redis_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_relay_survives_a_redis_restart_and_writes_what_it_missed() {
-    let engine = EngineConfig {
-        time_scale: 100.0,
-        ..EngineConfig::default()
-    };
-    let sim = Sim::start_with_events("sim-0", engine).await;
+    let sim = publishing_sim().await;
     let mut redis = RedisServer::start().await;
     let stop = CancellationToken::new();
     relay_beside(&sim, &redis, &stop).await;
@@ -669,18 +664,9 @@ async fn the_relay_survives_a_redis_restart_and_writes_what_it_missed() {
         "m",
         prefix_picker::scheduler::kvcache_aware::standardized_hash(&tokens[..16]),
     );
-    let send_direct = |p: String| async move {
-        reqwest::Client::new()
-            .post(format!("http://{}/v1/completions", sim.addr))
-            .json(&json!({"model": "m", "prompt": p}))
-            .send()
-            .await
-            .unwrap()
-            .status()
-    };
     warm_until_written(sim.addr, &redis).await;
     redis.kill();
-    assert_eq!(send_direct(prompt).await, 200);
+    assert_eq!(complete_directly(sim.addr, &prompt).await, 200);
     redis.restart().await;
     // The relay retried the write: the block is there, owned by the pod.
     poll("the missed write to land", || async {
