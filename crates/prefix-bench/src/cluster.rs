@@ -49,9 +49,10 @@ pub enum Setup {
     /// No router: every request pinned to an engine by [`oracle`](super::oracle).
     Oracle,
     /// No router: every request pinned to an engine by
-    /// [`placement_search`](super::placement_search) (pods up to
-    /// [`CAPPED_ORACLE_LOAD`](super::rows::CAPPED_ORACLE_LOAD) x the mean load).
-    OracleCapped,
+    /// [`placement_search`](super::placement_search), no pod above `load` x the mean request
+    /// count ([`CAPPED_ORACLE_LOAD`](super::rows::CAPPED_ORACLE_LOAD) unless `suite
+    /// --oracle-load` says otherwise).
+    OracleCapped { load: f64 },
 }
 
 impl Setup {
@@ -146,7 +147,7 @@ pub async fn start_cluster_on(setup: &Setup, mut engines: EnginePlan) -> anyhow:
     };
     let picker = bin_dir().join("prefix-picker");
     let (file, ext_proc) = match setup {
-        Setup::Oracle | Setup::OracleCapped => return Ok(cluster),
+        Setup::Oracle | Setup::OracleCapped { .. } => return Ok(cluster),
         Setup::Sglang(_) | Setup::Vllm(_) | Setup::Smg(_) => {
             let (process, url) = start_peer(setup, cluster.dir.path(), &cluster.sim_urls).await?;
             cluster.peer = Some(process);

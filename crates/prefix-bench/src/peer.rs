@@ -79,7 +79,7 @@ fn launcher(setup: &Setup) -> anyhow::Result<std::process::Command> {
         | Setup::NoopExtProc { .. }
         | Setup::RoutingFloor { .. }
         | Setup::Oracle
-        | Setup::OracleCapped => {
+        | Setup::OracleCapped { .. } => {
             anyhow::bail!("not a peer")
         }
     })

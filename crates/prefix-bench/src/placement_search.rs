@@ -8,7 +8,7 @@
 //! one pod to another pod; and two groups' units on two pods swapped. A move is kept when the
 //! offline hit rate rises and no pod exceeds the cap. The offline model replays the requests
 //! in order, one at a time, each pod a [`KvCache`] of `kv_blocks` (no concurrency, so it is
-//! a little optimistic). It stops after a round without gain or when `budget` block lookups
+//! a little optimistic), a pod that runs with prefix caching off reusing nothing. It stops after a round without gain or when `budget` block lookups
 //! are spent. Deterministic.
 
 use std::collections::BTreeMap;
@@ -16,6 +16,17 @@ use std::collections::BTreeMap;
 use super::oracle;
 use super::workload::{self, BenchRequest};
 use model_sim::kv_cache::{KvBlock, KvCache};
+
+/// The engines a placement is searched for.
+#[derive(Debug, Clone, Copy)]
+pub struct Pods<'a> {
+    pub count: usize,
+    /// Each engine's KV cache, in blocks of `block_tokens` tokens.
+    pub kv_blocks: usize,
+    pub block_tokens: usize,
+    /// Engines (by index) that run with prefix caching off: they reuse nothing.
+    pub caching_off: &'a [usize],
+}
 
 /// A searched placement.
 #[derive(Debug, Clone)]
@@ -79,6 +90,7 @@ struct Evaluator<'a> {
     pods: usize,
     kv_blocks: usize,
     block_tokens: usize,
+    caching_off: &'a [usize],
     limit: f64,
     evaluations: usize,
     lookups: usize,
@@ -100,11 +112,15 @@ impl Evaluator<'_> {
             .collect();
         let (mut hits, mut queries) = (0usize, 0usize);
         for (i, blocks) in self.p.blocks.iter().enumerate() {
-            let cache = &mut caches[unit_pod[self.p.unit[i]]];
+            let pod = unit_pod[self.p.unit[i]];
+            queries += self.p.tokens[i];
+            if self.caching_off.contains(&pod) {
+                continue;
+            }
+            let cache = &mut caches[pod];
             let a = cache.admit_blocks(blocks, self.p.tokens[i]);
             cache.release(&a.pinned);
             hits += a.cached_tokens;
-            queries += self.p.tokens[i];
             self.lookups += blocks.len();
         }
         if queries == 0 {
@@ -115,19 +131,12 @@ impl Evaluator<'_> {
     }
 }
 
-/// The best placement found for `requests` on `pods` engines of `kv_blocks` blocks of
-/// `block_tokens` tokens, no pod above `cap` x the mean request count (or above the balanced
-/// start's busiest pod, if that is more), within `budget` block lookups of offline replay.
-pub fn search(
-    requests: &[BenchRequest],
-    pods: usize,
-    kv_blocks: usize,
-    block_tokens: usize,
-    cap: f64,
-    budget: usize,
-) -> Searched {
-    let pods = pods.max(1);
-    let p = prepare(requests, block_tokens);
+/// The best placement found for `requests` on `engines`, no pod above `cap` x the mean request
+/// count (or above the balanced start's busiest pod, if that is more), within `budget` block
+/// lookups of offline replay.
+pub fn search(requests: &[BenchRequest], engines: Pods<'_>, cap: f64, budget: usize) -> Searched {
+    let pods = engines.count.max(1);
+    let p = prepare(requests, engines.block_tokens);
     let start = oracle::assign(requests, pods);
     let mut unit_pod = vec![0usize; p.unit_size.len()];
     for (i, &pod) in start.iter().enumerate() {
@@ -140,8 +149,9 @@ pub fn search(
     let mut e = Evaluator {
         p: &p,
         pods,
-        kv_blocks,
-        block_tokens,
+        kv_blocks: engines.kv_blocks,
+        block_tokens: engines.block_tokens,
+        caching_off: engines.caching_off,
         limit: (cap * requests.len() as f64 / pods as f64)
             .max(start_load.iter().copied().max().unwrap_or(0) as f64),
         evaluations: 0,
@@ -269,6 +279,14 @@ impl Climb<'_> {
 mod tests {
     use super::*;
 
+    /// Four engines of 12 blocks of 16 tokens, every one caching.
+    const SMALL: Pods<'static> = Pods {
+        count: 4,
+        kv_blocks: 12,
+        block_tokens: 16,
+        caching_off: &[],
+    };
+
     fn max_over_mean(assignment: &[usize], pods: usize) -> f64 {
         let mut load = vec![0usize; pods];
         for &p in assignment {
@@ -283,7 +301,7 @@ mod tests {
         // Small caches: 8 tenants' 64-token prompts on pods of 12 blocks of 16 tokens.
         let w = workload::multi_tenant(8, 60, 64, 8, 4, 1.0, 3, "m");
         for cap in [1.3, 1.6] {
-            let s = search(&w, 4, 12, 16, cap, usize::MAX);
+            let s = search(&w, SMALL, cap, usize::MAX);
             assert_eq!(s.assignment.len(), w.len());
             assert!(max_over_mean(&s.assignment, 4) <= cap + 1e-9);
             assert!(s.offline_hit_rate >= s.start_hit_rate);
@@ -294,7 +312,7 @@ mod tests {
             }
         }
         // Here the balanced start is not the best: the search finds a better placement.
-        let loose = search(&w, 4, 12, 16, 1.3, usize::MAX);
+        let loose = search(&w, SMALL, 1.3, usize::MAX);
         assert!(
             loose.offline_hit_rate > loose.start_hit_rate,
             "{} vs {}",
@@ -306,8 +324,49 @@ mod tests {
     #[test]
     fn a_budget_stops_the_search() {
         let w = workload::multi_tenant(8, 60, 64, 8, 4, 1.0, 3, "m");
-        let s = search(&w, 4, 12, 16, 1.3, 1);
+        let s = search(&w, SMALL, 1.3, 1);
         assert_eq!(s.evaluations, 1);
         assert_eq!(s.offline_hit_rate, s.start_hit_rate);
+    }
+
+    #[test]
+    fn a_pod_with_caching_off_is_left_what_the_cap_forces_on_it() {
+        let w = workload::multi_tenant(8, 60, 64, 8, 4, 1.0, 3, "m");
+        let on_pod_0 = |s: &Searched| s.assignment.iter().filter(|&&p| p == 0).count();
+        let unaware = search(&w, SMALL, 1.6, usize::MAX);
+        let off = Pods {
+            caching_off: &[0],
+            ..SMALL
+        };
+        let aware = search(&w, off, 1.6, usize::MAX);
+        // The search moves work off the pod that reuses nothing (1.6 x the mean on the three
+        // others can take it all) and the hit rate it reports counts that pod as missing.
+        assert!(
+            on_pod_0(&aware) < on_pod_0(&unaware),
+            "{} vs {}",
+            on_pod_0(&aware),
+            on_pod_0(&unaware)
+        );
+        assert!(max_over_mean(&aware.assignment, 4) <= 1.6 + 1e-9);
+        let same_placement_counted = {
+            let p = prepare(&w, 16);
+            let mut unit_pod = vec![0; p.unit_size.len()];
+            for (i, &pod) in unaware.assignment.iter().enumerate() {
+                unit_pod[p.unit[i]] = pod;
+            }
+            let mut e = Evaluator {
+                p: &p,
+                pods: 4,
+                kv_blocks: 12,
+                block_tokens: 16,
+                caching_off: &[0],
+                limit: f64::INFINITY,
+                evaluations: 0,
+                lookups: 0,
+            };
+            e.hit_rate(&unit_pod)
+        };
+        assert!(same_placement_counted < unaware.offline_hit_rate);
+        assert!(aware.offline_hit_rate > same_placement_counted);
     }
 }

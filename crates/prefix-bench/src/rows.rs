@@ -277,14 +277,20 @@ fn oracle_rows() -> [(String, Setup); 2] {
             "oracle (groups pinned to pods, balanced, no router)".into(),
             Setup::Oracle,
         ),
-        (
-            format!(
-                "{}{CAPPED_ORACLE_LOAD} (placement searched offline, no router)",
-                report::CAPPED_ORACLE
-            ),
-            Setup::OracleCapped,
-        ),
+        capped_oracle_row(CAPPED_ORACLE_LOAD),
     ]
+}
+
+/// The capped oracle's row: the placement searched offline with no pod above `load` x the mean
+/// request count.
+pub fn capped_oracle_row(load: f64) -> (String, Setup) {
+    (
+        format!(
+            "{}{load} (placement searched offline, no router)",
+            report::CAPPED_ORACLE
+        ),
+        Setup::OracleCapped { load },
+    )
 }
 
 /// The rows without the engine-events rows this build of prefix-picker refuses (`prefix-picker

@@ -10,6 +10,7 @@
 use std::fmt::Write;
 
 use super::report::{self, ABLATION, CAPPED_ORACLE, ROUND_ROBIN, Row, SHIPPED};
+use super::rows::CAPPED_ORACLE_LOAD;
 use super::suite_results::SuiteResults;
 
 /// Whether a row is another router (sglang-router, vllm-router, smg, ...), not one of ours.
@@ -54,9 +55,15 @@ pub fn markdown(results: &SuiteResults) -> String {
     }
     let runs = rows.iter().map(|r| r.runs).max().unwrap_or(0);
     let mut out = String::new();
+    // The capped oracle's allowance, as its row names it (`suite --oracle-load`).
+    let cap = rows
+        .iter()
+        .find_map(|r| r.median.router.strip_prefix(CAPPED_ORACLE))
+        .and_then(|rest| rest.split_whitespace().next())
+        .map_or_else(|| CAPPED_ORACLE_LOAD.to_string(), str::to_string);
     let _ = writeln!(
         out,
-        "| workload | shipped config: hit rate, TTFT p50 / p99 (ms) | its max/mean load | best peer: hit rate (load) | lowest peer TTFT p99 (ms) | round robin: hit rate | oracle, load <= 1.3: hit rate |"
+        "| workload | shipped config: hit rate, TTFT p50 / p99 (ms) | its max/mean load | best peer: hit rate (load) | lowest peer TTFT p99 (ms) | round robin: hit rate | oracle, load <= {cap}: hit rate |"
     );
     let _ = writeln!(out, "|---|---|---|---|---|---|---|");
     for w in &workloads {
@@ -227,6 +234,24 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("\nMedians of 3 runs per row.\n"), "{md}");
+    }
+
+    #[test]
+    fn the_capped_oracle_column_names_its_allowance() {
+        let header = |s: &SuiteResults| markdown(s).lines().next().unwrap().to_string();
+        let mut s = suite();
+        assert!(header(&s).ends_with("| oracle, load <= 1.3: hit rate |"));
+        let looser = CAPPED.replace("1.3", "1.5");
+        for r in &mut s.runs {
+            if r.router == CAPPED {
+                r.router = looser.clone();
+            }
+        }
+        assert!(header(&s).ends_with("| oracle, load <= 1.5: hit rate |"));
+        assert!(
+            markdown(&s).contains("| 70.2% | 87.5% |"),
+            "the row is still found"
+        );
     }
 
     #[test]

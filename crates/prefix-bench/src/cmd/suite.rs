@@ -12,7 +12,8 @@ use prefix_bench::cluster::{Cluster, Setup, start_cluster_on};
 use prefix_bench::driver::{self, RunResult};
 use prefix_bench::engines::{EnginePlan, SIMS, restarts_mid_run, sim_args};
 use prefix_bench::rows::{
-    CAPPED_ORACLE_BUDGET, CAPPED_ORACLE_LOAD, EXT_PROC_FLOOR, routers, without_refused_rows,
+    CAPPED_ORACLE_BUDGET, CAPPED_ORACLE_LOAD, EXT_PROC_FLOOR, capped_oracle_row, routers,
+    without_refused_rows,
 };
 use prefix_bench::suite_results::{Skipped, SuiteResults};
 use prefix_bench::workload::BenchRequest;
@@ -60,11 +61,23 @@ pub struct SuiteOpts {
     /// `prefix-picker validate` does.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// The capped oracle's load allowance: no pod above this many times the mean request count
+    /// (the goal's load guard; default 1.3, issue 23's).
+    #[arg(long, value_name = "X", default_value_t = CAPPED_ORACLE_LOAD, value_parser = oracle_load)]
+    oracle_load: f64,
     /// The Mooncake trace the `trace` workload replays. Default:
     /// `../shared/data/mooncake/synthetic_trace.jsonl` under `PREFIX_PICKER_ROOT`; when it is
     /// missing the workload is skipped, said on stderr and listed in the reports.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+}
+
+/// `--oracle-load`: a finite number of at least 1 (a pod may always take the mean).
+fn oracle_load(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && x >= 1.0 => Ok(x),
+        _ => Err(format!("expected a number >= 1, got {s:?}")),
+    }
 }
 
 /// `suite --samples`: one JSON line per request of every run.
@@ -88,6 +101,7 @@ pub async fn run(opts: SuiteOpts) -> anyhow::Result<()> {
     let trace = opts.trace.clone().unwrap_or_else(default_trace);
     let (selected, skipped) = selected_workloads(opts.quick, opts.seed, &trace, &opts.workloads)?;
     let routers = selected_rows(opts.ablation, opts.config.as_deref(), &opts.routers)?;
+    let routers = with_oracle_load(routers, opts.oracle_load);
     let reads_events = routers.iter().any(|(_, s)| s.reads_engine_events());
     let mut results = Vec::new();
     let started = std::time::Instant::now();
@@ -172,6 +186,16 @@ fn selected_rows(
     Ok(rows)
 }
 
+/// `rows` with the capped oracle's row (when selected) searched under `load`.
+fn with_oracle_load(rows: Vec<(String, Setup)>, load: f64) -> Vec<(String, Setup)> {
+    rows.into_iter()
+        .map(|row| match row.1 {
+            Setup::OracleCapped { .. } => capped_oracle_row(load),
+            _ => row,
+        })
+        .collect()
+}
+
 /// What every row of a workload shares: its hit-rate ceiling, the oracles' pinned requests,
 /// and its ext_proc floor row (`--ext-proc-floor`).
 struct WorkloadPlan<'a> {
@@ -190,14 +214,13 @@ impl WorkloadPlan<'_> {
         routers: &[(String, Setup)],
         ext_proc_floor: &[String],
     ) -> WorkloadPlan<'a> {
-        let capped = if routers
+        let capped = routers
             .iter()
-            .any(|(_, s)| matches!(s, Setup::OracleCapped))
-        {
-            capped_placement(w)
-        } else {
-            Vec::new()
-        };
+            .find_map(|(_, s)| match s {
+                Setup::OracleCapped { load } => Some(capped_placement(w, *load)),
+                _ => None,
+            })
+            .unwrap_or_default();
         let floor = ext_proc_floor.iter().any(|k| k == w.key).then(|| {
             (
                 EXT_PROC_FLOOR.to_string(),
@@ -219,22 +242,26 @@ impl WorkloadPlan<'_> {
     fn requests(&self, setup: &Setup) -> &[BenchRequest] {
         match setup {
             Setup::Oracle => &self.pinned,
-            Setup::OracleCapped => &self.capped,
+            Setup::OracleCapped { .. } => &self.capped,
             _ => &self.w.requests,
         }
     }
 }
 
 /// The capped oracle's requests: pinned to the placement [`placement_search::search`] finds
-/// offline; the search and which groups each pod serves are said on stderr.
-fn capped_placement(w: &WorkloadSpec) -> Vec<BenchRequest> {
+/// offline with no pod above `load` x the mean, knowing which sims run with caching off; the
+/// search and which groups each pod serves are said on stderr.
+fn capped_placement(w: &WorkloadSpec, load: f64) -> Vec<BenchRequest> {
     let t = std::time::Instant::now();
     let s = placement_search::search(
         &w.requests,
-        SIMS,
-        w.kv_blocks,
-        16,
-        CAPPED_ORACLE_LOAD,
+        placement_search::Pods {
+            count: SIMS,
+            kv_blocks: w.kv_blocks,
+            block_tokens: 16,
+            caching_off: &w.caching_off,
+        },
+        load,
         CAPPED_ORACLE_BUDGET,
     );
     eprintln!(
@@ -279,7 +306,7 @@ async fn run_row(
     driver::warm_up(
         &c.url,
         &c.sim_urls,
-        matches!(setup, Setup::Oracle | Setup::OracleCapped),
+        matches!(setup, Setup::Oracle | Setup::OracleCapped { .. }),
         workload::model(&w.requests),
     )
     .await;
