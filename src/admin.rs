@@ -159,7 +159,8 @@ fn explained_json(path: &str, explained: &Explained) -> Value {
 }
 
 /// Candidate `i` of the decision: its scores per plugin, its total, and in the affinity mode
-/// the latency model's prediction and where its match came from.
+/// the latency model's prediction and where its match came from; whether its engine reuses its
+/// cache.
 fn pod_json(d: &Decision<Arc<Endpoint>>, i: usize) -> Value {
     let e = &d.candidates[i];
     let scores: serde_json::Map<String, Value> = d
@@ -184,6 +185,8 @@ fn pod_json(d: &Decision<Arc<Endpoint>>, i: usize) -> Value {
         json!({"source": d.match_source(i).as_str(),
             "engine_tokens": d.engine.get(i).copied().flatten().map(|m| m.tokens)})
     });
+    // Whether its engine reuses its KV cache (false: it said prefix caching is off).
+    let reuses = crate::scheduler::Candidate::reuses_cache(e.as_ref());
     json!({"pod": e.label, "address": e.host, "scores": scores, "total": d.totals[i],
-        "prediction": prediction, "match": matched})
+        "prediction": prediction, "match": matched, "reuses_cache": reuses})
 }

@@ -128,6 +128,9 @@ pub struct Endpoint {
     /// candidate, where the lock's two atomic writes cost a fifth of the request path at 1,024
     /// pods (benches/RESULTS.md, "Cost growth with the pool").
     waiting: AtomicU64,
+    /// Whether the engine reuses its KV cache across requests: false once its metrics say it
+    /// runs with prefix caching off (true until they say).
+    reuses_cache: AtomicBool,
     /// Share of recent picks (the affinity mode's balance signal).
     pub recent: RecentPicks,
     /// What the latency model learned of the pod (concurrency from scrapes, service time from
@@ -172,6 +175,12 @@ impl Endpoint {
         *slot = (stats, Some(Instant::now()));
         self.waiting
             .store(stats.waiting.to_bits(), Ordering::Relaxed);
+    }
+
+    /// Records whether the engine reuses its KV cache (its metrics' `enable_prefix_caching`);
+    /// returns what was known before.
+    pub fn set_reuses_cache(&self, reuses: bool) -> bool {
+        self.reuses_cache.swap(reuses, Ordering::Relaxed)
     }
 
     /// The pod's incarnation (see the module doc); empty while unknown, which matches any.
@@ -239,6 +248,10 @@ impl Candidate for Endpoint {
 
     fn engine_view(&self) -> Option<&EngineView> {
         self.engine.as_ref()
+    }
+
+    fn reuses_cache(&self) -> bool {
+        self.reuses_cache.load(Ordering::Relaxed)
     }
 
     fn rendezvous(&self) -> u64 {
@@ -556,6 +569,7 @@ impl Endpoints {
             inflight: AtomicI64::new(0),
             stats: RwLock::new((EngineStats::default(), None)),
             waiting: AtomicU64::new(EngineStats::default().waiting.to_bits()),
+            reuses_cache: AtomicBool::new(true),
             recent: RecentPicks::default(),
             timing: PodTiming::default(),
             rendezvous: rendezvous_key(&spec.address),

@@ -118,6 +118,10 @@ pub struct RawEngineMetrics {
     /// Tokens of KV cache the engine has, when it says: vLLM's `vllm:cache_config_info`
     /// labels `num_gpu_blocks x block_size`, SGLang's `sglang:max_total_num_tokens`.
     pub kv_capacity_tokens: Option<u64>,
+    /// Whether the engine reuses its KV cache across requests, when it says: vLLM's
+    /// `vllm:cache_config_info` label `enable_prefix_caching` (`False`: started with
+    /// `--no-enable-prefix-caching`).
+    pub prefix_caching: Option<bool>,
     /// `process_start_time_seconds` (Unix seconds), when exported.
     pub start_time: Option<f64>,
     /// Signals none of whose names had a matching series (their values above are 0).
@@ -216,6 +220,7 @@ fn read(exposition: &Exposition, names: &SignalSpecs) -> RawEngineMetrics {
         tpot,
         missing,
         kv_capacity_tokens: kv_capacity(exposition),
+        prefix_caching: prefix_caching(exposition),
         start_time: named(exposition, START_TIME)
             .map(|v| scalar(Some(v)))
             .filter(|t| *t > 0.0),
@@ -233,6 +238,21 @@ fn kv_capacity(e: &Exposition) -> Option<u64> {
     });
     let tokens = from_vllm.or_else(|| Some(scalar(named(e, SGLANG_MAX_TOKENS)) as u64))?;
     (tokens > 0).then_some(tokens)
+}
+
+/// vLLM's `enable_prefix_caching` label (`True` / `False`, any case); `None`: not exported.
+fn prefix_caching(e: &Exposition) -> Option<bool> {
+    e.families.get(VLLM_CACHE_CONFIG).and_then(|f| {
+        f.iter_samples().find_map(|s| {
+            let labels = s.get_labelset().ok()?;
+            let value = labels.get_label_value("enable_prefix_caching")?;
+            match value.to_ascii_lowercase().as_str() {
+                "true" => Some(true),
+                "false" => Some(false),
+                _ => None,
+            }
+        })
+    })
 }
 
 /// The last series of the first spec that matches one.

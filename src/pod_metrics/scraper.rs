@@ -164,6 +164,15 @@ impl Scraper {
             ),
         };
         e.set_stats(stats);
+        if let Some(on) = raw.prefix_caching
+            && e.set_reuses_cache(on) != on
+        {
+            if on {
+                tracing::info!(pod = %e.label, "engine reports prefix caching on: matched again");
+            } else {
+                tracing::warn!(pod = %e.label, "engine reports prefix caching off (enable_prefix_caching=\"False\"): the affinity mode matches nothing there and places new work on it only when no pod that reuses its cache is available");
+            }
+        }
         if let (Some(budget), Some(tokens)) = (self.config.budget, raw.kv_capacity_tokens)
             && prev.is_none_or(|p| p.0.kv_capacity_tokens != Some(tokens))
         {

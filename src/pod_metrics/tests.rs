@@ -229,6 +229,15 @@ fn a_whole_vllm_exposition_reads_the_same_with_unread_families_skipped() {
         (3.0, 12.0, 0.4125)
     );
     assert_eq!(whole.kv_capacity_tokens, Some(27_145 * 16));
+    assert_eq!(whole.prefix_caching, Some(true));
+    let off = text.replace(
+        "enable_prefix_caching=\"True\"",
+        "enable_prefix_caching=\"False\"",
+    );
+    assert_eq!(
+        parse_with(&off, &builtin).unwrap().prefix_caching,
+        Some(false)
+    );
     assert_eq!(whole.start_time, Some(1.76498112e9));
     assert!(whole.missing.is_empty());
     assert!(whole.ttft.count > 0 && whole.tpot.count > 0, "{whole:?}");

@@ -217,6 +217,8 @@ pub struct PodLoad {
     pub wait: f64,
     /// The queue it would join, in slots (positions over concurrency; 0 with a free slot).
     pub backlog: f64,
+    /// Its engine reuses its KV cache ([`crate::scheduler::Candidate::reuses_cache`]).
+    pub reuses: bool,
 }
 
 /// The rendezvous identity of a pod: its address, hashed.

@@ -56,6 +56,12 @@ pub trait Candidate {
     fn engine_view(&self) -> Option<&EngineView> {
         None
     }
+    /// Whether the pod's engine reuses its KV cache across requests; `false` when it says it
+    /// runs with prefix caching off (the affinity mode then matches nothing there and places
+    /// new work on it only when no pod that reuses is available).
+    fn reuses_cache(&self) -> bool {
+        true
+    }
     /// The pod's rendezvous identity, the same on every replica (the affinity mode's ties).
     fn rendezvous(&self) -> u64;
     /// `namespace/name`, as Kthena's score lines name pods.
@@ -112,6 +118,10 @@ impl<C: Candidate + ?Sized> Candidate for Arc<C> {
 
     fn engine_view(&self) -> Option<&EngineView> {
         (**self).engine_view()
+    }
+
+    fn reuses_cache(&self) -> bool {
+        (**self).reuses_cache()
     }
 
     fn rendezvous(&self) -> u64 {

@@ -100,14 +100,17 @@ impl Scheduler {
         config: &AffinityConfig,
         request: &RouteRequest<'_>,
         candidates: Arc<[C]>,
-        matched: Matched,
+        mut matched: Matched,
         rng: &mut SmallRng,
         keep: usize,
     ) -> Decision<C> {
-        let scored = &matched.scored;
         let session = candidates::session_position(&candidates, request.session_pod);
-        // 4. load
-        let load = self.load(config, &candidates, scored, matched.hashes.len());
+        // 4. load; a pod whose engine reuses nothing holds nothing.
+        let load = self.load(config, &candidates, &matched.scored, matched.hashes.len());
+        if load.some_reuse_nothing {
+            matched.scored.forget(|i| !load.loads[i].reuses);
+        }
+        let scored = &matched.scored;
         let index = self.prefix.index();
         let churn = |i: usize| candidates[i].index_pod().map_or(0.0, |p| index.churn(p));
         // 5-7. gate, place, tie

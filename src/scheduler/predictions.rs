@@ -81,6 +81,7 @@ mod tests {
             written: 0.0,
             wait: 0.25,
             backlog: 0.5,
+            reuses: true,
         };
         let basis = PredictionBasis {
             blocks: 10,

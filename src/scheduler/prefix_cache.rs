@@ -76,6 +76,24 @@ pub struct PrefixScores {
 }
 
 impl PrefixScores {
+    /// Candidates for which `reuses_nothing(i)` holds match nothing: their engine runs with
+    /// prefix caching off, whatever the index or a hold says.
+    pub fn forget(&mut self, reuses_nothing: impl Fn(usize) -> bool) {
+        let lists = [&mut self.matched_blocks, &mut self.held_blocks];
+        for list in lists {
+            for (i, m) in list.iter_mut().enumerate() {
+                if reuses_nothing(i) {
+                    *m = 0;
+                }
+            }
+        }
+        for (i, s) in self.scores.iter_mut().enumerate() {
+            if reuses_nothing(i) {
+                *s = 0;
+            }
+        }
+    }
+
     /// The longest match over the prompt's blocks (Kthena's match-ratio histogram).
     pub fn match_ratio(&self) -> f64 {
         let longest = self.matched_blocks.iter().copied().max().unwrap_or(0);

@@ -52,6 +52,7 @@ mod tests {
             written: 0.0,
             wait: 0.0,
             backlog: 0.0,
+            reuses: true,
         }
     }
 
@@ -102,6 +103,7 @@ mod tests {
                     written: 0.0,
                     wait: 0.0,
                     backlog: 0.0,
+                    reuses: true,
                 })
                 .collect();
             let mut all: Vec<(std::cmp::Reverse<usize>, i64, usize)> = (0..pods.len())

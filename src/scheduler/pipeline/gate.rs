@@ -306,6 +306,7 @@ mod tests {
             written: 0.0,
             wait: 0.0,
             backlog: 0.0,
+            reuses: true,
         }
     }
 

@@ -19,6 +19,8 @@ use crate::scheduler::{Candidate, Scheduler};
 pub(super) struct Load {
     pub loads: Vec<PodLoad>,
     pub basis: PredictionBasis,
+    /// Some candidate's engine runs with prefix caching off ([`PodLoad::reuses`] false).
+    pub some_reuse_nothing: bool,
 }
 
 impl Load {
@@ -51,7 +53,7 @@ impl Scheduler {
     ) -> Load {
         let mut shared = self.load_shared(config, candidates.len());
         let head_inflight = |i: usize| scored.head_inflight.get(i).copied().unwrap_or(0);
-        let (mut learned, mut unlearned) = (None::<f64>, false);
+        let (mut learned, mut unlearned, mut some_reuse_nothing) = (None::<f64>, false, false);
         let mut loads: Vec<PodLoad> = candidates
             .iter()
             .enumerate()
@@ -61,7 +63,9 @@ impl Scheduler {
                     Some(None) => unlearned = true,
                     None => {}
                 }
-                read(e, head_inflight(i), &shared)
+                let l = read(e, head_inflight(i), &shared);
+                some_reuse_nothing |= !l.reuses;
+                l
             })
             .collect();
         if unlearned && learned.is_some() {
@@ -79,6 +83,7 @@ impl Scheduler {
         };
         Load {
             loads,
+            some_reuse_nothing,
             basis: PredictionBasis {
                 blocks,
                 tokens_per_block: self.tokens_per_block(config),
@@ -134,6 +139,7 @@ fn read<C: Candidate>(e: &C, head_inflight: u32, shared: &Shared) -> PodLoad {
         written,
         wait,
         backlog,
+        reuses: e.reuses_cache(),
     }
 }
 

@@ -9,6 +9,9 @@
 //! | 0, without `balanceNew` | the tie among the least-loaded available pods | spill |
 //! | none available | the tie among the longest matches on pods not saturated, else among the least-loaded pods | saturated |
 //!
+//! New work and a spill that nobody holds go to pods whose engines reuse their cache while any
+//! is available (a pod with prefix caching off matches nothing and keeps nothing: overflow).
+//!
 //! The tie rule is step 7 ([`super::tie`]); its key is the deepest block the tied pods hold (the
 //! first block when none holds any).
 
@@ -39,6 +42,7 @@ pub(super) fn place<R: Rng>(
         // No available pod holds any block: new work for this pod set, by share.
         Some((0, _)) if config.balance_new => {
             let limit = gates.share_limit();
+            let pool = reusing_first(pool, loads);
             let i = new_work(config, pool, loads, limit, churn, tie_key(0), rng);
             (i, reason(0, best_all))
         }
@@ -48,7 +52,7 @@ pub(super) fn place<R: Rng>(
             (i, reason(best, best_all))
         }
         Some(_) => (
-            least_loaded(config, pool, loads, tie_key(0), rng),
+            least_loaded(config, reusing_first(pool, loads), loads, tie_key(0), rng),
             AffinityReason::Spill,
         ),
         None => {
@@ -57,6 +61,17 @@ pub(super) fn place<R: Rng>(
             (i, AffinityReason::Saturated)
         }
     }
+}
+
+/// The pods of `pool` whose engines reuse their KV cache, or all of `pool` when none does: a
+/// pod with prefix caching off keeps nothing of the work it is given, so it takes new work only
+/// as overflow.
+fn reusing_first(
+    pool: impl Iterator<Item = usize> + Clone,
+    loads: &[PodLoad],
+) -> impl Iterator<Item = usize> + Clone {
+    let any = pool.clone().any(|i| loads[i].reuses);
+    pool.filter(move |&i| !any || loads[i].reuses)
 }
 
 /// Why a pod holding `best` blocks was placed when the longest match is `best_all`: a hit when
@@ -243,6 +258,43 @@ mod tests {
         assert_eq!(
             placed(&plain, &[3, 0, 0], &l, &[0], &[]),
             (1, AffinityReason::Spill)
+        );
+    }
+
+    #[test]
+    fn new_work_and_a_spill_nobody_holds_go_to_pods_that_reuse_their_cache() {
+        // Pod 1 is the least loaded, but its engine reuses nothing (prefix caching off).
+        let mut l = loads_in_flight(&[3, 1, 2]);
+        l[1].reuses = false;
+        assert_eq!(
+            placed(&C, &[0, 0, 0], &l, &[], &[]),
+            (2, AffinityReason::Miss)
+        );
+        // Held only on an unavailable pod, nobody else holding any of it: a spill, not to pod 1.
+        assert_eq!(
+            placed(&C, &[3, 0, 0], &l, &[0], &[]),
+            (2, AffinityReason::Spill)
+        );
+        let plain = AffinityConfig {
+            balance_new: false,
+            ..C
+        };
+        assert_eq!(
+            placed(&plain, &[3, 0, 0], &l, &[0], &[]),
+            (2, AffinityReason::Spill)
+        );
+        // No pod that reuses is available: it takes the work (overflow).
+        assert_eq!(
+            placed(&C, &[3, 0, 0], &l, &[0, 2], &[]),
+            (1, AffinityReason::Spill)
+        );
+        // None reuses: as if all did.
+        for p in &mut l {
+            p.reuses = false;
+        }
+        assert_eq!(
+            placed(&C, &[0, 0, 0], &l, &[], &[]),
+            (1, AffinityReason::Miss)
         );
     }
 

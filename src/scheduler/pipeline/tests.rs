@@ -26,6 +26,7 @@ pub(super) fn loads_in_flight(inflight: &[i64]) -> Vec<PodLoad> {
             written: 0.0,
             wait: 0.0,
             backlog: 0.0,
+            reuses: true,
         })
         .collect()
 }

@@ -91,3 +91,19 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_candidate_that_reuses_nothing_matches_nothing() {
+    let mut s = PrefixScores {
+        scores: vec![100, 50, 25],
+        matched_blocks: vec![4, 2, 1],
+        total_blocks: 4,
+        held_blocks: vec![4, 1, 0],
+        head_inflight: vec![1, 2, 3],
+    };
+    s.forget(|i| i == 0);
+    assert_eq!(
+        (s.scores, s.matched_blocks, s.held_blocks, s.head_inflight),
+        (vec![0, 50, 25], vec![0, 2, 1], vec![0, 1, 0], vec![1, 2, 3])
+    );
+}

@@ -1,6 +1,8 @@
 //! The affinity mode (the shipped config) through Envoy: a burst of a new prefix stays on one pod,
-//! a failed request is rolled back, evictions the engine reports are forgotten, and a hot prefix
-//! spreads under load and comes back. (The expiry of a held route is in `completions`.)
+//! a failed request is rolled back, evictions the engine reports are forgotten, a hot prefix
+//! spreads under load and comes back, and a pod whose engine says it runs with prefix caching
+//! off gets no new work while another pod is free. (The expiry of a held route is in
+//! `completions`.)
 
 use super::{chat, send, stack};
 use crate::harness::*;
@@ -331,4 +333,71 @@ async fn latency_model_spreads_a_burst_by_its_queue_and_returns_to_one_pod() {
         after.insert(r.served_by);
     }
     assert_eq!(after.len(), 1, "back on one pod: {after:?}");
+}
+
+/// A pod whose engine runs with prefix caching off (vLLM's `cache_config_info` label
+/// `enable_prefix_caching="False"`, scraped; no KV events) keeps nothing of what it serves: the
+/// estimate matches nothing there and new prefixes go to the pod that reuses its cache while it
+/// is free. Before, new work alternated by share and every prefix placed on it missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_whose_engine_says_caching_is_off_gets_no_new_work_while_another_is_free() {
+    use model_sim::engine::EngineConfig;
+    let engine = EngineConfig {
+        time_scale: 100.0,
+        ..EngineConfig::default()
+    };
+    let off = EngineConfig {
+        prefix_caching: false,
+        ..engine.clone()
+    };
+    let sims = [
+        Sim::start("sim-0", off).await,
+        Sim::start("sim-1", engine).await,
+    ];
+    let picker = start_picker(sims_config(
+        &sims,
+        "picker: {scrapeIntervalSeconds: 0.02, affinity: {}}\n",
+    ))
+    .await;
+    let envoy = start_envoy_for_sims(&picker, &sims).await;
+    // Both engines scraped: the picker has read sim-0's caching off.
+    for s in &sims {
+        let scrapes = format!(
+            "prefix_picker_engine_scrapes_total{{model_server_namespace=\"default\",model_server_pod=\"{}\"",
+            s.name
+        );
+        wait_metric(&picker, &scrapes, 1.0).await;
+    }
+    // Eight new prefixes, one at a time, each sent twice: all on the pod that reuses, and the
+    // second of each is served from its cache.
+    for t in 0..8 {
+        let system = format!("Tenant {t}'s own long instructions. ").repeat(20);
+        for q in 0..2 {
+            let r = send(
+                &envoy,
+                "/v1/chat/completions",
+                &chat(&system, &format!("q{q}")),
+            )
+            .await;
+            assert_eq!(r.status, 200);
+            assert_eq!(r.served_by, "sim-1", "tenant {t}, request {q}");
+            // Its completion has reached the picker before the next request (nothing in flight).
+            wait_metric_eq(&picker, "prefix_picker_pod_inflight_requests", 0.0).await;
+        }
+    }
+    // `/debug/explain` says which engine reuses its cache.
+    let e = explain(&picker, &chat("any", "q")).await;
+    let reuses = |pod: &str| {
+        e["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pod"] == format!("default/{pod}"))
+            .map(|p| p["reuses_cache"].clone())
+    };
+    assert_eq!(
+        (reuses("sim-0"), reuses("sim-1")),
+        (Some(json!(false)), Some(json!(true))),
+        "{e}"
+    );
 }
