@@ -9,6 +9,24 @@ use crate::harness::*;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
+/// The affinity mode scraping `sims` every 20 ms, and Envoy routing to them through it.
+async fn scraping_stack(sims: &[Sim]) -> (prefix_picker::serve::Running, Envoy) {
+    let picker = start_picker(sims_config(
+        sims,
+        "picker: {scrapeIntervalSeconds: 0.02, affinity: {}}\n",
+    ))
+    .await;
+    let envoy = start_envoy_for_sims(&picker, sims).await;
+    (picker, envoy)
+}
+
+/// The start of `sim`'s `prefix_picker_engine_scrapes_total` series (any result).
+fn scrapes_of(sim: &str) -> String {
+    format!(
+        "prefix_picker_engine_scrapes_total{{model_server_namespace=\"default\",model_server_pod=\"{sim}\""
+    )
+}
+
 /// The shipped config's routing mode through Envoy: sixteen concurrent requests of a new prefix
 /// land on one pod (each sees an earlier one's decision-time record, or ties with it), every
 /// record confirmed.
@@ -169,12 +187,7 @@ async fn affinity_spreads_a_hot_prefix_under_load_and_returns_to_one_pod() {
         Sim::start("sim-0", engine.clone()).await,
         Sim::start("sim-1", engine).await,
     ];
-    let picker = start_picker(sims_config(
-        &sims,
-        "picker: {scrapeIntervalSeconds: 0.02, affinity: {}}\n",
-    ))
-    .await;
-    let envoy = start_envoy_for_sims(&picker, &sims).await;
+    let (picker, envoy) = scraping_stack(&sims).await;
     let hot = "The hot shared system prompt of this test. ".repeat(30);
     let body =
         |q: usize| json!({"model": "m", "prompt": format!("{hot} question {q}"), "max_tokens": 8});
@@ -217,10 +230,7 @@ async fn affinity_spreads_a_hot_prefix_under_load_and_returns_to_one_pod() {
     .await;
     // Two scrapes of each sim after both went idle: the picker reads every pod's load as idle.
     for s in &sims {
-        let scrapes = format!(
-            "prefix_picker_engine_scrapes_total{{model_server_namespace=\"default\",model_server_pod=\"{}\"",
-            s.name
-        );
+        let scrapes = scrapes_of(&s.name);
         let before = metric(&picker, &scrapes).await;
         wait_metric(&picker, &scrapes, before + 2.0).await;
     }
@@ -253,12 +263,7 @@ async fn latency_model_spreads_a_burst_by_its_queue_and_returns_to_one_pod() {
         Sim::start("sim-1", engine.clone()).await,
         Sim::start("sim-2", engine).await,
     ]);
-    let picker = start_picker(sims_config(
-        &sims[..],
-        "picker: {scrapeIntervalSeconds: 0.02, affinity: {}}\n",
-    ))
-    .await;
-    let envoy = start_envoy_for_sims(&picker, &sims[..]).await;
+    let (picker, envoy) = scraping_stack(&sims[..]).await;
     let body = |prefix: &str, q: usize| json!({"model": "m", "prompt": format!("{prefix} question {q}"), "max_tokens": 8});
     // Warm-up: a burst of one prefix queues on its pod, and a scrape shows it (concurrency 2).
     let warm = "A warm-up prompt that teaches the picker the engines' concurrency. ".repeat(20);
@@ -354,18 +359,10 @@ async fn a_pod_whose_engine_says_caching_is_off_gets_no_new_work_while_another_i
         Sim::start("sim-0", off).await,
         Sim::start("sim-1", engine).await,
     ];
-    let picker = start_picker(sims_config(
-        &sims,
-        "picker: {scrapeIntervalSeconds: 0.02, affinity: {}}\n",
-    ))
-    .await;
-    let envoy = start_envoy_for_sims(&picker, &sims).await;
+    let (picker, envoy) = scraping_stack(&sims).await;
     // Both engines scraped: the picker has read sim-0's caching off.
     for s in &sims {
-        let scrapes = format!(
-            "prefix_picker_engine_scrapes_total{{model_server_namespace=\"default\",model_server_pod=\"{}\"",
-            s.name
-        );
+        let scrapes = scrapes_of(&s.name);
         wait_metric(&picker, &scrapes, 1.0).await;
     }
     // Eight new prefixes, one at a time, each sent twice: all on the pod that reuses, and the
