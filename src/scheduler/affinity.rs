@@ -28,7 +28,9 @@
 //!   saturated, else the least-loaded pod (`affinity_saturated`).
 //!
 //! Before all of these, a request of a session (`picker.sessions`) goes to the pod that served
-//! the session's last request unless that pod is saturated (`session`).
+//! the session's last request unless that pod is saturated (`session`). A pod whose engine
+//! reuses nothing (prefix caching off, as its metrics say) matches nothing, and new work goes
+//! to it only when no pod that reuses is available.
 //!
 //! Ties (equal longest match) go to the least-loaded tied pods (in-flight plus engine queue,
 //! within `tieLoadSlack` requests of the least), then by rendezvous hashing of the deepest

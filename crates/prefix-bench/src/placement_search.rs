@@ -8,8 +8,8 @@
 //! one pod to another pod; and two groups' units on two pods swapped. A move is kept when the
 //! offline hit rate rises and no pod exceeds the cap. The offline model replays the requests
 //! in order, one at a time, each pod a [`KvCache`] of `kv_blocks` (no concurrency, so it is
-//! a little optimistic), a pod that runs with prefix caching off reusing nothing. It stops after a round without gain or when `budget` block lookups
-//! are spent. Deterministic.
+//! a little optimistic), a pod that runs with prefix caching off reusing nothing. It stops
+//! after a round without gain or when `budget` block lookups are spent. Deterministic.
 
 use std::collections::BTreeMap;
 
