@@ -79,17 +79,14 @@ impl PrefixScores {
     /// Candidates for which `reuses_nothing(i)` holds match nothing: their engine runs with
     /// prefix caching off, whatever the index or a hold says.
     pub fn forget(&mut self, reuses_nothing: impl Fn(usize) -> bool) {
-        let lists = [&mut self.matched_blocks, &mut self.held_blocks];
-        for list in lists {
-            for (i, m) in list.iter_mut().enumerate() {
-                if reuses_nothing(i) {
-                    *m = 0;
-                }
-            }
-        }
-        for (i, s) in self.scores.iter_mut().enumerate() {
+        let per_candidate = self
+            .scores
+            .iter_mut()
+            .zip(&mut self.matched_blocks)
+            .zip(&mut self.held_blocks);
+        for (i, ((score, matched), held)) in per_candidate.enumerate() {
             if reuses_nothing(i) {
-                *s = 0;
+                (*score, *matched, *held) = (0, 0, 0);
             }
         }
     }
