@@ -226,6 +226,8 @@ pub struct RouterMetrics {
     pub immediate_responses: IntCounterVec,
     pub shed: IntCounter,
     pub engine_scrapes: IntCounterVec,
+    /// 1 / 0: the pod's engine reports prefix caching on / off.
+    pub engine_prefix_caching: IntGaugeVec,
     pub engine_scrape_timestamp: GaugeVec,
     pub tentative: IntCounterVec,
     pub tentative_holds: IntGauge,
@@ -342,6 +344,14 @@ const ENGINE_SCRAPES: Family = Family::counter(
             ScrapeResult::ALL.map(ScrapeResult::as_str).to_vec()
         }),
     ],
+);
+const ENGINE_PREFIX_CACHING: Family = Family::gauge(
+    "prefix_picker_pod_engine_prefix_caching",
+    "1 when a pod's engine reports prefix caching on, 0 when off (vLLM's \
+     vllm:cache_config_info{enable_prefix_caching}): the affinity mode matches \
+     nothing on a pod at 0 and gives it new work only as overflow; absent when \
+     the engine does not say",
+    &POD,
 );
 const ENGINE_SCRAPE_TIMESTAMP: Family = Family::float_gauge(
     "prefix_picker_engine_scrape_timestamp_seconds",
@@ -498,6 +508,7 @@ impl RouterMetrics {
             pod_inflight: POD_INFLIGHT.register(registry),
             pod_picks: POD_PICKS.register(registry),
             engine_scrapes: ENGINE_SCRAPES.register(registry),
+            engine_prefix_caching: ENGINE_PREFIX_CACHING.register(registry),
             engine_scrape_timestamp: ENGINE_SCRAPE_TIMESTAMP.register(registry),
             tentative: TENTATIVE.register(registry),
             tentative_holds: TENTATIVE_HOLDS.register(registry),
@@ -539,6 +550,7 @@ impl RouterMetrics {
         let labels = pod_label_values(pod);
         let _ = self.pod_inflight.remove_label_values(&labels);
         let _ = self.pod_picks.remove_label_values(&labels);
+        let _ = self.engine_prefix_caching.remove_label_values(&labels);
         let _ = self.engine_scrape_timestamp.remove_label_values(&labels);
         let _ = self.pod_budget.remove_label_values(&labels);
         let _ = self.pod_churn.remove_label_values(&labels);

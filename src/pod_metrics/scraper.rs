@@ -164,12 +164,16 @@ impl Scraper {
             ),
         };
         e.set_stats(stats);
-        if let Some(on) = raw.prefix_caching
-            && e.set_reuses_cache(on) != on
-        {
-            if on {
+        if let Some(on) = raw.prefix_caching {
+            // The flag first: once the gauge says so, routing already does.
+            let changed = e.set_reuses_cache(on) != on;
+            self.metrics
+                .engine_prefix_caching
+                .with_label_values(&pod_label_values(&e.spec.id))
+                .set(i64::from(on));
+            if changed && on {
                 tracing::info!(pod = %e.label, "engine reports prefix caching on: matched again");
-            } else {
+            } else if changed {
                 tracing::warn!(pod = %e.label, "engine reports prefix caching off (enable_prefix_caching=\"False\"): the affinity mode matches nothing there and places new work on it only when no pod that reuses its cache is available");
             }
         }

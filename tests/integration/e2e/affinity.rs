@@ -360,11 +360,14 @@ async fn a_pod_whose_engine_says_caching_is_off_gets_no_new_work_while_another_i
         Sim::start("sim-1", engine).await,
     ];
     let (picker, envoy) = scraping_stack(&sims).await;
-    // Both engines scraped: the picker has read sim-0's caching off.
-    for s in &sims {
-        let scrapes = scrapes_of(&s.name);
-        wait_metric(&picker, &scrapes, 1.0).await;
-    }
+    // Both engines scraped: the picker has read sim-0's caching off, and says so per pod.
+    let caching = |sim: &str| {
+        format!(
+            "prefix_picker_pod_engine_prefix_caching{{model_server_namespace=\"default\",model_server_pod=\"{sim}\"}}"
+        )
+    };
+    wait_metric_eq(&picker, &caching("sim-0"), 0.0).await;
+    wait_metric_eq(&picker, &caching("sim-1"), 1.0).await;
     // Eight new prefixes, one at a time, each sent twice: all on the pod that reuses, and the
     // second of each is served from its cache.
     for t in 0..8 {
