@@ -87,10 +87,8 @@ fn prepare(requests: &[BenchRequest], block_tokens: usize) -> Prepared {
 
 struct Evaluator<'a> {
     p: &'a Prepared,
-    pods: usize,
-    kv_blocks: usize,
-    block_tokens: usize,
-    caching_off: &'a [usize],
+    /// The engines, at least one.
+    engines: Pods<'a>,
     limit: f64,
     evaluations: usize,
     lookups: usize,
@@ -98,7 +96,7 @@ struct Evaluator<'a> {
 
 impl Evaluator<'_> {
     fn feasible(&self, unit_pod: &[usize]) -> bool {
-        let mut load = vec![0usize; self.pods];
+        let mut load = vec![0usize; self.engines.count];
         for (u, &pod) in unit_pod.iter().enumerate() {
             load[pod] += self.p.unit_size[u];
         }
@@ -107,14 +105,14 @@ impl Evaluator<'_> {
 
     fn hit_rate(&mut self, unit_pod: &[usize]) -> f64 {
         self.evaluations += 1;
-        let mut caches: Vec<KvCache> = (0..self.pods)
-            .map(|_| KvCache::new(self.block_tokens, self.kv_blocks))
+        let mut caches: Vec<KvCache> = (0..self.engines.count)
+            .map(|_| KvCache::new(self.engines.block_tokens, self.engines.kv_blocks))
             .collect();
         let (mut hits, mut queries) = (0usize, 0usize);
         for (i, blocks) in self.p.blocks.iter().enumerate() {
             let pod = unit_pod[self.p.unit[i]];
             queries += self.p.tokens[i];
-            if self.caching_off.contains(&pod) {
+            if self.engines.caching_off.contains(&pod) {
                 continue;
             }
             let cache = &mut caches[pod];
@@ -148,10 +146,10 @@ pub fn search(requests: &[BenchRequest], engines: Pods<'_>, cap: f64, budget: us
     }
     let mut e = Evaluator {
         p: &p,
-        pods,
-        kv_blocks: engines.kv_blocks,
-        block_tokens: engines.block_tokens,
-        caching_off: engines.caching_off,
+        engines: Pods {
+            count: pods,
+            ..engines
+        },
         limit: (cap * requests.len() as f64 / pods as f64)
             .max(start_load.iter().copied().max().unwrap_or(0) as f64),
         evaluations: 0,
@@ -237,11 +235,11 @@ impl Climb<'_> {
     fn group_moves(&mut self, groups: &[u32]) -> bool {
         let mut improved = false;
         for &g in groups {
-            for from in 0..self.e.pods {
+            for from in 0..self.e.engines.count {
                 if !self.serves(from, g) {
                     continue;
                 }
-                for to in (0..self.e.pods).filter(|&to| to != from) {
+                for to in (0..self.e.engines.count).filter(|&to| to != from) {
                     let candidate = self.moved(&self.unit_pod, g, from, to);
                     improved |= self.attempt(candidate);
                     for &h in groups.iter().filter(|&&h| h != g) {
@@ -262,7 +260,7 @@ impl Climb<'_> {
     fn unit_moves(&mut self) -> bool {
         let mut improved = false;
         for u in 0..self.unit_pod.len() {
-            for to in 0..self.e.pods {
+            for to in 0..self.e.engines.count {
                 if to == self.unit_pod[u] {
                     continue;
                 }
@@ -356,10 +354,7 @@ mod tests {
             }
             let mut e = Evaluator {
                 p: &p,
-                pods: 4,
-                kv_blocks: 12,
-                block_tokens: 16,
-                caching_off: &[0],
+                engines: off,
                 limit: f64::INFINITY,
                 evaluations: 0,
                 lookups: 0,

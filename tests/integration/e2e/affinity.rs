@@ -368,8 +368,7 @@ async fn a_pod_whose_engine_says_caching_is_off_gets_no_new_work_while_another_i
     };
     wait_metric_eq(&picker, &caching("sim-0"), 0.0).await;
     wait_metric_eq(&picker, &caching("sim-1"), 1.0).await;
-    // Eight new prefixes, one at a time, each sent twice: all on the pod that reuses, and the
-    // second of each is served from its cache.
+    // Eight new prefixes, one at a time, each sent twice: all on the pod that reuses.
     for t in 0..8 {
         let system = format!("Tenant {t}'s own long instructions. ").repeat(20);
         for q in 0..2 {
