@@ -180,10 +180,13 @@ fn pod_json(d: &Decision<Arc<Endpoint>>, i: usize) -> Value {
         json!({"ttft_ms": p.ttft() * 1e3, "wait_ms": p.wait * 1e3,
             "prefill_ms": p.prefill * 1e3, "uncached_tokens": p.uncached_tokens})
     });
-    // Affinity mode: where the match came from, and in engine tokens if there.
+    // Affinity mode: where the match came from, in engine tokens if there, and the prompt
+    // blocks the estimate added past the engine's head (source "engine+estimate").
     let matched = d.predictions.get(i).map(|_| {
+        let engine = d.engine.get(i).copied().flatten();
         json!({"source": d.match_source(i).as_str(),
-            "engine_tokens": d.engine.get(i).copied().flatten().map(|m| m.tokens)})
+            "engine_tokens": engine.map(|m| m.tokens),
+            "estimate_blocks_beyond": engine.map(|m| m.estimate_beyond)})
     });
     // Whether its engine reuses its KV cache (false: it said prefix caching is off).
     let reuses = crate::scheduler::Candidate::reuses_cache(e.as_ref());

@@ -203,6 +203,11 @@ impl Endpoint {
             .inc();
     }
 
+    /// Picks of this pod as primary so far (what [`Endpoint::count_pick`] counted).
+    pub fn picks(&self) -> u64 {
+        self.picks_series.get().map_or(0, IntCounter::get)
+    }
+
     /// The pod's `prefix_picker_pod_inflight_requests` series.
     fn inflight_series(&self, metrics: &RouterMetrics) -> &IntGauge {
         self.inflight_series.get_or_init(|| {

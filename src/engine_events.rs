@@ -6,9 +6,12 @@
 //! subscriber ([`crate::kv_events::subscriber`]) and a consumer; a pod that leaves has both
 //! cancelled; a pair that stopped on its own (a panic) is started again with the view dropped (the
 //! events in between are lost). The consumer applies each batch in order (`BlockStored` adds,
-//! `BlockRemoved` removes, `AllBlocksCleared` clears) and keeps the view's `live` flag: on while
-//! connected, off while disconnected (the view is kept: a reconnect that continues the sequence
-//! resumes it, from the first batch after it). A `Reset` (a gap replay could not fill, a restarted
+//! `BlockRemoved` removes, `AllBlocksCleared` clears) and keeps the view's `live` flag: on from
+//! the first batch of a connection (evidence, not the connection: a publisher on another topic,
+//! one that never sends or one whose frames do not decode connects too, and a pod it was picked
+//! for is warned about once per connection and counted, `no_batch`), off while disconnected
+//! (the view is kept: a reconnect that continues the sequence resumes it, from the first batch
+//! after it). A `Reset` (a gap replay could not fill, a restarted
 //! publisher) drops the view, which then holds only what the engine stores from then on. When the
 //! engine itself lost its cache (`AllBlocksCleared`, or a publisher that restarted) the pod's
 //! estimate in the prefix index is dropped too, so requests matched by the estimate stop counting
@@ -25,7 +28,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus::{Gauge, IntCounter, IntGauge};
 use serde::Deserialize;
@@ -65,6 +68,10 @@ impl Default for KvEventsSection {
 /// How often a consumer copies its subscriber's counters into the metrics when no update
 /// arrives.
 const STATS_PERIOD: Duration = Duration::from_secs(1);
+/// How long a connection may go without a batch, once its pod was picked, before the consumer
+/// says so (once per connection, `no_batch`): an engine that served a request stores blocks
+/// and publishes within a step.
+pub const NO_BATCH_AFTER: Duration = Duration::from_secs(30);
 
 /// Keeps one subscriber per publishing pod until `shutdown`.
 pub async fn follow(
@@ -220,6 +227,7 @@ struct PodSeries {
     lag: Gauge,
     blocks: IntGauge,
     live: IntGauge,
+    connected: IntGauge,
 }
 
 impl PodSeries {
@@ -240,6 +248,7 @@ impl PodSeries {
             lag: metrics.lag.with_label_values(&labels),
             blocks: metrics.view_blocks.with_label_values(&labels),
             live: metrics.view_live.with_label_values(&labels),
+            connected: metrics.connected.with_label_values(&labels),
         }
     }
 }
@@ -254,6 +263,8 @@ struct Consumer<'a> {
     stats: Arc<SubscriberStats>,
     /// The subscriber's counters at the last sync, per [`StreamEvent`].
     synced: [u64; StreamEvent::ALL.len()],
+    /// The connection waiting for its first batch: since when, and the pod's picks then.
+    waiting: Option<(Instant, u64)>,
 }
 
 impl<'a> Consumer<'a> {
@@ -266,6 +277,7 @@ impl<'a> Consumer<'a> {
     ) -> Consumer<'a> {
         let series = PodSeries::new(&metrics, endpoint);
         series.live.set(0);
+        series.connected.set(0);
         Consumer {
             endpoint,
             view,
@@ -273,23 +285,30 @@ impl<'a> Consumer<'a> {
             series,
             stats,
             synced: [0; StreamEvent::ALL.len()],
+            waiting: None,
         }
     }
 
     fn apply(&mut self, update: Update) {
         match update {
-            // An empty view is the truth of a fresh connection's engine as far as the events
-            // go (a pod with prefix caching off publishes nothing, and holds nothing). A view
-            // that holds blocks stays off after a reconnect until the first batch shows
+            // Live on evidence, not on a connection: a connection alone says nothing of what
+            // the engine holds (a publisher on another topic, one that never sends, frames
+            // that do not decode all connect). Until a batch arrives the pod is matched by the
+            // estimate; a view that holds blocks also waits for the first batch to show
             // whether the engine's sequence continued (a restarted engine's starts over: a
-            // Reset comes first): until then it may show a cache the engine lost.
-            Update::Connected => self.view.set_live(self.view.blocks() == 0),
+            // Reset comes first).
+            Update::Connected => {
+                self.waiting = Some((Instant::now(), self.endpoint.picks()));
+                self.series.connected.set(1);
+                self.view.set_live(false);
+            }
             Update::Batch { batch, .. } => {
                 let mut counts = [0u64; KvEventKind::ALL.len()];
                 for event in &batch.events {
                     self.apply_event(event, &mut counts);
                 }
                 self.view.set_live(true);
+                self.waiting = None;
                 for (counter, n) in self.series.kv_events.iter().zip(counts) {
                     counter.inc_by(n);
                 }
@@ -306,9 +325,41 @@ impl<'a> Consumer<'a> {
                     self.engine_lost_its_cache("the engine restarted");
                 }
             }
-            Update::Disconnected => self.view.set_live(false),
+            Update::Disconnected => {
+                self.waiting = None;
+                self.series.connected.set(0);
+                self.view.set_live(false);
+            }
         }
         self.sync_stats();
+    }
+
+    /// Says, once per connection, that a pod picked since it connected has sent no batch for
+    /// [`NO_BATCH_AFTER`], with what did arrive: its requests are matched by the estimate.
+    fn check_no_batch(&mut self) {
+        let Some((since, picks)) = self.waiting else {
+            return;
+        };
+        if since.elapsed() < NO_BATCH_AFTER || self.endpoint.picks() == picks {
+            return;
+        }
+        self.waiting = None;
+        self.series.stream[StreamEvent::ALL
+            .iter()
+            .position(|e| *e == StreamEvent::NoBatch)
+            .unwrap_or_default()]
+        .inc();
+        let s = &self.stats;
+        tracing::warn!(
+            pod = %self.endpoint.spec.id,
+            received = s.received.load(Relaxed),
+            wrong_topic = s.wrong_topic.load(Relaxed),
+            undecodable = s.decode_errors.load(Relaxed),
+            "KV events: connected {} s and picked since, no batch applied (counted as no_batch): \
+             the pod is matched by the estimate until one is (a publisher on another topic, \
+             one that never sends, or frames that do not decode)",
+            NO_BATCH_AFTER.as_secs()
+        );
     }
 
     fn apply_event(&self, event: &KvEvent, counts: &mut [u64; KvEventKind::ALL.len()]) {
@@ -356,6 +407,7 @@ impl<'a> Consumer<'a> {
     /// Copies the subscriber's counters (what never reaches the consumer: refused messages,
     /// wrong topics) and the view's gauges into the metrics.
     fn sync_stats(&mut self) {
+        self.check_no_batch();
         let s = &self.stats;
         for (kind, (counter, synced)) in StreamEvent::ALL
             .into_iter()
@@ -371,8 +423,8 @@ impl<'a> Consumer<'a> {
                 StreamEvent::Replay => &s.replays,
                 StreamEvent::Reset => &s.resets,
                 StreamEvent::Reconnect => &s.reconnects,
-                // Counted by the supervisor, not the subscriber.
-                StreamEvent::Restart => continue,
+                // Counted by the supervisor and the consumer, not the subscriber.
+                StreamEvent::Restart | StreamEvent::NoBatch => continue,
             }
             .load(Relaxed);
             counter.inc_by(now.saturating_sub(*synced));

@@ -1,9 +1,11 @@
 //! One pod's event stream: a ZeroMQ SUB socket on the engine's publisher, the sequence tracked,
 //! gaps filled through the replay endpoint, the result as [`Update`]s on a channel.
 //!
-//! - Connect: `tcp://host:port` (each attempt bounded by [`CONNECT_TIMEOUT`]), subscribe to the
-//!   configured topic (ZeroMQ filters by prefix, so a message whose topic frame is not exactly the
-//!   topic is dropped and counted). Failed attempts and lost connections are retried with capped
+//! - Connect: `tcp://host:port` (each attempt bounded by [`CONNECT_TIMEOUT`]), subscribe to every
+//!   topic and read the configured one: a message whose topic frame is not exactly it is
+//!   dropped, counted and warned about once, naming both topics. With no topic
+//!   configured (vLLM's default), the first non-empty topic the publisher sends on is taken as
+//!   its topic, with a warning: a publisher has one. Failed attempts and lost connections are retried with capped
 //!   exponential backoff (100 ms doubling to 5 s, reset once connected). [`Update::Connected`]
 //!   and [`Update::Disconnected`] mark each connection.
 //! - Sequence: every message carries the publisher's counter. The first one is the baseline. The
@@ -172,6 +174,8 @@ pub struct SubscriberStats {
     pub decode_errors: AtomicU64,
     /// Messages whose topic frame was not the configured topic.
     pub wrong_topic: AtomicU64,
+    /// No topic was configured and the publisher's was taken ([`State::accepts_topic`]).
+    pub adopted_topic: std::sync::atomic::AtomicBool,
     /// Events skipped for an unknown tag.
     pub unknown_events: AtomicU64,
     /// Gaps in the sequence seen.
@@ -219,6 +223,7 @@ impl Subscriber {
     pub async fn run(self, updates: mpsc::Sender<Update>, cancel: CancellationToken) {
         let mut state = State {
             config: &self.config,
+            topic: self.config.topic.clone().into_bytes(),
             stats: &self.stats,
             updates: &updates,
             cancel: &cancel,
@@ -287,10 +292,9 @@ async fn connect(
     options.connect_timeout(CONNECT_TIMEOUT);
     let mut socket = SubSocket::with_options(options);
     let monitor = socket.monitor();
-    socket
-        .subscribe(&config.topic)
-        .await
-        .map_err(|e| e.to_string())?;
+    // Every topic, filtered here: a publisher on another topic is then seen, and named in the
+    // warning, instead of filtered out silently by the publisher (vLLM publishes on one).
+    socket.subscribe("").await.map_err(|e| e.to_string())?;
     match tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(&config.endpoint)).await {
         Ok(Ok(())) => Ok((socket, monitor)),
         Ok(Err(e)) => Err(e.to_string()),
@@ -378,6 +382,9 @@ struct Warned {
 
 struct State<'a> {
     config: &'a SubscriberConfig,
+    /// The topic read: the configured one, or, when that is empty, the one topic the publisher
+    /// sends on once seen ([`State::accepts_topic`]).
+    topic: Vec<u8>,
     stats: &'a SubscriberStats,
     updates: &'a mpsc::Sender<Update>,
     cancel: &'a CancellationToken,
@@ -453,18 +460,40 @@ impl<'a> State<'a> {
         }
     }
 
+    /// Whether a message on `topic` is read. With no topic configured, the first non-empty
+    /// topic seen is taken as the publisher's (vLLM publishes on one; a deployment that sets
+    /// one and leaves the picker's at its default would otherwise see nothing), said once.
+    fn accepts_topic(&mut self, topic: &[u8]) -> bool {
+        if topic == self.topic.as_slice() {
+            return true;
+        }
+        if self.config.topic.is_empty() && self.topic.is_empty() && !topic.is_empty() {
+            self.topic = topic.to_vec();
+            self.stats.adopted_topic.store(true, Relaxed);
+            tracing::warn!(endpoint = %self.config.endpoint, topic = %String::from_utf8_lossy(topic),
+                "KV events: picker.kvEvents.topic is empty and the publisher sends on this topic: reading it (set picker.kvEvents.topic to say so)");
+            return true;
+        }
+        false
+    }
+
     /// Handles one live message; `false` when the consumer is gone.
     async fn on_message(&mut self, message: &ZmqMessage) -> bool {
-        let (seq, payload) = match split_message(message, self.config.topic.as_bytes()) {
+        if let Some(topic) = message.get(0).filter(|_| message.len() == 3) {
+            self.accepts_topic(topic);
+        }
+        let (seq, payload) = match split_message(message, &self.topic) {
             Ok(m) => m,
             Err(Refused::Topic) => {
                 self.stats.wrong_topic.fetch_add(1, Relaxed);
                 if !std::mem::replace(&mut self.warned.topic, true) {
                     let got = message
                         .get(0)
-                        .map(|t| String::from_utf8_lossy(t).into_owned());
-                    tracing::warn!(endpoint = %self.config.endpoint, expected = %self.config.topic,
-                        received = ?got, "KV events: message on another topic dropped (warned once)");
+                        .map(|t| String::from_utf8_lossy(t).into_owned())
+                        .unwrap_or_default();
+                    tracing::warn!(endpoint = %self.config.endpoint,
+                        "KV events: receiving topic {got:?}; picker.kvEvents.topic is {:?}: its messages are dropped and the pod is matched by the estimate (warned once; counted as wrong_topic)",
+                        self.config.topic);
                 }
                 return true;
             }
@@ -675,7 +704,16 @@ impl<'a> State<'a> {
         while next < until {
             let reply = socket.recv().await.map_err(|e| e.to_string())?;
             let frames: Vec<&[u8]> = reply.iter().map(|f| f.as_ref()).collect();
-            let (seq, payload) = replayed(&frames, self.config.topic.as_bytes())?;
+            let (topic, seq, payload) = replayed(&frames)?;
+            if let Some(topic) = topic.filter(|_| seq != END_SEQ) {
+                if !self.accepts_topic(topic) {
+                    return Err(format!(
+                        "a replayed batch on topic {:?}, expected {:?}",
+                        String::from_utf8_lossy(topic),
+                        String::from_utf8_lossy(&self.topic)
+                    ));
+                }
+            }
             if seq == END_SEQ {
                 if matches!(span, Span::Before { .. }) {
                     got.clear();
@@ -719,19 +757,17 @@ impl<'a> State<'a> {
     }
 }
 
-/// A replay reply's sequence frame and payload. The ROUTER sends `[identity, "", seq, payload]`
-/// (SGLang, vLLM before the topic was added) or `[identity, "", topic, seq, payload]` (vLLM since;
-/// its end marker has an empty topic); the identity is consumed on the way.
-fn replayed<'f>(frames: &[&'f [u8]], topic: &[u8]) -> Result<(&'f [u8], &'f [u8]), String> {
+/// A replay reply's topic (where it has one), sequence frame and payload. The ROUTER sends
+/// `[identity, "", seq, payload]` (SGLang, vLLM before the topic was added) or `[identity, "",
+/// topic, seq, payload]` (vLLM since; its end marker has an empty topic); the identity is
+/// consumed on the way.
+type Replayed<'f> = (Option<&'f [u8]>, &'f [u8], &'f [u8]);
+
+fn replayed<'f>(frames: &[&'f [u8]]) -> Result<Replayed<'f>, String> {
     match *frames {
-        [b"", seq, payload] => Ok((seq, payload)),
-        [b"", _, seq, _] if seq == END_SEQ => Ok((seq, &[])),
-        [b"", t, seq, payload] if t == topic => Ok((seq, payload)),
-        [b"", t, _, _] => Err(format!(
-            "a replayed batch on topic {:?}, expected {:?}",
-            String::from_utf8_lossy(t),
-            String::from_utf8_lossy(topic)
-        )),
+        [b"", seq, payload] => Ok((None, seq, payload)),
+        [b"", _, seq, _] if seq == END_SEQ => Ok((None, seq, &[])),
+        [b"", t, seq, payload] => Ok((Some(t), seq, payload)),
         _ => Err(format!(
             "a reply of {} frames, expected 3 or 4 (with the topic)",
             frames.len()

@@ -110,10 +110,14 @@ pub enum StreamEvent {
     Reconnect,
     /// The pod's subscriber stopped on its own (a bug) and was started again.
     Restart,
+    /// Connected, the pod picked since, and no batch applied within
+    /// [`NO_BATCH_AFTER`](crate::engine_events::NO_BATCH_AFTER): a publisher on another topic,
+    /// one that never sends, or frames that do not decode. Once per connection.
+    NoBatch,
 }
 
 impl StreamEvent {
-    pub const ALL: [StreamEvent; 10] = [
+    pub const ALL: [StreamEvent; 11] = [
         StreamEvent::Received,
         StreamEvent::Applied,
         StreamEvent::DecodeError,
@@ -124,6 +128,7 @@ impl StreamEvent {
         StreamEvent::Reset,
         StreamEvent::Reconnect,
         StreamEvent::Restart,
+        StreamEvent::NoBatch,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -138,6 +143,7 @@ impl StreamEvent {
             StreamEvent::Reset => "reset",
             StreamEvent::Reconnect => "reconnect",
             StreamEvent::Restart => "restart",
+            StreamEvent::NoBatch => "no_batch",
         }
     }
 }
@@ -211,6 +217,11 @@ const VIEW_LIVE: Family = Family::gauge(
     "1 while a pod is matched by its engine's events, 0 while by the estimate",
     &POD,
 );
+const CONNECTED: Family = Family::gauge(
+    "prefix_picker_kv_events_connected",
+    "1 while the picker holds a connection to a pod's KV-event publisher (live or not: a view is live from its first batch)",
+    &POD,
+);
 /// Its sources are given at registration.
 const MATCH_SOURCE: Family = Family::counter(
     "prefix_picker_match_source_total",
@@ -251,6 +262,7 @@ pub struct EngineTruthMetrics {
     pub lag: GaugeVec,
     pub view_blocks: IntGaugeVec,
     pub view_live: IntGaugeVec,
+    pub connected: IntGaugeVec,
     pub match_source: IntCounterVec,
     pub holds: IntCounterVec,
     pub engine_tokens: IntCounterVec,
@@ -277,6 +289,7 @@ impl EngineTruthMetrics {
             lag: LAG.register(registry),
             view_blocks: VIEW_BLOCKS.register(registry),
             view_live: VIEW_LIVE.register(registry),
+            connected: CONNECTED.register(registry),
             match_source: MATCH_SOURCE.register_with(registry, &[sources]),
             holds: HOLDS.register_with(registry, &[hold_ends]),
             engine_tokens: ENGINE_TOKENS.register(registry),
@@ -300,5 +313,6 @@ impl EngineTruthMetrics {
         let _ = self.lag.remove_label_values(&labels);
         let _ = self.view_blocks.remove_label_values(&labels);
         let _ = self.view_live.remove_label_values(&labels);
+        let _ = self.connected.remove_label_values(&labels);
     }
 }

@@ -304,15 +304,23 @@ pub enum MatchSource {
     Engine,
     /// The prefix index's estimate (what the picker sent the pod).
     Estimate,
+    /// The engine's events for the prompt's head (every full block of it held), then the
+    /// estimate past it (the head ends before the part the pod was sent).
+    Mixed,
 }
 
 impl MatchSource {
-    pub const ALL: [MatchSource; 2] = [MatchSource::Engine, MatchSource::Estimate];
+    pub const ALL: [MatchSource; 3] = [
+        MatchSource::Engine,
+        MatchSource::Estimate,
+        MatchSource::Mixed,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             MatchSource::Engine => "engine",
             MatchSource::Estimate => "estimate",
+            MatchSource::Mixed => "engine+estimate",
         }
     }
 }

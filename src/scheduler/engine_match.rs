@@ -5,9 +5,19 @@
 //! The pick compares candidates in blocks of the rendered prompt, so an engine match converts
 //! to the share of the prompt it covers: `tokens matched / head tokens x head bytes / prompt
 //! bytes x prompt blocks`, rounded down. The request's token chain is hashed once per engine
-//! block size among the candidates (one, in a pool of one engine). Its last hash (the head's
-//! last full block) is what a hold for the pod awaits from the engine
-//! ([`EngineView::await_block`]).
+//! block size among the candidates (one, in a pool of one engine).
+//!
+//! The engine speaks only for the head: past it the request has no engine tokens. [`combine`]
+//! merges the two, never knowing less than the estimate: where the engine holds every full
+//! block of the head, the pod keeps the longer of the two matches (the estimate's, past the
+//! head, is what the pod was sent: documents, examples or tool results that end inside a
+//! message); where it holds less, its cache is missing a block of the head, and a prefix cache
+//! cannot hit past a missing block, so the engine's match stands (evicted, restarted, never
+//! sent). [`MatchSource::Mixed`] marks the first case.
+//!
+//! A hold for the pod awaits the engine's store of the head's last full block
+//! ([`EngineView::await_block`]) only when the head is the whole prompt: otherwise the store
+//! would end the hold's claim on blocks past the head, which the view cannot see.
 
 use super::candidate::Candidate;
 use super::{EngineTokens, MatchSource};
@@ -20,9 +30,16 @@ pub struct EngineMatched {
     pub tokens: usize,
     /// The same, in blocks of the rendered prompt (what the pick compares).
     pub blocks: usize,
-    /// The token-chain hash of the head's last full block at the engine's block size: a hold
-    /// for the pod ends when the engine stores it. `None`: no full block (or no block size yet).
+    /// The token-chain hash of the head's last full block at the engine's block size, when the
+    /// head is the whole prompt: a hold for the pod ends when the engine stores it. `None`: no
+    /// full block, no block size yet, or a head shorter than the prompt.
     pub last_block: Option<u64>,
+    /// The engine holds every full block of the head: past it, the estimate speaks.
+    pub whole_head: bool,
+    /// Prompt blocks wholly inside the head (what the estimate must pass to add anything).
+    pub head_blocks: usize,
+    /// Prompt blocks the estimate adds past the engine's match ([`combine`]).
+    pub estimate_beyond: usize,
 }
 
 /// Per candidate, its engine match, or `None` where the estimate applies (no live view, or no
@@ -54,28 +71,55 @@ pub fn matches<C: Candidate>(
     // view's, one engine kind per pool being the usual case; where the pod's differs, the hold
     // ends with its request).
     let pool = views.iter().flatten().map(|&(_, bs)| bs).find(|&bs| bs > 0);
+    let whole_prompt = tokens.prompt_bytes >= prompt_bytes;
+    let head_blocks = (head_share * prompt_blocks as f64) as usize;
     let mut chains = Chains::default();
     views
         .into_iter()
         .map(|view| {
             let (view, block_size) = view?;
             if block_size == 0 {
+                // Live and nothing stored: the engine holds nothing, head included.
                 return Some(EngineMatched {
                     tokens: 0,
                     blocks: 0,
-                    last_block: pool.and_then(|bs| chains.of(tokens.tokens, bs).last().copied()),
+                    last_block: pool
+                        .filter(|_| whole_prompt)
+                        .and_then(|bs| chains.of(tokens.tokens, bs).last().copied()),
+                    whole_head: false,
+                    head_blocks,
+                    estimate_beyond: 0,
                 });
             }
             let chain = chains.of(tokens.tokens, block_size);
-            let held = view.longest_match(chain) * block_size;
+            let full = view.longest_match(chain);
+            let held = full * block_size;
             let blocks = ((held as f64 * blocks_per_token) as usize).min(prompt_blocks);
             Some(EngineMatched {
                 tokens: held,
                 blocks,
-                last_block: chain.last().copied(),
+                last_block: chain.last().copied().filter(|_| whole_prompt),
+                whole_head: full == chain.len(),
+                head_blocks,
+                estimate_beyond: 0,
             })
         })
         .collect()
+}
+
+/// Merges each candidate's engine match into `estimate` (its matched prompt blocks, from the
+/// index): the estimate's where the engine holds the whole head and the estimate reaches past
+/// it, else the engine's. Records in each match what the estimate added.
+pub fn combine(engine: &mut [Option<EngineMatched>], estimate: &mut [usize]) {
+    for (blocks, matched) in estimate.iter_mut().zip(engine.iter_mut()) {
+        let Some(m) = matched else { continue };
+        if m.whole_head && *blocks > m.head_blocks.max(m.blocks) {
+            m.estimate_beyond = *blocks - m.blocks;
+        } else {
+            m.estimate_beyond = 0;
+            *blocks = m.blocks;
+        }
+    }
 }
 
 /// The request's token chain per block size, hashed once each.
@@ -98,6 +142,7 @@ impl Chains {
 /// Where candidate `i`'s match came from, given [`matches`]'s result.
 pub fn source(engine: &[Option<EngineMatched>], i: usize) -> MatchSource {
     match engine.get(i) {
+        Some(Some(m)) if m.estimate_beyond > 0 => MatchSource::Mixed,
         Some(Some(_)) => MatchSource::Engine,
         _ => MatchSource::Estimate,
     }

@@ -191,27 +191,24 @@ impl PrefixCache {
     }
 
     /// The affinity mode's scoring: every candidate's longest match, in the index (by
-    /// bisection, [`PrefixIndex::chain_matches`]) or, where `engine` has one, in its engine's
-    /// view (in prompt blocks), or held tentatively, with no top-k limit; scores are the same
-    /// percentages. `None` for an empty hash list.
+    /// bisection, [`PrefixIndex::chain_matches`]) combined, where `engine` has one, with its
+    /// engine's view (in prompt blocks, [`engine_match::combine`](super::engine_match::combine),
+    /// which notes in `engine` what the estimate added), or held tentatively, with no top-k
+    /// limit; scores are the same percentages. `None` for an empty hash list.
     pub fn score_chained(
         &self,
         model: &str,
         hashes: &[BlockHash],
         candidates: &[PodSlot],
         tentative: &TentativeEntries,
-        engine: &[Option<super::engine_match::EngineMatched>],
+        engine: &mut [Option<super::engine_match::EngineMatched>],
     ) -> Option<PrefixScores> {
         if hashes.is_empty() {
             return None;
         }
         let key = ModelKey::of(model);
         let mut held = self.index.chain_matches(key, hashes, candidates);
-        for (h, e) in held.iter_mut().zip(engine) {
-            if let Some(e) = e {
-                *h = e.blocks;
-            }
-        }
+        super::engine_match::combine(engine, &mut held);
         let mut matched = held.clone();
         let mut heads = vec![0; candidates.len()];
         tentative.extend_matches(key, hashes, candidates, &mut matched, &mut heads);

@@ -92,9 +92,11 @@ impl<C: Candidate> Decision<C> {
             match self.engine.get(i).copied().flatten() {
                 Some(m) => tracing::debug!(
                     target: "scores",
-                    "  Pod: {}, Source: engine, Matched: {} tokens",
+                    "  Pod: {}, Source: {}, Matched: {} tokens, then {} blocks by the estimate",
                     e.label(),
-                    m.tokens
+                    self.match_source(i).as_str(),
+                    m.tokens,
+                    m.estimate_beyond
                 ),
                 None => tracing::debug!(target: "scores", "  Pod: {}, Source: estimate", e.label()),
             }

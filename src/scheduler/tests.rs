@@ -586,3 +586,75 @@ fn a_live_engine_view_outranks_the_estimate() {
     let half = d.engine[1].unwrap().blocks;
     assert!(half.abs_diff(blocks / 2) <= 1, "{half} of {blocks}");
 }
+
+/// Engine truth never knows less than the estimate: a pod whose engine holds every full block
+/// of the head known in tokens keeps the estimate's longer match past it (a document inside
+/// the last message, which no head covers), shown as `engine+estimate`; a pod whose engine
+/// lacks a block of the head is matched by its engine alone, whatever the estimate says.
+#[test]
+fn past_a_head_the_engine_holds_whole_the_estimate_extends_the_match() {
+    use crate::engine_view::EngineView;
+    let mut config = SchedulerConfig::default();
+    config.apply_affinity(Some(AffinityConfig::default()));
+    let s = Scheduler::new(config, 5, 1);
+    let pods: Vec<Arc<Pod>> = (0..3)
+        .map(|i| {
+            let address = SocketAddr::from(([10, 0, 0, i as u8 + 1], 8000));
+            let view = EngineView::new(1 << 16);
+            view.set_live(true);
+            Arc::new(Pod {
+                handle: s.prefix_cache().index().add_pod(),
+                label: format!("default/pod-{i}"),
+                labels: Default::default(),
+                stats: EngineStats::default(),
+                recent: RecentPicks::default(),
+                rendezvous: rendezvous_key(&address),
+                engine: Some(view),
+            })
+        })
+        .collect();
+    // The head: an instruction block every engine holds; past it, a document sent to pod 1
+    // alone (the estimate), inside the same message.
+    let instruction = "Answer from the document below. ".repeat(16);
+    let prompt = format!("{instruction}{}", "A long document line. ".repeat(60));
+    let tokens: Vec<u32> = (0..128).collect();
+    let tokens: &'static [u32] = tokens.leak();
+    let engine_hashes: Vec<u64> = (1..=8).collect();
+    for p in &pods[..2] {
+        p.engine
+            .as_ref()
+            .unwrap()
+            .store(None, &engine_hashes, tokens, 16);
+    }
+    // Pod 2's engine holds only the first half of the head.
+    pods[2]
+        .engine
+        .as_ref()
+        .unwrap()
+        .store(None, &engine_hashes[..4], tokens, 16);
+    let first = s.schedule(req(&prompt), pods.clone()).unwrap();
+    s.record("m", &first.hashes, &pods[1].handle);
+    s.record("m", &first.hashes, &pods[2].handle);
+    let mut r = req(&prompt);
+    r.engine_tokens = Some(EngineTokens {
+        tokens,
+        prompt_bytes: instruction.len(),
+    });
+    let d = s.schedule(r, pods.clone()).unwrap();
+    let all = d.hashes.len();
+    let head = d.engine[0].unwrap().blocks;
+    assert!(head > 0 && head < all, "{head} of {all}");
+    assert_eq!(d.primary().slot(), pods[1].slot(), "{:?}", d.engine);
+    assert_eq!(d.reason, DecisionReason::AffinityHit);
+    assert_eq!(d.match_source(1), MatchSource::Mixed);
+    assert_eq!(d.engine[1].unwrap().estimate_beyond, all - head);
+    assert_eq!(d.engine[1].unwrap().tokens, 128);
+    // Pod 0: the head, nothing past it: its engine's match.
+    assert_eq!(d.match_source(0), MatchSource::Engine);
+    // Pod 2: the estimate says all of it; its engine lacks half the head.
+    assert_eq!(d.match_source(2), MatchSource::Engine);
+    assert_eq!(d.engine[2].unwrap().tokens, 64);
+    // A head shorter than the prompt: no hold awaits the engine (the store of the head would
+    // end the hold's claim on the document, which the view cannot see).
+    assert_eq!(d.primary_last_block(), None);
+}

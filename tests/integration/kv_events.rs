@@ -117,16 +117,17 @@ impl Publisher {
         }
     }
 
-    /// Waits until a subscriber's subscription to `topic` reached the publisher.
-    async fn subscribed(&mut self, topic: &str) {
-        let want = format!("subscribed {}", hex(topic.as_bytes()));
+    /// Waits until a subscriber's subscription reached the publisher (subscribers take every
+    /// topic and read theirs).
+    async fn subscribed(&mut self) {
+        let want = "subscribed ";
         while self.line().await != want {}
     }
 
-    /// Waits until a new subscriber's subscription to `topic` reached the publisher and the
-    /// publisher answered its catch-up at connect (a replay from 0), in either order.
-    async fn subscribed_and_caught_up(&mut self, topic: &str) {
-        let want = format!("subscribed {}", hex(topic.as_bytes()));
+    /// Waits until a new subscriber's subscription reached the publisher and the publisher
+    /// answered its catch-up at connect (a replay from 0), in either order.
+    async fn subscribed_and_caught_up(&mut self) {
+        let want = "subscribed ";
         let (mut subscribed, mut replayed) = (false, false);
         while !(subscribed && replayed) {
             let line = self.line().await;
@@ -241,7 +242,7 @@ async fn gaps_are_replayed_or_reset_and_bad_messages_counted() {
     let mut publisher = Publisher::start(topic).await;
     let mut sub = Running::start(publisher.config(topic, true));
     assert_eq!(sub.next().await, Update::Connected);
-    publisher.subscribed_and_caught_up(topic).await;
+    publisher.subscribed_and_caught_up().await;
 
     publisher.run("pub 0").await;
     publisher.run("pub 1").await;
@@ -316,7 +317,7 @@ async fn without_replay_a_gap_resets_and_a_lost_connection_comes_back() {
     let mut publisher = Publisher::start(topic).await;
     let mut sub = Running::start(publisher.config(topic, false));
     assert_eq!(sub.next().await, Update::Connected);
-    publisher.subscribed(topic).await;
+    publisher.subscribed().await;
 
     publisher.run("pub 0").await;
     publisher.run("pub 2").await;
@@ -337,7 +338,7 @@ async fn without_replay_a_gap_resets_and_a_lost_connection_comes_back() {
     publisher.run("restart").await;
     assert_eq!(sub.next().await, Update::Disconnected);
     assert_eq!(sub.next().await, Update::Connected);
-    publisher.subscribed(topic).await;
+    publisher.subscribed().await;
     publisher.run("pub 5").await;
     assert_eq!(
         sub.next().await,
@@ -362,7 +363,7 @@ async fn replies_with_the_topic_fill_a_gap() {
     let mut publisher = Publisher::start_with_topic_in_replay(topic).await;
     let mut sub = Running::start(publisher.config(topic, true));
     assert_eq!(sub.next().await, Update::Connected);
-    publisher.subscribed_and_caught_up(topic).await;
+    publisher.subscribed_and_caught_up().await;
     publisher.run("pub 0").await;
     publisher.run("lose 1").await;
     publisher.run("lose 2").await;
@@ -392,7 +393,7 @@ async fn a_fresh_sequence_catches_up_from_the_replay_buffer() {
     for seq in 0..3 {
         sub.batch(seq).await;
     }
-    publisher.subscribed_and_caught_up(topic).await;
+    publisher.subscribed_and_caught_up().await;
     // A live batch the catch-up delivered already, then the next one.
     publisher.run("pub 2").await;
     publisher.run("pub 3").await;
@@ -406,7 +407,7 @@ async fn a_fresh_sequence_catches_up_from_the_replay_buffer() {
     publisher.run("restart").await;
     assert_eq!(sub.next().await, Update::Disconnected);
     assert_eq!(sub.next().await, Update::Connected);
-    publisher.subscribed(topic).await;
+    publisher.subscribed().await;
     publisher.run("lose 0").await;
     publisher.run("lose 1").await;
     publisher.run("pub 2").await;
@@ -427,7 +428,7 @@ async fn a_fresh_sequence_catches_up_from_the_replay_buffer() {
     publisher.run("restart").await;
     assert_eq!(sub.next().await, Update::Disconnected);
     assert_eq!(sub.next().await, Update::Connected);
-    publisher.subscribed(topic).await;
+    publisher.subscribed().await;
     for seq in 0..4 {
         publisher.run(&format!("lose {seq}")).await;
     }
@@ -450,7 +451,7 @@ async fn a_fresh_sequence_catches_up_from_the_replay_buffer() {
     publisher.run("restart").await;
     assert_eq!(sub.next().await, Update::Disconnected);
     assert_eq!(sub.next().await, Update::Connected);
-    publisher.subscribed(topic).await;
+    publisher.subscribed().await;
     publisher.run("lose 0").await;
     publisher.run("lose 2").await;
     publisher.run("pub 3").await;
@@ -481,7 +482,7 @@ async fn a_first_batch_is_preceded_by_what_the_buffer_holds() {
     let mut publisher = Publisher::start(topic).await;
     let mut sub = Running::start(publisher.config(topic, true));
     assert_eq!(sub.next().await, Update::Connected);
-    publisher.subscribed_and_caught_up(topic).await;
+    publisher.subscribed_and_caught_up().await;
     publisher.run("lose 0").await;
     publisher.run("lose 1").await;
     publisher.run("pub 2").await;
@@ -508,10 +509,45 @@ async fn a_replay_over_the_byte_limit_is_abandoned() {
     config.limits.max_replay_bytes = 400;
     let mut sub = Running::start(config);
     assert_eq!(sub.next().await, Update::Connected);
-    publisher.subscribed_and_caught_up(topic).await;
+    publisher.subscribed_and_caught_up().await;
     publisher.run("pub 4").await;
     sub.batch(4).await;
     assert_eq!(count(&sub.stats.replays), 2);
     assert_eq!(count(&sub.stats.replayed_batches), 0);
     sub.stop().await;
+}
+
+/// A subscriber with no topic configured (vLLM's default) reads the one topic its publisher
+/// sends on, in the catch-up's replies and live; one configured with another topic delivers
+/// nothing and counts each message it drops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_topic_reads_the_publishers_and_another_topic_delivers_nothing() {
+    let topic = "kv-events";
+    let mut publisher = Publisher::start_with_topic_in_replay(topic).await;
+    publisher.run("lose 0").await;
+    let mut sub = Running::start(publisher.config("", true));
+    assert_eq!(sub.next().await, Update::Connected);
+    sub.batch(0).await;
+    publisher.subscribed_and_caught_up().await;
+    publisher.run("pub 1").await;
+    sub.batch(1).await;
+    assert!(sub.stats.adopted_topic.load(Relaxed));
+    assert_eq!(count(&sub.stats.wrong_topic), 0);
+    sub.stop().await;
+
+    let mut other = Running::start(publisher.config("kv", true));
+    assert_eq!(other.next().await, Update::Connected);
+    publisher.subscribed().await;
+    publisher.run("pub 2").await;
+    publisher.run("pub 3").await;
+    tokio::time::timeout(DEADLINE, async {
+        while count(&other.stats.wrong_topic) < 2 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("both messages counted as on another topic");
+    assert!(other.updates.try_recv().is_err(), "nothing delivered");
+    assert!(!other.stats.adopted_topic.load(Relaxed));
+    other.stop().await;
 }

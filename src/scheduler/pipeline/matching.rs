@@ -41,15 +41,19 @@ impl Scheduler {
         let hashes = self.hashes_of(request, prompt);
         let slots: Vec<_> = candidates.iter().map(|e| e.slot()).collect();
         let t = Instant::now();
-        let engine = engine_match::matches(
+        let mut engine = engine_match::matches(
             candidates,
             request.engine_tokens,
             prompt.len(),
             hashes.len(),
         );
-        let scored =
-            self.prefix
-                .score_chained(request.model, &hashes, &slots, &self.tentative, &engine)?;
+        let scored = self.prefix.score_chained(
+            request.model,
+            &hashes,
+            &slots,
+            &self.tentative,
+            &mut engine,
+        )?;
         observations.push(Observation::PluginTime {
             plugin: ScorerKind::PrefixCache.as_str(),
             kind: PluginType::Score,

@@ -48,10 +48,29 @@ fn pod<'a>(e: &'a Value, pod: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("{pod} not explained: {e}"))
 }
 
-/// Waits until each of `sims` is matched by its events (its subscriber connected).
-async fn wait_live(picker: &Running, sims: &[&str]) {
+/// Waits until the picker is connected to each of `sims`' event publishers (a view is live
+/// from the first batch after that).
+async fn wait_connected(picker: &Running, sims: &[&str]) {
     for s in sims {
-        wait_metric_eq(picker, &view_series("live", s), 1.0).await;
+        let series = format!(
+            "prefix_picker_kv_events_connected{{model_server_namespace=\"default\",model_server_pod=\"{s}\"}}"
+        );
+        wait_metric_eq(picker, &series, 1.0).await;
+    }
+}
+
+/// Makes each of `sims`' views live: a request of its own sent to each sim directly (not
+/// through the picker), whose stored blocks are the view's first batch.
+async fn make_live(picker: &Running, sims: &[Sim]) {
+    for s in sims {
+        let warm = reqwest::Client::new()
+            .post(format!("http://{}/v1/chat/completions", s.addr))
+            .json(&chat(&format!("{} warms up. ", s.name).repeat(30), "hi"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(warm.status(), 200);
+        wait_metric_eq(picker, &view_series("live", &s.name), 1.0).await;
     }
 }
 
@@ -95,10 +114,12 @@ async fn an_evicted_prefix_stops_attracting_requests_at_once() {
     ];
     let picker = start_picker(engine_truth_config(&sims, "")).await;
     let envoy = start_envoy_for_sims(&picker, &sims).await;
-    wait_live(&picker, &["sim-0", "sim-1"]).await;
+    wait_connected(&picker, &["sim-0", "sim-1"]).await;
+    make_live(&picker, &sims).await;
     let system = "You are the support agent of tenant seven. Answer briefly. ".repeat(20);
     // The engine announced what it stored, and the tenant's head was tokenized by it.
-    let holder = first_request_held(&picker, &envoy, &chat(&system, "first question")).await;
+    let first = chat(&system, "first question");
+    let holder = first_request_held(&picker, &envoy, &first).await;
     let next = chat(&system, "second question");
     let e = explain(&picker, &next).await;
     assert_eq!(e["primary"], format!("default/{holder}"), "{e}");
@@ -115,9 +136,14 @@ async fn an_evicted_prefix_stops_attracting_requests_at_once() {
         .await
             >= 1.0
     );
-    // Both requests completed (their decision-time holds are gone: what follows is the
-    // engine's view alone). The first was held until its completion (its head not yet in the
-    // engine's tokens); the second's head was in the engine already: its engine confirmed it.
+    // The first request again: its whole prompt is in the engine's tokens, so its hold awaits
+    // the engine's store of it, which the engine holds already: confirmed at once. (A hold
+    // whose head is shorter than its prompt, as the second's, ends with its request: the
+    // engine's store of the head says nothing of the rest.)
+    let r = send(&envoy, "/v1/chat/completions", &first).await;
+    assert_eq!(r.served_by, holder);
+    // The requests completed (their decision-time holds are gone: what follows is the
+    // engine's view alone).
     wait_metric(
         &picker,
         "prefix_picker_tentative_records_total{outcome=\"confirmed\"}",
@@ -135,9 +161,10 @@ async fn an_evicted_prefix_stops_attracting_requests_at_once() {
     assert_eq!(pod(&e, &holder)["match"]["engine_tokens"], 0, "{e}");
     assert_eq!(pod(&e, &holder)["scores"]["prefix-cache"], 0, "{e}");
 
-    // Routed now, it is held until its engine stores the prefix again: the engine's event ends
-    // the hold, before the request completes. (Routed in process and sent to its sim directly,
-    // so the completion comes after the event, whatever the timing.)
+    // The first request, routed now, is held until its engine stores the prompt again: the
+    // engine's event ends the hold, before the request completes. (Routed in process and sent
+    // to its sim directly, so the completion comes after the event, whatever the timing.)
+    let third = first;
     let body = serde_json::to_vec(&third).unwrap();
     let routed = picker
         .router
@@ -211,7 +238,7 @@ async fn a_restarted_engine_loses_its_entries() {
     let picker = start_picker(config).await;
     let addrs: Vec<_> = sims.iter().map(|s| s.addr()).collect();
     let envoy = start_envoy_for_addrs(&picker, &addrs).await;
-    wait_live(&picker, &["sim-0", "sim-1"]).await;
+    wait_connected(&picker, &["sim-0", "sim-1"]).await;
     let system = "You are the archivist of tenant nine. Quote the records exactly. ".repeat(20);
     let first = send(&envoy, "/v1/chat/completions", &chat(&system, "q1")).await;
     assert_eq!(first.status, 200);
@@ -301,7 +328,7 @@ async fn a_picker_started_beside_a_warm_engine_holds_what_it_cached() {
     assert_eq!(warm.status(), 200);
     let picker = start_picker(engine_truth_config(&sims, "")).await;
     let envoy = start_envoy_for_sims(&picker, &sims).await;
-    wait_live(&picker, &["sim-0", "sim-1"]).await;
+    wait_connected(&picker, &["sim-0", "sim-1"]).await;
     // Its view holds the tenant's blocks, replayed at connect.
     wait_view(&picker, "sim-1", 4.0).await;
     assert_eq!(metric(&picker, &view_series("blocks", "sim-0")).await, 0.0);
@@ -339,7 +366,7 @@ async fn a_pod_with_prefix_caching_off_is_never_preferred() {
     ];
     let picker = start_picker(engine_truth_config(&sims, "")).await;
     let envoy = start_envoy_for_sims(&picker, &sims).await;
-    wait_live(&picker, &["sim-0", "sim-1"]).await;
+    wait_connected(&picker, &["sim-0", "sim-1"]).await;
     let system = "A long shared instruction block that every request carries. ".repeat(20);
     // Send until the caching pod holds the prefix (the first requests may land anywhere).
     let mut served = Vec::new();
@@ -396,7 +423,7 @@ async fn garbage_on_an_event_socket_leaves_routing_intact() {
     let sims = [Sim::start_with_events("sim-1", engine()).await];
     let picker = start_picker(engine_truth_config(&sims, &extra)).await;
     let envoy = start_envoy_for_addrs(&picker, &[plain.addr, sims[0].addr]).await;
-    wait_live(&picker, &["sim-1"]).await;
+    wait_connected(&picker, &["sim-1"]).await;
     for i in 0..8 {
         let r = send(
             &envoy,
@@ -442,7 +469,7 @@ async fn the_file_tokenizer_matches_by_the_engine_without_asking_the_pods() {
     assert!(config.warnings.is_empty(), "{:?}", config.warnings);
     let picker = start_picker(config).await;
     let envoy = start_envoy_for_sims(&picker, &sims).await;
-    wait_live(&picker, &["sim-0", "sim-1"]).await;
+    wait_connected(&picker, &["sim-0", "sim-1"]).await;
     let system =
         "You are the cartographer of tenant four. Name every ridge and valley. ".repeat(20);
     // Both heads (the tenant's system message, the whole prompt) tokenized in process.

@@ -7,6 +7,7 @@ mod body_modes;
 mod cli;
 mod completions;
 mod engine_truth;
+mod engine_truth_faults;
 mod failures;
 mod gie;
 mod health;

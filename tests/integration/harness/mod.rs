@@ -400,6 +400,15 @@ impl Sim {
     /// A sim publishing vLLM's KV events on loopback ports the system chose (and serving
     /// `/tokenize`).
     pub async fn start_with_events(name: &str, config: model_sim::engine::EngineConfig) -> Sim {
+        Sim::start_with_events_on(name, config, "").await
+    }
+
+    /// [`Sim::start_with_events`] publishing on `topic`.
+    pub async fn start_with_events_on(
+        name: &str,
+        config: model_sim::engine::EngineConfig,
+        topic: &str,
+    ) -> Sim {
         use model_sim::{engine::Engine, kv_events::KvEventsConfig};
         let config = model_sim::engine::EngineConfig {
             kv_events: KvEventsConfig {
@@ -407,6 +416,7 @@ impl Sim {
                 // vLLM's rule: an address with `*` is bound (the port the system chose).
                 endpoint: "tcp://*:0".into(),
                 replay_endpoint: Some("tcp://*:0".into()),
+                topic: topic.into(),
                 ..KvEventsConfig::default()
             },
             ..config
