@@ -1,5 +1,11 @@
 //! The simulated engine: admission (at most `max_num_seqs` running, the rest queue FIFO), the
-//! prefix KV cache, the latency model and the engine's Prometheus metrics.
+//! prefix KV cache, the latency model and the engine's Prometheus metrics. With
+//! `kv_admission: Vllm` admission also counts the blocks of running requests and a request
+//! whose answer needs a block none has free preempts the last started ([`crate::scheduler`]):
+//! [`Running::prefill`] and [`Running::decode`] then grow the request's KV block by block and
+//! wait out its preemptions; `vllm:num_preemptions_total`,
+//! `vllm:num_requests_waiting_by_reason{reason}`, `model_sim_requests_waiting{cause}` and
+//! `model_sim_admission_waits_total{cause}` are exported in that mode only.
 //!
 //! Latency model (defaults: a 7-8B model on one H100): `TTFT = overhead + uncached_tokens *
 //! prefill_per_token`, then `(output_tokens - 1) * inter_token_latency`; both slowed by
@@ -19,12 +25,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use prometheus::{Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, Opts, Registry};
+use prometheus::{
+    Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry,
+};
 use tokio::sync::Semaphore;
 
 use crate::kv_cache::{Admission, KvCache};
 use crate::kv_events::{KvEventPublisher, KvEventsConfig};
 use crate::pd::{PdConfig, PdMetrics};
+use crate::scheduler::{KvAdmission, Pass, ReqId, Scheduler, Shared, TooLarge, WaitCause};
 use crate::tokenizer::SimTokenizer;
 
 /// Which engine's metric names to expose.
@@ -53,6 +62,9 @@ pub struct EngineConfig {
     pub prefix_caching: bool,
     /// The built-in tokenizer, or `--tokenizer-json`'s.
     pub tokenizer: SimTokenizer,
+    /// `--kv-admission`: only slots limit running requests, or vLLM's KV-capacity admission
+    /// and preemption ([`crate::scheduler`]).
+    pub kv_admission: KvAdmission,
 }
 
 impl Default for EngineConfig {
@@ -70,6 +82,7 @@ impl Default for EngineConfig {
             kv_events: KvEventsConfig::default(),
             prefix_caching: true,
             tokenizer: SimTokenizer::Builtin,
+            kv_admission: KvAdmission::Slots,
         }
     }
 }
@@ -199,12 +212,96 @@ impl EngineMetrics {
     }
 }
 
+/// The series of vLLM admission (`--kv-admission vllm`): vLLM's preemption counter and
+/// waiting-by-reason gauge, and the simulator's own split of waits into their causes.
+#[derive(Debug, Clone)]
+struct AdmissionMetrics {
+    preemptions: IntCounter,
+    /// vLLM's `reason` label: `capacity` (every wait here) or `deferred` (none: no LoRA, no
+    /// KV transfer to wait for).
+    waiting_by_reason: GaugeVec,
+    /// Waiting requests by what keeps the queue's head waiting ([`WaitCause`]).
+    waiting_by_cause: GaugeVec,
+    /// Requests that waited at the queue's head, once per cause.
+    waits: IntCounterVec,
+}
+
+impl AdmissionMetrics {
+    fn register(registry: &Registry) -> AdmissionMetrics {
+        let preemptions = IntCounter::new(
+            "vllm:num_preemptions_total",
+            "Cumulative number of preemption from the engine.",
+        )
+        .expect("metric");
+        let waiting_by_reason = GaugeVec::new(
+            Opts::new(
+                "vllm:num_requests_waiting_by_reason",
+                "Number of waiting requests by reason: 'capacity' = waiting for scheduling \
+                 capacity; 'deferred' = deferred by transient constraints.",
+            ),
+            &["reason"],
+        )
+        .expect("metric");
+        let waiting_by_cause = GaugeVec::new(
+            Opts::new(
+                "model_sim_requests_waiting",
+                "Waiting requests by what keeps the queue's head from starting: max_num_seqs \
+                 (every running slot taken) or kv_cache (its blocks do not fit)",
+            ),
+            &["cause"],
+        )
+        .expect("metric");
+        let waits = IntCounterVec::new(
+            Opts::new(
+                "model_sim_admission_waits_total",
+                "Requests that waited at the head of the queue, by cause (once per cause)",
+            ),
+            &["cause"],
+        )
+        .expect("metric");
+        for reason in ["capacity", "deferred"] {
+            waiting_by_reason.with_label_values(&[reason]).set(0.0);
+        }
+        for cause in WaitCause::ALL {
+            waiting_by_cause
+                .with_label_values(&[cause.as_str()])
+                .set(0.0);
+            waits.with_label_values(&[cause.as_str()]).reset();
+        }
+        registry
+            .register(Box::new(preemptions.clone()))
+            .expect("unique");
+        registry
+            .register(Box::new(waiting_by_reason.clone()))
+            .expect("unique");
+        registry
+            .register(Box::new(waiting_by_cause.clone()))
+            .expect("unique");
+        registry.register(Box::new(waits.clone())).expect("unique");
+        AdmissionMetrics {
+            preemptions,
+            waiting_by_reason,
+            waiting_by_cause,
+            waits,
+        }
+    }
+}
+
+/// vLLM admission's state: the scheduler (locked before the cache) and its series.
+#[derive(Debug)]
+struct VllmAdmission {
+    scheduler: Mutex<Scheduler>,
+    metrics: AdmissionMetrics,
+}
+
 /// One simulated engine (one pod).
 #[derive(Debug)]
 pub struct Engine {
     config: EngineConfig,
     kv: Mutex<KvCache>,
     slots: Arc<Semaphore>,
+    /// `--kv-admission vllm` only.
+    vllm: Option<VllmAdmission>,
     metrics: EngineMetrics,
     pd: Option<PdMetrics>,
     events: Option<KvEventPublisher>,
@@ -217,11 +314,84 @@ pub struct Engine {
 #[derive(Debug)]
 pub struct Running {
     engine: Arc<Engine>,
+    /// Under vLLM admission the scheduler holds the blocks (`pinned` is empty here).
     admission: Admission,
     /// Prompt tokens received from a prefill peer (the ones the local cache lacked).
     received_tokens: usize,
-    _slot: tokio::sync::OwnedSemaphorePermit,
+    hold: Hold,
 }
+
+/// What a running request holds.
+#[derive(Debug)]
+enum Hold {
+    /// A running slot (`--kv-admission slots`); its blocks are `Running::admission`'s.
+    Slot {
+        _permit: tokio::sync::OwnedSemaphorePermit,
+    },
+    /// A place in vLLM's scheduler.
+    Vllm(Scheduled),
+}
+
+/// A request in the vLLM scheduler, as its task follows it.
+#[derive(Debug)]
+struct Scheduled {
+    ticket: Ticket,
+    shared: Arc<Shared>,
+    /// Preemptions already seen (a larger count in `shared`: preempted since).
+    seen: u32,
+    /// Output tokens produced.
+    emitted: usize,
+    /// Decode steps of the answer and its tokens as the cache counts them (set with the
+    /// answer): the KV grows from the prompt's tokens to the prompt's and the answer's over the
+    /// steps.
+    steps: usize,
+    answer_tokens: usize,
+    /// Tokens the KV was last grown to.
+    covered: usize,
+}
+
+impl Scheduled {
+    /// Tokens the KV must hold to produce the next token after `emitted`.
+    fn kv_tokens(&self, prompt: usize, emitted: usize) -> usize {
+        if self.steps == 0 {
+            return prompt;
+        }
+        prompt + emitted.min(self.steps) * self.answer_tokens / self.steps
+    }
+}
+
+/// A request's place in the vLLM scheduler: leaves it when dropped (answered, or the client
+/// left while it waited or ran).
+#[derive(Debug)]
+struct Ticket {
+    engine: Arc<Engine>,
+    id: ReqId,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.engine.finish(self.id);
+    }
+}
+
+/// A prompt that could never start: its blocks exceed the KV cache (vLLM admission).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptTooLarge {
+    pub prompt_tokens: usize,
+    pub capacity_tokens: usize,
+}
+
+impl std::fmt::Display for PromptTooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the prompt's {} tokens exceed the KV cache's capacity of {} tokens",
+            self.prompt_tokens, self.capacity_tokens
+        )
+    }
+}
+
+impl std::error::Error for PromptTooLarge {}
 
 impl Running {
     pub fn admission(&self) -> &Admission {
@@ -259,9 +429,142 @@ impl Running {
         self.engine.scaled(self.engine.config.inter_token_latency)
     }
 
+    /// Waits out the prefill (the time to the first token). Under vLLM admission a preemption
+    /// meanwhile sends the request back to the queue; it prefills again once resumed.
+    pub async fn prefill(&mut self) {
+        match &self.hold {
+            Hold::Slot { .. } => pause(self.ttft()).await,
+            Hold::Vllm(_) => self.run_vllm(1).await,
+        }
+    }
+
+    /// Waits out `tokens` more output tokens. Under vLLM admission the request's KV grows as
+    /// they are computed, which may preempt it or others ([`crate::scheduler`]); a preempted
+    /// request waits to resume, recomputes, and goes on.
+    pub async fn decode(&mut self, tokens: usize) {
+        match &self.hold {
+            Hold::Slot { .. } => pause(self.inter_token() * tokens as u32).await,
+            Hold::Vllm(_) => self.run_vllm(tokens).await,
+        }
+    }
+
+    /// Produces `tokens` output tokens under vLLM admission.
+    async fn run_vllm(&mut self, mut tokens: usize) {
+        let prompt = self.admission.prompt_tokens;
+        let block = self.engine.config.block_tokens.max(1);
+        while tokens > 0 {
+            let Hold::Vllm(v) = &self.hold else {
+                return;
+            };
+            if v.shared.preemptions() != v.seen {
+                self.resume().await;
+                tokens -= 1;
+                continue;
+            }
+            if v.emitted == 0 {
+                let ttft = self.ttft();
+                let Hold::Vllm(v) = &mut self.hold else {
+                    return;
+                };
+                if sleep_unless_preempted(&v.shared, v.seen, ttft)
+                    .await
+                    .is_ok()
+                {
+                    v.emitted = 1;
+                    tokens -= 1;
+                }
+                continue;
+            }
+            let need = v.kv_tokens(prompt, v.emitted);
+            if need.div_ceil(block) > v.covered.div_ceil(block) {
+                let id = v.ticket.id;
+                let grown = self.engine.grow(id, need);
+                let Hold::Vllm(v) = &mut self.hold else {
+                    return;
+                };
+                v.covered = need;
+                if !grown {
+                    continue;
+                }
+            }
+            let Hold::Vllm(v) = &self.hold else {
+                return;
+            };
+            // The tokens up to the next block: one sleep.
+            let mut run = 1;
+            while run < tokens
+                && v.kv_tokens(prompt, v.emitted + run).div_ceil(block) <= v.covered.div_ceil(block)
+            {
+                run += 1;
+            }
+            let itl = self.inter_token();
+            let Hold::Vllm(v) = &mut self.hold else {
+                return;
+            };
+            let done = match sleep_unless_preempted(&v.shared, v.seen, itl * run as u32).await {
+                Ok(()) => run,
+                Err(elapsed) => {
+                    (elapsed.as_secs_f64() / itl.as_secs_f64().max(1e-12)).floor() as usize
+                }
+            }
+            .min(run);
+            v.emitted += done;
+            tokens -= done;
+        }
+    }
+
+    /// A preempted request: waits to run again, then recomputes its prompt and the answer so
+    /// far (less what the prefix cache still holds), which produces its next token.
+    async fn resume(&mut self) {
+        let prompt = self.admission.prompt_tokens;
+        loop {
+            let Hold::Vllm(v) = &mut self.hold else {
+                return;
+            };
+            loop {
+                v.seen = v.shared.preemptions();
+                if v.shared.running() {
+                    break;
+                }
+                v.shared.wake.notified().await;
+            }
+            let uncached = v
+                .kv_tokens(prompt, v.emitted)
+                .saturating_sub(v.shared.cached_tokens());
+            let c = &self.engine.config;
+            let recompute = self
+                .engine
+                .scaled(c.overhead + c.prefill_per_token * uncached as u32);
+            let Hold::Vllm(v) = &mut self.hold else {
+                return;
+            };
+            if sleep_unless_preempted(&v.shared, v.seen, recompute)
+                .await
+                .is_ok()
+            {
+                v.emitted += 1;
+                return;
+            }
+        }
+    }
+
     /// Caches the blocks `output` fills after `prompt` ([`KvCache::admit_output`]), held until
-    /// the request ends.
-    pub fn hold_output(&mut self, model: &str, prompt: &str, output: &str) {
+    /// the request ends. Under vLLM admission they are taken as the answer's `steps` decode
+    /// steps compute them ([`Running::decode`]).
+    pub fn hold_output(&mut self, model: &str, prompt: &str, output: &str, steps: usize) {
+        if let Hold::Vllm(v) = &mut self.hold {
+            let blocks =
+                self.engine
+                    .kv
+                    .lock()
+                    .answer_blocks(model, prompt.as_bytes(), output.as_bytes());
+            v.steps = steps;
+            v.answer_tokens = blocks.tokens.saturating_sub(self.admission.prompt_tokens);
+            if let Some(a) = &self.engine.vllm {
+                a.scheduler.lock().set_blocks(v.ticket.id, blocks);
+            }
+            return;
+        }
         let mut kv = self.engine.kv.lock();
         kv.admit_output(
             model,
@@ -298,8 +601,37 @@ impl Drop for Queued<'_> {
     }
 }
 
+/// Sleeps `d` unless the request is preempted meanwhile (its preemption count passes
+/// `seen`); then the time slept. Delays too short to sleep ([`pause`]) only check.
+async fn sleep_unless_preempted(shared: &Shared, seen: u32, d: Duration) -> Result<(), Duration> {
+    if d < Duration::from_micros(50) {
+        return if shared.preemptions() == seen {
+            Ok(())
+        } else {
+            Err(Duration::ZERO)
+        };
+    }
+    let start = tokio::time::Instant::now();
+    let sleep = tokio::time::sleep(d);
+    tokio::pin!(sleep);
+    loop {
+        tokio::select! {
+            _ = &mut sleep => return Ok(()),
+            _ = shared.wake.notified() => {
+                if shared.preemptions() != seen {
+                    return Err(start.elapsed());
+                }
+            }
+        }
+    }
+}
+
 impl Drop for Running {
     fn drop(&mut self) {
+        if matches!(self.hold, Hold::Vllm(_)) {
+            // The ticket leaves the scheduler.
+            return;
+        }
         let mut kv = self.engine.kv.lock();
         kv.release(&self.admission.pinned);
         self.engine.metrics.kv_usage.set(kv.usage());
@@ -333,6 +665,10 @@ impl Engine {
         let registry = Registry::new();
         let metrics = EngineMetrics::register(&registry, &config);
         let pd = PdMetrics::register(&registry, &config.pd);
+        let vllm = (config.kv_admission == KvAdmission::Vllm).then(|| VllmAdmission {
+            scheduler: Mutex::new(Scheduler::new(config.max_num_seqs)),
+            metrics: AdmissionMetrics::register(&registry),
+        });
         let mut kv = KvCache::new(config.block_tokens, config.kv_blocks)
             .with_tokenizer(config.tokenizer.clone());
         if events.is_some() {
@@ -346,6 +682,7 @@ impl Engine {
             events,
             kv: Mutex::new(kv),
             slots: Arc::new(Semaphore::new(config.max_num_seqs.max(1))),
+            vllm,
             metrics,
             tokenize_requests: AtomicU64::new(0),
             registry,
@@ -397,35 +734,35 @@ impl Engine {
         self.pd.as_ref()
     }
 
-    /// Waits for a slot (queueing beyond `max_num_seqs`), then admits the prompt.
+    /// Waits for a slot (queueing beyond `max_num_seqs`), then admits the prompt. Panics when
+    /// vLLM admission could never start it ([`Engine::request`] answers instead).
     pub async fn admit(self: &Arc<Self>, model: &str, prompt: &[u8]) -> Running {
-        self.admit_from(model, prompt, false).await
+        self.request(model, prompt, false)
+            .await
+            .expect("the prompt fits the KV cache")
     }
 
     /// [`Engine::admit`] for a prompt a prefill peer computed: its blocks enter the cache as
     /// usual; the tokens the cache lacked are received (counted in the external counters, not
     /// as prefix cache queries: they are not prefilled here).
     pub async fn admit_received(self: &Arc<Self>, model: &str, prompt: &[u8]) -> Running {
-        self.admit_from(model, prompt, true).await
+        self.request(model, prompt, true)
+            .await
+            .expect("the prompt fits the KV cache")
     }
 
-    async fn admit_from(self: &Arc<Self>, model: &str, prompt: &[u8], received: bool) -> Running {
-        // Counted while queued, also when the client hangs up and this future is dropped.
-        let queued = Queued::new(&self.metrics.waiting);
-        let slot = self
-            .slots
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("never closed");
-        drop(queued);
-        self.metrics.running.inc();
-        let admission = {
-            let mut kv = self.kv.lock();
-            let a = kv.admit(model, prompt);
-            self.metrics.kv_usage.set(kv.usage());
-            self.publish(&mut kv);
-            a
+    /// Queues a prompt (`received`: computed by a prefill peer, [`Engine::admit_received`])
+    /// until it may run: a slot is free, and under vLLM admission its blocks fit
+    /// ([`crate::scheduler`]), which refuses a prompt larger than the cache.
+    pub async fn request(
+        self: &Arc<Self>,
+        model: &str,
+        prompt: &[u8],
+        received: bool,
+    ) -> Result<Running, PromptTooLarge> {
+        let (admission, hold) = match &self.vllm {
+            Some(_) => self.schedule(model, prompt).await?,
+            None => self.take_slot(model, prompt).await,
         };
         let cached = admission.cached_tokens as u64;
         let received_tokens = match (received, &self.pd) {
@@ -444,12 +781,142 @@ impl Engine {
             }
         };
         self.metrics.hits.inc_by(cached);
-        Running {
+        Ok(Running {
             engine: self.clone(),
             admission,
             received_tokens,
-            _slot: slot,
+            hold,
+        })
+    }
+
+    /// Waits for a slot, then admits the prompt to the cache (`--kv-admission slots`).
+    async fn take_slot(self: &Arc<Self>, model: &str, prompt: &[u8]) -> (Admission, Hold) {
+        // Counted while queued, also when the client hangs up and this future is dropped.
+        let queued = Queued::new(&self.metrics.waiting);
+        let slot = self
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("never closed");
+        drop(queued);
+        self.metrics.running.inc();
+        let mut kv = self.kv.lock();
+        let a = kv.admit(model, prompt);
+        self.metrics.kv_usage.set(kv.usage());
+        self.publish(&mut kv);
+        (a, Hold::Slot { _permit: slot })
+    }
+
+    /// Queues the prompt in vLLM's scheduler and waits until it starts.
+    async fn schedule(
+        self: &Arc<Self>,
+        model: &str,
+        prompt: &[u8],
+    ) -> Result<(Admission, Hold), PromptTooLarge> {
+        let a = self.vllm.as_ref().expect("vLLM admission");
+        let blocks = self.kv.lock().prompt_blocks(model, prompt);
+        let prompt_tokens = blocks.tokens;
+        let (id, shared) = {
+            let mut scheduler = a.scheduler.lock();
+            let mut kv = self.kv.lock();
+            let (id, shared, pass) = scheduler.submit(&mut kv, blocks).map_err(|e| {
+                let TooLarge { capacity, .. } = e;
+                PromptTooLarge {
+                    prompt_tokens,
+                    capacity_tokens: capacity * kv.block_tokens(),
+                }
+            })?;
+            self.after(&scheduler, &mut kv, &pass);
+            (id, shared)
+        };
+        // From here on, dropping the ticket (the client left) takes the request out.
+        let ticket = Ticket {
+            engine: self.clone(),
+            id,
+        };
+        let seen = loop {
+            let seen = shared.preemptions();
+            if shared.running() {
+                break seen;
+            }
+            shared.wake.notified().await;
+        };
+        let admission = Admission {
+            prompt_tokens,
+            cached_tokens: shared.cached_tokens(),
+            pinned: Vec::new(),
+            tail: 0,
+        };
+        let scheduled = Scheduled {
+            ticket,
+            shared,
+            seen,
+            emitted: 0,
+            steps: 0,
+            answer_tokens: 0,
+            covered: prompt_tokens,
+        };
+        Ok((admission, Hold::Vllm(scheduled)))
+    }
+
+    /// A running request's KV must hold `tokens` tokens (vLLM admission); `false` when it was
+    /// preempted instead.
+    fn grow(&self, id: ReqId, tokens: usize) -> bool {
+        let Some(a) = &self.vllm else {
+            return true;
+        };
+        let mut scheduler = a.scheduler.lock();
+        let mut kv = self.kv.lock();
+        let (grown, pass) = scheduler.grow(&mut kv, id, tokens);
+        self.after(&scheduler, &mut kv, &pass);
+        grown
+    }
+
+    /// A request left vLLM's scheduler (answered or abandoned).
+    fn finish(&self, id: ReqId) {
+        let Some(a) = &self.vllm else {
+            return;
+        };
+        let mut scheduler = a.scheduler.lock();
+        let mut kv = self.kv.lock();
+        let pass = scheduler.finish(&mut kv, id);
+        self.after(&scheduler, &mut kv, &pass);
+    }
+
+    /// The series after a scheduling pass, and the cache's events; under both locks.
+    fn after(&self, scheduler: &Scheduler, kv: &mut KvCache, pass: &Pass) {
+        let Some(a) = &self.vllm else {
+            return;
+        };
+        let m = &a.metrics;
+        self.metrics.running.set(scheduler.running() as f64);
+        let waiting = scheduler.waiting() as f64;
+        self.metrics.waiting.set(waiting);
+        m.waiting_by_reason
+            .with_label_values(&["capacity"])
+            .set(waiting);
+        let blocked = scheduler.blocked();
+        for cause in WaitCause::ALL {
+            let n = if blocked == Some(cause) { waiting } else { 0.0 };
+            m.waiting_by_cause
+                .with_label_values(&[cause.as_str()])
+                .set(n);
+            let waits = pass.waits[cause as usize];
+            if waits > 0 {
+                m.waits.with_label_values(&[cause.as_str()]).inc_by(waits);
+            }
         }
+        m.preemptions.inc_by(pass.preempted);
+        self.metrics.kv_usage.set(kv.usage());
+        self.publish(kv);
+    }
+
+    /// Preemptions so far (vLLM admission; 0 otherwise).
+    pub fn preemptions(&self) -> u64 {
+        self.vllm
+            .as_ref()
+            .map_or(0, |a| a.metrics.preemptions.get())
     }
 
     pub fn running(&self) -> usize {

@@ -9,7 +9,9 @@
 //! simulator's own hash, not the router's). A request's cached tokens = the longest run of its
 //! leading blocks already present. Admission pins every block of the prompt (allocating missing
 //! ones, evicting free blocks LRU); when no free block is left the rest of the prompt is simply
-//! not cached (vLLM would preempt). Release unpins; a block with no users stays cached until
+//! not cached. Under `--kv-admission vllm` ([`crate::scheduler`]) the scheduler admits a request
+//! only when all its blocks fit ([`KvCache::allocate`]: full blocks hashed, the partial last one
+//! held unhashed until filled) and preempts to grow one, as vLLM does. Release unpins; a block with no users stays cached until
 //! evicted. `usage` = pinned blocks / capacity (`vllm:kv_cache_usage_perc`). A request's
 //! answer continues its chain ([`KvCache::admit_output`]): the prompt's tokens then the
 //! answer's, full blocks pinned with the request and cached after it, as in vLLM.
@@ -74,6 +76,9 @@ pub struct Admission {
     pub cached_tokens: usize,
     /// Blocks pinned for the request (release them when it ends).
     pub pinned: Vec<KvBlock>,
+    /// Blocks held after `pinned` that are not full yet, so not hashed (vLLM admission only,
+    /// [`KvCache::allocate`]; 0 otherwise).
+    pub tail: usize,
 }
 
 #[derive(Debug)]
@@ -83,7 +88,11 @@ pub struct KvCache {
     blocks: HashMap<KvBlock, Block>,
     free: BTreeMap<u64, KvBlock>,
     clock: u64,
+    /// Blocks in use by running requests: hashed ones pinned, plus `unhashed`.
     pinned: usize,
+    /// Blocks held by running requests but not hashed (their tokens do not fill them yet, or
+    /// prefix caching is off); vLLM admission only ([`KvCache::allocate`]).
+    unhashed: usize,
     /// `None` unless events are recorded.
     events: Option<Vec<KvEvent>>,
     prefix_caching: bool,
@@ -101,6 +110,7 @@ impl KvCache {
             free: BTreeMap::new(),
             clock: 0,
             pinned: 0,
+            unhashed: 0,
             events: None,
             prefix_caching: true,
             next_private: 0,
@@ -279,12 +289,7 @@ impl KvCache {
         output: &[u8],
         admission: &mut Admission,
     ) {
-        let mut text = Vec::with_capacity(prompt.len() + output.len());
-        text.extend_from_slice(prompt);
-        text.extend_from_slice(output);
-        let mut tokens = self.tokenizer.tokens(prompt);
-        tokens.append(self.tokenizer.tokens(output), prompt.len());
-        let all = self.cut_tokens(model, &text, &tokens, self.events.is_some());
+        let all = self.answer_blocks(model, prompt, output);
         let held = admission.pinned.len();
         if held < admission.prompt_tokens / self.block_tokens || held >= all.hashes.len() {
             return;
@@ -313,6 +318,17 @@ impl KvCache {
             admission.pinned.push(h);
         }
         self.report_stored(&all, &mut run, all.hashes.len());
+    }
+
+    /// The blocks of `prompt` followed by `output`, each tokenized on its own (as an engine
+    /// appends generated tokens), with token ids when the cache records events.
+    pub fn answer_blocks(&self, model: &str, prompt: &[u8], output: &[u8]) -> PromptBlocks {
+        let mut text = Vec::with_capacity(prompt.len() + output.len());
+        text.extend_from_slice(prompt);
+        text.extend_from_slice(output);
+        let mut tokens = self.tokenizer.tokens(prompt);
+        tokens.append(self.tokenizer.tokens(output), prompt.len());
+        self.cut_tokens(model, &text, &tokens, self.events.is_some())
     }
 
     /// Looks up and pins a prompt's blocks.
@@ -359,6 +375,7 @@ impl KvCache {
             prompt_tokens: prompt.tokens,
             cached_tokens: hit * self.block_tokens,
             pinned,
+            tail: 0,
         }
     }
 
@@ -379,7 +396,9 @@ impl KvCache {
     /// Prefix caching off: fresh blocks only this request uses, as many as the cache has free.
     fn admit_private(&mut self, prompt: &PromptBlocks) -> Admission {
         let mut pinned = Vec::with_capacity(prompt.hashes.len());
-        while pinned.len() < prompt.hashes.len() && self.blocks.len() < self.capacity {
+        while pinned.len() < prompt.hashes.len()
+            && self.blocks.len() + self.unhashed < self.capacity
+        {
             self.next_private += 1;
             let h = KvBlock(self.next_private);
             self.blocks.insert(
@@ -396,6 +415,7 @@ impl KvCache {
             prompt_tokens: prompt.tokens,
             cached_tokens: 0,
             pinned,
+            tail: 0,
         }
     }
 
@@ -426,14 +446,8 @@ impl KvCache {
             b.pins += 1;
             return Pin::Found;
         }
-        if self.blocks.len() >= self.capacity {
-            let Some((_, victim)) = self.free.pop_first() else {
-                return Pin::Full;
-            };
-            self.blocks.remove(&victim);
-            if let Some(events) = &mut self.events {
-                events.push(KvEvent::Removed(victim));
-            }
+        if !self.make_room() {
+            return Pin::Full;
         }
         self.blocks.insert(
             h,
@@ -444,6 +458,127 @@ impl KvCache {
         );
         self.pinned += 1;
         Pin::New
+    }
+}
+
+impl KvCache {
+    /// Frees a slot for a new block when the cache is full, evicting the least recently freed
+    /// block; `false` when every block is in use.
+    fn make_room(&mut self) -> bool {
+        if self.blocks.len() + self.unhashed < self.capacity {
+            return true;
+        }
+        let Some((_, victim)) = self.free.pop_first() else {
+            return false;
+        };
+        self.blocks.remove(&victim);
+        if let Some(events) = &mut self.events {
+            events.push(KvEvent::Removed(victim));
+        }
+        true
+    }
+
+    /// Blocks not used by a running request: empty or cached and evictable (vLLM's
+    /// `BlockPool.get_num_free_blocks`, whose free queue holds both).
+    pub fn free_blocks(&self) -> usize {
+        self.capacity.saturating_sub(self.pinned)
+    }
+
+    /// Leading blocks of `hashes` in the cache (0 with prefix caching off).
+    pub fn hits(&self, hashes: &[KvBlock]) -> usize {
+        if !self.prefix_caching {
+            return 0;
+        }
+        hashes
+            .iter()
+            .take_while(|h| self.blocks.contains_key(h))
+            .count()
+    }
+
+    /// The free blocks `held` must take to cover `tokens` tokens of `blocks` (vLLM's
+    /// `get_num_blocks_to_allocate`): every block it lacks, except those a running request
+    /// already holds (an evictable cached block leaves the free pool when it is reused, so it
+    /// counts).
+    pub fn blocks_to_allocate(
+        &self,
+        blocks: &PromptBlocks,
+        tokens: usize,
+        held: &Admission,
+    ) -> usize {
+        let target = tokens.div_ceil(self.block_tokens).min(self.capacity);
+        let have = held.pinned.len() + held.tail;
+        if target <= have {
+            return 0;
+        }
+        let full = (tokens / self.block_tokens).min(blocks.hashes.len());
+        let shared = if self.prefix_caching && full > held.pinned.len() {
+            blocks.hashes[held.pinned.len()..full]
+                .iter()
+                .filter(|h| self.blocks.get(h).is_some_and(|b| b.pins > 0))
+                .count()
+        } else {
+            0
+        };
+        (target - have).saturating_sub(shared)
+    }
+
+    /// vLLM admission: grows `held` to cover `tokens` tokens of `blocks`, all or nothing
+    /// (vLLM's `KVCacheManager.allocate_slots`, `None` when the free pool is short). Full
+    /// blocks are hashed and cached (found ones shared), the last partial one is held unhashed
+    /// until its tokens fill it; with prefix caching off every block is private and unhashed.
+    /// At most `capacity` blocks: a request alone always fits. `false` (nothing changed) when
+    /// the free and evictable blocks are too few.
+    pub fn allocate(&mut self, blocks: &PromptBlocks, tokens: usize, held: &mut Admission) -> bool {
+        if self.blocks_to_allocate(blocks, tokens, held) > self.free_blocks() {
+            return false;
+        }
+        let target = tokens.div_ceil(self.block_tokens).min(self.capacity);
+        let full = if self.prefix_caching {
+            (tokens / self.block_tokens)
+                .min(blocks.hashes.len())
+                .min(target)
+        } else {
+            0
+        };
+        let mut run = None;
+        for i in held.pinned.len()..full {
+            if held.tail > 0 {
+                // The block now full was held unhashed: it becomes this hash.
+                held.tail -= 1;
+                self.unhashed -= 1;
+                self.pinned -= 1;
+            }
+            match self.pin(blocks.hashes[i]) {
+                Pin::Found => self.report_stored(blocks, &mut run, i),
+                Pin::New => {
+                    run.get_or_insert(i);
+                }
+                Pin::Full => unreachable!("room was checked"),
+            }
+            held.pinned.push(blocks.hashes[i]);
+        }
+        let end = held.pinned.len();
+        self.report_stored(blocks, &mut run, end);
+        while held.pinned.len() + held.tail < target {
+            let room = self.make_room();
+            debug_assert!(room, "room was checked");
+            self.unhashed += 1;
+            self.pinned += 1;
+            held.tail += 1;
+        }
+        true
+    }
+
+    /// vLLM admission: frees a request's blocks, the last first (vLLM's `KVCacheManager.free`,
+    /// so a prompt's tail is evicted before its shared head); unhashed ones are dropped.
+    pub fn free(&mut self, held: &mut Admission) {
+        self.unhashed -= held.tail;
+        self.pinned -= held.tail;
+        held.tail = 0;
+        let pinned = std::mem::take(&mut held.pinned);
+        for h in pinned.iter().rev() {
+            self.release(std::slice::from_ref(h));
+        }
     }
 }
 

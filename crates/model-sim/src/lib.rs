@@ -6,6 +6,7 @@ pub mod engine;
 pub mod kv_cache;
 pub mod kv_events;
 pub mod pd;
+pub mod scheduler;
 pub mod server;
 #[cfg(test)]
 mod tests;

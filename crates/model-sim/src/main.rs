@@ -8,6 +8,7 @@ use clap::Parser;
 use model_sim::engine::{Engine, EngineConfig, EngineKind};
 use model_sim::kv_events::KvEventsConfig;
 use model_sim::pd::{self, PdConfig, Role};
+use model_sim::scheduler::KvAdmission;
 use model_sim::server::{SimConfig, app};
 
 #[derive(Debug, Parser)]
@@ -79,6 +80,12 @@ struct Args {
     /// and the KV events) instead of the built-in tokenizer.
     #[arg(long, value_name = "PATH")]
     tokenizer_json: Option<std::path::PathBuf>,
+    /// How requests are admitted to the KV cache: `slots` (only `--max-num-seqs` limits them;
+    /// a prompt's blocks that do not fit are not cached) or `vllm` (vLLM's scheduler: a request
+    /// waits until its blocks fit, a running one that needs a block none has free preempts the
+    /// last started, which recomputes later).
+    #[arg(long, value_enum, default_value_t = KvAdmission::Slots)]
+    kv_admission: KvAdmission,
     /// Writes the default `tokenizer.json` and a `tokenizer_config.json` with the sim's chat
     /// template into DIR, then exits (run the sims with `--tokenizer-json DIR/tokenizer.json`
     /// and point the picker's `file` tokenizer source at it).
@@ -133,6 +140,7 @@ async fn main() -> anyhow::Result<()> {
             kv_events: a.kv_events_config.unwrap_or_default(),
             prefix_caching: !a.no_enable_prefix_caching,
             tokenizer,
+            kv_admission: a.kv_admission,
         })
         .await?,
     );

@@ -26,7 +26,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
-use crate::engine::{Engine, EngineKind, Running, pause};
+use crate::engine::{Engine, EngineKind, Running};
 use crate::pd::{self, Outcome, Role};
 use prefix_picker::request::{Api, InferenceRequest};
 
@@ -312,12 +312,14 @@ async fn infer(State(s): State<Sim>, uri: Uri, headers: HeaderMap, body: Bytes) 
         .collect();
     // A decode engine's clock starts when the request reaches it, after the remote prefill.
     let started = Instant::now();
-    let running = if prefilled.is_some() {
-        s.engine
-            .admit_received(&request.model, prompt.as_bytes())
-            .await
-    } else {
-        s.engine.admit(&request.model, prompt.as_bytes()).await
+    let running = match s
+        .engine
+        .request(&request.model, prompt.as_bytes(), prefilled.is_some())
+        .await
+    {
+        Ok(running) => running,
+        // vLLM answers a prompt longer than it can hold with a 400 too.
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
     let generation = Generation {
         api,
@@ -385,7 +387,7 @@ impl Generation {
             }
         };
         self.running
-            .hold_output(&self.model, &self.prompt, &continuation);
+            .hold_output(&self.model, &self.prompt, &continuation, self.n_out);
     }
 
     fn usage(&self) -> Value {
@@ -403,12 +405,11 @@ impl Generation {
     }
 
     async fn complete(mut self) -> Value {
-        let ttft = self.running.ttft();
-        pause(ttft).await;
+        self.running.prefill().await;
         self.running.observe_ttft(self.started.elapsed());
         self.hold_output();
         let itl = self.running.inter_token();
-        pause(itl * (self.n_out as u32 - 1)).await;
+        self.running.decode(self.n_out - 1).await;
         for _ in 1..self.n_out {
             self.running.observe_itl(itl);
         }
@@ -476,12 +477,12 @@ impl Generation {
                 return Some((Ok(Bytes::from_static(b"data: [DONE]\n\n")), (g, done)));
             }
             if i == 0 {
-                pause(g.running.ttft()).await;
+                g.running.prefill().await;
                 g.running.observe_ttft(g.started.elapsed());
                 g.hold_output();
             } else {
                 let itl = g.running.inter_token();
-                pause(itl).await;
+                g.running.decode(1).await;
                 g.running.observe_itl(itl);
             }
             let word = g.words[i];

@@ -121,6 +121,44 @@ async fn vllm_cache_flags_from_the_command_line() {
     assert!(stderr.contains("unknown field"), "{stderr}");
 }
 
+/// `--kv-admission vllm` from the command line: a prompt the cache could never hold is refused,
+/// one that fits is answered, and the preemption series is exported.
+#[tokio::test]
+async fn vllm_kv_admission_from_the_command_line() {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_model-sim"));
+    let args = [
+        "--time-scale",
+        "1000",
+        "--kv-blocks",
+        "8",
+        "--kv-admission",
+        "vllm",
+    ]
+    .map(String::from);
+    let sim = testkit::start_sim(bin, "sim-0", &args).unwrap();
+    let client = reqwest::Client::new();
+    let url = format!("http://{}/v1/completions", sim.addr);
+    let send = |prompt: String| {
+        client
+            .post(&url)
+            .json(&serde_json::json!({"model": "m", "prompt": prompt, "max_tokens": 4}))
+            .send()
+    };
+    // 8 blocks of 16 tokens; a word is cut into tokens of at most 6 bytes.
+    assert_eq!(send("x".repeat(6 * 16 * 9)).await.unwrap().status(), 400);
+    assert!(send("hello".into()).await.unwrap().status().is_success());
+    let metrics = reqwest::get(format!("http://{}/metrics", sim.addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("vllm:num_preemptions_total 0"),
+        "{metrics}"
+    );
+}
+
 /// `testkit::Sim` as the bench's `engine-restarts` workload uses it: KV events on ports the sim
 /// bound itself, then a restart on the same HTTP and event ports with an empty cache and an
 /// event sequence from 0 again.
