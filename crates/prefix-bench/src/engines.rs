@@ -1,6 +1,6 @@
-//! The model-sims a suite row runs on: [`SIMS`] of them, their arguments ([`sim_args`]), which
-//! of them run without prefix caching, whether they publish KV events (and so can be restarted
-//! mid-run, [`restarts_mid_run`]).
+//! The model-sims a suite row runs on: [`SIMS`] of them, their arguments ([`sim_args`], and the
+//! [`EngineProfile`]'s), which of them run without prefix caching, whether they publish KV
+//! events (and so can be restarted mid-run, [`restarts_mid_run`]).
 
 use testkit::{Process, bin_dir};
 
@@ -24,6 +24,52 @@ pub fn sim_args(kv_blocks: usize, max_num_seqs: usize) -> Vec<String> {
     .iter()
     .map(|s| s.to_string())
     .collect()
+}
+
+/// How the suite's engines schedule (`suite --engine-profile`).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum EngineProfile {
+    /// model-sim's defaults: only `--max-num-seqs` limits running requests (every result so
+    /// far).
+    #[default]
+    Default,
+    /// vLLM's KV-capacity admission and preemption (`model-sim --kv-admission vllm`) on each
+    /// workload's own cache size: a request waits until its blocks fit, a running one that
+    /// needs a block none has free preempts the last started.
+    KvPressure,
+}
+
+impl EngineProfile {
+    /// The profile's model-sim arguments, after [`sim_args`].
+    pub fn sim_args(self) -> Vec<String> {
+        match self {
+            EngineProfile::Default => Vec::new(),
+            EngineProfile::KvPressure => vec!["--kv-admission".into(), "vllm".into()],
+        }
+    }
+
+    pub fn is_default(&self) -> bool {
+        *self == EngineProfile::Default
+    }
+
+    /// Its `--engine-profile` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineProfile::Default => "default",
+            EngineProfile::KvPressure => "kv-pressure",
+        }
+    }
 }
 
 /// The engines of a row.
@@ -150,6 +196,15 @@ pub fn restarts_mid_run(
 mod tests {
     use super::*;
     use crate::catalogue::CACHING_OFF_POD;
+
+    #[test]
+    fn the_default_profile_adds_no_argument_and_kv_pressure_asks_for_vllm_admission() {
+        assert!(EngineProfile::default().sim_args().is_empty());
+        assert_eq!(
+            EngineProfile::KvPressure.sim_args(),
+            ["--kv-admission", "vllm"]
+        );
+    }
 
     #[test]
     fn only_the_caching_off_pod_gets_the_flag() {

@@ -11,6 +11,7 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use super::driver::RunResult;
+use super::engines::EngineProfile;
 use super::report;
 
 /// A workload the suite did not run.
@@ -31,6 +32,9 @@ pub struct SuiteResults {
     /// The shipped-config rows' picker config, when `--config` replaced the shipped one.
     #[serde(default)]
     pub config: Option<PathBuf>,
+    /// How the engines scheduled (`--engine-profile`; absent: the default).
+    #[serde(default, skip_serializing_if = "EngineProfile::is_default")]
+    pub engine_profile: EngineProfile,
 }
 
 #[derive(Deserialize)]
@@ -59,6 +63,13 @@ impl SuiteResults {
     /// workloads skipped (a markdown list, empty when there is nothing to say).
     pub fn notes(&self) -> String {
         let mut out = String::new();
+        if self.engine_profile == EngineProfile::KvPressure {
+            out.push_str(
+                "- Engines: the `kv-pressure` profile (`model-sim --kv-admission vllm`: a request \
+                 waits until its KV blocks fit, a running one that needs a block none has free \
+                 preempts the last started).\n",
+            );
+        }
         if let Some(c) = &self.config {
             out.push_str(&format!(
                 "- The shipped-config rows ran with `{}` (`--config`).\n",
@@ -106,6 +117,7 @@ mod tests {
                 reason: "no file".into(),
             }],
             config: Some("mine.yaml".into()),
+            engine_profile: EngineProfile::Default,
         };
         let path = dir.path().join("suite.json");
         std::fs::write(&path, serde_json::to_string(&suite).unwrap()).unwrap();
@@ -126,6 +138,28 @@ mod tests {
         assert_eq!(old.runs[0].router, "b");
         assert!(old.skipped.is_empty() && old.config.is_none());
         assert!(old.markdown().starts_with("\n**w**"));
+    }
+
+    #[test]
+    fn a_kv_pressure_suite_says_so_and_a_default_one_writes_no_profile() {
+        let suite = SuiteResults {
+            runs: vec![run("a")],
+            engine_profile: EngineProfile::KvPressure,
+            ..SuiteResults::default()
+        };
+        let json = serde_json::to_string(&suite).unwrap();
+        assert!(json.contains(r#""engine_profile":"kv-pressure""#), "{json}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("suite.json");
+        std::fs::write(&path, json).unwrap();
+        let back = SuiteResults::read(&path).unwrap();
+        assert_eq!(back.engine_profile, EngineProfile::KvPressure);
+        assert!(
+            back.markdown()
+                .starts_with("- Engines: the `kv-pressure` profile")
+        );
+        let default = serde_json::to_string(&SuiteResults::default()).unwrap();
+        assert!(!default.contains("engine_profile"), "{default}");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use clap::Args;
 use prefix_bench::catalogue::{WorkloadSpec, default_trace, workloads};
 use prefix_bench::cluster::{Cluster, Setup, start_cluster_on};
 use prefix_bench::driver::{self, RunResult};
-use prefix_bench::engines::{EnginePlan, SIMS, restarts_mid_run, sim_args};
+use prefix_bench::engines::{EnginePlan, EngineProfile, SIMS, restarts_mid_run, sim_args};
 use prefix_bench::rows::{
     CAPPED_ORACLE_BUDGET, CAPPED_ORACLE_LOAD, EXT_PROC_FLOOR, capped_oracle_row, routers,
     without_refused_rows,
@@ -65,6 +65,12 @@ pub struct SuiteOpts {
     /// (the goal's load guard; default 1.3, issue 23's).
     #[arg(long, value_name = "X", default_value_t = CAPPED_ORACLE_LOAD, value_parser = oracle_load)]
     oracle_load: f64,
+    /// How the engines schedule: `default` (model-sim's defaults, every published result) or
+    /// `kv-pressure` (vLLM's KV-capacity admission and preemption, `model-sim --kv-admission
+    /// vllm`, on each workload's cache size). A `kv-pressure` suite writes `suite-kv-pressure*`
+    /// (`suite-quick-kv-pressure*` with `--quick`), beside the default's files.
+    #[arg(long, value_enum, default_value_t = EngineProfile::Default)]
+    engine_profile: EngineProfile,
     /// The Mooncake trace the `trace` workload replays. Default:
     /// `../shared/data/mooncake/synthetic_trace.jsonl` under `PREFIX_PICKER_ROOT`; when it is
     /// missing the workload is skipped, said on stderr and listed in the reports.
@@ -120,7 +126,8 @@ pub async fn run(opts: SuiteOpts) -> anyhow::Result<()> {
                     started.elapsed().as_secs_f64(),
                     w.name
                 );
-                let mut r = run_row(&plan, router, setup, reads_events).await?;
+                let mut r =
+                    run_row(&plan, router, setup, reads_events, opts.engine_profile).await?;
                 r.rep = rep;
                 results.push(r);
             }
@@ -130,6 +137,7 @@ pub async fn run(opts: SuiteOpts) -> anyhow::Result<()> {
         runs: results,
         skipped,
         config: opts.config,
+        engine_profile: opts.engine_profile,
     };
     write_reports(&suite, &opts.out, opts.quick, opts.samples)
 }
@@ -294,10 +302,13 @@ async fn run_row(
     router: &str,
     setup: &Setup,
     reads_events: bool,
+    profile: EngineProfile,
 ) -> anyhow::Result<RunResult> {
     let w = plan.w;
+    let mut args = sim_args(w.kv_blocks, w.max_num_seqs);
+    args.extend(profile.sim_args());
     let engines = EnginePlan {
-        args: sim_args(w.kv_blocks, w.max_num_seqs),
+        args,
         caching_off: w.caching_off.clone(),
         kv_events: reads_events || w.restarts,
         model: workload::model(&w.requests).to_string(),
@@ -378,7 +389,8 @@ async fn log_picker(admin: std::net::SocketAddr, warm_up_reasons: &BTreeMap<Stri
 }
 
 /// Prints the tables and writes `<name>.json`, `.md`, `-summary.md`, `.png` and, with
-/// `samples`, `-samples.jsonl` (`name`: `suite`, or `suite-quick` with `quick`).
+/// `samples`, `-samples.jsonl` (`name`: `suite`, or `suite-quick` with `quick`; then
+/// `-kv-pressure` under that engine profile).
 fn write_reports(
     suite: &SuiteResults,
     out: &std::path::Path,
@@ -387,8 +399,13 @@ fn write_reports(
 ) -> anyhow::Result<()> {
     let md = suite.markdown();
     println!("{md}");
-    let name = if quick { "suite-quick" } else { "suite" };
-    report::write_results(out, name, suite, &md)?;
+    let name = match (quick, suite.engine_profile) {
+        (false, EngineProfile::Default) => "suite".to_string(),
+        (true, EngineProfile::Default) => "suite-quick".to_string(),
+        (false, p) => format!("suite-{}", p.as_str()),
+        (true, p) => format!("suite-quick-{}", p.as_str()),
+    };
+    report::write_results(out, &name, suite, &md)?;
     let json = out.join(format!("{name}.json"));
     std::fs::write(summary::path_beside(&json), summary::markdown(suite))?;
     if samples {
