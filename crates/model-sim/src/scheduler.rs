@@ -29,8 +29,8 @@
 //! is admitted whole), the watermark and `full_sequence_must_fit` gates of newer releases,
 //! speculative lookahead, the priority policy, and vLLM's rule that all of a prompt's blocks
 //! hitting still recomputes the last one. vLLM admits waiting requests only in a step with no
-//! preemption; here they are considered after every finish, arrival and growth (at most one
-//! step earlier). A request whose prompt alone needs more blocks than the cache has is refused
+//! preemption; here they are considered after every finish, arrival and preemption (at most
+//! one step earlier). A request whose prompt alone needs more blocks than the cache has is refused
 //! ([`Scheduler::submit`]), as vLLM refuses one longer than its KV capacity at start-up; a
 //! request's blocks are capped at the capacity, so one running alone always fits.
 //!
@@ -241,9 +241,15 @@ impl Scheduler {
             let cause = if self.running.len() >= self.max_num_seqs {
                 Some(WaitCause::MaxNumSeqs)
             } else {
+                let fits =
+                    kv.blocks_to_allocate(&req.blocks, req.tokens, &req.held) <= kv.free_blocks();
                 let full = (req.tokens / kv.block_tokens()).min(req.blocks.hashes.len());
-                let hits = kv.hits(&req.blocks.hashes[..full]);
-                if kv.allocate(&req.blocks, req.tokens, &mut req.held) {
+                let hits = if fits {
+                    kv.hits(&req.blocks.hashes[..full])
+                } else {
+                    0
+                };
+                if fits && kv.allocate(&req.blocks, req.tokens, &mut req.held) {
                     let cached_tokens = hits * kv.block_tokens();
                     let resumed = req.shared.preemptions() > 0;
                     req.shared
@@ -285,11 +291,14 @@ impl Scheduler {
 
     /// A running request's KV must hold `tokens` tokens: takes the blocks it lacks, preempting
     /// the last running requests until they fit. The pass says how many were preempted;
-    /// `false` when the request itself was (it waits again at the queue's front).
+    /// `false` when the request itself was (it waits again at the queue's front). After a
+    /// preemption the waiting requests are considered (growth alone frees nothing).
     pub fn grow(&mut self, kv: &mut KvCache, id: ReqId, tokens: usize) -> (bool, Pass) {
         let mut pass = Pass::default();
         let grown = self.grow_into(kv, id, tokens, &mut pass);
-        self.schedule_into(kv, &mut pass);
+        if pass.preempted > 0 {
+            self.schedule_into(kv, &mut pass);
+        }
         (grown, pass)
     }
 
