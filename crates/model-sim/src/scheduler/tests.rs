@@ -290,3 +290,74 @@ async fn the_default_admission_exports_no_preemption_series() {
     let (base, _) = start_named("sim-0", EngineConfig::default()).await;
     assert!(!metrics(&base).await.contains("preemptions"));
 }
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// A prompt of this many tokens, its blocks from one of four shared chains.
+    Submit { chain: u64, tokens: usize },
+    /// The n-th running request's KV grows by this many tokens.
+    Grow { nth: usize, tokens: usize },
+    /// The n-th request still known ends.
+    Finish { nth: usize },
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        (0..4u64, 1..48usize).prop_map(|(chain, tokens)| Op::Submit { chain, tokens }),
+        (0..8usize, 1..12usize).prop_map(|(nth, tokens)| Op::Grow { nth, tokens }),
+        (0..8usize).prop_map(|nth| Op::Finish { nth }),
+    ]
+}
+
+proptest::proptest! {
+    /// Whatever arrives, grows and ends: the cache never holds more than its capacity and pins
+    /// exactly what running requests hold, a running request holds the blocks of its tokens
+    /// (capped at the capacity), a waiting one none, the running list respects max_num_seqs,
+    /// and the queue never waits on an idle engine.
+    #[test]
+    fn admission_and_preemption_keep_their_invariants(ops in proptest::collection::vec(op(), 1..80)) {
+        let (capacity, block) = (12, 4);
+        let mut kv = KvCache::new(block, capacity);
+        let mut s = Scheduler::new(3);
+        for op in ops {
+            match op {
+                Op::Submit { chain, tokens } => {
+                    let _ = s.submit(&mut kv, prompt(chain * 1000, tokens));
+                }
+                Op::Grow { nth, tokens } => {
+                    if let Some(&id) = s.running.get(nth % s.running.len().max(1)) {
+                        let now = s.reqs[&id].tokens;
+                        s.grow(&mut kv, id, now + tokens);
+                    }
+                }
+                Op::Finish { nth } => {
+                    let ids: Vec<ReqId> = s.reqs.keys().copied().collect();
+                    if !ids.is_empty() {
+                        s.finish(&mut kv, ids[nth % ids.len()]);
+                    }
+                }
+            }
+            proptest::prop_assert!(kv.usage() <= 1.0);
+            // The cache's pinned blocks are exactly the running requests' (shared ones once).
+            let hashed: std::collections::HashSet<KvBlock> =
+                s.reqs.values().flat_map(|r| r.held.pinned.iter().copied()).collect();
+            let tails: usize = s.reqs.values().map(|r| r.held.tail).sum();
+            let pinned = (kv.usage() * capacity as f64).round() as usize;
+            proptest::prop_assert_eq!(pinned, hashed.len() + tails);
+            proptest::prop_assert!(s.running.len() <= 3);
+            proptest::prop_assert!(!s.running.is_empty() || s.waiting.is_empty());
+            for (id, req) in &s.reqs {
+                let held = req.held.pinned.len() + req.held.tail;
+                if s.running.contains(id) {
+                    proptest::prop_assert!(req.shared.running());
+                    proptest::prop_assert_eq!(held, req.tokens.div_ceil(block).min(capacity));
+                } else {
+                    proptest::prop_assert!(!req.shared.running());
+                    proptest::prop_assert_eq!(held, 0);
+                    proptest::prop_assert!(s.waiting.contains(id));
+                }
+            }
+        }
+    }
+}
