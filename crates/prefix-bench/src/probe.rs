@@ -1,5 +1,5 @@
-//! What the benchmark reads from the processes it runs: the picker's decisions by reason, and CPU
-//! time. Starting them is [`testkit`]'s.
+//! What the benchmark reads from the processes it runs: the picker's decisions by reason, the
+//! engines' KV admission (under vLLM's), and CPU time. Starting them is [`testkit`]'s.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -74,6 +74,59 @@ pub fn parse_decision_reasons(text: &str) -> Vec<(String, f64)> {
         .collect()
 }
 
+/// What vLLM admission did on the engines (`model-sim --kv-admission vllm`), summed.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct KvAdmission {
+    pub preemptions: f64,
+    /// Requests that waited at the head of a queue for KV space.
+    pub kv_waits: f64,
+    /// ... for a running slot (`--max-num-seqs`).
+    pub slot_waits: f64,
+}
+
+impl KvAdmission {
+    /// Adds the samples of one engine's Prometheus text exposition.
+    pub fn add(&mut self, text: &str) {
+        for line in text.lines() {
+            let Some((name, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let value: f64 = value.parse().unwrap_or(0.0);
+            match name {
+                "vllm:num_preemptions_total" => self.preemptions += value,
+                "model_sim_admission_waits_total{cause=\"kv_cache\"}" => self.kv_waits += value,
+                "model_sim_admission_waits_total{cause=\"max_num_seqs\"}" => {
+                    self.slot_waits += value
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The engines at `sims` (base URLs), since they started; an engine that does not answer
+    /// counts nothing.
+    pub async fn read(sims: &[String]) -> KvAdmission {
+        let client = reqwest::Client::new();
+        let mut sum = KvAdmission::default();
+        for s in sims {
+            if let Ok(r) = client.get(format!("{s}/metrics")).send().await {
+                sum.add(&r.text().await.unwrap_or_default());
+            }
+        }
+        sum
+    }
+}
+
+impl std::fmt::Display for KvAdmission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} preemptions, {} requests waited for KV space, {} for a slot",
+            self.preemptions, self.kv_waits, self.slot_waits
+        )
+    }
+}
+
 /// `utime + stime` of a process, in seconds (Linux `/proc/<pid>/stat`, 100 ticks/s).
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -100,6 +153,21 @@ mod tests {
             "sim-0 runs 3.2, sim-0 serves in 42 ms, prefill 12.3 us/token"
         );
         assert_eq!(latency_model_line("prefix_picker_decisions_total 1\n"), "");
+    }
+
+    #[test]
+    fn kv_admission_sums_the_engines_series() {
+        let text = "vllm:num_preemptions_total 3\n\
+            model_sim_admission_waits_total{cause=\"kv_cache\"} 7\n\
+            model_sim_admission_waits_total{cause=\"max_num_seqs\"} 2\n\
+            vllm:num_requests_waiting 1\n";
+        let mut sum = KvAdmission::default();
+        sum.add(text);
+        sum.add("vllm:num_preemptions_total 1\n");
+        assert_eq!(
+            sum.to_string(),
+            "4 preemptions, 7 requests waited for KV space, 2 for a slot"
+        );
     }
 
     #[test]

@@ -344,6 +344,10 @@ async fn run_row(
     if let Some(admin) = c.picker_admin {
         log_picker(admin, &warm_up_reasons).await;
     }
+    if profile == EngineProfile::KvPressure {
+        let kv = probe::KvAdmission::read(&sim_urls).await;
+        eprintln!("  engines (warm-up included): {kv}");
+    }
     eprintln!(
         "  hit rate {:.1}% (ceiling {:.1}%), TTFT p50 {:.0} ms, max/mean pod share {:.2}, pods per group {:.2}, errors {}",
         r.hit_rate * 100.0,
