@@ -11,6 +11,11 @@
 //!   `"message"`, with a non-empty string `role` and parseable content.
 //! - Content: a string as is; a list keeps object parts whose `type` is absent or one of `text`,
 //!   `input_text`, `output_text` and whose `text` is a string, joined with `\n`; no kept part = fail.
+//! - A `type` that is present but not a string (`null`, a number, a list, an object) counts as
+//!   absent, for content parts and Responses items alike: Kthena decodes the body into
+//!   `map[string]interface{}` and reads `type` with a Go type assertion, `m["type"].(string)`,
+//!   whose `ok` is false for any other value (`pkg/kthena-router/utils/utils.go` at 3cc0572:
+//!   lines 124 and 162; the body decoding: `router/router.go` lines 268 and 707-710).
 //! - Messages render as ChatML, `<|im_start|>{role}\n{content}<|im_end|>\n`, with no trailing
 //!   assistant header.
 //!
@@ -194,11 +199,11 @@ fn render_responses<J: JsonView>(instructions: Option<&J>, input: &J) -> Result<
             push_chatml(&mut out, "developer", d);
         }
         for item in items {
-            // Not an object: no `role`, skipped.
-            let is_message = match item.field("type") {
-                None => true,
-                Some(t) => t.as_text().is_some_and(|t| t.is_empty() || t == "message"),
-            };
+            // Not an object: no `role`, skipped. A `type` that is not a string counts as absent.
+            let is_message = item
+                .field("type")
+                .and_then(JsonView::as_text)
+                .is_none_or(|t| t.is_empty() || t == "message");
             let role = match item.field("role").and_then(JsonView::as_text) {
                 Some(r) if !r.is_empty() => r,
                 _ => continue,
@@ -233,13 +238,11 @@ fn parse_content<J: JsonView>(content: &J) -> Option<std::borrow::Cow<'_, str>> 
 }
 
 fn text_of_part<J: JsonView>(part: &J) -> Option<&str> {
-    // Not an object: no `text`, dropped.
-    let textual = match part.field("type") {
-        None => true,
-        Some(t) => t
-            .as_text()
-            .is_some_and(|t| matches!(t, "text" | "input_text" | "output_text")),
-    };
+    // Not an object: no `text`, dropped. A `type` that is not a string counts as absent.
+    let textual = part
+        .field("type")
+        .and_then(JsonView::as_text)
+        .is_none_or(|t| matches!(t, "text" | "input_text" | "output_text"));
     part.field("text")
         .and_then(JsonView::as_text)
         .filter(|_| textual)

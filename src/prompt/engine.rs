@@ -78,15 +78,16 @@ pub(super) fn render_responses<J: JsonView>(
             push_chatml(&mut out, "developer", d);
         }
         for item in items {
-            let kind = item.field("type").map(JsonView::as_text);
-            let is_message = matches!(kind, None | Some(Some("" | "message")));
+            // A `type` that is not a string counts as absent, as in Kthena's mode.
+            let kind = item.field("type").and_then(JsonView::as_text);
+            let is_message = matches!(kind, None | Some("" | "message"));
             match item.field("role").and_then(JsonView::as_text) {
                 Some(role) if is_message && !role.is_empty() => {
                     push_message(&mut out, role, item.field("content"), None);
                 }
                 // Kthena skips it: the engine sees it (a tool call or its output, reasoning).
                 _ if !is_message => {
-                    if let Some(Some(kind)) = kind {
+                    if let Some(kind) = kind {
                         push_marker(&mut out, "<|item:", kind, item);
                         out.push('\n');
                     }

@@ -88,7 +88,6 @@ fn chat_content_parts_keep_text_kinds_only() {
         {"type":"output_text","text":"three"},
         {"text":"four"},
         {"type":"text","text":5},
-        {"type":null,"text":"typed null"},
         "bare string",
         {"type":"text"}
     ]}]}"#;
@@ -146,7 +145,6 @@ fn responses_list_input_filters_items() {
         {"type":"function_call","role":"assistant","content":"skip"},
         {"type":"message","role":"","content":"empty role skipped"},
         {"type":"message","content":"no role"},
-        {"type":null,"role":"user","content":"null type skipped"},
         {"role":"user","content":7},
         "text item"
     ]}"#;
@@ -155,6 +153,60 @@ fn responses_list_input_filters_items() {
         "<|im_start|>developer\nD<|im_end|>\n<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\nb<|im_end|>\n<|im_start|>user\nc<|im_end|>\n"
     );
     assert_eq!(ok(r#"{"model":"m","input":[]}"#), "");
+}
+
+/// Kthena decodes the body into `map[string]interface{}` (`router/router.go` lines 268, 707-710
+/// at 3cc0572) and reads `type` with a type assertion: `contentMap["type"].(string)` for a part
+/// (`utils/utils.go` line 162: the kind check runs only when `ok`) and `itemMap["type"].(string)`
+/// for a Responses item (line 124: skipped only when `ok` and neither `""` nor `"message"`). A
+/// `type` that is not a string fails the assertion, so the part or item is kept exactly as if it
+/// had no `type`; the `text`, `role` and `content` checks that follow still apply (lines
+/// 127-134, 169-172).
+#[test]
+fn a_type_that_is_not_a_string_counts_as_absent_as_in_go() {
+    use crate::prompt::{Rendering, render as render_value};
+    for t in [
+        "null",
+        "0",
+        "1.5",
+        "true",
+        "false",
+        r#"["text"]"#,
+        r#"{"type":"text"}"#,
+    ] {
+        let chat = format!(
+            r#"{{"model":"m","system":[{{"type":{t},"text":"S"}}],"messages":[
+            {{"role":"user","content":[{{"type":"text","text":"a"}},{{"type":{t},"text":"b"}},
+                {{"type":{t}}},{{"type":{t},"text":7}}]}},
+            {{"role":"user","content":[{{"type":{t}}}]}}]}}"#
+        );
+        let want = "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\na\nb<|im_end|>\n";
+        let responses = format!(
+            r#"{{"model":"m","input":[
+            {{"type":{t},"role":"user","content":"kept"}},
+            {{"type":{t},"role":"assistant","content":[{{"type":{t},"text":"part"}}]}},
+            {{"type":{t},"role":"","content":"empty role"}},
+            {{"type":{t},"content":"no role"}},
+            {{"type":{t},"role":"user","content":[{{"type":{t}}}]}},
+            {{"type":"function_call","role":"user","content":"a string type still filters"}}]}}"#
+        );
+        let want_responses =
+            "<|im_start|>user\nkept<|im_end|>\n<|im_start|>assistant\npart<|im_end|>\n";
+        for (body, want) in [(chat, want), (responses, want_responses)] {
+            assert_eq!(ok(&body), want, "type {t}: {body}");
+            // The same through `serde_json::Value`, and in the affinity mode's rendering, which
+            // adds nothing for text-only parts and message items.
+            let value: serde_json::Value = serde_json::from_str(&body).unwrap();
+            let map = value.as_object().unwrap();
+            assert_eq!(render_value(map, Rendering::Kthena).unwrap(), want, "{t}");
+            let engine = render_value(map, Rendering::Engine).unwrap();
+            if body.contains("function_call") {
+                assert!(engine.starts_with(want), "type {t}: {engine}");
+            } else {
+                assert_eq!(engine, want, "type {t}");
+            }
+        }
+    }
 }
 
 #[test]
