@@ -1,13 +1,16 @@
 # syntax=docker/dockerfile:1
-# The prefix-picker and model-sim images, for builders with a Docker daemon or BuildKit (CI:
-# .github/workflows/image.yml builds linux/amd64 and linux/arm64 and pushes to GHCR on tags):
+# The prefix-picker and model-sim images, for builders with a Docker daemon or BuildKit
+# (.github/workflows/image.yml is written to build linux/amd64 and linux/arm64 and push to GHCR
+# on tags; it has never run):
 #
 #   docker build -t ghcr.io/prefix-picker/prefix-picker:0.1.0 .        (the last stage: default)
 #   docker build --target model-sim -t ghcr.io/prefix-picker/model-sim:0.1.0 .
 #
+# Nothing has built this file yet: the tests run where there is no Docker daemon or base image.
 # Without a daemon, scripts/image builds images with the same entrypoint, user, ports and command
-# from the host's cargo (FROM scratch plus the host's glibc); tests/integration/deploy/mod.rs runs those and checks
-# that this file's runtime stages say the same.
+# from the host's cargo (FROM scratch plus the host's glibc); tests/integration/deploy/image.rs
+# builds and runs those, and checks that this file's runtime stages declare the same
+# (check_dockerfile_stage).
 #
 # Stage `deps` compiles the locked dependencies alone, against stub sources: its layer survives
 # any change under src/ or crates/*/src/ (only the manifests or Cargo.lock invalidate it). Stage

@@ -83,6 +83,8 @@ for attempt in (1, 2):
     print(f"  -> served by {served}, cached tokens {reply['usage']['prompt_tokens_details']['cached_tokens']}")
     wait_records(attempt)
     wait_heads(2)  # the engine tokenized the prompt (off the request path)
+print("  (the document shows 100 for Kthena's mode, which counts the whole recorded prompt; engine\n"
+      "   truth counts the engine's full 16-token blocks only, in the picker's 128-byte prompt blocks)")
 
 print("\n== Shared-prefix workload: 6 documents x 8 questions (interleaved), 4 at a time")
 docs = ["policy", "manual", "faq", "contract", "codebase", "handbook"]

@@ -48,9 +48,9 @@ pub mod endpoints; // the pod set: identities, addresses, in-flight counts, engi
 #[cfg(feature = "sidecar")]
 pub mod engine_events; // KV-event subscribers feeding each pod's engine view
 #[cfg(feature = "sidecar")]
-pub mod kv_events;
+pub mod kv_events; // the engines' KV-cache events: decoding, and one pod's subscriber
 #[cfg(feature = "sidecar")]
-pub mod kvcache; // kvcache-aware's lookup, its Redis connection and GC, and the kv-relay writer // the engines' KV-cache events: decoding and one subscriber per pod
+pub mod kvcache; // kvcache-aware's lookup, its Redis connection and GC, and the kv-relay writer
 #[cfg(feature = "sidecar")]
 pub mod metrics; // the Prometheus families, declared together
 #[cfg(feature = "sidecar")]

@@ -5,7 +5,8 @@
 //! entrypoint chrooted into the rootfs as the image's user (65532:65532: the test must run as
 //! root, as CI does; it fails otherwise). The chart (and the kind recipe's model-sim Deployment)
 //! must agree with the image: name and tag, entrypoint (no `command`), user, ports; so must the
-//! Dockerfile's runtime stages, which CI builds.
+//! Dockerfile's runtime stages (read here, never built: there is no Docker daemon where the
+//! tests run, and the image workflow has never run).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -214,8 +215,8 @@ fn check_common(image: &Image, entrypoint: &str) {
     );
 }
 
-/// `ENTRYPOINT`, `CMD`, `USER` and `EXPOSE` of the Dockerfile's stage `name` (the CI images): what
-/// the image config of `scripts/image` says.
+/// `ENTRYPOINT`, `CMD`, `USER` and `EXPOSE` of the Dockerfile's stage `name` (the workflow's
+/// images): what the image config of `scripts/image` says.
 fn check_dockerfile_stage(image: &Image, name: &str) {
     let text = std::fs::read_to_string(root().join("Dockerfile")).unwrap();
     let mut stage = String::new();
