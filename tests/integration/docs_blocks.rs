@@ -1,15 +1,20 @@
-//! The documentation's examples run: every config block marked for it is checked by the
-//! `prefix-picker validate` binary, and every command of the install pages that can run without
-//! a cluster is run. CONTRIBUTING.md ("Docs that check themselves") documents the markers:
+//! The documentation's examples run: every config block marked for it, on every Markdown page of
+//! the repository (the README, CONTRIBUTING.md, every page of docs/, benches/RESULTS.md, the
+//! chart's README, ...), is checked by the `prefix-picker validate` binary, and every command of
+//! the install pages that can run without a cluster is run. CONTRIBUTING.md ("Docs that check
+//! themselves") documents the markers:
 //!
 //! - ```` ```yaml prefix-picker ````: a whole config file; `validate` must accept it;
 //! - ```` ```yaml prefix-picker error ````: `validate` must refuse it, and every line of the
 //!   fenced block that follows (the documented error) must be in what it prints;
 //! - ```` ```yaml gie-values ````: values for GIE's `inferencepool` chart; the config they embed
-//!   (`inferenceExtension.pluginsCustomConfig[<pluginsConfigFile>]`) must validate.
+//!   (`inferenceExtension.pluginsCustomConfig[<pluginsConfigFile>]`) must validate;
+//! - ```` ```yaml chart-values ````: values for this project's chart; Helm's SDK must render the
+//!   chart with them (`deploy_check.py render-values`, with a local image name).
 //!
 //! A YAML block whose top-level keys are all config sections must carry a marker, so a new
-//! example cannot escape the check. Commands (` ```sh ` blocks of [`COMMAND_PAGES`]): a
+//! example cannot escape the check (chart values whose only key is `picker:` look like one: they
+//! are marked `chart-values`). Commands (` ```sh ` blocks of [`COMMAND_PAGES`]): a
 //! `helm install|upgrade|template` of the local chart is rendered offline by Helm's SDK
 //! (`deploy_check.py helm`, no cluster) and must succeed; a `prefix-picker validate` runs; the
 //! rest is skipped with the reason, printed, and an unknown command fails the test until it is
@@ -23,15 +28,25 @@ use serde_yaml_ng::Value;
 use crate::deploy::{deploy_check, show};
 use crate::harness::root;
 
-/// The Markdown files whose YAML blocks are checked: the README and every page of docs/.
+/// The Markdown files whose YAML blocks are checked: every one of the repository, outside hidden
+/// directories (`.venv*`, `.git`) and build output (`target`).
 fn pages() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join("docs"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "md"))
-        .collect();
+    fn walk(dir: &std::path::Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy();
+            if path.is_dir() {
+                if !name.starts_with('.') && name != "target" {
+                    walk(&path, out);
+                }
+            } else if path.extension().is_some_and(|e| e == "md") {
+                out.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&root(), &mut files);
     files.sort();
-    files.insert(0, root().join("README.md"));
     files
 }
 
@@ -106,6 +121,8 @@ enum Check {
     /// Refused, with these lines (the next block) in the output.
     Error(String),
     GieValues,
+    /// Values of this project's chart: the chart renders with them.
+    ChartValues,
 }
 
 /// `prefix-picker validate --config <text>`: (exit success, stdout + stderr).
@@ -142,6 +159,7 @@ fn marked(markdown: &str) -> Vec<Result<(usize, Check, String), String>> {
                 }
             },
             ["yaml", "gie-values"] => Check::GieValues,
+            ["yaml", "chart-values"] => Check::ChartValues,
             ["yaml", "prefix-picker", ..] => {
                 out.push(Err(format!(
                     "{}: unknown marker `{}`",
@@ -188,6 +206,16 @@ fn gie_embedded_config(values: &str) -> Result<String, String> {
         .ok_or_else(|| format!("no inferenceExtension.pluginsCustomConfig.{file}"))
 }
 
+/// `deploy_check.py render-values` of chart values written as YAML: (rendered, its output).
+fn render_chart_values(text: &str) -> (bool, String) {
+    let values: serde_json::Value = match serde_yaml_ng::from_str(text) {
+        Ok(v) => v,
+        Err(e) => return (false, format!("not YAML: {e}")),
+    };
+    let out = deploy_check(&["render-values", &values.to_string()]);
+    (out.status.success(), show(&out))
+}
+
 /// Every problem of the marked blocks of one page.
 fn check_page(name: &str, markdown: &str) -> (usize, Vec<String>) {
     let mut problems = Vec::new();
@@ -201,8 +229,14 @@ fn check_page(name: &str, markdown: &str) -> (usize, Vec<String>) {
             }
         };
         checked += 1;
-        let (ok, output) = validate(&text);
+        let (ok, output) = match check {
+            Check::ChartValues => render_chart_values(&text),
+            _ => validate(&text),
+        };
         match check {
+            Check::ChartValues if !ok => problems.push(format!(
+                "{name}:{line}: the chart does not render with these values:\n{output}"
+            )),
             Check::Valid | Check::GieValues if !ok => {
                 problems.push(format!("{name}:{line}: validate refused it:\n{output}"))
             }
@@ -297,6 +331,37 @@ kind: ConfigMap
     for (problem, want) in problems.iter().zip(expect) {
         assert!(problem.starts_with(want), "`{want}`: {problems:#?}");
     }
+}
+
+/// Chart values are rendered, not validated as a config: values the chart refuses fail, and a
+/// block of chart values whose only key is `picker:` needs its marker.
+#[test]
+fn chart_values_blocks_render_with_the_chart() {
+    let page = "\
+```yaml chart-values
+picker:
+  settings:
+    seed: 7
+```
+```yaml chart-values
+mode: gateway
+```
+```yaml
+picker:
+  settings: {seed: 7}
+```
+";
+    let (checked, problems) = check_page("chart.md", page);
+    assert_eq!(checked, 2, "{problems:#?}");
+    assert_eq!(problems.len(), 2, "{problems:#?}");
+    assert!(
+        problems[0].starts_with("chart.md:6: the chart does not render with these values"),
+        "{problems:#?}"
+    );
+    assert!(
+        problems[1].starts_with("chart.md:9: a prefix-picker config without a marker"),
+        "{problems:#?}"
+    );
 }
 
 // ---------------------------------------------------------------- commands
