@@ -24,6 +24,8 @@ pub enum Setup {
         scheduler: Option<String>,
         affinity: Option<serde_json::Value>,
         events: Option<EngineEvents>,
+        /// Another prefix-picker binary than the suite's own (`suite --baseline-picker`).
+        picker_bin: Option<PathBuf>,
     },
     /// Envoy (`envoy/envoy.yaml`) and prefix-picker with `scheduler`, Kthena's kvcache-aware
     /// among its plugins: every sim publishes KV events, a `prefix-picker kv-relay` beside each
@@ -62,6 +64,7 @@ impl Setup {
             scheduler,
             affinity: None,
             events: None,
+            picker_bin: None,
         }
     }
 
@@ -95,6 +98,8 @@ pub struct Cluster {
     /// The config of the prefix-picker behind Envoy (the affinity and Kthena rows), to start it
     /// again mid-run ([`Cluster::restart_picker`]).
     picker_config: Option<String>,
+    /// Its binary.
+    picker_bin: PathBuf,
     /// The kvcache-aware row's redis-server and relays (killed on drop).
     _kvcache: Option<(super::sync_cost::RedisChild, Vec<Process>)>,
     /// The row's logs and config files (removed on drop).
@@ -111,8 +116,8 @@ impl Cluster {
         };
         let grpc = old.addr;
         drop(old);
-        let picker = bin_dir().join("prefix-picker");
-        let (p, admin) = testkit::restart_picker_on(&picker, self.dir.path(), config, 2, grpc)?;
+        let (p, admin) =
+            testkit::restart_picker_on(&self.picker_bin, self.dir.path(), config, 2, grpc)?;
         self.ext_proc = Some(p);
         self.picker_admin = Some(admin);
         Ok(true)
@@ -133,6 +138,13 @@ pub async fn start_cluster_on(setup: &Setup, mut engines: EnginePlan) -> anyhow:
     let sims = engines.start()?;
     let pods = sims.pods();
     let sim_urls: Vec<String> = pods.iter().map(|p| format!("http://{}", p.addr)).collect();
+    let picker = match setup {
+        Setup::Envoy {
+            picker_bin: Some(bin),
+            ..
+        } => bin.clone(),
+        _ => bin_dir().join("prefix-picker"),
+    };
     let mut cluster = Cluster {
         url: sim_urls[0].clone(),
         sims,
@@ -142,10 +154,10 @@ pub async fn start_cluster_on(setup: &Setup, mut engines: EnginePlan) -> anyhow:
         sim_urls,
         picker_admin: None,
         picker_config: None,
+        picker_bin: picker.clone(),
         _kvcache: None,
         dir,
     };
-    let picker = bin_dir().join("prefix-picker");
     let (file, ext_proc) = match setup {
         Setup::Oracle | Setup::OracleCapped { .. } => return Ok(cluster),
         Setup::Sglang(_) | Setup::Vllm(_) | Setup::Smg(_) => {

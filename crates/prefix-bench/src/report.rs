@@ -12,6 +12,8 @@ pub const ABLATION: &str = "ablation: ";
 /// The row ablation rows are compared with.
 pub const SHIPPED: &str = "prefix-picker: shipped config";
 /// The shipped config reading every engine's KV events (the engine-events rows' name prefix).
+/// The prefix of a row run with `suite --baseline-picker`'s binary.
+pub const BASELINE: &str = "baseline binary: ";
 pub const SHIPPED_ENGINE_EVENTS: &str = "prefix-picker: shipped config + engine events";
 
 /// Envoy alone, routing round robin.

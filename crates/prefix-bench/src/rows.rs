@@ -166,7 +166,30 @@ fn picker_row(
         scheduler: Some(scheduler.to_string()),
         affinity,
         events,
+        picker_bin: None,
     }
+}
+
+/// `rows` with, after each shipped-config row (the shipped config and its engine-events
+/// rows), the same row run with the prefix-picker binary `bin`, named [`report::BASELINE`]
+/// and the row's name: a default change against the previous default, in one run.
+pub fn with_baseline(rows: Vec<(String, Setup)>, bin: &std::path::Path) -> Vec<(String, Setup)> {
+    let mut out = Vec::with_capacity(rows.len() * 2);
+    for (name, setup) in rows {
+        let baseline = match (&setup, name.starts_with(report::SHIPPED)) {
+            (Setup::Envoy { .. }, true) => {
+                let mut b = setup.clone();
+                if let Setup::Envoy { picker_bin, .. } = &mut b {
+                    *picker_bin = Some(bin.to_path_buf());
+                }
+                Some((format!("{}{name}", report::BASELINE), b))
+            }
+            _ => None,
+        };
+        out.push((name, setup));
+        out.extend(baseline);
+    }
+    out
 }
 
 /// The shipped-config row and, after it, its engine-events rows, all on `rows`' routing.

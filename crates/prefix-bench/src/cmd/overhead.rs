@@ -115,6 +115,7 @@ fn setups(envoy_files: &[String]) -> anyhow::Result<Vec<OverheadSetup>> {
                     scheduler: Some(scheduler.clone()),
                     affinity: Some(affinity.clone()),
                     events: None,
+                    picker_bin: None,
                 },
             ));
         }

@@ -71,6 +71,12 @@ pub struct SuiteOpts {
     /// (`suite-quick-kv-pressure*` with `--quick`), beside the default's files.
     #[arg(long, value_enum, default_value_t = EngineProfile::Default)]
     engine_profile: EngineProfile,
+    /// Also run every selected shipped-config row (the shipped config and its engine-events
+    /// rows) with this prefix-picker binary (e.g. the previous commit's build), each right
+    /// after its row and named `baseline binary: <row>`: a change of the default against the
+    /// previous default, both rows in one run, on the same sims and requests.
+    #[arg(long, value_name = "FILE")]
+    baseline_picker: Option<PathBuf>,
     /// The Mooncake trace the `trace` workload replays. Default:
     /// `../shared/data/mooncake/synthetic_trace.jsonl` under `PREFIX_PICKER_ROOT`; when it is
     /// missing the workload is skipped, said on stderr and listed in the reports.
@@ -108,6 +114,17 @@ pub async fn run(opts: SuiteOpts) -> anyhow::Result<()> {
     let (selected, skipped) = selected_workloads(opts.quick, opts.seed, &trace, &opts.workloads)?;
     let routers = selected_rows(opts.ablation, opts.config.as_deref(), &opts.routers)?;
     let routers = with_oracle_load(routers, opts.oracle_load);
+    let routers = match &opts.baseline_picker {
+        Some(bin) => {
+            anyhow::ensure!(
+                bin.is_file(),
+                "--baseline-picker {}: no such file",
+                bin.display()
+            );
+            prefix_bench::rows::with_baseline(routers, bin)
+        }
+        None => routers,
+    };
     let reads_events = routers.iter().any(|(_, s)| s.reads_engine_events());
     let mut results = Vec::new();
     let started = std::time::Instant::now();
