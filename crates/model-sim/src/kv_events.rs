@@ -6,7 +6,9 @@
 //! `vllm/config/kv_events.py` (`KVEventsConfig`).
 //!
 //! - PUB socket at `endpoint`, bound when it contains `*` or `::` or is `ipc://` (else
-//!   connected), as vLLM decides; `tcp://*:P` binds `0.0.0.0:P`. Each batch is one multipart
+//!   connected), as vLLM decides; `tcp://*:P` binds `0.0.0.0:P`. A connecting socket connects in
+//!   the background, retrying until something listens, as libzmq does: the engine serves
+//!   meanwhile, and its batches are numbered and kept for replay but reach no one. Each batch is one multipart
 //!   message `[topic, seq, payload]`: `seq` 8 bytes big-endian, from 0 per process.
 //! - `payload` is msgpack of `KVEventBatch`, an array `[ts: float64, events, data_parallel_rank:
 //!   0]`; each event a map led by its tag `"type"` (msgspec `tag=True` on a map struct) then its
@@ -112,15 +114,19 @@ impl KvEventPublisher {
     /// Binds (or connects) the sockets and spawns the publishing task, which ends once this
     /// publisher is dropped and the queue is drained.
     pub async fn start(config: &KvEventsConfig, block_size: usize) -> anyhow::Result<Self> {
-        let mut publish = zeromq::PubSocket::new();
-        let endpoint = if binds(&config.endpoint) {
-            publish
-                .bind(&zmq_endpoint(&config.endpoint))
-                .await?
-                .to_string()
+        let (publish, endpoint, connect) = if binds(&config.endpoint) {
+            let mut publish = zeromq::PubSocket::new();
+            let bound = publish.bind(&zmq_endpoint(&config.endpoint)).await?;
+            (publish, bound.to_string(), None)
         } else {
-            publish.connect(&config.endpoint).await?;
-            config.endpoint.clone()
+            let mut options = zeromq::SocketOptions::default();
+            options.connect_timeout(CONNECT_ATTEMPT);
+            let publish = zeromq::PubSocket::with_options(options);
+            (
+                publish,
+                config.endpoint.clone(),
+                Some(config.endpoint.clone()),
+            )
         };
         let (replay, replay_endpoint) = match &config.replay_endpoint {
             Some(e) => {
@@ -141,7 +147,7 @@ impl KvEventPublisher {
             buffer_steps: config.buffer_steps,
             next_seq: 0,
         };
-        tokio::spawn(task.run());
+        tokio::spawn(task.run(connect));
         Ok(KvEventPublisher {
             queue,
             endpoint,
@@ -190,6 +196,12 @@ fn binds(endpoint: &str) -> bool {
         || endpoint.starts_with("inproc://")
 }
 
+/// How long one connect attempt of a connecting PUB socket may take before it starts over
+/// (the `zeromq` crate retries a refused connection with a growing backoff inside an attempt;
+/// starting over keeps the wait after a listener appears under about a second, as libzmq's
+/// 100 ms reconnect interval does).
+const CONNECT_ATTEMPT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// libzmq's `*` host (every interface) in the form the `zeromq` crate parses.
 fn zmq_endpoint(endpoint: &str) -> String {
     endpoint.replacen("://*:", "://0.0.0.0:", 1)
@@ -208,7 +220,14 @@ struct Task {
 }
 
 impl Task {
-    async fn run(mut self) {
+    /// Connects first when `connect` names an endpoint (in the background of the engine, which
+    /// serves meanwhile), then publishes until the engine's side is dropped.
+    async fn run(mut self, connect: Option<String>) {
+        if let Some(endpoint) = connect
+            && !self.connect(&endpoint).await
+        {
+            return;
+        }
         loop {
             let request = async {
                 match &mut self.replay {
@@ -226,23 +245,86 @@ impl Task {
         }
     }
 
-    async fn send(&mut self, batch: Batch) {
+    /// Connects the PUB socket to `endpoint`, starting over until something listens there (as
+    /// libzmq's connect does, in the background). Batches meanwhile are numbered and kept for
+    /// replay but sent to no one, as a PUB socket without peers drops them; replay requests are
+    /// served. Returns false when the engine's side is dropped first.
+    async fn connect(&mut self, endpoint: &str) -> bool {
+        let mut logged = false;
+        loop {
+            // What arrives while this attempt runs is handled once it ends (it holds the socket).
+            let (outcome, pending) = {
+                let Task {
+                    publish,
+                    rx,
+                    replay,
+                    ..
+                } = &mut *self;
+                let attempt = publish.connect(endpoint);
+                tokio::pin!(attempt);
+                let mut pending = Vec::new();
+                let outcome = loop {
+                    let request = async {
+                        match replay {
+                            Some(r) => r.recv().await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        done = &mut attempt => break Some(done),
+                        batch = rx.recv() => match batch {
+                            Some(batch) => pending.push(Ok(batch)),
+                            None => break None,
+                        },
+                        Ok(request) = request => pending.push(Err(request)),
+                    }
+                };
+                (outcome, pending)
+            };
+            for item in pending {
+                match item {
+                    Ok(batch) => {
+                        self.record(batch);
+                    }
+                    Err(request) => self.serve_replay(request).await,
+                }
+            }
+            match outcome {
+                None => return false,
+                Some(Ok(())) => return true,
+                Some(Err(e)) => {
+                    if !logged {
+                        eprintln!("model-sim: KV events: connecting to {endpoint}: {e}; retrying");
+                        logged = true;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Numbers `batch` and keeps it for replay; returns its frames' seq and payload.
+    fn record(&mut self, batch: Batch) -> (i64, Bytes) {
         let seq = self.next_seq;
         self.next_seq += 1;
         let payload = Bytes::from(encode_batch(batch.ts, &batch.events, self.block_size, 0));
-        let message = frames(vec![
-            self.topic.clone(),
-            Bytes::copy_from_slice(&seq.to_be_bytes()),
-            payload.clone(),
-        ]);
-        if let Err(e) = self.publish.send(message).await {
-            eprintln!("model-sim: publishing KV events: {e}");
-        }
         if self.buffer_steps > 0 {
             if self.buffer.len() == self.buffer_steps {
                 self.buffer.pop_front();
             }
-            self.buffer.push_back((seq, payload));
+            self.buffer.push_back((seq, payload.clone()));
+        }
+        (seq, payload)
+    }
+
+    async fn send(&mut self, batch: Batch) {
+        let (seq, payload) = self.record(batch);
+        let message = frames(vec![
+            self.topic.clone(),
+            Bytes::copy_from_slice(&seq.to_be_bytes()),
+            payload,
+        ]);
+        if let Err(e) = self.publish.send(message).await {
+            eprintln!("model-sim: publishing KV events: {e}");
         }
     }
 

@@ -520,6 +520,62 @@ async fn without_prefix_caching_nothing_is_reused_or_stored() {
     );
 }
 
+#[tokio::test]
+async fn a_connecting_publisher_serves_at_once_and_publishes_once_a_subscriber_binds() {
+    // An endpoint without `*`: connected, as vLLM decides. Nothing listens there yet (the port
+    // is held by a socket that never listens: connections are refused).
+    let held = tokio::net::TcpSocket::new_v4().unwrap();
+    held.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let endpoint = format!("tcp://{}", held.local_addr().unwrap());
+    let config = EngineConfig {
+        kv_events: KvEventsConfig {
+            enable_kv_cache_events: true,
+            endpoint: endpoint.clone(),
+            topic: "kv".into(),
+            ..KvEventsConfig::default()
+        },
+        ..fast()
+    };
+    let engine = tokio::time::timeout(Duration::from_secs(5), Engine::start(config))
+        .await
+        .expect("the engine starts with no listener at its endpoint")
+        .unwrap();
+    assert_eq!(engine.kv_events().unwrap().endpoint(), endpoint);
+    let (base, engine) = serve("sim-0", engine).await;
+    // It serves: a first request is answered (its batch, seq 0, reaches no one).
+    let messages = json!([{"role": "user", "content": "hello ".repeat(40)}]);
+    let (prompt, cached) = chat(&base, &messages).await;
+    assert!(prompt > 0 && cached == 0);
+
+    // A SUB binds there: the publisher connects and what it publishes next arrives.
+    drop(held);
+    let mut sub = zeromq::SubSocket::new();
+    sub.bind(&endpoint).await.unwrap();
+    sub.subscribe("kv").await.unwrap();
+    let client = reqwest::Client::new();
+    let started = std::time::Instant::now();
+    let m = loop {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "nothing published after the SUB bound"
+        );
+        let r = client
+            .post(format!("{base}/reset_prefix_cache"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        if let Ok(m) = tokio::time::timeout(Duration::from_millis(200), sub.recv()).await {
+            break m.unwrap().into_vec();
+        }
+    };
+    assert_eq!(m.len(), 3);
+    assert_eq!(m[0].as_ref(), b"kv");
+    assert!(be_i64(&m[1]) >= 1, "the first request's batch was numbered");
+    assert_eq!(decode(&m[2]), [Ev::Cleared]);
+    assert_eq!(engine.kv_events().unwrap().dropped(), 0);
+}
+
 #[test]
 fn the_config_is_vllms() {
     let c = KvEventsConfig::from_json("{}").unwrap();
