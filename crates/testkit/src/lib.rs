@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 mod sim;
-pub use sim::{KvEventPorts, Sim, kv_events_config};
+pub use sim::{KvEventPorts, Sim, kv_events_config, kv_events_config_on_topic};
 
 /// The workspace's root directory (where `envoy/`, `deploy/` and `.venv` are).
 pub fn workspace_root() -> PathBuf {

@@ -6,7 +6,8 @@
 //! again with the same arguments on the ports the first start bound: its cache is empty, its
 //! counters and its event sequence start from 0, and a router keeps the same endpoint. The ports
 //! are free again the moment the process is gone (the sim's listeners set `SO_REUSEADDR`); one
-//! could be taken by another socket in between, which makes the restart fail, never hang.
+//! could be taken by another socket in between, which makes the restart fail, never hang. The
+//! events' `topic` is vLLM's default (empty) unless started `..._on_topic`.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -46,12 +47,20 @@ pub struct Sim {
     name: String,
     args: Vec<String>,
     kv_events: KvEventPorts,
+    /// The `topic` of its KV events (vLLM's default: empty).
+    topic: String,
 }
 
 /// The `--kv-events-config` JSON that binds the PUB and replay sockets on these ports (0: any).
 pub fn kv_events_config(publish: u16, replay: u16) -> String {
+    kv_events_config_on_topic(publish, replay, "")
+}
+
+/// [`kv_events_config`] with the events published on `topic` (vLLM's `topic` key).
+pub fn kv_events_config_on_topic(publish: u16, replay: u16, topic: &str) -> String {
     format!(
-        r#"{{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:{publish}", "replay_endpoint": "tcp://*:{replay}"}}"#
+        r#"{{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:{publish}", "replay_endpoint": "tcp://*:{replay}", "topic": {}}}"#,
+        serde_json::Value::from(topic)
     )
 }
 
@@ -59,7 +68,17 @@ impl Sim {
     /// Starts `bin` as sim `name` with `args` (not `--port`, `--name` or `--kv-events-config`),
     /// everything on port 0.
     pub fn start(bin: &Path, name: &str, args: &[String]) -> anyhow::Result<Sim> {
-        let (process, kv_events) = spawn(bin, name, 0, (0, 0), args)?;
+        Sim::start_on_topic(bin, name, args, "")
+    }
+
+    /// [`Sim::start`], its KV events published on `topic`.
+    pub fn start_on_topic(
+        bin: &Path,
+        name: &str,
+        args: &[String],
+        topic: &str,
+    ) -> anyhow::Result<Sim> {
+        let (process, kv_events) = spawn(bin, name, 0, (0, 0), topic, args)?;
         Ok(Sim {
             addr: process.addr,
             process: Some(process),
@@ -67,6 +86,7 @@ impl Sim {
             name: name.to_string(),
             args: args.to_vec(),
             kv_events,
+            topic: topic.to_string(),
         })
     }
 
@@ -78,12 +98,23 @@ impl Sim {
         args: &[String],
         extra: impl Fn(usize) -> Vec<String>,
     ) -> anyhow::Result<Vec<Sim>> {
+        Sim::start_n_on_topic(bin, n, args, extra, "")
+    }
+
+    /// [`Sim::start_n`], every sim's KV events published on `topic`.
+    pub fn start_n_on_topic(
+        bin: &Path,
+        n: usize,
+        args: &[String],
+        extra: impl Fn(usize) -> Vec<String>,
+        topic: &str,
+    ) -> anyhow::Result<Vec<Sim>> {
         (0..n)
             .map(|i| {
                 let mut args = args.to_vec();
                 args.extend(["--seed".to_string(), i.to_string()]);
                 args.extend(extra(i));
-                Sim::start(bin, &format!("sim-{i}"), &args)
+                Sim::start_on_topic(bin, &format!("sim-{i}"), &args, topic)
             })
             .collect()
     }
@@ -108,8 +139,9 @@ impl Sim {
         let ports = (self.kv_events.publish, self.kv_events.replay);
         // Killed and reaped before the new process binds (Process's drop does both).
         self.process = None;
-        let (process, kv_events) = spawn(&self.bin, &self.name, port, ports, &self.args)
-            .with_context(|| format!("restarting {}", self.name))?;
+        let (process, kv_events) =
+            spawn(&self.bin, &self.name, port, ports, &self.topic, &self.args)
+                .with_context(|| format!("restarting {}", self.name))?;
         anyhow::ensure!(
             process.addr.port() == port && kv_events == self.kv_events,
             "{} came back on other ports: {} {kv_events:?}",
@@ -128,11 +160,13 @@ fn spawn(
     name: &str,
     port: u16,
     ports: (u16, u16),
+    topic: &str,
     args: &[String],
 ) -> anyhow::Result<(Process, KvEventPorts)> {
+    let config = kv_events_config_on_topic(ports.0, ports.1, topic);
     let mut child = Command::new(bin)
         .args(["--port", &port.to_string(), "--name", name])
-        .args(["--kv-events-config", &kv_events_config(ports.0, ports.1)])
+        .args(["--kv-events-config", &config])
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -199,5 +233,12 @@ mod tests {
         assert_eq!(c["endpoint"], "tcp://*:5557");
         assert_eq!(c["replay_endpoint"], "tcp://*:0");
         assert_eq!(c["enable_kv_cache_events"], true);
+        assert_eq!(c["topic"], "");
+        let c: serde_json::Value =
+            serde_json::from_str(&kv_events_config_on_topic(1, 2, "kv-events")).unwrap();
+        assert_eq!(
+            (c["topic"].as_str(), c["endpoint"].as_str()),
+            (Some("kv-events"), Some("tcp://*:1"))
+        );
     }
 }
