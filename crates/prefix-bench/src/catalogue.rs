@@ -227,6 +227,16 @@ fn full_catalogue(seed: u64) -> Vec<WorkloadSpec> {
             2048,
         )
     };
+    // The retrieval workload, under its own key and name and with a pod that never reuses.
+    let retrieval = |key, name| {
+        WorkloadSpec::new(
+            key,
+            name,
+            workload::retrieval(DOCUMENTS, 320, 256, DOCUMENT_TOKENS, 64, 32, 1.0, seed, m),
+            Arrival::Closed { concurrency: 12 },
+            DOCUMENT_KV_BLOCKS,
+        )
+    };
     vec![
         WorkloadSpec::new(
             "sglang-defaults",
@@ -313,8 +323,57 @@ fn full_catalogue(seed: u64) -> Vec<WorkloadSpec> {
             "picker-restart (agent as above; the picker restarts after half the requests: its index and engine views empty, the engines warm; peer routers, oracles and the kvcache-aware row are not restarted)",
         )
         .with_picker_restart(),
+        // Shared prefixes that end inside a message (issue 55): what a router that cuts
+        // prompts at message ends cannot see.
+        retrieval(
+            "retrieval",
+            "retrieval (1 KB instruction block, then one of 32 ~6 KB documents inside the user message, Zipf 1, then a question of 64 tok; 320 requests, out 32; caches hold ~6 documents)",
+        ),
+        retrieval(
+            "retrieval-caching-off",
+            "retrieval-caching-off (retrieval as above; sim-0 runs with --no-enable-prefix-caching: it never reuses its cache)",
+        )
+        .caching_off(CACHING_OFF_POD),
+        WorkloadSpec::new(
+            "completion-doc",
+            "completion-doc (/v1/completions: one of 32 ~6 KB document heads, Zipf 1, then a question of 64 tok in the same prompt; 320 requests, out 32; caches hold ~6 documents)",
+            workload::completion_doc(DOCUMENTS, 320, DOCUMENT_TOKENS, 64, 32, 1.0, seed, m),
+            Arrival::Closed { concurrency: 12 },
+            DOCUMENT_KV_BLOCKS,
+        ),
+        WorkloadSpec::new(
+            "few-shot",
+            "few-shot (short system, then one last user message: one of 12 ~4 KB few-shot example sets, Zipf 1, then a query of 64 tok; 320 requests, out 32; caches hold ~4 sets)",
+            workload::few_shot(12, 320, FEW_SHOT_TOKENS, 64, 32, 1.0, seed, m),
+            Arrival::Closed { concurrency: 12 },
+            4 * FEW_SHOT_TOKENS / 16 + 64,
+        ),
+        WorkloadSpec::new(
+            "tool-result",
+            "tool-result (64 agent sessions x 5 requests over a shared 2 KB tool preamble; each re-sends one ~8 KB tool result inside its last message, then a new step note of 64 tok; out 48; caches hold ~6 sessions)",
+            workload::tool_result(64, 5, 2048, 64, 2048, 64, 48, seed, m),
+            Arrival::Closed { concurrency: 16 },
+            1024,
+        ),
+        WorkloadSpec::new(
+            "busy-agent",
+            "busy-agent (agent as above: 32 sessions x 8 turns, shared 10 KB tool preamble; max-num-seqs 3, 18 clients for 12 slots)",
+            workload::agent_sessions(32, 8, 10 * 1024, 128, 512, 48, seed, m),
+            Arrival::Closed { concurrency: 18 },
+            BUSY_KV_BLOCKS,
+        )
+        .max_num_seqs(3),
     ]
 }
+
+/// Documents of the retrieval and completion-doc workloads, and their tokens (~6 KB each).
+pub const DOCUMENTS: usize = 32;
+pub const DOCUMENT_TOKENS: usize = 1536;
+/// KV blocks per sim of the document workloads: about 6 of the 32 documents (6 x 96 blocks of
+/// 16 tokens, plus 64 for running requests), so the 4 pods together hold the popular ones only.
+pub const DOCUMENT_KV_BLOCKS: usize = 6 * DOCUMENT_TOKENS / 16 + 64;
+/// Tokens of one few-shot example set (~4 KB); the sims hold about 4 of the 12 sets.
+pub const FEW_SHOT_TOKENS: usize = 1024;
 
 /// The `trace` workload: the first requests of the Mooncake trace at `path`, 20x faster.
 fn trace_workload(quick: bool, path: &std::path::Path) -> anyhow::Result<WorkloadSpec> {
@@ -403,18 +462,77 @@ mod tests {
         );
         assert!(rollout.restart_schedule().is_empty() && rollout.caching_off.is_empty());
         // The other workloads are undisturbed, and `--quick` has none of the new ones.
-        for w in all
-            .iter()
-            .filter(|w| !["engine-restarts", "caching-off", "picker-restart"].contains(&w.key))
-        {
+        for w in all.iter().filter(|w| {
+            ![
+                "engine-restarts",
+                "caching-off",
+                "picker-restart",
+                "retrieval-caching-off",
+            ]
+            .contains(&w.key)
+        }) {
             assert!(w.caching_off.is_empty() && !w.restarts, "{}", w.key);
             assert_eq!(w.picker_restart_after(), None, "{}", w.key);
         }
         let quick = workloads(true, 1, &default_trace()).unwrap().0;
-        for key in ["engine-restarts", "caching-off", "picker-restart"] {
+        for key in [
+            "engine-restarts",
+            "caching-off",
+            "picker-restart",
+            "retrieval-caching-off",
+        ] {
             assert!(find(&quick, key).is_none(), "{key}");
         }
     }
+    #[test]
+    fn the_mid_message_workloads_are_in_the_full_catalogue_as_issue_55_shapes_them() {
+        let all = workloads(false, 1, &default_trace()).unwrap().0;
+        let tenants = find(&all, "multi-tenant").unwrap().requests.len();
+        for key in [
+            "retrieval",
+            "retrieval-caching-off",
+            "completion-doc",
+            "few-shot",
+            "tool-result",
+            "busy-agent",
+        ] {
+            let w = find(&all, key).unwrap_or_else(|| panic!("{key}"));
+            assert!(w.name.starts_with(key), "{}", w.name);
+            assert!(w.selected(&[key.to_string()]));
+            // About as many requests as multi-tenant, so a row takes about as long.
+            let n = w.requests.len();
+            assert!(
+                n * 2 > tenants && n < tenants * 3 / 2,
+                "{key}: {n} vs {tenants}"
+            );
+        }
+        // The same requests with sim-0 reusing nothing.
+        let retrieval = find(&all, "retrieval").unwrap();
+        let off = find(&all, "retrieval-caching-off").unwrap();
+        assert_eq!(off.requests.len(), retrieval.requests.len());
+        assert_eq!(off.requests[7].body, retrieval.requests[7].body);
+        assert_eq!(off.caching_off, vec![CACHING_OFF_POD]);
+        assert!(retrieval.caching_off.is_empty());
+        assert_eq!(
+            (off.kv_blocks, off.arrival),
+            (retrieval.kv_blocks, retrieval.arrival)
+        );
+        // One pod holds a few documents, not all: the cache is the pressure.
+        assert!(retrieval.kv_blocks * 16 < DOCUMENTS * DOCUMENT_TOKENS / 4);
+        assert!(retrieval.kv_blocks * 16 > 4 * DOCUMENT_TOKENS);
+        assert_eq!(
+            find(&all, "completion-doc").unwrap().requests[0].path,
+            "/v1/completions"
+        );
+        // Busy agent sessions: the agent workload's requests, 3 slots per engine, 18 clients.
+        let agent = find(&all, "agent").unwrap();
+        let busy = find(&all, "busy-agent").unwrap();
+        assert_eq!(busy.requests.len(), agent.requests.len());
+        assert_eq!(busy.requests[9].body, agent.requests[9].body);
+        assert_eq!(busy.max_num_seqs, 3);
+        assert_eq!(busy.arrival, Arrival::Closed { concurrency: 18 });
+    }
+
     #[test]
     fn a_missing_trace_is_skipped_naming_the_file_and_where_to_get_it() {
         let missing = std::path::Path::new("/nonexistent/synthetic_trace.jsonl");

@@ -13,6 +13,8 @@
 //! - `agent`: one shared tool preamble longer than the router's 8 KiB hash coverage, then
 //!   sessions that grow append-only over several turns (tool calls and results).
 //! - `hot-prefix`: one prefix carries `hot_share` of the requests, the others share the rest.
+//! - [`mid_message`]: prefixes that end inside a message (`retrieval`, `completion-doc`,
+//!   `few-shot`, `tool-result`).
 //! - [`restarts`]: when each engine restarts in the `engine-restarts` workload (one at a time,
 //!   evenly through the run).
 //! - [`ramp`]: arrival times that rise linearly from a low rate to a peak and back (open loop),
@@ -30,6 +32,9 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Deserialize;
 use serde_json::{Value, json};
+
+pub mod mid_message;
+pub use mid_message::{completion_doc, few_shot, retrieval, tool_result};
 
 const VOCABULARY: [&str; 64] = [
     "alpha", "bravo", "cache", "delta", "engine", "fabric", "gamma", "harbor", "index", "jungle",

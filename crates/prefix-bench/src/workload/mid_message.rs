@@ -1,0 +1,246 @@
+//! Workloads whose reusable prefix ends inside a message (issue 55): the part worth routing on
+//! is followed, in the same message or prompt, by text no other request shares, so a router
+//! that only knows prefixes cut at message ends sees nothing past the last shared message.
+//!
+//! - [`retrieval`]: one instruction block (system message), then in the user message one of
+//!   `docs` long documents, drawn Zipf(`zipf`), then a question of its own.
+//! - [`completion_doc`]: `/v1/completions`, a `prompt` that starts with one of `docs` document
+//!   heads (Zipf) and ends with a question of its own.
+//! - [`few_shot`]: a short system message, then a last user message holding one of `sets`
+//!   blocks of few-shot examples (Zipf) followed by the query.
+//! - [`tool_result`]: agent sessions over a shared tool preamble whose successive requests
+//!   re-send one long tool result inside their last message, each followed by a new step note.
+//!
+//! Each request names its group (the document, example set or session) for the oracles.
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+
+use super::{BenchRequest, chat, completion, text};
+
+/// Zipf(`s`) popularity over `n` items: item `i` drawn with weight `1 / (i + 1)^s`.
+struct Zipf {
+    cumulative: Vec<f64>,
+}
+
+impl Zipf {
+    fn new(n: usize, s: f64) -> Zipf {
+        let mut total = 0.0;
+        let cumulative = (0..n.max(1))
+            .map(|i| {
+                total += 1.0 / (i as f64 + 1.0).powf(s);
+                total
+            })
+            .collect();
+        Zipf { cumulative }
+    }
+
+    fn sample(&self, rng: &mut SmallRng) -> usize {
+        let x = rng.random::<f64>() * self.cumulative.last().copied().unwrap_or(0.0);
+        self.cumulative
+            .iter()
+            .position(|c| x < *c)
+            .unwrap_or(self.cumulative.len() - 1)
+    }
+}
+
+/// `n` shared texts of `tokens` tokens each, distinct under `salt`.
+fn pool(n: usize, tokens: usize, seed: u64, salt: u64) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            text(
+                seed ^ salt ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                tokens * 4,
+            )
+        })
+        .collect()
+}
+
+/// Request `i`'s own text (a question, a query, a step note) of `tokens` tokens.
+fn own(seed: u64, salt: u64, i: usize, tokens: usize) -> String {
+    text(
+        seed ^ salt ^ (i as u64 + 1).wrapping_mul(0xC2B2_AE3D_27D4_EB4F),
+        tokens * 4,
+    )
+}
+
+/// Retrieval-augmented chat: `requests` single questions, each `[system: the instruction
+/// block of instruction_tokens, user: "Document d:\n<doc>\n\nQuestion: <own question>"]`, the
+/// document one of `docs` of `doc_tokens`, drawn Zipf(`zipf`).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one argument per workload parameter"
+)]
+pub fn retrieval(
+    docs: usize,
+    requests: usize,
+    instruction_tokens: usize,
+    doc_tokens: usize,
+    question_tokens: usize,
+    output_tokens: usize,
+    zipf: f64,
+    seed: u64,
+    model: &str,
+) -> Vec<BenchRequest> {
+    let instruction = format!(
+        "Answer the question from the document the user gives. {}",
+        text(seed ^ 0x0125_70C7, instruction_tokens * 4)
+    );
+    let documents = pool(docs, doc_tokens, seed, 0xD0C5);
+    let popularity = Zipf::new(docs, zipf);
+    let mut rng = SmallRng::seed_from_u64(seed ^ 0x2E72_1E7A);
+    (0..requests)
+        .map(|i| {
+            let d = popularity.sample(&mut rng);
+            let user = format!(
+                "Document {d}:\n{}\n\nQuestion: {}",
+                documents[d],
+                own(seed, 0x0A5C, i, question_tokens)
+            );
+            BenchRequest::new(
+                "/v1/chat/completions",
+                chat(
+                    json!([{"role": "system", "content": instruction}, {"role": "user", "content": user}]),
+                    output_tokens,
+                    model,
+                ),
+                Some(d as u32),
+            )
+        })
+        .collect()
+}
+
+/// Completions over shared document heads: `requests` prompts `"<doc>\n\nQuestion: <own
+/// question>\nAnswer:"`, the document one of `docs` of `doc_tokens`, drawn Zipf(`zipf`).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one argument per workload parameter"
+)]
+pub fn completion_doc(
+    docs: usize,
+    requests: usize,
+    doc_tokens: usize,
+    question_tokens: usize,
+    output_tokens: usize,
+    zipf: f64,
+    seed: u64,
+    model: &str,
+) -> Vec<BenchRequest> {
+    let documents = pool(docs, doc_tokens, seed, 0xC0_3D0C);
+    let popularity = Zipf::new(docs, zipf);
+    let mut rng = SmallRng::seed_from_u64(seed ^ 0xC0_3E7A);
+    (0..requests)
+        .map(|i| {
+            let d = popularity.sample(&mut rng);
+            let prompt = format!(
+                "{}\n\nQuestion: {}\nAnswer:",
+                documents[d],
+                own(seed, 0xC0A5, i, question_tokens)
+            );
+            BenchRequest::new(
+                "/v1/completions",
+                completion(prompt, output_tokens, model),
+                Some(d as u32),
+            )
+        })
+        .collect()
+}
+
+/// The system message of [`few_shot`]: short, the same for every request.
+pub const FEW_SHOT_SYSTEM: &str = "You are a helpful assistant.";
+
+/// Few-shot prompting: `requests` chats `[system: FEW_SHOT_SYSTEM, user: "Examples:\n<set>\n\n
+/// Query: <own query>"]`, the examples one of `sets` blocks of `examples_tokens`, drawn
+/// Zipf(`zipf`).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one argument per workload parameter"
+)]
+pub fn few_shot(
+    sets: usize,
+    requests: usize,
+    examples_tokens: usize,
+    query_tokens: usize,
+    output_tokens: usize,
+    zipf: f64,
+    seed: u64,
+    model: &str,
+) -> Vec<BenchRequest> {
+    let examples = pool(sets, examples_tokens, seed, 0xE8A3_9135);
+    let popularity = Zipf::new(sets, zipf);
+    let mut rng = SmallRng::seed_from_u64(seed ^ 0xF3_5407);
+    (0..requests)
+        .map(|i| {
+            let s = popularity.sample(&mut rng);
+            let user = format!(
+                "Examples:\n{}\n\nQuery: {}",
+                examples[s],
+                own(seed, 0x0F5E, i, query_tokens)
+            );
+            BenchRequest::new(
+                "/v1/chat/completions",
+                chat(
+                    json!([{"role": "system", "content": FEW_SHOT_SYSTEM}, {"role": "user", "content": user}]),
+                    output_tokens,
+                    model,
+                ),
+                Some(s as u32),
+            )
+        })
+        .collect()
+}
+
+/// Agent sessions re-sending a tool result: one tool preamble of `preamble_bytes` shared by
+/// every session; per session a task of `task_tokens`, one tool call (`output_tokens`) and its
+/// result of `result_tokens`; then `turns` requests whose last message is `"Tool result:\n
+/// <result>\n\nStep t: <note of step_tokens>"`: the same result, a new note each turn.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one argument per workload parameter"
+)]
+pub fn tool_result(
+    sessions: usize,
+    turns: usize,
+    preamble_bytes: usize,
+    task_tokens: usize,
+    result_tokens: usize,
+    step_tokens: usize,
+    output_tokens: usize,
+    seed: u64,
+    model: &str,
+) -> Vec<BenchRequest> {
+    let preamble = format!(
+        "You are an agent. Call one tool per step. Tools: {}",
+        text(seed ^ 0x7001_5E55, preamble_bytes)
+    );
+    let mut out = Vec::with_capacity(sessions * turns);
+    for s in 0..sessions {
+        let cs = seed ^ (s as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F);
+        let result = text(cs ^ 0x2E5, result_tokens * 4);
+        let history = [
+            json!({"role": "system", "content": preamble}),
+            json!({"role": "user", "content": format!("Task: {}", text(cs ^ 0x7A5C, task_tokens * 4))}),
+            json!({"role": "assistant", "content": format!("call read {}", text(cs ^ 0xCA11, output_tokens * 4))}),
+        ];
+        for t in 0..turns {
+            let last = format!(
+                "Tool result:\n{result}\n\nStep {t}: {}",
+                own(cs, 0x57E9, t, step_tokens)
+            );
+            let mut messages = history.to_vec();
+            messages.push(json!({"role": "user", "content": last}));
+            let mut r = BenchRequest::new(
+                "/v1/chat/completions",
+                chat(messages.into(), output_tokens, model),
+                Some(s as u32),
+            );
+            r.conversation = Some(s as u32);
+            out.push(r);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;
