@@ -9,6 +9,7 @@ use anyhow::Context;
 use testkit::{Process, bin_dir, render_envoy};
 
 use super::engines::{EnginePlan, Sims};
+use super::event_faults::{EventFault, SilentPublisher, silent_pods};
 use super::peer::start_peer;
 use super::picker_config::{self, EngineEvents, Pod};
 use super::project::{envoy_bin, root};
@@ -102,6 +103,8 @@ pub struct Cluster {
     picker_bin: PathBuf,
     /// The kvcache-aware row's redis-server and relays (killed on drop).
     _kvcache: Option<(super::sync_cost::RedisChild, Vec<Process>)>,
+    /// The silent-publisher fault row's publishers, one per pod (stopped on drop).
+    _silent: Vec<SilentPublisher>,
     /// The row's logs and config files (removed on drop).
     dir: tempfile::TempDir,
 }
@@ -156,6 +159,7 @@ pub async fn start_cluster_on(setup: &Setup, mut engines: EnginePlan) -> anyhow:
         picker_config: None,
         picker_bin: picker.clone(),
         _kvcache: None,
+        _silent: Vec::new(),
         dir,
     };
     let (file, ext_proc) = match setup {
@@ -181,6 +185,15 @@ pub async fn start_cluster_on(setup: &Setup, mut engines: EnginePlan) -> anyhow:
             affinity,
             ..
         } => {
+            // The silent-publisher fault: the picker subscribes to publishers that never send.
+            let pods = match events.as_ref().and_then(|e| e.fault) {
+                Some(EventFault::SilentPublisher) => {
+                    let (pods, silent) = silent_pods(&pods).await?;
+                    cluster._silent = silent;
+                    pods
+                }
+                _ => pods.clone(),
+            };
             let config = picker_config::render(s, &pods, affinity.as_ref(), events.as_ref())?;
             let (p, admin) = testkit::start_picker(&picker, cluster.dir.path(), &config, 2)?;
             cluster.picker_admin = Some(admin);
@@ -208,7 +221,8 @@ pub async fn start_cluster_on(setup: &Setup, mut engines: EnginePlan) -> anyhow:
 
 /// What `setup` asks of the sims beyond `engines`: SMG's model name; for a row on model-sim's
 /// tokenizer.json, the file (written into `dir`), which the sims run and the picker's config
-/// names. Returns the row's engine events with that path.
+/// names; for a fault row, the topic its sims publish on. Returns the row's engine events with
+/// that path.
 fn engines_for(
     setup: &Setup,
     engines: &mut EnginePlan,
@@ -226,6 +240,7 @@ fn engines_for(
         } => {
             let (row, sim_args) = e.with_tokenizer_dir(dir)?;
             engines.args.extend(sim_args);
+            engines.topic = e.fault.map_or("", EventFault::engine_topic).to_string();
             Ok(Some(row))
         }
         _ => Ok(None),
@@ -304,4 +319,41 @@ async fn start_envoy(
     cluster.url = format!("http://127.0.0.1:{}", envoy.port);
     cluster.envoy = Some(envoy);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engines::sim_args;
+
+    fn row(events: Option<EngineEvents>) -> Setup {
+        Setup::Envoy {
+            file: "envoy.yaml".into(),
+            scheduler: Some("scheduler: {}\n".into()),
+            affinity: None,
+            events,
+        }
+    }
+
+    #[test]
+    fn only_the_topic_mismatch_rows_sims_publish_on_another_topic() {
+        let dir = tempfile::tempdir().unwrap();
+        let topic = |setup: &Setup| {
+            let mut plan = EnginePlan::plain(&sim_args(64, 4));
+            plan.kv_events = true;
+            engines_for(setup, &mut plan, dir.path()).unwrap();
+            plan.topic
+        };
+        let events = EngineEvents::engine_tokenize;
+        assert_eq!(topic(&row(None)), "");
+        assert_eq!(topic(&row(Some(events()))), "");
+        assert_eq!(
+            topic(&row(Some(events().with_fault(EventFault::TopicMismatch)))),
+            "kv-events"
+        );
+        assert_eq!(
+            topic(&row(Some(events().with_fault(EventFault::SilentPublisher)))),
+            ""
+        );
+    }
 }

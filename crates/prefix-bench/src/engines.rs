@@ -1,6 +1,6 @@
 //! The model-sims a suite row runs on: [`SIMS`] of them, their arguments ([`sim_args`], and the
 //! [`EngineProfile`]'s), which of them run without prefix caching, whether they publish KV
-//! events (and so can be restarted mid-run, [`restarts_mid_run`]).
+//! events (and so can be restarted mid-run, [`restarts_mid_run`]) and on which topic.
 
 use testkit::{Process, bin_dir};
 
@@ -80,6 +80,8 @@ pub struct EnginePlan {
     pub caching_off: Vec<usize>,
     /// Sims that publish KV events and can be restarted ([`testkit::Sim`]).
     pub kv_events: bool,
+    /// The topic they publish on (`""`: vLLM's default).
+    pub topic: String,
     /// The model the workload's requests name (the kvcache-aware row's relays write it).
     pub model: String,
 }
@@ -91,6 +93,7 @@ impl EnginePlan {
             args: args.to_vec(),
             caching_off: Vec::new(),
             kv_events: false,
+            topic: String::new(),
             model: "model".into(),
         }
     }
@@ -108,11 +111,12 @@ impl EnginePlan {
     pub fn start(&self) -> anyhow::Result<Sims> {
         let bin = bin_dir().join("model-sim");
         if self.kv_events {
-            return Ok(Sims::Publishing(testkit::Sim::start_n(
+            return Ok(Sims::Publishing(testkit::Sim::start_n_on_topic(
                 &bin,
                 SIMS,
                 &self.args,
                 |i| self.extra(i),
+                &self.topic,
             )?));
         }
         let sims = (0..SIMS)
@@ -212,6 +216,7 @@ mod tests {
             args: sim_args(1024, 8),
             caching_off: vec![CACHING_OFF_POD],
             kv_events: false,
+            topic: String::new(),
             model: "model".into(),
         };
         for i in 0..SIMS {

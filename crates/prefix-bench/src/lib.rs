@@ -4,6 +4,7 @@ pub mod catalogue;
 pub mod cluster;
 pub mod driver;
 pub mod engines;
+pub mod event_faults;
 pub mod misses;
 pub mod noop_ext_proc;
 pub mod oracle;

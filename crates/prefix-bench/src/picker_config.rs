@@ -6,18 +6,24 @@
 //! `kvEventsReplayEndpoint` (vLLM's PUB and replay ROUTER sockets), so the picker matches a
 //! candidate by what its engine holds, and sets `picker.tokenizer` (how the picker gets a
 //! prompt's engine tokens: `{source: engine}` asks the pod's own `POST /tokenize`; `{source:
-//! file}` runs model-sim's `tokenizer.json` in process, the sims running it too).
+//! file}` runs model-sim's `tokenizer.json` in process, the sims running it too). A fault row
+//! ([`super::event_faults`]) renders as its engine-events row: the topic mismatch leaves
+//! `picker.kvEvents.topic` unset (`""`), the silent publisher's pods name other sockets.
 
 use std::fmt::Write;
 use std::net::SocketAddr;
 
 use testkit::KvEventPorts;
 
+use super::event_faults::EventFault;
+
 /// What an engine-events row adds to its base row: the `picker.tokenizer` mapping (JSON, which
-/// YAML reads as a flow mapping), every endpoint's event sockets implied.
+/// YAML reads as a flow mapping), every endpoint's event sockets implied; and for a fault row
+/// how its event stream is wrong ([`EventFault`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineEvents {
     pub tokenizer: serde_json::Value,
+    pub fault: Option<EventFault>,
 }
 
 impl EngineEvents {
@@ -25,6 +31,7 @@ impl EngineEvents {
     pub fn engine_tokenize() -> EngineEvents {
         EngineEvents {
             tokenizer: serde_json::json!({"source": "engine"}),
+            fault: None,
         }
     }
 
@@ -34,6 +41,15 @@ impl EngineEvents {
     pub fn file_tokenizer() -> EngineEvents {
         EngineEvents {
             tokenizer: serde_json::json!({"source": "file"}),
+            fault: None,
+        }
+    }
+
+    /// The same row with its event stream wrong as `fault` says.
+    pub fn with_fault(self, fault: EventFault) -> EngineEvents {
+        EngineEvents {
+            fault: Some(fault),
+            ..self
         }
     }
 
@@ -195,6 +211,7 @@ mod tests {
     fn another_tokenizer_source_is_only_another_mapping() {
         let events = EngineEvents {
             tokenizer: serde_json::json!({"source": "file", "path": "/models/tokenizer.json"}),
+            fault: None,
         };
         let doc = parse(&render(SCHEDULER, &pods(true), None, Some(&events)).unwrap());
         assert_eq!(doc["picker"]["tokenizer"]["source"].as_str(), Some("file"));

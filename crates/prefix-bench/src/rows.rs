@@ -1,13 +1,15 @@
 //! The suite's rows: the routers it compares, in report order (Envoy round robin;
 //! prefix-picker with prefix-cache alone, Kthena's plugins, the shipped config, the shipped
-//! config reading the engines' KV events, the ablation rows; Kthena's kvcache-aware; the peers
-//! `bench/run` installed; the oracles), each a name and a [`Setup`].
+//! config reading the engines' KV events, its fault rows (run only when `--routers` names them,
+//! [`selected`]), the ablation rows; Kthena's kvcache-aware; the peers `bench/run` installed; the
+//! oracles), each a name and a [`Setup`].
 
 use anyhow::Context;
 use testkit::bin_dir;
 
 use super::cluster::{Setup, TOKENIZER_PORT};
 use super::engines::SIMS;
+use super::event_faults::EventFault;
 use super::picker_config::{self, EngineEvents};
 use super::project::shipped_config;
 use super::report;
@@ -28,6 +30,37 @@ pub fn engine_event_rows() -> Vec<(&'static str, EngineEvents)> {
         ("", EngineEvents::engine_tokenize()),
         (", file tokenizer", EngineEvents::file_tokenizer()),
     ]
+}
+
+/// The fault rows' names: the engine-events row's, then `(fault: <what>)`.
+pub fn fault_row_name(fault: EventFault) -> String {
+    format!(
+        "{} (fault: {})",
+        report::SHIPPED_ENGINE_EVENTS,
+        fault.as_str()
+    )
+}
+
+/// Whether `name` is a fault row's ([`fault_row_name`]).
+pub fn is_fault_row(name: &str) -> bool {
+    name.starts_with(report::SHIPPED_ENGINE_EVENTS) && name.contains(" (fault: ")
+}
+
+/// Whether `--routers` `only` selects the row `name`. Every row when `only` is empty, else
+/// every row whose name contains an entry; the ablation rows always (`--ablation` asks for
+/// them); a fault row only when an entry names it, i.e. matches its name and not the
+/// engine-events row's (`fault`, `topic mismatch`, `silent publisher`): they would add two
+/// rows to every workload of a default run.
+pub fn selected(name: &str, only: &[String]) -> bool {
+    if name.starts_with(report::ABLATION) {
+        return true;
+    }
+    if is_fault_row(name) {
+        return only.iter().any(|r| {
+            name.contains(r.as_str()) && !report::SHIPPED_ENGINE_EVENTS.contains(r.as_str())
+        });
+    }
+    only.is_empty() || only.iter().any(|r| name.contains(r.as_str()))
 }
 
 /// The kvcache-aware row's name.
@@ -192,7 +225,8 @@ pub fn with_baseline(rows: Vec<(String, Setup)>, bin: &std::path::Path) -> Vec<(
     out
 }
 
-/// The shipped-config row and, after it, its engine-events rows, all on `rows`' routing.
+/// The shipped-config row and, after it, its engine-events rows and their fault rows (the
+/// engine-tokenize row with each [`EventFault`]), all on `rows`' routing.
 fn shipped_rows(rows: &RowConfig) -> Vec<(String, Setup)> {
     let mut out = vec![(
         report::SHIPPED.to_string(),
@@ -202,6 +236,16 @@ fn shipped_rows(rows: &RowConfig) -> Vec<(String, Setup)> {
         out.push((
             format!("{}{suffix}", report::SHIPPED_ENGINE_EVENTS),
             picker_row(&rows.scheduler, rows.affinity.clone(), Some(events)),
+        ));
+    }
+    for fault in EventFault::ALL {
+        out.push((
+            fault_row_name(fault),
+            picker_row(
+                &rows.scheduler,
+                rows.affinity.clone(),
+                Some(EngineEvents::engine_tokenize().with_fault(fault)),
+            ),
         ));
     }
     out
@@ -366,89 +410,4 @@ pub fn without_refused_rows(routers: Vec<(String, Setup)>) -> anyhow::Result<Vec
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_engine_events_rows_follow_the_shipped_row_and_read_events() {
-        let rows = RowConfig {
-            path: "config.yaml".into(),
-            scheduler: PREFIX_ONLY.to_string(),
-            affinity: Some(serde_json::json!({"tentative": true})),
-        };
-        let routers = routers_from(PREFIX_ONLY.to_string(), &rows, false, true);
-        let names: Vec<&str> = routers.iter().map(|(n, _)| n.as_str()).collect();
-        let shipped = names.iter().position(|n| *n == report::SHIPPED).unwrap();
-        assert_eq!(names[shipped + 1], report::SHIPPED_ENGINE_EVENTS);
-        let (_, setup) = &routers[shipped + 1];
-        assert!(setup.reads_engine_events());
-        let (
-            Setup::Envoy {
-                affinity,
-                scheduler,
-                events: Some(events),
-                ..
-            },
-            Setup::Envoy {
-                affinity: a0,
-                scheduler: s0,
-                ..
-            },
-        ) = (setup, &routers[shipped].1)
-        else {
-            panic!("not picker rows");
-        };
-        // The shipped row's config, plus the events.
-        assert_eq!((affinity, scheduler), (a0, s0));
-        assert_eq!(
-            affinity.as_ref(),
-            Some(&serde_json::json!({"tentative": true}))
-        );
-        assert_eq!(events, &EngineEvents::engine_tokenize());
-        assert_eq!(
-            names[shipped + 2],
-            format!("{}, file tokenizer", report::SHIPPED_ENGINE_EVENTS)
-        );
-        assert_eq!(
-            routers
-                .iter()
-                .filter(|(_, s)| s.reads_engine_events())
-                .count(),
-            engine_event_rows().len()
-        );
-    }
-
-    fn scheduler_of(routers: &[(String, Setup)], name: &str) -> Option<String> {
-        routers.iter().find_map(|(n, s)| match s {
-            Setup::Envoy { scheduler, .. } if n == name => scheduler.clone(),
-            _ => None,
-        })
-    }
-
-    #[test]
-    fn a_given_config_drives_the_shipped_rows_and_only_them() {
-        let mine = RowConfig {
-            path: "mine.yaml".into(),
-            scheduler: "scheduler: {mine: true}\n".into(),
-            affinity: None,
-        };
-        let routers = routers_from("scheduler: {kthena: true}\n".into(), &mine, true, true);
-        assert_eq!(
-            scheduler_of(&routers, report::SHIPPED).as_deref(),
-            Some("scheduler: {mine: true}\n")
-        );
-        assert_eq!(
-            scheduler_of(&routers, report::SHIPPED_ENGINE_EVENTS).as_deref(),
-            Some("scheduler: {mine: true}\n")
-        );
-        assert_eq!(
-            scheduler_of(&routers, "prefix-picker: Kthena default plugins").as_deref(),
-            Some("scheduler: {kthena: true}\n")
-        );
-        // No affinity mapping: nothing for the ablation to switch off.
-        assert!(!routers.iter().any(|(n, _)| n.starts_with(report::ABLATION)));
-        // The shipped config without an affinity mapping has no shipped row at all.
-        let plain = routers_from("scheduler: {}\n".into(), &mine, false, true);
-        assert!(!plain.iter().any(|(n, _)| n.starts_with(report::SHIPPED)));
-    }
-}
+mod tests;

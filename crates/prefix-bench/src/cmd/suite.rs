@@ -12,7 +12,7 @@ use prefix_bench::cluster::{Cluster, Setup, start_cluster_on};
 use prefix_bench::driver::{self, RunResult};
 use prefix_bench::engines::{EnginePlan, EngineProfile, SIMS, restarts_mid_run, sim_args};
 use prefix_bench::rows::{
-    CAPPED_ORACLE_BUDGET, CAPPED_ORACLE_LOAD, EXT_PROC_FLOOR, capped_oracle_row, routers,
+    self, CAPPED_ORACLE_BUDGET, CAPPED_ORACLE_LOAD, EXT_PROC_FLOOR, capped_oracle_row, routers,
     without_refused_rows,
 };
 use prefix_bench::suite_results::{Skipped, SuiteResults};
@@ -40,7 +40,9 @@ pub struct SuiteOpts {
     #[arg(long, value_delimiter = ',')]
     workloads: Vec<String>,
     /// Only the routers whose row name contains one of these (e.g. `round-robin,oracle`); the
-    /// ablation rows run whenever `--ablation` is given.
+    /// ablation rows run whenever `--ablation` is given. The engine-events fault rows (`...
+    /// engine events (fault: topic mismatch)`, `(fault: silent publisher)`) run only when an
+    /// entry names them: `fault`, `topic mismatch` or `silent publisher`.
     #[arg(long, value_delimiter = ',')]
     routers: Vec<String>,
     /// Add the ablation rows: the shipped config with one `picker.affinity` switch off each.
@@ -198,12 +200,7 @@ fn selected_rows(
 ) -> anyhow::Result<Vec<(String, Setup)>> {
     let rows: Vec<(String, Setup)> = routers(ablation, config)?
         .into_iter()
-        .filter(|(name, _)| {
-            // `--ablation` asks for its rows whatever `--routers` selects.
-            only.is_empty()
-                || name.starts_with(report::ABLATION)
-                || only.iter().any(|r| name.contains(r.as_str()))
-        })
+        .filter(|(name, _)| rows::selected(name, only))
         .collect();
     anyhow::ensure!(!rows.is_empty(), "no router matches {only:?}");
     let rows = without_refused_rows(rows)?;
@@ -328,6 +325,7 @@ async fn run_row(
         args,
         caching_off: w.caching_off.clone(),
         kv_events: reads_events || w.restarts,
+        topic: String::new(),
         model: workload::model(&w.requests).to_string(),
     };
     let mut c = start_cluster_on(setup, engines).await?;

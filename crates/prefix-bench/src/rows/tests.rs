@@ -1,0 +1,260 @@
+//! The suite's rows: their order, the config each picker row runs with, which `--routers`
+//! selects.
+
+use super::*;
+
+#[test]
+fn the_engine_events_rows_follow_the_shipped_row_and_read_events() {
+    let rows = RowConfig {
+        path: "config.yaml".into(),
+        scheduler: PREFIX_ONLY.to_string(),
+        affinity: Some(serde_json::json!({"tentative": true})),
+    };
+    let routers = routers_from(PREFIX_ONLY.to_string(), &rows, false, true);
+    let names: Vec<&str> = routers.iter().map(|(n, _)| n.as_str()).collect();
+    let shipped = names.iter().position(|n| *n == report::SHIPPED).unwrap();
+    assert_eq!(names[shipped + 1], report::SHIPPED_ENGINE_EVENTS);
+    let (_, setup) = &routers[shipped + 1];
+    assert!(setup.reads_engine_events());
+    let (
+        Setup::Envoy {
+            affinity,
+            scheduler,
+            events: Some(events),
+            ..
+        },
+        Setup::Envoy {
+            affinity: a0,
+            scheduler: s0,
+            ..
+        },
+    ) = (setup, &routers[shipped].1)
+    else {
+        panic!("not picker rows");
+    };
+    // The shipped row's config, plus the events.
+    assert_eq!((affinity, scheduler), (a0, s0));
+    assert_eq!(
+        affinity.as_ref(),
+        Some(&serde_json::json!({"tentative": true}))
+    );
+    assert_eq!(events, &EngineEvents::engine_tokenize());
+    assert_eq!(
+        names[shipped + 2],
+        format!("{}, file tokenizer", report::SHIPPED_ENGINE_EVENTS)
+    );
+    assert_eq!(
+        routers
+            .iter()
+            .filter(|(_, s)| s.reads_engine_events())
+            .count(),
+        engine_event_rows().len() + EventFault::ALL.len()
+    );
+}
+
+fn scheduler_of(routers: &[(String, Setup)], name: &str) -> Option<String> {
+    routers.iter().find_map(|(n, s)| match s {
+        Setup::Envoy { scheduler, .. } if n == name => scheduler.clone(),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_given_config_drives_the_shipped_rows_and_only_them() {
+    let mine = RowConfig {
+        path: "mine.yaml".into(),
+        scheduler: "scheduler: {mine: true}\n".into(),
+        affinity: None,
+    };
+    let routers = routers_from("scheduler: {kthena: true}\n".into(), &mine, true, true);
+    assert_eq!(
+        scheduler_of(&routers, report::SHIPPED).as_deref(),
+        Some("scheduler: {mine: true}\n")
+    );
+    assert_eq!(
+        scheduler_of(&routers, report::SHIPPED_ENGINE_EVENTS).as_deref(),
+        Some("scheduler: {mine: true}\n")
+    );
+    assert_eq!(
+        scheduler_of(&routers, "prefix-picker: Kthena default plugins").as_deref(),
+        Some("scheduler: {kthena: true}\n")
+    );
+    // No affinity mapping: nothing for the ablation to switch off.
+    assert!(!routers.iter().any(|(n, _)| n.starts_with(report::ABLATION)));
+    // The shipped config without an affinity mapping has no shipped row at all.
+    let plain = routers_from("scheduler: {}\n".into(), &mine, false, true);
+    assert!(!plain.iter().any(|(n, _)| n.starts_with(report::SHIPPED)));
+}
+
+fn shipped_rows_of(affinity: serde_json::Value) -> Vec<(String, Setup)> {
+    let rows = RowConfig {
+        path: "config.yaml".into(),
+        scheduler: PREFIX_ONLY.to_string(),
+        affinity: Some(affinity),
+    };
+    routers_from(PREFIX_ONLY.to_string(), &rows, false, false)
+}
+
+#[test]
+fn the_fault_rows_are_the_engine_events_row_with_its_stream_wrong() {
+    let routers = shipped_rows_of(serde_json::json!({"tentative": true}));
+    let names: Vec<&str> = routers.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        fault_row_name(EventFault::TopicMismatch),
+        "prefix-picker: shipped config + engine events (fault: topic mismatch)"
+    );
+    assert_eq!(
+        fault_row_name(EventFault::SilentPublisher),
+        "prefix-picker: shipped config + engine events (fault: silent publisher)"
+    );
+    let events_row = names
+        .iter()
+        .position(|n| *n == report::SHIPPED_ENGINE_EVENTS)
+        .unwrap();
+    let Setup::Envoy {
+        scheduler: s0,
+        affinity: a0,
+        ..
+    } = &routers[events_row].1
+    else {
+        panic!("not a picker row");
+    };
+    for fault in EventFault::ALL {
+        let at = names
+            .iter()
+            .position(|n| *n == fault_row_name(fault))
+            .unwrap();
+        assert!(at > events_row, "after the engine-events rows");
+        assert!(is_fault_row(names[at]));
+        let Setup::Envoy {
+            file,
+            scheduler,
+            affinity,
+            events: Some(events),
+        } = &routers[at].1
+        else {
+            panic!("{fault:?}: not an engine-events row");
+        };
+        // The shipped engine-events row (engine tokenizer, the same routing), plus the fault.
+        assert_eq!(file, "envoy.yaml");
+        assert_eq!((scheduler, affinity), (s0, a0));
+        assert_eq!(events.tokenizer, EngineEvents::engine_tokenize().tokenizer);
+        assert_eq!(events.fault, Some(fault));
+    }
+    for name in [
+        report::SHIPPED,
+        report::SHIPPED_ENGINE_EVENTS,
+        "prefix-picker: shipped config + engine events, file tokenizer",
+    ] {
+        assert!(!is_fault_row(name), "{name}");
+    }
+}
+
+#[test]
+fn fault_rows_run_only_when_routers_names_them() {
+    let only =
+        |entries: &[&str]| -> Vec<String> { entries.iter().map(|e| e.to_string()).collect() };
+    let topic = fault_row_name(EventFault::TopicMismatch);
+    let silent = fault_row_name(EventFault::SilentPublisher);
+    let picked = |entries: &[&str]| {
+        let only = only(entries);
+        (
+            selected(report::SHIPPED_ENGINE_EVENTS, &only),
+            selected(&topic, &only),
+            selected(&silent, &only),
+        )
+    };
+    // Not in a default run, nor selected by a name every engine-events row contains.
+    assert_eq!(picked(&[]), (true, false, false));
+    assert_eq!(picked(&["shipped config"]), (true, false, false));
+    assert_eq!(picked(&["engine events"]), (true, false, false));
+    // Named: all faults, or one.
+    assert_eq!(picked(&["fault"]), (false, true, true));
+    assert_eq!(picked(&["topic mismatch"]), (false, true, false));
+    assert_eq!(
+        picked(&["shipped config", "silent publisher"]),
+        (true, false, true)
+    );
+    assert_eq!(picked(&["engine events (fault"]), (false, true, true));
+    // The other rows as before; the ablation rows whenever they exist.
+    assert!(selected(report::ROUND_ROBIN, &only(&[])));
+    assert!(selected(report::ROUND_ROBIN, &only(&["round-robin"])));
+    assert!(!selected(report::ROUND_ROBIN, &only(&["fault"])));
+    assert!(selected("ablation: loadGate: false", &only(&["fault"])));
+}
+
+/// Sims as a publishing row's static endpoints.
+fn sim_pods() -> Vec<picker_config::Pod> {
+    (0..2)
+        .map(|i| picker_config::Pod {
+            name: format!("sim-{i}"),
+            addr: format!("127.0.0.1:{}", 8000 + i).parse().unwrap(),
+            kv_events: Some(testkit::KvEventPorts {
+                publish: 5557 + 2 * i,
+                replay: 5558 + 2 * i,
+            }),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_fault_rows_picker_configs_leave_the_topic_empty_or_name_silent_sockets() {
+    let affinity = serde_json::json!({"tentative": true});
+    let events = |fault| EngineEvents::engine_tokenize().with_fault(fault);
+    let parse = |config: &str| -> serde_yaml_ng::Value { serde_yaml_ng::from_str(config).unwrap() };
+    let pods = sim_pods();
+    // Topic mismatch: the picker reads the sims' own sockets, `picker.kvEvents.topic` unset
+    // (its default, ""), while the sims publish on "kv-events".
+    let topic = parse(
+        &picker_config::render(
+            PREFIX_ONLY,
+            &pods,
+            Some(&affinity),
+            Some(&events(EventFault::TopicMismatch)),
+        )
+        .unwrap(),
+    );
+    assert!(topic["picker"].get("kvEvents").is_none(), "{topic:?}");
+    assert_eq!(
+        topic["picker"]["tokenizer"]["source"].as_str(),
+        Some("engine")
+    );
+    for (e, pod) in topic["endpoints"].as_sequence().unwrap().iter().zip(&pods) {
+        let ports = pod.kv_events.unwrap();
+        assert_eq!(
+            e["kvEventsEndpoint"].as_str(),
+            Some(ports.endpoint().as_str())
+        );
+        assert_eq!(
+            e["kvEventsReplayEndpoint"].as_str(),
+            Some(ports.replay_endpoint().as_str())
+        );
+    }
+    assert_eq!(EventFault::TopicMismatch.engine_topic(), "kv-events");
+    // Silent publisher: every pod's sockets are a silent publisher's, its address the sim's.
+    let (silent_pods, publishers) = crate::event_faults::silent_pods(&pods).await.unwrap();
+    let silent = parse(
+        &picker_config::render(
+            PREFIX_ONLY,
+            &silent_pods,
+            Some(&affinity),
+            Some(&events(EventFault::SilentPublisher)),
+        )
+        .unwrap(),
+    );
+    assert!(silent["picker"].get("kvEvents").is_none());
+    let endpoints = silent["endpoints"].as_sequence().unwrap();
+    for ((e, pod), publisher) in endpoints.iter().zip(&pods).zip(&publishers) {
+        assert_eq!(e["address"].as_str(), Some(pod.addr.to_string().as_str()));
+        assert_eq!(
+            e["kvEventsEndpoint"].as_str(),
+            Some(publisher.ports().endpoint().as_str())
+        );
+        assert_eq!(
+            e["kvEventsReplayEndpoint"].as_str(),
+            Some(publisher.ports().replay_endpoint().as_str())
+        );
+        assert_ne!(pod.kv_events, Some(publisher.ports()));
+    }
+    assert_eq!(EventFault::SilentPublisher.engine_topic(), "");
+}
