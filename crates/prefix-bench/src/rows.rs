@@ -48,19 +48,31 @@ pub fn is_fault_row(name: &str) -> bool {
 
 /// Whether `--routers` `only` selects the row `name`. Every row when `only` is empty, else
 /// every row whose name contains an entry; the ablation rows always (`--ablation` asks for
-/// them); a fault row only when an entry names it, i.e. matches its name and not the
-/// engine-events row's (`fault`, `topic mismatch`, `silent publisher`): they would add two
-/// rows to every workload of a default run.
+/// them). A fault row runs only when an entry names it ([`names_a_fault`]: `fault`, `topic
+/// mismatch`, `silent publisher`), as the fault rows would add two rows to every workload of a
+/// default run; such an entry selects no other row (`fault` is in `Kthena default plugins`).
 pub fn selected(name: &str, only: &[String]) -> bool {
     if name.starts_with(report::ABLATION) {
         return true;
     }
     if is_fault_row(name) {
-        return only.iter().any(|r| {
-            name.contains(r.as_str()) && !report::SHIPPED_ENGINE_EVENTS.contains(r.as_str())
-        });
+        return only
+            .iter()
+            .any(|r| names_a_fault(r) && name.contains(r.as_str()));
     }
-    only.is_empty() || only.iter().any(|r| name.contains(r.as_str()))
+    only.is_empty()
+        || only
+            .iter()
+            .any(|r| !names_a_fault(r) && name.contains(r.as_str()))
+}
+
+/// Whether a `--routers` entry names a fault row: it is part of one's name and not of the
+/// engine-events row's every fault row starts with.
+fn names_a_fault(entry: &str) -> bool {
+    !report::SHIPPED_ENGINE_EVENTS.contains(entry)
+        && EventFault::ALL
+            .iter()
+            .any(|f| fault_row_name(*f).contains(entry))
 }
 
 /// The kvcache-aware row's name.

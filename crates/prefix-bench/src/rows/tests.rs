@@ -180,6 +180,11 @@ fn fault_rows_run_only_when_routers_names_them() {
     assert!(selected(report::ROUND_ROBIN, &only(&[])));
     assert!(selected(report::ROUND_ROBIN, &only(&["round-robin"])));
     assert!(!selected(report::ROUND_ROBIN, &only(&["fault"])));
+    // An entry naming the faults selects no other row, though "fault" is in "default".
+    let kthena = "prefix-picker: Kthena default plugins";
+    assert!(!selected(kthena, &only(&["round-robin", "fault"])));
+    assert!(selected(kthena, &only(&["default"])));
+    assert!(selected(kthena, &only(&["prefix-picker"])));
     assert!(selected("ablation: loadGate: false", &only(&["fault"])));
 }
 
