@@ -350,7 +350,7 @@ fn full_catalogue(seed: u64) -> Vec<WorkloadSpec> {
         ),
         WorkloadSpec::new(
             "tool-result",
-            "tool-result (64 agent sessions x 5 requests over a shared 2 KB tool preamble; each re-sends one ~8 KB tool result inside its last message, then a new step note of 64 tok; out 48; caches hold ~6 sessions)",
+            "tool-result (64 scratchpad agent sessions x 5 requests over a shared 2 KB tool preamble; each re-sends the task and one ~8 KB tool result inside its one user message, then a new step note of 64 tok; out 48; caches hold ~6 sessions)",
             workload::tool_result(64, 5, 2048, 64, 2048, 64, 48, seed, m),
             Arrival::Closed { concurrency: 16 },
             1024,

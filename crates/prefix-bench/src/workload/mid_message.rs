@@ -8,8 +8,9 @@
 //!   heads (Zipf) and ends with a question of its own.
 //! - [`few_shot`]: a short system message, then a last user message holding one of `sets`
 //!   blocks of few-shot examples (Zipf) followed by the query.
-//! - [`tool_result`]: agent sessions over a shared tool preamble whose successive requests
-//!   re-send one long tool result inside their last message, each followed by a new step note.
+//! - [`tool_result`]: scratchpad agent sessions over a shared tool preamble whose successive
+//!   requests re-send the task and one long tool result inside their one user message, each
+//!   followed by a new step note.
 //!
 //! Each request names its group (the document, example set or session) for the oracles.
 
@@ -191,10 +192,11 @@ pub fn few_shot(
         .collect()
 }
 
-/// Agent sessions re-sending a tool result: one tool preamble of `preamble_bytes` shared by
-/// every session; per session a task of `task_tokens`, one tool call (`output_tokens`) and its
-/// result of `result_tokens`; then `turns` requests whose last message is `"Tool result:\n
-/// <result>\n\nStep t: <note of step_tokens>"`: the same result, a new note each turn.
+/// Agent sessions re-sending a tool result, as a scratchpad agent does: one tool preamble of
+/// `preamble_bytes` shared by every session (system); per session a task of `task_tokens` and
+/// one tool result of `result_tokens`; then `turns` requests whose one user message is `"Task:
+/// <task>\n\nTool result:\n<result>\n\nStep t: <note of step_tokens>"`: the same task and
+/// result, a new note each turn. No message but the preamble ends where another request's does.
 #[expect(
     clippy::too_many_arguments,
     reason = "one argument per workload parameter"
@@ -217,22 +219,20 @@ pub fn tool_result(
     let mut out = Vec::with_capacity(sessions * turns);
     for s in 0..sessions {
         let cs = seed ^ (s as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F);
+        let task = text(cs ^ 0x7A5C, task_tokens * 4);
         let result = text(cs ^ 0x2E5, result_tokens * 4);
-        let history = [
-            json!({"role": "system", "content": preamble}),
-            json!({"role": "user", "content": format!("Task: {}", text(cs ^ 0x7A5C, task_tokens * 4))}),
-            json!({"role": "assistant", "content": format!("call read {}", text(cs ^ 0xCA11, output_tokens * 4))}),
-        ];
         for t in 0..turns {
-            let last = format!(
-                "Tool result:\n{result}\n\nStep {t}: {}",
+            let user = format!(
+                "Task: {task}\n\nTool result:\n{result}\n\nStep {t}: {}",
                 own(cs, 0x57E9, t, step_tokens)
             );
-            let mut messages = history.to_vec();
-            messages.push(json!({"role": "user", "content": last}));
             let mut r = BenchRequest::new(
                 "/v1/chat/completions",
-                chat(messages.into(), output_tokens, model),
+                chat(
+                    json!([{"role": "system", "content": preamble}, {"role": "user", "content": user}]),
+                    output_tokens,
+                    model,
+                ),
                 Some(s as u32),
             );
             r.conversation = Some(s as u32);
