@@ -3,7 +3,9 @@
 //! `/debug/explain?api=/v1/chat/completions` (or `api=chat|completions|responses`; inferred from
 //! the body when absent: `messages` -> chat, `input` -> responses, else completions) takes an
 //! OpenAI request body and returns the decision the picker would make, with every plugin's score
-//! per pod, without routing, recording or counting anything. The `/debug/*` routes are off
+//! per pod, without routing, recording or counting anything. The answer carries the request's
+//! id (the call's `x-request-id`, generated when absent) and the decision as the decision
+//! header and the access record would carry it (`decision`). The `/debug/*` routes are off
 //! unless enabled, and then guarded ([`access`]).
 
 use std::net::SocketAddr;
@@ -13,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use axum::Router as Http;
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Query, Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -110,8 +112,18 @@ fn api_path(api: Option<&str>, body: &[u8]) -> String {
     }
 }
 
-async fn explain(State(a): State<Admin>, Query(q): Query<ExplainQuery>, body: Bytes) -> Response {
+async fn explain(
+    State(a): State<Admin>,
+    Query(q): Query<ExplainQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let path = api_path(q.api.as_deref(), &body);
+    let request_id = headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_string);
     // kvcache-aware: the same lookup a routed request awaits (tokenize + Redis; counted).
     let kv = match a.router.kv_lookup(&path, &body, None) {
         Some(lookup) => lookup.await,
@@ -127,13 +139,14 @@ async fn explain(State(a): State<Admin>, Query(q): Query<ExplainQuery>, body: By
             f.body(),
         )
             .into_response(),
-        Ok(explained) => axum::Json(explained_json(&path, &explained)).into_response(),
+        Ok(explained) => axum::Json(explained_json(&path, &explained, &request_id)).into_response(),
     }
 }
 
 /// `/debug/explain`'s answer: the request as the scheduler saw it, each pod's scores, the pick.
-fn explained_json(path: &str, explained: &Explained) -> Value {
+fn explained_json(path: &str, explained: &Explained, request_id: &str) -> Value {
     let d = &explained.decision;
+    let pick = d.pick_summary();
     let pods: Vec<Value> = (0..d.candidates.len()).map(|i| pod_json(d, i)).collect();
     let plugins: Vec<Value> = d
         .plugins
@@ -141,6 +154,7 @@ fn explained_json(path: &str, explained: &Explained) -> Value {
         .map(|p| json!({"name": p.plugin, "weight": p.weight, "scored": p.scores.is_some()}))
         .collect();
     json!({
+        "request_id": request_id,
         "api": path,
         "model": explained.model,
         "prompt_bytes": d.prompt_bytes,
@@ -152,6 +166,8 @@ fn explained_json(path: &str, explained: &Explained) -> Value {
         "fallbacks": d.ranked[1..].iter().map(|e| e.label.clone()).collect::<Vec<_>>(),
         "destination": crate::envoy::wire::destination(&d.ranked),
         "reason": d.reason.as_str(),
+        // What the decision header and the `envoy.lb` metadata would carry.
+        "decision": crate::envoy::wire::decision_value(&pick, request_id),
         // PD mode: the prefill pod sent in x-prefiller-host-port (`pods` are the
         // decode pass's).
         "prefill": d.pd.as_ref().map(|pd| json!({"pod": pd.prefill.label, "address": pd.prefill.host})),

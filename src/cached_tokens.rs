@@ -1,25 +1,60 @@
-//! Reads the engine's `cached_tokens` report from a response body as it streams past: the
-//! `usage.prompt_tokens_details.cached_tokens` of vLLM (and of SGLang with its cache report),
-//! in a JSON body or in the last SSE event of a stream (vLLM puts usage in a stream only when
-//! the request asks `stream_options.include_usage`).
+//! Reads the engine's usage report from a response body as it streams past: the `usage` of an
+//! OpenAI-style response, in a JSON body or in the last SSE event of a stream (vLLM puts usage in
+//! a stream only when the request asks `stream_options.include_usage`):
+//! - prompt tokens: `prompt_tokens` (chat, completions) or `input_tokens` (Responses);
+//! - completion tokens: `completion_tokens` or `output_tokens`;
+//! - cached tokens: `prompt_tokens_details.cached_tokens` (vLLM, SGLang with its cache report)
+//!   or `input_tokens_details.cached_tokens`.
 //!
-//! Chunks are scanned as they come; the last 64 bytes of each are kept so a key or number cut
-//! between two chunks is still read. The last value in the body wins. No allocation per chunk
-//! beyond that carry.
+//! Chunks are scanned as they come for `_tokens"` (one pass), the word before it deciding the
+//! field; the last 64 bytes of each chunk are kept so a key or number cut between two chunks is
+//! still read. The last value of each field in the body wins. No allocation per chunk beyond
+//! that carry.
 
 use memchr::memmem;
 
-const KEY: &[u8] = b"\"cached_tokens\"";
+const SUFFIX: &[u8] = b"_tokens\"";
 const CARRY: usize = 64;
+
+/// The fields of a usage report, by the word before `_tokens`.
+const FIELDS: [(&[u8], Field); 5] = [
+    (b"\"prompt", Field::Prompt),
+    (b"\"input", Field::Prompt),
+    (b"\"completion", Field::Completion),
+    (b"\"output", Field::Completion),
+    (b"\"cached", Field::Cached),
+];
+
+#[derive(Debug, Clone, Copy)]
+enum Field {
+    Prompt,
+    Completion,
+    Cached,
+}
+
+/// The usage a response body reported (each `None` until seen).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+}
+
+impl Usage {
+    /// Whether the body reported any of the three.
+    pub fn is_empty(&self) -> bool {
+        *self == Usage::default()
+    }
+}
 
 /// The scan of one response body.
 #[derive(Debug, Default)]
-pub struct CachedTokensScan {
+pub struct UsageScan {
     carry: Vec<u8>,
-    last: Option<u64>,
+    last: Usage,
 }
 
-impl CachedTokensScan {
+impl UsageScan {
     /// Scans the next chunk of the body.
     pub fn feed(&mut self, chunk: &[u8]) {
         if chunk.is_empty() {
@@ -38,15 +73,23 @@ impl CachedTokensScan {
         self.carry.extend_from_slice(tail);
     }
 
-    /// The last `cached_tokens` value seen.
-    pub fn value(&self) -> Option<u64> {
+    /// What the body reported so far (the last value of each field).
+    pub fn usage(&self) -> Usage {
         self.last
     }
 
+    /// The last `cached_tokens` value seen.
+    pub fn cached_tokens(&self) -> Option<u64> {
+        self.last.cached_tokens
+    }
+
     fn scan(&mut self, bytes: &[u8]) {
-        for at in memmem::find_iter(bytes, KEY) {
-            let rest = &bytes[at + KEY.len()..];
-            let rest = trim(rest);
+        for at in memmem::find_iter(bytes, SUFFIX) {
+            let before = &bytes[..at];
+            let Some(&(_, field)) = FIELDS.iter().find(|(word, _)| before.ends_with(word)) else {
+                continue;
+            };
+            let rest = trim(&bytes[at + SUFFIX.len()..]);
             let Some(rest) = rest.strip_prefix(b":") else {
                 continue;
             };
@@ -57,12 +100,18 @@ impl CachedTokensScan {
             if digits == 0 || digits == rest.len() {
                 continue;
             }
-            if let Some(n) = std::str::from_utf8(&rest[..digits])
+            let Some(n) = std::str::from_utf8(&rest[..digits])
                 .ok()
                 .and_then(|d| d.parse().ok())
-            {
-                self.last = Some(n);
-            }
+            else {
+                continue;
+            };
+            let slot = match field {
+                Field::Prompt => &mut self.last.prompt_tokens,
+                Field::Completion => &mut self.last.completion_tokens,
+                Field::Cached => &mut self.last.cached_tokens,
+            };
+            *slot = Some(n);
         }
     }
 }
@@ -76,30 +125,59 @@ fn trim(b: &[u8]) -> &[u8] {
 mod tests {
     use super::*;
 
-    fn scan(chunks: &[&str]) -> Option<u64> {
-        let mut s = CachedTokensScan::default();
+    fn scan(chunks: &[&str]) -> Usage {
+        let mut s = UsageScan::default();
         for c in chunks {
             s.feed(c.as_bytes());
         }
-        s.value()
+        s.usage()
+    }
+
+    fn usage(prompt: u64, completion: u64, cached: Option<u64>) -> Usage {
+        Usage {
+            prompt_tokens: Some(prompt),
+            completion_tokens: Some(completion),
+            cached_tokens: cached,
+        }
     }
 
     #[test]
     fn reads_json_and_sse_usage() {
         let json = r#"{"id":"x","usage":{"prompt_tokens":900,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":768}}}"#;
-        assert_eq!(scan(&[json]), Some(768));
-        let sse = "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens_details\": {\"cached_tokens\" : 32}}}\n\ndata: [DONE]\n\n";
-        assert_eq!(scan(&[sse]), Some(32));
-        assert_eq!(scan(&["data: {\"choices\":[]}\n\n"]), None);
-        assert_eq!(scan(&[r#"{"cached_tokens":null}"#]), None);
+        assert_eq!(scan(&[json]), usage(900, 5, Some(768)));
+        let sse = "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":40,\"completion_tokens\":2,\"prompt_tokens_details\": {\"cached_tokens\" : 32}}}\n\ndata: [DONE]\n\n";
+        assert_eq!(scan(&[sse]), usage(40, 2, Some(32)));
+        assert!(scan(&["data: {\"choices\":[]}\n\n"]).is_empty());
+        assert!(scan(&[r#"{"cached_tokens":null}"#]).is_empty());
+    }
+
+    #[test]
+    fn reads_the_responses_apis_names() {
+        let body = r#"{"usage":{"input_tokens":120,"input_tokens_details":{"cached_tokens":64},"output_tokens":7,"output_tokens_details":{"reasoning_tokens":3},"total_tokens":127}}"#;
+        assert_eq!(scan(&[body]), usage(120, 7, Some(64)));
+    }
+
+    #[test]
+    fn other_words_and_escaped_keys_are_not_fields() {
+        // `reasoning_tokens`, `total_tokens`, `uncached_tokens`; and a key inside generated text
+        // (escaped quotes) is text, not usage.
+        let body = r#"{"text":"say \"prompt_tokens\": 5","usage":{"total_tokens":9,"reasoning_tokens":2,"uncached_tokens":4}}"#;
+        assert!(scan(&[body]).is_empty(), "{:?}", scan(&[body]));
+    }
+
+    #[test]
+    fn the_last_report_wins() {
+        let a = r#"data: {"usage":{"prompt_tokens":10,"completion_tokens":1}}"#;
+        let b = "\n\ndata: {\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":4}}\n\n";
+        assert_eq!(scan(&[a, b]), usage(10, 4, None));
     }
 
     #[test]
     fn a_key_or_number_cut_between_chunks_is_read_whole() {
-        let body = r#"{"usage":{"prompt_tokens_details":{"cached_tokens":12345}}}"#;
+        let body = r#"{"usage":{"prompt_tokens":4321,"completion_tokens":98,"prompt_tokens_details":{"cached_tokens":12345}}}"#;
         for cut in 1..body.len() {
             let (a, b) = body.split_at(cut);
-            assert_eq!(scan(&[a, b]), Some(12345), "cut at {cut}");
+            assert_eq!(scan(&[a, b]), usage(4321, 98, Some(12345)), "cut at {cut}");
         }
     }
 }

@@ -23,7 +23,7 @@
 //! none of them imports it back. Metric label enums live with their metric ([`metrics`]).
 
 // The core: plain Rust.
-pub mod cached_tokens; // the engine's `cached_tokens` report, read from a response body
+pub mod cached_tokens; // the engine's usage (prompt, completion, cached tokens) in a response body
 pub mod decaying_sum; // a lock-free sum that decays per step of a clock
 pub mod engine_view; // what one engine holds, from its KV-cache events
 pub mod hashing; // the prompt's block-hash chain

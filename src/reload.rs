@@ -86,6 +86,10 @@ fn start_up_keys(old: &Config, new: &Config) -> Vec<&'static str> {
             "picker.allowTestEndpointSelection",
             o.allow_test_endpoint_selection != n.allow_test_endpoint_selection,
         ),
+        (
+            "picker.decisionHeader",
+            o.decision_header != n.decision_header,
+        ),
         ("picker.maxBodyBytes", o.max_body_bytes != n.max_body_bytes),
         (
             "picker.responseTimeoutSeconds",

@@ -21,6 +21,9 @@ pub struct PickerConfig {
     pub seed: u64,
     pub max_endpoints: usize,
     pub allow_test_endpoint_selection: bool,
+    /// Sets `x-prefix-picker-decision` on the response (pod, reason, tokens, time queued,
+    /// request id) where the picker sees the response headers; off by default.
+    pub decision_header: bool,
     pub max_body_bytes: usize,
     pub response_timeout_seconds: u64,
     /// Engine metrics scrape period (0 disables scraping).
@@ -165,6 +168,7 @@ impl Default for PickerConfig {
             seed: 0,
             max_endpoints: 5,
             allow_test_endpoint_selection: false,
+            decision_header: false,
             max_body_bytes: 16 << 20,
             response_timeout_seconds: 600,
             scrape_interval_seconds: 1.0,

@@ -54,11 +54,12 @@ use ep::{
 use super::access_log::warn_other_replica;
 use super::handler::{Lookup, StreamHandler};
 use super::wire::{
-    BodyEnd, BodyMode, CONFORMANCE_SERVED_HEADER, TEST_SELECTION_HEADER, body_chunks, destination,
-    header_value, lb_metadata, merge_metadata, pick_headers, read_subset_hint, reply,
-    route_key_from_metadata, served_from_metadata, set_header, streamed_body,
+    BodyEnd, BodyMode, CONFORMANCE_SERVED_HEADER, DECISION_HEADER, TEST_SELECTION_HEADER,
+    body_chunks, cost_metadata, decision_value, destination, header_value, lb_metadata,
+    merge_metadata, pick_headers, read_subset_hint, reply, route_key_from_metadata,
+    served_from_metadata, set_header, streamed_body,
 };
-use crate::cached_tokens::CachedTokensScan;
+use crate::cached_tokens::UsageScan;
 use crate::endpoints::AddressPattern;
 use crate::routing::pending::Miss;
 use crate::routing::{Ending, RouteFailure, Routed, Router, Served, Ticket};
@@ -120,9 +121,14 @@ pub(super) struct StreamState {
     status: Option<u32>,
     served: Served,
     completed: bool,
-    /// The engine's `cached_tokens` in the response body (affinity mode with `engineBudget`,
-    /// when this stream sees the response body).
-    usage: Option<CachedTokensScan>,
+    /// The usage the response body reports (when this stream sees it): its token counts go to
+    /// Envoy as metadata at the end, and with the affinity mode's `engineBudget` its
+    /// `cached_tokens` to completion.
+    usage: UsageScan,
+    /// The affinity mode with `engineBudget`: completion checks `cached_tokens`.
+    engine_budget: bool,
+    /// The decision header's value (`picker.decisionHeader`), set on the response headers.
+    decision_header: Option<String>,
     /// When the first response body bytes arrived (the first token of a stream).
     first_body: Option<Instant>,
     /// kvcache-aware: the body length a lookup was made for, and its result.
@@ -147,13 +153,12 @@ impl Drop for OpenStream {
 
 impl StreamState {
     pub(super) fn new(router: Arc<Router>) -> StreamState {
-        let usage = router
+        let engine_budget = router
             .scheduler
             .load()
             .scheduler
             .affinity()
-            .filter(|a| a.engine_budget)
-            .map(|_| CachedTokensScan::default());
+            .is_some_and(|a| a.engine_budget);
         StreamState {
             _open: OpenStream::new(&router.metrics.inflight_streams),
             router,
@@ -175,7 +180,9 @@ impl StreamState {
             status: None,
             served: Served::NotReported,
             completed: false,
-            usage,
+            usage: UsageScan::default(),
+            engine_budget,
+            decision_header: None,
             first_body: None,
             kv_lookup: None,
         }
@@ -200,7 +207,7 @@ impl StreamState {
             Some(In::ResponseBody(b)) => self.on_response_body(b),
             Some(In::ResponseTrailers(_)) => {
                 self.complete();
-                vec![reply(Out::ResponseTrailers(TrailersResponse::default()))]
+                vec![self.with_cost(reply(Out::ResponseTrailers(TrailersResponse::default())))]
             }
             None => vec![],
         };
@@ -397,7 +404,12 @@ impl StreamState {
             .pd
             .as_ref()
             .map(|pd| pd.prefill.host.as_str());
-        self.log_pick(&routed, &destination, prefill);
+        let pick = routed.decision.pick_summary();
+        self.log_pick(&routed, &destination, prefill, &pick);
+        let decision = decision_value(&pick, self.request_id.as_deref().unwrap_or_default());
+        if self.router.config.decision_header {
+            self.decision_header = Some(decision.clone());
+        }
         self.routed = true;
         self.route_key = self.keep_route(routed.ticket);
         let request_id = self
@@ -420,7 +432,11 @@ impl StreamState {
         };
         vec![ProcessingResponse {
             response: Some(response),
-            dynamic_metadata: Some(lb_metadata(&destination, self.route_key.as_deref())),
+            dynamic_metadata: Some(lb_metadata(
+                &destination,
+                self.route_key.as_deref(),
+                decision,
+            )),
             ..ProcessingResponse::default()
         }]
     }
@@ -429,6 +445,14 @@ impl StreamState {
     /// the conformance header), its session, and kvcache-aware's owners when the lookup was made
     /// for this very body.
     fn route(&mut self, body: Option<&[u8]>) -> Result<Routed, RouteFailure> {
+        // Every `--v 4` score and prediction line of this decision carries the request id
+        // (a span on their target: on exactly when they are).
+        let _decision = tracing::debug_span!(
+            target: "scores",
+            "decision",
+            request_id = self.request_id.as_deref().unwrap_or_default()
+        )
+        .entered();
         let restrict = self.restriction()?;
         let kv = self
             .kv_lookup
@@ -444,13 +468,23 @@ impl StreamState {
         )
     }
 
-    fn log_pick(&self, routed: &Routed, destination: &str, prefill: Option<&str>) {
+    fn log_pick(
+        &self,
+        routed: &Routed,
+        destination: &str,
+        prefill: Option<&str>,
+        pick: &crate::scheduler::PickSummary,
+    ) {
         tracing::debug!(
             request_id = self.request_id.as_deref().unwrap_or(""),
             model = %routed.ticket.model,
+            pod = %pick.pod,
             destination = %destination,
             prefill = prefill.unwrap_or(""),
-            reason = routed.decision.reason.as_str(),
+            reason = pick.reason.as_str(),
+            matched_tokens = pick.matched_tokens,
+            uncached_tokens = pick.uncached_tokens,
+            queued_ms = pick.queued.as_millis() as u64,
             session = %routed.ticket.session.map(|k| k.to_string()).unwrap_or_default(),
             "picked"
         );
@@ -523,13 +557,20 @@ impl StreamState {
             .find(|hv| hv.key == ":status")
             .and_then(|hv| header_value(hv).parse().ok());
         self.served = self.served_endpoint(attributes);
-        let mut response = HeadersResponse::default();
+        let mut set_headers = vec![];
         if self.router.config.allow_test_endpoint_selection
             && let Served::Pod(e) = &self.served
         {
+            set_headers.push(set_header(CONFORMANCE_SERVED_HEADER, &e.host));
+        }
+        if let Some(decision) = self.decision_header.take() {
+            set_headers.push(set_header(DECISION_HEADER, &decision));
+        }
+        let mut response = HeadersResponse::default();
+        if !set_headers.is_empty() {
             response.response = Some(CommonResponse {
                 header_mutation: Some(HeaderMutation {
-                    set_headers: vec![set_header(CONFORMANCE_SERVED_HEADER, &e.host)],
+                    set_headers,
                     remove_headers: vec![],
                 }),
                 ..CommonResponse::default()
@@ -546,18 +587,24 @@ impl StreamState {
         if self.first_body.is_none() && !b.body.is_empty() {
             self.first_body = Some(Instant::now());
         }
-        if let Some(scan) = &mut self.usage {
-            scan.feed(&b.body);
-        }
-        let replies = if self.response_mode == Some(BodyMode::FullDuplex) {
-            vec![reply(Out::ResponseBody(streamed_body(b.body, eos)))]
+        self.usage.feed(&b.body);
+        let response = if self.response_mode == Some(BodyMode::FullDuplex) {
+            reply(Out::ResponseBody(streamed_body(b.body, eos)))
         } else {
-            vec![reply(Out::ResponseBody(BodyResponse::default()))]
+            reply(Out::ResponseBody(BodyResponse::default()))
         };
         if eos {
             self.complete();
+            return vec![self.with_cost(response)];
         }
-        replies
+        vec![response]
+    }
+
+    /// The response's last reply with the token counts the body reported as Envoy dynamic
+    /// metadata ([`cost_metadata`]), for a rate limiter, a billing pipeline, the access log.
+    fn with_cost(&self, mut last: ProcessingResponse) -> ProcessingResponse {
+        last.dynamic_metadata = cost_metadata(&self.usage.usage());
+        last
     }
 
     /// The pod Envoy says served: `upstream.address`, else the `-served` metadata key.
@@ -585,7 +632,10 @@ impl StreamState {
             let ending = Ending::Completed {
                 status: self.status,
                 served: std::mem::replace(&mut self.served, Served::NotReported),
-                cached_tokens: self.usage.as_ref().and_then(CachedTokensScan::value),
+                cached_tokens: self
+                    .engine_budget
+                    .then(|| self.usage.cached_tokens())
+                    .flatten(),
                 first_byte: self.first_body,
             };
             self.router.complete(route, ending);

@@ -16,8 +16,10 @@ use ep::{
     StreamedBodyResponse, body_mutation,
 };
 
+use crate::cached_tokens::Usage;
 use crate::endpoints::AddressPattern;
 use crate::endpoints::Endpoint;
+use crate::scheduler::PickSummary;
 
 pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
 pub const SERVED_KEY: &str = "x-gateway-destination-endpoint-served";
@@ -34,6 +36,21 @@ pub const SUBSET_KEY: &str = "x-gateway-destination-endpoint-subset";
 pub const PREFILLER_HEADER: &str = "x-prefiller-host-port";
 pub const TEST_SELECTION_HEADER: &str = "test-epp-endpoint-selection";
 pub const CONFORMANCE_SERVED_HEADER: &str = "x-conformance-test-served-endpoint";
+/// The decision header (`picker.decisionHeader`, on the response) and the `envoy.lb` metadata
+/// key (always, for the access record) carrying [`decision_value`].
+pub const DECISION_HEADER: &str = "x-prefix-picker-decision";
+/// The namespace of the request's token counts at completion: Envoy AI Gateway's
+/// (`AIGatewayFilterMetadataNamespace`), so a rate limit or access log written for it reads the
+/// picker's counts unchanged.
+pub const COST_NAMESPACE: &str = "io.envoy.ai_gateway";
+/// Prompt tokens (cached ones included), as AI Gateway's `InputToken` cost.
+pub const INPUT_TOKEN_KEY: &str = "llm_input_token";
+/// Prompt tokens the engine served from its prefix cache, as AI Gateway's `CachedInputToken`.
+pub const CACHED_INPUT_TOKEN_KEY: &str = "llm_cached_input_token";
+/// Completion tokens, as AI Gateway's `OutputToken` cost.
+pub const OUTPUT_TOKEN_KEY: &str = "llm_output_token";
+/// Prompt plus completion tokens, as AI Gateway's `TotalToken` cost.
+pub const TOTAL_TOKEN_KEY: &str = "llm_total_token";
 /// Largest body chunk sent back in FULL_DUPLEX_STREAMED mode (as the GIE reference picker).
 pub const BODY_CHUNK: usize = 62_000;
 
@@ -145,8 +162,6 @@ pub(crate) fn string_value(s: &str) -> Value {
     }
 }
 
-/// `{"envoy.lb": {"x-gateway-destination-endpoint": destination}}`, plus the [`ROUTE_KEY`] of
-/// a route left for an observer stream.
 /// `ip:port[,ip:port...]`, primary first: the pick as Envoy reads it (header and metadata).
 pub fn destination(ranked: &[Arc<Endpoint>]) -> String {
     ranked
@@ -156,20 +171,82 @@ pub fn destination(ranked: &[Arc<Endpoint>]) -> String {
         .join(",")
 }
 
-pub(crate) fn lb_metadata(destination: &str, route_key: Option<&str>) -> Struct {
-    let mut fields = HashMap::from([(DESTINATION_HEADER.to_string(), string_value(destination))]);
+/// `{"envoy.lb": {"x-gateway-destination-endpoint": destination, "x-prefix-picker-decision":
+/// decision}}`, plus the [`ROUTE_KEY`] of a route left for an observer stream or the access log.
+pub(crate) fn lb_metadata(destination: &str, route_key: Option<&str>, decision: String) -> Struct {
+    let mut fields = HashMap::from([
+        (DESTINATION_HEADER.to_string(), string_value(destination)),
+        (
+            DECISION_HEADER.to_string(),
+            Value {
+                kind: Some(Kind::StringValue(decision)),
+            },
+        ),
+    ]);
     if let Some(id) = route_key {
         fields.insert(ROUTE_KEY.to_string(), string_value(id));
     }
-    let inner = Struct { fields };
+    namespace(LB_NAMESPACE, fields)
+}
+
+/// `{namespace: {fields}}`, as `dynamic_metadata` carries it.
+fn namespace(namespace: &str, fields: HashMap<String, Value>) -> Struct {
     Struct {
         fields: HashMap::from([(
-            LB_NAMESPACE.to_string(),
+            namespace.to_string(),
             Value {
-                kind: Some(Kind::StructValue(inner)),
+                kind: Some(Kind::StructValue(Struct { fields })),
             },
         )]),
     }
+}
+
+/// The decision as one line: `pod=<namespace/name>; reason=<label>; matched_tokens=<n>;
+/// uncached_tokens=<n>; queued_ms=<n>; request_id=<id>`. The token fields are the affinity
+/// mode's estimates (absent in Kthena mode); `queued_ms` is 0 (the picker has no queue);
+/// `request_id` comes last and runs to the end of the value (it is the client's, when it sent
+/// one).
+pub fn decision_value(pick: &PickSummary, request_id: &str) -> String {
+    use std::fmt::Write;
+    let mut v = format!("pod={}; reason={}", pick.pod, pick.reason.as_str());
+    if let Some(n) = pick.matched_tokens {
+        let _ = write!(v, "; matched_tokens={n}");
+    }
+    if let Some(n) = pick.uncached_tokens {
+        let _ = write!(v, "; uncached_tokens={n}");
+    }
+    let _ = write!(
+        v,
+        "; queued_ms={}; request_id={request_id}",
+        pick.queued.as_millis()
+    );
+    v
+}
+
+/// The request's token counts at completion under [`COST_NAMESPACE`], as numbers (as AI
+/// Gateway writes them): each count the response reported, the total when both prompt and
+/// completion were; `None` when it reported none.
+pub(crate) fn cost_metadata(usage: &Usage) -> Option<Struct> {
+    if usage.is_empty() {
+        return None;
+    }
+    let number = |n: u64| Value {
+        kind: Some(Kind::NumberValue(n as f64)),
+    };
+    let total = usage
+        .prompt_tokens
+        .zip(usage.completion_tokens)
+        .map(|(p, c)| p + c);
+    let fields = [
+        (INPUT_TOKEN_KEY, usage.prompt_tokens),
+        (CACHED_INPUT_TOKEN_KEY, usage.cached_tokens),
+        (OUTPUT_TOKEN_KEY, usage.completion_tokens),
+        (TOTAL_TOKEN_KEY, total),
+    ]
+    .into_iter()
+    .filter_map(|(key, n)| Some((key.to_string(), number(n?))))
+    .collect();
+    Some(namespace(COST_NAMESPACE, fields))
 }
 
 /// A FULL_DUPLEX_STREAMED request body sent back as `streamed_response` chunks. Only a body that
@@ -267,6 +344,85 @@ mod tests {
         assert_eq!(m.remove_headers, [PREFILLER_HEADER]);
         let overwrite = HeaderAppendAction::OverwriteIfExistsOrAdd as i32;
         assert!(m.set_headers.iter().all(|o| o.append_action == overwrite));
+    }
+
+    fn summary(matched: Option<u64>, uncached: Option<u64>) -> PickSummary {
+        PickSummary {
+            pod: "default/sim-a".into(),
+            reason: crate::scheduler::DecisionReason::AffinityHit,
+            matched_tokens: matched,
+            uncached_tokens: uncached,
+            queued: std::time::Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn the_decision_value_names_pod_reason_tokens_queue_and_request_id() {
+        assert_eq!(
+            decision_value(&summary(Some(64), Some(12)), "req-1"),
+            "pod=default/sim-a; reason=affinity_hit; matched_tokens=64; uncached_tokens=12; \
+             queued_ms=0; request_id=req-1"
+        );
+        // Kthena mode: no token estimates.
+        let mut kthena = summary(None, None);
+        kthena.reason = crate::scheduler::DecisionReason::PrefixHit;
+        assert_eq!(
+            decision_value(&kthena, "a; b=c"),
+            "pod=default/sim-a; reason=prefix_hit; queued_ms=0; request_id=a; b=c"
+        );
+    }
+
+    fn fields(s: &Struct, namespace: &str) -> HashMap<String, Kind> {
+        match &s.fields[namespace].kind {
+            Some(Kind::StructValue(inner)) => inner
+                .fields
+                .iter()
+                .map(|(k, v)| (k.clone(), v.kind.clone().unwrap()))
+                .collect(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_cost_is_ai_gateways_keys_as_numbers() {
+        let usage = Usage {
+            prompt_tokens: Some(900),
+            completion_tokens: Some(5),
+            cached_tokens: Some(768),
+        };
+        let md = cost_metadata(&usage).unwrap();
+        assert_eq!(md.fields.len(), 1);
+        let want = [
+            ("llm_input_token", 900.0),
+            ("llm_cached_input_token", 768.0),
+            ("llm_output_token", 5.0),
+            ("llm_total_token", 905.0),
+        ]
+        .map(|(k, n)| (k.to_string(), Kind::NumberValue(n)));
+        assert_eq!(fields(&md, "io.envoy.ai_gateway"), HashMap::from(want));
+        // Only what the response reported; nothing at all without a report.
+        let partial = Usage {
+            completion_tokens: Some(3),
+            ..Usage::default()
+        };
+        let md = cost_metadata(&partial).unwrap();
+        assert_eq!(
+            fields(&md, COST_NAMESPACE),
+            HashMap::from([(OUTPUT_TOKEN_KEY.to_string(), Kind::NumberValue(3.0))])
+        );
+        assert_eq!(cost_metadata(&Usage::default()), None);
+    }
+
+    #[test]
+    fn the_lb_metadata_carries_the_decision() {
+        let md = lb_metadata("10.0.0.1:8000", Some("k"), "pod=p".into());
+        let f = fields(&md, LB_NAMESPACE);
+        assert_eq!(f[DECISION_HEADER], Kind::StringValue("pod=p".into()));
+        assert_eq!(f[ROUTE_KEY], Kind::StringValue("k".into()));
+        assert_eq!(
+            f[DESTINATION_HEADER],
+            Kind::StringValue("10.0.0.1:8000".into())
+        );
     }
 
     #[test]

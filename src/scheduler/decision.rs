@@ -286,6 +286,20 @@ impl<C: Candidate> Decision<C> {
         self.engine.get(at).copied().flatten()?.last_block
     }
 
+    /// What the decision says of its primary pick ([`PickSummary`]).
+    pub fn pick_summary(&self) -> PickSummary {
+        let at = self.primary_position();
+        let prediction = self.primary_prediction();
+        let matched = at.and_then(|i| self.predictions.matched_tokens(i));
+        PickSummary {
+            pod: self.primary().label().to_string(),
+            reason: self.reason,
+            matched_tokens: matched.map(|t| t.round() as u64),
+            uncached_tokens: prediction.map(|p| p.uncached_tokens.round() as u64),
+            queued: Duration::ZERO,
+        }
+    }
+
     /// The latency model's prediction for the primary pick (affinity mode only).
     pub fn primary_prediction(&self) -> Option<latency::Prediction> {
         if self.predictions.is_empty() {
@@ -294,6 +308,23 @@ impl<C: Candidate> Decision<C> {
         let at = self.primary_position()?;
         self.predictions.get(at)
     }
+}
+
+/// A decision's primary pick as an operator reads it (the decision header, `/debug/explain`):
+/// the pod, why, and in the affinity mode the prompt tokens it holds and the tokens it is
+/// predicted to prefill (estimates in tokens: blocks times the tokens in a block).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PickSummary {
+    /// The pod's label (`namespace/name`).
+    pub pod: String,
+    pub reason: DecisionReason,
+    /// Affinity mode: prompt tokens the pod holds (index, engine and holds in flight).
+    pub matched_tokens: Option<u64>,
+    /// Affinity mode: prompt tokens the pod is predicted to prefill.
+    pub uncached_tokens: Option<u64>,
+    /// Time the request waited in the picker before the decision: always zero (the picker has
+    /// no queue; flow control would fill it).
+    pub queued: Duration,
 }
 
 /// Where a candidate's match came from (the `source` of explain, `--v 4` and the

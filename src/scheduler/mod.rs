@@ -47,8 +47,8 @@ use affinity::AffinityConfig;
 pub use candidate::{Candidate, EngineStats};
 use config::{SchedulerConfig, ScorerKind};
 pub use decision::{
-    Decision, DecisionReason, Filtered, MatchSource, Observation, PickError, PluginScores,
-    PluginType, Unscored,
+    Decision, DecisionReason, Filtered, MatchSource, Observation, PickError, PickSummary,
+    PluginScores, PluginType, Unscored,
 };
 pub use hold::{HoldEnd, TentativeHold};
 pub use pd::{PdGroup, PdPairing, PdRole, PrefillPass, Unpaired};

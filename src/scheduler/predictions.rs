@@ -58,6 +58,14 @@ impl Predictions {
         })
     }
 
+    /// Tokens of the prompt candidate `i` holds (its matched blocks, at most the prompt's, times
+    /// the tokens in a block); `None` past the last candidate.
+    pub fn matched_tokens(&self, i: usize) -> Option<f64> {
+        let b = self.basis;
+        let matched = (*self.matched.get(i)?).min(b.blocks);
+        Some(matched as f64 * b.tokens_per_block)
+    }
+
     /// Every candidate's prediction, in candidate order.
     pub fn iter(&self) -> impl Iterator<Item = Prediction> + '_ {
         (0..self.len()).filter_map(|i| self.get(i))
@@ -104,6 +112,9 @@ mod tests {
         assert!((first.prefill - 6.0 * 32.0 * 1e-4).abs() < 1e-15);
         // A match past the prompt's blocks (an engine's longer view) leaves nothing uncached.
         assert_eq!(p.get(1).unwrap().uncached_tokens, 0.0);
+        assert_eq!(p.matched_tokens(0), Some(4.0 * 32.0));
+        assert_eq!(p.matched_tokens(1), Some(10.0 * 32.0), "at most the prompt");
+        assert_eq!(p.matched_tokens(2), None);
         assert_eq!(p.get(2), None);
         assert_eq!(p.iter().count(), 2);
         assert!(Predictions::default().is_empty());

@@ -400,3 +400,51 @@ async fn a_pod_whose_engine_says_caching_is_off_gets_no_new_work_while_another_i
         "{e}"
     );
 }
+
+/// `/debug/explain` answers with the call's `x-request-id` (one generated when absent) and the
+/// decision as the decision header and the access record carry it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_carries_the_request_id_and_the_decision_line() {
+    let sims = [
+        Sim::start("sim-a", Default::default()).await,
+        Sim::start("sim-b", Default::default()).await,
+    ];
+    let picker = start_picker(sims_config(
+        &sims,
+        "picker: {scrapeIntervalSeconds: 0, affinity: {}}\n",
+    ))
+    .await;
+    let body = json!({"model": "m", "prompt": "explain me ".repeat(40)});
+    let url = format!("http://{}/debug/explain", picker.admin_addr);
+    let explained: Value = reqwest::Client::new()
+        .post(&url)
+        .header("x-request-id", "why-7")
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(explained["request_id"], "why-7", "{explained}");
+    let decision = explained["decision"].as_str().unwrap();
+    let primary = explained["primary"].as_str().unwrap();
+    assert!(
+        decision.starts_with(&format!(
+            "pod={primary}; reason=affinity_miss; matched_tokens=0; "
+        )),
+        "{decision}"
+    );
+    assert!(
+        decision.ends_with("; queued_ms=0; request_id=why-7"),
+        "{decision}"
+    );
+    // Without the header: a generated id, different each call.
+    let ids: Vec<String> = futures::future::join_all((0..2).map(|_| async {
+        let e = explain(&picker, &body).await;
+        e["request_id"].as_str().unwrap().to_string()
+    }))
+    .await;
+    assert!(ids.iter().all(|id| id.len() == 36), "{ids:?}");
+    assert_ne!(ids[0], ids[1]);
+}

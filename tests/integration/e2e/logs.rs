@@ -418,3 +418,181 @@ fn start_up_errors_in_json_are_json_lines() {
         "{stderr}"
     );
 }
+
+/// "Why did this request go there?" through Envoy in the GIE shape (`envoy-full-duplex.yaml`,
+/// which sends the picker the response) with `picker.decisionHeader` on: the response carries
+/// the decision header; the `picked` line, every score and prediction line and Envoy's access
+/// record carry the same request id; and at completion the response's token counts reach
+/// Envoy as `io.envoy.ai_gateway` dynamic metadata, read back from Envoy's own access log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_is_traceable_by_its_request_id_and_its_cost_reaches_envoy() {
+    let sims = [
+        Sim::start("sim-a", Default::default()).await,
+        Sim::start("sim-b", Default::default()).await,
+    ];
+    let config = format!(
+        "{}{}picker: {{scrapeIntervalSeconds: 0, decisionHeader: true, affinity: {{}}}}\n",
+        testkit::scheduler_section(include_str!("../fixtures/kthena-router-config.yaml")),
+        testkit::endpoints_yaml(sims.iter().map(|s| (s.name.as_str(), s.addr))),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let picker = start_json_v4(&config, &[], dir.path()).await;
+    let addrs: Vec<_> = sims.iter().map(|s| s.addr).collect();
+    let access_log = dir.path().join("access.log");
+    let access = format!(
+        "stat_prefix: ingress
+          access_log:
+          - name: envoy.access_loggers.file
+            typed_config:
+              \"@type\": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
+              path: {}
+              log_format:
+                json_format:
+                  request_id: \"%REQ(X-REQUEST-ID)%\"
+                  decision: \"%DYNAMIC_METADATA(envoy.lb:x-prefix-picker-decision)%\"
+                  input: \"%DYNAMIC_METADATA(io.envoy.ai_gateway:llm_input_token)%\"
+                  cached: \"%DYNAMIC_METADATA(io.envoy.ai_gateway:llm_cached_input_token)%\"
+                  output: \"%DYNAMIC_METADATA(io.envoy.ai_gateway:llm_output_token)%\"
+                  total: \"%DYNAMIC_METADATA(io.envoy.ai_gateway:llm_total_token)%\"",
+        access_log.display()
+    );
+    let envoy = start_envoy(render_envoy(
+        "envoy-full-duplex.yaml",
+        picker.grpc.port(),
+        &addrs,
+        |s| {
+            let s = replaced(&s, "stat_prefix: ingress", &access);
+            replaced(
+                &s,
+                "receiving_namespaces: {untyped: [\"envoy.lb\"]}",
+                "receiving_namespaces: {untyped: [\"envoy.lb\", \"io.envoy.ai_gateway\"]}",
+            )
+        },
+    ))
+    .await;
+    let body = json!({"model": "m", "max_tokens": 1, "prompt": format!("{SECRET}. {}", "Be brief. ".repeat(40))});
+    let r = reqwest::Client::new()
+        .post(envoy.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", envoy.log());
+    let header = r
+        .headers()
+        .get("x-prefix-picker-decision")
+        .unwrap_or_else(|| panic!("no decision header: {:?}", r.headers()))
+        .to_str()
+        .unwrap()
+        .to_string();
+    let usage: Value = r.json::<Value>().await.unwrap()["usage"].clone();
+
+    // The header: pod, reason, tokens, time queued, request id, in that order.
+    let fields: Vec<(&str, &str)> = header
+        .splitn(6, "; ")
+        .map(|f| f.split_once('=').unwrap())
+        .collect();
+    let names: Vec<&str> = fields.iter().map(|(k, _)| *k).collect();
+    assert_eq!(
+        names,
+        [
+            "pod",
+            "reason",
+            "matched_tokens",
+            "uncached_tokens",
+            "queued_ms",
+            "request_id"
+        ],
+        "{header}"
+    );
+    let field = |k: &str| fields.iter().find(|(n, _)| *n == k).unwrap().1;
+    assert!(
+        ["default/sim-a", "default/sim-b"].contains(&field("pod")),
+        "{header}"
+    );
+    assert_eq!(
+        field("reason"),
+        "affinity_miss",
+        "nothing cached yet: {header}"
+    );
+    assert_eq!(field("matched_tokens"), "0", "{header}");
+    assert!(
+        field("uncached_tokens").parse::<u64>().unwrap() > 0,
+        "{header}"
+    );
+    assert_eq!(field("queued_ms"), "0", "no flow control: nothing queues");
+    let request_id = field("request_id").to_string();
+    assert!(!request_id.is_empty(), "{header}");
+
+    // Envoy's access record: the same request id and decision, and the token counts the
+    // response reported.
+    let record: Value = poll("the access record", || {
+        let text = std::fs::read_to_string(&access_log).unwrap_or_default();
+        async move {
+            text.lines()
+                .next()
+                .map(|l| serde_json::from_str(l).unwrap())
+        }
+    })
+    .await;
+    assert_eq!(record["request_id"], request_id.as_str(), "{record}");
+    assert_eq!(record["decision"], header.as_str(), "{record}");
+    let number = |v: &Value| {
+        v.as_f64()
+            .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+            .unwrap_or_else(|| panic!("not a number: {v} in {record}"))
+    };
+    let prompt = usage["prompt_tokens"].as_f64().unwrap();
+    let completion = usage["completion_tokens"].as_f64().unwrap();
+    assert!(prompt > 0.0 && completion > 0.0, "{usage}");
+    assert_eq!(number(&record["input"]), prompt, "{record}");
+    assert_eq!(
+        number(&record["cached"]),
+        usage["prompt_tokens_details"]["cached_tokens"]
+            .as_f64()
+            .unwrap(),
+        "{record}"
+    );
+    assert_eq!(number(&record["output"]), completion, "{record}");
+    assert_eq!(number(&record["total"]), prompt + completion, "{record}");
+
+    // The picker's log: the `picked` line's fields, and the request id on every score and
+    // prediction line (the `decision` span).
+    let log_path = dir.path().join("picker.log");
+    poll("the picked line", || {
+        let log = std::fs::read_to_string(&log_path).unwrap();
+        async move { log.contains("\"picked\"").then_some(()) }
+    })
+    .await;
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    drop(picker.process);
+    let lines = json_lines(&log);
+    let picked = lines.iter().find(|l| l["message"] == "picked").unwrap();
+    assert_eq!(picked["request_id"], request_id.as_str(), "{picked}");
+    assert_eq!(picked["pod"], field("pod"), "{picked}");
+    assert_eq!(picked["reason"], "affinity_miss", "{picked}");
+    assert_eq!(picked["model"], "m", "{picked}");
+    assert_eq!(picked["matched_tokens"], 0, "{picked}");
+    assert_eq!(
+        picked["uncached_tokens"].as_u64().map(|n| n.to_string()),
+        Some(field("uncached_tokens").to_string()),
+        "{picked}"
+    );
+    assert_eq!(picked["queued_ms"], 0, "{picked}");
+    let dest = picked["destination"].as_str().unwrap();
+    assert!(
+        addrs.iter().any(|a| dest.starts_with(&a.to_string())),
+        "{picked}"
+    );
+    let scores: Vec<&Value> = lines.iter().filter(|l| l["target"] == "scores").collect();
+    assert!(
+        scores
+            .iter()
+            .any(|l| l["message"].as_str().unwrap().contains("Predicted TTFT: ")),
+        "{scores:?}"
+    );
+    for line in &scores {
+        assert_eq!(line["span"]["request_id"], request_id.as_str(), "{line}");
+    }
+    assert!(!log.contains("ZEBRA"), "prompt text logged below --v 5");
+}

@@ -2,6 +2,7 @@
 //! static endpoints on 127.0.0.1; one file per concern.
 
 mod body_modes;
+mod decision;
 mod failures;
 mod metadata;
 mod observer;
