@@ -375,7 +375,11 @@ impl StreamState {
             .router
             .kv_lookup(&self.path, body, restrict.as_deref())?;
         self.kv_lookup = Some((body.len(), None));
-        Some(pending)
+        // Its `KVCacheAware.Score:` lines carry the request id too.
+        Some(Box::pin(tracing::Instrument::instrument(
+            pending,
+            self.decision_span(),
+        )))
     }
 
     /// Routes on the whole body gathered so far ([`StreamState::route_now`]); a
@@ -445,14 +449,7 @@ impl StreamState {
     /// the conformance header), its session, and kvcache-aware's owners when the lookup was made
     /// for this very body.
     fn route(&mut self, body: Option<&[u8]>) -> Result<Routed, RouteFailure> {
-        // Every `--v 4` score and prediction line of this decision carries the request id
-        // (a span on their target: on exactly when they are).
-        let _decision = tracing::debug_span!(
-            target: "scores",
-            "decision",
-            request_id = self.request_id.as_deref().unwrap_or_default()
-        )
-        .entered();
+        let _decision = self.decision_span().entered();
         let restrict = self.restriction()?;
         let kv = self
             .kv_lookup
@@ -465,6 +462,16 @@ impl StreamState {
             restrict.as_deref(),
             self.session.as_deref().map(str::as_bytes),
             kv.as_ref(),
+        )
+    }
+
+    /// The span every `--v 4` score and prediction line of this request's decision is written
+    /// in: it carries the request id (on the lines' own target, so on exactly when they are).
+    fn decision_span(&self) -> tracing::Span {
+        tracing::debug_span!(
+            target: "scores",
+            "decision",
+            request_id = self.request_id.as_deref().unwrap_or_default()
         )
     }
 

@@ -253,6 +253,19 @@ async fn kvcache_aware_at_v4_logs_kthenas_lines() {
             .any(|m| m.ends_with(&format!("blocksWithHits={n}/{n}"))),
         "{messages:?}"
     );
+    // Every one of them, the lookup's before the decision included, carries the request id.
+    let ids: std::collections::BTreeSet<String> = json_lines(&log)
+        .iter()
+        .filter(|l| l["target"] == "scores")
+        .map(|l| {
+            l["span"]["request_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(ids.len(), 1, "one request, one id: {ids:?}");
+    assert!(ids.iter().all(|id| !id.is_empty()), "{ids:?}");
     // The plugin's score line for the holder follows its ScorePlugin line.
     let at = messages
         .iter()
