@@ -563,6 +563,51 @@ async fn a_decision_is_traceable_by_its_request_id_and_its_cost_reaches_envoy() 
     assert_eq!(number(&record["output"]), completion, "{record}");
     assert_eq!(number(&record["total"]), prompt + completion, "{record}");
 
+    // A stream: the usage in its last event (asked with `include_usage`), the same prompt now
+    // partly cached on the pod that served it.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let text = reqwest::Client::new()
+        .post(envoy.url("/v1/completions"))
+        .json(&streamed)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let usage: Value = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find_map(|e| e.get("usage").filter(|u| !u.is_null()).cloned())
+        .unwrap_or_else(|| panic!("no usage in the stream: {text}"));
+    let record: Value = poll("the stream's access record", || {
+        let text = std::fs::read_to_string(&access_log).unwrap_or_default();
+        async move {
+            text.lines()
+                .nth(1)
+                .map(|l| serde_json::from_str(l).unwrap())
+        }
+    })
+    .await;
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_f64()
+        .unwrap();
+    assert!(cached > 0.0, "the second request hits the cache: {usage}");
+    assert_eq!(number(&record["cached"]), cached, "{record}");
+    assert_eq!(
+        number(&record["input"]),
+        usage["prompt_tokens"].as_f64().unwrap(),
+        "{record}"
+    );
+    assert_eq!(
+        number(&record["output"]),
+        usage["completion_tokens"].as_f64().unwrap(),
+        "{record}"
+    );
+
     // The picker's log: the `picked` line's fields, and the request id on every score and
     // prediction line (the `decision` span).
     let log_path = dir.path().join("picker.log");
@@ -574,7 +619,9 @@ async fn a_decision_is_traceable_by_its_request_id_and_its_cost_reaches_envoy() 
     let log = std::fs::read_to_string(&log_path).unwrap();
     drop(picker.process);
     let lines = json_lines(&log);
-    let picked = lines.iter().find(|l| l["message"] == "picked").unwrap();
+    let picks: Vec<&Value> = lines.iter().filter(|l| l["message"] == "picked").collect();
+    assert_eq!(picks.len(), 2, "{picks:?}");
+    let picked = picks[0];
     assert_eq!(picked["request_id"], request_id.as_str(), "{picked}");
     assert_eq!(picked["pod"], field("pod"), "{picked}");
     assert_eq!(picked["reason"], "affinity_miss", "{picked}");
@@ -598,8 +645,18 @@ async fn a_decision_is_traceable_by_its_request_id_and_its_cost_reaches_envoy() 
             .any(|l| l["message"].as_str().unwrap().contains("Predicted TTFT: ")),
         "{scores:?}"
     );
-    for line in &scores {
-        assert_eq!(line["span"]["request_id"], request_id.as_str(), "{line}");
-    }
+    // Each score line in its request's span: the first request's id, then the stream's.
+    let ids: Vec<&str> = scores
+        .iter()
+        .map(|l| l["span"]["request_id"].as_str().unwrap_or_default())
+        .collect();
+    let first = ids.iter().take_while(|id| **id == request_id).count();
+    assert!(first > 0, "{ids:?}");
+    let second = picks[1]["request_id"].as_str().unwrap();
+    assert_ne!(second, request_id);
+    assert!(
+        ids[first..].iter().all(|id| *id == second) && first < ids.len(),
+        "{ids:?}"
+    );
     assert!(!log.contains("ZEBRA"), "prompt text logged below --v 5");
 }
