@@ -150,7 +150,16 @@ fn claim(router: &Router, entry: HttpAccessLogEntry) -> Claim {
             return Claim::OtherReplica;
         }
     };
-    let ending = if common.response_flags.as_ref().is_some_and(was_cut) {
+    let request_id = entry.request.as_ref().map(|r| r.request_id.as_str());
+    let aborted = common.response_flags.as_ref().is_some_and(was_cut);
+    let status = entry.response.as_ref().and_then(|r| r.response_code);
+    tracing::debug!(
+        request_id = request_id.unwrap_or(""),
+        status = status.map(|c| c.value),
+        aborted,
+        "completed (access log)"
+    );
+    let ending = if aborted {
         Ending::Aborted
     } else {
         let address = common
@@ -159,10 +168,7 @@ fn claim(router: &Router, entry: HttpAccessLogEntry) -> Claim {
             .and_then(socket_addr)
             .or_else(|| served_from_metadata(&metadata));
         Ending::Completed {
-            status: entry
-                .response
-                .and_then(|r| r.response_code)
-                .map(|c| c.value),
+            status: status.map(|c| c.value),
             served: Served::at(router, address),
             // The access log carries no response body: no engine report.
             cached_tokens: None,

@@ -636,6 +636,16 @@ impl StreamState {
         self.completed = true;
         let route = self.route.take().or_else(|| self.take_pending());
         if let Some(route) = route {
+            let usage = self.usage.usage();
+            tracing::debug!(
+                request_id = self.request_id.as_deref().unwrap_or(""),
+                status = self.status,
+                served = self.served.label(),
+                prompt_tokens = usage.prompt_tokens,
+                cached_tokens = usage.cached_tokens,
+                completion_tokens = usage.completion_tokens,
+                "completed"
+            );
             let ending = Ending::Completed {
                 status: self.status,
                 served: std::mem::replace(&mut self.served, Served::NotReported),

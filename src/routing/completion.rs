@@ -126,6 +126,16 @@ pub enum Served {
 }
 
 impl Served {
+    /// The serving pod's label for a log line: `""` when not reported, `unknown` outside the
+    /// endpoint set.
+    pub fn label(&self) -> &str {
+        match self {
+            Served::NotReported => "",
+            Served::Pod(e) => &e.label,
+            Served::Unknown => "unknown",
+        }
+    }
+
     /// The endpoint at `address` (None: not reported).
     pub fn at(router: &Router, address: Option<SocketAddr>) -> Served {
         match address {

@@ -82,11 +82,16 @@ async fn json_logs_at_v4_parse_carry_kthena_score_lines_and_no_prompt() {
             .unwrap();
         assert_eq!(r.status().as_u16(), 200, "{}", envoy.log());
     }
-    // Each request's score lines are written before its reply.
+    // Each request's score lines are written before its reply; its completion when Envoy's
+    // access log reports it.
     let log_path = dir.path().join("picker.log");
-    poll("the score lines", || {
+    poll("the score and completion lines", || {
         let log = std::fs::read_to_string(&log_path).unwrap();
-        async move { (log.matches("Final Pod Scores:").count() >= 2).then_some(()) }
+        async move {
+            (log.matches("Final Pod Scores:").count() >= 2
+                && log.matches("completed (access log)").count() >= 2)
+                .then_some(())
+        }
     })
     .await;
     let log = std::fs::read_to_string(&log_path).unwrap();
@@ -117,9 +122,28 @@ async fn json_logs_at_v4_parse_carry_kthena_score_lines_and_no_prompt() {
             );
         }
     }
-    assert!(
-        lines.iter().any(|l| l["message"] == "picked"),
+    // Each request's `picked` line and its access-log completion carry its id.
+    let picked: Vec<&str> = lines
+        .iter()
+        .filter(|l| l["message"] == "picked")
+        .map(|l| l["request_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        picked.len(),
+        2,
         "prefix-picker's own debug lines are on at --v 4"
+    );
+    assert_ne!(picked[0], picked[1]);
+    let completed: Vec<&str> = lines
+        .iter()
+        .filter(|l| l["message"] == "completed (access log)")
+        .inspect(|l| assert_eq!(l["status"], 200, "{l}"))
+        .map(|l| l["request_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        completed.iter().collect::<std::collections::BTreeSet<_>>(),
+        picked.iter().collect(),
+        "{log}"
     );
     assert!(
         !log.contains("ZEBRA"),
@@ -633,6 +657,23 @@ async fn a_decision_is_traceable_by_its_request_id_and_its_cost_reaches_envoy() 
         "{picked}"
     );
     assert_eq!(picked["queued_ms"], 0, "{picked}");
+    // Its completion, on the stream that saw the response: the same id, the tokens reported.
+    let completed = lines
+        .iter()
+        .find(|l| l["message"] == "completed" && l["request_id"] == request_id.as_str())
+        .unwrap_or_else(|| panic!("no completed line for {request_id}:\n{log}"));
+    assert_eq!(completed["status"], 200, "{completed}");
+    assert_eq!(completed["served"], field("pod"), "{completed}");
+    assert_eq!(
+        completed["prompt_tokens"].as_f64(),
+        Some(prompt),
+        "{completed}"
+    );
+    assert_eq!(
+        completed["completion_tokens"].as_f64(),
+        Some(completion),
+        "{completed}"
+    );
     let dest = picked["destination"].as_str().unwrap();
     assert!(
         addrs.iter().any(|a| dest.starts_with(&a.to_string())),
