@@ -10,7 +10,9 @@
 //! there arrives without `end_of_stream`, like a whole body that trailers follow, and is told
 //! apart by not parsing whole (then 413). The pick goes in the `x-gateway-destination-endpoint`
 //! header (overwriting any client-supplied one) and in `envoy.lb` dynamic metadata, with
-//! identical values; `x-request-id` is generated when missing. In PD mode the same reply sets
+//! identical values, the metadata also carrying the decision with the request id
+//! ([`DECISION_HEADER`], for the access record); `x-request-id` is generated when missing. The
+//! decision's score lines are written in a span carrying the request id. In PD mode the same reply sets
 //! `x-prefiller-host-port` to the paired prefill pod; otherwise it removes any client-supplied
 //! one, so the header reaching a pod is always the picker's. Failures are immediate responses
 //! with OpenAI-style JSON errors (a shed request's 429 with `retry-after`). A body that arrives
@@ -26,6 +28,9 @@
 //! response body's `end_of_stream` or response trailers; with response body mode `NONE` it is the
 //! response headers (so aborted streams are then recorded too). A 2xx completion records the
 //! prompt for the serving pod; anything else, or a stream that ends first, records nothing.
+//! With `picker.decisionHeader` the response headers reply sets [`DECISION_HEADER`]. The
+//! response's last reply (its body's end, or its trailers) carries the token counts its body's
+//! `usage` reported as `io.envoy.ai_gateway` metadata ([`cost_metadata`]).
 //! `FULL_DUPLEX_STREAMED` response chunks are echoed back at once; streams in
 //! `observability_mode` are never answered. Once the response has completed the picker ends the
 //! stream itself (Envoy would hold an observability-mode stream open for 5 s more). When this
