@@ -12,9 +12,9 @@
 //! header (overwriting any client-supplied one) and in `envoy.lb` dynamic metadata, with
 //! identical values, the metadata also carrying the decision with the request id
 //! ([`DECISION_HEADER`], for the access record); `x-request-id` is generated when missing. The
-//! decision's score lines are written in a span carrying the request id. In PD mode the same reply sets
-//! `x-prefiller-host-port` to the paired prefill pod; otherwise it removes any client-supplied
-//! one, so the header reaching a pod is always the picker's. Failures are immediate responses
+//! decision's score lines are written in a span carrying the request id. In PD mode the same
+//! reply sets `x-prefiller-host-port` to the paired prefill pod; otherwise it removes any
+//! client-supplied one, so the header reaching a pod is always the picker's. Failures are immediate responses
 //! with OpenAI-style JSON errors (a shed request's 429 with `retry-after`). A body that arrives
 //! without request headers (a filter with
 //! `request_header_mode: SKIP`, whose requests Envoy forwards before any pick) is answered,
