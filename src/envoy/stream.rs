@@ -14,9 +14,9 @@
 //! ([`DECISION_HEADER`], for the access record); `x-request-id` is generated when missing. The
 //! decision's score lines are written in a span carrying the request id. In PD mode the same
 //! reply sets `x-prefiller-host-port` to the paired prefill pod; otherwise it removes any
-//! client-supplied one, so the header reaching a pod is always the picker's. Failures are immediate responses
-//! with OpenAI-style JSON errors (a shed request's 429 with `retry-after`). A body that arrives
-//! without request headers (a filter with
+//! client-supplied one, so the header reaching a pod is always the picker's. Failures are
+//! immediate responses with OpenAI-style JSON errors (a shed request's 429 with `retry-after`).
+//! A body that arrives without request headers (a filter with
 //! `request_header_mode: SKIP`, whose requests Envoy forwards before any pick) is answered,
 //! routed by load, counted as unscored `no_request_path`, and warned about once. A stream decides
 //! once: after an immediate response it answers nothing more of the request, and after a pick
