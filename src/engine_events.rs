@@ -265,6 +265,8 @@ struct Consumer<'a> {
     synced: [u64; StreamEvent::ALL.len()],
     /// The connection waiting for its first batch: since when, and the pod's picks then.
     waiting: Option<(Instant, u64)>,
+    /// [`NO_BATCH_AFTER`] (shorter in tests).
+    no_batch_after: Duration,
 }
 
 impl<'a> Consumer<'a> {
@@ -286,6 +288,7 @@ impl<'a> Consumer<'a> {
             stats,
             synced: [0; StreamEvent::ALL.len()],
             waiting: None,
+            no_batch_after: NO_BATCH_AFTER,
         }
     }
 
@@ -340,7 +343,7 @@ impl<'a> Consumer<'a> {
         let Some((since, picks)) = self.waiting else {
             return;
         };
-        if since.elapsed() < NO_BATCH_AFTER || self.endpoint.picks() == picks {
+        if since.elapsed() < self.no_batch_after || self.endpoint.picks() == picks {
             return;
         }
         self.waiting = None;
@@ -358,7 +361,7 @@ impl<'a> Consumer<'a> {
             "KV events: connected {} s and picked since, no batch applied (counted as no_batch): \
              the pod is matched by the estimate until one is (a publisher on another topic, \
              one that never sends, or frames that do not decode)",
-            NO_BATCH_AFTER.as_secs()
+            self.no_batch_after.as_secs()
         );
     }
 
@@ -446,6 +449,67 @@ fn on_gpu(medium: Option<&str>) -> bool {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::AtomicUsize;
+
+    /// A connection that brings no batch is counted once, and only once its pod was picked; a
+    /// batch makes the view live.
+    #[test]
+    fn a_picked_pod_whose_connection_brings_no_batch_is_counted_once() {
+        use crate::kv_events::event::EventBatch;
+        let metrics = RouterMetrics::register(&Registry::new());
+        let endpoints = Endpoints::new(Arc::new(PrefixIndex::new(10)), metrics.clone());
+        let mut spec = crate::testing::spec("engine", 18001, &[]);
+        spec.kv_events = Some(KvEventsAddress {
+            endpoint: "tcp://127.0.0.1:5557".into(),
+            replay: None,
+        });
+        endpoints.apply(Update::Reset(vec![spec]));
+        let e = endpoints.snapshot().all()[0].clone();
+        let view = e.engine.as_ref().expect("a view");
+        let stats = Arc::new(SubscriberStats::default());
+        let mut consumer =
+            Consumer::new(&e, view, endpoints.index(), metrics.engine.clone(), stats);
+        consumer.no_batch_after = Duration::ZERO;
+        let series = |kind: &str| {
+            metrics
+                .engine
+                .stream
+                .with_label_values(&["engine", "default", kind])
+                .get()
+        };
+        let connected = || {
+            metrics
+                .engine
+                .connected
+                .with_label_values(&["engine", "default"])
+                .get()
+        };
+        consumer.apply(crate::kv_events::subscriber::Update::Connected);
+        assert!(!view.is_live(), "a connection is no evidence");
+        assert_eq!(connected(), 1);
+        consumer.sync_stats();
+        assert_eq!(
+            series("no_batch"),
+            0,
+            "not picked: an idle engine sends nothing"
+        );
+        e.count_pick(&metrics);
+        consumer.sync_stats();
+        consumer.sync_stats();
+        assert_eq!(series("no_batch"), 1, "once per connection");
+        consumer.apply(crate::kv_events::subscriber::Update::Batch {
+            seq: 0,
+            batch: EventBatch {
+                ts: 0.0,
+                events: Vec::new(),
+                data_parallel_rank: None,
+                unknown_events: 0,
+            },
+        });
+        assert!(view.is_live());
+        consumer.apply(crate::kv_events::subscriber::Update::Disconnected);
+        assert!(!view.is_live());
+        assert_eq!(connected(), 0);
+    }
 
     use prometheus::Registry;
 
