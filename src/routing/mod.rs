@@ -245,7 +245,12 @@ impl Router {
         let heads = self.heads.as_ref()?;
         live.scheduler.affinity()?;
         let prompt = request.prompt.ok()?;
-        let pod = candidates.iter().find(|e| e.engine.is_some())?;
+        // The tokenizer asked is the least busy engine's: always the first would put every
+        // call on one pod's API server, which is serving requests too.
+        let pod = candidates
+            .iter()
+            .filter(|e| e.engine.is_some())
+            .min_by_key(|e| e.inflight())?;
         let Some(body) = body else {
             return heads.lookup(request.model, Api::from_path(path)?, prompt);
         };
