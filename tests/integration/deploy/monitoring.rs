@@ -696,9 +696,10 @@ async fn alerts_and_panels_query_only_exported_series() {
     );
     doc.push_str(&sync);
     let picker = start_picker(prefix_picker::config::Config::parse(&doc).unwrap()).await;
+    // Connected (a view is live from its first batch, once requests are served).
     wait_metric(
         &picker,
-        "prefix_picker_engine_view_live{model_server_namespace=\"default\",model_server_pod=\"sim-0\"}",
+        "prefix_picker_kv_events_connected{model_server_namespace=\"default\",model_server_pod=\"sim-0\"}",
         1.0,
     )
     .await;
