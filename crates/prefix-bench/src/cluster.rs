@@ -332,6 +332,7 @@ mod tests {
             scheduler: Some("scheduler: {}\n".into()),
             affinity: None,
             events,
+            picker_bin: None,
         }
     }
 

@@ -131,6 +131,7 @@ fn the_fault_rows_are_the_engine_events_row_with_its_stream_wrong() {
             scheduler,
             affinity,
             events: Some(events),
+            ..
         } = &routers[at].1
         else {
             panic!("{fault:?}: not an engine-events row");
@@ -262,4 +263,49 @@ async fn the_fault_rows_picker_configs_leave_the_topic_empty_or_name_silent_sock
         assert_ne!(pod.kv_events, Some(publisher.ports()));
     }
     assert_eq!(EventFault::SilentPublisher.engine_topic(), "");
+}
+
+#[test]
+fn a_baseline_binary_doubles_the_shipped_rows_only() {
+    let rows = vec![
+        (
+            report::ROUND_ROBIN.to_string(),
+            Setup::envoy("envoy-round-robin.yaml", None),
+        ),
+        (
+            report::SHIPPED.to_string(),
+            picker_row("scheduler: {}\n", None, None),
+        ),
+        (
+            format!("{} (fault: x)", report::SHIPPED_ENGINE_EVENTS),
+            picker_row("scheduler: {}\n", None, None),
+        ),
+    ];
+    let bin = std::path::Path::new("/old/prefix-picker");
+    let out = with_baseline(rows, bin);
+    let names: Vec<&str> = out.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            report::ROUND_ROBIN.to_string(),
+            report::SHIPPED.to_string(),
+            format!("{}{}", report::BASELINE, report::SHIPPED),
+            format!("{} (fault: x)", report::SHIPPED_ENGINE_EVENTS),
+            format!(
+                "{}{} (fault: x)",
+                report::BASELINE,
+                report::SHIPPED_ENGINE_EVENTS
+            ),
+        ]
+    );
+    for (name, setup) in &out {
+        let Setup::Envoy { picker_bin, .. } = setup else {
+            panic!("{name}");
+        };
+        assert_eq!(
+            picker_bin.as_deref(),
+            name.starts_with(report::BASELINE).then_some(bin),
+            "{name}"
+        );
+    }
 }
