@@ -32,6 +32,7 @@ use crate::kv_cache::{Admission, KvCache};
 use crate::kv_events::{KvEventPublisher, KvEventsConfig};
 use crate::pd::{PdConfig, PdMetrics};
 use crate::scheduler::{KvAdmission, Scheduler};
+use crate::template::ChatTemplate;
 use crate::tokenizer::SimTokenizer;
 
 mod vllm;
@@ -62,8 +63,10 @@ pub struct EngineConfig {
     pub kv_events: KvEventsConfig,
     /// `false`: vLLM's `--no-enable-prefix-caching`.
     pub prefix_caching: bool,
-    /// The built-in tokenizer, or `--tokenizer-json`'s.
+    /// The built-in tokenizer (or its dense variant), or `--tokenizer-json`'s.
     pub tokenizer: SimTokenizer,
+    /// `--chat-template`: how chat and Responses requests render ([`crate::template`]).
+    pub chat_template: ChatTemplate,
     /// `--kv-admission`: only slots limit running requests, or vLLM's KV-capacity admission
     /// and preemption ([`crate::scheduler`]).
     pub kv_admission: KvAdmission,
@@ -84,6 +87,7 @@ impl Default for EngineConfig {
             kv_events: KvEventsConfig::default(),
             prefix_caching: true,
             tokenizer: SimTokenizer::Builtin,
+            chat_template: ChatTemplate::ChatMl,
             kv_admission: KvAdmission::Slots,
         }
     }

@@ -8,6 +8,7 @@ pub mod kv_events;
 pub mod pd;
 pub mod scheduler;
 pub mod server;
+pub mod template;
 #[cfg(test)]
 mod tests;
 pub mod tokenizer;

@@ -10,6 +10,7 @@ use model_sim::kv_events::KvEventsConfig;
 use model_sim::pd::{self, PdConfig, Role};
 use model_sim::scheduler::KvAdmission;
 use model_sim::server::{SimConfig, app};
+use model_sim::template::ChatTemplate;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -78,8 +79,18 @@ struct Args {
     no_enable_prefix_caching: bool,
     /// A Hugging Face `tokenizer.json` to tokenize with (its ids in `/tokenize`, the KV cache
     /// and the KV events) instead of the built-in tokenizer.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", conflicts_with = "tokenizer")]
     tokenizer_json: Option<std::path::PathBuf>,
+    /// The built-in tokenizer: `default` (tokens of at most 6 bytes, ~4.1 bytes per token on
+    /// the benchmark's prompts) or `dense` (at most 4 bytes, ~3.1); for the KV cache,
+    /// `/tokenize` and the usage counts. No `tokenizer.json` describes either.
+    #[arg(long, value_enum)]
+    tokenizer: Option<model_sim::tokenizer::Builtin>,
+    /// How chat and Responses requests render into the prompt the engine caches and
+    /// `/tokenize` answers: `chatml` (the router's own rendering) or `llama3` (Llama 3's
+    /// template, which the router does not render).
+    #[arg(long, value_enum, default_value_t = ChatTemplate::ChatMl)]
+    chat_template: ChatTemplate,
     /// How requests are admitted to the KV cache: `slots` (only `--max-num-seqs` limits them;
     /// a prompt's blocks that do not fit are not cached) or `vllm` (vLLM's scheduler: a request
     /// waits until its blocks fit, a running one that needs a block none has free preempts the
@@ -88,8 +99,9 @@ struct Args {
     kv_admission: KvAdmission,
     /// Writes the default `tokenizer.json` and a `tokenizer_config.json` with the sim's chat
     /// template into DIR, then exits (run the sims with `--tokenizer-json DIR/tokenizer.json`
-    /// and point the picker's `file` tokenizer source at it).
-    #[arg(long, value_name = "DIR")]
+    /// and point the picker's `file` tokenizer source at it). They describe the default
+    /// template only: not with `--chat-template llama3`.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["tokenizer", "chat_template"])]
     write_tokenizer: Option<std::path::PathBuf>,
 }
 
@@ -114,7 +126,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let tokenizer = match &a.tokenizer_json {
         Some(path) => model_sim::tokenizer_json::load(path)?,
-        None => model_sim::tokenizer::SimTokenizer::Builtin,
+        None => a.tokenizer.unwrap_or_default().tokenizer(),
     };
     anyhow::ensure!(a.prefill_timeout_ms > 0, "--prefill-timeout-ms must be > 0");
     anyhow::ensure!(
@@ -140,6 +152,7 @@ async fn main() -> anyhow::Result<()> {
             kv_events: a.kv_events_config.unwrap_or_default(),
             prefix_caching: !a.no_enable_prefix_caching,
             tokenizer,
+            chat_template: a.chat_template,
             kv_admission: a.kv_admission,
         })
         .await?,

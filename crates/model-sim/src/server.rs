@@ -2,7 +2,8 @@
 //! `/v1/responses` (JSON, or SSE with `"stream": true`), `GET /health`, `/v1/models`, `/metrics`,
 //! `POST /tokenize` (vLLM's or SGLang's shape) and vLLM's `POST /reset_prefix_cache`.
 //!
-//! Prompts are rendered with the router's own renderer. Output length = `max_tokens`
+//! Prompts are rendered by the engine's chat template ([`crate::template`]; by default the
+//! router's own renderer). Output length = `max_tokens`
 //! (`max_completion_tokens`, `max_output_tokens`) or the default; output text is words drawn
 //! from an RNG seeded by `--seed` and the request number. Every response carries
 //! `x-served-by: <name>` and `usage.prompt_tokens_details.cached_tokens`; as in vLLM, a stream
@@ -28,7 +29,9 @@ use serde_json::{Value, json};
 
 use crate::engine::{Engine, EngineKind, Running};
 use crate::pd::{self, Outcome, Role};
-use prefix_picker::request::{Api, InferenceRequest};
+use crate::template::ChatTemplate;
+use prefix_picker::prompt::NoPrompt;
+use prefix_picker::request::{Api, InferenceRequest, RequestError};
 
 const WORDS: [&str; 24] = [
     "the", "model", "cache", "prefix", "token", "router", "request", "answer", "quick", "brown",
@@ -121,12 +124,28 @@ fn encode(registry: &prometheus::Registry) -> String {
 /// vLLM's render endpoints (used by vllm-router's cache-aware policy): `{"token_ids": [...]}`.
 async fn render(State(s): State<Sim>, body: Bytes) -> Response {
     let ids = |prompt: &str| s.engine.tokenizer().ids(prompt.as_bytes());
-    match InferenceRequest::parse(&body) {
-        Ok(r) => {
-            axum::Json(json!({"token_ids": ids(r.prompt.as_deref().unwrap_or(""))})).into_response()
+    match prompt_of(&s, &body) {
+        Ok((_, prompt)) => {
+            axum::Json(json!({"token_ids": ids(prompt.as_deref().unwrap_or(""))})).into_response()
         }
         Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
     }
+}
+
+/// A request body parsed, and its prompt as the engine's chat template renders it.
+fn prompt_of(
+    s: &Sim,
+    body: &[u8],
+) -> Result<(InferenceRequest, Result<String, NoPrompt>), RequestError> {
+    let request = InferenceRequest::parse(body)?;
+    let template = s.engine.config().chat_template;
+    let prompt = if template == ChatTemplate::ChatMl {
+        request.prompt.clone()
+    } else {
+        let value = prefix_picker::lenient_json::parse_value(body).unwrap_or(Value::Null);
+        template.prompt(&value, request.prompt.clone())
+    };
+    Ok((request, prompt))
 }
 
 #[cfg(test)]
@@ -185,11 +204,9 @@ async fn tokenize(State(s): State<Sim>, body: Bytes) -> Response {
     }
     let want_strs = fields.get("return_token_strs") == Some(&Value::Bool(true));
     let body = serde_json::to_vec(&fields).expect("a JSON map serializes");
-    let prompt = match InferenceRequest::parse(&body) {
-        Ok(r) => match r.prompt {
-            Ok(p) => p,
-            Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
-        },
+    let prompt = match prompt_of(&s, &body) {
+        Ok((_, Ok(p))) => p,
+        Ok((_, Err(e))) => return error(StatusCode::BAD_REQUEST, e.to_string()),
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
     let tokens = ids(&prompt);
@@ -282,7 +299,7 @@ async fn infer(State(s): State<Sim>, uri: Uri, headers: HeaderMap, body: Bytes) 
             format!("no route for {}", uri.path()),
         );
     };
-    let request = match InferenceRequest::parse(&body) {
+    let (request, prompt) = match prompt_of(&s, &body) {
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
@@ -300,7 +317,7 @@ async fn infer(State(s): State<Sim>, uri: Uri, headers: HeaderMap, body: Bytes) 
         .pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
         .unwrap_or(false);
-    let prompt = request.prompt.as_deref().unwrap_or("");
+    let prompt = prompt.as_deref().unwrap_or("");
     let prefilled = match prefill_remotely(&s, api, uri.path(), &headers, &value).await {
         Ok(p) => p,
         Err(answer) => return answer,
@@ -327,6 +344,7 @@ async fn infer(State(s): State<Sim>, uri: Uri, headers: HeaderMap, body: Bytes) 
         id: format!("sim-{}-{n}", s.config.name),
         running,
         prompt: prompt.to_string(),
+        template: s.engine.config().chat_template,
         words,
         n_out,
         include_usage,
@@ -360,6 +378,8 @@ struct Generation {
     running: Running,
     /// The rendered prompt, which the output's cached blocks continue.
     prompt: String,
+    /// The engine's chat template (how an answer continues a chat prompt).
+    template: ChatTemplate,
     /// The output, one word per output token.
     words: Vec<&'static str>,
     n_out: usize,
@@ -382,9 +402,7 @@ impl Generation {
         let text = self.text();
         let continuation = match self.api {
             Api::Completions => text,
-            Api::ChatCompletions | Api::Responses => {
-                format!("<|im_start|>assistant\n{text}<|im_end|>")
-            }
+            Api::ChatCompletions | Api::Responses => self.template.assistant_turn(&text),
         };
         self.running
             .hold_output(&self.model, &self.prompt, &continuation, self.n_out);

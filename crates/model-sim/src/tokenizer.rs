@@ -12,14 +12,22 @@
 //! its last (a word cut in the middle, or trailing whitespace that joins the next word).
 //!
 //! [`SimTokenizer`] chooses between this built-in tokenizer (the default, which the benchmarks
-//! are measured with) and a Hugging Face `tokenizer.json` (`--tokenizer-json`,
-//! [`crate::tokenizer_json`]), whose ids the picker's `file` tokenizer source computes too.
+//! are measured with), its dense variant (`--tokenizer dense`: the same pieces cut into tokens
+//! of at most [`DENSE_TOKEN_BYTES`] bytes, ~3.1 bytes per token on the benchmark's chat
+//! prompts instead of ~4.1: an engine whose vocabulary the router was not tuned on) and a
+//! Hugging Face `tokenizer.json` (`--tokenizer-json`, [`crate::tokenizer_json`]), whose ids the
+//! picker's `file` tokenizer source computes too. Neither built-in one can be written as a
+//! `tokenizer.json` (their ids are a hash of the token's bytes), so the `file` source goes with
+//! `--tokenizer-json` only.
 
 use std::ops::Range;
 use std::sync::Arc;
 
 /// Longest token, in bytes.
 pub const MAX_TOKEN_BYTES: usize = 6;
+
+/// Longest token of the dense variant (`--tokenizer dense`), in bytes.
+pub const DENSE_TOKEN_BYTES: usize = 4;
 
 /// Vocabulary size of the token ids (`token_id`).
 pub const VOCAB: u32 = 150_000;
@@ -73,11 +81,17 @@ fn pieces(text: &[u8]) -> Vec<Range<usize>> {
 
 /// The byte ranges of the tokens of `text`, in order, covering it exactly.
 pub fn tokenize(text: &[u8]) -> Vec<Range<usize>> {
+    tokenize_at_most(text, MAX_TOKEN_BYTES)
+}
+
+/// [`tokenize`] with tokens of at most `max_bytes` bytes (a character longer than that stays
+/// whole).
+pub fn tokenize_at_most(text: &[u8], max_bytes: usize) -> Vec<Range<usize>> {
     let mut out = Vec::with_capacity(text.len() / 3 + 1);
     for piece in pieces(text) {
         let mut start = piece.start;
         while start < piece.end {
-            let mut end = (start + MAX_TOKEN_BYTES).min(piece.end);
+            let mut end = (start + max_bytes.max(1)).min(piece.end);
             // Never cut a UTF-8 character: move to the next character boundary.
             while end < piece.end && (text[end] & 0xC0) == 0x80 {
                 end += 1;
@@ -86,6 +100,52 @@ pub fn tokenize(text: &[u8]) -> Vec<Range<usize>> {
             start = end;
         }
     }
+    out
+}
+
+/// The dense variant's special tokens: each is one token wherever it appears, as a Hugging Face
+/// tokenizer matches its added tokens before it pre-tokenizes (Llama 3's, then ChatML's).
+pub const DENSE_SPECIAL_TOKENS: [&str; 6] = [
+    "<|begin_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|im_start|>",
+    "<|im_end|>",
+];
+
+/// The dense variant's tokens of `text`: each special token ([`DENSE_SPECIAL_TOKENS`]) whole,
+/// the text between them by [`tokenize_at_most`] with [`DENSE_TOKEN_BYTES`]. So a turn that
+/// ends in `<|eot_id|>` keeps its tokens when the next one starts with `<|start_header_id|>`
+/// (the built-in default would cut `|><|` as one punctuation run).
+pub fn tokenize_dense(text: &[u8]) -> Vec<Range<usize>> {
+    let mut out = Vec::with_capacity(text.len() / 3 + 1);
+    let mut from = 0;
+    let mut at = 0;
+    while let Some(i) = text[at..].windows(2).position(|w| w == b"<|") {
+        let start = at + i;
+        match DENSE_SPECIAL_TOKENS
+            .iter()
+            .find(|s| text[start..].starts_with(s.as_bytes()))
+        {
+            Some(special) => {
+                let end = start + special.len();
+                out.extend(
+                    tokenize_at_most(&text[from..start], DENSE_TOKEN_BYTES)
+                        .into_iter()
+                        .map(|r| r.start + from..r.end + from),
+                );
+                out.push(start..end);
+                (from, at) = (end, end);
+            }
+            None => at = start + 1,
+        }
+    }
+    out.extend(
+        tokenize_at_most(&text[from..], DENSE_TOKEN_BYTES)
+            .into_iter()
+            .map(|r| r.start + from..r.end + from),
+    );
     out
 }
 
@@ -107,11 +167,35 @@ pub fn token_ids(text: &[u8]) -> Vec<u32> {
         .collect()
 }
 
-/// The sim's tokenizer: the built-in one above, or a `tokenizer.json`.
+/// `--tokenizer`: which built-in tokenizer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Builtin {
+    /// Tokens of at most [`MAX_TOKEN_BYTES`] bytes (~4.1 bytes per token on the benchmark).
+    #[default]
+    Default,
+    /// Tokens of at most [`DENSE_TOKEN_BYTES`] bytes, special tokens whole (~3.1 bytes per
+    /// token on the benchmark).
+    Dense,
+}
+
+impl Builtin {
+    /// Its tokenizer.
+    pub fn tokenizer(self) -> SimTokenizer {
+        match self {
+            Builtin::Default => SimTokenizer::Builtin,
+            Builtin::Dense => SimTokenizer::Dense,
+        }
+    }
+}
+
+/// The sim's tokenizer: the built-in one above, its dense variant, or a `tokenizer.json`.
 #[derive(Debug, Clone, Default)]
 pub enum SimTokenizer {
     #[default]
     Builtin,
+    /// The built-in tokenizer cut at [`DENSE_TOKEN_BYTES`], special tokens whole
+    /// ([`tokenize_dense`]).
+    Dense,
     /// A Hugging Face tokenizer; the sim encodes without special tokens (as the built-in one).
     Json(Arc<tokenizers::Tokenizer>),
 }
@@ -154,7 +238,7 @@ impl SimTokenizer {
     /// The tokens of `text`.
     pub fn tokens(&self, text: &[u8]) -> Tokens {
         match self {
-            SimTokenizer::Builtin => Tokens::Spans(tokenize(text)),
+            SimTokenizer::Builtin | SimTokenizer::Dense => Tokens::Spans(self.spans(text)),
             SimTokenizer::Json(t) => Tokens::Ids(json_ids(t, text)),
         }
     }
@@ -162,15 +246,29 @@ impl SimTokenizer {
     /// The token ids of `text`.
     pub fn ids(&self, text: &[u8]) -> Vec<u32> {
         match self {
-            SimTokenizer::Builtin => token_ids(text),
+            SimTokenizer::Builtin | SimTokenizer::Dense => self
+                .spans(text)
+                .into_iter()
+                .map(|r| token_id(&text[r]))
+                .collect(),
             SimTokenizer::Json(t) => json_ids(t, text),
+        }
+    }
+
+    /// A built-in tokenizer's byte ranges of `text` (none for a `tokenizer.json`).
+    fn spans(&self, text: &[u8]) -> Vec<Range<usize>> {
+        match self {
+            SimTokenizer::Builtin => tokenize(text),
+            SimTokenizer::Dense => tokenize_dense(text),
+            SimTokenizer::Json(_) => Vec::new(),
         }
     }
 
     /// The tokens of `text` as strings (vLLM's `token_strs`).
     pub fn strs(&self, text: &[u8]) -> Vec<String> {
         match self {
-            SimTokenizer::Builtin => tokenize(text)
+            SimTokenizer::Builtin | SimTokenizer::Dense => self
+                .spans(text)
                 .into_iter()
                 .map(|r| String::from_utf8_lossy(&text[r]).into_owned())
                 .collect(),
@@ -217,11 +315,48 @@ mod tests {
         assert!(strs("").is_empty());
     }
 
+    #[test]
+    fn the_dense_variant_cuts_the_same_pieces_shorter() {
+        let text = b"<|im_start|>user\nthe alpha juniper<|eot_id|><|start_header_id|>x <|y|>";
+        let dense: Vec<String> = SimTokenizer::Dense.strs(text);
+        assert_eq!(
+            dense,
+            [
+                "<|im_start|>",
+                "user",
+                "\n",
+                "the",
+                " alp",
+                "ha",
+                " jun",
+                "iper",
+                "<|eot_id|>",
+                "<|start_header_id|>",
+                "x",
+                " <|",
+                "y",
+                "|>"
+            ]
+        );
+        assert_eq!(SimTokenizer::Builtin.strs(b"<|im_start|>user").len(), 6);
+        let ids = SimTokenizer::Dense.ids(text);
+        assert_eq!(ids.len(), dense.len());
+        assert_eq!(ids[4], token_id(b" alp"));
+        // A turn's tokens are kept when the next turn follows it.
+        let turn = b"<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>";
+        let two = [&turn[..], &turn[..]].concat();
+        assert_eq!(
+            tokenize_dense(&two)[..tokenize_dense(turn).len()],
+            tokenize_dense(turn)
+        );
+    }
+
     proptest! {
         #[test]
         fn a_longer_prompt_keeps_all_but_the_last_token_of_a_shorter_one(
             text in "[ab ,.\n<|>é]{0,60}",
             cut in 0usize..61,
+            max in prop_oneof![Just(MAX_TOKEN_BYTES), Just(DENSE_TOKEN_BYTES)],
         ) {
             let cut = text
                 .char_indices()
@@ -229,7 +364,10 @@ mod tests {
                 .chain([text.len()])
                 .rfind(|i| *i <= cut)
                 .unwrap_or(0);
-            let (short, long) = (tokenize(&text.as_bytes()[..cut]), tokenize(text.as_bytes()));
+            let (short, long) = (
+                tokenize_at_most(&text.as_bytes()[..cut], max),
+                tokenize_at_most(text.as_bytes(), max),
+            );
             let keep = short.len().saturating_sub(1);
             prop_assert_eq!(&short[..keep], &long[..keep]);
             // Tokens cover the text exactly, in order.

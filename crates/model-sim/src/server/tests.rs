@@ -127,3 +127,87 @@ async fn sglang_tokenize_has_sglangs_shape() {
     .await;
     assert_eq!(r["count"], expected);
 }
+
+/// An engine the router did not render for (`--chat-template llama3 --tokenizer dense`):
+/// `/tokenize` answers the Llama 3 rendering in dense tokens, the cache and the usage count
+/// the same tokens, and a follow-up turn hits the first turn's prompt and answer.
+#[tokio::test]
+async fn another_template_and_density_are_what_the_engine_caches_and_counts() {
+    use crate::template::ChatTemplate;
+    use crate::tokenizer::SimTokenizer;
+    let (base, _) = start_named(
+        "sim-0",
+        EngineConfig {
+            tokenizer: SimTokenizer::Dense,
+            chat_template: ChatTemplate::Llama3,
+            ..fast()
+        },
+    )
+    .await;
+    let system = "alpha harbor juniper cedar nebula ".repeat(20);
+    let first = json!([{"role": "system", "content": system}, {"role": "user", "content": "What is a prefix cache?"}]);
+    let rendered = format!(
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n{}<|eot_id|>\
+         <|start_header_id|>user<|end_header_id|>\n\nWhat is a prefix cache?<|eot_id|>",
+        system.trim()
+    );
+    let (_, r) = tokenize(
+        &base,
+        "/tokenize",
+        json!({"model": "m", "messages": first, "return_token_strs": true}),
+    )
+    .await;
+    let strs: Vec<String> = serde_json::from_value(r["token_strs"].clone()).unwrap();
+    assert_eq!(strs.concat(), rendered);
+    assert_eq!(
+        r["tokens"],
+        json!(SimTokenizer::Dense.ids(rendered.as_bytes()))
+    );
+    // ~3.4 bytes per token on these words, against the default's ~4.2.
+    let text = system.as_bytes();
+    let (dense, default) = (
+        SimTokenizer::Dense.ids(text).len(),
+        SimTokenizer::Builtin.ids(text).len(),
+    );
+    assert!(
+        text.len() < 35 * dense / 10 && text.len() > 4 * default,
+        "{} bytes: {dense} dense tokens, {default} default ones",
+        text.len()
+    );
+    let chat = |messages: &Value| json!({"model": "m", "messages": messages, "max_tokens": 4});
+    let answer: Value = post(&format!("{base}/v1/chat/completions"), &chat(&first))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["usage"]["prompt_tokens"], r["count"]);
+    let said = answer["choices"][0]["message"]["content"].clone();
+    let mut next = first.as_array().unwrap().clone();
+    next.extend([
+        json!({"role": "assistant", "content": said}),
+        json!({"role": "user", "content": "And?"}),
+    ]);
+    let again: Value = post(&format!("{base}/v1/chat/completions"), &chat(&json!(next)))
+        .await
+        .json()
+        .await
+        .unwrap();
+    // The whole first prompt and answer are cached, in 16-token blocks (the last block of a
+    // turn can be cut by the next one's tokens).
+    let cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    let first_turn = SimTokenizer::Dense
+        .ids(
+            format!(
+                "{rendered}{}",
+                ChatTemplate::Llama3.assistant_turn(said.as_str().unwrap())
+            )
+            .as_bytes(),
+        )
+        .len() as u64;
+    assert!(
+        cached + 32 > first_turn && cached <= first_turn,
+        "cached {cached} of {first_turn}"
+    );
+}
