@@ -97,6 +97,10 @@ pub struct RunResult {
     /// requests that have one (1.0 = every group on one pod; 0 when none has a group).
     #[serde(default)]
     pub pods_per_group: f64,
+    /// What the engines' vLLM admission did (warm-up included), under an engine profile that
+    /// has it (`suite --engine-profile kv-pressure`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engines: Option<super::probe::KvAdmission>,
     /// Every request's measurements, in completion order (`suite --samples` writes them).
     #[serde(skip)]
     pub samples: Vec<Sample>,

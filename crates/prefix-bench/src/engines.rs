@@ -26,7 +26,7 @@ pub fn sim_args(kv_blocks: usize, max_num_seqs: usize) -> Vec<String> {
     .collect()
 }
 
-/// How the suite's engines schedule (`suite --engine-profile`).
+/// The engines a suite runs on (`suite --engine-profile`).
 #[derive(
     Debug,
     Clone,
@@ -40,25 +40,55 @@ pub fn sim_args(kv_blocks: usize, max_num_seqs: usize) -> Vec<String> {
 )]
 #[serde(rename_all = "kebab-case")]
 pub enum EngineProfile {
-    /// model-sim's defaults: only `--max-num-seqs` limits running requests (every result so
-    /// far).
+    /// model-sim's defaults: the router's ChatML rendering, ~4.1 bytes per token, only
+    /// `--max-num-seqs` limits running requests, each workload's own cache size (every result
+    /// so far).
     #[default]
     Default,
-    /// vLLM's KV-capacity admission and preemption (`model-sim --kv-admission vllm`) on each
-    /// workload's own cache size: a request waits until its blocks fit, a running one that
-    /// needs a block none has free preempts the last started.
+    /// An engine the router was not tuned on, under KV pressure: vLLM's KV-capacity admission
+    /// and preemption (`--kv-admission vllm`), Llama 3's chat template (`--chat-template
+    /// llama3`), the dense tokenizer (`--tokenizer dense`, ~3.2 bytes per token), and a cache
+    /// that holds [`KV_PRESSURE_PROMPTS`] of the workload's longest requests
+    /// ([`kv_pressure_blocks`]).
     KvPressure,
 }
+
+/// The longest requests (prompt and output) a `kv-pressure` engine's cache holds at once.
+pub const KV_PRESSURE_PROMPTS: usize = 3;
 
 impl EngineProfile {
     /// The profile's model-sim arguments, after [`sim_args`].
     pub fn sim_args(self) -> Vec<String> {
         match self {
             EngineProfile::Default => Vec::new(),
-            EngineProfile::KvPressure => vec!["--kv-admission".into(), "vllm".into()],
+            EngineProfile::KvPressure => [
+                "--kv-admission",
+                "vllm",
+                "--chat-template",
+                "llama3",
+                "--tokenizer",
+                "dense",
+            ]
+            .map(String::from)
+            .to_vec(),
         }
     }
 
+    /// The cache size (blocks of `block_tokens`) of a sim running `requests`, whose own size is
+    /// `workload_blocks`.
+    pub fn kv_blocks(
+        self,
+        workload_blocks: usize,
+        requests: &[workload::BenchRequest],
+        block_tokens: usize,
+    ) -> usize {
+        match self {
+            EngineProfile::Default => workload_blocks,
+            EngineProfile::KvPressure => kv_pressure_blocks(requests, block_tokens),
+        }
+    }
+
+    /// Whether the engines run model-sim's defaults (the router's template and tokenizer).
     pub fn is_default(&self) -> bool {
         *self == EngineProfile::Default
     }
@@ -70,6 +100,37 @@ impl EngineProfile {
             EngineProfile::KvPressure => "kv-pressure",
         }
     }
+}
+
+/// A request's tokens on a `kv-pressure` engine: its prompt as Llama 3 renders it, in the
+/// dense tokenizer's tokens, plus its `max_tokens`.
+fn kv_pressure_tokens(r: &workload::BenchRequest) -> usize {
+    use model_sim::template::ChatTemplate;
+    let body = serde_json::to_vec(&r.body).expect("a JSON value serializes");
+    let router = prefix_picker::request::InferenceRequest::parse(&body)
+        .map(|p| p.prompt)
+        .unwrap_or(Err(prefix_picker::prompt::NoPrompt::NoPromptField));
+    let prompt = ChatTemplate::Llama3
+        .prompt(&r.body, router)
+        .unwrap_or_default();
+    let output = r.body.get("max_tokens").and_then(serde_json::Value::as_u64);
+    model_sim::tokenizer::SimTokenizer::Dense
+        .ids(prompt.as_bytes())
+        .len()
+        + output.unwrap_or(16) as usize
+}
+
+/// A `kv-pressure` cache: the blocks of the workload's [`KV_PRESSURE_PROMPTS`] longest requests
+/// (prompt and output) on that engine, so that a few running long prompts fill it.
+pub fn kv_pressure_blocks(requests: &[workload::BenchRequest], block_tokens: usize) -> usize {
+    let mut tokens: Vec<usize> = requests.iter().map(kv_pressure_tokens).collect();
+    tokens.sort_unstable_by(|a, b| b.cmp(a));
+    tokens
+        .iter()
+        .take(KV_PRESSURE_PROMPTS)
+        .map(|t| t.div_ceil(block_tokens.max(1)))
+        .sum::<usize>()
+        .max(1)
 }
 
 /// The engines of a row.
@@ -202,11 +263,38 @@ mod tests {
     use crate::catalogue::CACHING_OFF_POD;
 
     #[test]
-    fn the_default_profile_adds_no_argument_and_kv_pressure_asks_for_vllm_admission() {
+    fn the_default_profile_adds_no_argument_and_kv_pressure_asks_for_another_engine() {
         assert!(EngineProfile::default().sim_args().is_empty());
         assert_eq!(
             EngineProfile::KvPressure.sim_args(),
-            ["--kv-admission", "vllm"]
+            [
+                "--kv-admission",
+                "vllm",
+                "--chat-template",
+                "llama3",
+                "--tokenizer",
+                "dense"
+            ]
+        );
+    }
+
+    /// The kv-pressure cache holds the three longest requests of the workload, as that engine
+    /// tokenizes them; the default keeps the workload's own size.
+    #[test]
+    fn a_kv_pressure_cache_holds_three_of_the_longest_requests() {
+        let requests = workload::multi_tenant(4, 12, 1536, 64, 16, 1.0, 1, "m");
+        let blocks = kv_pressure_blocks(&requests, 16);
+        let mut tokens: Vec<usize> = requests.iter().map(kv_pressure_tokens).collect();
+        tokens.sort_unstable();
+        let top: usize = tokens.iter().rev().take(3).map(|t| t.div_ceil(16)).sum();
+        assert_eq!(blocks, top);
+        let longest = tokens[tokens.len() - 1];
+        // ~6 KB of system prompt at ~3.2 bytes per token: well over the default's 1536 tokens.
+        assert!(longest > 1900, "{longest}");
+        assert_eq!(EngineProfile::Default.kv_blocks(448, &requests, 16), 448);
+        assert_eq!(
+            EngineProfile::KvPressure.kv_blocks(448, &requests, 16),
+            blocks
         );
     }
 

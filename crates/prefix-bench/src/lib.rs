@@ -14,6 +14,7 @@ pub mod peer;
 pub mod picker_config;
 pub mod placement_search;
 pub mod probe;
+pub mod profiles;
 pub mod project;
 pub mod report;
 pub mod routing_floor;

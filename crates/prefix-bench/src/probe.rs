@@ -75,7 +75,7 @@ pub fn parse_decision_reasons(text: &str) -> Vec<(String, f64)> {
 }
 
 /// What vLLM admission did on the engines (`model-sim --kv-admission vllm`), summed.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct KvAdmission {
     pub preemptions: f64,
     /// Requests that waited at the head of a queue for KV space.

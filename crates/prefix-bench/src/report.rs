@@ -89,6 +89,7 @@ pub fn rows(results: &[RunResult]) -> Vec<Row> {
                     pod_share: first.pod_share.clone(),
                     max_over_mean: m(|r| r.max_over_mean),
                     pods_per_group: m(|r| r.pods_per_group),
+                    engines: None,
                     samples: Vec::new(),
                 },
                 runs: runs.len(),

@@ -464,6 +464,10 @@ mod tests {
         let text = text(7, 64 * 1024);
         let per_token = text.len() as f64 / model_sim::tokenizer::count(text.as_bytes()) as f64;
         assert!((3.5..=4.5).contains(&per_token), "{per_token}");
+        // The dense engine (`model-sim --tokenizer dense`, the kv-pressure profile's): ~3.2.
+        let dense = model_sim::tokenizer::SimTokenizer::Dense.ids(text.as_bytes());
+        let per_dense_token = text.len() as f64 / dense.len() as f64;
+        assert!((3.0..=3.4).contains(&per_dense_token), "{per_dense_token}");
         // Token boundaries do not line up with 64-byte blocks.
         let ends: Vec<usize> = model_sim::tokenizer::tokenize(text.as_bytes())
             .iter()

@@ -17,7 +17,7 @@ use prefix_bench::rows::{
 };
 use prefix_bench::suite_results::{Skipped, SuiteResults};
 use prefix_bench::workload::BenchRequest;
-use prefix_bench::{oracle, placement_search, probe, report, summary, workload};
+use prefix_bench::{oracle, placement_search, probe, profiles, report, summary, workload};
 
 // Options of `prefix-bench suite` (help text: the `Cmd::Suite` doc comment).
 #[derive(Debug, Args)]
@@ -67,12 +67,15 @@ pub struct SuiteOpts {
     /// (the goal's load guard; default 1.3, issue 23's).
     #[arg(long, value_name = "X", default_value_t = CAPPED_ORACLE_LOAD, value_parser = oracle_load)]
     oracle_load: f64,
-    /// How the engines schedule: `default` (model-sim's defaults, every published result) or
-    /// `kv-pressure` (vLLM's KV-capacity admission and preemption, `model-sim --kv-admission
-    /// vllm`, on each workload's cache size). A `kv-pressure` suite writes `suite-kv-pressure*`
-    /// (`suite-quick-kv-pressure*` with `--quick`), beside the default's files.
-    #[arg(long, value_enum, default_value_t = EngineProfile::Default)]
-    engine_profile: EngineProfile,
+    /// The engines, one or more profiles (e.g. `default,kv-pressure`), each a whole suite in
+    /// turn: `default` (model-sim's defaults, every published result) or `kv-pressure` (an
+    /// engine the router was not tuned on: vLLM's KV-capacity admission and preemption, Llama
+    /// 3's chat template, ~3.2 bytes per token, a cache that holds three of the workload's
+    /// longest requests). A `kv-pressure` suite writes `suite-kv-pressure*`
+    /// (`suite-quick-kv-pressure*` with `--quick`), beside the default's files; with several
+    /// profiles, `suite-profiles.md` sets them side by side.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [EngineProfile::Default])]
+    engine_profile: Vec<EngineProfile>,
     /// Also run every selected shipped-config row (the shipped config and its engine-events
     /// rows) with this prefix-picker binary (e.g. the previous commit's build), each right
     /// after its row and named `baseline binary: <row>`: a change of the default against the
@@ -111,7 +114,6 @@ fn write_samples(path: &std::path::Path, results: &[RunResult]) -> anyhow::Resul
 /// Runs the suite: the selected workloads and rows, every row of a workload `--repeat` times
 /// (interleaved), then the reports.
 pub async fn run(opts: SuiteOpts) -> anyhow::Result<()> {
-    let repeat = opts.repeat.unwrap_or(if opts.quick { 1 } else { 3 }) as usize;
     let trace = opts.trace.clone().unwrap_or_else(default_trace);
     let (selected, skipped) = selected_workloads(opts.quick, opts.seed, &trace, &opts.workloads)?;
     let routers = selected_rows(opts.ablation, opts.config.as_deref(), &opts.routers)?;
@@ -127,11 +129,79 @@ pub async fn run(opts: SuiteOpts) -> anyhow::Result<()> {
         }
         None => routers,
     };
+    let mut profiles: Vec<EngineProfile> = Vec::new();
+    for p in &opts.engine_profile {
+        if !profiles.contains(p) {
+            profiles.push(*p);
+        }
+    }
+    let mut suites = Vec::new();
+    for &profile in &profiles {
+        let routers = rows_for(profile, &routers);
+        let runs = run_profile(&opts, &selected, &routers, profile).await?;
+        let suite = SuiteResults {
+            runs,
+            skipped: skipped.clone(),
+            config: opts.config.clone(),
+            engine_profile: profile,
+        };
+        write_reports(&suite, &opts.out, opts.quick, opts.samples)?;
+        suites.push(suite);
+    }
+    if suites.len() > 1 {
+        let name = if opts.quick {
+            "suite-quick-profiles.md"
+        } else {
+            "suite-profiles.md"
+        };
+        let md = profiles::markdown(&suites);
+        println!("{md}");
+        std::fs::create_dir_all(&opts.out)?;
+        std::fs::write(opts.out.join(name), md)?;
+    }
+    Ok(())
+}
+
+/// The rows that run on `profile`'s engines: on engines other than the default, not the
+/// file-tokenizer row (its `tokenizer.json` and template are the default engine's), said on
+/// stderr.
+fn rows_for(profile: EngineProfile, rows: &[(String, Setup)]) -> Vec<(String, Setup)> {
+    rows.iter()
+        .filter(|(name, setup)| {
+            let file = matches!(setup, Setup::Envoy { events: Some(e), .. } if e.uses_tokenizer_json());
+            if file && !profile.is_default() {
+                eprintln!(
+                    "skipping row {name} on the {} engines: model-sim's tokenizer.json describes the default engine",
+                    profile.as_str()
+                );
+            }
+            !file || profile.is_default()
+        })
+        .cloned()
+        .collect()
+}
+
+/// Every selected workload on every row, `--repeat` times interleaved, on `profile`'s engines.
+async fn run_profile(
+    opts: &SuiteOpts,
+    selected: &[WorkloadSpec],
+    routers: &[(String, Setup)],
+    profile: EngineProfile,
+) -> anyhow::Result<Vec<RunResult>> {
+    let repeat = opts.repeat.unwrap_or(if opts.quick { 1 } else { 3 }) as usize;
     let reads_events = routers.iter().any(|(_, s)| s.reads_engine_events());
     let mut results = Vec::new();
     let started = std::time::Instant::now();
-    for w in &selected {
-        let plan = WorkloadPlan::new(w, &routers, &opts.ext_proc_floor);
+    for w in selected {
+        let plan = WorkloadPlan::new(w, routers, &opts.ext_proc_floor, profile);
+        if !profile.is_default() {
+            eprintln!(
+                "{}: {} engines, {} KV blocks each",
+                w.name,
+                profile.as_str(),
+                plan.kv_blocks
+            );
+        }
         for rep in 1..=repeat {
             // Round robin first, then the ext_proc floor (when asked for), then the others.
             for (router, setup) in routers
@@ -141,24 +211,22 @@ pub async fn run(opts: SuiteOpts) -> anyhow::Result<()> {
                 .chain(routers.iter().skip(1))
             {
                 eprintln!(
-                    "[{:.0} s] {} | {router} | run {rep}/{repeat}",
+                    "[{:.0} s] {}{} | {router} | run {rep}/{repeat}",
                     started.elapsed().as_secs_f64(),
+                    if profile.is_default() {
+                        String::new()
+                    } else {
+                        format!("[{}] ", profile.as_str())
+                    },
                     w.name
                 );
-                let mut r =
-                    run_row(&plan, router, setup, reads_events, opts.engine_profile).await?;
+                let mut r = run_row(&plan, router, setup, reads_events, profile).await?;
                 r.rep = rep;
                 results.push(r);
             }
         }
     }
-    let suite = SuiteResults {
-        runs: results,
-        skipped,
-        config: opts.config,
-        engine_profile: opts.engine_profile,
-    };
-    write_reports(&suite, &opts.out, opts.quick, opts.samples)
+    Ok(results)
 }
 
 /// The workloads `only` selects (all when empty), and the skipped ones among them, each said
@@ -228,6 +296,8 @@ struct WorkloadPlan<'a> {
     /// The requests pinned by the capped oracle's searched placement (empty without its row).
     capped: Vec<BenchRequest>,
     floor: Option<(String, Setup)>,
+    /// The sims' cache size under the profile.
+    kv_blocks: usize,
 }
 
 impl WorkloadPlan<'_> {
@@ -235,6 +305,7 @@ impl WorkloadPlan<'_> {
         w: &'a WorkloadSpec,
         routers: &[(String, Setup)],
         ext_proc_floor: &[String],
+        profile: EngineProfile,
     ) -> WorkloadPlan<'a> {
         let capped = routers
             .iter()
@@ -257,6 +328,7 @@ impl WorkloadPlan<'_> {
             pinned: oracle::pin(&w.requests, SIMS),
             capped,
             floor,
+            kv_blocks: profile.kv_blocks(w.kv_blocks, &w.requests, 16),
         }
     }
 
@@ -319,7 +391,7 @@ async fn run_row(
     profile: EngineProfile,
 ) -> anyhow::Result<RunResult> {
     let w = plan.w;
-    let mut args = sim_args(w.kv_blocks, w.max_num_seqs);
+    let mut args = sim_args(plan.kv_blocks, w.max_num_seqs);
     args.extend(profile.sim_args());
     let engines = EnginePlan {
         args,
@@ -359,9 +431,11 @@ async fn run_row(
     if let Some(admin) = c.picker_admin {
         log_picker(admin, &warm_up_reasons).await;
     }
-    if profile == EngineProfile::KvPressure {
+    let mut r = r;
+    if !profile.is_default() {
         let kv = probe::KvAdmission::read(&sim_urls).await;
         eprintln!("  engines (warm-up included): {kv}");
+        r.engines = Some(kv);
     }
     eprintln!(
         "  hit rate {:.1}% (ceiling {:.1}%), TTFT p50 {:.0} ms, max/mean pod share {:.2}, pods per group {:.2}, errors {}",
