@@ -82,8 +82,8 @@ struct Args {
     #[arg(long, value_name = "PATH", conflicts_with = "tokenizer")]
     tokenizer_json: Option<std::path::PathBuf>,
     /// The built-in tokenizer: `default` (tokens of at most 6 bytes, ~4.1 bytes per token on
-    /// the benchmark's prompts) or `dense` (at most 4 bytes, ~3.1); for the KV cache,
-    /// `/tokenize` and the usage counts. No `tokenizer.json` describes either.
+    /// the benchmark's prompts) or `dense` (at most 4 bytes, special tokens whole, ~3.2); for
+    /// the KV cache, `/tokenize` and the usage counts. No `tokenizer.json` describes either.
     #[arg(long, value_enum)]
     tokenizer: Option<model_sim::tokenizer::Builtin>,
     /// How chat and Responses requests render into the prompt the engine caches and

@@ -48,12 +48,13 @@ pub enum EngineProfile {
     /// An engine the router was not tuned on, under KV pressure: vLLM's KV-capacity admission
     /// and preemption (`--kv-admission vllm`), Llama 3's chat template (`--chat-template
     /// llama3`), the dense tokenizer (`--tokenizer dense`, ~3.2 bytes per token), and a cache
-    /// that holds [`KV_PRESSURE_PROMPTS`] of the workload's longest requests
-    /// ([`kv_pressure_blocks`]).
+    /// that holds a few of the workload's longest requests ([`kv_pressure_blocks`];
+    /// [`KV_PRESSURE_PROMPTS`] unless `suite --kv-pressure-prompts` says).
     KvPressure,
 }
 
-/// The longest requests (prompt and output) a `kv-pressure` engine's cache holds at once.
+/// The longest requests (prompt and output) a `kv-pressure` engine's cache holds at once, by
+/// default.
 pub const KV_PRESSURE_PROMPTS: usize = 3;
 
 impl EngineProfile {
@@ -75,16 +76,17 @@ impl EngineProfile {
     }
 
     /// The cache size (blocks of `block_tokens`) of a sim running `requests`, whose own size is
-    /// `workload_blocks`.
+    /// `workload_blocks`; a `kv-pressure` cache holds `prompts` of the longest requests.
     pub fn kv_blocks(
         self,
         workload_blocks: usize,
         requests: &[workload::BenchRequest],
         block_tokens: usize,
+        prompts: usize,
     ) -> usize {
         match self {
             EngineProfile::Default => workload_blocks,
-            EngineProfile::KvPressure => kv_pressure_blocks(requests, block_tokens),
+            EngineProfile::KvPressure => kv_pressure_blocks(requests, block_tokens, prompts),
         }
     }
 
@@ -120,14 +122,18 @@ fn kv_pressure_tokens(r: &workload::BenchRequest) -> usize {
         + output.unwrap_or(16) as usize
 }
 
-/// A `kv-pressure` cache: the blocks of the workload's [`KV_PRESSURE_PROMPTS`] longest requests
-/// (prompt and output) on that engine, so that a few running long prompts fill it.
-pub fn kv_pressure_blocks(requests: &[workload::BenchRequest], block_tokens: usize) -> usize {
+/// A `kv-pressure` cache: the blocks of the workload's `prompts` longest requests (prompt and
+/// output) on that engine, so that a few running long prompts fill it.
+pub fn kv_pressure_blocks(
+    requests: &[workload::BenchRequest],
+    block_tokens: usize,
+    prompts: usize,
+) -> usize {
     let mut tokens: Vec<usize> = requests.iter().map(kv_pressure_tokens).collect();
     tokens.sort_unstable_by(|a, b| b.cmp(a));
     tokens
         .iter()
-        .take(KV_PRESSURE_PROMPTS)
+        .take(prompts.max(1))
         .map(|t| t.div_ceil(block_tokens.max(1)))
         .sum::<usize>()
         .max(1)
@@ -283,7 +289,7 @@ mod tests {
     #[test]
     fn a_kv_pressure_cache_holds_three_of_the_longest_requests() {
         let requests = workload::multi_tenant(4, 12, 1536, 64, 16, 1.0, 1, "m");
-        let blocks = kv_pressure_blocks(&requests, 16);
+        let blocks = kv_pressure_blocks(&requests, 16, KV_PRESSURE_PROMPTS);
         let mut tokens: Vec<usize> = requests.iter().map(kv_pressure_tokens).collect();
         tokens.sort_unstable();
         let top: usize = tokens.iter().rev().take(3).map(|t| t.div_ceil(16)).sum();
@@ -291,9 +297,9 @@ mod tests {
         let longest = tokens[tokens.len() - 1];
         // ~6 KB of system prompt at ~3.2 bytes per token: well over the default's 1536 tokens.
         assert!(longest > 1900, "{longest}");
-        assert_eq!(EngineProfile::Default.kv_blocks(448, &requests, 16), 448);
+        assert_eq!(EngineProfile::Default.kv_blocks(448, &requests, 16, 3), 448);
         assert_eq!(
-            EngineProfile::KvPressure.kv_blocks(448, &requests, 16),
+            EngineProfile::KvPressure.kv_blocks(448, &requests, 16, 3),
             blocks
         );
     }

@@ -35,6 +35,10 @@ pub struct SuiteResults {
     /// How the engines scheduled (`--engine-profile`; absent: the default).
     #[serde(default, skip_serializing_if = "EngineProfile::is_default")]
     pub engine_profile: EngineProfile,
+    /// How many of a workload's longest requests a `kv-pressure` engine's cache holds
+    /// (`--kv-pressure-prompts`; absent: the default profile, or a file from before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_pressure_prompts: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -64,13 +68,16 @@ impl SuiteResults {
     pub fn notes(&self) -> String {
         let mut out = String::new();
         if self.engine_profile == EngineProfile::KvPressure {
-            out.push_str(
+            let prompts = self
+                .kv_pressure_prompts
+                .map_or_else(|| "a few".to_string(), |n| n.to_string());
+            out.push_str(&format!(
                 "- Engines: the `kv-pressure` profile (`model-sim --kv-admission vllm \
-                 --chat-template llama3 --tokenizer dense`, a cache of three of the workload's \
-                 longest requests: a request waits until its KV blocks fit, a running one that \
-                 needs a block none has free preempts the last started; Llama 3's template, \
-                 ~3.2 bytes per token; no file-tokenizer row).\n",
-            );
+                 --chat-template llama3 --tokenizer dense`, a cache of {prompts} of the \
+                 workload's longest requests: a request waits until its KV blocks fit, a running \
+                 one that needs a block none has free preempts the last started; Llama 3's \
+                 template, ~3.2 bytes per token; no file-tokenizer row).\n"
+            ));
         }
         if let Some(c) = &self.config {
             out.push_str(&format!(
@@ -120,6 +127,7 @@ mod tests {
             }],
             config: Some("mine.yaml".into()),
             engine_profile: EngineProfile::Default,
+            kv_pressure_prompts: None,
         };
         let path = dir.path().join("suite.json");
         std::fs::write(&path, serde_json::to_string(&suite).unwrap()).unwrap();
@@ -147,6 +155,7 @@ mod tests {
         let suite = SuiteResults {
             runs: vec![run("a")],
             engine_profile: EngineProfile::KvPressure,
+            kv_pressure_prompts: Some(2),
             ..SuiteResults::default()
         };
         let json = serde_json::to_string(&suite).unwrap();
@@ -160,6 +169,7 @@ mod tests {
             back.markdown()
                 .starts_with("- Engines: the `kv-pressure` profile")
         );
+        assert!(back.markdown().contains("a cache of 2 of the"));
         let default = serde_json::to_string(&SuiteResults::default()).unwrap();
         assert!(!default.contains("engine_profile"), "{default}");
     }

@@ -10,7 +10,9 @@ use clap::Args;
 use prefix_bench::catalogue::{WorkloadSpec, default_trace, workloads};
 use prefix_bench::cluster::{Cluster, Setup, start_cluster_on};
 use prefix_bench::driver::{self, RunResult};
-use prefix_bench::engines::{EnginePlan, EngineProfile, SIMS, restarts_mid_run, sim_args};
+use prefix_bench::engines::{
+    EnginePlan, EngineProfile, KV_PRESSURE_PROMPTS, SIMS, restarts_mid_run, sim_args,
+};
 use prefix_bench::rows::{
     self, CAPPED_ORACLE_BUDGET, CAPPED_ORACLE_LOAD, EXT_PROC_FLOOR, capped_oracle_row, routers,
     without_refused_rows,
@@ -70,10 +72,10 @@ pub struct SuiteOpts {
     /// The engines, one or more profiles (e.g. `default,kv-pressure`), each a whole suite in
     /// turn: `default` (model-sim's defaults, every published result) or `kv-pressure` (an
     /// engine the router was not tuned on: vLLM's KV-capacity admission and preemption, Llama
-    /// 3's chat template, ~3.2 bytes per token, a cache that holds three of the workload's
-    /// longest requests). A `kv-pressure` suite writes `suite-kv-pressure*`
-    /// (`suite-quick-kv-pressure*` with `--quick`), beside the default's files; with several
-    /// profiles, `suite-profiles.md` sets them side by side.
+    /// 3's chat template, ~3.2 bytes per token, a cache that holds a few of the workload's
+    /// longest requests, `--kv-pressure-prompts`). A `kv-pressure` suite writes
+    /// `suite-kv-pressure*` (`suite-quick-kv-pressure*` with `--quick`), beside the default's
+    /// files; with several profiles, `suite-profiles.md` sets them side by side.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [EngineProfile::Default])]
     engine_profile: Vec<EngineProfile>,
     /// Also run every selected shipped-config row (the shipped config and its engine-events
@@ -82,6 +84,9 @@ pub struct SuiteOpts {
     /// previous default, both rows in one run, on the same sims and requests.
     #[arg(long, value_name = "FILE")]
     baseline_picker: Option<PathBuf>,
+    /// A `kv-pressure` engine's cache holds this many of the workload's longest requests.
+    #[arg(long, value_name = "N", default_value_t = KV_PRESSURE_PROMPTS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    kv_pressure_prompts: usize,
     /// The Mooncake trace the `trace` workload replays. Default:
     /// `../shared/data/mooncake/synthetic_trace.jsonl` under `PREFIX_PICKER_ROOT`; when it is
     /// missing the workload is skipped, said on stderr and listed in the reports.
@@ -144,6 +149,8 @@ pub async fn run(opts: SuiteOpts) -> anyhow::Result<()> {
             skipped: skipped.clone(),
             config: opts.config.clone(),
             engine_profile: profile,
+            kv_pressure_prompts: (profile == EngineProfile::KvPressure)
+                .then_some(opts.kv_pressure_prompts),
         };
         write_reports(&suite, &opts.out, opts.quick, opts.samples)?;
         suites.push(suite);
@@ -193,7 +200,7 @@ async fn run_profile(
     let mut results = Vec::new();
     let started = std::time::Instant::now();
     for w in selected {
-        let plan = WorkloadPlan::new(w, routers, &opts.ext_proc_floor, profile);
+        let plan = WorkloadPlan::new(w, routers, opts, profile);
         if !profile.is_default() {
             eprintln!(
                 "{}: {} engines, {} KV blocks each",
@@ -304,9 +311,10 @@ impl WorkloadPlan<'_> {
     fn new<'a>(
         w: &'a WorkloadSpec,
         routers: &[(String, Setup)],
-        ext_proc_floor: &[String],
+        opts: &SuiteOpts,
         profile: EngineProfile,
     ) -> WorkloadPlan<'a> {
+        let ext_proc_floor = &opts.ext_proc_floor;
         let capped = routers
             .iter()
             .find_map(|(_, s)| match s {
@@ -328,7 +336,7 @@ impl WorkloadPlan<'_> {
             pinned: oracle::pin(&w.requests, SIMS),
             capped,
             floor,
-            kv_blocks: profile.kv_blocks(w.kv_blocks, &w.requests, 16),
+            kv_blocks: profile.kv_blocks(w.kv_blocks, &w.requests, 16, opts.kv_pressure_prompts),
         }
     }
 
