@@ -251,6 +251,12 @@ impl PodSeries {
             connected: metrics.connected.with_label_values(&labels),
         }
     }
+
+    /// The pod's counter of `event`.
+    fn stream(&self, event: StreamEvent) -> &IntCounter {
+        let at = StreamEvent::ALL.iter().position(|e| *e == event);
+        &self.stream[at.expect("every event is in ALL")]
+    }
 }
 
 /// Applies one pod's updates to its view and counts them.
@@ -347,11 +353,7 @@ impl<'a> Consumer<'a> {
             return;
         }
         self.waiting = None;
-        self.series.stream[StreamEvent::ALL
-            .iter()
-            .position(|e| *e == StreamEvent::NoBatch)
-            .unwrap_or_default()]
-        .inc();
+        self.series.stream(StreamEvent::NoBatch).inc();
         let s = &self.stats;
         tracing::warn!(
             pod = %self.endpoint.spec.id,
@@ -450,67 +452,6 @@ fn on_gpu(medium: Option<&str>) -> bool {
 mod tests {
     use std::sync::atomic::AtomicUsize;
 
-    /// A connection that brings no batch is counted once, and only once its pod was picked; a
-    /// batch makes the view live.
-    #[test]
-    fn a_picked_pod_whose_connection_brings_no_batch_is_counted_once() {
-        use crate::kv_events::event::EventBatch;
-        let metrics = RouterMetrics::register(&Registry::new());
-        let endpoints = Endpoints::new(Arc::new(PrefixIndex::new(10)), metrics.clone());
-        let mut spec = crate::testing::spec("engine", 18001, &[]);
-        spec.kv_events = Some(KvEventsAddress {
-            endpoint: "tcp://127.0.0.1:5557".into(),
-            replay: None,
-        });
-        endpoints.apply(Update::Reset(vec![spec]));
-        let e = endpoints.snapshot().all()[0].clone();
-        let view = e.engine.as_ref().expect("a view");
-        let stats = Arc::new(SubscriberStats::default());
-        let mut consumer =
-            Consumer::new(&e, view, endpoints.index(), metrics.engine.clone(), stats);
-        consumer.no_batch_after = Duration::ZERO;
-        let series = |kind: &str| {
-            metrics
-                .engine
-                .stream
-                .with_label_values(&["engine", "default", kind])
-                .get()
-        };
-        let connected = || {
-            metrics
-                .engine
-                .connected
-                .with_label_values(&["engine", "default"])
-                .get()
-        };
-        consumer.apply(crate::kv_events::subscriber::Update::Connected);
-        assert!(!view.is_live(), "a connection is no evidence");
-        assert_eq!(connected(), 1);
-        consumer.sync_stats();
-        assert_eq!(
-            series("no_batch"),
-            0,
-            "not picked: an idle engine sends nothing"
-        );
-        e.count_pick(&metrics);
-        consumer.sync_stats();
-        consumer.sync_stats();
-        assert_eq!(series("no_batch"), 1, "once per connection");
-        consumer.apply(crate::kv_events::subscriber::Update::Batch {
-            seq: 0,
-            batch: EventBatch {
-                ts: 0.0,
-                events: Vec::new(),
-                data_parallel_rank: None,
-                unknown_events: 0,
-            },
-        });
-        assert!(view.is_live());
-        consumer.apply(crate::kv_events::subscriber::Update::Disconnected);
-        assert!(!view.is_live());
-        assert_eq!(connected(), 0);
-    }
-
     use prometheus::Registry;
 
     use super::*;
@@ -584,5 +525,66 @@ mod tests {
         shutdown.cancel();
         supervisor.await.unwrap();
         assert!(starts.try_recv().is_err(), "no start for a pod that left");
+    }
+
+    /// A connection that brings no batch is counted once, and only once its pod was picked; a
+    /// batch makes the view live.
+    #[test]
+    fn a_picked_pod_whose_connection_brings_no_batch_is_counted_once() {
+        use crate::kv_events::event::EventBatch;
+        let metrics = RouterMetrics::register(&Registry::new());
+        let endpoints = Endpoints::new(Arc::new(PrefixIndex::new(10)), metrics.clone());
+        let mut spec = crate::testing::spec("engine", 18001, &[]);
+        spec.kv_events = Some(KvEventsAddress {
+            endpoint: "tcp://127.0.0.1:5557".into(),
+            replay: None,
+        });
+        endpoints.apply(Update::Reset(vec![spec]));
+        let e = endpoints.snapshot().all()[0].clone();
+        let view = e.engine.as_ref().expect("a view");
+        let stats = Arc::new(SubscriberStats::default());
+        let mut consumer =
+            Consumer::new(&e, view, endpoints.index(), metrics.engine.clone(), stats);
+        consumer.no_batch_after = Duration::ZERO;
+        let series = |kind: &str| {
+            metrics
+                .engine
+                .stream
+                .with_label_values(&["engine", "default", kind])
+                .get()
+        };
+        let connected = || {
+            metrics
+                .engine
+                .connected
+                .with_label_values(&["engine", "default"])
+                .get()
+        };
+        consumer.apply(crate::kv_events::subscriber::Update::Connected);
+        assert!(!view.is_live(), "a connection is no evidence");
+        assert_eq!(connected(), 1);
+        consumer.sync_stats();
+        assert_eq!(
+            series("no_batch"),
+            0,
+            "not picked: an idle engine sends nothing"
+        );
+        e.count_pick(&metrics);
+        consumer.sync_stats();
+        consumer.sync_stats();
+        assert_eq!(series("no_batch"), 1, "once per connection");
+        consumer.apply(crate::kv_events::subscriber::Update::Batch {
+            seq: 0,
+            batch: EventBatch {
+                ts: 0.0,
+                events: Vec::new(),
+                data_parallel_rank: None,
+                unknown_events: 0,
+            },
+        });
+        assert!(view.is_live());
+        consumer.apply(crate::kv_events::subscriber::Update::Disconnected);
+        assert!(!view.is_live());
+        assert_eq!(connected(), 0);
     }
 }

@@ -42,7 +42,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::{Stream, StreamExt};
@@ -175,7 +175,7 @@ pub struct SubscriberStats {
     /// Messages whose topic frame was not the configured topic.
     pub wrong_topic: AtomicU64,
     /// No topic was configured and the publisher's was taken ([`State::accepts_topic`]).
-    pub adopted_topic: std::sync::atomic::AtomicBool,
+    pub adopted_topic: AtomicBool,
     /// Events skipped for an unknown tag.
     pub unknown_events: AtomicU64,
     /// Gaps in the sequence seen.
@@ -464,9 +464,11 @@ impl<'a> State<'a> {
     /// topic seen is taken as the publisher's (vLLM publishes on one; a deployment that sets
     /// one and leaves the picker's at its default would otherwise see nothing), said once.
     fn accepts_topic(&mut self, topic: &[u8]) -> bool {
-        if topic == self.topic.as_slice() {
-            return true;
-        }
+        topic == self.topic.as_slice() || self.adopt_topic(topic)
+    }
+
+    /// Takes `topic` as the publisher's when none is configured or taken yet.
+    fn adopt_topic(&mut self, topic: &[u8]) -> bool {
         if self.config.topic.is_empty() && self.topic.is_empty() && !topic.is_empty() {
             self.topic = topic.to_vec();
             self.stats.adopted_topic.store(true, Relaxed);
@@ -479,10 +481,14 @@ impl<'a> State<'a> {
 
     /// Handles one live message; `false` when the consumer is gone.
     async fn on_message(&mut self, message: &ZmqMessage) -> bool {
-        if let Some(topic) = message.get(0).filter(|_| message.len() == 3) {
-            self.accepts_topic(topic);
-        }
-        let (seq, payload) = match split_message(message, &self.topic) {
+        let split = match split_message(message, &self.topic) {
+            // Only a message on another topic can be the publisher's first, when none is set.
+            Err(Refused::Topic) if message.get(0).is_some_and(|t| self.adopt_topic(t)) => {
+                split_message(message, &self.topic)
+            }
+            split => split,
+        };
+        let (seq, payload) = match split {
             Ok(m) => m,
             Err(Refused::Topic) => {
                 self.stats.wrong_topic.fetch_add(1, Relaxed);

@@ -2,9 +2,11 @@
 //! their plain request.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
 
-use super::affinity::RecentPicks;
-use super::{Candidate, EngineStats, RouteRequest};
+use super::affinity::{RecentPicks, rendezvous_key};
+use super::{Candidate, EngineStats, RouteRequest, Scheduler};
 use crate::engine_view::EngineView;
 use crate::prefix_index::{PodHandle, PodSlot};
 
@@ -71,4 +73,24 @@ pub(crate) fn req(prompt: &str) -> RouteRequest<'_> {
         engine_tokens: None,
         kv_blocks: None,
     }
+}
+
+/// `n` pods of `s`'s index at 10.0.0.1.., each with an engine view, live where `live(i)`.
+pub(crate) fn engine_pods(s: &Scheduler, n: usize, live: impl Fn(usize) -> bool) -> Vec<Arc<Pod>> {
+    (0..n)
+        .map(|i| {
+            let address = SocketAddr::from(([10, 0, 0, i as u8 + 1], 8000));
+            let view = EngineView::new(1 << 16);
+            view.set_live(live(i));
+            Arc::new(Pod {
+                handle: s.prefix_cache().index().add_pod(),
+                label: format!("default/pod-{i}"),
+                labels: Default::default(),
+                stats: EngineStats::default(),
+                recent: RecentPicks::default(),
+                rendezvous: rendezvous_key(&address),
+                engine: Some(view),
+            })
+        })
+        .collect()
 }

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use super::*;
 use affinity::{RecentPicks, rendezvous_key};
 use config::SchedulerConfig;
-use test_pod::{Pod, req};
+use test_pod::{Pod, engine_pods, req};
 
 fn setup(scorers: Vec<(ScorerKind, u32)>, pods: usize) -> (Scheduler, Vec<Arc<Pod>>) {
     setup_with(
@@ -513,26 +513,10 @@ fn new_prompts_go_where_the_index_evicts_least() {
 /// holding it, and a pod whose view is not live keeps the estimate.
 #[test]
 fn a_live_engine_view_outranks_the_estimate() {
-    use crate::engine_view::EngineView;
     let mut config = SchedulerConfig::default();
     config.apply_affinity(Some(AffinityConfig::default()));
     let s = Scheduler::new(config, 5, 1);
-    let pods: Vec<Arc<Pod>> = (0..3)
-        .map(|i| {
-            let address = SocketAddr::from(([10, 0, 0, i as u8 + 1], 8000));
-            let view = EngineView::new(1 << 16);
-            view.set_live(i != 2);
-            Arc::new(Pod {
-                handle: s.prefix_cache().index().add_pod(),
-                label: format!("default/pod-{i}"),
-                labels: Default::default(),
-                stats: EngineStats::default(),
-                recent: RecentPicks::default(),
-                rendezvous: rendezvous_key(&address),
-                engine: Some(view),
-            })
-        })
-        .collect();
+    let pods = engine_pods(&s, 3, |i| i != 2);
     let prompt = "You are a helpful assistant. ".repeat(40);
     let tokens: Vec<u32> = (0..256).collect();
     let tokens: &'static [u32] = tokens.leak();
@@ -593,26 +577,10 @@ fn a_live_engine_view_outranks_the_estimate() {
 /// lacks a block of the head is matched by its engine alone, whatever the estimate says.
 #[test]
 fn past_a_head_the_engine_holds_whole_the_estimate_extends_the_match() {
-    use crate::engine_view::EngineView;
     let mut config = SchedulerConfig::default();
     config.apply_affinity(Some(AffinityConfig::default()));
     let s = Scheduler::new(config, 5, 1);
-    let pods: Vec<Arc<Pod>> = (0..3)
-        .map(|i| {
-            let address = SocketAddr::from(([10, 0, 0, i as u8 + 1], 8000));
-            let view = EngineView::new(1 << 16);
-            view.set_live(true);
-            Arc::new(Pod {
-                handle: s.prefix_cache().index().add_pod(),
-                label: format!("default/pod-{i}"),
-                labels: Default::default(),
-                stats: EngineStats::default(),
-                recent: RecentPicks::default(),
-                rendezvous: rendezvous_key(&address),
-                engine: Some(view),
-            })
-        })
-        .collect();
+    let pods = engine_pods(&s, 3, |_| true);
     // The head: an instruction block every engine holds; past it, a document sent to pod 1
     // alone (the estimate), inside the same message.
     let instruction = "Answer from the document below. ".repeat(16);

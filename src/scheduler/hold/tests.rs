@@ -1,13 +1,12 @@
 //! Holds on pods whose engine publishes: ended by the engine's store of the held head, or by
 //! the request, and exact either way.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
-use super::super::affinity::{AffinityConfig, RecentPicks, rendezvous_key};
+use super::super::affinity::AffinityConfig;
 use super::super::config::SchedulerConfig;
-use super::super::test_pod::{Pod, req};
-use super::super::{Candidate, Decision, EngineStats, EngineTokens, RouteRequest, Scheduler};
+use super::super::test_pod::{Pod, engine_pods, req};
+use super::super::{Candidate, Decision, EngineTokens, RouteRequest, Scheduler};
 use super::*;
 use crate::engine_view::EngineView;
 use crate::hashing::BlockHash;
@@ -21,23 +20,11 @@ fn setup(pods: usize, estimated: &[usize]) -> (Scheduler, Vec<Arc<Pod>>) {
     let mut config = SchedulerConfig::default();
     config.apply_affinity(Some(AffinityConfig::default()));
     let s = Scheduler::new(config, 5, 1);
-    let pods = (0..pods)
-        .map(|i| {
-            let address = SocketAddr::from(([10, 0, 0, i as u8 + 1], 8000));
-            let view = EngineView::new(1 << 16);
-            view.set_live(!estimated.contains(&i));
-            view.store(None, &[1_000_000], &other_tokens(BLOCK), BLOCK);
-            Arc::new(Pod {
-                handle: s.prefix_cache().index().add_pod(),
-                label: format!("default/pod-{i}"),
-                labels: Default::default(),
-                stats: EngineStats::default(),
-                recent: RecentPicks::default(),
-                rendezvous: rendezvous_key(&address),
-                engine: Some(view),
-            })
-        })
-        .collect();
+    let pods = engine_pods(&s, pods, |i| !estimated.contains(&i));
+    for p in &pods {
+        let view = p.engine.as_ref().expect("a view");
+        view.store(None, &[1_000_000], &other_tokens(BLOCK), BLOCK);
+    }
     (s, pods)
 }
 
