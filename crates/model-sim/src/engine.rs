@@ -21,7 +21,6 @@
 //! per admission or reset, in the cache's order ([`crate::kv_events`]).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -100,6 +99,10 @@ struct EngineMetrics {
     kv_usage: Gauge,
     queries: IntCounter,
     hits: IntCounter,
+    /// `/tokenize` requests served, and the tokens they returned (what a router's tokenizer
+    /// calls cost the engine; tests check that a router did not ask).
+    tokenize_requests: IntCounter,
+    tokenize_tokens: IntCounter,
     ttft: Histogram,
     itl: Histogram,
 }
@@ -198,6 +201,14 @@ impl EngineMetrics {
                 "vllm:prefix_cache_hits_total",
                 "Prompt tokens found in the prefix cache",
             ),
+            tokenize_requests: counter(
+                "model_sim_tokenize_requests_total",
+                "/tokenize requests served",
+            ),
+            tokenize_tokens: counter(
+                "model_sim_tokenize_tokens_total",
+                "Tokens returned by /tokenize",
+            ),
             ttft: histogram(
                 name(
                     "vllm:time_to_first_token_seconds",
@@ -229,8 +240,6 @@ pub struct Engine {
     metrics: EngineMetrics,
     pd: Option<PdMetrics>,
     events: Option<KvEventPublisher>,
-    /// `/tokenize` requests served (tests check that a router did not ask).
-    tokenize_requests: AtomicU64,
     pub registry: Registry,
 }
 
@@ -441,7 +450,6 @@ impl Engine {
             slots: Arc::new(Semaphore::new(config.max_num_seqs.max(1))),
             vllm,
             metrics,
-            tokenize_requests: AtomicU64::new(0),
             registry,
             config,
         }
@@ -457,12 +465,17 @@ impl Engine {
 
     /// Counts a `/tokenize` request.
     pub fn count_tokenize(&self) {
-        self.tokenize_requests.fetch_add(1, Ordering::Relaxed);
+        self.metrics.tokenize_requests.inc();
+    }
+
+    /// Counts the tokens a `/tokenize` request returned.
+    pub fn count_tokenized(&self, tokens: usize) {
+        self.metrics.tokenize_tokens.inc_by(tokens as u64);
     }
 
     /// `/tokenize` requests served so far.
     pub fn tokenize_requests(&self) -> u64 {
-        self.tokenize_requests.load(Ordering::Relaxed)
+        self.metrics.tokenize_requests.get()
     }
 
     /// The running KV event publisher, if any (its bound endpoints).

@@ -191,6 +191,7 @@ async fn tokenize(State(s): State<Sim>, body: Bytes) -> Response {
         };
         let tokens: Vec<Vec<u32>> = prompts.into_iter().map(ids).collect();
         let count: Vec<usize> = tokens.iter().map(Vec::len).collect();
+        s.engine.count_tokenized(count.iter().sum());
         return axum::Json(
             json!({"tokens": tokens, "count": count, "max_model_len": MAX_MODEL_LEN}),
         )
@@ -210,6 +211,7 @@ async fn tokenize(State(s): State<Sim>, body: Bytes) -> Response {
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
     let tokens = ids(&prompt);
+    s.engine.count_tokenized(tokens.len());
     if sglang {
         return axum::Json(
             json!({"tokens": tokens, "count": tokens.len(), "max_model_len": MAX_MODEL_LEN}),

@@ -101,6 +101,13 @@ pub struct RunResult {
     /// has it (`suite --engine-profile kv-pressure`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engines: Option<super::probe::KvAdmission>,
+    /// What the router's tokenizer calls cost the engines during the run (warm-up excluded;
+    /// `None` where none was made).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenize: Option<super::probe::TokenizeWork>,
+    /// The engines' `usage.prompt_tokens` over the run's answers.
+    #[serde(default)]
+    pub prompt_tokens: u64,
     /// Every request's measurements, in completion order (`suite --samples` writes them).
     #[serde(skip)]
     pub samples: Vec<Sample>,
@@ -638,6 +645,7 @@ impl RunResult {
                 ok.iter()
                     .filter_map(|s| Some((s.group?, s.served_by.as_str()))),
             ),
+            prompt_tokens: ok.iter().map(|s| s.prompt_tokens).sum(),
             samples,
             ..RunResult::default()
         }

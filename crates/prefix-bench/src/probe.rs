@@ -127,6 +127,51 @@ impl std::fmt::Display for KvAdmission {
     }
 }
 
+/// What a router's tokenizer calls cost the engines (`model_sim_tokenize_requests_total`,
+/// `model_sim_tokenize_tokens_total`), summed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TokenizeWork {
+    pub calls: f64,
+    pub tokens: f64,
+}
+
+impl TokenizeWork {
+    /// Adds the samples of one engine's Prometheus text exposition.
+    pub fn add(&mut self, text: &str) {
+        for line in text.lines() {
+            let Some((name, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let value: f64 = value.parse().unwrap_or(0.0);
+            match name {
+                "model_sim_tokenize_requests_total" => self.calls += value,
+                "model_sim_tokenize_tokens_total" => self.tokens += value,
+                _ => {}
+            }
+        }
+    }
+
+    /// The engines at `sims` (base URLs); an engine that does not answer counts nothing.
+    pub async fn read(sims: &[String]) -> TokenizeWork {
+        let client = reqwest::Client::new();
+        let mut sum = TokenizeWork::default();
+        for s in sims {
+            if let Ok(r) = client.get(format!("{s}/metrics")).send().await {
+                sum.add(&r.text().await.unwrap_or_default());
+            }
+        }
+        sum
+    }
+
+    /// What was done since `before` (an engine restarted since counts from 0: never below 0).
+    pub fn since(self, before: TokenizeWork) -> TokenizeWork {
+        TokenizeWork {
+            calls: (self.calls - before.calls).max(0.0),
+            tokens: (self.tokens - before.tokens).max(0.0),
+        }
+    }
+}
+
 /// `utime + stime` of a process, in seconds (Linux `/proc/<pid>/stat`, 100 ticks/s).
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -153,6 +198,23 @@ mod tests {
             "sim-0 runs 3.2, sim-0 serves in 42 ms, prefill 12.3 us/token"
         );
         assert_eq!(latency_model_line("prefix_picker_decisions_total 1\n"), "");
+    }
+
+    #[test]
+    fn tokenize_work_sums_the_engines_series_and_counts_a_restarted_one_from_zero() {
+        let mut before = TokenizeWork::default();
+        before.add("model_sim_tokenize_requests_total 2\nmodel_sim_tokenize_tokens_total 300\n");
+        let mut after = TokenizeWork::default();
+        after.add("model_sim_tokenize_requests_total 5\nmodel_sim_tokenize_tokens_total 900\n");
+        after.add("model_sim_tokenize_requests_total 1\nmodel_sim_tokenize_tokens_total 50\n");
+        assert_eq!(
+            after.since(before),
+            TokenizeWork {
+                calls: 4.0,
+                tokens: 650.0
+            }
+        );
+        assert_eq!(before.since(after), TokenizeWork::default());
     }
 
     #[test]

@@ -6,6 +6,7 @@
 use std::fmt::Write;
 
 use super::driver::{Percentiles, RunResult};
+use super::probe::TokenizeWork;
 
 /// The prefix of ablation rows' router names.
 pub const ABLATION: &str = "ablation: ";
@@ -90,6 +91,11 @@ pub fn rows(results: &[RunResult]) -> Vec<Row> {
                     max_over_mean: m(|r| r.max_over_mean),
                     pods_per_group: m(|r| r.pods_per_group),
                     engines: None,
+                    tokenize: first.tokenize.map(|_| TokenizeWork {
+                        calls: m(|r| r.tokenize.unwrap_or_default().calls),
+                        tokens: m(|r| r.tokenize.unwrap_or_default().tokens),
+                    }),
+                    prompt_tokens: m(|r| r.prompt_tokens as f64).round() as u64,
                     samples: Vec::new(),
                 },
                 runs: runs.len(),

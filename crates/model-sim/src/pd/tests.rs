@@ -201,10 +201,12 @@ async fn without_the_header_or_a_decode_role_a_sim_prefills_locally() {
         );
     }
     assert_eq!(served(&exposition(&decode).await), 1.0, "never asked");
-    // A sim without a role exports what it always did.
+    // A sim without a role exports no PD series.
     let text = exposition(&plain).await;
     assert!(
-        !text.contains("model_sim_") && !text.contains("external"),
+        !text.contains("model_sim_role")
+            && !text.contains("model_sim_remote")
+            && !text.contains("external"),
         "{text}"
     );
 }

@@ -421,6 +421,7 @@ async fn run_row(
         None => Default::default(),
     };
     let (url, sim_urls) = (c.url.clone(), c.sim_urls.clone());
+    let tokenized_before = probe::TokenizeWork::read(&sim_urls).await;
     let mid_run = match w.picker_restart_after() {
         Some(after) => Some(picker_restart_mid_run(&mut c, after)),
         None => restarts_mid_run(&mut c.sims, w.restart_schedule()),
@@ -440,6 +441,20 @@ async fn run_row(
         log_picker(admin, &warm_up_reasons).await;
     }
     let mut r = r;
+    let tokenized = probe::TokenizeWork::read(&sim_urls)
+        .await
+        .since(tokenized_before);
+    if tokenized.calls > 0.0 {
+        // The text no earlier request shared: what the ceiling leaves uncached.
+        let new_tokens = (1.0 - plan.ceiling) * r.prompt_tokens as f64;
+        eprintln!(
+            "  tokenizer: {:.2} calls per request, {:.2} tokens per prompt token, {:.2} per token of new text",
+            tokenized.calls / r.requests.max(1) as f64,
+            tokenized.tokens / r.prompt_tokens.max(1) as f64,
+            tokenized.tokens / new_tokens.max(1.0),
+        );
+        r.tokenize = Some(tokenized);
+    }
     if !profile.is_default() {
         let kv = probe::KvAdmission::read(&sim_urls).await;
         eprintln!("  engines (warm-up included): {kv}");
