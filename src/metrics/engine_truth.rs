@@ -3,7 +3,7 @@
 //! prompts. Labels are plain strings and the enums
 //! below; nothing here knows the subscriber, the view or the scheduler.
 
-use prometheus::{GaugeVec, Histogram, IntCounterVec, IntGaugeVec, Registry};
+use prometheus::{GaugeVec, Histogram, IntCounter, IntCounterVec, IntGaugeVec, Registry};
 
 use super::family::Label::{Enum, Free, Given};
 use super::family::{Family, Label};
@@ -247,6 +247,11 @@ const TOKENIZE_CALLS: Family = Family::counter(
     "Prompt heads tokenized (a call to an engine's /tokenize, or the file source in process), by result",
     &[Given("result")],
 );
+const TOKENIZED_TOKENS: Family = Family::counter(
+    "prefix_picker_tokenized_tokens_total",
+    "Tokens returned by prompt-head tokenizations (an engine's /tokenize, or the file source in process)",
+    &[],
+);
 const TOKENIZE_DURATION: Family = Family::histogram(
     "prefix_picker_tokenize_duration_seconds",
     "Time of one head's tokenization (off the request path)",
@@ -267,6 +272,7 @@ pub struct EngineTruthMetrics {
     pub holds: IntCounterVec,
     pub engine_tokens: IntCounterVec,
     pub tokenize_calls: IntCounterVec,
+    pub tokenized_tokens: IntCounter,
     pub tokenize_duration: Histogram,
 }
 
@@ -294,6 +300,7 @@ impl EngineTruthMetrics {
             holds: HOLDS.register_with(registry, &[hold_ends]),
             engine_tokens: ENGINE_TOKENS.register(registry),
             tokenize_calls: TOKENIZE_CALLS.register_with(registry, &[&results]),
+            tokenized_tokens: TOKENIZED_TOKENS.register(registry),
             tokenize_duration: TOKENIZE_DURATION.register(registry),
         }
     }

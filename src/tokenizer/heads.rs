@@ -6,15 +6,19 @@
 //! head is keyed by an xxh3 digest of the model and its bytes. A request looks its heads up,
 //! longest first, in a bounded in-process map ([`HeadTokens::find`]): found, the pods with live
 //! engine views are matched by those tokens; not found, the request is matched by the estimate.
-//! Either way its longer heads not known yet are queued for the engine's tokenizer
-//! ([`HeadTokens::run`], in the background): the head without the last message (what the next
-//! request of a tenant or a session shares) and the whole prompt (the head of the
-//! conversation's next turn). The engine
-//! renders the messages with its own chat template (`tools` included); a head is asked with
+//! Either way the head without its last message, what the next request of the tenant or the
+//! conversation shares, is queued for the engine's tokenizer when it is longer than the head
+//! found ([`HeadTokens::run`], in the background), and the whole prompt only on a repeat (seen
+//! before: every other whole prompt is its request's own). The engine renders the messages
+//! with its own chat template (`tools` included); a head is asked with
 //! `add_generation_prompt: false`, the whole prompt with `true`, as it is served.
 //!
 //! Only what matters to a match is tokenized: the engines hold full blocks of what they were
-//! sent, and a request's longest shareable part is a head another request sent before. A
+//! sent, a request's longest shareable part is a head another request sent before, and past
+//! the head the estimate speaks (the scheduler's `combine`): the head before a turn's
+//! last message, a turn later, is enough to tell a pod that holds the conversation from one
+//! that lost it, at one call per turn instead of two (and none per request of a tenant whose
+//! shared head is known). A
 //! request whose rendering does not split into one head per message (a content that contains
 //! the ChatML end marker, skipped messages, a top-level `system`) is not queued.
 //!
@@ -261,6 +265,8 @@ pub struct HeadTokens {
     shards: Vec<RwLock<HeadShard>>,
     /// Heads queued or being tokenized (not queued twice).
     pending: Mutex<HashSet<u64>>,
+    /// Whole prompts seen, by digest, per shard (a repeat is tokenized whole).
+    seen: Vec<Mutex<HashSet<u64>>>,
     /// Bytes of request bodies queued or being tokenized (at most [`QUEUED_BYTES`]).
     queued_bytes: AtomicUsize,
     queue: mpsc::Sender<Fill>,
@@ -274,6 +280,7 @@ impl HeadTokens {
         HeadTokens {
             shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
             pending: Mutex::default(),
+            seen: (0..SHARDS).map(|_| Mutex::default()).collect(),
             queued_bytes: AtomicUsize::new(0),
             queue,
             receiver: Mutex::new(Some(receiver)),
@@ -309,10 +316,8 @@ impl HeadTokens {
             return None;
         };
         let found = self.known_at(&heads);
-        // The heads longer than the one found (the whole prompt and, for chat, the head before
-        // the last message), so the next request of the conversation finds more of itself.
-        let longer = found.as_ref().map_or(0, |(i, _)| i + 1);
-        let queued = self.queue_fill(model, pod, api, body, messages, &heads[longer..]);
+        let wanted = self.wanted(&heads, found.as_ref().map(|(i, _)| *i));
+        let queued = self.queue_fill(model, pod, api, body, messages, &wanted);
         match found {
             Some((_, found)) => {
                 count(HeadOutcome::Hit);
@@ -329,7 +334,35 @@ impl HeadTokens {
         }
     }
 
-    /// Queues the last two of `heads` that are not queued yet; `false` when the queue was full.
+    /// The heads to tokenize for a request whose longest known head is `found` (a position in
+    /// `heads`): the head before its last message, which the next request of the tenant or
+    /// the conversation shares, when it is longer than the one found; and the whole prompt
+    /// only when it was seen before (a repeat: every other request's whole prompt is its own).
+    fn wanted(
+        &self,
+        heads: &[(usize, u64, usize)],
+        found: Option<usize>,
+    ) -> [Option<(usize, u64, usize)>; 2] {
+        let longer = |i: usize| found.is_none_or(|f| i > f);
+        let Some((&whole, before)) = heads.split_last() else {
+            return [None, None];
+        };
+        let head = before.last().copied().filter(|_| longer(before.len() - 1));
+        let repeat = longer(heads.len() - 1) && !self.first_sighting(whole.1);
+        [head, repeat.then_some(whole)]
+    }
+
+    /// Remembers a whole prompt's digest; `true` the first time it is seen (a shard that is
+    /// full forgets what it saw).
+    fn first_sighting(&self, digest: u64) -> bool {
+        let mut seen = self.seen[(digest as usize) % SHARDS].lock();
+        if seen.len() >= self.section.cache_entries.div_ceil(SHARDS).max(1) {
+            seen.clear();
+        }
+        seen.insert(digest)
+    }
+
+    /// Queues those of `heads` that are not queued yet; `false` when the queue was full.
     fn queue_fill(
         &self,
         model: &str,
@@ -337,14 +370,16 @@ impl HeadTokens {
         api: Api,
         body: &[u8],
         messages: usize,
-        heads: &[(usize, u64, usize)],
+        heads: &[Option<(usize, u64, usize)>],
     ) -> bool {
+        if heads.iter().all(Option::is_none) {
+            return true;
+        }
         let wanted: Vec<(usize, u64, usize)> = {
             let mut pending = self.pending.lock();
             heads
                 .iter()
-                .rev()
-                .take(2)
+                .flatten()
                 .filter(|(_, d, _)| pending.insert(*d))
                 .copied()
                 .collect()
@@ -555,6 +590,7 @@ impl HeadTokens {
                     .tokenize_calls
                     .with_label_values(&[TOKENIZE_OK])
                     .inc();
+                self.metrics.tokenized_tokens.inc_by(tokens.len() as u64);
                 self.insert(
                     digest,
                     HeadFound {

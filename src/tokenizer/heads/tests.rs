@@ -70,15 +70,23 @@ fn a_miss_queues_its_heads_once_and_a_known_head_is_found() {
     let heads_map = HeadTokens::new(section(), metrics());
     let find = || tenant_question(&heads_map, "127.0.0.1:8000".parse().unwrap());
     assert!(find().is_none());
-    assert!(
-        find().is_none(),
-        "queued once: the second miss queues nothing"
-    );
     let queued = next_queued(&heads_map).expect("queued");
-    assert_eq!(queued.heads.iter().map(|h| h.0).collect::<Vec<_>>(), [2, 1]);
-    assert!(next_queued(&heads_map).is_none());
+    assert_eq!(
+        queued.heads.iter().map(|h| h.0).collect::<Vec<_>>(),
+        [1],
+        "the head before the last message; the whole prompt is this request's own"
+    );
+    assert!(find().is_none());
+    let repeat = next_queued(&heads_map).expect("a repeat queues its whole prompt");
+    assert_eq!(
+        repeat.heads.iter().map(|h| h.0).collect::<Vec<_>>(),
+        [2],
+        "queued once: the pending head is not queued again"
+    );
+    assert!(find().is_none());
+    assert!(next_queued(&heads_map).is_none(), "both pending");
     // The tenant's head (its system message) tokenized: another question of that tenant finds it.
-    let (_, digest, bytes) = queued.heads[1];
+    let (_, digest, bytes) = queued.heads[0];
     heads_map.insert(
         digest,
         HeadFound {
@@ -100,7 +108,58 @@ fn a_miss_queues_its_heads_once_and_a_known_head_is_found() {
         .engine_tokens
         .with_label_values(&["miss"])
         .get();
-    assert_eq!(hits, 2);
+    assert_eq!(hits, 3);
+}
+
+/// One call per turn: a conversation's turn queues the head before its last message (the next
+/// turn's longest shared head but one); once a tenant's shared head is known, its questions
+/// queue nothing.
+#[test]
+fn a_turn_queues_only_the_head_its_successor_shares() {
+    let heads_map = HeadTokens::new(section(), metrics());
+    let pod: SocketAddr = "127.0.0.1:8000".parse().unwrap();
+    let turn = |messages: &[(&str, &str)]| {
+        let body = serde_json::json!({
+            "messages": messages
+                .iter()
+                .map(|(role, content)| serde_json::json!({"role": role, "content": content}))
+                .collect::<Vec<_>>(),
+        })
+        .to_string();
+        heads_map.find(
+            "m",
+            Some(Api::ChatCompletions),
+            &chatml(messages),
+            Some(body.as_bytes()),
+            Some(pod),
+        );
+        next_queued(&heads_map).map(|fill| {
+            heads_map.done(&fill);
+            fill.heads.iter().map(|h| h.0).collect::<Vec<_>>()
+        })
+    };
+    let first = [("system", "s"), ("user", "u1")];
+    assert_eq!(turn(&first), Some(vec![1]));
+    let second = [
+        ("system", "s"),
+        ("user", "u1"),
+        ("assistant", "a1"),
+        ("user", "u2"),
+    ];
+    assert_eq!(turn(&second), Some(vec![3]));
+    // The system head tokenized: a new question of the tenant finds it and queues nothing.
+    let (_, digest, bytes) = heads("m", Api::ChatCompletions, chatml(&first).as_bytes())[0];
+    heads_map.insert(
+        digest,
+        HeadFound {
+            tokens: Tokens::from(vec![1, 2]),
+            prompt_bytes: bytes,
+        },
+    );
+    assert_eq!(turn(&[("system", "s"), ("user", "u9")]), None);
+    // A one-message prompt has no shared head: nothing, until it repeats.
+    assert_eq!(turn(&[("user", "alone")]), None);
+    assert_eq!(turn(&[("user", "alone")]), Some(vec![1]));
 }
 
 #[test]
@@ -215,6 +274,7 @@ async fn the_file_source_tokenizes_heads_in_process() {
     let shutdown = CancellationToken::new();
     let worker = tokio::spawn(heads_map.clone().run(shutdown.clone()));
     let prompt = chatml(&[("system", "tenant prompt"), ("user", "q1")]);
+    let head = chatml(&[("system", "tenant prompt")]);
     // Port 9 (discard): nothing answers there, and nothing must be asked.
     let find = || tenant_question(&heads_map, "127.0.0.1:9".parse().unwrap());
     assert!(find().is_none());
@@ -227,8 +287,8 @@ async fn the_file_source_tokenizes_heads_in_process() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
     let sim = model_sim::tokenizer_json::default_tokenizer();
-    assert_eq!(found.tokens.to_vec(), sim.ids(prompt.as_bytes()));
-    assert_eq!(found.prompt_bytes, prompt.len());
+    assert_eq!(found.tokens.to_vec(), sim.ids(head.as_bytes()));
+    assert_eq!(found.prompt_bytes, head.len());
     shutdown.cancel();
     worker.await.unwrap();
 }

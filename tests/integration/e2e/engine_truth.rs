@@ -92,7 +92,7 @@ async fn wait_view(picker: &Running, sim: &str, blocks: f64) {
 }
 
 /// Sends a tenant's first request and waits until its engine's view shows the stored blocks and
-/// both of its heads are tokenized; the pod that served it.
+/// its shared head (the system message) is tokenized; the pod that served it.
 async fn first_request_held(picker: &Running, envoy: &Envoy, body: &Value) -> String {
     let first = send(envoy, "/v1/chat/completions", body).await;
     assert_eq!(first.status, 200);
@@ -100,7 +100,7 @@ async fn first_request_held(picker: &Running, envoy: &Envoy, body: &Value) -> St
     wait_metric(
         picker,
         "prefix_picker_tokenize_calls_total{result=\"ok\"}",
-        2.0,
+        1.0,
     )
     .await;
     first.served_by
@@ -136,10 +136,19 @@ async fn an_evicted_prefix_stops_attracting_requests_at_once() {
         .await
             >= 1.0
     );
-    // The first request again: its whole prompt is in the engine's tokens, so its hold awaits
-    // the engine's store of it, which the engine holds already: confirmed at once. (A hold
+    // The first request again: a repeat, so its whole prompt is tokenized too. (Its hold,
     // whose head is shorter than its prompt, as the second's, ends with its request: the
     // engine's store of the head says nothing of the rest.)
+    let r = send(&envoy, "/v1/chat/completions", &first).await;
+    assert_eq!(r.served_by, holder);
+    wait_metric(
+        &picker,
+        "prefix_picker_tokenize_calls_total{result=\"ok\"}",
+        2.0,
+    )
+    .await;
+    // And again: its whole prompt is in the engine's tokens, so its hold awaits the engine's
+    // store of it, which the engine holds already: confirmed at once.
     let r = send(&envoy, "/v1/chat/completions", &first).await;
     assert_eq!(r.served_by, holder);
     // The requests completed (their decision-time holds are gone: what follows is the
@@ -345,7 +354,7 @@ async fn a_picker_started_beside_a_warm_engine_holds_what_it_cached() {
     wait_metric(
         &picker,
         "prefix_picker_tokenize_calls_total{result=\"ok\"}",
-        2.0,
+        1.0,
     )
     .await;
     let e = explain(&picker, &chat(&system, "q3")).await;
@@ -384,7 +393,7 @@ async fn a_pod_with_prefix_caching_off_is_never_preferred() {
     wait_metric(
         &picker,
         "prefix_picker_tokenize_calls_total{result=\"ok\"}",
-        2.0,
+        1.0,
     )
     .await;
     // From now on every request of the prefix goes to the pod that can reuse it.
@@ -472,7 +481,7 @@ async fn the_file_tokenizer_matches_by_the_engine_without_asking_the_pods() {
     wait_connected(&picker, &["sim-0", "sim-1"]).await;
     let system =
         "You are the cartographer of tenant four. Name every ridge and valley. ".repeat(20);
-    // Both heads (the tenant's system message, the whole prompt) tokenized in process.
+    // The tenant's shared head (its system message) tokenized in process.
     let holder = first_request_held(&picker, &envoy, &chat(&system, "q1")).await;
     for i in 2..6 {
         let next = chat(&system, &format!("q{i}"));
@@ -496,4 +505,17 @@ async fn the_file_tokenizer_matches_by_the_engine_without_asking_the_pods() {
     for s in &sims {
         assert_eq!(s.engine.tokenize_requests(), 0, "{} was asked", s.name);
     }
+    // One tokenization for five requests: each later question found the tenant's head and
+    // queued nothing (its whole prompt is its own).
+    assert_eq!(
+        metric(&picker, "prefix_picker_tokenize_calls_total{result=\"ok\"}").await,
+        1.0
+    );
+    let head = model_sim::tokenizer_json::default_tokenizer()
+        .ids(format!("<|im_start|>system\n{system}<|im_end|>\n").as_bytes())
+        .len();
+    assert_eq!(
+        metric(&picker, "prefix_picker_tokenized_tokens_total").await,
+        head as f64
+    );
 }
