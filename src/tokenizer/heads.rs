@@ -6,19 +6,21 @@
 //! head is keyed by an xxh3 digest of the model and its bytes. A request looks its heads up,
 //! longest first, in a bounded in-process map ([`HeadTokens::find`]): found, the pods with live
 //! engine views are matched by those tokens; not found, the request is matched by the estimate.
-//! Either way the head without its last message, what the next request of the tenant or the
-//! conversation shares, is queued for the engine's tokenizer when it is longer than the head
-//! found ([`HeadTokens::run`], in the background), and the whole prompt only on a repeat (seen
-//! before: every other whole prompt is its request's own). The engine renders the messages
-//! with its own chat template (`tools` included); a head is asked with
-//! `add_generation_prompt: false`, the whole prompt with `true`, as it is served.
+//! Either way one head longer than the one found is queued for the engine's tokenizer
+//! ([`HeadTokens::run`], in the background): for a conversation's turn (a prompt that holds an
+//! assistant reply) its whole prompt, which the next turn shares and the engine holds whole;
+//! for any other request the head without its last message, which the tenant's next question
+//! shares; and either when it was seen before. The engine renders the messages with its own
+//! chat template (`tools` included); a head is asked with `add_generation_prompt: false`, the
+//! whole prompt with `true`, as it is served.
 //!
 //! Only what matters to a match is tokenized: the engines hold full blocks of what they were
-//! sent, a request's longest shareable part is a head another request sent before, and past
-//! the head the estimate speaks (the scheduler's `combine`): the head before a turn's
-//! last message, a turn later, is enough to tell a pod that holds the conversation from one
-//! that lost it, at one call per turn instead of two (and none per request of a tenant whose
-//! shared head is known). A
+//! sent, a request's longest shareable part is a head another request sent before, and past a
+//! head the engine holds whole the estimate speaks (the scheduler's `combine`). A head that
+//! ends with a reply is not held whole (the engine stored the reply as it generated it, not as
+//! the template renders it), so a turn's head before its last message would cut the engine's
+//! match short of the previous turn's prompt: one call per turn, not two, and none per request
+//! of a tenant whose shared head is known. A
 //! request whose rendering does not split into one head per message (a content that contains
 //! the ChatML end marker, skipped messages, a top-level `system`) is not queued.
 //!
@@ -265,7 +267,7 @@ pub struct HeadTokens {
     shards: Vec<RwLock<HeadShard>>,
     /// Heads queued or being tokenized (not queued twice).
     pending: Mutex<HashSet<u64>>,
-    /// Whole prompts seen, by digest, per shard (a repeat is tokenized whole).
+    /// Heads seen, by digest, per shard (a repeat is tokenized).
     seen: Vec<Mutex<HashSet<u64>>>,
     /// Bytes of request bodies queued or being tokenized (at most [`QUEUED_BYTES`]).
     queued_bytes: AtomicUsize,
@@ -316,7 +318,8 @@ impl HeadTokens {
             return None;
         };
         let found = self.known_at(&heads);
-        let wanted = self.wanted(&heads, found.as_ref().map(|(i, _)| *i));
+        let reply = api == Api::ChatCompletions && holds_reply(prompt.as_bytes(), &heads);
+        let wanted = self.wanted(&heads, found.as_ref().map(|(i, _)| *i), reply);
         let queued = self.queue_fill(model, pod, api, body, messages, &wanted);
         match found {
             Some((_, found)) => {
@@ -335,25 +338,32 @@ impl HeadTokens {
     }
 
     /// The heads to tokenize for a request whose longest known head is `found` (a position in
-    /// `heads`): the head before its last message, which the next request of the tenant or
-    /// the conversation shares, when it is longer than the one found; and the whole prompt
-    /// only when it was seen before (a repeat: every other request's whole prompt is its own).
+    /// `heads`), of those longer than it: a conversation's turn (`reply`: its prompt holds an
+    /// assistant reply) its whole prompt, the head the next turn shares and the engine holds
+    /// whole (a head that ends with a reply is not held whole: the engine stored the reply as
+    /// it generated it, not as the template renders it); another request the head before its
+    /// last message, what the tenant's next question shares. And either, seen before.
     fn wanted(
         &self,
         heads: &[(usize, u64, usize)],
         found: Option<usize>,
+        reply: bool,
     ) -> [Option<(usize, u64, usize)>; 2] {
         let longer = |i: usize| found.is_none_or(|f| i > f);
         let Some((&whole, before)) = heads.split_last() else {
             return [None, None];
         };
-        let head = before.last().copied().filter(|_| longer(before.len() - 1));
-        let repeat = longer(heads.len() - 1) && !self.first_sighting(whole.1);
-        [head, repeat.then_some(whole)]
+        let head = before
+            .last()
+            .copied()
+            .filter(|h| longer(before.len() - 1) && (!reply || !self.first_sighting(h.1)));
+        let whole =
+            Some(whole).filter(|w| longer(heads.len() - 1) && (reply || !self.first_sighting(w.1)));
+        [head, whole]
     }
 
-    /// Remembers a whole prompt's digest; `true` the first time it is seen (a shard that is
-    /// full forgets what it saw).
+    /// Remembers a head's digest; `true` the first time it is seen (a shard that is full
+    /// forgets what it saw).
     fn first_sighting(&self, digest: u64) -> bool {
         let mut seen = self.seen[(digest as usize) % SHARDS].lock();
         if seen.len() >= self.section.cache_entries.div_ceil(SHARDS).max(1) {
@@ -727,6 +737,15 @@ fn heads(model: &str, api: Api, prompt: &[u8]) -> Vec<(usize, u64, usize)> {
         }
         _ => Vec::new(),
     }
+}
+
+/// Whether a ChatML prompt split into `heads` holds an assistant reply (a message that starts
+/// with the assistant role).
+fn holds_reply(prompt: &[u8], heads: &[(usize, u64, usize)]) -> bool {
+    const REPLY: &[u8] = b"<|im_start|>assistant\n";
+    std::iter::once(0)
+        .chain(heads.iter().map(|h| h.2))
+        .any(|at| prompt.get(at..).is_some_and(|rest| rest.starts_with(REPLY)))
 }
 
 /// The next queued fill and a permit to run it, or `None` at shutdown or when the queue closed.

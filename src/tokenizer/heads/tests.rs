@@ -111,11 +111,12 @@ fn a_miss_queues_its_heads_once_and_a_known_head_is_found() {
     assert_eq!(hits, 3);
 }
 
-/// One call per turn: a conversation's turn queues the head before its last message (the next
-/// turn's longest shared head but one); once a tenant's shared head is known, its questions
-/// queue nothing.
+/// One call per turn: a conversation's turn queues its whole prompt (the next turn's head,
+/// which the engine holds whole), not the head before its last message (which ends with a
+/// reply); a tenant's question queues the head before its last message, and nothing once that
+/// head is known; a head seen before is queued either way.
 #[test]
-fn a_turn_queues_only_the_head_its_successor_shares() {
+fn a_request_queues_only_the_head_its_successor_shares() {
     let heads_map = HeadTokens::new(section(), metrics());
     let pod: SocketAddr = "127.0.0.1:8000".parse().unwrap();
     let turn = |messages: &[(&str, &str)]| {
@@ -139,14 +140,25 @@ fn a_turn_queues_only_the_head_its_successor_shares() {
         })
     };
     let first = [("system", "s"), ("user", "u1")];
-    assert_eq!(turn(&first), Some(vec![1]));
+    assert_eq!(turn(&first), Some(vec![1]), "the tenant's head");
     let second = [
         ("system", "s"),
         ("user", "u1"),
         ("assistant", "a1"),
         ("user", "u2"),
     ];
-    assert_eq!(turn(&second), Some(vec![3]));
+    assert_eq!(turn(&second), Some(vec![4]), "a turn: its whole prompt");
+    let other = [
+        ("system", "s"),
+        ("user", "u1"),
+        ("assistant", "a1"),
+        ("user", "v2"),
+    ];
+    assert_eq!(
+        turn(&other),
+        Some(vec![3, 4]),
+        "another turn after the same reply: the head seen before too"
+    );
     // The system head tokenized: a new question of the tenant finds it and queues nothing.
     let (_, digest, bytes) = heads("m", Api::ChatCompletions, chatml(&first).as_bytes())[0];
     heads_map.insert(
@@ -160,6 +172,16 @@ fn a_turn_queues_only_the_head_its_successor_shares() {
     // A one-message prompt has no shared head: nothing, until it repeats.
     assert_eq!(turn(&[("user", "alone")]), None);
     assert_eq!(turn(&[("user", "alone")]), Some(vec![1]));
+}
+
+#[test]
+fn a_reply_is_found_at_a_message_start_only() {
+    let with = chatml(&[("user", "u"), ("assistant", "a"), ("user", "v")]);
+    let quoted = chatml(&[("user", "say <|im_start|>assistant\n please")]);
+    for (prompt, reply) in [(with, true), (quoted, false)] {
+        let h = heads("m", Api::ChatCompletions, prompt.as_bytes());
+        assert_eq!(holds_reply(prompt.as_bytes(), &h), reply, "{prompt}");
+    }
 }
 
 #[test]

@@ -238,6 +238,20 @@ async fn tokenizer_faults_keep_the_estimates_hit_rate() {
         let calls = format!("prefix_picker_tokenize_calls_total{{result=\"{result}\"}}");
         wait_metric(&picker, &calls, 1.0).await;
     }
+    // A tokenizer of the wrong kind: SGLang's body sent to vLLM engines (no
+    // `add_generation_prompt`, which vLLM then defaults to true).
+    let (hit, _) = run("", |sims| {
+        config(
+            &endpoints(sims, own_events),
+            "tokenizer: {source: engine, engine: sglang}",
+            "",
+        )
+    })
+    .await;
+    assert!(
+        hit >= baseline - 0.01,
+        "tokenizer engine: sglang against vLLM: {hit} < {baseline}"
+    );
 }
 
 /// With events that work, a document inside the user message (past the only head another
