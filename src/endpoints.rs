@@ -170,7 +170,8 @@ impl Endpoint {
     }
 
     pub fn set_stats(&self, stats: EngineStats) {
-        self.timing.observe_engine(stats.running, stats.waiting);
+        self.timing
+            .observe_engine(stats.running, stats.waiting, stats.kv_usage);
         let mut slot = self.stats.write();
         *slot = (stats, Some(Instant::now()));
         self.waiting

@@ -239,6 +239,7 @@ pub struct RouterMetrics {
     pub ttft_prediction_error: Histogram,
     pub pod_concurrency: GaugeVec,
     pub pod_service: GaugeVec,
+    pub pod_kv_capacity: GaugeVec,
     pub prefill_per_token: Gauge,
     pub sessions: IntGauge,
     pub session_requests: IntCounterVec,
@@ -430,6 +431,13 @@ const POD_CONCURRENCY: Family = Family::float_gauge(
      from scrapes that show a queue (absent until one did); sampled every second",
     &POD,
 );
+const POD_KV_CAPACITY: Family = Family::float_gauge(
+    "prefix_picker_pod_kv_capacity_blocks",
+    "Affinity mode's latency model: a pod's KV cache in prompt blocks, learned from \
+     the blocks its requests in flight pin and the engine's KV usage at scrapes \
+     without a queue (absent until learned); sampled every second",
+    &POD,
+);
 const POD_SERVICE: Family = Family::float_gauge(
     "prefix_picker_pod_service_seconds",
     "Affinity mode's latency model: mean seconds from the pick to the completion \
@@ -520,6 +528,7 @@ impl RouterMetrics {
             ttft_prediction_error: TTFT_PREDICTION_ERROR.register(registry),
             pod_concurrency: POD_CONCURRENCY.register(registry),
             pod_service: POD_SERVICE.register(registry),
+            pod_kv_capacity: POD_KV_CAPACITY.register(registry),
             prefill_per_token: PREFILL_PER_TOKEN.register(registry),
             sessions: SESSIONS.register(registry),
             session_requests: SESSION_REQUESTS.register(registry),

@@ -622,6 +622,7 @@ fn expire_routes(
 
 /// Every second: each pod's `prefix_picker_pod_index_churn_ratio` while the affinity mode
 /// places by churn, and what its latency model learned (`prefix_picker_pod_concurrency`,
+/// `prefix_picker_pod_kv_capacity_blocks`,
 /// `prefix_picker_pod_service_seconds`, `prefix_picker_prefill_seconds_per_token`) while it
 /// runs; removes the series of pods gone since the last sample (or of every pod, once the mode
 /// is off), so a pod that left mid-sample keeps no series.
@@ -651,6 +652,10 @@ fn sample_pod_gauges(router: &Router, series: &mut HashSet<PodId>) {
                 m.pod_service.with_label_values(&labels).set(s);
                 now.insert(e.spec.id.clone());
             }
+            if let Some(c) = e.timing.kv().capacity() {
+                m.pod_kv_capacity.with_label_values(&labels).set(c);
+                now.insert(e.spec.id.clone());
+            }
         }
     }
     if latency {
@@ -665,6 +670,7 @@ fn sample_pod_gauges(router: &Router, series: &mut HashSet<PodId>) {
         if !now.contains(gone) || !latency {
             let _ = m.pod_concurrency.remove_label_values(&labels);
             let _ = m.pod_service.remove_label_values(&labels);
+            let _ = m.pod_kv_capacity.remove_label_values(&labels);
         }
     }
     *series = now;

@@ -19,6 +19,13 @@
 //! filed under the query's first block can match it, and each one's common prefix with the query
 //! is found by bisection (`log2(blocks)` comparisons). Adding or removing a hold is one lock and
 //! one push or swap-remove, whatever the prompt's length.
+//!
+//! Adding or removing a hold also says how many blocks its pod's holds pin together changed
+//! by: the blocks of the hold that no other hold of that pod shares (its length less its longest
+//! common prefix with them, found in the same list under the same lock). Summed per pod, that is
+//! the union of the blocks its requests in flight occupy (a running request's blocks, shared
+//! with the others on their common head, as an engine's paged KV cache keeps them), which the
+//! latency model weighs against the pod's KV capacity ([`crate::scheduler::kv_room`]).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -94,6 +101,19 @@ fn shard_of(model: ModelKey, first: BlockHash) -> usize {
     (x >> 60) as usize & (SHARDS - 1)
 }
 
+/// The longest common prefix of `hashes` with the holds of `pod` in `list` (the blocks of
+/// `hashes` that another request in flight on `pod` pins too).
+fn shared_on(list: &[Held], pod: PodSlot, hashes: &[BlockHash]) -> usize {
+    let mut shared = 0;
+    for held in list.iter().filter(|h| h.pod == pod) {
+        if shared >= held.hashes.len().min(hashes.len()) {
+            continue;
+        }
+        shared = shared.max(common_prefix(&held.hashes, hashes));
+    }
+    shared
+}
+
 /// Blocks `a` and `b` share from the start (both chains: equal at `i` means equal before it).
 fn common_prefix(a: &[BlockHash], b: &[BlockHash]) -> usize {
     let (mut lo, mut hi) = (0, a.len().min(b.len()));
@@ -110,50 +130,60 @@ fn common_prefix(a: &[BlockHash], b: &[BlockHash]) -> usize {
 }
 
 impl TentativeEntries {
-    /// Holds the chain `hashes` (non-empty) for `pod`.
-    pub fn add(&self, model: ModelKey, hashes: Arc<[BlockHash]>, pod: PodSlot) -> Option<HoldId> {
+    /// Holds the chain `hashes` (non-empty) for `pod`; with the blocks it pins that no other
+    /// hold of `pod` did ([`TentativeEntries::add_awaiting`]).
+    pub fn add(
+        &self,
+        model: ModelKey,
+        hashes: Arc<[BlockHash]>,
+        pod: PodSlot,
+    ) -> Option<(HoldId, usize)> {
         self.add_awaiting(model, hashes, pod, None)
     }
 
     /// [`TentativeEntries::add`] for a pod whose engine view is live: the hold claims its blocks
-    /// until `engine` is stored (or until removed).
+    /// until `engine` is stored (or until removed). Returns the hold and the blocks it pins that
+    /// no other hold of `pod` pinned (its length less its longest common prefix with them).
     pub fn add_awaiting(
         &self,
         model: ModelKey,
         hashes: Arc<[BlockHash]>,
         pod: PodSlot,
         engine: Option<Arc<Awaited>>,
-    ) -> Option<HoldId> {
+    ) -> Option<(HoldId, usize)> {
         let first = *hashes.first()?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        self.shards[shard_of(model, first)]
-            .lock()
-            .entry((model.0, first.0))
-            .or_default()
-            .push(Held {
-                id,
-                pod,
-                hashes,
-                engine,
-            });
+        let mut shard = self.shards[shard_of(model, first)].lock();
+        let list = shard.entry((model.0, first.0)).or_default();
+        let pinned = hashes.len() - shared_on(list, pod, &hashes);
+        list.push(Held {
+            id,
+            pod,
+            hashes,
+            engine,
+        });
         self.holds.fetch_add(1, Ordering::Relaxed);
-        Some(HoldId { model, first, id })
+        Some((HoldId { model, first, id }, pinned))
     }
 
-    /// Removes the hold [`TentativeEntries::add`] returned.
-    pub fn remove(&self, hold: HoldId) {
+    /// Removes the hold [`TentativeEntries::add`] returned; returns the blocks no other hold of
+    /// its pod pins any more (0 when it was gone already).
+    pub fn remove(&self, hold: HoldId) -> usize {
         let key = (hold.model.0, hold.first.0);
         let mut shard = self.shards[shard_of(hold.model, hold.first)].lock();
         let Some(list) = shard.get_mut(&key) else {
-            return;
+            return 0;
         };
+        let mut unpinned = 0;
         if let Some(i) = list.iter().position(|h| h.id == hold.id) {
-            list.swap_remove(i);
+            let gone = list.swap_remove(i);
             self.holds.fetch_sub(1, Ordering::Relaxed);
+            unpinned = gone.hashes.len() - shared_on(list, gone.pod, &gone.hashes);
         }
         if list.is_empty() {
             shard.remove(&key);
         }
+        unpinned
     }
 
     /// Holds in place.
@@ -176,7 +206,9 @@ impl TentativeEntries {
     }
 
     /// Raises `matched[i]` to candidate `i`'s longest tentative match (blocks) among the holds
-    /// that still claim theirs, if longer, and counts in `heads[i]` the requests in flight on candidate `i` that share the first block.
+    /// that still claim theirs, if longer, counts in `heads[i]` the requests in flight on
+    /// candidate `i` that share the first block, and sets `pinned[i]` to the longest match
+    /// among all its holds (the blocks requests in flight there pin, claiming or not).
     pub fn extend_matches(
         &self,
         model: ModelKey,
@@ -184,6 +216,7 @@ impl TentativeEntries {
         candidates: &[PodSlot],
         matched: &mut [usize],
         heads: &mut [u32],
+        pinned: &mut [usize],
     ) {
         let Some(&first) = hashes.first() else {
             return;
@@ -204,10 +237,16 @@ impl TentativeEntries {
                 continue;
             };
             heads[ci] += 1;
-            if matched[ci] >= held.hashes.len().min(hashes.len()) || !held.claims() {
+            let most = held.hashes.len().min(hashes.len());
+            let claims = held.claims();
+            if pinned[ci] >= most && (matched[ci] >= most || !claims) {
                 continue;
             }
-            matched[ci] = matched[ci].max(common_prefix(&held.hashes, hashes));
+            let common = common_prefix(&held.hashes, hashes);
+            pinned[ci] = pinned[ci].max(common);
+            if claims {
+                matched[ci] = matched[ci].max(common);
+            }
         }
     }
 }
@@ -235,11 +274,11 @@ mod tests {
         t.add(m, chain("aaaabbbbccccddddeeeeffffggggYYYY").into(), pods[1]);
         let query = chain("aaaabbbbccccddddeeeeffffgggghhhh");
         let mut matched = vec![0; 3];
-        t.extend_matches(m, &query, &pods, &mut matched, &mut [0; 8]);
+        t.extend_matches(m, &query, &pods, &mut matched, &mut [0; 8], &mut [0; 8]);
         assert_eq!(matched, [3, 7, 0]);
         // A longer match from the index is kept.
         let mut matched = vec![5, 2, 1];
-        t.extend_matches(m, &query, &pods, &mut matched, &mut [0; 8]);
+        t.extend_matches(m, &query, &pods, &mut matched, &mut [0; 8], &mut [0; 8]);
         assert_eq!(matched, [5, 7, 1]);
     }
 
@@ -248,21 +287,46 @@ mod tests {
         let t = TentativeEntries::default();
         let m = ModelKey::of("m");
         let p: Arc<[BlockHash]> = chain("aaaabbbbcccc").into();
-        let a = t.add(m, p.clone(), PodSlot(4)).unwrap();
-        let b = t.add(m, p.clone(), PodSlot(4)).unwrap();
-        let c = t.add(m, p.clone(), PodSlot(5)).unwrap();
+        let (a, _) = t.add(m, p.clone(), PodSlot(4)).unwrap();
+        let (b, _) = t.add(m, p.clone(), PodSlot(4)).unwrap();
+        let (c, _) = t.add(m, p.clone(), PodSlot(5)).unwrap();
         assert_eq!((t.holds(), t.blocks()), (3, 9));
         t.remove(a);
         let mut matched = vec![0, 0];
-        t.extend_matches(m, &p, &[PodSlot(4), PodSlot(5)], &mut matched, &mut [0; 8]);
+        t.extend_matches(m, &p, &[PodSlot(4), PodSlot(5)], &mut matched, &mut [0; 8], &mut [0; 8]);
         assert_eq!(matched, [3, 3]);
         t.remove(b);
         t.remove(c);
         t.remove(c);
         assert_eq!((t.holds(), t.blocks()), (0, 0));
         let mut matched = vec![0, 0];
-        t.extend_matches(m, &p, &[PodSlot(4), PodSlot(5)], &mut matched, &mut [0; 8]);
+        t.extend_matches(m, &p, &[PodSlot(4), PodSlot(5)], &mut matched, &mut [0; 8], &mut [0; 8]);
         assert_eq!(matched, [0, 0]);
+    }
+
+    #[test]
+    fn a_pods_holds_pin_the_union_of_their_blocks() {
+        let t = TentativeEntries::default();
+        let m = ModelKey::of("m");
+        let (pod, other) = (PodSlot(1), PodSlot(2));
+        // A 4-block prompt, then one sharing its first 3 blocks: 4 + 1 blocks pinned.
+        let (a, pinned_a) = t.add(m, chain("aaaabbbbccccdddd").into(), pod).unwrap();
+        let (b, pinned_b) = t.add(m, chain("aaaabbbbccccXXXXYYYY").into(), pod).unwrap();
+        assert_eq!((pinned_a, pinned_b), (4, 2));
+        // The same prompt on another pod pins all its blocks there.
+        let (c, pinned_c) = t.add(m, chain("aaaabbbbccccdddd").into(), other).unwrap();
+        assert_eq!(pinned_c, 4);
+        // Removing the first leaves the head pinned by the second: only its last block goes.
+        assert_eq!(t.remove(a), 1);
+        assert_eq!(t.remove(b), 5);
+        assert_eq!(t.remove(b), 0, "already gone");
+        assert_eq!(t.remove(c), 4);
+        // The blocks in flight a query shares, per candidate, claiming or not.
+        t.add(m, chain("aaaabbbbXXXX").into(), pod);
+        let (mut matched, mut pinned) = (vec![0, 0], vec![0, 0]);
+        let query = chain("aaaabbbbcccc");
+        t.extend_matches(m, &query, &[pod, other], &mut matched, &mut [0; 2], &mut pinned);
+        assert_eq!((matched, pinned), (vec![2, 0], vec![2, 0]));
     }
 
     #[test]
@@ -290,6 +354,7 @@ mod tests {
             &p,
             &[PodSlot(0)],
             &mut matched,
+            &mut [0; 8],
             &mut [0; 8],
         );
         assert_eq!(matched, [0]);

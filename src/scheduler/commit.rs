@@ -5,6 +5,7 @@
 
 use std::sync::atomic::Ordering;
 
+use super::kv_room::PinnedBlocks;
 use super::{Candidate, Decision, DecisionReason, Scheduler, TentativeHold, affinity};
 use crate::engine_view::EngineView;
 use crate::hashing::BlockHash;
@@ -41,7 +42,8 @@ impl Scheduler {
         }
         let primary = decision.primary();
         let engine = primary.engine_view().zip(decision.primary_last_block());
-        self.hold_tentative(model, &decision.hashes, primary.slot(), engine)
+        let pins = primary.timing().map(|t| t.kv().pins());
+        self.hold_pinning(model, &decision.hashes, primary.slot(), engine, pins)
     }
 
     /// [`commit`](Scheduler::commit) for a PD decision's prefill pod: an affinity pick joins its
@@ -69,7 +71,8 @@ impl Scheduler {
                 pd.prefill_uncached,
             );
         }
-        self.hold_tentative(model, &decision.hashes, pd.prefill.slot(), None)
+        let pins = pd.prefill.timing().map(|t| t.kv().pins());
+        self.hold_pinning(model, &decision.hashes, pd.prefill.slot(), None, pins)
     }
 
     /// Counts an affinity pick of `pod` among `candidates` in its recent share, with the
@@ -97,19 +100,36 @@ impl Scheduler {
         pod: PodSlot,
         engine: Option<(&EngineView, u64)>,
     ) -> Option<TentativeHold> {
+        self.hold_pinning(model, hashes, pod, engine, None)
+    }
+
+    /// [`hold_tentative`](Scheduler::hold_tentative), the hold counted in `pins`, the pod's
+    /// blocks in flight ([`super::kv_room`]), until it ends.
+    fn hold_pinning(
+        &self,
+        model: &str,
+        hashes: &[BlockHash],
+        pod: PodSlot,
+        engine: Option<(&EngineView, u64)>,
+        pins: Option<PinnedBlocks>,
+    ) -> Option<TentativeHold> {
         let config = self.config.affinity.as_ref()?;
         if !config.tentative || hashes.is_empty() {
             return None;
         }
         let engine = engine.map(|(view, block)| view.await_block(block));
-        let id =
+        let (id, pinned) =
             self.tentative
                 .add_awaiting(ModelKey::of(model), hashes.into(), pod, engine.clone())?;
+        if let Some(pins) = &pins {
+            pins.pin(pinned);
+        }
         Some(TentativeHold {
             entries: self.tentative.clone(),
             id,
             pod,
             engine,
+            pins,
         })
     }
 }

@@ -7,9 +7,14 @@
 //! pod's view applies that `BlockStored` the hold stops claiming its blocks (the view holds
 //! them now), and its request's end only removes it. [`TentativeHold::end`] says which came
 //! first ([`HoldEnd`]); a hold that awaited nothing ends with its request, as it always did.
+//!
+//! Whatever ends its claim, a hold counts in its pod's blocks in flight until its request ends
+//! (the engine keeps a running request's blocks): it adds the blocks no other hold of the pod
+//! pinned, and frees those no other pins when dropped ([`super::kv_room`]).
 
 use std::sync::Arc;
 
+use super::kv_room::PinnedBlocks;
 use crate::engine_view::Awaited;
 use crate::prefix_index::{HoldId, PodSlot, TentativeEntries};
 
@@ -44,6 +49,9 @@ pub struct TentativeHold {
     pub(super) pod: PodSlot,
     /// The engine's store this hold awaits (a pod whose view was live).
     pub(super) engine: Option<Arc<Awaited>>,
+    /// The pod's count of blocks its requests in flight pin ([`super::kv_room`]), which this
+    /// hold added to and frees from when it ends.
+    pub(super) pins: Option<PinnedBlocks>,
 }
 
 impl TentativeHold {
@@ -75,7 +83,10 @@ impl Drop for TentativeHold {
             // Stops the wait (the view drops it at its next sweep) unless the engine won.
             engine.end();
         }
-        self.entries.remove(self.id);
+        let freed = self.entries.remove(self.id);
+        if let Some(pins) = &self.pins {
+            pins.unpin(freed);
+        }
     }
 }
 

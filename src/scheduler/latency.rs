@@ -42,6 +42,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use super::kv_room::KvRoom;
+
 /// Completions the per-pod service time averages over.
 pub const SERVICE_WINDOW: f64 = 32.0;
 /// Completions the prefill fit is weighted towards.
@@ -142,10 +144,10 @@ impl Prediction {
 
 /// An `f64` in an atomic (0 = unknown).
 #[derive(Debug, Default)]
-struct AtomicF64(AtomicU64);
+pub(super) struct AtomicF64(AtomicU64);
 
 impl AtomicF64 {
-    fn get(&self) -> f64 {
+    pub(super) fn get(&self) -> f64 {
         f64::from_bits(self.0.load(Ordering::Relaxed))
     }
 
@@ -158,16 +160,26 @@ impl AtomicF64 {
         Some(self.get()).filter(|v| *v > 0.0)
     }
 
+    /// Keeps `keep` of the value and adds `x` (a moving sum).
+    pub(super) fn decay_add(&self, keep: f64, x: f64) {
+        self.update(|old| old * keep + x);
+    }
+
     /// Moves the value towards `sample` by `weight` (to `sample` when unknown).
     fn average(&self, sample: f64, weight: f64) {
-        let mut current = self.0.load(Ordering::Relaxed);
-        loop {
-            let old = f64::from_bits(current);
-            let new = if old > 0.0 {
+        self.update(|old| {
+            if old > 0.0 {
                 old + weight * (sample - old)
             } else {
                 sample
-            };
+            }
+        });
+    }
+
+    fn update(&self, f: impl Fn(f64) -> f64) {
+        let mut current = self.0.load(Ordering::Relaxed);
+        loop {
+            let new = f(f64::from_bits(current));
             match self.0.compare_exchange_weak(
                 current,
                 new.to_bits(),
@@ -190,19 +202,31 @@ pub struct PodTiming {
     interval: AtomicF64,
     /// The last completion that left the pod busy (more in flight than it runs).
     busy_since: Mutex<Option<Instant>>,
+    /// Its room in the engine's KV cache, in prompt blocks.
+    kv: KvRoom,
 }
 
 impl PodTiming {
-    /// Learns from one engine scrape: `running` requests while `waiting` queue.
-    pub fn observe_engine(&self, running: f64, waiting: f64) {
+    /// Learns from one engine scrape: `running` requests while `waiting` queue, the KV cache
+    /// `kv_usage` (0..1) full. A queue while the blocks in flight fill the pod's KV capacity
+    /// waits for KV space, not for a slot: it teaches no concurrency ([`KvRoom`]).
+    pub fn observe_engine(&self, running: f64, waiting: f64, kv_usage: f64) {
+        self.kv.observe(kv_usage, waiting);
         if !(running.is_finite() && waiting.is_finite()) || running < 1.0 {
             return;
         }
         if waiting >= 1.0 {
-            self.concurrency.average(running, 0.5);
+            if !self.kv.full() {
+                self.concurrency.average(running, 0.5);
+            }
         } else if self.concurrency.known().is_some_and(|c| running > c) {
             self.concurrency.set(running);
         }
+    }
+
+    /// The pod's room in its engine's KV cache.
+    pub fn kv(&self) -> &KvRoom {
+        &self.kv
     }
 
     /// Learns from one completion picked while the pod had a free slot: `seconds` from the
@@ -267,22 +291,38 @@ impl PodTiming {
     /// on the pod, the engine's scraped queue `waiting` and that scrape's `age` (`None`: never
     /// scraped); `pool` stands in for what this pod has not learned yet.
     pub fn wait(&self, inflight: i64, waiting: f64, age: Option<Duration>, pool: Pool) -> f64 {
-        self.queue(inflight, waiting, age, pool).0
+        self.queue(inflight, waiting, age, pool, 0.0).0
     }
 
-    /// [`PodTiming::wait`], and the queue the request would join in slots (the completions it
-    /// waits for over the concurrency).
+    /// The completions a request that adds `blocks` to the pod's KV cache waits for before
+    /// they fit ([`KvRoom::completions_to_fit`]; 0 without the `inflight` signal).
+    pub fn kv_wait(&self, inflight: i64, blocks: f64, signals: Signals) -> f64 {
+        if signals.has(LatencySignal::Inflight) {
+            self.kv.completions_to_fit(blocks, inflight)
+        } else {
+            0.0
+        }
+    }
+
+    /// [`PodTiming::wait`] of a request that adds `blocks` to the pod's KV cache (its prompt's
+    /// blocks less those requests in flight there pin), its wait for KV space counted
+    /// ([`PodTiming::kv_wait`]), and the queue it would join in slots (the completions it
+    /// waits for over the concurrency; over the requests in flight while no concurrency is
+    /// known).
     pub fn queue(
         &self,
         inflight: i64,
         waiting: f64,
         age: Option<Duration>,
         pool: Pool,
+        blocks: f64,
     ) -> (f64, f64) {
-        let Some(concurrency) = self.slots(pool) else {
+        let signals = pool.signals;
+        let kv = self.kv_wait(inflight, blocks, signals);
+        let slots = self.slots(pool);
+        let Some(concurrency) = slots.or((kv > 0.0).then(|| (inflight as f64).max(1.0))) else {
             return (0.0, 0.0);
         };
-        let signals = pool.signals;
         // Completions per second while the queue lasts: the busy pace seen, else the service
         // time over the slots.
         let rate = match self.interval().filter(|_| signals.has(LatencySignal::Pace)) {
@@ -295,19 +335,20 @@ impl PodTiming {
                 concurrency / service
             }
         };
-        let own = if signals.has(LatencySignal::Inflight) {
-            inflight as f64 + 1.0 - concurrency
-        } else {
-            0.0
+        let own = match slots {
+            Some(slots) if signals.has(LatencySignal::Inflight) => inflight as f64 + 1.0 - slots,
+            _ => 0.0,
         };
         let engine = match age {
-            Some(age) if waiting > 0.0 && signals.has(LatencySignal::EngineQueue) => {
+            Some(age)
+                if slots.is_some() && waiting > 0.0 && signals.has(LatencySignal::EngineQueue) =>
+            {
                 let left = waiting - age.as_secs_f64() * rate;
                 if left > 0.0 { left + 1.0 } else { 0.0 }
             }
             _ => 0.0,
         };
-        let k = own.max(engine).max(0.0);
+        let k = own.max(engine).max(kv).max(0.0);
         (k / rate, k / concurrency)
     }
 }

@@ -23,6 +23,7 @@ pub mod decision;
 pub mod engine_match;
 pub mod gpu_usage;
 mod hold;
+pub mod kv_room;
 pub mod kvcache_aware;
 pub mod latency;
 pub mod least_latency;

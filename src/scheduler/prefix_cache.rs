@@ -73,6 +73,10 @@ pub struct PrefixScores {
     pub held_blocks: Vec<usize>,
     /// Affinity mode: requests in flight on each candidate that share the prompt's first block.
     pub head_inflight: Vec<u32>,
+    /// Affinity mode: the prompt's blocks that requests in flight on each candidate already
+    /// occupy there (their longest common head with it), which a new request shares in the
+    /// engine's KV cache instead of taking new blocks.
+    pub pinned_blocks: Vec<usize>,
 }
 
 impl PrefixScores {
@@ -83,10 +87,11 @@ impl PrefixScores {
             .scores
             .iter_mut()
             .zip(&mut self.matched_blocks)
-            .zip(&mut self.held_blocks);
-        for (i, ((score, matched), held)) in per_candidate.enumerate() {
+            .zip(&mut self.held_blocks)
+            .zip(&mut self.pinned_blocks);
+        for (i, (((score, matched), held), pinned)) in per_candidate.enumerate() {
             if reuses_nothing(i) {
-                (*score, *matched, *held) = (0, 0, 0);
+                (*score, *matched, *held, *pinned) = (0, 0, 0, 0);
             }
         }
     }
@@ -187,6 +192,7 @@ impl PrefixCache {
             total_blocks: total,
             held_blocks: Vec::new(),
             head_inflight: Vec::new(),
+            pinned_blocks: Vec::new(),
         })
     }
 
@@ -211,7 +217,15 @@ impl PrefixCache {
         super::engine_match::combine(engine, &mut held);
         let mut matched = held.clone();
         let mut heads = vec![0; candidates.len()];
-        tentative.extend_matches(key, hashes, candidates, &mut matched, &mut heads);
+        let mut pinned = vec![0; candidates.len()];
+        tentative.extend_matches(
+            key,
+            hashes,
+            candidates,
+            &mut matched,
+            &mut heads,
+            &mut pinned,
+        );
         let total = hashes.len();
         Some(PrefixScores {
             scores: matched.iter().map(|&m| percent(m, total)).collect(),
@@ -219,6 +233,7 @@ impl PrefixCache {
             total_blocks: total,
             held_blocks: held,
             head_inflight: heads,
+            pinned_blocks: pinned,
         })
     }
 

@@ -18,9 +18,12 @@ pub async fn latency_model(admin: SocketAddr) -> String {
 type Show = fn(&str, f64) -> String;
 
 /// The learned values: each sample's name (up to its labels) and how the log shows it.
-const LEARNED: [(&str, Show); 3] = [
+const LEARNED: [(&str, Show); 4] = [
     ("prefix_picker_pod_concurrency{", |pod, v| {
         format!("{pod} runs {v:.1}")
+    }),
+    ("prefix_picker_pod_kv_capacity_blocks{", |pod, v| {
+        format!("{pod} holds {v:.0} blocks")
     }),
     ("prefix_picker_pod_service_seconds{", |pod, v| {
         format!("{pod} serves in {:.0} ms", v * 1e3)

@@ -66,8 +66,14 @@ fn claims(s: &Scheduler, hashes: &[BlockHash], pods: &[Arc<Pod>]) -> (Vec<usize>
     let slots: Vec<_> = pods.iter().map(|p| p.slot()).collect();
     let mut matched = vec![0; pods.len()];
     let mut heads = vec![0; pods.len()];
-    s.tentative()
-        .extend_matches(ModelKey::of("m"), hashes, &slots, &mut matched, &mut heads);
+    s.tentative().extend_matches(
+        ModelKey::of("m"),
+        hashes,
+        &slots,
+        &mut matched,
+        &mut heads,
+        &mut vec![0; pods.len()],
+    );
     (matched, heads)
 }
 

@@ -29,7 +29,7 @@ fn no_queue_seen_predicts_no_wait_whatever_the_count() {
     assert_eq!(t.fill(2, pool), 0.5);
     assert!((t.wait(50, 0.0, None, pool) - 47.0 * 0.05).abs() < 1e-9);
     // Running without a queue teaches nothing before a queue was seen.
-    t.observe_engine(8.0, 0.0);
+    t.observe_engine(8.0, 0.0, 0.0);
     assert_eq!(t.concurrency(), None);
 }
 
@@ -38,22 +38,22 @@ fn learned_concurrency_converges_on_what_the_engine_runs_with_a_queue() {
     let t = PodTiming::default();
     // A sim that runs 4 at once: scrapes with a queue show 4 running (one stale 3 in between).
     for (running, waiting) in [(4.0, 2.0), (3.0, 1.0), (4.0, 5.0), (4.0, 1.0), (4.0, 3.0)] {
-        t.observe_engine(running, waiting);
+        t.observe_engine(running, waiting, 0.0);
     }
     let c = t.concurrency().unwrap();
     assert!((3.9..=4.0).contains(&c), "{c}");
     // More running without a queue: the engine runs at least that many.
-    t.observe_engine(6.0, 0.0);
+    t.observe_engine(6.0, 0.0, 0.0);
     assert_eq!(t.concurrency(), Some(6.0));
     // Fewer running without a queue says nothing.
-    t.observe_engine(1.0, 0.0);
+    t.observe_engine(1.0, 0.0, 0.0);
     assert_eq!(t.concurrency(), Some(6.0));
 }
 
 #[test]
 fn the_wait_counts_the_completions_needed_before_a_slot_frees() {
     let t = PodTiming::default();
-    t.observe_engine(2.0, 1.0);
+    t.observe_engine(2.0, 1.0, 0.0);
     t.observe_service(0.4);
     // Two slots, 0.4 s each: a slot frees every 0.2 s.
     assert_eq!(t.wait(0, 0.0, None, Pool::default()), 0.0);
@@ -66,7 +66,7 @@ fn the_wait_counts_the_completions_needed_before_a_slot_frees() {
 #[test]
 fn the_engine_queue_counts_drained_by_its_age() {
     let t = PodTiming::default();
-    t.observe_engine(2.0, 1.0);
+    t.observe_engine(2.0, 1.0, 0.0);
     t.observe_service(0.4);
     // Another replica's 3 queued requests, scraped just now: wait for 4 completions.
     let fresh = t.wait(0, 3.0, Some(Duration::ZERO), Pool::default());
@@ -84,7 +84,7 @@ fn the_engine_queue_counts_drained_by_its_age() {
 #[test]
 fn an_untimed_pod_borrows_the_pools_service_time() {
     let t = PodTiming::default();
-    t.observe_engine(1.0, 1.0);
+    t.observe_engine(1.0, 1.0, 0.0);
     assert!(
         (t.wait(
             1,
@@ -153,7 +153,7 @@ fn the_prefill_fit_keeps_the_prior_without_spread() {
 #[test]
 fn the_queue_pace_is_the_gap_between_completions_of_a_busy_pod() {
     let t = PodTiming::default();
-    t.observe_engine(2.0, 1.0);
+    t.observe_engine(2.0, 1.0, 0.0);
     t.observe_service(10.0);
     let t0 = Instant::now();
     // Busy (3 in flight on 2 slots) at 0, 0.1 and 0.2 s: a slot frees every 0.1 s.
@@ -171,7 +171,7 @@ fn the_queue_pace_is_the_gap_between_completions_of_a_busy_pod() {
 #[test]
 fn each_signal_can_be_left_out() {
     let t = PodTiming::default();
-    t.observe_engine(2.0, 1.0);
+    t.observe_engine(2.0, 1.0, 0.0);
     t.observe_service(0.4);
     let t0 = Instant::now();
     for k in 0..3u32 {
@@ -199,4 +199,41 @@ fn each_signal_can_be_left_out() {
         Some(LatencySignal::EngineQueue)
     );
     assert_eq!(LatencySignal::parse("queue"), None);
+}
+
+#[test]
+fn a_queue_for_kv_space_is_no_slot_count_and_only_requests_whose_blocks_do_not_fit_wait() {
+    let t = PodTiming::default();
+    t.observe_service(0.4);
+    // Three requests of one tenant in flight: its 48-block head shared, 4 blocks each of their
+    // own, 60 blocks pinned of a cache 75% full: 80 blocks.
+    t.kv().pins().pin(60);
+    t.observe_engine(3.0, 0.0, 0.75);
+    assert_eq!(t.kv().capacity(), Some(80.0));
+    // Until the engine has shown a wait for KV space, none is predicted.
+    let pool = Pool::default();
+    assert_eq!(t.queue(3, 0.0, None, pool, 52.0), (0.0, 0.0));
+    // A request of another tenant (52 blocks) joins; the engine queues it with three running:
+    // a wait for KV space, which teaches no concurrency (before: 3 slots, and the tenant's
+    // next request, which fits, was predicted to wait too).
+    t.kv().pins().pin(52);
+    t.observe_engine(3.0, 1.0, 0.75);
+    assert_eq!(t.concurrency(), None);
+    t.kv().pins().unpin(52);
+    // No slot count known: a request of the first tenant (4 new blocks) fits and waits for
+    // nothing; one of another tenant waits until 32 blocks free, two completions of 20 blocks
+    // each, three running at 0.4 s each.
+    assert_eq!(t.queue(3, 0.0, None, pool, 4.0), (0.0, 0.0));
+    let (wait, backlog) = t.queue(3, 0.0, None, pool, 52.0);
+    assert!((wait - 2.0 * 0.4 / 3.0).abs() < 1e-9, "{wait}");
+    assert!((backlog - 2.0 / 3.0).abs() < 1e-9, "{backlog}");
+    // Without the in-flight signal the KV room is not read.
+    let no_inflight = Pool {
+        signals: Signals::of([LatencySignal::EngineQueue, LatencySignal::Pace]),
+        ..pool
+    };
+    assert_eq!(t.queue(3, 0.0, None, no_inflight, 52.0), (0.0, 0.0));
+    // A queue while the blocks in flight leave room waits for a slot: it is learned.
+    t.observe_engine(3.0, 1.0, 0.5);
+    assert_eq!(t.concurrency(), Some(3.0));
 }

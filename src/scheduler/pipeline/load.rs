@@ -1,7 +1,8 @@
 //! Step 4, load: what the affinity pick reads of each candidate, in one pass: its in-flight
 //! count, its engine's queue, its share of recent picks and the tokens they wrote, its requests
-//! in flight on the prompt's head, and the latency model's wait for a slot and the queue it
-//! would join. Each engine's stats are read once per pod; its scrape age only when it reported
+//! in flight on the prompt's head, and the latency model's wait for a slot or for KV space
+//! (the prompt's blocks that no request in flight there pins, against the pod's KV room:
+//! [`crate::scheduler::kv_room`]) and the queue it would join. Each engine's stats are read once per pod; its scrape age only when it reported
 //! a queue. The predictions (those and the prefill of what a pod does not hold) are derived
 //! from the loads when read ([`crate::scheduler::predictions`]).
 //!
@@ -53,6 +54,9 @@ impl Scheduler {
     ) -> Load {
         let mut shared = self.load_shared(config, candidates.len());
         let head_inflight = |i: usize| scored.head_inflight.get(i).copied().unwrap_or(0);
+        // The blocks the prompt adds to each candidate's KV cache: those no request in flight
+        // there pins.
+        let adds = |i: usize| blocks.saturating_sub(scored.pinned_blocks.get(i).copied().unwrap_or(0));
         let (mut learned, mut unlearned, mut some_reuse_nothing) = (None::<f64>, false, false);
         let mut loads: Vec<PodLoad> = candidates
             .iter()
@@ -63,7 +67,7 @@ impl Scheduler {
                     Some(None) => unlearned = true,
                     None => {}
                 }
-                let l = read(e, head_inflight(i), &shared);
+                let l = read(e, head_inflight(i), adds(i), &shared);
                 some_reuse_nothing |= !l.reuses;
                 l
             })
@@ -72,7 +76,7 @@ impl Scheduler {
             shared.pool.concurrency = learned;
             for (i, e) in candidates.iter().enumerate() {
                 if e.timing().is_some_and(|t| t.concurrency().is_none()) {
-                    loads[i] = read(e, head_inflight(i), &shared);
+                    loads[i] = read(e, head_inflight(i), adds(i), &shared);
                 }
             }
         }
@@ -113,19 +117,22 @@ impl Scheduler {
     }
 }
 
-/// One candidate's load, given its requests in flight on the prompt's head. Inlined into the
+/// One candidate's load, given its requests in flight on the prompt's head and the blocks the
+/// prompt would add to its KV cache. Inlined into the
 /// pass over the candidates (as a call it cost 6% more instructions per decision at 1,024
 /// pods: callgrind, `benches/scale.rs`).
 #[inline(always)]
-fn read<C: Candidate>(e: &C, head_inflight: u32, shared: &Shared) -> PodLoad {
+fn read<C: Candidate>(e: &C, head_inflight: u32, adds: usize, shared: &Shared) -> PodLoad {
     let (inflight, waiting) = (e.inflight(), e.waiting());
     let timing = e.timing();
-    let (wait, backlog) = match timing {
+    let (wait, backlog, kv_wait) = match timing {
         Some(t) if shared.latency_model => {
             let age = if waiting > 0.0 { e.stats_age() } else { None };
-            t.queue(inflight, waiting, age, shared.pool)
+            let (wait, backlog) = t.queue(inflight, waiting, age, shared.pool, adds as f64);
+            let kv_wait = t.kv_wait(inflight, adds as f64, shared.pool.signals) > 0.0;
+            (wait, backlog, kv_wait)
         }
-        _ => (0.0, 0.0),
+        _ => (0.0, 0.0, false),
     };
     let (share, written) = e.recent().share_written_ln(shared.now, shared.ln_keep);
     PodLoad {
@@ -134,7 +141,8 @@ fn read<C: Candidate>(e: &C, head_inflight: u32, shared: &Shared) -> PodLoad {
         waiting,
         share,
         head_inflight,
-        has_slot: timing.is_none_or(|t| t.has_slot(inflight, shared.pool)),
+        // A request that waits for KV space times no service.
+        has_slot: !kv_wait && timing.is_none_or(|t| t.has_slot(inflight, shared.pool)),
         fill: timing.map_or(0.0, |t| t.fill(inflight, shared.pool)),
         written,
         wait,
@@ -191,6 +199,7 @@ mod tests {
             total_blocks: 10,
             held_blocks: vec![4, 0],
             head_inflight: vec![0, 2],
+            pinned_blocks: vec![0, 0],
         };
         let load = s.load(&affinity, &pods, &scored, 10);
         let keys: Vec<(u64, f64, u32, f64)> = load
@@ -261,7 +270,7 @@ mod tests {
         let pod = |running: Option<f64>| {
             let timing = PodTiming::default();
             if let Some(running) = running {
-                timing.observe_engine(running, 1.0);
+                timing.observe_engine(running, 1.0, 0.0);
             }
             Timed {
                 inflight: 3,
@@ -275,6 +284,7 @@ mod tests {
             total_blocks: 10,
             held_blocks: vec![0; n],
             head_inflight: vec![0; n],
+            pinned_blocks: vec![0; n],
         };
         let read = |pods: &[Timed]| {
             let load = s.load(&affinity, pods, &scored(pods.len()), 10);

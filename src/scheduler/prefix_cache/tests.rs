@@ -100,10 +100,12 @@ fn a_candidate_that_reuses_nothing_matches_nothing() {
         total_blocks: 4,
         held_blocks: vec![4, 1, 0],
         head_inflight: vec![1, 2, 3],
+        pinned_blocks: vec![3, 2, 1],
     };
     s.forget(|i| i == 0);
     assert_eq!(
         (s.scores, s.matched_blocks, s.held_blocks, s.head_inflight),
         (vec![0, 50, 25], vec![0, 2, 1], vec![0, 1, 0], vec![1, 2, 3])
     );
+    assert_eq!(s.pinned_blocks, [0, 2, 1]);
 }

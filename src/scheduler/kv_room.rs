@@ -1,0 +1,196 @@
+//! A pod's room in its engine's KV cache, in the picker's prompt blocks: what lets the latency
+//! model ([`super::latency`]) tell a wait for KV space from a wait for a slot.
+//!
+//! An engine that admits a request only when its blocks fit (vLLM's scheduler: the waiting
+//! queue's head starts when the blocks it lacks, less those running requests already hold, fit
+//! in the free pool; nothing behind it starts before it) queues requests while slots are free.
+//! How long a request waits for KV then depends on the request and the pod: one whose head the
+//! requests running there already hold takes only its own tail, one the pod runs nothing of
+//! takes every block of its prompt. Moving a tenant away from the pod that runs it makes its
+//! wait longer, not shorter; and the engine's `running` while such a queue shows is not its
+//! slot count but how many of those requests happened to fit.
+//!
+//! Per pod:
+//! - **pinned**: the union of the prompt blocks of this picker's requests in flight on the pod
+//!   (their tentative holds, [`crate::prefix_index::TentativeEntries`], which say what each
+//!   hold adds to and frees from it), kept by the holds as they come and go ([`PinnedBlocks`]);
+//! - **capacity**: learned from the engine's KV usage gauge (`vllm:kv_cache_usage_perc`,
+//!   `sglang:token_usage`: the fraction of its blocks running requests hold) at every scrape
+//!   that shows no queue (every request in flight is running), as the ratio of the moving sums
+//!   of pinned blocks and usage over about [`CAPACITY_WINDOW`] scrapes (a scrape of an almost
+//!   empty cache weighs little). In the picker's blocks, so the engine's tokenizer, template and
+//!   block size need not be known; the output blocks of running requests come in as their
+//!   share of the usage.
+//!
+//! Then, before a request is picked:
+//! - a queue the engine shows waits for KV when the blocks in flight fill the capacity (the
+//!   latency model learns the slot count from the other queues only); once one did, the engine
+//!   is known to admit by KV space (an engine that runs every request it admits, caching what
+//!   fits, never shows one, and no wait for KV is predicted for it);
+//! - a request waits for KV when the blocks in flight on the pod and the blocks it would add
+//!   there (its prompt's, less those requests in flight there pin) exceed the capacity, for as
+//!   many completions as free the excess, each freeing the blocks one request in flight pins on
+//!   average (rounded up).
+//!
+//! Nothing is predicted before a capacity is learned, or without holds (`tentative` off). The
+//! picker sees only its own requests: with several replicas each learns the capacity its share
+//! of the usage maps to.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+
+use super::latency::AtomicF64;
+
+/// Scrapes the capacity's moving sums weigh (each keeps `1 - 1/CAPACITY_WINDOW` of the last).
+pub const CAPACITY_WINDOW: f64 = 16.0;
+
+/// The blocks a pod's requests in flight pin, shared with their holds.
+#[derive(Debug, Clone, Default)]
+pub struct PinnedBlocks(Arc<AtomicI64>);
+
+impl PinnedBlocks {
+    /// A hold pinned `blocks` more.
+    pub fn pin(&self, blocks: usize) {
+        self.0.fetch_add(blocks as i64, Ordering::Relaxed);
+    }
+
+    /// A hold's end freed `blocks`.
+    pub fn unpin(&self, blocks: usize) {
+        self.0.fetch_sub(blocks as i64, Ordering::Relaxed);
+    }
+
+    /// Blocks pinned now.
+    pub fn get(&self) -> f64 {
+        self.0.load(Ordering::Relaxed).max(0) as f64
+    }
+}
+
+/// What the model knows of one pod's KV room.
+#[derive(Debug, Default)]
+pub struct KvRoom {
+    pinned: PinnedBlocks,
+    /// Moving sums of the blocks pinned and of the usage, at scrapes without a queue.
+    pinned_sum: AtomicF64,
+    usage_sum: AtomicF64,
+    /// The engine has shown a queue while the blocks in flight filled the capacity.
+    admits_by_kv: AtomicBool,
+}
+
+impl KvRoom {
+    /// The counter the pod's holds keep.
+    pub fn pins(&self) -> PinnedBlocks {
+        self.pinned.clone()
+    }
+
+    /// Blocks the picker's requests in flight pin on the pod.
+    pub fn pinned(&self) -> f64 {
+        self.pinned.get()
+    }
+
+    /// Learns from one engine scrape: its KV `usage` (0..1) while `waiting` queue.
+    pub fn observe(&self, usage: f64, waiting: f64) {
+        if !(usage.is_finite() && waiting.is_finite()) || usage < 0.0 {
+            return;
+        }
+        if waiting >= 1.0 {
+            if self.full() {
+                self.admits_by_kv.store(true, Ordering::Relaxed);
+            }
+            return;
+        }
+        let keep = 1.0 - 1.0 / CAPACITY_WINDOW;
+        self.pinned_sum.decay_add(keep, self.pinned());
+        self.usage_sum.decay_add(keep, usage.min(1.0));
+    }
+
+    /// The capacity in prompt blocks; `None` until learned.
+    pub fn capacity(&self) -> Option<f64> {
+        let (pinned, usage) = (self.pinned_sum.get(), self.usage_sum.get());
+        (usage > 0.0 && pinned > 0.0).then(|| pinned / usage)
+    }
+
+    /// Whether a queue the engine shows now waits for KV: the blocks in flight fill the
+    /// capacity (`None` learned: no).
+    pub fn full(&self) -> bool {
+        self.capacity().is_some_and(|c| self.pinned() >= c)
+    }
+
+    /// Whether the engine has shown a wait for KV space.
+    pub fn admits_by_kv(&self) -> bool {
+        self.admits_by_kv.load(Ordering::Relaxed)
+    }
+
+    /// The completions a request that adds `blocks` on the pod waits for before its blocks
+    /// fit, with `inflight` requests of this picker there (0 while they fit, nothing is
+    /// learned, or the engine has shown no wait for KV space).
+    pub fn completions_to_fit(&self, blocks: f64, inflight: i64) -> f64 {
+        if !self.admits_by_kv() {
+            return 0.0;
+        }
+        let (Some(capacity), pinned) = (self.capacity(), self.pinned()) else {
+            return 0.0;
+        };
+        let excess = pinned + blocks - capacity;
+        if excess <= 0.0 || inflight < 1 || pinned <= 0.0 {
+            return 0.0;
+        }
+        (excess / (pinned / inflight as f64)).ceil()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_capacity_is_pinned_blocks_over_usage_at_scrapes_without_a_queue() {
+        let room = KvRoom::default();
+        assert_eq!(room.capacity(), None);
+        room.pins().pin(50);
+        room.observe(0.25, 0.0);
+        assert_eq!(room.capacity(), Some(200.0));
+        // A queue says nothing of the capacity (its requests in flight are not all running).
+        room.pins().pin(150);
+        room.observe(0.3, 2.0);
+        assert_eq!(room.capacity(), Some(200.0));
+        // An emptier cache weighs less: the ratio of the sums.
+        room.pins().unpin(190);
+        room.observe(0.05, 0.0);
+        let c = room.capacity().unwrap();
+        assert!((c - (50.0 * 15.0 / 16.0 + 10.0) / (0.25 * 15.0 / 16.0 + 0.05)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_request_waits_for_kv_only_when_its_new_blocks_do_not_fit() {
+        let room = KvRoom::default();
+        // Nothing learned: no wait, not full.
+        room.pins().pin(150);
+        assert_eq!(room.completions_to_fit(100.0, 3), 0.0);
+        assert!(!room.full());
+        // 200 blocks; 3 requests in flight pin 150 (50 each on average).
+        room.observe(0.75, 0.0);
+        assert_eq!(room.capacity(), Some(200.0));
+        // An engine that has shown no queue while full predicts no wait for KV.
+        assert_eq!(room.completions_to_fit(160.0, 3), 0.0);
+        room.pins().pin(60);
+        assert!(room.full());
+        room.observe(0.75, 1.0);
+        assert!(room.admits_by_kv());
+        room.pins().unpin(60);
+        // A request that shares their head and adds 10 blocks fits; one that adds 60 waits
+        // for one completion, one that adds 160 for three.
+        assert_eq!(room.completions_to_fit(10.0, 3), 0.0);
+        assert_eq!(room.completions_to_fit(60.0, 3), 1.0);
+        assert_eq!(room.completions_to_fit(160.0, 3), 3.0);
+    }
+
+    #[test]
+    fn a_queue_with_room_left_is_no_wait_for_kv() {
+        let room = KvRoom::default();
+        room.pins().pin(50);
+        room.observe(0.25, 0.0);
+        room.observe(0.25, 4.0);
+        assert!(!room.admits_by_kv());
+        assert_eq!(room.completions_to_fit(1000.0, 1), 0.0);
+    }
+}
