@@ -37,9 +37,9 @@
 //! of the usage maps to.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
-use super::latency::AtomicF64;
+use parking_lot::Mutex;
 
 /// Scrapes the capacity's moving sums weigh (each keeps `1 - 1/CAPACITY_WINDOW` of the last).
 pub const CAPACITY_WINDOW: f64 = 16.0;
@@ -70,8 +70,9 @@ impl PinnedBlocks {
 pub struct KvRoom {
     pinned: PinnedBlocks,
     /// Moving sums of the blocks pinned and of the usage, at scrapes without a queue.
-    pinned_sum: AtomicF64,
-    usage_sum: AtomicF64,
+    sums: Mutex<(f64, f64)>,
+    /// Their ratio (`f64` bits; 0: not learned), read without the lock.
+    capacity: AtomicU64,
     /// The engine has shown a queue while the blocks in flight filled the capacity.
     admits_by_kv: AtomicBool,
 }
@@ -99,14 +100,22 @@ impl KvRoom {
             return;
         }
         let keep = 1.0 - 1.0 / CAPACITY_WINDOW;
-        self.pinned_sum.decay_add(keep, self.pinned());
-        self.usage_sum.decay_add(keep, usage.min(1.0));
+        let mut sums = self.sums.lock();
+        *sums = (
+            sums.0 * keep + self.pinned(),
+            sums.1 * keep + usage.min(1.0),
+        );
+        let capacity = if sums.0 > 0.0 && sums.1 > 0.0 {
+            sums.0 / sums.1
+        } else {
+            0.0
+        };
+        self.capacity.store(capacity.to_bits(), Ordering::Relaxed);
     }
 
     /// The capacity in prompt blocks; `None` until learned.
     pub fn capacity(&self) -> Option<f64> {
-        let (pinned, usage) = (self.pinned_sum.get(), self.usage_sum.get());
-        (usage > 0.0 && pinned > 0.0).then(|| pinned / usage)
+        Some(f64::from_bits(self.capacity.load(Ordering::Relaxed))).filter(|c| *c > 0.0)
     }
 
     /// Whether a queue the engine shows now waits for KV: the blocks in flight fill the

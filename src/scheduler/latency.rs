@@ -144,10 +144,10 @@ impl Prediction {
 
 /// An `f64` in an atomic (0 = unknown).
 #[derive(Debug, Default)]
-pub(super) struct AtomicF64(AtomicU64);
+struct AtomicF64(AtomicU64);
 
 impl AtomicF64 {
-    pub(super) fn get(&self) -> f64 {
+    fn get(&self) -> f64 {
         f64::from_bits(self.0.load(Ordering::Relaxed))
     }
 
@@ -160,26 +160,16 @@ impl AtomicF64 {
         Some(self.get()).filter(|v| *v > 0.0)
     }
 
-    /// Keeps `keep` of the value and adds `x` (a moving sum).
-    pub(super) fn decay_add(&self, keep: f64, x: f64) {
-        self.update(|old| old * keep + x);
-    }
-
     /// Moves the value towards `sample` by `weight` (to `sample` when unknown).
     fn average(&self, sample: f64, weight: f64) {
-        self.update(|old| {
-            if old > 0.0 {
+        let mut current = self.0.load(Ordering::Relaxed);
+        loop {
+            let old = f64::from_bits(current);
+            let new = if old > 0.0 {
                 old + weight * (sample - old)
             } else {
                 sample
-            }
-        });
-    }
-
-    fn update(&self, f: impl Fn(f64) -> f64) {
-        let mut current = self.0.load(Ordering::Relaxed);
-        loop {
-            let new = f(f64::from_bits(current));
+            };
             match self.0.compare_exchange_weak(
                 current,
                 new.to_bits(),
