@@ -435,7 +435,9 @@ const POD_KV_CAPACITY: Family = Family::float_gauge(
     "prefix_picker_pod_kv_capacity_blocks",
     "Affinity mode's latency model: a pod's KV cache in prompt blocks, learned from \
      the blocks its requests in flight pin and the engine's KV usage at scrapes \
-     without a queue (absent until learned); sampled every second",
+     without a queue; present once its engine showed a wait for KV space (a queue \
+     while they filled it), the only engines the model predicts one for; sampled \
+     every second",
     &POD,
 );
 const POD_SERVICE: Family = Family::float_gauge(

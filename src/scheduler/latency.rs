@@ -3,11 +3,16 @@
 //! than the prefill it saves.
 //!
 //! `predicted TTFT = wait + prefill`, per candidate:
-//! - `wait = k x pace`: the request needs `k` completions before a slot frees,
-//!   with `k = max(inflight + 1 - concurrency, engine queue left + 1)`; `inflight` is the
-//!   picker's own count (instant), the engine queue is the last scrape's `waiting` drained at
-//!   the pod's pace over the scrape's age (so a stale scrape fades instead of steering). A pod that has not shown a queue yet borrows the least concurrency
-//!   learned among the candidates ([`Pool`]); none anywhere: no wait predicted.
+//! - `wait = k x pace`: the request needs `k` completions before a slot frees and its blocks
+//!   fit, with `k = max(inflight + 1 - concurrency, engine queue left + 1, completions to fit)`;
+//!   `inflight` is the picker's own count (instant), the engine queue is the last scrape's
+//!   `waiting` drained at the pod's pace over the scrape's age (so a stale scrape fades instead
+//!   of steering), the completions to fit those that free the blocks the request would add
+//!   beyond the pod's KV room ([`super::kv_room`]: its prompt's blocks less those requests in
+//!   flight there pin; 0 on an engine that has not shown a wait for KV space). A pod that has
+//!   not shown a queue yet borrows the least concurrency learned among the candidates
+//!   ([`Pool`]); none anywhere: no slot wait predicted, and a wait for KV over the requests in
+//!   flight.
 //! - `prefill = uncached tokens x seconds per token`, the uncached tokens being the prompt's
 //!   blocks the pod does not hold (index and holds), converted with `bytesPerToken`.
 //!
@@ -17,9 +22,11 @@
 //! under load a match is worth more than one request's prefill.
 //!
 //! Learned, per pod ([`PodTiming`]):
-//! - `concurrency`: the engine's `running` in every scrape that shows a queue (`waiting` > 0),
-//!   averaged (half weight to each new sample); raised at once to `running` when more run
-//!   without a queue. vLLM and SGLang export both gauges.
+//! - `concurrency`: the engine's `running` in every scrape that shows a queue for a slot
+//!   (`waiting` > 0 while its head would fit in the KV cache, [`KvRoom::observe`]), averaged
+//!   (half weight to each new sample); raised at once to `running` when more run without a
+//!   queue. A queue for KV space is no slot count: under KV pressure `running` is how many
+//!   requests happened to fit. vLLM and SGLang export the gauges.
 //! - `interval`: the mean gap between two completions of this picker's while every slot stayed
 //!   busy (more in flight than the concurrency at both): the queue's pace under load, a moving
 //!   average over about [`SERVICE_WINDOW`] gaps.
@@ -42,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::kv_room::KvRoom;
+use super::kv_room::{KvRoom, Queue};
 
 /// Completions the per-pod service time averages over.
 pub const SERVICE_WINDOW: f64 = 32.0;
@@ -194,23 +201,40 @@ pub struct PodTiming {
     busy_since: Mutex<Option<Instant>>,
     /// Its room in the engine's KV cache, in prompt blocks.
     kv: KvRoom,
+    /// The concurrency was learned from a queue the KV room told apart as a wait for a slot.
+    slots_confirmed: AtomicBool,
 }
 
 impl PodTiming {
     /// Learns from one engine scrape: `running` requests while `waiting` queue, the KV cache
-    /// `kv_usage` (0..1) full. A queue while the blocks in flight fill the pod's KV capacity
-    /// waits for KV space, not for a slot: it teaches no concurrency ([`KvRoom`]).
+    /// `kv_usage` (0..1) full. A queue whose head would not fit in the KV cache waits for KV
+    /// space, not for a slot: it teaches no concurrency ([`KvRoom::observe`]); the first such
+    /// queue forgets a concurrency learned before the pod's KV capacity was, unless a queue
+    /// with KV room to spare confirmed it.
     pub fn observe_engine(&self, running: f64, waiting: f64, kv_usage: f64) {
-        self.kv.observe(kv_usage, waiting);
+        let queue = self.kv.observe(kv_usage, running, waiting);
         if !(running.is_finite() && waiting.is_finite()) || running < 1.0 {
             return;
         }
-        if waiting >= 1.0 {
-            if !self.kv.full() {
+        match queue {
+            Queue::Kv { first } => {
+                if first && !self.slots_confirmed.load(Ordering::Relaxed) {
+                    self.concurrency.set(0.0);
+                }
+            }
+            Queue::Slot => {
+                if self.kv.capacity().is_some() {
+                    self.slots_confirmed.store(true, Ordering::Relaxed);
+                }
                 self.concurrency.average(running, 0.5);
             }
-        } else if self.concurrency.known().is_some_and(|c| running > c) {
-            self.concurrency.set(running);
+            // A queue the KV room could not read (no usage gauge): a slot count, as always.
+            Queue::None if waiting >= 1.0 => self.concurrency.average(running, 0.5),
+            Queue::None => {
+                if self.concurrency.known().is_some_and(|c| running > c) {
+                    self.concurrency.set(running);
+                }
+            }
         }
     }
 

@@ -205,11 +205,13 @@ fn each_signal_can_be_left_out() {
 fn a_queue_for_kv_space_is_no_slot_count_and_only_requests_whose_blocks_do_not_fit_wait() {
     let t = PodTiming::default();
     t.observe_service(0.4);
-    // Three requests of one tenant in flight: its 48-block head shared, 4 blocks each of their
-    // own, 60 blocks pinned of a cache 75% full: 80 blocks.
-    t.kv().pins().pin(60);
-    t.observe_engine(3.0, 0.0, 0.75);
-    assert_eq!(t.kv().capacity(), Some(80.0));
+    // Three requests of one tenant in flight: the first pinned its 52 blocks, the two after it
+    // 4 each of their own (the head shared), 60 blocks of a cache 60% full: 100 blocks.
+    for blocks in [52, 4, 4] {
+        t.kv().pins().pin(blocks);
+    }
+    t.observe_engine(3.0, 0.0, 0.6);
+    assert_eq!(t.kv().capacity(), Some(100.0));
     // Until the engine has shown a wait for KV space, none is predicted.
     let pool = Pool::default();
     assert_eq!(t.queue(3, 0.0, None, pool, 52.0), (0.0, 0.0));
@@ -217,23 +219,53 @@ fn a_queue_for_kv_space_is_no_slot_count_and_only_requests_whose_blocks_do_not_f
     // a wait for KV space, which teaches no concurrency (before: 3 slots, and the tenant's
     // next request, which fits, was predicted to wait too).
     t.kv().pins().pin(52);
-    t.observe_engine(3.0, 1.0, 0.75);
+    t.observe_engine(3.0, 1.0, 0.6);
     assert_eq!(t.concurrency(), None);
     t.kv().pins().unpin(52);
     // No slot count known: a request of the first tenant (4 new blocks) fits and waits for
-    // nothing; one of another tenant waits until 32 blocks free, two completions of 20 blocks
-    // each, three running at 0.4 s each.
+    // nothing; one of another tenant waits until 12 blocks free, one completion (20 blocks
+    // each on average), three running at 0.4 s each.
     assert_eq!(t.queue(3, 0.0, None, pool, 4.0), (0.0, 0.0));
     let (wait, backlog) = t.queue(3, 0.0, None, pool, 52.0);
-    assert!((wait - 2.0 * 0.4 / 3.0).abs() < 1e-9, "{wait}");
-    assert!((backlog - 2.0 / 3.0).abs() < 1e-9, "{backlog}");
+    assert!((wait - 0.4 / 3.0).abs() < 1e-9, "{wait}");
+    assert!((backlog - 1.0 / 3.0).abs() < 1e-9, "{backlog}");
     // Without the in-flight signal the KV room is not read.
     let no_inflight = Pool {
         signals: Signals::of([LatencySignal::EngineQueue, LatencySignal::Pace]),
         ..pool
     };
     assert_eq!(t.queue(3, 0.0, None, no_inflight, 52.0), (0.0, 0.0));
-    // A queue while the blocks in flight leave room waits for a slot: it is learned.
-    t.observe_engine(3.0, 1.0, 0.5);
+    // A queue while one more request of the mean size would fit waits for a slot: learned.
+    t.observe_engine(3.0, 1.0, 0.6);
     assert_eq!(t.concurrency(), Some(3.0));
+}
+
+#[test]
+fn a_concurrency_learned_before_the_kv_room_could_tell_is_forgotten_at_the_first_wait_for_kv() {
+    // A queue before any KV capacity is learned, with room by the engine's usage, teaches two
+    // slots, as it always did.
+    let t = PodTiming::default();
+    t.kv().pins().pin(100);
+    t.observe_engine(2.0, 1.0, 0.3);
+    assert_eq!(t.concurrency(), Some(2.0));
+    // Then the capacity (50 blocks), and a queue while 100 are in flight: a wait for KV space.
+    t.kv().pins().unpin(75);
+    t.observe_engine(2.0, 0.0, 0.5);
+    t.kv().pins().pin(75);
+    t.observe_engine(2.0, 1.0, 0.4);
+    assert_eq!(t.concurrency(), None, "forgotten");
+    // A queue whose head would not fit by the engine's own usage (two running hold 90%) is a
+    // wait for KV space too, capacity learned or not.
+    let t = PodTiming::default();
+    t.observe_engine(2.0, 1.0, 0.9);
+    assert_eq!(t.concurrency(), None);
+    // One confirmed by a queue with room to spare (100 blocks, 25 in flight) is kept.
+    let t = PodTiming::default();
+    t.kv().pins().pin(25);
+    t.observe_engine(2.0, 0.0, 0.25);
+    t.observe_engine(4.0, 1.0, 0.3);
+    assert_eq!(t.concurrency(), Some(4.0));
+    t.kv().pins().pin(75);
+    t.observe_engine(2.0, 1.0, 0.9);
+    assert_eq!(t.concurrency(), Some(4.0));
 }

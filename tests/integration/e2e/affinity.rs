@@ -1,8 +1,8 @@
 //! The affinity mode (the shipped config) through Envoy: a burst of a new prefix stays on one pod,
 //! a failed request is rolled back, evictions the engine reports are forgotten, a hot prefix
-//! spreads under load and comes back, and a pod whose engine says it runs with prefix caching
-//! off gets no new work while another pod is free. (The expiry of a held route is in
-//! `completions`.)
+//! spreads under load and comes back, a tenant stays on the pod that runs it while engines wait
+//! for KV space (issue 60), and a pod whose engine says it runs with prefix caching off gets no
+//! new work while another pod is free. (The expiry of a held route is in `completions`.)
 
 use super::{chat, send, stack};
 use crate::harness::*;
@@ -338,6 +338,129 @@ async fn latency_model_spreads_a_burst_by_its_queue_and_returns_to_one_pod() {
         after.insert(r.served_by);
     }
     assert_eq!(after.len(), 1, "back on one pod: {after:?}");
+}
+
+/// Issue 60: engines that admit a request only when its KV blocks fit (vLLM's scheduler) and
+/// caches that hold a few long prompts. A queue for KV space is no slot count: a tenant whose
+/// head the requests running on its pod pin adds a block there and starts at once, while the
+/// other pod, running another tenant's long prompt, would have to wait for it to end before the
+/// tenant's prompt fits, then prefill it cold. The picker keeps the tenant (before, the KV
+/// queues of the warm-up taught it two slots a pod, and it spilled the tenant's fourth request
+/// to the emptier pod).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_kv_pressure_a_tenant_stays_on_the_pod_that_runs_it() {
+    use model_sim::engine::EngineConfig;
+    use model_sim::scheduler::KvAdmission;
+    // 100 blocks of 16 tokens: two ~37-block tenant prompts, not three; 50 ms a token, so a
+    // request of 64 tokens runs for seconds (every 20 ms scrape sees it).
+    let engine = EngineConfig {
+        kv_blocks: 100,
+        kv_admission: KvAdmission::Vllm,
+        inter_token_latency: std::time::Duration::from_millis(50),
+        ..EngineConfig::default()
+    };
+    let sims = [
+        Sim::start("sim-0", engine.clone()).await,
+        Sim::start("sim-1", engine).await,
+    ];
+    let (picker, envoy) = scraping_stack(&sims).await;
+    let tenant = |t: &str, n: usize| format!("Tenant {t} keeps its own long instructions here. ").repeat(n);
+    let body = |t: &str, q: usize, tokens: u64| {
+        json!({"model": "m", "prompt": format!("{} question {q}", tenant(t, 48)), "max_tokens": tokens})
+    };
+    // Warm-up: bursts of six new tenants, three a pod, until both pods have learned their KV
+    // capacity (the blocks in flight over the engine's KV usage) and shown a queue for KV space.
+    let capacity = |sim: &str| {
+        format!(
+            "prefix_picker_pod_kv_capacity_blocks{{model_server_namespace=\"default\",model_server_pod=\"{sim}\"}}"
+        )
+    };
+    let mut round = 0;
+    poll("both pods' KV capacity, and a wait for KV space", || {
+        round += 1;
+        let burst: Vec<Value> = (0..6).map(|w| body(&format!("W{round}-{w}"), 0, 24)).collect();
+        let (picker, envoy) = (&picker, &envoy);
+        async move {
+            let replies =
+                futures::future::join_all(burst.iter().map(|b| send(envoy, "/v1/completions", b)))
+                    .await;
+            assert!(replies.iter().all(|r| r.status == 200));
+            let text = exposition(picker).await;
+            ["sim-0", "sim-1"]
+                .iter()
+                .all(|s| sample(&text, &capacity(s)).is_some())
+                .then_some(())
+        }
+    })
+    .await;
+    // Tenant A on its pod; then three of its requests running there (its head pinned, shared)
+    // and, on the other pod, tenant B's long prompt (new work goes to the less loaded pod).
+    wait_metric_eq(&picker, "prefix_picker_pod_inflight_requests", 0.0).await;
+    let home = send(&envoy, "/v1/completions", &body("A", 0, 1)).await.served_by;
+    let other = if home == "sim-0" { "sim-1" } else { "sim-0" };
+    let engine_of = |name: &str| sims.iter().find(|s| s.name == name).unwrap().engine.clone();
+    // B's ~85 blocks leave no room for A's ~38 beside them.
+    let long_b = json!({"model": "m", "prompt": format!("{} question", tenant("B", 110)), "max_tokens": 64});
+    let envoy = &envoy;
+    let background = async {
+        let a = futures::future::join_all((1..4).map(|q| {
+            let b = body("A", q, 64);
+            async move { send(envoy, "/v1/completions", &b).await }
+        }));
+        let b = async {
+            // After A's three run, all on its pod (before, its third spilled: two slots).
+            let running = |name: &str| engine_of(name).running();
+            poll("tenant A's three requests running", || async {
+                (running(&home) + running(other) == 3).then_some(())
+            })
+            .await;
+            assert_eq!(running(&home), 3, "tenant A spilled");
+            send(envoy, "/v1/completions", &long_b).await
+        };
+        futures::future::join(a, b).await
+    };
+    let check = async {
+        poll("tenant B running on the other pod", || async {
+            (engine_of(other).running() == 1 && engine_of(&home).running() == 3).then_some(())
+        })
+        .await;
+        // The model's view: on its pod the tenant adds a block and waits for nothing; on the
+        // other pod its prompt does not fit beside B's: it would wait for KV space.
+        let fourth = body("A", 4, 1);
+        let e = explain(&picker, &fourth).await;
+        let pod = |name: &str| {
+            e["pods"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["pod"] == format!("default/{name}"))
+                .cloned()
+                .unwrap()
+        };
+        let wait = |name: &str| pod(name)["prediction"]["wait_ms"].as_f64().unwrap();
+        assert_eq!(wait(&home), 0.0, "{e}");
+        assert!(wait(other) > 0.0, "{e}");
+        assert_eq!(e["primary"], format!("default/{home}"), "{e}");
+        // End to end: it goes to its pod, which holds its head.
+        let r = send(envoy, "/v1/completions", &fourth).await;
+        assert_eq!((r.status, r.served_by.as_str()), (200, home.as_str()), "{e}");
+        let cached = r.body["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        assert!(cached >= 16 * 30, "{cached} tokens cached");
+    };
+    let ((a, b), ()) = futures::future::join(background, check).await;
+    assert!(a.iter().all(|r| r.status == 200 && r.served_by == home), "{a:?}");
+    assert_eq!((b.status, b.served_by.as_str()), (200, other));
+    assert_eq!(
+        metric(
+            &picker,
+            "prefix_picker_decisions_total{reason=\"affinity_spill\"}"
+        )
+        .await,
+        0.0,
+        "no spill"
+    );
 }
 
 /// A pod whose engine runs with prefix caching off (vLLM's `cache_config_info` label
