@@ -652,7 +652,12 @@ fn sample_pod_gauges(router: &Router, series: &mut HashSet<PodId>) {
                 m.pod_service.with_label_values(&labels).set(s);
                 now.insert(e.spec.id.clone());
             }
-            if let Some(c) = e.timing.kv().capacity().filter(|_| e.timing.kv().admits_by_kv()) {
+            if let Some(c) = e
+                .timing
+                .kv()
+                .capacity()
+                .filter(|_| e.timing.kv().admits_by_kv())
+            {
                 m.pod_kv_capacity.with_label_values(&labels).set(c);
                 now.insert(e.spec.id.clone());
             }

@@ -293,14 +293,28 @@ mod tests {
         assert_eq!((t.holds(), t.blocks()), (3, 9));
         t.remove(a);
         let mut matched = vec![0, 0];
-        t.extend_matches(m, &p, &[PodSlot(4), PodSlot(5)], &mut matched, &mut [0; 8], &mut [0; 8]);
+        t.extend_matches(
+            m,
+            &p,
+            &[PodSlot(4), PodSlot(5)],
+            &mut matched,
+            &mut [0; 8],
+            &mut [0; 8],
+        );
         assert_eq!(matched, [3, 3]);
         t.remove(b);
         t.remove(c);
         t.remove(c);
         assert_eq!((t.holds(), t.blocks()), (0, 0));
         let mut matched = vec![0, 0];
-        t.extend_matches(m, &p, &[PodSlot(4), PodSlot(5)], &mut matched, &mut [0; 8], &mut [0; 8]);
+        t.extend_matches(
+            m,
+            &p,
+            &[PodSlot(4), PodSlot(5)],
+            &mut matched,
+            &mut [0; 8],
+            &mut [0; 8],
+        );
         assert_eq!(matched, [0, 0]);
     }
 
@@ -325,7 +339,14 @@ mod tests {
         t.add(m, chain("aaaabbbbXXXX").into(), pod);
         let (mut matched, mut pinned) = (vec![0, 0], vec![0, 0]);
         let query = chain("aaaabbbbcccc");
-        t.extend_matches(m, &query, &[pod, other], &mut matched, &mut [0; 2], &mut pinned);
+        t.extend_matches(
+            m,
+            &query,
+            &[pod, other],
+            &mut matched,
+            &mut [0; 2],
+            &mut pinned,
+        );
         assert_eq!((matched, pinned), (vec![2, 0], vec![2, 0]));
     }
 

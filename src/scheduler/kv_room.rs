@@ -152,7 +152,10 @@ impl KvRoom {
     /// fit waits for a slot.
     pub fn full(&self) -> bool {
         let (pinned, holds) = (self.pinned.get(), self.pinned.holds());
-        holds >= 1.0 && self.capacity().is_some_and(|c| pinned + pinned / holds >= c)
+        holds >= 1.0
+            && self
+                .capacity()
+                .is_some_and(|c| pinned + pinned / holds >= c)
     }
 
     /// Whether the engine has shown a wait for KV space.

@@ -56,7 +56,8 @@ impl Scheduler {
         let head_inflight = |i: usize| scored.head_inflight.get(i).copied().unwrap_or(0);
         // The blocks the prompt adds to each candidate's KV cache: those no request in flight
         // there pins.
-        let adds = |i: usize| blocks.saturating_sub(scored.pinned_blocks.get(i).copied().unwrap_or(0));
+        let adds =
+            |i: usize| blocks.saturating_sub(scored.pinned_blocks.get(i).copied().unwrap_or(0));
         let (mut learned, mut unlearned, mut some_reuse_nothing) = (None::<f64>, false, false);
         let mut loads: Vec<PodLoad> = candidates
             .iter()

@@ -364,10 +364,9 @@ async fn under_kv_pressure_a_tenant_stays_on_the_pod_that_runs_it() {
         Sim::start("sim-1", engine).await,
     ];
     let (picker, envoy) = scraping_stack(&sims).await;
-    let tenant = |t: &str, n: usize| format!("Tenant {t} keeps its own long instructions here. ").repeat(n);
-    let body = |t: &str, q: usize, tokens: u64| {
-        json!({"model": "m", "prompt": format!("{} question {q}", tenant(t, 48)), "max_tokens": tokens})
-    };
+    let tenant =
+        |t: &str, n: usize| format!("Tenant {t} keeps its own long instructions here. ").repeat(n);
+    let body = |t: &str, q: usize, tokens: u64| json!({"model": "m", "prompt": format!("{} question {q}", tenant(t, 48)), "max_tokens": tokens});
     // Warm-up: bursts of six new tenants, three a pod, until both pods have learned their KV
     // capacity (the blocks in flight over the engine's KV usage) and shown a queue for KV space.
     let capacity = |sim: &str| {
@@ -378,7 +377,9 @@ async fn under_kv_pressure_a_tenant_stays_on_the_pod_that_runs_it() {
     let mut round = 0;
     poll("both pods' KV capacity, and a wait for KV space", || {
         round += 1;
-        let burst: Vec<Value> = (0..6).map(|w| body(&format!("W{round}-{w}"), 0, 24)).collect();
+        let burst: Vec<Value> = (0..6)
+            .map(|w| body(&format!("W{round}-{w}"), 0, 24))
+            .collect();
         let (picker, envoy) = (&picker, &envoy);
         async move {
             let replies =
@@ -396,11 +397,14 @@ async fn under_kv_pressure_a_tenant_stays_on_the_pod_that_runs_it() {
     // Tenant A on its pod; then three of its requests running there (its head pinned, shared)
     // and, on the other pod, tenant B's long prompt (new work goes to the less loaded pod).
     wait_metric_eq(&picker, "prefix_picker_pod_inflight_requests", 0.0).await;
-    let home = send(&envoy, "/v1/completions", &body("A", 0, 1)).await.served_by;
+    let home = send(&envoy, "/v1/completions", &body("A", 0, 1))
+        .await
+        .served_by;
     let other = if home == "sim-0" { "sim-1" } else { "sim-0" };
     let engine_of = |name: &str| sims.iter().find(|s| s.name == name).unwrap().engine.clone();
     // B's ~85 blocks leave no room for A's ~38 beside them.
-    let long_b = json!({"model": "m", "prompt": format!("{} question", tenant("B", 110)), "max_tokens": 64});
+    let long_b =
+        json!({"model": "m", "prompt": format!("{} question", tenant("B", 110)), "max_tokens": 64});
     let envoy = &envoy;
     let background = async {
         let a = futures::future::join_all((1..4).map(|q| {
@@ -443,14 +447,21 @@ async fn under_kv_pressure_a_tenant_stays_on_the_pod_that_runs_it() {
         assert_eq!(e["primary"], format!("default/{home}"), "{e}");
         // End to end: it goes to its pod, which holds its head.
         let r = send(envoy, "/v1/completions", &fourth).await;
-        assert_eq!((r.status, r.served_by.as_str()), (200, home.as_str()), "{e}");
+        assert_eq!(
+            (r.status, r.served_by.as_str()),
+            (200, home.as_str()),
+            "{e}"
+        );
         let cached = r.body["usage"]["prompt_tokens_details"]["cached_tokens"]
             .as_u64()
             .unwrap();
         assert!(cached >= 16 * 30, "{cached} tokens cached");
     };
     let ((a, b), ()) = futures::future::join(background, check).await;
-    assert!(a.iter().all(|r| r.status == 200 && r.served_by == home), "{a:?}");
+    assert!(
+        a.iter().all(|r| r.status == 200 && r.served_by == home),
+        "{a:?}"
+    );
     assert_eq!((b.status, b.served_by.as_str()), (200, other));
     assert_eq!(
         metric(
