@@ -194,11 +194,12 @@ mod tests {
         let text = "# HELP prefix_picker_pod_concurrency Learned concurrency\n\
             prefix_picker_pod_concurrency{model_server_pod=\"sim-0\"} 3.24\n\
             prefix_picker_pod_service_seconds{model_server_pod=\"sim-0\"} 0.0421\n\
+            prefix_picker_pod_kv_capacity_blocks{model_server_pod=\"sim-1\"} 140.4\n\
             prefix_picker_pod_concurrency_other 7\n\
             prefix_picker_prefill_seconds_per_token 0.0000123\n";
         assert_eq!(
             latency_model_line(text),
-            "sim-0 runs 3.2, sim-0 serves in 42 ms, prefill 12.3 us/token"
+            "sim-0 runs 3.2, sim-0 serves in 42 ms, sim-1 holds 140 blocks, prefill 12.3 us/token"
         );
         assert_eq!(latency_model_line("prefix_picker_decisions_total 1\n"), "");
     }
