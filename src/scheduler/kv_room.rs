@@ -26,11 +26,10 @@
 //! - a queue the engine shows waits for KV when a request of the running ones' mean size would
 //!   not fit in what they leave free (by the engine's own usage at that scrape: usage x
 //!   (running + 1) > running), or the picker's blocks in flight leave no room for one more of
-//!   their mean size (the
-//!   latency model learns the slot count from the other queues only, and forgets one learned
-//!   before the room could tell them apart the first time a queue waits for KV); once one did,
-//!   the engine is known to admit by KV space (an engine that runs every request it admits, caching what
-//!   fits, never shows one, and no wait for KV is predicted for it);
+//!   their mean size (the latency model learns the slot count from the other queues only, and
+//!   forgets one learned before the room could tell them apart the first time a queue waits
+//!   for KV); once one did, the engine is known to admit by KV space (an engine whose queues
+//!   leave room in its cache never is, and no wait for KV is predicted for it);
 //! - a request waits for KV when the blocks in flight on the pod and the blocks it would add
 //!   there (its prompt's, less those requests in flight there pin) exceed the capacity, for as
 //!   many completions as free the excess, each freeing the blocks one request in flight pins on
