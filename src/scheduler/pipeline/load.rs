@@ -2,9 +2,10 @@
 //! count, its engine's queue, its share of recent picks and the tokens they wrote, its requests
 //! in flight on the prompt's head, and the latency model's wait for a slot or for KV space
 //! (the prompt's blocks that no request in flight there pins, against the pod's KV room:
-//! [`crate::scheduler::kv_room`]) and the queue it would join. Each engine's stats are read once per pod; its scrape age only when it reported
-//! a queue. The predictions (those and the prefill of what a pod does not hold) are derived
-//! from the loads when read ([`crate::scheduler::predictions`]).
+//! [`crate::scheduler::kv_room`]) and the queue it would join. Each engine's stats are read
+//! once per pod; its scrape age only when it reported a queue. The predictions (those and the
+//! prefill of what a pod does not hold) are derived from the loads when read
+//! ([`crate::scheduler::predictions`]).
 //!
 //! The prefill rate is the one learned over every pod (`latencySignals: prefillFit`), else the
 //! prior; a pod that has not learned its concurrency yet borrows the least the pool learned.

@@ -366,7 +366,10 @@ async fn under_kv_pressure_a_tenant_stays_on_the_pod_that_runs_it() {
     let (picker, envoy) = scraping_stack(&sims).await;
     let tenant =
         |t: &str, n: usize| format!("Tenant {t} keeps its own long instructions here. ").repeat(n);
-    let body = |t: &str, q: usize, tokens: u64| json!({"model": "m", "prompt": format!("{} question {q}", tenant(t, 48)), "max_tokens": tokens});
+    let body = |t: &str, q: usize, tokens: u64| {
+        let prompt = format!("{} question {q}", tenant(t, 48));
+        json!({"model": "m", "prompt": prompt, "max_tokens": tokens})
+    };
     // Warm-up: bursts of six new tenants, three a pod, until both pods have learned their KV
     // capacity (the blocks in flight over the engine's KV usage) and shown a queue for KV space.
     let capacity = |sim: &str| {
