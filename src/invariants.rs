@@ -12,30 +12,33 @@
 //! 5. the borrowed one-pass parse gives what the reference parse through a `serde_json::Value`
 //!    gives, errors included.
 //!
-//! Each holds for both renderings: Kthena's and the affinity mode's ([`Rendering`]).
+//! Each holds for both renderings, Kthena's and the affinity mode's ([`Rendering`]), and for a
+//! body sent to an OpenAI path and to Anthropic's `/v1/messages` ([`Api`]).
 
 use crate::hashing::BlockChain;
 use crate::lenient_json;
 use crate::prompt::Rendering;
-use crate::request::InferenceRequest;
+use crate::request::{Api, InferenceRequest};
 
 /// Panics (with the broken property) if any invariant fails for `body`.
 pub fn check_request_body(body: &[u8]) {
-    for rendering in [Rendering::Kthena, Rendering::Engine] {
-        check_rendering(body, rendering);
+    for api in [Api::ChatCompletions, Api::Messages] {
+        for rendering in [Rendering::Kthena, Rendering::Engine] {
+            check_rendering(body, api, rendering);
+        }
     }
 }
 
-fn check_rendering(body: &[u8], rendering: Rendering) {
-    let first = InferenceRequest::parse_as(body, rendering);
-    let again = InferenceRequest::parse_as(body, rendering);
+fn check_rendering(body: &[u8], api: Api, rendering: Rendering) {
+    let first = InferenceRequest::parse_for(api, body, rendering);
+    let again = InferenceRequest::parse_for(api, body, rendering);
     assert_eq!(
         first.as_ref().map_err(|e| e.to_string()),
         again.as_ref().map_err(|e| e.to_string()),
         "parsing is deterministic"
     );
 
-    let reference = InferenceRequest::parse_by_value_as(body, rendering);
+    let reference = InferenceRequest::parse_by_value_for(api, body, rendering);
     assert_eq!(
         first.as_ref().map_err(|e| e.to_string()),
         reference.as_ref().map_err(|e| e.to_string()),

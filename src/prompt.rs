@@ -22,6 +22,10 @@
 //! That is [`Rendering::Kthena`], Kthena's mode. The affinity mode renders [`Rendering::Engine`]:
 //! the same text, plus what the engine's chat template and KV cache also key on (tool
 //! definitions, tool calls, non-text parts), as [`engine`] describes.
+//!
+//! An Anthropic Messages body ([`render_messages`]) renders by Kthena's rules in Kthena's mode
+//! (Kthena's router serves every `/v1/` path alike: its `system` and `messages` are read as a
+//! chat body's), and in the affinity mode as the chat body vLLM turns it into ([`messages`]).
 
 use std::io;
 
@@ -29,6 +33,7 @@ use serde_json::{Map, Value};
 use thiserror::Error;
 
 mod engine;
+pub mod messages;
 
 /// Which rendering a request's prompt gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -149,6 +154,31 @@ pub fn render_fields<'a, J: JsonView + 'a>(
         };
     }
     Err(NoPrompt::NoPromptField)
+}
+
+/// The prompt of an Anthropic Messages body whose top-level fields are looked up by `get`:
+/// Kthena's rendering of it ([`render_fields`]) in Kthena's mode; in the affinity mode, the chat
+/// body vLLM serves it as ([`messages::chat_form`]), rendered as a chat body is. `messages`
+/// must be a list.
+pub fn render_messages<'a, J: JsonView + 'a>(
+    rendering: Rendering,
+    get: impl Fn(&str) -> Option<&'a J>,
+) -> Result<String, NoPrompt> {
+    match rendering {
+        Rendering::Kthena => render_fields(rendering, get),
+        Rendering::Engine => {
+            let Some(messages) = get("messages") else {
+                return Err(NoPrompt::NoPromptField);
+            };
+            let Some(messages) = messages.as_list() else {
+                return Err(NoPrompt::MessagesNotList);
+            };
+            let form = messages::chat_form(get("system"), messages, messages::canonical_arguments);
+            let tools = messages::chat_tools(get("tools"));
+            let system: Option<&Value> = None;
+            Ok(engine::render_chat(tools.as_ref(), system, &form))
+        }
+    }
 }
 
 fn render_chat<J: JsonView>(system: Option<&J>, messages: &[J]) -> String {

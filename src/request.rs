@@ -6,11 +6,16 @@
 //! is routed by the load-aware plugins only. JSON is decoded with Go's leniency (see
 //! [`crate::lenient_json`]); on duplicate keys the last one wins.
 //!
-//! `cache_salt` (vLLM's per-tenant cache isolation, any of the three APIs) becomes the request's
-//! [`CacheSalt`] when it is a non-empty string. Any other value (a number, `null`, `""`) is
+//! `cache_salt` (vLLM's per-tenant cache isolation, any of the three OpenAI APIs) becomes the
+//! request's [`CacheSalt`] when it is a non-empty string. Any other value (a number, `null`, `""`) is
 //! ignored, as a malformed `stream` is: the request is hashed unsalted, never rejected. An
 //! engine that takes the field refuses such a body (vLLM: 400), so nothing is recorded for it;
 //! one that ignores the field shares its cache unsalted, which is what the hash then says.
+//!
+//! Anthropic's Messages API ([`Api::Messages`], [`InferenceRequest::parse_for`]) reads the same
+//! top-level fields; its prompt is rendered as [`prompt::render_messages`] says, and it is never
+//! salted: vLLM's `/v1/messages` has no `cache_salt` (its request model drops the field and the
+//! chat request it builds has none), so its cache is shared whatever the body says.
 
 use serde_json::Value;
 use thiserror::Error;
@@ -23,19 +28,22 @@ use body::{Body, Json};
 mod body;
 mod fast;
 
-/// The OpenAI-compatible APIs prefix-picker understands.
+/// The inference APIs prefix-picker understands: OpenAI's three and Anthropic's Messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Api {
     Completions,
     ChatCompletions,
     Responses,
+    /// Anthropic's Messages API (`/v1/messages`), as vLLM serves it.
+    Messages,
 }
 
 impl Api {
     /// Maps a request path (query string and a trailing `/` ignored) to its API, if it is one
-    /// of ours: `/v1/completions`, `/v1/chat/completions`, `/v1/responses`, also under a prefix
-    /// (`/openai/v1/chat/completions`), since gateways often publish the API under one and
-    /// rewrite it after the picker has seen the path.
+    /// of ours: `/v1/completions`, `/v1/chat/completions`, `/v1/responses`, `/v1/messages`, also
+    /// under a prefix (`/openai/v1/chat/completions`), since gateways often publish the API
+    /// under one and rewrite it after the picker has seen the path. `/v1/messages/count_tokens`
+    /// is not one: it generates nothing, so it passes through as any other path does.
     pub fn from_path(path: &str) -> Option<Api> {
         let path = path.split(['?', '#']).next().unwrap_or(path);
         let path = path.trim_end_matches('/');
@@ -43,6 +51,7 @@ impl Api {
             ("/v1/completions", Api::Completions),
             ("/v1/chat/completions", Api::ChatCompletions),
             ("/v1/responses", Api::Responses),
+            ("/v1/messages", Api::Messages),
         ]
         .into_iter()
         .find_map(|(suffix, api)| path.ends_with(suffix).then_some(api))
@@ -53,6 +62,7 @@ impl Api {
             Api::Completions => "completions",
             Api::ChatCompletions => "chat_completions",
             Api::Responses => "responses",
+            Api::Messages => "messages",
         }
     }
 }
@@ -109,18 +119,33 @@ impl InferenceRequest {
 
     /// [`InferenceRequest::parse`] with the prompt rendered as `rendering` says.
     pub fn parse_as(body: &[u8], rendering: Rendering) -> Result<InferenceRequest, RequestError> {
+        Self::parse_for(Api::ChatCompletions, body, rendering)
+    }
+
+    /// [`InferenceRequest::parse_as`] of a body sent to `api`'s path: the three OpenAI APIs
+    /// parse alike (Kthena's precedence of `prompt`, `messages`, `input`); a Messages body is
+    /// rendered as [`prompt::render_messages`] says, and never salted.
+    pub fn parse_for(
+        api: Api,
+        body: &[u8],
+        rendering: Rendering,
+    ) -> Result<InferenceRequest, RequestError> {
         if let Some(parsed) = fast::parse(body) {
-            return Self::from_body(parsed, rendering);
+            return Self::from_body(api, parsed, rendering);
         }
         if let Ok(parsed) = serde_json::from_slice::<Body>(body) {
-            return Self::from_body(parsed, rendering);
+            return Self::from_body(api, parsed, rendering);
         }
         let text = lenient_json::sanitize(body);
         let parsed = serde_json::from_slice::<Body>(&text).map_err(RequestError::NotJson)?;
-        Self::from_body(parsed, rendering)
+        Self::from_body(api, parsed, rendering)
     }
 
-    fn from_body(body: Body<'_>, rendering: Rendering) -> Result<InferenceRequest, RequestError> {
+    fn from_body(
+        api: Api,
+        body: Body<'_>,
+        rendering: Rendering,
+    ) -> Result<InferenceRequest, RequestError> {
         let mut fields = match body {
             Body::Object(fields) => fields,
             Body::Other(kind) => return Err(RequestError::NotObject(kind)),
@@ -132,6 +157,15 @@ impl InferenceRequest {
             Some(other) => return Err(RequestError::ModelNotString(other.kind())),
         };
         let stream = matches!(fields.stream, Some(Json::Bool(true)));
+        if api == Api::Messages {
+            let prompt = prompt::render_messages(rendering, |key| fields.get(key));
+            return Ok(InferenceRequest {
+                model,
+                prompt,
+                stream,
+                salt: None,
+            });
+        }
         let salt = match fields.cache_salt.take() {
             Some(Json::String(s)) => CacheSalt::new(s.into_owned()),
             _ => None,
@@ -159,6 +193,16 @@ impl InferenceRequest {
         body: &[u8],
         rendering: Rendering,
     ) -> Result<InferenceRequest, RequestError> {
+        Self::parse_by_value_for(Api::ChatCompletions, body, rendering)
+    }
+
+    /// [`InferenceRequest::parse_by_value_as`] of a body sent to `api`'s path (the reference
+    /// [`InferenceRequest::parse_for`] is tested against).
+    pub fn parse_by_value_for(
+        api: Api,
+        body: &[u8],
+        rendering: Rendering,
+    ) -> Result<InferenceRequest, RequestError> {
         let value = lenient_json::parse_value(body).map_err(RequestError::NotJson)?;
         let Value::Object(map) = value else {
             return Err(RequestError::NotObject(json_kind(&value)));
@@ -170,6 +214,15 @@ impl InferenceRequest {
             Some(other) => return Err(RequestError::ModelNotString(json_kind(other))),
         };
         let stream = matches!(map.get("stream"), Some(Value::Bool(true)));
+        if api == Api::Messages {
+            let prompt = prompt::render_messages(rendering, |key| map.get(key));
+            return Ok(InferenceRequest {
+                model,
+                prompt,
+                stream,
+                salt: None,
+            });
+        }
         let salt = match map.get("cache_salt") {
             Some(Value::String(s)) => CacheSalt::new(s.as_str()),
             _ => None,
@@ -196,6 +249,14 @@ mod tests {
             Some(Api::ChatCompletions)
         );
         assert_eq!(Api::from_path("/v1/responses/"), Some(Api::Responses));
+        assert_eq!(Api::from_path("/v1/messages"), Some(Api::Messages));
+        assert_eq!(
+            Api::from_path("/anthropic/v1/messages?beta=true"),
+            Some(Api::Messages)
+        );
+        // Counting tokens generates nothing: passed through as any other path.
+        assert_eq!(Api::from_path("/v1/messages/count_tokens"), None);
+        assert_eq!(Api::from_path("/v1/messages/batches"), None);
         assert_eq!(Api::from_path("/v1/embeddings"), None);
         // Under a prefix a gateway rewrites away later.
         assert_eq!(

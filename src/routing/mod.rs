@@ -626,8 +626,8 @@ impl Parsed {
                     "request has no body",
                 ));
             }
-            (Some(_), Some(body)) => Some(
-                InferenceRequest::parse_as(body, rendering)
+            (Some(api), Some(body)) => Some(
+                InferenceRequest::parse_for(api, body, rendering)
                     .map_err(|e| RouteFailure::new(400, "invalid_request_error", e.to_string()))?,
             ),
         };

@@ -200,6 +200,7 @@ pub fn prefill_body(api: Api, request: &Value) -> Value {
         let limits: &[&str] = match api {
             Api::Responses => &["max_output_tokens"],
             Api::Completions | Api::ChatCompletions => &["max_tokens", "max_completion_tokens"],
+            Api::Messages => &["max_tokens"],
         };
         for k in ["max_tokens", "max_completion_tokens", "max_output_tokens"] {
             o.remove(k);

@@ -1,5 +1,6 @@
 //! The simulator's HTTP surface: OpenAI-style `POST /v1/completions`, `/v1/chat/completions`,
-//! `/v1/responses` (JSON, or SSE with `"stream": true`), `GET /health`, `/v1/models`, `/metrics`,
+//! `/v1/responses` and Anthropic's `/v1/messages` ([`crate::messages`]) (JSON, or SSE with
+//! `"stream": true`), `/v1/messages/count_tokens`, `GET /health`, `/v1/models`, `/metrics`,
 //! `POST /tokenize` (vLLM's or SGLang's shape) and vLLM's `POST /reset_prefix_cache`.
 //!
 //! Prompts are rendered by the engine's chat template ([`crate::template`]; by default the
@@ -28,6 +29,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
 use crate::engine::{Engine, EngineKind, Running};
+use crate::messages::{self, Answer};
 use crate::pd::{self, Outcome, Role};
 use crate::template::ChatTemplate;
 use prefix_picker::prompt::NoPrompt;
@@ -84,6 +86,10 @@ pub fn app(config: SimConfig, engine: Arc<Engine>) -> Http {
         .route("/v1/chat/completions/render", axum::routing::post(render))
         .route("/v1/completions/render", axum::routing::post(render))
         .route("/v1/responses/render", axum::routing::post(render))
+        .route(
+            "/v1/messages/count_tokens",
+            axum::routing::post(count_tokens),
+        )
         .route("/tokenize", axum::routing::post(tokenize))
         .route("/v1/tokenize", axum::routing::post(tokenize))
         .route(
@@ -127,6 +133,24 @@ async fn render(State(s): State<Sim>, body: Bytes) -> Response {
     match prompt_of(&s, &body) {
         Ok((_, prompt)) => {
             axum::Json(json!({"token_ids": ids(prompt.as_deref().unwrap_or(""))})).into_response()
+        }
+        Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
+    }
+}
+
+/// vLLM's `POST /v1/messages/count_tokens`: `{"input_tokens": n}`, the tokens of the chat request
+/// the Messages request is served as.
+async fn count_tokens(State(s): State<Sim>, body: Bytes) -> Response {
+    let value = prefix_picker::lenient_json::parse_value(&body).unwrap_or(Value::Null);
+    let chat = serde_json::to_vec(&messages::chat_body(&value)).expect("a JSON value serializes");
+    match prompt_of(&s, &chat) {
+        Ok((_, prompt)) => {
+            let n = s
+                .engine
+                .tokenizer()
+                .ids(prompt.as_deref().unwrap_or("").as_bytes())
+                .len();
+            axum::Json(json!({"input_tokens": n})).into_response()
         }
         Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
     }
@@ -301,7 +325,15 @@ async fn infer(State(s): State<Sim>, uri: Uri, headers: HeaderMap, body: Bytes) 
             format!("no route for {}", uri.path()),
         );
     };
-    let (request, prompt) = match prompt_of(&s, &body) {
+    let value: Value = prefix_picker::lenient_json::parse_value(&body).unwrap_or(Value::Null);
+    // A Messages request is served as the chat request vLLM turns it into.
+    let served = match api {
+        Api::Messages => {
+            Bytes::from(serde_json::to_vec(&messages::chat_body(&value)).expect("JSON serializes"))
+        }
+        _ => body.clone(),
+    };
+    let (request, prompt) = match prompt_of(&s, &served) {
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
@@ -313,18 +345,25 @@ async fn infer(State(s): State<Sim>, uri: Uri, headers: HeaderMap, body: Bytes) 
             format!("The model `{}` does not exist.", request.model),
         );
     }
-    let value: Value = prefix_picker::lenient_json::parse_value(&body).unwrap_or(Value::Null);
     let n_out = max_tokens(&value, s.config.default_max_tokens);
     let include_usage = value
         .pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
         .unwrap_or(false);
+    let n = s.requests.fetch_add(1, Ordering::Relaxed);
+    let answer = (api == Api::Messages).then(|| match messages::tool_call(&value) {
+        Some((name, key)) => Answer::ToolUse {
+            name,
+            key,
+            id: format!("toolu_sim_{}_{n}", s.config.name),
+        },
+        None => Answer::Text,
+    });
     let prompt = prompt.as_deref().unwrap_or("");
     let prefilled = match prefill_remotely(&s, api, uri.path(), &headers, &value).await {
         Ok(p) => p,
         Err(answer) => return answer,
     };
-    let n = s.requests.fetch_add(1, Ordering::Relaxed);
     let mut rng = SmallRng::seed_from_u64(s.config.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let words = (0..n_out)
         .map(|_| WORDS[rng.random_range(0..WORDS.len())])
@@ -351,6 +390,7 @@ async fn infer(State(s): State<Sim>, uri: Uri, headers: HeaderMap, body: Bytes) 
         n_out,
         include_usage,
         started,
+        answer,
     };
     let mut served_by = vec![("x-served-by", s.config.name.clone())];
     if let Some(peer) = prefilled.and_then(|p| p.served_by) {
@@ -387,6 +427,8 @@ struct Generation {
     n_out: usize,
     include_usage: bool,
     started: Instant,
+    /// A Messages request's answer (text or a tool call).
+    answer: Option<Answer>,
 }
 
 impl Generation {
@@ -404,7 +446,9 @@ impl Generation {
         let text = self.text();
         let continuation = match self.api {
             Api::Completions => text,
-            Api::ChatCompletions | Api::Responses => self.template.assistant_turn(&text),
+            Api::ChatCompletions | Api::Responses | Api::Messages => {
+                self.template.assistant_turn(&text)
+            }
         };
         self.running
             .hold_output(&self.model, &self.prompt, &continuation, self.n_out);
@@ -424,6 +468,19 @@ impl Generation {
         })
     }
 
+    /// A Messages answer's usage, as Anthropic accounts it.
+    fn messages_usage(&self) -> Value {
+        let prompt = self.running.admission().prompt_tokens;
+        messages::usage(prompt, self.running.cached_tokens(), self.n_out)
+    }
+
+    /// A Messages answer: the `message`, its content empty while it streams.
+    fn message(&self, content: Vec<Value>, stop_reason: Option<&str>) -> Value {
+        json!({"id": format!("msg_{}", self.id), "type": "message", "role": "assistant",
+            "model": self.model, "content": content, "stop_reason": stop_reason,
+            "stop_sequence": null, "usage": self.messages_usage()})
+    }
+
     async fn complete(mut self) -> Value {
         self.running.prefill().await;
         self.running.observe_ttft(self.started.elapsed());
@@ -436,13 +493,16 @@ impl Generation {
         let text = self.text();
         let usage = self.usage();
         let (id, model) = (&self.id, &self.model);
+        if let Some(answer) = &self.answer {
+            return self.message(vec![answer.block(&text)], Some(answer.stop_reason()));
+        }
         match self.api {
             Api::Completions => json!({"id": id, "object": "text_completion", "model": model,
                 "choices": [{"index": 0, "text": text, "finish_reason": "length"}], "usage": usage}),
             Api::ChatCompletions => json!({"id": id, "object": "chat.completion", "model": model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
                 "usage": usage}),
-            Api::Responses => {
+            Api::Responses | Api::Messages => {
                 json!({"id": id, "object": "response", "model": model, "status": "completed",
                 "output": [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}],
                 "usage": usage})
@@ -460,7 +520,9 @@ impl Generation {
                 json!({"id": id, "object": "chat.completion.chunk", "model": model,
                 "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]})
             }
-            Api::Responses => json!({"type": "response.output_text.delta", "delta": text}),
+            Api::Responses | Api::Messages => {
+                json!({"type": "response.output_text.delta", "delta": text})
+            }
         };
         if last && self.api == Api::Responses {
             v = json!({"type": "response.completed", "response": {"id": id, "model": model, "usage": self.usage()}});
@@ -481,7 +543,7 @@ impl Generation {
     /// if asked for, then `[DONE]`.
     fn sse(self) -> impl futures_core::Stream<Item = Result<Bytes, std::io::Error>> + Send {
         futures_util::stream::unfold((self, 0usize), |(mut g, i)| async move {
-            if i > g.n_out + 1 {
+            if i > g.n_out + 1 || (g.answer.is_some() && i >= g.n_out) {
                 return None;
             }
             if i == g.n_out {
@@ -511,6 +573,11 @@ impl Generation {
             } else {
                 format!(" {word}")
             };
+            if let Some(answer) = &g.answer {
+                let (message, usage) = (g.message(vec![], None), g.messages_usage());
+                let events = messages::token_events(answer, &message, &usage, &text, i, g.n_out);
+                return Some((Ok(Bytes::from(events)), (g, i + 1)));
+            }
             let event = g.chunk(&text, i + 1 == g.n_out);
             let bytes = Bytes::from(format!("data: {event}\n\n"));
             Some((Ok(bytes), (g, i + 1)))
