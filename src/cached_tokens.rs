@@ -6,6 +6,13 @@
 //! - cached tokens: `prompt_tokens_details.cached_tokens` (vLLM, SGLang with its cache report)
 //!   or `input_tokens_details.cached_tokens`.
 //!
+//! Anthropic's Messages usage (in the JSON body, and in a stream's `message_start` and
+//! `message_delta` events) counts its input as Anthropic does when it has cache fields:
+//! `input_tokens` are the tokens not read from or written to the cache, so the prompt is
+//! `input_tokens + cache_read_input_tokens + cache_creation_input_tokens`, and the cached tokens
+//! are `cache_read_input_tokens` (the same engine feedback as OpenAI's `cached_tokens`). Without
+//! them (vLLM's `/v1/messages`, which reports `input_tokens` = the prompt), it reads as above.
+//!
 //! Chunks are scanned as they come for `_tokens"` (one pass), the word before it deciding the
 //! field; the last 64 bytes of each chunk are kept so a key or number cut between two chunks is
 //! still read. The last value of each field in the body wins. No allocation per chunk beyond
@@ -17,12 +24,14 @@ const SUFFIX: &[u8] = b"_tokens\"";
 const CARRY: usize = 64;
 
 /// The fields of a usage report, by the word before `_tokens`.
-const FIELDS: [(&[u8], Field); 5] = [
+const FIELDS: [(&[u8], Field); 7] = [
     (b"\"prompt", Field::Prompt),
     (b"\"input", Field::Prompt),
     (b"\"completion", Field::Completion),
     (b"\"output", Field::Completion),
     (b"\"cached", Field::Cached),
+    (b"\"cache_read_input", Field::CacheRead),
+    (b"\"cache_creation_input", Field::CacheCreation),
 ];
 
 #[derive(Debug, Clone, Copy)]
@@ -30,6 +39,10 @@ enum Field {
     Prompt,
     Completion,
     Cached,
+    /// Anthropic's `cache_read_input_tokens`.
+    CacheRead,
+    /// Anthropic's `cache_creation_input_tokens`.
+    CacheCreation,
 }
 
 /// The usage a response body reported (each `None` until seen).
@@ -52,6 +65,9 @@ impl Usage {
 pub struct UsageScan {
     carry: Vec<u8>,
     last: Usage,
+    /// Anthropic's cache fields, when seen.
+    cache_read: Option<u64>,
+    cache_creation: Option<u64>,
 }
 
 impl UsageScan {
@@ -73,14 +89,29 @@ impl UsageScan {
         self.carry.extend_from_slice(tail);
     }
 
-    /// What the body reported so far (the last value of each field).
+    /// What the body reported so far (the last value of each field; with Anthropic's cache
+    /// fields, its accounting: see the module header).
     pub fn usage(&self) -> Usage {
-        self.last
+        if self.cache_read.is_none() && self.cache_creation.is_none() {
+            return self.last;
+        }
+        let (read, creation) = (
+            self.cache_read.unwrap_or(0),
+            self.cache_creation.unwrap_or(0),
+        );
+        Usage {
+            prompt_tokens: self
+                .last
+                .prompt_tokens
+                .map(|input| input.saturating_add(read).saturating_add(creation)),
+            completion_tokens: self.last.completion_tokens,
+            cached_tokens: self.last.cached_tokens.or(self.cache_read),
+        }
     }
 
-    /// The last `cached_tokens` value seen.
+    /// The cached tokens reported (`cached_tokens`, else Anthropic's cache reads).
     pub fn cached_tokens(&self) -> Option<u64> {
-        self.last.cached_tokens
+        self.usage().cached_tokens
     }
 
     fn scan(&mut self, bytes: &[u8]) {
@@ -110,6 +141,8 @@ impl UsageScan {
                 Field::Prompt => &mut self.last.prompt_tokens,
                 Field::Completion => &mut self.last.completion_tokens,
                 Field::Cached => &mut self.last.cached_tokens,
+                Field::CacheRead => &mut self.cache_read,
+                Field::CacheCreation => &mut self.cache_creation,
             };
             *slot = Some(n);
         }
@@ -155,6 +188,21 @@ mod tests {
     fn reads_the_responses_apis_names() {
         let body = r#"{"usage":{"input_tokens":120,"input_tokens_details":{"cached_tokens":64},"output_tokens":7,"output_tokens_details":{"reasoning_tokens":3},"total_tokens":127}}"#;
         assert_eq!(scan(&[body]), usage(120, 7, Some(64)));
+    }
+
+    #[test]
+    fn reads_anthropics_usage_with_its_cache_accounting() {
+        let body = r#"{"type":"message","usage":{"input_tokens":30,"cache_creation_input_tokens":4,"cache_read_input_tokens":96,"output_tokens":8}}"#;
+        assert_eq!(scan(&[body]), usage(130, 8, Some(96)));
+        // A stream: `message_start` has the input, `message_delta` the output (cut anywhere).
+        let stream = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":20,\"cache_read_input_tokens\":64,\"output_tokens\":1}}}\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":12}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+        for cut in 1..stream.len() {
+            let (a, b) = stream.split_at(cut);
+            assert_eq!(scan(&[a, b]), usage(84, 12, Some(64)), "cut at {cut}");
+        }
+        // vLLM's `/v1/messages`: no cache fields, `input_tokens` is the prompt.
+        let vllm = r#"{"usage":{"input_tokens":50,"output_tokens":3}}"#;
+        assert_eq!(scan(&[vllm]), usage(50, 3, None));
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //!
 //! | layer | modules | may import |
 //! | --- | --- | --- |
-//! | core | `cached_tokens`, `decaying_sum`, `engine_view`, `hashing`, `invariants`, `lenient_json`, `prefix_index`, `prompt`, `request`, `scheduler` | core |
+//! | core | `cached_tokens`, `decaying_sum`, `engine_view`, `event_stream`, `hashing`, `invariants`, `lenient_json`, `prefix_index`, `prompt`, `request`, `scheduler` | core |
 //! | leaves | `backoff`, `metrics`, `pod_id`, `tls` | core, leaves |
 //! | platform | `debug_access`, `discovery`, `endpoints`, `engine_events`, `kv_events`, `kvcache`, `pod_metrics`, `sessions`, `sync`, `tokenizer` | core, leaves, platform |
 //! | config | `config` | core, leaves, platform |
@@ -26,6 +26,7 @@
 pub mod cached_tokens; // the engine's usage (prompt, completion, cached tokens) in a response body
 pub mod decaying_sum; // a lock-free sum that decays per step of a clock
 pub mod engine_view; // what one engine holds, from its KV-cache events
+pub mod event_stream; // how an Anthropic Messages event stream ended (message_stop, error)
 pub mod hashing; // the prompt's block-hash chain
 pub mod invariants; // what must hold for any request body (the fuzz target's property)
 pub mod lenient_json; // Go-compatible JSON decoding of request bodies

@@ -173,6 +173,7 @@ fn claim(router: &Router, entry: HttpAccessLogEntry) -> Claim {
             // The access log carries no response body: no engine report.
             cached_tokens: None,
             first_byte: None,
+            events: None,
         }
     };
     router.complete(route, ending);

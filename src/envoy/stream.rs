@@ -66,6 +66,7 @@ use super::wire::{
 };
 use crate::cached_tokens::UsageScan;
 use crate::endpoints::AddressPattern;
+use crate::event_stream::EventScan;
 use crate::routing::pending::Miss;
 use crate::routing::{Ending, RouteFailure, Routed, Router, Served, Ticket};
 use crate::scheduler::kvcache_aware::KvBlockOwners;
@@ -130,6 +131,10 @@ pub(super) struct StreamState {
     /// Envoy as metadata at the end, and with the affinity mode's `engineBudget` its
     /// `cached_tokens` to completion.
     usage: UsageScan,
+    /// How the response body ends as an Anthropic event stream ([`crate::event_stream`]).
+    events: EventScan,
+    /// Whether this stream saw the response body (so `events` says how it ended).
+    saw_body: bool,
     /// The affinity mode with `engineBudget`: completion checks `cached_tokens`.
     engine_budget: bool,
     /// The decision header's value (`picker.decisionHeader`), set on the response headers.
@@ -186,6 +191,8 @@ impl StreamState {
             served: Served::NotReported,
             completed: false,
             usage: UsageScan::default(),
+            events: EventScan::default(),
+            saw_body: false,
             engine_budget,
             decision_header: None,
             first_body: None,
@@ -588,6 +595,8 @@ impl StreamState {
                 ..CommonResponse::default()
             });
         }
+        // A response without a body: seen whole (and empty).
+        self.saw_body = h.end_of_stream;
         if h.end_of_stream || (!self.observer && self.response_mode == Some(BodyMode::None)) {
             self.complete();
         }
@@ -600,6 +609,8 @@ impl StreamState {
             self.first_body = Some(Instant::now());
         }
         self.usage.feed(&b.body);
+        self.events.feed(&b.body);
+        self.saw_body |= eos;
         let response = if self.response_mode == Some(BodyMode::FullDuplex) {
             reply(Out::ResponseBody(streamed_body(b.body, eos)))
         } else {
@@ -659,6 +670,7 @@ impl StreamState {
                     .then(|| self.usage.cached_tokens())
                     .flatten(),
                 first_byte: self.first_body,
+                events: self.saw_body.then(|| self.events.end()),
             };
             self.router.complete(route, ending);
         }

@@ -6,8 +6,10 @@
 //! ([`crate::envoy::access_log`]). Both hand over the [`Ticket`] and the [`Ending`] (the
 //! response status and [`Served`]); the outcome is counted in
 //! `prefix_picker_records_total{outcome}`:
-//! - `aborted`: the response did not complete (client gone, upstream reset, timeout);
-//! - `failed`: completed with a non-2xx status (or none);
+//! - `aborted`: the response did not complete (client gone, upstream reset, timeout), or a
+//!   streamed Messages answer's body ended before `message_stop`;
+//! - `failed`: completed with a non-2xx status (or none), or a streamed Messages answer whose
+//!   body had an `error` event ([`crate::event_stream`]);
 //! - `unscored`: 2xx, but the request had no prompt blocks to record;
 //! - `unknown_pod`: 2xx, but Envoy named a serving address outside the endpoint set;
 //! - `recorded`: 2xx, the blocks recorded for the serving pod (Envoy's report, else the
@@ -27,6 +29,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::endpoints::{Endpoint, InflightGuard};
+use crate::event_stream::EventsEnd;
 use crate::hashing::BlockHash;
 pub use crate::metrics::outcomes::{RouteOutcome, TentativeOutcome};
 use crate::metrics::{CachedTokens, RouterMetrics};
@@ -58,6 +61,9 @@ pub struct Ticket {
     /// Affinity mode: the latency model's prediction for the primary, and when it was made;
     /// a completion by the primary teaches the model ([`crate::scheduler::latency`]).
     pub prediction: Option<(Prediction, Instant)>,
+    /// A streamed Messages request: a source that sees the body completes it only at its
+    /// `message_stop` ([`Ending::Completed`]'s `events`).
+    pub event_stream: bool,
 }
 
 /// The prefill pod of a PD route: counted in flight until the route ends (the picker does not
@@ -91,6 +97,7 @@ impl Ticket {
             predicted_blocks: decision.predicted_blocks,
             prediction: decision.primary_prediction().map(|p| (p, Instant::now())),
             session: None,
+            event_stream: false,
             prefill: decision.pd.as_ref().map(|pd| PrefillTicket {
                 guard: InflightGuard::new(pd.prefill.clone(), metrics),
                 tentative: prefill_tentative,
@@ -160,6 +167,9 @@ pub enum Ending {
         /// When the first response body bytes reached the source (a stream's first token),
         /// when it saw the body.
         first_byte: Option<Instant>,
+        /// How the body ended as an Anthropic event stream, when the source saw the body
+        /// (read for a streamed Messages request only: [`Ticket::event_stream`]).
+        events: Option<EventsEnd>,
     },
     /// It did not complete.
     Aborted,
@@ -312,6 +322,14 @@ fn recordable(route: &Ticket, ending: Ending) -> Result<Recordable, RouteOutcome
         Ending::Completed { status, .. } if !status.is_some_and(|s| (200..300).contains(&s)) => {
             Err(RouteOutcome::Failed)
         }
+        Ending::Completed {
+            events: Some(EventsEnd::Error),
+            ..
+        } if route.event_stream => Err(RouteOutcome::Failed),
+        Ending::Completed {
+            events: Some(EventsEnd::Cut),
+            ..
+        } if route.event_stream => Err(RouteOutcome::Aborted),
         Ending::Completed { .. } if route.hashes.is_empty() => Err(RouteOutcome::Unscored),
         Ending::Completed {
             served: Served::Unknown,

@@ -412,6 +412,8 @@ impl Router {
             self.settle_session(key, pod, &decision);
             ticket.session = Some(key);
         }
+        ticket.event_stream =
+            parsed.api == Some(Api::Messages) && parsed.request.as_ref().is_some_and(|r| r.stream);
         Ok(Routed { decision, ticket })
     }
 
@@ -609,6 +611,8 @@ impl SessionPod {
 
 /// A request as routing reads it: the inference request for a known API, none for another path.
 struct Parsed {
+    /// The path's API (`None`: another path).
+    api: Option<Api>,
     request: Option<InferenceRequest>,
     /// The path was empty (Envoy sent no request headers).
     no_path: bool,
@@ -617,7 +621,8 @@ struct Parsed {
 impl Parsed {
     /// `rendering`: the scheduler's (`SchedulerConfig::rendering`).
     fn new(path: &str, body: Option<&[u8]>, rendering: Rendering) -> Result<Parsed, RouteFailure> {
-        let request = match (Api::from_path(path), body) {
+        let api = Api::from_path(path);
+        let request = match (api, body) {
             (None, _) => None,
             (Some(_), None) => {
                 return Err(RouteFailure::new(
@@ -632,6 +637,7 @@ impl Parsed {
             ),
         };
         Ok(Parsed {
+            api,
             request,
             no_path: path.is_empty(),
         })

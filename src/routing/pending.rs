@@ -244,6 +244,7 @@ mod tests {
             prediction: None,
             session: None,
             prefill: None,
+            event_stream: false,
         }
     }
 

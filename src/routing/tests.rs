@@ -344,6 +344,7 @@ fn a_session_stays_on_its_pod_until_it_is_saturated() {
                 served,
                 cached_tokens: None,
                 first_byte: None,
+                events: None,
             },
         )
     };

@@ -62,6 +62,7 @@ fn ok(served: Served) -> Ending {
         served,
         cached_tokens: None,
         first_byte: None,
+        events: None,
     }
 }
 
@@ -116,6 +117,7 @@ fn a_failed_or_cut_request_leaves_nothing_behind() {
             served: Served::NotReported,
             cached_tokens: None,
             first_byte: None,
+            events: None,
         },
         Ending::Aborted,
         Ending::Completed {
@@ -123,6 +125,7 @@ fn a_failed_or_cut_request_leaves_nothing_behind() {
             served: Served::Unknown,
             cached_tokens: None,
             first_byte: None,
+            events: None,
         },
     ]
     .into_iter()
@@ -257,7 +260,7 @@ proptest! {
                     let key = live.swap_remove(ticket % live.len());
                     let t = pending.take(&key).unwrap();
                     served_ok += usize::from(status == 200);
-                    router.complete(t, Ending::Completed { status: Some(u32::from(status)), served: Served::NotReported, cached_tokens: None, first_byte: None });
+                    router.complete(t, Ending::Completed { status: Some(u32::from(status)), served: Served::NotReported, cached_tokens: None, first_byte: None, events: None });
                 }
                 Step::Abort { ticket } if !live.is_empty() => {
                     let key = live.swap_remove(ticket % live.len());
@@ -332,6 +335,7 @@ fn reported(cached_tokens: u64) -> Ending {
         served: Served::NotReported,
         cached_tokens: Some(cached_tokens),
         first_byte: None,
+        events: None,
     }
 }
 
@@ -419,6 +423,7 @@ fn a_first_byte_counts_the_ttft_prediction_error() {
             served: Served::NotReported,
             cached_tokens: None,
             first_byte: Some(seen),
+            events: None,
         },
     );
     assert_eq!(errors(), 1);
@@ -522,6 +527,7 @@ fn only_a_2xx_with_blocks_is_recordable_for_the_pod_that_served() {
             served: Served::NotReported,
             cached_tokens: None,
             first_byte: None,
+            events: None,
         };
         assert_eq!(outcome(failed), Some(RouteOutcome::Failed), "{status:?}");
     }
@@ -540,6 +546,51 @@ fn only_a_2xx_with_blocks_is_recordable_for_the_pod_that_served() {
         recordable(&unscored, ok(Served::NotReported)).err(),
         Some(RouteOutcome::Unscored)
     );
+}
+
+/// A streamed Messages answer is complete at `message_stop`: an `error` event fails it, a body
+/// cut before the stop aborts it, whatever the status; a source that did not see the body
+/// (the access log) records it as before, and other APIs never read the events.
+#[test]
+fn a_messages_stream_records_only_at_message_stop() {
+    let router = affinity_router();
+    let messages = |stream: bool| {
+        serde_json::to_vec(
+            &serde_json::json!({"model": "m", "max_tokens": 8, "stream": stream,
+            "system": prefix(3), "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .unwrap()
+    };
+    let ticket = |stream: bool| {
+        router
+            .route("/v1/messages", Some(&messages(stream)), None)
+            .expect("routed")
+            .ticket
+    };
+    let ending = |events: Option<EventsEnd>| Ending::Completed {
+        status: Some(200),
+        served: Served::NotReported,
+        cached_tokens: None,
+        first_byte: None,
+        events,
+    };
+    assert!(ticket(true).event_stream && !ticket(false).event_stream);
+    let outcome = |t: Ticket, events| recordable(&t, ending(events)).err();
+    assert_eq!(
+        outcome(ticket(true), Some(EventsEnd::Error)),
+        Some(RouteOutcome::Failed)
+    );
+    assert_eq!(
+        outcome(ticket(true), Some(EventsEnd::Cut)),
+        Some(RouteOutcome::Aborted)
+    );
+    assert_eq!(outcome(ticket(true), Some(EventsEnd::Stopped)), None);
+    assert_eq!(outcome(ticket(true), None), None);
+    // Not a stream (a JSON body has no events), or another API's stream: never read.
+    assert_eq!(outcome(ticket(false), Some(EventsEnd::Cut)), None);
+    let chat = route(&router, &body(&prefix(4), "q"));
+    assert!(!chat.event_stream);
+    assert_eq!(outcome(chat, Some(EventsEnd::Cut)), None);
 }
 
 #[test]

@@ -203,6 +203,7 @@ async fn an_evicted_prefix_stops_attracting_requests_at_once() {
             served: Served::NotReported,
             cached_tokens: None,
             first_byte: None,
+            events: None,
         },
     );
     assert_eq!(metric(&picker, ENGINE_CONFIRMED).await, 2.0);
