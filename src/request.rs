@@ -23,10 +23,12 @@ use thiserror::Error;
 use crate::hashing::CacheSalt;
 use crate::lenient_json;
 use crate::prompt::{self, NoPrompt, Rendering};
-use body::{Body, Json};
+use body::Body;
+pub use body::Json;
 
 mod body;
 mod fast;
+mod json_text;
 
 /// The inference APIs prefix-picker understands: OpenAI's three and Anthropic's Messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

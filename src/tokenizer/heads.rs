@@ -22,7 +22,8 @@
 //! match short of the previous turn's prompt: one call per turn, not two, and none per request
 //! of a tenant whose shared head is known. A
 //! request whose rendering does not split into one head per message (a content that contains
-//! the ChatML end marker, skipped messages, a top-level `system`) is not queued.
+//! the ChatML end marker, skipped messages, a top-level `system`) is not queued. A Messages
+//! request's heads are its chat form's messages ([`super::messages`]), asked as a chat request's.
 //!
 //! With `source: file` the same heads are tokenized in process instead, by a `tokenizer.json`
 //! and its model's chat template ([`super::file::FileSource`], on blocking threads, a few at a
@@ -50,6 +51,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
+use super::messages::MessagesForm;
 use super::{EngineKind, EngineTokenizer, TokenizeInput, TokenizerConfig, Tokens};
 use crate::metrics::engine_truth::{EngineTruthMetrics, HeadOutcome, TOKENIZE_OK};
 use crate::request::Api;
@@ -554,9 +556,10 @@ impl HeadTokens {
     fn tokenize_file(&self, source: &super::file::FileSource, fill: &Fill) {
         let parsed: Result<RequestPrompt<'_>, _> = serde_json::from_slice(&fill.body);
         let Ok(parsed) = parsed else { return };
+        let form = fill.messages_form();
         for &(messages, digest, bytes) in &fill.heads {
             let mut joined = String::new();
-            let Some(input) = fill.input(&parsed, messages, &mut joined) else {
+            let Some(input) = fill.input(&parsed, form.as_ref(), messages, &mut joined) else {
                 continue;
             };
             let started = Instant::now();
@@ -625,9 +628,10 @@ impl HeadTokens {
         let target = self.tokenizer_address(fill.pod);
         let parsed: Result<RequestPrompt<'_>, _> = serde_json::from_slice(&fill.body);
         let Ok(parsed) = parsed else { return };
+        let form = fill.messages_form();
         for &(messages, digest, bytes) in &fill.heads {
             let mut joined = String::new();
-            let Some(input) = fill.input(&parsed, messages, &mut joined) else {
+            let Some(input) = fill.input(&parsed, form.as_ref(), messages, &mut joined) else {
                 continue;
             };
             let started = Instant::now();
@@ -649,14 +653,36 @@ impl HeadTokens {
 }
 
 impl Fill {
+    /// A Messages request's chat form (`None` for another API, or a body without one).
+    fn messages_form(&self) -> Option<MessagesForm> {
+        (self.api == Api::Messages)
+            .then(|| MessagesForm::of(&self.body))
+            .flatten()
+    }
+
     /// What to tokenize for the head of `messages` messages (`joined` holds the chat head's
-    /// messages); `None` when the body does not have the shape queued.
+    /// messages; `form` is a Messages request's chat form); `None` when the body does not have
+    /// the shape queued.
     fn input<'a>(
         &self,
         parsed: &'a RequestPrompt<'a>,
+        form: Option<&'a MessagesForm>,
         messages: usize,
         joined: &'a mut String,
     ) -> Option<TokenizeInput<'a>> {
+        if self.api == Api::Messages {
+            let form = form?;
+            let all = form.messages.len();
+            if messages > all || all != self.messages {
+                return None;
+            }
+            *joined = form.head(messages);
+            let joined: &'a String = joined;
+            return Some(
+                TokenizeInput::chat(joined, form.tools.as_deref())
+                    .with_generation_prompt(messages == all),
+            );
+        }
         match (self.api, parsed) {
             (
                 Api::ChatCompletions,
@@ -723,7 +749,7 @@ fn heads(model: &str, api: Api, prompt: &[u8]) -> Vec<(usize, u64, usize)> {
             h.update(prompt);
             vec![(0, h.digest(), prompt.len())]
         }
-        Api::ChatCompletions if prompt.ends_with(MESSAGE_END) => {
+        Api::ChatCompletions | Api::Messages if prompt.ends_with(MESSAGE_END) => {
             let mut out = Vec::new();
             let mut h = Xxh3::with_seed(seed);
             let mut at = 0;

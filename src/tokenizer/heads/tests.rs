@@ -339,3 +339,66 @@ fn a_fill_that_panics_frees_its_bytes_and_its_heads_queue_again() {
         "its heads are no longer pending: the next miss queues them"
     );
 }
+
+/// `source: file` for a Messages request: its heads are tokenized as the chat request vLLM
+/// serves it as, so the tokens found are those of that chat request's messages (the tool call's
+/// arguments as vLLM writes them, the tools in chat form).
+#[cfg(feature = "tokenizer-file")]
+#[tokio::test]
+async fn a_messages_request_is_tokenized_as_its_chat_form() {
+    let dir = tempfile::tempdir().unwrap();
+    model_sim::tokenizer_json::write(dir.path()).unwrap();
+    let path = dir.path().join("tokenizer.json");
+    let mut s: TokenizerSection = serde_yaml_ng::from_str(&format!(
+        "source: file\npath: {:?}",
+        path.display().to_string()
+    ))
+    .unwrap();
+    assert_eq!(s.load(), Ok(None));
+    let Some(LoadedFile(source)) = s.file.clone() else {
+        panic!("loaded")
+    };
+    let heads_map = Arc::new(HeadTokens::new(s, metrics()));
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn(heads_map.clone().run(shutdown.clone()));
+    let body = br#"{"model":"m","max_tokens":8,"system":[{"type":"text","text":"agent"}],
+        "tools":[{"name":"w","input_schema":{"type":"object","properties":{"b":{},"a":{}}}}],
+        "messages":[{"role":"user","content":"q"},{"role":"assistant","content":[
+        {"type":"tool_use","id":"t","name":"w","input":{"b":1,"a":"x"}}]},
+        {"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"r"}]}]}"#;
+    let prompt = crate::request::InferenceRequest::parse_for(
+        Api::Messages,
+        body,
+        crate::prompt::Rendering::Engine,
+    )
+    .unwrap()
+    .prompt
+    .unwrap();
+    let pod = "127.0.0.1:9".parse().unwrap();
+    assert!(
+        heads_map
+            .find("m", Some(Api::Messages), &prompt, Some(body), Some(pod))
+            .is_none()
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let found = loop {
+        if let Some(found) = heads_map.lookup("m", Api::Messages, &prompt) {
+            break found;
+        }
+        assert!(Instant::now() < deadline, "the heads were not tokenized");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(found.prompt_bytes, prompt.len());
+    // The chat request a client would send for the same conversation, tokenized directly.
+    let chat = r#"[{"role":"system","content":"agent"},{"role":"user","content":"q"},
+        {"role":"assistant","tool_calls":[{"id":"t","type":"function",
+        "function":{"name":"w","arguments":"{\"b\": 1, \"a\": \"x\"}"}}]},
+        {"role":"tool","tool_call_id":"t","content":"r"}]"#;
+    let tools = r#"[{"type":"function","function":{"name":"w","parameters":{"type":"object","properties":{"b":{},"a":{}}}}}]"#;
+    let expected = source
+        .tokenize(&TokenizeInput::chat(chat, Some(tools)))
+        .unwrap();
+    assert_eq!(found.tokens.to_vec(), expected.to_vec());
+    shutdown.cancel();
+    worker.await.unwrap();
+}
