@@ -48,6 +48,23 @@ ensure_wire_tools() {
   "$WIRE_PYTHON" -c "import jinja2, msgspec, zmq"
 }
 
+# Installs tests/anthropic/requirements.txt (the official Anthropic Python SDK, the real client of
+# the Messages API end-to-end test) into .venv-anthropic (again when the requirements change) and
+# exports ANTHROPIC_PYTHON. Fails when installing fails.
+ensure_anthropic_sdk() {
+  local stamp=.venv-anthropic/requirements.txt
+  if [ ! -x .venv-anthropic/bin/python ] || ! cmp -s tests/anthropic/requirements.txt "$stamp"; then
+    echo "installing tests/anthropic/requirements.txt into .venv-anthropic" >&2
+    rm -rf .venv-anthropic
+    python3 -m venv .venv-anthropic
+    .venv-anthropic/bin/pip install --quiet --disable-pip-version-check -r tests/anthropic/requirements.txt
+    cp tests/anthropic/requirements.txt "$stamp"
+  fi
+  ANTHROPIC_PYTHON="$PWD/.venv-anthropic/bin/python"
+  export ANTHROPIC_PYTHON
+  "$ANTHROPIC_PYTHON" -c "import anthropic"
+}
+
 # Installs Debian packages with apt-get (as root, or through sudo). Fails when neither is there.
 apt_install() {
   echo "installing $* (apt)" >&2

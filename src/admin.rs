@@ -1,8 +1,8 @@
 //! The admin listener: `/metrics`, `/healthz`, `/readyz` and `POST /debug/explain`.
 //!
-//! `/debug/explain?api=/v1/chat/completions` (or `api=chat|completions|responses`; inferred from
-//! the body when absent: `messages` -> chat, `input` -> responses, else completions) takes an
-//! OpenAI request body and returns the decision the picker would make, with every plugin's score
+//! `/debug/explain?api=/v1/chat/completions` (or `api=chat|completions|responses|messages`;
+//! inferred from the body when absent: `messages` -> chat, `input` -> responses, else
+//! completions; an Anthropic Messages body needs `api=messages`) takes a request body and returns the decision the picker would make, with every plugin's score
 //! per pod, without routing, recording or counting anything. The answer carries the request's
 //! id (the call's `x-request-id`, generated when absent) and the decision as the decision
 //! header and the access record would carry it (`decision`). The `/debug/*` routes are off
@@ -98,6 +98,7 @@ fn api_path(api: Option<&str>, body: &[u8]) -> String {
         Some("chat") => "/v1/chat/completions".into(),
         Some("completions") => "/v1/completions".into(),
         Some("responses") => "/v1/responses".into(),
+        Some("messages") => "/v1/messages".into(),
         Some(path) => path.into(),
         None => {
             let v: Value = crate::lenient_json::parse_value(body).unwrap_or(Value::Null);
