@@ -235,6 +235,7 @@ impl Pool {
                 served: Served::NotReported,
                 cached_tokens: None,
                 first_byte: None,
+                events: None,
             },
         );
     }

@@ -14,7 +14,7 @@ use prefix_picker::hashing::{BlockChain, CacheSalt, ChainScheme};
 use prefix_picker::logging;
 use prefix_picker::prompt::Rendering;
 use prefix_picker::reload::{self, Reloader};
-use prefix_picker::request::InferenceRequest;
+use prefix_picker::request::{Api, InferenceRequest};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -48,6 +48,10 @@ enum Command {
         /// non-text parts too); without it, Kthena's rendering.
         #[arg(long)]
         config: Option<PathBuf>,
+        /// The request's path: `/v1/messages` renders an Anthropic Messages body (an OpenAI
+        /// path, the default, renders by the `prompt`, `messages`, `input` precedence).
+        #[arg(long, default_value = "/v1/chat/completions")]
+        api: String,
         file: Option<PathBuf>,
     },
     /// Print the block hashes of raw prompt bytes (FILE or stdin), one per line.
@@ -205,7 +209,7 @@ fn main() -> ExitCode {
         None => serve(Form::Gie, cli.serve, &ignored),
         Some(Command::Serve(args)) => serve(Form::Serve, *args, &ignored),
         Some(Command::KvRelay(args)) => kv_relay(*args),
-        Some(Command::Render { config, file }) => render(config, file),
+        Some(Command::Render { config, api, file }) => render(config, &api, file),
         Some(Command::Hash {
             model,
             block_size,
@@ -251,7 +255,13 @@ fn parse(argv: &[String], sidecar: bool) -> Result<Cli, ExitCode> {
 }
 
 /// `prefix-picker render`: the prompt bytes a request body hashes, on stdout.
-fn render(config: Option<PathBuf>, file: Option<PathBuf>) -> ExitCode {
+fn render(config: Option<PathBuf>, api: &str, file: Option<PathBuf>) -> ExitCode {
+    let Some(api) = Api::from_path(api) else {
+        eprintln!(
+            "error: --api {api:?} is not an inference API path (/v1/chat/completions, /v1/completions, /v1/responses, /v1/messages)"
+        );
+        return ExitCode::from(2);
+    };
     let rendering = match config.as_deref().map(load_config) {
         None => Rendering::Kthena,
         Some(Ok(c)) => c.scheduler.rendering(),
@@ -261,7 +271,7 @@ fn render(config: Option<PathBuf>, file: Option<PathBuf>) -> ExitCode {
         Ok(b) => b,
         Err(code) => return code,
     };
-    match InferenceRequest::parse_as(&body, rendering) {
+    match InferenceRequest::parse_for(api, &body, rendering) {
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(2)

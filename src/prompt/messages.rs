@@ -61,7 +61,8 @@ pub fn chat_form<J: JsonView>(
         } else {
             continue;
         }
-        if !(role == "user" && !chat.contains_key("content")) {
+        // A user message left with no content (only tool results) is dropped.
+        if role != "user" || chat.contains_key("content") {
             out.push(Value::Object(chat));
         }
     }

@@ -2,7 +2,7 @@
 //! request, done with prefix-picker's pure core and nothing else, so the overhead table can tell
 //! the picker's platform apart from routing itself.
 //!
-//! Per request: the body parsed and its prompt rendered ([`InferenceRequest::parse_as`], the
+//! Per request: the body parsed and its prompt rendered ([`InferenceRequest::parse_for`], the
 //! scheduler's rendering), the prompt hashed and the pick decided by a [`Scheduler`] built from
 //! the same config file as the picker row's (the shipped affinity mode over the same pods), the
 //! decision committed (the affinity pick's share, the tentative hold), the primary's in-flight
@@ -164,8 +164,8 @@ impl RoutingFloor {
     /// pod, committed. `None` for what the floor does not route (not an inference API, a body
     /// that does not parse, no pod passing the filters): its reply carries no pick.
     pub fn route(&self, path: &str, body: &[u8]) -> Option<FloorRoute> {
-        Api::from_path(path)?;
-        let parsed = InferenceRequest::parse_as(body, self.rendering).ok()?;
+        let api = Api::from_path(path)?;
+        let parsed = InferenceRequest::parse_for(api, body, self.rendering).ok()?;
         let request = RouteRequest {
             model: &parsed.model,
             prompt: match &parsed.prompt {

@@ -88,6 +88,17 @@ fn render_and_hash_commands() {
         String::from_utf8_lossy(&out.stderr).trim(),
         "prompt_not_string"
     );
+    // An Anthropic Messages body: its `system` first, its text blocks.
+    let messages = br#"{"model":"m","system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"tool_result","tool_use_id":"t","content":"r"}]}]}"#;
+    let out = run(&["render", "--api", "/v1/messages"], messages);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "<|im_start|>system\ns<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+    );
+    let out = run(&["render", "--api", "/v1/embeddings"], messages);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not an inference API path"));
     let out = run(&["render"], b"[]");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("must be a JSON object"));
