@@ -309,6 +309,39 @@ fn session_outcomes(router: &Router) -> [u64; 3] {
     })
 }
 
+/// Session affinity and the explanation work for Anthropic Messages requests as for chat: the
+/// session header keeps unrelated turns on the session's pod, and `explain` decides as `route`.
+#[test]
+fn a_messages_session_stays_on_its_pod_and_explains_alike() {
+    let registry = prometheus::Registry::new();
+    let router = router_from_config(
+        "picker:\n  affinity: {podCapacity: 4, latencyModel: false}\n  sessions: {enabled: true}\n",
+        three(),
+        &registry,
+    );
+    let body = |turn: usize| {
+        serde_json::to_vec(&serde_json::json!({"model": "m", "max_tokens": 4,
+            "system": [{"type": "text", "text": format!("turn {turn}: {}", "unrelated words ".repeat(turn + 8))}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "go"}]}]}))
+        .unwrap()
+    };
+    let first = router
+        .route_in_session("/v1/messages", Some(&body(0)), None, Some(b"s-1"))
+        .unwrap();
+    assert!(first.decision.unscored.is_none(), "a Messages body is scored");
+    let pod = first.decision.primary().spec.address;
+    drop(first);
+    for turn in 1..6 {
+        let explained = router.explain("/v1/messages", Some(&body(turn)), None).unwrap();
+        assert!(explained.decision.unscored.is_none());
+        let r = router
+            .route_in_session("/v1/messages", Some(&body(turn)), None, Some(b"s-1"))
+            .unwrap();
+        assert_eq!(r.decision.reason, DecisionReason::Session, "turn {turn}");
+        assert_eq!(r.decision.primary().spec.address, pod);
+    }
+}
+
 /// Session affinity at `route`: ten turns with unrelated prompts stay on the session's pod
 /// (affinity alone would spread them by share), the turns are still recorded, a fallback that
 /// served moves the session, and a saturated pod gives the session up.
