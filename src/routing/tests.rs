@@ -328,11 +328,16 @@ fn a_messages_session_stays_on_its_pod_and_explains_alike() {
     let first = router
         .route_in_session("/v1/messages", Some(&body(0)), None, Some(b"s-1"))
         .unwrap();
-    assert!(first.decision.unscored.is_none(), "a Messages body is scored");
+    assert!(
+        first.decision.unscored.is_none(),
+        "a Messages body is scored"
+    );
     let pod = first.decision.primary().spec.address;
     drop(first);
     for turn in 1..6 {
-        let explained = router.explain("/v1/messages", Some(&body(turn)), None).unwrap();
+        let explained = router
+            .explain("/v1/messages", Some(&body(turn)), None)
+            .unwrap();
         assert!(explained.decision.unscored.is_none());
         let r = router
             .route_in_session("/v1/messages", Some(&body(turn)), None, Some(b"s-1"))
