@@ -337,6 +337,49 @@ fn agent_body(seed: u64) -> Vec<u8> {
     .expect("serializable")
 }
 
+/// An agent conversation in Anthropic's Messages shape of about `bytes` (12 tools, a system
+/// prompt, then rounds of a `tool_use` and its `tool_result`), and the chat-completions body
+/// vLLM serves it as (`prompt::messages`): the same content in the two shapes.
+fn messages_and_chat_bodies(seed: u64, bytes: usize) -> (Vec<u8>, Vec<u8>) {
+    use prefix_picker::prompt::messages::{canonical_arguments, chat_form, chat_tools};
+    let prose = |seed: u64, len: usize| String::from_utf8(words(seed, len)).expect("ASCII");
+    let tools: Vec<serde_json::Value> = (0..12)
+        .map(|i| {
+            serde_json::json!({"name": format!("tool_{i}"), "description": prose(300 + i, 160),
+                "input_schema": {"type": "object", "required": ["query"], "properties": {
+                    "query": {"type": "string", "description": prose(400 + i, 80)},
+                    "limit": {"type": "integer", "minimum": 1, "maximum": 50}}}})
+        })
+        .collect();
+    let mut messages = vec![serde_json::json!({"role": "user", "content": prose(seed, 1024)})];
+    let mut size = 0;
+    let mut round = 0u64;
+    while size < bytes {
+        let id = format!("toolu_{round}");
+        messages.push(serde_json::json!({"role": "assistant", "content": [
+            {"type": "text", "text": prose(seed + 50 + round, 120)},
+            {"type": "tool_use", "id": id, "name": format!("tool_{}", round % 12),
+             "input": {"query": prose(seed + round, 40), "limit": 10}}]}));
+        messages.push(serde_json::json!({"role": "user", "content": [{"type": "tool_result",
+            "tool_use_id": id, "content": [{"type": "text", "text": prose(seed + 10 + round, 1500)}]}]}));
+        round += 1;
+        let body = serde_json::json!({"model": MODEL, "max_tokens": 512, "tools": tools,
+            "system": [{"type": "text", "text": prose(7, SYSTEM_BYTES),
+                "cache_control": {"type": "ephemeral"}}], "messages": messages});
+        size = serde_json::to_vec(&body).expect("serializable").len();
+    }
+    let anthropic = serde_json::json!({"model": MODEL, "max_tokens": 512, "tools": tools,
+        "system": [{"type": "text", "text": prose(7, SYSTEM_BYTES),
+            "cache_control": {"type": "ephemeral"}}], "messages": messages});
+    let chat = serde_json::json!({"model": MODEL, "max_tokens": 512,
+        "tools": chat_tools(anthropic.get("tools")),
+        "messages": chat_form(anthropic.get("system"), &messages, canonical_arguments)});
+    (
+        serde_json::to_vec(&anthropic).expect("serializable"),
+        serde_json::to_vec(&chat).expect("serializable"),
+    )
+}
+
 /// The shipped config's router (affinity mode) over 64 static pods, each sent 16 prompts.
 fn shipped_router() -> Router {
     let local = std::fs::read_to_string(
@@ -470,6 +513,36 @@ fn bench_request_path(c: &mut Criterion) {
                 .expect("routed")
         })
     });
+    // The same 64 KiB agent conversation as an Anthropic Messages body and as the chat body
+    // vLLM serves it as: they hash alike, and the Messages request path is measured against
+    // the chat one.
+    let (messages, chat) = messages_and_chat_bodies(9, 64 << 10);
+    let hashes = |path: &str, body: &[u8]| {
+        let explained = router.explain(path, Some(body), None);
+        explained.expect("routed").decision.hashes
+    };
+    assert_eq!(
+        hashes("/v1/messages", &messages),
+        hashes("/v1/chat/completions", &chat),
+        "request_path/messages: a Messages body hashes as its chat form"
+    );
+    for (name, path, body) in [
+        ("messages_64KiB_64pods", "/v1/messages", &messages),
+        (
+            "messages_as_chat_64KiB_64pods",
+            "/v1/chat/completions",
+            &chat,
+        ),
+    ] {
+        g.throughput(Throughput::Bytes(body.len() as u64));
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                router
+                    .route(path, Some(black_box(body)), None)
+                    .expect("routed")
+            })
+        });
+    }
     g.finish();
 }
 
