@@ -130,11 +130,11 @@ async fn the_anthropic_sdk_keeps_a_conversation_on_its_pod() {
     assert!(call["input"]["city"].is_string(), "{first}");
     let pod = first["served_by"].as_str().unwrap().to_string();
     recorded(&picker, 1.0).await;
-    // The engine tokenized the conversation's head (its two messages) for the next turn.
+    // The engine tokenized the head the next turn shares (the system message).
     wait_metric(
         &picker,
         "prefix_picker_tokenize_calls_total{result=\"ok\"}",
-        2.0,
+        1.0,
     )
     .await;
 
