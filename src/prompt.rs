@@ -158,8 +158,8 @@ pub fn render_fields<'a, J: JsonView + 'a>(
 
 /// The prompt of an Anthropic Messages body whose top-level fields are looked up by `get`:
 /// Kthena's rendering of it ([`render_fields`]) in Kthena's mode; in the affinity mode, the chat
-/// body vLLM serves it as ([`messages::chat_form`]), rendered as a chat body is. `messages`
-/// must be a list.
+/// body vLLM serves it as ([`messages::chat_form`]), rendered as a chat body is (written straight
+/// from the body: `messages::render`). `messages` must be a list.
 pub fn render_messages<'a, J: JsonView + 'a>(
     rendering: Rendering,
     get: impl Fn(&str) -> Option<&'a J>,
@@ -173,10 +173,11 @@ pub fn render_messages<'a, J: JsonView + 'a>(
             let Some(messages) = messages.as_list() else {
                 return Err(NoPrompt::MessagesNotList);
             };
-            let form = messages::chat_form(get("system"), messages, messages::canonical_arguments);
-            let tools = messages::chat_tools(get("tools"));
-            let system: Option<&Value> = None;
-            Ok(engine::render_chat(tools.as_ref(), system, &form))
+            Ok(messages::render::render(
+                get("tools"),
+                get("system"),
+                messages,
+            ))
         }
     }
 }

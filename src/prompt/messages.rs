@@ -32,6 +32,8 @@ use serde_json::{Map, Value, json};
 
 use super::JsonView;
 
+pub(super) mod render;
+
 /// The prefix of Claude Code's per-request attribution block, which vLLM drops from `system`.
 const BILLING_HEADER: &str = "x-anthropic-billing-header";
 

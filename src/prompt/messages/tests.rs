@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 
 use super::{canonical_arguments, chat_form, chat_tools};
 use crate::hashing::{BlockChain, BlockHash};
+use crate::prompt::engine;
 use crate::prompt::{NoPrompt, Rendering};
 use crate::request::{Api, InferenceRequest};
 
@@ -26,7 +27,18 @@ fn render(body: &Value, rendering: Rendering) -> Result<String, NoPrompt> {
 }
 
 fn engine(body: &Value) -> String {
-    render(body, Rendering::Engine).unwrap()
+    let prompt = render(body, Rendering::Engine).unwrap();
+    assert_eq!(prompt, reference(body), "{body}");
+    prompt
+}
+
+/// The reference the direct rendering is checked against: the chat form built, then rendered
+/// as a chat body.
+fn reference(body: &Value) -> String {
+    let messages = body["messages"].as_array().unwrap();
+    let form = chat_form(body.get("system"), messages, canonical_arguments);
+    let tools = chat_tools(body.get("tools"));
+    engine::render_chat(tools.as_ref(), None::<&Value>, &form)
 }
 
 fn hashes(body: &Value) -> Vec<BlockHash> {
@@ -319,6 +331,9 @@ fn hostile_bodies_never_fail_the_request() {
                 "messages": messages});
             assert!(render(&body, rendering).is_ok(), "{body}");
         }
+        let body = json!({"model": "m", "tools": [{"name": {}, "description": null}],
+            "messages": messages});
+        engine(&body);
     }
 }
 
@@ -414,5 +429,95 @@ proptest! {
                     format!("{:?}", b.map_err(|e| e.to_string())));
             }
         }
+    }
+}
+
+/// Any block a Messages body may carry, well-formed or not.
+fn block() -> impl Strategy<Value = Value> {
+    let text = prop_oneof![Just(String::new()), "[a-z ]{1,12}".prop_map(String::from)];
+    let item = prop_oneof![
+        text.clone()
+            .prop_map(|t| json!({"type": "text", "text": t})),
+        "[a-z]{1,6}".prop_map(|u| json!({"type": "image", "source": {"type": "url", "url": u}})),
+        "[a-z]{0,4}".prop_map(|n| json!({"type": "tool_reference", "tool_name": n})),
+        Just(json!(7)),
+        Just(json!({"type": "text", "text": 3})),
+    ];
+    prop_oneof![
+        text.clone()
+            .prop_map(|t| json!({"type": "text", "text": t})),
+        ("[a-z]{1,6}", prop::option::of("image/[a-z]{3}")).prop_map(|(d, m)| {
+            let mut source = json!({"type": "base64", "data": d});
+            if let Some(m) = m {
+                source["media_type"] = json!(m);
+            }
+            json!({"type": "image", "source": source})
+        }),
+        "[a-z]{1,6}".prop_map(|d| json!({"type": "document", "source": {"data": d}})),
+        text.clone()
+            .prop_map(|t| json!({"type": "thinking", "thinking": t})),
+        Just(json!({"type": "redacted_thinking", "data": "x"})),
+        (
+            "[a-z]{0,3}",
+            prop_oneof![
+                Just(json!({})),
+                Just(json!(null)),
+                Just(json!({"b": 1, "a": [2.5]}))
+            ]
+        )
+            .prop_map(
+                |(n, input)| json!({"type": "tool_use", "id": "t", "name": n, "input": input})
+            ),
+        (prop_oneof![
+            text.clone().prop_map(Value::from),
+            prop::collection::vec(item, 0..4).prop_map(Value::from),
+            Just(json!(null)),
+            Just(json!({"a": 1})),
+        ])
+        .prop_map(|c| json!({"type": "tool_result", "tool_use_id": "t", "content": c})),
+        Just(json!({"type": 5})),
+        Just(json!("loose")),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+    /// The direct rendering equals the reference (the chat form built, then rendered) for any
+    /// mix of blocks, roles and system shapes.
+    #[test]
+    fn the_direct_rendering_is_the_chat_forms(
+        system in prop_oneof![
+            Just(json!(null)),
+            Just(json!("")),
+            "[a-z ]{0,10}".prop_map(Value::from),
+            prop::collection::vec(block(), 0..3).prop_map(Value::from),
+        ],
+        messages in prop::collection::vec(
+            (
+                prop::sample::select(vec!["user", "assistant", "system", "ctx", "robot"]),
+                prop_oneof![
+                    "[a-z ]{0,10}".prop_map(Value::from),
+                    prop::collection::vec(block(), 0..5).prop_map(Value::from),
+                    Just(json!(null)),
+                ],
+            )
+                .prop_map(|(role, content)| json!({"role": role, "content": content})),
+            0..6,
+        ),
+        tools in prop_oneof![
+            Just(None),
+            Just(Some(json!([]))),
+            Just(Some(json!([{"name": "w", "description": null}, {"x": 1}]))),
+            Just(Some(json!([weather_tool("c")]))),
+        ],
+    ) {
+        let mut body = json!({"model": "m", "messages": messages});
+        if !system.is_null() {
+            body["system"] = system;
+        }
+        if let Some(tools) = tools {
+            body["tools"] = tools;
+        }
+        prop_assert_eq!(render(&body, Rendering::Engine).unwrap(), reference(&body));
     }
 }
