@@ -320,7 +320,8 @@ impl HeadTokens {
             return None;
         };
         let found = self.known_at(&heads);
-        let reply = api == Api::ChatCompletions && holds_reply(prompt.as_bytes(), &heads);
+        let reply = matches!(api, Api::ChatCompletions | Api::Messages)
+            && holds_reply(prompt.as_bytes(), &heads);
         let wanted = self.wanted(&heads, found.as_ref().map(|(i, _)| *i), reply);
         let queued = self.queue_fill(model, pod, api, body, messages, &wanted);
         match found {

@@ -341,9 +341,9 @@ fn a_fill_that_panics_frees_its_bytes_and_its_heads_queue_again() {
 }
 
 /// `source: file` for a Messages request: its heads are tokenized as the chat request vLLM
-/// serves it as, so the tokens found for the head the next turn shares (all but the last
-/// message) are those of that chat request's messages (the tool call's arguments as vLLM writes
-/// them, the tools in chat form).
+/// serves it as (a conversation's turn, as a chat one: its whole prompt, the next turn's head),
+/// so the tokens found are those of that chat request's messages (the tool call's arguments as
+/// vLLM writes them, the tools in chat form).
 #[cfg(feature = "tokenizer-file")]
 #[tokio::test]
 async fn a_messages_request_is_tokenized_as_its_chat_form() {
@@ -389,16 +389,15 @@ async fn a_messages_request_is_tokenized_as_its_chat_form() {
         assert!(Instant::now() < deadline, "the heads were not tokenized");
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
-    let head = prompt.rfind("<|im_start|>tool").unwrap();
-    assert_eq!(found.prompt_bytes, head, "the head before the last message");
-    // The chat request a client would send for the same conversation (its head), tokenized
-    // directly.
+    assert_eq!(found.prompt_bytes, prompt.len(), "the whole prompt");
+    // The chat request a client would send for the same conversation, tokenized directly.
     let chat = r#"[{"role":"system","content":"agent"},{"role":"user","content":"q"},
         {"role":"assistant","tool_calls":[{"id":"t","type":"function",
-        "function":{"name":"w","arguments":"{\"b\": 1, \"a\": \"x\"}"}}]}]"#;
+        "function":{"name":"w","arguments":"{\"b\": 1, \"a\": \"x\"}"}}]},
+        {"role":"tool","tool_call_id":"t","content":"r"}]"#;
     let tools = r#"[{"type":"function","function":{"name":"w","parameters":{"type":"object","properties":{"b":{},"a":{}}}}}]"#;
     let expected = source
-        .tokenize(&TokenizeInput::chat(chat, Some(tools)).with_generation_prompt(false))
+        .tokenize(&TokenizeInput::chat(chat, Some(tools)))
         .unwrap();
     assert_eq!(found.tokens.to_vec(), expected.to_vec());
     shutdown.cancel();
