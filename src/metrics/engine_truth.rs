@@ -153,7 +153,7 @@ impl StreamEvent {
 pub enum HeadOutcome {
     /// Its head was tokenized before: matched in engine tokens.
     Hit,
-    /// Not yet: matched by the estimate, the head queued for tokenizing.
+    /// Not yet: matched by the estimate (the head the next request shares queued, if any).
     Miss,
     /// Not yet, and the queue was full: matched by the estimate.
     Dropped,
