@@ -114,6 +114,19 @@ ensure_image_tools() {
   done
 }
 
+# Installs what scripts/dockerfile needs, from Debian, unless present: buildah (builds the
+# Dockerfile with no daemon) and debootstrap (the builder stand-in's bookworm).
+ensure_dockerfile_tools() {
+  local missing=()
+  command -v buildah >/dev/null 2>&1 || missing+=(buildah)
+  command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+  if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
+  local tool
+  for tool in buildah debootstrap; do
+    command -v "$tool" >/dev/null 2>&1 || { echo "$tool is missing after installing ${missing[*]}" >&2; return 1; }
+  done
+}
+
 # Installs cargo-fuzz==$CARGO_FUZZ_VERSION from crates.io (built from source, about two minutes)
 # unless some cargo-fuzz is on PATH (scripts/fuzz).
 ensure_cargo_fuzz() {
