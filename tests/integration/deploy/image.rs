@@ -1,12 +1,16 @@
-//! The container images of `scripts/image`, checked without a container runtime. Each test
-//! assembles an image from the binary this test run built (`scripts/image --binary`: the release
-//! images' layout, files and config, from a debug build), reads its config back through skopeo
+//! The container images, checked without a container runtime: those of `scripts/image` (the kind
+//! recipe's) and those the `Dockerfile` builds. A `scripts/image` test assembles its image from
+//! the binary this test run built (`scripts/image --binary`: the release images' layout, files and
+//! config, from a debug build); a Dockerfile test opens the archive `scripts/dockerfile` wrote
+//! (buildah, no daemon, on stand-in base images: `DOCKERFILE_IMAGES`, else
+//! `$CARGO_TARGET_DIR/dockerfile`; scripts/test builds them first), whose binary is the Dockerfile's
+//! release build of this commit. Each reads the image's config back through skopeo
 //! (containers/image, what `skopeo copy` to a registry reads), unpacks it with umoci, and runs the
 //! entrypoint chrooted into the rootfs as the image's user (65532:65532: the test must run as
 //! root, as CI does; it fails otherwise). The chart (and the kind recipe's model-sim Deployment)
-//! must agree with the image: name and tag, entrypoint (no `command`), user, ports; so must the
-//! Dockerfile's runtime stages (read here, never built: there is no Docker daemon where the
-//! tests run, and the image workflow has never run).
+//! must agree with both images: entrypoint (no `command`), user, ports; the `scripts/image` ones
+//! also carry the name and tag the chart and the recipe use, and the Dockerfile's the config of
+//! the `scripts/image` ones.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -57,16 +61,20 @@ fn run(command: &mut Command) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// An image assembled by `scripts/image --binary`, read back and unpacked.
+/// An image archive, read back and unpacked.
 struct Image {
     dir: tempfile::TempDir,
-    /// `io.containerd.image.name` of the archive's index (what kind and containerd tag it as).
-    name: String,
+    /// `io.containerd.image.name` of the archive's index (what kind and containerd tag it as):
+    /// `scripts/image` names its images, the Dockerfile's are named by whoever builds them.
+    name: Option<String>,
+    /// The tag (`org.opencontainers.image.ref.name`).
+    tag: String,
     /// The OCI image config, as skopeo reads it.
     config: Json,
 }
 
 impl Image {
+    /// The image `scripts/image --binary` assembles from `binary`.
     fn assemble(binary: &str) -> Image {
         require_root();
         let dir = tempfile::tempdir().unwrap();
@@ -75,6 +83,31 @@ impl Image {
         run(Command::new(root().join("scripts/image"))
             .args(["--binary", binary, "--out"])
             .arg(&archive));
+        Image::open(dir, &archive)
+    }
+
+    /// The Dockerfile's stage `stage`, as `scripts/dockerfile` built it for this commit.
+    fn dockerfile(stage: &str) -> Image {
+        require_root();
+        let dir = std::env::var_os("DOCKERFILE_IMAGES")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                std::env::var_os("CARGO_TARGET_DIR")
+                    .map_or_else(|| root().join("target"), PathBuf::from)
+                    .join("dockerfile")
+            });
+        let archive = dir.join(format!("{stage}.oci.tar"));
+        assert!(
+            archive.is_file(),
+            "{} is missing: build the Dockerfile with scripts/dockerfile (scripts/test does), or \
+             set DOCKERFILE_IMAGES to the folder it wrote",
+            archive.display()
+        );
+        Image::open(tempfile::tempdir().unwrap(), &archive)
+    }
+
+    /// Reads `archive`'s config through skopeo and unpacks it with umoci into `dir`.
+    fn open(dir: tempfile::TempDir, archive: &Path) -> Image {
         let config: Json = serde_json::from_str(&run(Command::new(tool("skopeo"))
             .args(["inspect", "--config"])
             .arg(format!("oci-archive:{}", archive.display()))))
@@ -83,7 +116,7 @@ impl Image {
         std::fs::create_dir(&layout).unwrap();
         run(Command::new("tar")
             .arg("-xf")
-            .arg(&archive)
+            .arg(archive)
             .arg("-C")
             .arg(&layout));
         let index: Json =
@@ -94,16 +127,22 @@ impl Image {
         let annotations = &manifests[0]["annotations"];
         let tag = annotations["org.opencontainers.image.ref.name"]
             .as_str()
-            .unwrap();
-        let name = annotations["io.containerd.image.name"].as_str().unwrap();
-        assert_eq!(name.rsplit_once(':').unwrap().1, tag);
+            .unwrap()
+            .to_string();
+        let name = annotations["io.containerd.image.name"]
+            .as_str()
+            .map(str::to_string);
+        if let Some(name) = &name {
+            assert_eq!(name.rsplit_once(':').unwrap().1, tag);
+        }
         run(Command::new(tool("umoci"))
             .arg("unpack")
             .arg("--image")
             .arg(format!("{}:{tag}", layout.display()))
             .arg(dir.path().join("bundle")));
         Image {
-            name: name.to_string(),
+            name,
+            tag,
             config,
             dir,
         }
@@ -205,42 +244,39 @@ fn check_common(image: &Image, entrypoint: &str) {
                 || f == entrypoint.trim_start_matches('/')),
         "{top:?}"
     );
-    check_dockerfile_stage(image, entrypoint.trim_start_matches('/'));
+    prints_its_version(image, entrypoint.trim_start_matches('/'));
+}
+
+/// The entrypoint, run as the image's user, prints `name` and this version.
+fn prints_its_version(image: &Image, name: &str) {
     let out = image.command(&["--version".into()], &[]).output().unwrap();
     assert!(out.status.success(), "--version: {}", show(&out));
-    let name = entrypoint.trim_start_matches('/');
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
         format!("{name} {}\n", env!("CARGO_PKG_VERSION"))
     );
 }
 
-/// `ENTRYPOINT`, `CMD`, `USER` and `EXPOSE` of the Dockerfile's stage `name` (the workflow's
-/// images): what the image config of `scripts/image` says.
-fn check_dockerfile_stage(image: &Image, name: &str) {
-    let text = std::fs::read_to_string(root().join("Dockerfile")).unwrap();
-    let mut stage = String::new();
-    let mut found = std::collections::BTreeMap::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let (instruction, rest) = line.split_once(' ').unwrap_or((line, ""));
-        if instruction == "FROM" {
-            stage = rest.rsplit(" AS ").next().unwrap().to_string();
-        } else if stage == name {
-            found.insert(instruction.to_string(), rest.to_string());
-        }
+/// The Dockerfile's stage `name` against the `scripts/image` image of the same binary: the same
+/// entrypoint, default command, user and ports (what the chart and the kind recipe rely on), the
+/// Dockerfile's labels and this version's tag; its binary stripped, and run as the image's user.
+fn check_dockerfile_image(image: &Image, scripts: &Image, name: &str) {
+    assert_eq!(image.tag, env!("CARGO_PKG_VERSION"), "{name}");
+    for key in ["Entrypoint", "Cmd"] {
+        assert_eq!(image.strings(key), scripts.strings(key), "{name}: {key}");
     }
-    let json = |key: &str| -> Vec<String> {
-        serde_json::from_str(&found[key]).unwrap_or_else(|e| panic!("{name}: {key}: {e}"))
-    };
-    assert_eq!(json("ENTRYPOINT"), image.strings("Entrypoint"), "{name}");
-    assert_eq!(json("CMD"), image.strings("Cmd"), "{name}");
-    let (uid, gid) = image.user();
-    assert_eq!(found["USER"], format!("{uid}:{gid}"), "{name}");
-    let exposed: BTreeSet<String> = found["EXPOSE"]
-        .split_whitespace()
-        .map(str::to_string)
-        .collect();
-    assert_eq!(exposed, image.exposed_ports(), "{name}");
+    assert_eq!(image.user(), scripts.user(), "{name}");
+    assert_eq!(image.exposed_ports(), scripts.exposed_ports(), "{name}");
+    assert_eq!(image.label("org.opencontainers.image.title"), name);
+    assert_eq!(
+        image.label("org.opencontainers.image.licenses"),
+        "Apache-2.0"
+    );
+    let sections = run(Command::new(tool("readelf"))
+        .arg("-S")
+        .arg(image.rootfs().join(name)));
+    assert!(!sections.contains(".symtab"), "{name} is not stripped");
+    prints_its_version(image, name);
 }
 
 fn chart_values() -> Value {
@@ -297,14 +333,47 @@ fn with_arg(args: &[String], flag: &str, value: &str) -> Vec<String> {
         .collect()
 }
 
-/// The image's config and the chart agree in every scenario; its entrypoint prints its version,
-/// validates every rendered config, and serves with the chart's arguments (ports 0), its
-/// rendered config at the mount path and Kubernetes discovery against a fake API server:
-/// `/healthz`, `/readyz` once the pods are listed, gRPC readiness and `/metrics`.
+/// The `scripts/image` picker image, named as the chart and the kind recipe name it, runs as the
+/// chart runs it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prefix_picker_image_runs_as_the_chart_runs_it() {
     let image = Image::assemble(env!("CARGO_BIN_EXE_prefix-picker"));
     check_common(&image, "/prefix-picker");
+    assert_eq!(
+        image.name.as_deref(),
+        Some(format!("{LOCAL_REPOSITORY}:{}", env!("CARGO_PKG_VERSION")).as_str())
+    );
+    runs_as_the_chart_runs_it(&image).await;
+}
+
+/// The Dockerfile's picker image (its release build of this commit, on the stand-in bases)
+/// declares what the `scripts/image` one does and runs as the chart runs it; its build info
+/// names this commit (the `PREFIX_PICKER_REVISION` build arg).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dockerfile_prefix_picker_image_runs_as_the_chart_runs_it() {
+    let image = Image::dockerfile("prefix-picker");
+    let scripts = Image::assemble(env!("CARGO_BIN_EXE_prefix-picker"));
+    check_dockerfile_image(&image, &scripts, "prefix-picker");
+    let metrics = runs_as_the_chart_runs_it(&image).await;
+    let head = run(Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(root()));
+    let info = format!("prefix_picker_build_info{{revision=\"{}\"", head.trim());
+    assert!(
+        metrics.contains(&info),
+        "not this commit's build (rebuild with scripts/dockerfile): {}",
+        metrics
+            .lines()
+            .find(|l| l.starts_with("prefix_picker_build_info"))
+            .unwrap_or("no prefix_picker_build_info")
+    );
+}
+
+/// The image's config and the chart agree in every scenario; its entrypoint validates every
+/// rendered config, and serves with the chart's arguments (ports 0), its rendered config at the
+/// mount path and Kubernetes discovery against a fake API server: `/healthz`, `/readyz` once the
+/// pods are listed, gRPC readiness and `/metrics` (returned, from the sidecar scenario's run).
+async fn runs_as_the_chart_runs_it(image: &Image) -> String {
     let values = chart_values();
     let chart: Value = serde_yaml_ng::from_str(
         &std::fs::read_to_string(root().join("deploy/helm/prefix-picker/Chart.yaml")).unwrap(),
@@ -315,10 +384,6 @@ async fn prefix_picker_image_runs_as_the_chart_runs_it() {
     assert_eq!(
         values["image"]["repository"], "",
         "no default image until a release is published"
-    );
-    assert_eq!(
-        image.name,
-        format!("{LOCAL_REPOSITORY}:{}", env!("CARGO_PKG_VERSION"))
     );
 
     let (_dir, rendered) = render_chart();
@@ -334,7 +399,15 @@ async fn prefix_picker_image_runs_as_the_chart_runs_it() {
             .iter()
             .find(|c| c["name"] == "prefix-picker")
             .unwrap();
-        assert_eq!(container["image"].as_str(), Some(image.name.as_str()));
+        let name = container["image"].as_str().unwrap();
+        assert_eq!(
+            name,
+            format!("{LOCAL_REPOSITORY}:{}", image.tag),
+            "{scenario}"
+        );
+        if let Some(own) = &image.name {
+            assert_eq!(name, own, "{scenario}");
+        }
         assert!(
             container.get("command").is_none(),
             "{scenario}: the image's entrypoint must run"
@@ -410,7 +483,7 @@ async fn prefix_picker_image_runs_as_the_chart_runs_it() {
     image.put("/var/run/kubeconfig", &fake_kube::kubeconfig(&fake.url()));
     let args = with_arg(&args, "--grpc-addr", "127.0.0.1:0");
     let args = with_arg(&args, "--admin-addr", "127.0.0.1:0");
-    serves_health_and_metrics(&image, &args, "grpc_addr=").await;
+    let metrics = serves_health_and_metrics(image, &args, "grpc_addr=").await;
     // The same image with GIE's args, as GIE's chart passes them (no subcommand, Go syntax, a
     // GIE flag prefix-picker does not use): health on the plaintext health port.
     let gie: Vec<String> = [
@@ -427,14 +500,15 @@ async fn prefix_picker_image_runs_as_the_chart_runs_it() {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    serves_health_and_metrics(&image, &gie, "health_addr=").await;
+    serves_health_and_metrics(image, &gie, "health_addr=").await;
     drop(fake);
+    metrics
 }
 
 /// Starts the image's entrypoint with `args` (discovery against the fake API server at
 /// `/var/run/kubeconfig`), and checks `/healthz`, `/readyz`, `/metrics` and gRPC readiness on
-/// the address its start-up line names after `health_key`.
-async fn serves_health_and_metrics(image: &Image, args: &[String], health_key: &str) {
+/// the address its start-up line names after `health_key`; returns the metrics.
+async fn serves_health_and_metrics(image: &Image, args: &[String], health_key: &str) -> String {
     let mut child = tokio::process::Command::from(image.command(
         args,
         &[
@@ -501,28 +575,50 @@ async fn serves_health_and_metrics(image: &Image, args: &[String], health_key: &
         .unwrap();
     assert!(metrics.contains("kthena_router_prefix_cache"), "{metrics}");
     child.kill().await.unwrap();
+    metrics
 }
 
-/// The model-sim image against the kind recipe's Deployment (`deploy/kind/model-sim.yaml`): same
-/// name, no `command`, the image's user and port; it serves `/health` and vLLM's `/metrics`
-/// with the image's default arguments.
+/// The `scripts/image` model-sim image, named as the kind recipe names it, serves as the recipe
+/// runs it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn model_sim_image_serves_as_the_kind_recipe_runs_it() {
     let image = Image::assemble(testkit::workspace_bin("model-sim").to_str().unwrap());
     check_common(&image, "/model-sim");
     assert_eq!(
-        image.name,
-        format!(
-            "{}/model-sim:{}",
-            LOCAL_REPOSITORY.rsplit_once('/').unwrap().0,
-            env!("CARGO_PKG_VERSION")
-        )
+        image.name.as_deref(),
+        Some(model_sim_name(&image.tag).as_str())
     );
+    serves_as_the_kind_recipe_runs_it(&image).await;
+}
+
+/// The Dockerfile's model-sim stage declares what the `scripts/image` one does and serves as the
+/// kind recipe runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dockerfile_model_sim_image_serves_as_the_kind_recipe_runs_it() {
+    let image = Image::dockerfile("model-sim");
+    let scripts = Image::assemble(testkit::workspace_bin("model-sim").to_str().unwrap());
+    check_dockerfile_image(&image, &scripts, "model-sim");
+    serves_as_the_kind_recipe_runs_it(&image).await;
+}
+
+/// The name `scripts/image` gives the model-sim image, and the kind recipe runs.
+fn model_sim_name(tag: &str) -> String {
+    let owner = LOCAL_REPOSITORY.rsplit_once('/').unwrap().0;
+    format!("{owner}/model-sim:{tag}")
+}
+
+/// The kind recipe's Deployment (`deploy/kind/model-sim.yaml`) and the image agree: name and
+/// tag, no `command`, the image's user and port; the image serves `/health` and vLLM's
+/// `/metrics` with its default arguments.
+async fn serves_as_the_kind_recipe_runs_it(image: &Image) {
     let docs =
         documents(&std::fs::read_to_string(root().join("deploy/kind/model-sim.yaml")).unwrap());
     let pod = &docs[0]["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
-    assert_eq!(container["image"].as_str(), Some(image.name.as_str()));
+    assert_eq!(
+        container["image"].as_str(),
+        Some(model_sim_name(&image.tag).as_str())
+    );
     assert!(container.get("command").is_none());
     assert_eq!(run_as(pod, container), image.user());
     assert_eq!(container_ports(container), image.exposed_ports());
