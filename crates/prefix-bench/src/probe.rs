@@ -90,11 +90,7 @@ pub struct KvAdmission {
 impl KvAdmission {
     /// Adds the samples of one engine's Prometheus text exposition.
     pub fn add(&mut self, text: &str) {
-        for line in text.lines() {
-            let Some((name, value)) = line.rsplit_once(' ') else {
-                continue;
-            };
-            let value: f64 = value.parse().unwrap_or(0.0);
+        for (name, value) in samples(text) {
             match name {
                 "vllm:num_preemptions_total" => self.preemptions += value,
                 "model_sim_admission_waits_total{cause=\"kv_cache\"}" => self.kv_waits += value,
@@ -109,14 +105,7 @@ impl KvAdmission {
     /// The engines at `sims` (base URLs), since they started; an engine that does not answer
     /// counts nothing.
     pub async fn read(sims: &[String]) -> KvAdmission {
-        let client = reqwest::Client::new();
-        let mut sum = KvAdmission::default();
-        for s in sims {
-            if let Ok(r) = client.get(format!("{s}/metrics")).send().await {
-                sum.add(&r.text().await.unwrap_or_default());
-            }
-        }
-        sum
+        sum_engines(sims, KvAdmission::add).await
     }
 }
 
@@ -141,11 +130,7 @@ pub struct TokenizeWork {
 impl TokenizeWork {
     /// Adds the samples of one engine's Prometheus text exposition.
     pub fn add(&mut self, text: &str) {
-        for line in text.lines() {
-            let Some((name, value)) = line.rsplit_once(' ') else {
-                continue;
-            };
-            let value: f64 = value.parse().unwrap_or(0.0);
+        for (name, value) in samples(text) {
             match name {
                 "model_sim_tokenize_requests_total" => self.calls += value,
                 "model_sim_tokenize_tokens_total" => self.tokens += value,
@@ -156,14 +141,7 @@ impl TokenizeWork {
 
     /// The engines at `sims` (base URLs); an engine that does not answer counts nothing.
     pub async fn read(sims: &[String]) -> TokenizeWork {
-        let client = reqwest::Client::new();
-        let mut sum = TokenizeWork::default();
-        for s in sims {
-            if let Ok(r) = client.get(format!("{s}/metrics")).send().await {
-                sum.add(&r.text().await.unwrap_or_default());
-            }
-        }
-        sum
+        sum_engines(sims, TokenizeWork::add).await
     }
 
     /// What was done since `before` (an engine restarted since counts from 0: never below 0).
@@ -173,6 +151,27 @@ impl TokenizeWork {
             tokens: (self.tokens - before.tokens).max(0.0),
         }
     }
+}
+
+/// Each `name value` sample of a Prometheus text exposition (an unparsable value reads 0).
+fn samples(text: &str) -> impl Iterator<Item = (&str, f64)> {
+    text.lines().filter_map(|line| {
+        let (name, value) = line.rsplit_once(' ')?;
+        Some((name, value.parse().unwrap_or(0.0)))
+    })
+}
+
+/// `add` over the `/metrics` of the engines at `sims` (base URLs), from a default; an engine
+/// that does not answer adds nothing.
+async fn sum_engines<T: Default>(sims: &[String], add: fn(&mut T, &str)) -> T {
+    let client = reqwest::Client::new();
+    let mut sum = T::default();
+    for s in sims {
+        if let Ok(r) = client.get(format!("{s}/metrics")).send().await {
+            add(&mut sum, &r.text().await.unwrap_or_default());
+        }
+    }
+    sum
 }
 
 /// `utime + stime` of a process, in seconds (Linux `/proc/<pid>/stat`, 100 ticks/s).
