@@ -3,7 +3,8 @@
 //! Closed loop: `concurrency` workers; the turns of one conversation run in order on one worker.
 //! Open loop: arrivals at the trace's timestamps, or Poisson at `rate` requests/s (seeded);
 //! conversations still wait for their previous turn. Every request streams (SSE) so TTFT is the
-//! time to the first `data:` event. Engine hit rate = token-weighted delta of the sims'
+//! time to the first token ([`answer`] reads OpenAI's events or Anthropic's, by the request's
+//! path). Engine hit rate = token-weighted delta of the sims'
 //! `vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total` over the run.
 //! `base` may list several routers (comma-separated): requests go to them round-robin, as a
 //! load balancer in front of gateway replicas would send them. A request pinned to an engine
@@ -24,6 +25,9 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use super::workload::BenchRequest;
+use answer::{AnswerReader, Shape};
+
+mod answer;
 
 /// How requests arrive.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -44,7 +48,8 @@ pub struct Sample {
     pub served_by: String,
     pub group: Option<u32>,
     /// The engine's `usage.prompt_tokens` and `prompt_tokens_details.cached_tokens` (from the
-    /// stream's usage chunk; 0 when the stream carried none).
+    /// stream's usage chunk; 0 when the stream carried none), or Anthropic's usage read as
+    /// [`answer`] says.
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
 }
@@ -275,77 +280,31 @@ async fn one(client: &reqwest::Client, base: &str, r: &BenchRequest, t0: Instant
         .to_string();
     let mut stream = resp.bytes_stream();
     let mut ttft = None;
-    let mut events = 0u64;
-    let mut usage_chunks = 0u64;
-    // The stream's last bytes, where the usage chunk is.
-    let mut tail: Vec<u8> = Vec::new();
-    // Whether the engine said it ended the answer (see `generation_ended`).
-    let mut ended = false;
+    let mut reader = AnswerReader::new(Shape::of(r.path));
     while let Some(chunk) = stream.next().await {
         let Ok(chunk) = chunk else {
             return Sample::default();
         };
-        if ttft.is_none() {
+        if reader.feed(&chunk) {
             ttft = Some(start.elapsed().as_secs_f64());
         }
-        events += chunk.windows(6).filter(|w| w == b"data: ").count() as u64;
-        // Not a token: the usage chunk of `stream_options.include_usage` (no choices).
-        usage_chunks += chunk.windows(14).filter(|w| w == b"\"choices\":[]").count() as u64;
-        tail.extend_from_slice(&chunk);
-        ended = ended || generation_ended(&tail);
-        if tail.len() > USAGE_TAIL_BYTES {
-            tail.drain(..tail.len() - USAGE_TAIL_BYTES);
-        }
     }
-    if streamed && !(ended && finished(&tail)) {
-        // Cut short (its engine died mid-answer), however cleanly the router ended it: smg
-        // closes a stream whose engine died with `data: [DONE]`, but no chunk ended the answer.
+    // A stream cut short (its engine died mid-answer) is a failure, however cleanly the router
+    // ended it ([`AnswerReader::finish`]).
+    let Some(answer) = reader.finish(streamed) else {
         return Sample::default();
-    }
+    };
     Sample {
         ok: true,
         ttft: ttft.unwrap_or_else(|| start.elapsed().as_secs_f64()),
         e2e: start.elapsed().as_secs_f64(),
-        output_tokens: events.saturating_sub(1 + usage_chunks),
+        output_tokens: answer.output_tokens,
         served_by,
         group: r.group,
         start: start.duration_since(t0).as_secs_f64(),
-        prompt_tokens: usage_count(&tail, b"\"prompt_tokens\":"),
-        cached_tokens: usage_count(&tail, b"\"cached_tokens\":"),
+        prompt_tokens: answer.prompt_tokens,
+        cached_tokens: answer.cached_tokens,
     }
-}
-
-/// Whether an SSE stream's last bytes are its `data: [DONE]` event: a stream that ends without
-/// it was cut short, whether the router reset the connection (Envoy) or ended the body cleanly.
-fn finished(tail: &[u8]) -> bool {
-    let end = tail.trim_ascii_end();
-    end.ends_with(b"data: [DONE]")
-}
-
-/// Whether `bytes` hold the event with which an engine ends its answer: a chunk with a
-/// `finish_reason` (chat and completions; null on every other chunk) or the Responses API's
-/// `response.completed`.
-fn generation_ended(bytes: &[u8]) -> bool {
-    const ENDS: [&[u8]; 2] = [b"\"finish_reason\":\"", b"\"type\":\"response.completed\""];
-    ENDS.iter()
-        .any(|end| bytes.windows(end.len()).any(|w| w == *end))
-}
-
-/// Bytes of a stream's end kept for its usage chunk.
-const USAGE_TAIL_BYTES: usize = 1024;
-
-/// The number after the last `key` in `bytes` (0 when there is none).
-fn usage_count(bytes: &[u8], key: &[u8]) -> u64 {
-    let Some(at) = bytes.windows(key.len()).rposition(|w| w == key) else {
-        return 0;
-    };
-    bytes[at + key.len()..]
-        .iter()
-        .skip_while(|b| b.is_ascii_whitespace())
-        .take_while(|b| b.is_ascii_digit())
-        .fold(0u64, |n, &b| {
-            n.saturating_mul(10).saturating_add(u64::from(b - b'0'))
-        })
 }
 
 /// A unit of work: one request, a conversation (in order) or a burst (all at once).
@@ -716,32 +675,5 @@ mod tests {
         let calls = calls.into_inner().unwrap();
         assert_eq!(calls.iter().map(|c| c.0).collect::<Vec<_>>(), vec![0, 1]);
         assert!(calls[0].1 >= 2 && calls[1].1 >= 5, "{calls:?}");
-    }
-
-    #[test]
-    fn usage_counts_come_from_the_last_usage_chunk_and_a_whole_stream_ends_with_done() {
-        let tail = b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\": 1712,\"prompt_tokens_details\":{\"cached_tokens\":1536}}}\n\ndata: [DONE]";
-        assert_eq!(usage_count(tail, b"\"prompt_tokens\":"), 1712);
-        assert_eq!(usage_count(tail, b"\"cached_tokens\":"), 1536);
-        assert_eq!(usage_count(b"data: [DONE]", b"\"cached_tokens\":"), 0);
-        assert!(finished(tail));
-        assert!(finished(b"data: [DONE]\n\n"));
-        assert!(!finished(
-            b"data: {\"choices\":[{\"delta\":{\"content\":\" the\"}}]}\n\n"
-        ));
-        assert!(!finished(b""));
-    }
-
-    #[test]
-    fn a_stream_ends_its_answer_with_a_finish_reason_or_response_completed() {
-        let last = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" the\"},\"finish_reason\":\"length\"}]}\n\n";
-        assert!(generation_ended(last));
-        assert!(generation_ended(
-            b"data: {\"type\":\"response.completed\",\"response\":{}}\n\n"
-        ));
-        // Every chunk before the last, and a stream a router closed after its engine died.
-        let cut = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" the\"},\"finish_reason\":null}]}\n\ndata: [DONE]\n\n";
-        assert!(finished(cut));
-        assert!(!generation_ended(cut));
     }
 }
