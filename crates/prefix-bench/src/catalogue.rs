@@ -7,12 +7,13 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
+use prefix_picker::request::Api;
 
 use super::driver::Arrival;
 use super::engines::SIMS;
 use super::project::root;
 use super::suite_results::Skipped;
-use super::workload::{self, BenchRequest};
+use super::workload::{self, AgentScript, BenchRequest};
 
 /// One workload of the suite: its requests, how they arrive, and the engines it runs on.
 pub struct WorkloadSpec {
@@ -92,13 +93,38 @@ impl WorkloadSpec {
         }
     }
 
-    /// Selected by `--workloads` (nothing given = all).
+    /// Selected by `--workloads` (nothing given = all): an entry equal to its key, or a prefix
+    /// of its name ([`select`] keeps a workload's key from selecting others by name).
     pub fn selected(&self, filter: &[String]) -> bool {
         filter.is_empty()
             || filter
                 .iter()
                 .any(|f| f == self.key || self.name.starts_with(f.as_str()))
     }
+
+    /// Whether its requests go to Anthropic's `/v1/messages` (a router must route that path).
+    pub fn speaks_messages(&self) -> bool {
+        self.requests
+            .iter()
+            .any(|r| Api::from_path(r.path) == Some(Api::Messages))
+    }
+}
+
+/// The workloads of `all` that `--workloads` `filter` selects (all when empty): an entry that is
+/// a workload's key selects that workload alone (`agent` is not `agent-messages`, whose name
+/// starts with it), any other entry every workload whose name starts with it.
+pub fn select(all: Vec<WorkloadSpec>, filter: &[String]) -> Vec<WorkloadSpec> {
+    let keys: Vec<&'static str> = all.iter().map(|w| w.key).collect();
+    let filter: Vec<&String> = filter.iter().collect();
+    all.into_iter()
+        .filter(|w| {
+            filter.is_empty()
+                || filter.iter().any(|f| {
+                    f.as_str() == w.key
+                        || (!keys.contains(&f.as_str()) && w.name.starts_with(f.as_str()))
+                })
+        })
+        .collect()
 }
 
 /// Multi-tenant system prompts, tokens (~6 KB): the engines' caches hold about a quarter of the
@@ -185,6 +211,20 @@ fn quick_catalogue(seed: u64) -> Vec<WorkloadSpec> {
             2048,
         ),
         WorkloadSpec::new(
+            "agent-messages",
+            "agent-messages (agent's words with 4 tools as Anthropic Messages, /v1/messages: 8 sessions x 4 turns of tool_use and tool_result, out 16)",
+            workload::agent_messages(&AgentScript::new(8, 4, 10 * 1024, 64, 128, 16, seed), m),
+            Arrival::Closed { concurrency: 4 },
+            2048,
+        ),
+        WorkloadSpec::new(
+            "agent-chat",
+            "agent-chat (agent-messages as chat completions: tool_calls and tool messages)",
+            workload::agent_chat_tools(&AgentScript::new(8, 4, 10 * 1024, 64, 128, 16, seed), m),
+            Arrival::Closed { concurrency: 4 },
+            2048,
+        ),
+        WorkloadSpec::new(
             "busy-tenants",
             "busy-tenants (12 tenants x 6 KB system, Zipf 1, 64 sessions of 1-3 turns, out 32; max-num-seqs 4, 24 clients for 16 slots)",
             workload::multi_tenant(12, 64, TENANT_SYSTEM_TOKENS, 64, 32, 1.0, seed, m),
@@ -223,6 +263,18 @@ fn full_catalogue(seed: u64) -> Vec<WorkloadSpec> {
             key,
             name,
             workload::agent_sessions(32, 8, 10 * 1024, 128, 512, 48, seed, m),
+            Arrival::Closed { concurrency: 16 },
+            2048,
+        )
+    };
+    // The agent workload's words with tools, as Anthropic Messages and as chat completions
+    // (issue 58): the same engines and arrivals as `agent`.
+    let agent_script = AgentScript::new(32, 8, 10 * 1024, 128, 512, 48, seed);
+    let agent_shaped = |key, name, requests| {
+        WorkloadSpec::new(
+            key,
+            name,
+            requests,
             Arrival::Closed { concurrency: 16 },
             2048,
         )
@@ -281,6 +333,16 @@ fn full_catalogue(seed: u64) -> Vec<WorkloadSpec> {
         agent(
             "agent",
             "agent (32 sessions x 8 turns, shared 10 KB tool preamble, steps ~512 tok, out 48)",
+        ),
+        agent_shaped(
+            "agent-messages",
+            "agent-messages (agent's words with 4 tools as Anthropic Messages, /v1/messages: 32 sessions x 8 turns of tool_use and tool_result, out 48)",
+            workload::agent_messages(&agent_script, m),
+        ),
+        agent_shaped(
+            "agent-chat",
+            "agent-chat (agent-messages as chat completions: tool_calls and tool messages)",
+            workload::agent_chat_tools(&agent_script, m),
         ),
         WorkloadSpec::new(
             "busy-tenants",
@@ -531,6 +593,56 @@ mod tests {
         assert_eq!(busy.requests[9].body, agent.requests[9].body);
         assert_eq!(busy.max_num_seqs, 3);
         assert_eq!(busy.arrival, Arrival::Closed { concurrency: 18 });
+    }
+
+    #[test]
+    fn the_messages_agent_and_its_chat_twin_are_the_agents_sessions() {
+        for quick in [false, true] {
+            let all = workloads(quick, 1, &default_trace()).unwrap().0;
+            let agent = find(&all, "agent").unwrap();
+            let messages = find(&all, "agent-messages").unwrap();
+            let chat = find(&all, "agent-chat").unwrap();
+            for w in [messages, chat] {
+                assert_eq!(w.requests.len(), agent.requests.len(), "{}", w.key);
+                assert_eq!(
+                    (w.arrival, w.kv_blocks, w.max_num_seqs),
+                    (agent.arrival, agent.kv_blocks, agent.max_num_seqs)
+                );
+                assert!(w.name.starts_with(w.key));
+            }
+            assert!(messages.speaks_messages());
+            assert!(!chat.speaks_messages() && !agent.speaks_messages());
+            assert!(messages.requests.iter().all(|r| r.path == "/v1/messages"));
+            // The same sessions, turn for turn.
+            for (a, b) in messages.requests.iter().zip(&chat.requests) {
+                assert_eq!((a.group, a.conversation), (b.group, b.conversation));
+            }
+            assert_eq!(
+                messages.requests[9].body["system"][0]["text"],
+                agent.requests[9].body["messages"][0]["content"]
+            );
+        }
+    }
+
+    #[test]
+    fn a_workloads_key_selects_it_alone_and_a_name_prefix_selects_every_match() {
+        let keys = |filter: &[&str]| -> Vec<&'static str> {
+            let all = workloads(false, 1, &default_trace()).unwrap().0;
+            let filter: Vec<String> = filter.iter().map(|f| f.to_string()).collect();
+            select(all, &filter).iter().map(|w| w.key).collect()
+        };
+        assert_eq!(keys(&["agent"]), vec!["agent"]);
+        assert_eq!(
+            keys(&["agent-messages", "agent-chat"]),
+            vec!["agent-messages", "agent-chat"]
+        );
+        assert_eq!(keys(&["agent-"]), vec!["agent-messages", "agent-chat"]);
+        assert_eq!(
+            keys(&["shared-prefix Kthena"]),
+            vec!["kthena-long", "kthena-short"]
+        );
+        let all = workloads(false, 1, &default_trace()).unwrap().0.len();
+        assert_eq!(keys(&[]).len(), all);
     }
 
     #[test]

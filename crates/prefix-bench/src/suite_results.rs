@@ -23,12 +23,24 @@ pub struct Skipped {
     pub reason: String,
 }
 
+/// A row the suite did not run on a workload (a peer that cannot route its API).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SkippedRow {
+    /// The workload's `--workloads` key.
+    pub workload: String,
+    pub row: String,
+    pub reason: String,
+}
+
 /// What one `suite` wrote.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct SuiteResults {
     pub runs: Vec<RunResult>,
     #[serde(default)]
     pub skipped: Vec<Skipped>,
+    /// Rows left out of a workload they cannot run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped_rows: Vec<SkippedRow>,
     /// The shipped-config rows' picker config, when `--config` replaced the shipped one.
     #[serde(default)]
     pub config: Option<PathBuf>,
@@ -88,6 +100,12 @@ impl SuiteResults {
         for s in &self.skipped {
             out.push_str(&format!("- Skipped `{}`: {}\n", s.workload, s.reason));
         }
+        for s in &self.skipped_rows {
+            out.push_str(&format!(
+                "- No `{}` row on `{}`: {}\n",
+                s.row, s.workload, s.reason
+            ));
+        }
         out
     }
 
@@ -125,6 +143,11 @@ mod tests {
                 workload: "trace".into(),
                 reason: "no file".into(),
             }],
+            skipped_rows: vec![SkippedRow {
+                workload: "agent-messages".into(),
+                row: "vllm-router".into(),
+                reason: "no /v1/messages route".into(),
+            }],
             config: Some("mine.yaml".into()),
             engine_profile: EngineProfile::Default,
             kv_pressure_prompts: None,
@@ -134,6 +157,7 @@ mod tests {
         let back = SuiteResults::read(&path).unwrap();
         assert_eq!(back.runs.len(), 1);
         assert_eq!(back.skipped, suite.skipped);
+        assert_eq!(back.skipped_rows, suite.skipped_rows);
         assert_eq!(back.config, suite.config);
         let md = back.markdown();
         assert!(
@@ -141,12 +165,16 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("\n- Skipped `trace`: no file\n"), "{md}");
+        assert!(
+            md.contains("\n- No `vllm-router` row on `agent-messages`: no /v1/messages route\n"),
+            "{md}"
+        );
         assert!(md.contains("| a | 50.0% |"), "{md}");
 
         std::fs::write(&path, serde_json::to_string(&vec![run("b")]).unwrap()).unwrap();
         let old = SuiteResults::read(&path).unwrap();
         assert_eq!(old.runs[0].router, "b");
-        assert!(old.skipped.is_empty() && old.config.is_none());
+        assert!(old.skipped.is_empty() && old.skipped_rows.is_empty() && old.config.is_none());
         assert!(old.markdown().starts_with("\n**w**"));
     }
 

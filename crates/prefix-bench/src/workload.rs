@@ -10,8 +10,10 @@
 //! - `burst`: `bursts` new prefixes, each sent by `size` requests at once.
 //! - `multi-tenant`: `tenants` system prompts (~6 KB each) with Zipf popularity, more than one
 //!   pod's cache holds; sessions of 1-3 turns that re-send their history.
-//! - `agent`: one shared tool preamble longer than the router's 8 KiB hash coverage, then
-//!   sessions that grow append-only over several turns (tool calls and results).
+//! - [`agent`]: one shared tool preamble longer than the router's 8 KiB hash coverage, then
+//!   sessions that grow append-only over several turns (tool calls and results): as text chat
+//!   (`agent`), and with the same words as Anthropic Messages (`agent-messages`) and as chat
+//!   completions with tool calls (`agent-chat`).
 //! - `hot-prefix`: one prefix carries `hot_share` of the requests, the others share the rest.
 //! - [`mid_message`]: prefixes that end inside a message (`retrieval`, `completion-doc`,
 //!   `few-shot`, `tool-result`).
@@ -22,7 +24,8 @@
 //!
 //! Every request names its affinity group (`group`: the shared prefix, tenant or session), so
 //! [`super::oracle`] can place groups with perfect knowledge. Streams ask
-//! `stream_options.include_usage`, so engines report `cached_tokens` at the end of each stream.
+//! `stream_options.include_usage`, so engines report `cached_tokens` at the end of each stream
+//! (a Messages stream always reports `cache_read_input_tokens`).
 
 use std::io::BufRead;
 use std::path::Path;
@@ -33,7 +36,9 @@ use rand::{Rng, SeedableRng};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+pub mod agent;
 pub mod mid_message;
+pub use agent::{AgentScript, agent_chat_tools, agent_messages, agent_sessions};
 pub use mid_message::{completion_doc, few_shot, retrieval, tool_result};
 
 const VOCABULARY: [&str; 64] = [
@@ -270,54 +275,6 @@ pub fn multi_tenant(
     out
 }
 
-/// Agent sessions: one tool preamble of `preamble_bytes` shared by every session, a task of
-/// `task_tokens`, then `turns` requests per session, each appending the previous tool call
-/// (`output_tokens`) and its result (half to 1.5x `step_tokens`): append-only histories.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "one argument per workload parameter"
-)]
-pub fn agent_sessions(
-    sessions: usize,
-    turns: usize,
-    preamble_bytes: usize,
-    task_tokens: usize,
-    step_tokens: usize,
-    output_tokens: usize,
-    seed: u64,
-    model: &str,
-) -> Vec<BenchRequest> {
-    let preamble = format!(
-        "You are an agent. Call one tool per step. Tools: {}",
-        text(seed ^ 0xA6E7, preamble_bytes)
-    );
-    let mut rng = SmallRng::seed_from_u64(seed ^ 0xA6E7_5E55);
-    let mut out = Vec::new();
-    for s in 0..sessions {
-        let cs = seed ^ (s as u64 + 1).wrapping_mul(0xD6E8_FEB8_6659_FD93);
-        let mut history = vec![
-            json!({"role": "system", "content": preamble}),
-            json!({"role": "user", "content": format!("Task: {}", text(cs, task_tokens * 4))}),
-        ];
-        for t in 0..turns {
-            out.push(
-                BenchRequest::new(
-                    "/v1/chat/completions",
-                    chat(Value::Array(history.clone()), output_tokens, model),
-                    Some(s as u32),
-                )
-                .turn_of(s as u32),
-            );
-            let call = text(cs ^ (2 * t as u64 + 1), output_tokens * 4);
-            let result_tokens = rng.random_range(step_tokens / 2..=step_tokens * 3 / 2);
-            let result = text(cs ^ (2 * t as u64 + 2), result_tokens * 4);
-            history.push(json!({"role": "assistant", "content": format!("call {call}")}));
-            history.push(json!({"role": "user", "content": format!("Tool result: {result}")}));
-        }
-    }
-    out
-}
-
 /// Hot prefix: `requests` questions over `prefixes` system prompts, prefix 0 drawing
 /// `hot_share` of them and the others sharing the rest evenly, in random order.
 #[expect(
@@ -406,10 +363,16 @@ pub fn trace(
     Ok(out)
 }
 
-/// The model and the prompt an engine sees for `r` (rendered as the router renders it), or
-/// `None` when the body does not parse.
+/// The model and the prompt an engine sees for `r` (rendered as the router renders it; a
+/// Messages request as the chat request vLLM serves it as, as model-sim does), or `None` when
+/// the body does not parse.
 pub fn engine_prompt(r: &BenchRequest) -> Option<(String, String)> {
-    let body = serde_json::to_vec(&r.body).expect("serializable");
+    use prefix_picker::request::Api;
+    let body = match Api::from_path(r.path) {
+        Some(Api::Messages) => model_sim::messages::chat_body(&r.body),
+        _ => r.body.clone(),
+    };
+    let body = serde_json::to_vec(&body).expect("serializable");
     let req = prefix_picker::request::InferenceRequest::parse(&body).ok()?;
     Some((req.model, req.prompt.unwrap_or_default()))
 }

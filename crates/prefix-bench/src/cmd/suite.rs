@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use clap::Args;
-use prefix_bench::catalogue::{WorkloadSpec, default_trace, workloads};
+use prefix_bench::catalogue::{WorkloadSpec, default_trace, select, workloads};
 use prefix_bench::cluster::{Cluster, Setup, start_cluster_on};
 use prefix_bench::driver::{self, RunResult};
 use prefix_bench::engines::{
@@ -17,7 +17,7 @@ use prefix_bench::rows::{
     self, CAPPED_ORACLE_BUDGET, CAPPED_ORACLE_LOAD, EXT_PROC_FLOOR, capped_oracle_row, routers,
     without_refused_rows,
 };
-use prefix_bench::suite_results::{Skipped, SuiteResults};
+use prefix_bench::suite_results::{Skipped, SkippedRow, SuiteResults};
 use prefix_bench::workload::BenchRequest;
 use prefix_bench::{oracle, placement_search, probe, profiles, report, summary, workload};
 
@@ -143,10 +143,11 @@ pub async fn run(opts: SuiteOpts) -> anyhow::Result<()> {
     let mut suites = Vec::new();
     for &profile in &profiles {
         let routers = rows_for(profile, &routers);
-        let runs = run_profile(&opts, &selected, &routers, profile).await?;
+        let (runs, skipped_rows) = run_profile(&opts, &selected, &routers, profile).await?;
         let suite = SuiteResults {
             runs,
             skipped: skipped.clone(),
+            skipped_rows,
             config: opts.config.clone(),
             engine_profile: profile,
             kv_pressure_prompts: (profile == EngineProfile::KvPressure)
@@ -188,18 +189,50 @@ fn rows_for(profile: EngineProfile, rows: &[(String, Setup)]) -> Vec<(String, Se
         .collect()
 }
 
-/// Every selected workload on every row, `--repeat` times interleaved, on `profile`'s engines.
+/// The rows that can run workload `w` (a peer without a `/v1/messages` route cannot run a
+/// Messages workload), and the others, each said on stderr.
+fn rows_able(
+    w: &WorkloadSpec,
+    rows: &[(String, Setup)],
+) -> (Vec<(String, Setup)>, Vec<SkippedRow>) {
+    let mut skipped = Vec::new();
+    let able = rows
+        .iter()
+        .filter(|(name, setup)| {
+            let able = !w.speaks_messages() || setup.routes_messages();
+            if !able {
+                let reason = "this router has no `/v1/messages` route (Anthropic's Messages API)";
+                eprintln!("no row {name} on {}: {reason}", w.key);
+                skipped.push(SkippedRow {
+                    workload: w.key.to_string(),
+                    row: name.clone(),
+                    reason: reason.to_string(),
+                });
+            }
+            able
+        })
+        .cloned()
+        .collect();
+    (able, skipped)
+}
+
+/// Every selected workload on every row that can run it, `--repeat` times interleaved, on
+/// `profile`'s engines; and the rows left out of a workload.
 async fn run_profile(
     opts: &SuiteOpts,
     selected: &[WorkloadSpec],
-    routers: &[(String, Setup)],
+    all_routers: &[(String, Setup)],
     profile: EngineProfile,
-) -> anyhow::Result<Vec<RunResult>> {
+) -> anyhow::Result<(Vec<RunResult>, Vec<SkippedRow>)> {
     let repeat = opts.repeat.unwrap_or(if opts.quick { 1 } else { 3 }) as usize;
-    let reads_events = routers.iter().any(|(_, s)| s.reads_engine_events());
+    let reads_events = all_routers.iter().any(|(_, s)| s.reads_engine_events());
     let mut results = Vec::new();
+    let mut skipped_rows = Vec::new();
     let started = std::time::Instant::now();
     for w in selected {
+        let (routers, skipped) = rows_able(w, all_routers);
+        skipped_rows.extend(skipped);
+        let routers = &routers[..];
         let plan = WorkloadPlan::new(w, routers, opts, profile);
         if !profile.is_default() {
             eprintln!(
@@ -233,7 +266,7 @@ async fn run_profile(
             }
         }
     }
-    Ok(results)
+    Ok((results, skipped_rows))
 }
 
 /// The workloads `only` selects (all when empty), and the skipped ones among them, each said
@@ -253,7 +286,7 @@ fn selected_workloads(
         eprintln!("skipping workload {}: {}", s.workload, s.reason);
     }
     let keys: Vec<&str> = all.iter().map(|w| w.key).collect();
-    let selected: Vec<WorkloadSpec> = all.into_iter().filter(|w| w.selected(only)).collect();
+    let selected = select(all, only);
     anyhow::ensure!(
         !selected.is_empty(),
         "{}",
