@@ -116,6 +116,78 @@ mod tests {
         assert!(n >= 10, "the seed corpus is missing ({n} files)");
     }
 
+    /// The hostile Messages seeds (issue 58) hold, and get the outcome a sender can rely on:
+    /// routed with a prompt (invalid UTF-8 replaced, a huge tool input past the coverage, 100
+    /// levels of nesting, wrong types skipped), and nesting past `serde_json`'s limit refused
+    /// as not JSON, by both parsers alike.
+    #[test]
+    fn hostile_messages_bodies_get_defined_outcomes() {
+        use crate::prompt::Rendering;
+        use crate::request::{Api, InferenceRequest, RequestError};
+
+        let seed = |name: &str| {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("fuzz/seeds")
+                .join(name);
+            std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        };
+        let prompt = |body: &[u8]| {
+            check_request_body(body);
+            let r = InferenceRequest::parse_for(Api::Messages, body, Rendering::Engine).unwrap();
+            assert_eq!(r.model, "m");
+            r.prompt
+        };
+        let utf8 = prompt(&seed("messages-invalid-utf8.json")).unwrap();
+        for text in [
+            "sys\u{FFFD}",
+            "a\u{FFFD}",
+            "b\u{FFFD}",
+            "r\u{FFFD}",
+            "plain\u{FFFD}",
+        ] {
+            assert!(utf8.contains(text), "{text:?} in {utf8:?}");
+        }
+        let huge = prompt(&seed("messages-huge-tool-input.json")).unwrap();
+        assert!(
+            huge.len() > 30_000,
+            "the input and the result: {}",
+            huge.len()
+        );
+        assert!(huge.contains(&"z".repeat(20_000)) && huge.contains(&"r".repeat(12_000)));
+        assert!(prompt(&seed("messages-deep.json")).is_ok());
+        // Wrong types are skipped, the rest kept in order: the tools, the call (no name, no
+        // input), its result, the document and the image; not the messages with no valid role.
+        let wrong = prompt(&seed("messages-wrong-types-blocks.json")).unwrap();
+        assert!(wrong.starts_with("<|tools:"), "{wrong}");
+        let call = wrong.find("<|tool_call:|>{}").expect("the call");
+        let result = wrong.find("<|im_start|>tool\n").expect("its result");
+        assert!(
+            call < result && wrong[result..].contains("<|part:image_url:"),
+            "{wrong}"
+        );
+        assert!(!wrong.contains("no role"), "{wrong}");
+        // Nesting past the limit, in a tool input: refused as not JSON (a 400), never a panic.
+        let too_deep = format!(
+            r#"{{"model":"m","messages":[{{"role":"assistant","content":[{{"type":"tool_use","name":"t","input":{}1{}}}]}}]}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        check_request_body(too_deep.as_bytes());
+        for parsed in [
+            InferenceRequest::parse_for(Api::Messages, too_deep.as_bytes(), Rendering::Engine),
+            InferenceRequest::parse_by_value_for(
+                Api::Messages,
+                too_deep.as_bytes(),
+                Rendering::Engine,
+            ),
+        ] {
+            assert!(
+                matches!(parsed, Err(RequestError::NotJson(_))),
+                "{parsed:?}"
+            );
+        }
+    }
+
     #[test]
     fn long_and_escaped_bodies_hold() {
         // Past the coverage of both chains, and a valid surrogate pair next to plain text.
