@@ -70,10 +70,10 @@ impl Setup {
     }
 
     /// Whether the row routes Anthropic's `/v1/messages`: every Envoy row (any path) and the
-    /// oracles (no router) do; of the peers smg does (its Messages API), sglang-router 0.3.2
-    /// and vllm-router 0.1.17 do not (no such route: 404, checked 2026-12-07).
+    /// oracles (no router) do; of the peers smg 1.13.0 and vllm-router 0.1.17 do, sglang-router
+    /// 0.3.2 does not (no such route: 404; checked 2026-12-07 against model-sim).
     pub fn routes_messages(&self) -> bool {
-        !matches!(self, Setup::Sglang(_) | Setup::Vllm(_))
+        !matches!(self, Setup::Sglang(_))
     }
 
     /// Whether the row's picker reads the engines' KV events (itself, or through Redis).
