@@ -115,7 +115,6 @@ impl WorkloadSpec {
 /// starts with it), any other entry every workload whose name starts with it.
 pub fn select(all: Vec<WorkloadSpec>, filter: &[String]) -> Vec<WorkloadSpec> {
     let keys: Vec<&'static str> = all.iter().map(|w| w.key).collect();
-    let filter: Vec<&String> = filter.iter().collect();
     all.into_iter()
         .filter(|w| {
             filter.is_empty()
@@ -174,6 +173,7 @@ pub fn workloads(
 /// side by side with the others'.
 fn quick_catalogue(seed: u64) -> Vec<WorkloadSpec> {
     let m = "model";
+    let agent_script = AgentScript::new(8, 4, 10 * 1024, 64, 128, 16, seed);
     vec![
         WorkloadSpec::new(
             "shared-prefix",
@@ -213,14 +213,14 @@ fn quick_catalogue(seed: u64) -> Vec<WorkloadSpec> {
         WorkloadSpec::new(
             "agent-messages",
             "agent-messages (agent's words with 4 tools as Anthropic Messages, /v1/messages: 8 sessions x 4 turns of tool_use and tool_result, out 16)",
-            workload::agent_messages(&AgentScript::new(8, 4, 10 * 1024, 64, 128, 16, seed), m),
+            workload::agent_messages(&agent_script, m),
             Arrival::Closed { concurrency: 4 },
             2048,
         ),
         WorkloadSpec::new(
             "agent-chat",
             "agent-chat (agent-messages as chat completions: tool_calls and tool messages)",
-            workload::agent_chat_tools(&AgentScript::new(8, 4, 10 * 1024, 64, 128, 16, seed), m),
+            workload::agent_chat_tools(&agent_script, m),
             Arrival::Closed { concurrency: 4 },
             2048,
         ),
