@@ -207,6 +207,8 @@ fn pod_json(d: &Decision<Arc<Endpoint>>, i: usize) -> Value {
     });
     // Whether its engine reuses its KV cache (false: it said prefix caching is off).
     let reuses = crate::scheduler::Candidate::reuses_cache(e.as_ref());
+    // What its engine's GET /v1/models listed (lora-affinity's input; null: not fetched).
     json!({"pod": e.label, "address": e.host, "scores": scores, "total": d.totals[i],
-        "prediction": prediction, "match": matched, "reuses_cache": reuses})
+        "prediction": prediction, "match": matched, "reuses_cache": reuses,
+        "served_models": e.served_models()})
 }

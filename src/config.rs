@@ -174,6 +174,7 @@ impl Config {
         config.picker.check_numbers(&mut errors);
         config.apply_affinity(&mut errors);
         config.apply_load_shedding(&mut errors);
+        config.check_lora_affinity(&mut errors);
         config.picker.check_sections(&mut errors);
         config.load_tokenizer(&mut errors);
         config.check_kv_events(&mut errors);
@@ -253,6 +254,16 @@ impl Config {
                 self.scheduler.apply_affinity(valid.mode);
             }
             Err(e) => errors.push(e),
+        }
+    }
+
+    /// lora-affinity reads the served models the engine scrape fetches: without the scrape it
+    /// would filter out every pod.
+    fn check_lora_affinity(&self, errors: &mut Vec<ConfigError>) {
+        if self.scheduler.needs_served_models() && self.picker.scrape_interval_seconds == 0.0 {
+            errors.push(ConfigError::Picker(
+                "the lora-affinity filter reads each pod's GET /v1/models, fetched by the engine scrape: picker.scrapeIntervalSeconds must not be 0".into(),
+            ));
         }
     }
 

@@ -131,6 +131,9 @@ pub struct Endpoint {
     /// Whether the engine reuses its KV cache across requests: false once its metrics say it
     /// runs with prefix caching off (true until they say).
     reuses_cache: AtomicBool,
+    /// The models the engine's `GET /v1/models` listed at the last successful fetch (base
+    /// model and LoRA adapters; lora-affinity's set); `None`: never fetched.
+    served_models: RwLock<Option<Box<[String]>>>,
     /// Share of recent picks (the affinity mode's balance signal).
     pub recent: RecentPicks,
     /// What the latency model learned of the pod (concurrency from scrapes, service time from
@@ -182,6 +185,19 @@ impl Endpoint {
     /// returns what was known before.
     pub fn set_reuses_cache(&self, reuses: bool) -> bool {
         self.reuses_cache.swap(reuses, Ordering::Relaxed)
+    }
+
+    /// Records what the engine's `GET /v1/models` listed; returns whether it changed.
+    pub fn set_served_models(&self, models: Vec<String>) -> bool {
+        let mut slot = self.served_models.write();
+        let changed = slot.as_deref() != Some(models.as_slice());
+        *slot = Some(models.into());
+        changed
+    }
+
+    /// What the engine's `GET /v1/models` last listed; `None`: never fetched.
+    pub fn served_models(&self) -> Option<Vec<String>> {
+        self.served_models.read().as_deref().map(<[String]>::to_vec)
     }
 
     /// The pod's incarnation (see the module doc); empty while unknown, which matches any.
@@ -258,6 +274,13 @@ impl Candidate for Endpoint {
 
     fn reuses_cache(&self) -> bool {
         self.reuses_cache.load(Ordering::Relaxed)
+    }
+
+    fn serves_model(&self, model: &str) -> bool {
+        let listed = self.served_models.read();
+        listed
+            .as_deref()
+            .is_some_and(|m| m.iter().any(|s| s == model))
     }
 
     fn rendezvous(&self) -> u64 {
@@ -432,6 +455,9 @@ pub struct Endpoints {
     max_engine_blocks: usize,
     /// Signalled after every change of the set (the KV-event subscribers follow it).
     changed: tokio::sync::Notify,
+    /// Whether the engine scrape also fetches each pod's `GET /v1/models` (the scheduler's
+    /// lora-affinity filter reads it); set at start and by each reload.
+    fetch_served_models: AtomicBool,
 }
 
 impl Endpoints {
@@ -443,7 +469,18 @@ impl Endpoints {
             metrics,
             max_engine_blocks: DEFAULT_MAX_ENGINE_BLOCKS,
             changed: tokio::sync::Notify::new(),
+            fetch_served_models: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the engine scrape fetches each pod's served models (`GET /v1/models`).
+    pub fn fetches_served_models(&self) -> bool {
+        self.fetch_served_models.load(Ordering::Relaxed)
+    }
+
+    /// Turns the served-models fetch on or off (the scheduler's lora-affinity needs it).
+    pub fn set_fetch_served_models(&self, on: bool) {
+        self.fetch_served_models.store(on, Ordering::Relaxed);
     }
 
     /// Bounds each pod's engine view at `blocks` (before any pod is added).
@@ -576,6 +613,7 @@ impl Endpoints {
             stats: RwLock::new((EngineStats::default(), None)),
             waiting: AtomicU64::new(EngineStats::default().waiting.to_bits()),
             reuses_cache: AtomicBool::new(true),
+            served_models: RwLock::new(None),
             recent: RecentPicks::default(),
             timing: PodTiming::default(),
             rendezvous: rendezvous_key(&spec.address),

@@ -245,6 +245,11 @@ impl Reloader {
             config.picker.max_endpoints,
             config.picker.seed,
         );
+        // lora-affinity reads the engines' served models: fetched while it is on (from the next
+        // scrape round; until then a pod never listed serves nothing, as in Kthena).
+        router
+            .endpoints
+            .set_fetch_served_models(config.scheduler.needs_served_models());
         router.scheduler.store(Generation {
             scheduler,
             picker: config.picker.clone(),

@@ -1,6 +1,7 @@
 //! Kthena's `scheduler:` block: `pluginConfig` (each plugin's args), then `plugins.Filter` and
 //! `plugins.Score` (which plugins run, scores with their weights). Kthena's leniencies are
-//! warnings: unknown plugin names (`Failed to get plugin <name>.`), `disabled` lists (no
+//! warnings: unknown plugin names (`Failed to get plugin <name>.`, also for a filter listed
+//! under `Score` or a scorer under `Filter`, as Kthena's two registries say), `disabled` lists (no
 //! effect), `random` next to other scorers (removed); a weight that is not a positive integer is
 //! an error, in Kthena's exact text.
 
@@ -10,7 +11,7 @@ use super::{ConfigError, get, lookup_ci, parse_kvcache_aware_args, parse_prefix_
 use crate::scheduler::config::{FilterKind, SchedulerConfig, ScorerKind};
 
 /// Plugin names Kthena knows that prefix-picker skips (with Kthena's own warning).
-const KNOWN_ELSEWHERE: [&str; 2] = ["lora-affinity", "pd-group"];
+const KNOWN_ELSEWHERE: [&str; 1] = ["pd-group"];
 
 /// `scheduler:` into a [`SchedulerConfig`]; a part that is not the shape it must be stops the
 /// parsing there (an error), leaving defaults for the rest.
@@ -104,7 +105,8 @@ fn enabled(section: &Yaml) -> impl Iterator<Item = &Yaml> {
         .flatten()
 }
 
-/// `plugins.Filter`: the filters, in order (least-request is the only one).
+/// `plugins.Filter`: the filters, in order (least-request, lora-affinity; a name listed twice
+/// runs twice, as in Kthena).
 fn filter_plugins(
     filter: &Yaml,
     warnings: &mut Vec<String>,
@@ -116,8 +118,10 @@ fn filter_plugins(
     let mut filters = Vec::new();
     for name in enabled(filter) {
         match name.as_str() {
-            Some("least-request") => filters.push(FilterKind::LeastRequest),
-            Some(other) => warnings.push(format!("Failed to get plugin {other}.")),
+            Some(other) => match FilterKind::from_name(other) {
+                Some(kind) => filters.push(kind),
+                None => warnings.push(format!("Failed to get plugin {other}.")),
+            },
             None => errors.push(ConfigError::Plugins(format!(
                 "filter plugin names must be strings, got {}",
                 show(name)
@@ -145,6 +149,9 @@ fn score_plugins(
             Some(kind) => scorers.push((kind, weight.min(u32::MAX as i64) as u32)),
             None if KNOWN_ELSEWHERE.contains(&name) => warnings.push(format!(
                 "Failed to get plugin {name}. (not implemented by prefix-picker; skipped)"
+            )),
+            None if FilterKind::from_name(name).is_some() => warnings.push(format!(
+                "Failed to get plugin {name}. (a filter plugin: list it under plugins.Filter)"
             )),
             None => warnings.push(format!("Failed to get plugin {name}.")),
         }

@@ -96,10 +96,11 @@ fn unknown_plugins_and_keys_are_warnings() {
     let doc = r#"
 scheduler:
   plugins:
-    Filter: {enabled: [least-request, lora-affinity]}
+    Filter: {enabled: [least-request, made-up-filter, lora-affinity]}
     Score:
       enabled:
       - {name: pd-group, weight: 1}
+      - {name: lora-affinity, weight: 1}
       - {name: prefix-cache, weight: 2}
       - {name: random, weight: 1}
       - {name: made-up, weight: 1}
@@ -107,9 +108,13 @@ extra: 1
 "#;
     let c = Config::parse(doc).unwrap();
     assert_eq!(c.scheduler.scorers, [(ScorerKind::PrefixCache, 2)]);
-    assert_eq!(c.scheduler.filters, [FilterKind::LeastRequest]);
+    assert_eq!(
+        c.scheduler.filters,
+        [FilterKind::LeastRequest, FilterKind::LoraAffinity]
+    );
     for needle in [
-        "Failed to get plugin lora-affinity.",
+        "Failed to get plugin made-up-filter.",
+        "Failed to get plugin lora-affinity. (a filter plugin: list it under plugins.Filter)",
         "Failed to get plugin pd-group. (not implemented by prefix-picker; skipped)",
         "Failed to get plugin made-up.",
         "random score plugin removed",
@@ -768,5 +773,26 @@ fn the_file_tokenizer_is_loaded_at_parse_and_its_errors_name_the_path() {
     assert!(
         e.contains("tokenizer.path (/x/tokenizer.json) is read by source: file only"),
         "{e}"
+    );
+}
+
+#[test]
+fn lora_affinity_is_a_filter_that_needs_the_engine_scrape() {
+    let doc = |interval: &str| {
+        format!(
+            "scheduler:\n  plugins:\n    Filter: {{enabled: [lora-affinity, least-request]}}\npicker: {{scrapeIntervalSeconds: {interval}}}\nendpoints:\n- {{name: a, address: 127.0.0.1:1}}\n"
+        )
+    };
+    let c = Config::parse(&doc("1")).unwrap();
+    assert_eq!(
+        c.scheduler.filters,
+        [FilterKind::LoraAffinity, FilterKind::LeastRequest]
+    );
+    assert!(c.scheduler.needs_served_models());
+    assert!(!SchedulerConfig::default().needs_served_models());
+    let err = Config::parse(&doc("0")).unwrap_err().to_string();
+    assert!(
+        err.contains("lora-affinity") && err.contains("picker.scrapeIntervalSeconds must not be 0"),
+        "{err}"
     );
 }

@@ -1,7 +1,11 @@
 //! The scrape loop: every interval each pod's `/metrics` fetched (at most `concurrency` at a
 //! time), parsed, merged with the pod's previous scrape (signals it lacks keep their values),
 //! and stored as the pod's [`EngineStats`]; the index budget resized when the engine's KV
-//! capacity changes; pods gone from the set forgotten.
+//! capacity changes; pods gone from the set forgotten. While the scheduler's lora-affinity
+//! filter is on ([`Endpoints::fetches_served_models`]) each pod's `GET /v1/models` is fetched in
+//! the same round (Kthena's `updatePodModels`, `pkg/kthena-router/datastore/store.go`): every
+//! `data[].id` becomes the pod's served models; a failed fetch keeps the previous list and
+//! logs Kthena's `failed to get models of pod <ns>/<name>: <error>` at debug level.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -33,6 +37,41 @@ async fn fetch(
         .text()
         .await?;
     parse_with(&text, names)
+}
+
+/// The ids a `GET /v1/models` answer lists (vLLM's and SGLang's OpenAI shape:
+/// `{"data": [{"id": ...}, ...]}`).
+pub(super) fn served_models(body: &[u8]) -> Result<Vec<String>, serde_json::Error> {
+    #[derive(serde::Deserialize)]
+    struct Model {
+        id: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct ModelList {
+        #[serde(default)]
+        data: Vec<Model>,
+    }
+    let list: ModelList = serde_json::from_slice(body)?;
+    Ok(list.data.into_iter().map(|m| m.id).collect())
+}
+
+/// A pod's `GET /v1/models`: the models it serves.
+async fn fetch_models(client: &reqwest::Client, e: &Endpoint) -> Result<Vec<String>, String> {
+    let response = client
+        .get(format!("http://{}/v1/models", e.host))
+        .send()
+        .await
+        .map_err(|err| err.to_string())?;
+    let status = response.status();
+    if !status.is_success() {
+        return Err(format!(
+            "failed to get models from pod {}: HTTP {}",
+            e.host,
+            status.as_u16()
+        ));
+    }
+    let body = response.bytes().await.map_err(|err| err.to_string())?;
+    served_models(&body).map_err(|err| err.to_string())
 }
 
 /// The signals already warned about, per pod (one warning per pod and signal).
@@ -109,12 +148,29 @@ impl Scraper {
     /// One round: every pod fetched, each result recorded.
     async fn round(&mut self) {
         let set = self.endpoints.snapshot();
+        let models = self.endpoints.fetches_served_models();
         let results: Vec<(Arc<Endpoint>, Result<RawEngineMetrics, ScrapeError>)> =
             futures_util::stream::iter(set.all().iter().cloned())
                 .map(|e| {
                     let (client, names) = (self.client.clone(), &self.config.names);
                     async move {
-                        let r = fetch(&client, &e, names).await;
+                        let (r, listed) = tokio::join!(fetch(&client, &e, names), async {
+                            match models {
+                                true => Some(fetch_models(&client, &e).await),
+                                false => None,
+                            }
+                        });
+                        match listed {
+                            Some(Ok(models)) => {
+                                if e.set_served_models(models) {
+                                    tracing::debug!(pod = %e.label, models = ?e.served_models(), "served models changed");
+                                }
+                            }
+                            Some(Err(err)) => {
+                                tracing::debug!("failed to get models of pod {}: {err}", e.label)
+                            }
+                            None => {}
+                        }
                         (e, r)
                     }
                 })

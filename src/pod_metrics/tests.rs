@@ -417,3 +417,108 @@ fn an_engine_budget_is_clamped_to_the_ceiling() {
     let expected = AffinityConfig::default().budget_entries(65_536, 128);
     assert_eq!(budget_of(), expected as i64);
 }
+
+#[test]
+fn served_models_are_the_ids_of_v1_models() {
+    let body = br#"{"object":"list","data":[{"id":"llama","object":"model"},{"id":"sql-lora","root":"x"}]}"#;
+    assert_eq!(scraper::served_models(body).unwrap(), ["llama", "sql-lora"]);
+    assert_eq!(
+        scraper::served_models(br#"{"object":"list"}"#).unwrap(),
+        [] as [String; 0]
+    );
+    assert!(scraper::served_models(b"not json").is_err());
+}
+
+/// lora-affinity's input: each pod's `GET /v1/models`, fetched by the scrape only while the
+/// filter is on; a failed fetch keeps the previous list (Kthena's `updatePodModels`).
+#[tokio::test]
+async fn the_scrape_fetches_served_models_while_asked_and_keeps_them_on_failure() {
+    use crate::endpoints::Update;
+    use crate::prefix_index::PrefixIndex;
+    use crate::scheduler::Candidate;
+
+    // None: /v1/models answers 500.
+    let listing = Arc::new(parking_lot::Mutex::new(Some(
+        r#"{"data":[{"id":"base"},{"id":"sql-lora"}]}"#,
+    )));
+    let served = listing.clone();
+    let app = axum::Router::new()
+        .route("/metrics", axum::routing::get(|| async { VLLM }))
+        .route(
+            "/v1/models",
+            axum::routing::get(move || {
+                let body = *served.lock();
+                async move {
+                    match body {
+                        Some(b) => (axum::http::StatusCode::OK, b),
+                        None => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, ""),
+                    }
+                }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let registry = Registry::new();
+    let metrics = RouterMetrics::register(&registry);
+    let endpoints = Arc::new(Endpoints::new(
+        Arc::new(PrefixIndex::new(10)),
+        metrics.clone(),
+    ));
+    endpoints.apply(Update::Reset(vec![crate::testing::spec(
+        "engine",
+        address.port(),
+        &[],
+    )]));
+    let config = ScrapeConfig {
+        interval: Duration::from_millis(10),
+        timeout: Duration::from_secs(2),
+        concurrency: 1,
+        budget: None,
+        names: SignalSpecs::default(),
+    };
+    let (first_round, mut scraped) = watch::channel(false);
+    let token = CancellationToken::new();
+    tokio::spawn(run(
+        endpoints.clone(),
+        metrics,
+        ScrapeMetrics::register(&registry),
+        config,
+        first_round,
+        token.clone(),
+    ));
+    scraped.wait_for(|done| *done).await.unwrap();
+    let pod = endpoints.snapshot().all()[0].clone();
+    assert_eq!(pod.served_models(), None, "not fetched unless asked");
+    assert!(!pod.serves_model("base"));
+
+    endpoints.set_fetch_served_models(true);
+    let listed = || async {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while !pod.serves_model("sql-lora") {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+    };
+    listed().await.expect("the listing is fetched once asked");
+    assert!(pod.serves_model("base") && !pod.serves_model("other"));
+
+    // A failing /v1/models keeps the list: wait for a later scrape round to have run.
+    *listing.lock() = None;
+    let failing_since = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while pod.stats_age().unwrap() >= failing_since.elapsed() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("another round scraped");
+    assert_eq!(
+        pod.served_models().unwrap(),
+        ["base", "sql-lora"],
+        "kept on failure"
+    );
+    token.cancel();
+}

@@ -169,12 +169,14 @@ impl Router {
         prefix_metrics: PrefixCacheMetrics,
         metrics: RouterMetrics,
     ) -> Router {
+        let served_models = scheduler.needs_served_models();
         let scheduler = Scheduler::new(scheduler, picker.max_endpoints, picker.seed);
         let scheduler = LiveScheduler::new(scheduler, picker.clone());
         let endpoints = Arc::new(
             Endpoints::new(scheduler.index().clone(), metrics.clone())
                 .with_max_engine_blocks(picker.kv_events.max_blocks_per_pod),
         );
+        endpoints.set_fetch_served_models(served_models);
         let heads = picker
             .tokenizer
             .clone()

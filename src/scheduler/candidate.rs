@@ -62,6 +62,12 @@ pub trait Candidate {
     fn reuses_cache(&self) -> bool {
         true
     }
+    /// Whether the pod's engine serves `model` (lora-affinity): its `GET /v1/models` listing
+    /// at the last fetch names it, by exact string; `false` when it was never listed.
+    fn serves_model(&self, model: &str) -> bool {
+        let _ = model;
+        false
+    }
     /// The pod's rendezvous identity, the same on every replica (the affinity mode's ties).
     fn rendezvous(&self) -> u64;
     /// `namespace/name`, as Kthena's score lines name pods.
@@ -122,6 +128,10 @@ impl<C: Candidate + ?Sized> Candidate for Arc<C> {
 
     fn reuses_cache(&self) -> bool {
         (**self).reuses_cache()
+    }
+
+    fn serves_model(&self, model: &str) -> bool {
+        (**self).serves_model(model)
     }
 
     fn rendezvous(&self) -> u64 {

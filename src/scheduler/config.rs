@@ -71,12 +71,32 @@ impl ScorerKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FilterKind {
     LeastRequest,
+    /// Kthena's lora-affinity: pods whose engine lists the request's model.
+    LoraAffinity,
 }
 
 impl FilterKind {
+    pub fn from_name(name: &str) -> Option<FilterKind> {
+        Some(match name {
+            "least-request" => FilterKind::LeastRequest,
+            "lora-affinity" => FilterKind::LoraAffinity,
+            _ => return None,
+        })
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             FilterKind::LeastRequest => "least-request",
+            FilterKind::LoraAffinity => "lora-affinity",
+        }
+    }
+
+    /// Whether the filter reads load (the affinity mode's latency model routes around load
+    /// itself and runs none of these); lora-affinity is a constraint and always runs.
+    pub fn reads_load(self) -> bool {
+        match self {
+            FilterKind::LeastRequest => true,
+            FilterKind::LoraAffinity => false,
         }
     }
 }
@@ -139,6 +159,11 @@ impl SchedulerConfig {
                 .budget_entries(a.engine_tokens, self.prefix_cache.block_size_to_hash)
                 .min(u32::MAX as usize - 1);
         }
+    }
+
+    /// Whether engines' served models are needed (lora-affinity filters by them).
+    pub fn needs_served_models(&self) -> bool {
+        self.filters.contains(&FilterKind::LoraAffinity)
     }
 
     /// Whether `kvcache-aware` scores (Kthena's mode with it in `Score.enabled`): requests then

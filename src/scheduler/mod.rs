@@ -28,6 +28,7 @@ pub mod kvcache_aware;
 pub mod latency;
 pub mod least_latency;
 pub mod least_request;
+pub mod lora_affinity;
 pub mod pd;
 mod pipeline;
 pub mod predictions;

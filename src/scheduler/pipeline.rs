@@ -4,8 +4,8 @@
 //! 1. **candidates** ([`candidates`]): the pods the caller passes (those serving the model,
 //!    narrowed by a subset hint; in PD mode the decode pods, then each kept decode pod's prefill
 //!    pods, [`super::pd`]);
-//! 2. **filters** ([`filters`]): Kthena's filters in order, none under the affinity mode's
-//!    latency model; a filter that leaves no pod ends the decision;
+//! 2. **filters** ([`filters`]): Kthena's filters in order, no load filter under the affinity
+//!    mode's latency model; a filter that leaves no pod ends the decision;
 //! 3. **match** ([`matching`], affinity mode): the prompt's blocks and every candidate's longest
 //!    match on them. Without a match (Kthena's mode, no prompt, an empty one) the weighted
 //!    plugins decide instead: **score** ([`score`]: each plugin's 0..=100 per pod, times its
@@ -68,8 +68,13 @@ impl Scheduler {
         // 2. filters
         let active = filters::active(&self.config, &request);
         let max_waiting = self.config.max_waiting_requests;
-        if let Some(filter) = filters::run(active, max_waiting, &mut candidates, &mut observations)
-        {
+        if let Some(filter) = filters::run(
+            active,
+            max_waiting,
+            request.model,
+            &mut candidates,
+            &mut observations,
+        ) {
             return Err(Filtered {
                 filter,
                 observations,

@@ -30,6 +30,10 @@ struct Args {
     /// Served model name (default: accept any model).
     #[arg(long)]
     model: Option<String>,
+    /// A LoRA adapter loaded beside `--model` (repeatable): served under its name and listed by
+    /// `GET /v1/models`.
+    #[arg(long = "lora-adapter", requires = "model")]
+    lora_adapters: Vec<String>,
     #[arg(long, value_enum, default_value_t = EngineKind::Vllm)]
     engine: EngineKind,
     /// Tokens per KV block.
@@ -176,6 +180,7 @@ async fn main() -> anyhow::Result<()> {
         SimConfig {
             name: a.name,
             model: a.model,
+            lora_adapters: a.lora_adapters,
             default_max_tokens: a.default_max_tokens.max(1),
             seed: a.seed,
         },

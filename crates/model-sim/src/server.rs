@@ -47,6 +47,9 @@ pub struct SimConfig {
     pub name: String,
     /// Served model name; `None` accepts any model.
     pub model: Option<String>,
+    /// LoRA adapters loaded beside the base model: served under their own names and listed by
+    /// `GET /v1/models` (what Kthena's lora-affinity filter reads).
+    pub lora_adapters: Vec<String>,
     pub default_max_tokens: usize,
     pub seed: u64,
 }
@@ -101,12 +104,27 @@ pub fn app(config: SimConfig, engine: Arc<Engine>) -> Http {
         .with_state(sim)
 }
 
+/// vLLM's listing: the base model, then each adapter (`root`: its path, `parent`: the base).
 async fn models(State(s): State<Sim>) -> Response {
     let id = s.config.model.clone().unwrap_or_else(|| "any".into());
-    axum::Json(
-        json!({"object": "list", "data": [{"id": id, "object": "model", "owned_by": "model-sim"}]}),
-    )
-    .into_response()
+    let base =
+        json!({"id": id, "object": "model", "owned_by": "model-sim", "root": id, "parent": null});
+    let adapters = s.config.lora_adapters.iter().map(|a| {
+        json!({"id": a, "object": "model", "owned_by": "model-sim", "root": format!("/adapters/{a}"), "parent": id})
+    });
+    let data: Vec<Value> = std::iter::once(base).chain(adapters).collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+impl SimConfig {
+    /// Whether a request for `model` is served: any model without `--model`, else the base
+    /// model or a loaded adapter.
+    fn serves(&self, model: &str) -> bool {
+        match &self.model {
+            None => true,
+            Some(m) => m == model || self.lora_adapters.iter().any(|a| a == model),
+        }
+    }
 }
 
 async fn metrics(State(s): State<Sim>) -> Response {
@@ -191,7 +209,7 @@ async fn tokenize(State(s): State<Sim>, body: Bytes) -> Response {
         return error(StatusCode::BAD_REQUEST, "body must be a JSON object".into());
     };
     match (fields.get("model"), &s.config.model) {
-        (Some(Value::String(m)), Some(served)) if m != served => {
+        (Some(Value::String(m)), Some(_)) if !s.config.serves(m) => {
             return error(
                 StatusCode::NOT_FOUND,
                 format!("The model `{m}` does not exist."),
@@ -337,9 +355,7 @@ async fn infer(State(s): State<Sim>, uri: Uri, headers: HeaderMap, body: Bytes) 
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
-    if let Some(m) = &s.config.model
-        && *m != request.model
-    {
+    if !s.config.serves(&request.model) {
         return error(
             StatusCode::NOT_FOUND,
             format!("The model `{}` does not exist.", request.model),

@@ -19,6 +19,11 @@ pub(crate) async fn start_named(name: &str, engine: EngineConfig) -> (String, Ar
 
 /// Serves `engine` as sim `name` (model `m`) on port 0; its base URL and engine.
 pub(crate) async fn serve(name: &str, engine: Engine) -> (String, Arc<Engine>) {
+    serve_adapters(name, engine, &[]).await
+}
+
+/// As [`serve`], with LoRA adapters loaded beside `m`.
+async fn serve_adapters(name: &str, engine: Engine, adapters: &[&str]) -> (String, Arc<Engine>) {
     let engine = Arc::new(engine);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -26,6 +31,7 @@ pub(crate) async fn serve(name: &str, engine: Engine) -> (String, Arc<Engine>) {
         SimConfig {
             name: name.into(),
             model: Some("m".into()),
+            lora_adapters: adapters.iter().map(|a| a.to_string()).collect(),
             default_max_tokens: 4,
             seed: 1,
         },
@@ -114,6 +120,35 @@ async fn bad_requests_and_unknown_models() {
     assert_eq!(r.status().as_u16(), 404);
     let r = reqwest::get(format!("{base}/v1/models")).await.unwrap();
     assert_eq!(r.status().as_u16(), 200);
+}
+
+/// LoRA adapters are served under their names and listed after the base model, as vLLM lists
+/// them (what Kthena's lora-affinity reads).
+#[tokio::test]
+async fn lora_adapters_are_served_and_listed() {
+    let (base, _) = serve_adapters("sim-0", Engine::new(fast()), &["sql-lora", "chat-lora"]).await;
+    let listed: Value = reqwest::get(format!("{base}/v1/models"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&str> = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["m", "sql-lora", "chat-lora"]);
+    assert_eq!(listed["data"][1]["parent"], "m");
+    for (model, status) in [("sql-lora", 200), ("m", 200), ("other-lora", 404)] {
+        let r = post(
+            &format!("{base}/v1/completions"),
+            &json!({"model": model, "prompt": "x"}),
+        )
+        .await;
+        assert_eq!(r.status().as_u16(), status, "{model}");
+    }
 }
 
 /// The `data:` payloads of an SSE body, `[DONE]` last.

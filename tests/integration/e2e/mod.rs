@@ -14,6 +14,7 @@ mod health;
 mod kvcache_aware;
 mod load_shedding;
 mod logs;
+mod lora;
 mod messages;
 mod pd;
 mod reload;

@@ -426,6 +426,26 @@ impl Sim {
 
     /// Serves `engine` over HTTP on a loopback port the system chose.
     async fn serve(name: &str, engine: model_sim::engine::Engine) -> Sim {
+        Sim::serve_models(name, engine, None, &[]).await
+    }
+
+    /// A sim serving base model `model` and the LoRA `adapters` (listed by `GET /v1/models`).
+    pub async fn start_with_adapters(
+        name: &str,
+        config: model_sim::engine::EngineConfig,
+        model: &str,
+        adapters: &[&str],
+    ) -> Sim {
+        let engine = model_sim::engine::Engine::new(config);
+        Sim::serve_models(name, engine, Some(model), adapters).await
+    }
+
+    async fn serve_models(
+        name: &str,
+        engine: model_sim::engine::Engine,
+        model: Option<&str>,
+        adapters: &[&str],
+    ) -> Sim {
         use model_sim::server;
         let engine = Arc::new(engine);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -433,7 +453,8 @@ impl Sim {
         let app = server::app(
             server::SimConfig {
                 name: name.to_string(),
-                model: None,
+                model: model.map(str::to_string),
+                lora_adapters: adapters.iter().map(|a| a.to_string()).collect(),
                 default_max_tokens: 1,
                 seed: 0,
             },
