@@ -152,7 +152,13 @@ fn explained_json(path: &str, explained: &Explained, request_id: &str) -> Value 
     let plugins: Vec<Value> = d
         .plugins
         .iter()
-        .map(|p| json!({"name": p.plugin, "weight": p.weight, "scored": p.scores.is_some()}))
+        .map(|p| match &p.fractional {
+            // An EndpointPickerConfig scorer: its type, instance name and float weight.
+            Some(f) => {
+                json!({"name": p.plugin, "instance": f.name, "weight": f.weight, "scored": true})
+            }
+            None => json!({"name": p.plugin, "weight": p.weight, "scored": p.scores.is_some()}),
+        })
         .collect();
     json!({
         "request_id": request_id,
@@ -183,15 +189,23 @@ fn pod_json(d: &Decision<Arc<Endpoint>>, i: usize) -> Value {
     let scores: serde_json::Map<String, Value> = d
         .plugins
         .iter()
-        .map(|p| {
-            let s = p
-                .scores
-                .as_ref()
-                .map(|s| json!(s[i]))
-                .unwrap_or(Value::Null);
-            (p.plugin.to_string(), s)
+        .map(|p| match &p.fractional {
+            Some(f) => (f.name.clone(), json!(f.scores[i])),
+            None => {
+                let s = p
+                    .scores
+                    .as_ref()
+                    .map(|s| json!(s[i]))
+                    .unwrap_or(Value::Null);
+                (p.plugin.to_string(), s)
+            }
         })
         .collect();
+    // An EndpointPickerConfig profile's total is llm-d's float sum.
+    let total = match d.plugins.iter().any(|p| p.fractional.is_some()) {
+        true => json!(crate::scheduler::epp::epp_total(d.totals[i])),
+        false => json!(d.totals[i]),
+    };
     // Affinity mode: the latency model's predicted TTFT, in milliseconds.
     let prediction = d.predictions.get(i).map(|p| {
         json!({"ttft_ms": p.ttft() * 1e3, "wait_ms": p.wait * 1e3,
@@ -208,7 +222,7 @@ fn pod_json(d: &Decision<Arc<Endpoint>>, i: usize) -> Value {
     // Whether its engine reuses its KV cache (false: it said prefix caching is off).
     let reuses = crate::scheduler::Candidate::reuses_cache(e.as_ref());
     // What its engine's GET /v1/models listed (lora-affinity's input; null: not fetched).
-    json!({"pod": e.label, "address": e.host, "scores": scores, "total": d.totals[i],
+    json!({"pod": e.label, "address": e.host, "scores": scores, "total": total,
         "prediction": prediction, "match": matched, "reuses_cache": reuses,
         "served_models": e.served_models()})
 }

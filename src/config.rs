@@ -35,6 +35,8 @@
 //!   sessions: {enabled: false}    # session affinity by a request header (sessions)
 //! sync: {redis: {url: ...}}       # optional index sharing through Redis (crate::sync::config)
 //! ```
+//! An `EndpointPickerConfig` (llm-d's, by `kind:`) is read instead of `scheduler:`, strictly
+//! ([`endpoint_picker`]), beside the same `endpoints`/`discovery`/`picker`/`sync` sections.
 //! Kthena's leniencies are kept and warned about: unknown top-level keys, unknown plugin names
 //! (`Failed to get plugin <name>.`), `disabled` lists (no effect), `random` next to other scorers
 //! (removed). Errors stop start-up and are all reported at once; the weight error is Kthena's
@@ -52,6 +54,7 @@ pub use crate::scheduler::config::{FilterKind, SchedulerConfig, ScorerKind};
 use crate::scheduler::pd::{PdGroup, PdGroupError};
 
 mod affinity;
+pub mod endpoint_picker;
 mod endpoints;
 mod kvcache_args;
 mod picker;
@@ -129,16 +132,30 @@ pub enum ConfigError {
     PdGroupSyntax(String),
     #[error("{0}")]
     PdGroup(#[from] PdGroupError),
-    #[error(
-        "this is GIE's EndpointPickerConfig ({0}); prefix-picker takes a Kthena routerConfiguration (scheduler:, endpoints:, discovery:, picker:). With GIE's inferencepool chart set inferenceExtension.pluginsCustomConfig.<file> to a routerConfiguration and inferenceExtension.pluginsConfigFile to <file>, or pass one with --config-text (see docs/gateways.md)"
-    )]
-    EndpointPickerConfig(String),
+    /// A problem of an `EndpointPickerConfig` document; `file` is ` <path>` once known.
+    #[error("EndpointPickerConfig{file}: {message}")]
+    EndpointPicker { file: String, message: String },
 }
 
 /// Every problem found in a config.
 #[derive(Debug, Error, PartialEq)]
 #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
 pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl ConfigErrors {
+    /// The errors of the document read from `origin` (a path, `--config-text`): those that
+    /// name no file name it.
+    pub fn in_file(mut self, origin: &str) -> ConfigErrors {
+        for e in &mut self.0 {
+            if let ConfigError::EndpointPicker { file, .. } = e
+                && file.is_empty()
+            {
+                *file = format!(" {origin}");
+            }
+        }
+        self
+    }
+}
 
 impl Config {
     /// The environment variable `name`: [`Config::env`] first, then the process's.
@@ -157,7 +174,13 @@ impl Config {
                 message: e.to_string(),
             }])
         })?;
-        Config::parse(&text)
+        Config::parse(&text).map_err(|e| e.in_file(&path.display().to_string()))
+    }
+
+    /// [`Config::parse`] of a document read from `epp.yaml` (its errors name that file).
+    #[cfg(test)]
+    pub(crate) fn load_text_for_test(text: &str) -> Result<Config, ConfigErrors> {
+        Config::parse(text).map_err(|e| e.in_file("epp.yaml"))
     }
 
     /// Parses and validates a config document: the sections read, then each checked in turn
@@ -167,7 +190,11 @@ impl Config {
         let root = root_mapping(text).map_err(|e| ConfigErrors(vec![e]))?;
         let mut config = Config::default();
         let mut errors = Vec::new();
-        let pd = config.read_sections(&root, &mut errors);
+        let pd = if endpoint_picker::is_endpoint_picker_config(&root) {
+            config.read_endpoint_picker(text, &root, &mut errors)
+        } else {
+            config.read_sections(&root, &mut errors)
+        };
         endpoints::validate_endpoints(&config.endpoints, &mut errors);
         config.pair_pods(pd);
         config.warn_discovery();
@@ -222,6 +249,43 @@ impl Config {
             }
         }
         pd
+    }
+
+    /// An `EndpointPickerConfig`: its profile replaces Kthena's filters and scores; its
+    /// prefix-picker sections (`endpoints`, `discovery`, `picker`, `sync`) are read as in a
+    /// routerConfiguration.
+    fn read_endpoint_picker(
+        &mut self,
+        text: &str,
+        root: &Mapping,
+        errors: &mut Vec<ConfigError>,
+    ) -> Option<PdGroup> {
+        match endpoint_picker::parse(text, &mut self.warnings) {
+            Ok(profile) => {
+                self.scheduler.filters = Vec::new();
+                self.scheduler.scorers = Vec::new();
+                self.scheduler.epp = Some(profile);
+            }
+            Err(problems) => {
+                errors.extend(
+                    problems
+                        .into_iter()
+                        .map(|message| ConfigError::EndpointPicker {
+                            file: String::new(),
+                            message,
+                        }),
+                );
+            }
+        }
+        let own: Mapping = root
+            .iter()
+            .filter(|(k, _)| {
+                k.as_str()
+                    .is_some_and(|k| endpoint_picker::OWN_SECTIONS.contains(&k))
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        self.read_sections(&own, errors)
     }
 
     /// `pdGroup:` into the scheduler, warning of static endpoints it sorts into neither role.
@@ -320,18 +384,13 @@ impl Config {
     }
 }
 
-/// The document's top-level mapping (an empty document is an empty one); GIE's own config is
-/// refused by name.
+/// The document's top-level mapping (an empty document is an empty one).
 fn root_mapping(text: &str) -> Result<Mapping, ConfigError> {
     let doc: Yaml = serde_yaml_ng::from_str(text).map_err(|e| ConfigError::Yaml(e.to_string()))?;
-    let root = match doc {
-        Yaml::Mapping(m) => m,
-        Yaml::Null => Mapping::new(),
-        _ => return Err(ConfigError::NotMapping),
-    };
-    match endpoint_picker_config(&root) {
-        Some(found) => Err(ConfigError::EndpointPickerConfig(found)),
-        None => Ok(root),
+    match doc {
+        Yaml::Mapping(m) => Ok(m),
+        Yaml::Null => Ok(Mapping::new()),
+        _ => Err(ConfigError::NotMapping),
     }
 }
 
@@ -365,17 +424,6 @@ fn warn_unpaired(group: &PdGroup, endpoints: &[StaticEndpoint], warnings: &mut V
             ));
         }
     }
-}
-
-/// `kind: EndpointPickerConfig` or an `inference.networking.x-k8s.io` apiVersion: the config GIE's
-/// chart mounts for its own picker, named as found.
-fn endpoint_picker_config(root: &Mapping) -> Option<String> {
-    let kind = get(root, "kind").and_then(Yaml::as_str).unwrap_or_default();
-    let api = get(root, "apiVersion")
-        .and_then(Yaml::as_str)
-        .unwrap_or_default();
-    (kind == "EndpointPickerConfig" || api.starts_with("inference.networking.x-k8s.io"))
-        .then(|| format!("apiVersion: {api}, kind: {kind}"))
 }
 
 fn show(v: &Yaml) -> String {

@@ -29,8 +29,10 @@ impl ServeArgs {
             return Err(errors);
         }
         let source = self.config_text(host)?;
-        let mut config = Config::parse(&source.text)
-            .map_err(|e| e.0.iter().map(ToString::to_string).collect::<Vec<_>>())?;
+        let mut config = Config::parse(&source.text).map_err(|e| {
+            let e = e.in_file(&source.origin);
+            e.0.iter().map(ToString::to_string).collect::<Vec<_>>()
+        })?;
         // The flags may add discovery; without it the error below says more than the warning.
         config.warnings.retain(|w| w != NO_ENDPOINTS);
         let mut warnings = Vec::new();

@@ -261,23 +261,11 @@ fn discovery_section_is_parsed_strictly_and_replaces_the_no_endpoints_warning() 
 }
 
 #[test]
-fn gie_endpoint_picker_config_is_refused_with_the_chart_values_to_set() {
+fn gie_endpoint_picker_config_is_read_as_one() {
     let doc = "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n- type: prefix-cache-scorer\n";
-    let errors = Config::parse(doc).unwrap_err().0;
-    assert_eq!(errors.len(), 1, "{errors:?}");
-    let msg = errors[0].to_string();
-    assert!(
-        msg.starts_with("this is GIE's EndpointPickerConfig (apiVersion: inference.networking.x-k8s.io/v1alpha1, kind: EndpointPickerConfig); prefix-picker takes a Kthena routerConfiguration"),
-        "{msg}"
-    );
-    for part in [
-        "inferenceExtension.pluginsCustomConfig",
-        "inferenceExtension.pluginsConfigFile",
-        "--config-text",
-        "docs/gateways.md",
-    ] {
-        assert!(msg.contains(part), "{part}: {msg}");
-    }
+    let c = Config::parse(doc).unwrap();
+    let profile = c.scheduler.epp.expect("an EndpointPickerConfig profile");
+    assert_eq!(profile.scorers.len(), 1);
 }
 
 fn yaml(s: &str) -> Yaml {

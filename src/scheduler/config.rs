@@ -120,6 +120,9 @@ pub struct SchedulerConfig {
     pub pd: Option<PdGroup>,
     /// Load shedding (`picker.loadShedding`); `None`: never shed.
     pub load_shedding: Option<SaturationLimits>,
+    /// An `EndpointPickerConfig`'s scheduling profile (llm-d's plugins); `Some`: it replaces
+    /// Kthena's filters and scores.
+    pub epp: Option<super::epp::EppProfile>,
 }
 
 impl Default for SchedulerConfig {
@@ -139,6 +142,7 @@ impl Default for SchedulerConfig {
             affinity: None,
             pd: None,
             load_shedding: None,
+            epp: None,
         }
     }
 }
@@ -208,9 +212,10 @@ impl SchedulerConfig {
     /// One line naming the effective routing mode (for `validate` and the start-up log): the
     /// mode and its switches, the block chain, then what else is on.
     pub fn mode_summary(&self) -> String {
-        let mode = match &self.affinity {
-            None => "kthena (weighted plugin scores)".to_string(),
-            Some(a) => affinity_summary(a),
+        let mode = match (&self.affinity, &self.epp) {
+            (_, Some(p)) => p.summary(),
+            (None, None) => "kthena (weighted plugin scores)".to_string(),
+            (Some(a), None) => affinity_summary(a),
         };
         let mut line = format!("routing mode: {mode}; {}", self.chain_summary());
         if let Some(k) = self.kvcache_aware() {

@@ -201,6 +201,18 @@ pub struct PluginScores {
     pub weight: u32,
     /// Per candidate (in [`Decision::candidates`] order); `None` = the plugin returned nothing.
     pub scores: Option<Vec<u32>>,
+    /// An `EndpointPickerConfig` scorer's own output ([`super::epp`]): its instance name,
+    /// float weight and [0, 1] scores (`scores` above are these as whole percentages, `weight`
+    /// rounded, for the Kthena-shaped readers).
+    pub fractional: Option<Fractional>,
+}
+
+/// An `EndpointPickerConfig` scorer's output: llm-d's float weight and per-pod scores in [0, 1].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fractional {
+    pub name: String,
+    pub weight: f64,
+    pub scores: Vec<f64>,
 }
 
 /// A routing decision, with everything that produced it.

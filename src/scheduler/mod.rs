@@ -21,6 +21,7 @@ pub mod commit;
 pub mod config;
 pub mod decision;
 pub mod engine_match;
+pub mod epp;
 pub mod gpu_usage;
 mod hold;
 pub mod kv_room;
@@ -49,8 +50,8 @@ use affinity::AffinityConfig;
 pub use candidate::{Candidate, EngineStats};
 use config::{SchedulerConfig, ScorerKind};
 pub use decision::{
-    Decision, DecisionReason, Filtered, MatchSource, Observation, PickError, PickSummary,
-    PluginScores, PluginType, Unscored,
+    Decision, DecisionReason, Filtered, Fractional, MatchSource, Observation, PickError,
+    PickSummary, PluginScores, PluginType, Unscored,
 };
 pub use hold::{HoldEnd, TentativeHold};
 pub use pd::{PdGroup, PdPairing, PdRole, PrefillPass, Unpaired};
@@ -142,7 +143,8 @@ impl Scheduler {
             || config
                 .scorers
                 .iter()
-                .any(|(k, _)| *k == ScorerKind::PrefixCache);
+                .any(|(k, _)| *k == ScorerKind::PrefixCache)
+            || config.epp.as_ref().is_some_and(|p| p.scores_prefix());
         Scheduler {
             prefix,
             prefix_enabled,

@@ -22,10 +22,14 @@
 //!    seeded random pick);
 //! 8. **fallbacks** ([`fallbacks`]): the next best candidates by match and load.
 //!
+//! With an `EndpointPickerConfig` profile ([`epp`]) its filters, scorers and picker replace
+//! steps 2-8 (Kthena's filter list is then empty).
+//!
 //! The steps read the decision's seeded RNG in this order, so a decision is reproducible from
 //! `picker.seed` and the decision counter.
 
 mod candidates;
+pub mod epp;
 mod fallbacks;
 mod filters;
 mod gate;
@@ -82,6 +86,28 @@ impl Scheduler {
         }
         let n = next(&self.counters.decisions, take);
         let mut rng = SmallRng::seed_from_u64(self.seed ^ n.wrapping_mul(0xA076_1D64_78BD_642F));
+        // An EndpointPickerConfig profile: its own filters, scorers and picker (steps 2-4).
+        if let Some(profile) = &self.config.epp {
+            let decided = self.epp_decision(
+                profile,
+                &request,
+                candidates,
+                &mut rng,
+                keep,
+                &mut observations,
+            );
+            return match decided {
+                Ok(mut decision) => {
+                    decision.observations = observations;
+                    decision.duration = started.elapsed();
+                    Ok(decision)
+                }
+                Err(filter) => Err(Filtered {
+                    filter,
+                    observations,
+                }),
+            };
+        }
         // 3. match: the affinity mode's pick (4-8) on it, else Kthena's score and rank.
         let mut decision = match self.affinity_match(&request, &candidates, &mut observations) {
             Some((config, matched)) => {
@@ -219,6 +245,7 @@ impl Scheduler {
                 plugin: ScorerKind::PrefixCache.as_str(),
                 weight,
                 scores: Some(scored.scores),
+                fractional: None,
             }],
             totals,
             ranked,

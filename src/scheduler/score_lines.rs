@@ -1,6 +1,8 @@
 //! Kthena's `--v=4` score lines of a decision, verbatim, at debug level on the `scores`
 //! target (the golden-log tests compare them with Kthena's), then the affinity mode's
-//! predictions and match sources.
+//! predictions and match sources. An `EndpointPickerConfig` profile's scorers print in the same
+//! shape with llm-d's float scores: `ScorePlugin: <type>/<name>, weight: <w>`, then `Pod: <pod>,
+//! Score: <0..1>` per pod, then `Pod: <pod>, Total: <weighted sum>`.
 
 use super::{Candidate, Decision, PrefillPass};
 
@@ -39,8 +41,26 @@ impl<C: Candidate> Decision<C> {
         }
     }
 
+    /// An `EndpointPickerConfig` profile's lines: each scorer's float scores, then the totals.
+    fn log_fractional(&self) {
+        for p in &self.plugins {
+            let Some(f) = &p.fractional else { continue };
+            tracing::debug!(target: "scores", "ScorePlugin: {}/{}, weight: {}", p.plugin, f.name, f.weight);
+            for (e, s) in self.candidates.iter().zip(&f.scores) {
+                tracing::debug!(target: "scores", "Pod: {}, Score: {}", e.label(), s);
+            }
+        }
+        for (e, &t) in self.candidates.iter().zip(&self.totals) {
+            tracing::debug!(target: "scores", "Pod: {}, Total: {}", e.label(), super::epp::epp_total(t));
+        }
+    }
+
     /// One pass's score lines.
     fn log_pass(&self) {
+        if self.plugins.iter().any(|p| p.fractional.is_some()) {
+            self.log_fractional();
+            return;
+        }
         for p in &self.plugins {
             let Some(scores) = &p.scores else { continue };
             tracing::debug!(target: "scores", "ScorePlugin: {}", p.plugin);

@@ -62,6 +62,7 @@ impl Scheduler {
                 plugin: kind.as_str(),
                 weight,
                 scores,
+                fractional: None,
             });
         }
         if !self.prefix_enabled {

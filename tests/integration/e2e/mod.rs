@@ -6,6 +6,7 @@ mod affinity;
 mod body_modes;
 mod cli;
 mod completions;
+mod endpoint_picker;
 mod engine_truth;
 mod engine_truth_faults;
 mod failures;

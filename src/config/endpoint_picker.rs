@@ -1,0 +1,555 @@
+//! llm-d's (formerly GIE's) `EndpointPickerConfig` as a config document, detected by `kind:`
+//! (`apiVersion: llm-d.ai/v1alpha1`, or the deprecated `inference.networking.x-k8s.io/v1alpha1`,
+//! read with a warning as llm-d does), mapped onto one [`EppProfile`].
+//!
+//! Types and defaults: llm-d/llm-d-router ebab6879 (read, not copied),
+//! `apix/config/v1alpha1/endpointpickerconfig_types.go` (`featureGates`, `plugins[] {name, type,
+//! parameters}`, `schedulingProfiles[] {name, plugins[] {pluginRef, weight}}`, `dataLayer`,
+//! `flowControl`, `requestHandler`, the deprecated `saturationDetector` and `parser`) and
+//! `pkg/epp/config/loader/defaults.go`: a plugin's `name` defaults to its `type`; no
+//! `schedulingProfiles` makes one profile `default` of every filter, scorer and picker; a scorer
+//! without a weight weighs 1; a profile without a picker gets `max-score-picker`; a document
+//! with neither plugins nor profiles is llm-d's default (queue 2, KV-cache utilization 2,
+//! prefix cache 3).
+//!
+//! Strict as llm-d: an unknown field, plugin type or parameter is an error that names it (and
+//! the line) and lists what is accepted. Plugin types are implemented ([`EppProfile`]),
+//! accepted without effect here (data producers, sources and parsers whose work this project
+//! does its own way: a warning each), or llm-d's but not implemented (an error naming it).
+//! Beside llm-d's fields the document may carry prefix-picker's own sections (`endpoints`,
+//! `discovery`, `picker`, `sync`), which `Config` reads as in a routerConfiguration.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_yaml_ng::Value as Yaml;
+
+use crate::scheduler::epp::{EppFilter, EppPicker, EppProfile, EppScorer, EppScorerKind};
+
+/// The apiVersions read (the second with a deprecation warning).
+pub const API_VERSIONS: [&str; 2] = [
+    "llm-d.ai/v1alpha1",
+    "inference.networking.x-k8s.io/v1alpha1",
+];
+
+/// prefix-picker's own top-level sections an `EndpointPickerConfig` may carry.
+pub const OWN_SECTIONS: [&str; 4] = ["endpoints", "discovery", "picker", "sync"];
+
+/// Plugin types implemented (filters, scorers, pickers, the profile handler).
+const IMPLEMENTED: [&str; 11] = [
+    "prefix-cache-scorer",
+    "queue-scorer",
+    "kv-cache-utilization-scorer",
+    "running-requests-size-scorer",
+    "load-aware-scorer",
+    "decode-filter",
+    "prefill-filter",
+    "max-score-picker",
+    "random-picker",
+    "weighted-random-picker",
+    "single-profile-handler",
+];
+
+/// Plugin types accepted without effect: what each does in llm-d, and what does it here.
+const NO_EFFECT: [(&str, &str); 14] = [
+    (
+        "approx-prefix-cache-producer",
+        "the prefix-cache scorer matches this project's prefix index (64-byte blocks, recorded at completion)",
+    ),
+    (
+        "precise-prefix-cache-producer",
+        "the prefix-cache scorer matches this project's prefix index; engine KV events are picker.kvEvents (docs/engine-truth.md)",
+    ),
+    (
+        "token-producer",
+        "prompts are matched as rendered bytes (4 bytes a token for matchLengthScaleTokens)",
+    ),
+    (
+        "metrics-data-source",
+        "engine metrics are scraped by picker.scrapeIntervalSeconds",
+    ),
+    (
+        "core-metrics-extractor",
+        "engine metrics are read by picker.engineMetrics",
+    ),
+    (
+        "endpoint-notification-source",
+        "pods come from endpoints: or discovery:",
+    ),
+    (
+        "k8s-notification-source",
+        "pods come from endpoints: or discovery:",
+    ),
+    ("openai-parser", "requests are parsed by prefix-picker"),
+    ("anthropic-parser", "requests are parsed by prefix-picker"),
+    ("vllmhttp-parser", "requests are parsed by prefix-picker"),
+    ("passthrough-parser", "requests are parsed by prefix-picker"),
+    (
+        "utilization-detector",
+        "saturation is picker.loadShedding (docs/routing.md#load-shedding)",
+    ),
+    (
+        "inflight-load-producer",
+        "in-flight counts are the picker's own",
+    ),
+    (
+        "models-data-source",
+        "models come from endpoints: models or discovery",
+    ),
+];
+
+/// llm-d plugin types not implemented here.
+const NOT_IMPLEMENTED: [&str; 30] = [
+    "token-load-scorer",
+    "active-request-scorer",
+    "no-hit-lru-scorer",
+    "lora-affinity-scorer",
+    "latency-scorer",
+    "context-length-aware",
+    "precise-prefix-cache-scorer",
+    "mm-embeddings-cache-scorer",
+    "session-affinity-scorer",
+    "header-label-affinity-scorer",
+    "endpoint-attribute-scorer",
+    "topology-affinity-scorer",
+    "prefix-cache-affinity-filter",
+    "slo-headroom-tier-filter",
+    "label-selector-filter",
+    "encode-filter",
+    "utilization-filter",
+    "session-affinity-filter",
+    "endpoint-attribute-filter",
+    "topology-affinity-filter",
+    "disagg-profile-handler",
+    "header-profile-handler",
+    "pd-profile-handler",
+    "data-parallel-profile-handler",
+    "prefix-based-pd-decider",
+    "always-disagg-pd-decider",
+    "burst-prefix-cache-producer",
+    "predicted-latency-producer",
+    "session-id-producer",
+    "file-discovery",
+];
+
+/// The document, as llm-d's types read it (strictly).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Document {
+    api_version: String,
+    kind: String,
+    #[serde(default)]
+    feature_gates: Vec<String>,
+    #[serde(default)]
+    plugins: Vec<PluginSpec>,
+    #[serde(default)]
+    scheduling_profiles: Vec<ProfileSpec>,
+    data_layer: Option<Yaml>,
+    flow_control: Option<Yaml>,
+    request_handler: Option<Yaml>,
+    saturation_detector: Option<Yaml>,
+    parser: Option<Yaml>,
+    // prefix-picker's own sections, read by `Config`.
+    endpoints: Option<Yaml>,
+    discovery: Option<Yaml>,
+    picker: Option<Yaml>,
+    sync: Option<Yaml>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PluginSpec {
+    #[serde(default)]
+    name: String,
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    parameters: Option<Yaml>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ProfileSpec {
+    name: String,
+    #[serde(default)]
+    plugins: Vec<ProfilePlugin>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ProfilePlugin {
+    plugin_ref: String,
+    weight: Option<f64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct PrefixCacheParameters {
+    prefix_match_info_producer_name: Option<String>,
+    match_length_weight: Option<f64>,
+    match_length_scale_tokens: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct LoadAwareParameters {
+    threshold: Option<f64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct PickerParameters {
+    max_num_of_endpoints: Option<i64>,
+}
+
+/// What a plugin instance is here.
+#[derive(Debug, Clone)]
+enum Plugin {
+    Filter(EppFilter),
+    Scorer(EppScorerKind),
+    Picker(EppPicker),
+    Handler,
+    NoEffect,
+}
+
+/// Whether `root` is an `EndpointPickerConfig` (by `kind`, or by GIE's apiVersion).
+pub fn is_endpoint_picker_config(root: &serde_yaml_ng::Mapping) -> bool {
+    let kind = root.get("kind").and_then(Yaml::as_str).unwrap_or_default();
+    let api = root
+        .get("apiVersion")
+        .and_then(Yaml::as_str)
+        .unwrap_or_default();
+    kind == "EndpointPickerConfig" || api.starts_with("inference.networking.x-k8s.io")
+}
+
+/// The line (1-based) of the first line of `text` holding `a` and `b`, for an error.
+fn line_of(text: &str, a: &str, b: &str) -> Option<usize> {
+    text.lines()
+        .position(|l| l.contains(a) && l.contains(b))
+        .map(|i| i + 1)
+}
+
+/// ` (line N)` when found.
+fn at(line: Option<usize>) -> String {
+    line.map_or_else(String::new, |n| format!(" (line {n})"))
+}
+
+/// Parses an `EndpointPickerConfig` document into its profile; every problem is returned.
+pub fn parse(text: &str, warnings: &mut Vec<String>) -> Result<EppProfile, Vec<String>> {
+    let doc: Document = serde_yaml_ng::from_str(text).map_err(|e| {
+        let mut message = e.to_string();
+        if message.contains("unknown field") {
+            message.push_str(&format!(
+                " (prefix-picker's own sections also accepted: {})",
+                OWN_SECTIONS.join(", ")
+            ));
+        }
+        vec![message]
+    })?;
+    let mut errors = Vec::new();
+    if !API_VERSIONS.contains(&doc.api_version.as_str()) {
+        errors.push(format!(
+            "apiVersion {:?}{} is not one of {}",
+            doc.api_version,
+            at(line_of(text, "apiVersion", &doc.api_version)),
+            API_VERSIONS.join(", ")
+        ));
+    } else if doc.api_version == API_VERSIONS[1] {
+        warnings.push(format!(
+            "DEPRECATION: apiVersion {}/EndpointPickerConfig is deprecated, use {}",
+            API_VERSIONS[1], API_VERSIONS[0]
+        ));
+    }
+    if doc.kind != "EndpointPickerConfig" {
+        errors.push(format!("kind {:?} must be EndpointPickerConfig", doc.kind));
+    }
+    if !doc.feature_gates.is_empty() {
+        warnings.push(format!(
+            "featureGates {:?} ignored: prefix-picker has none of llm-d's feature gates",
+            doc.feature_gates
+        ));
+    }
+    for (field, present, why) in [
+        (
+            "dataLayer",
+            doc.data_layer.is_some(),
+            "engine metrics are picker.scrapeIntervalSeconds and picker.engineMetrics",
+        ),
+        (
+            "flowControl",
+            doc.flow_control.is_some(),
+            "prefix-picker does not queue requests; saturation is picker.loadShedding",
+        ),
+        (
+            "requestHandler",
+            doc.request_handler.is_some(),
+            "requests are parsed by prefix-picker",
+        ),
+        (
+            "saturationDetector",
+            doc.saturation_detector.is_some(),
+            "saturation is picker.loadShedding",
+        ),
+        (
+            "parser",
+            doc.parser.is_some(),
+            "requests are parsed by prefix-picker",
+        ),
+    ] {
+        if present {
+            warnings.push(format!("{field} ignored: {why}"));
+        }
+    }
+    let _ = (&doc.endpoints, &doc.discovery, &doc.picker, &doc.sync);
+    if doc.plugins.is_empty() && doc.scheduling_profiles.is_empty() {
+        return match errors.is_empty() {
+            true => Ok(EppProfile::llm_d_default()),
+            false => Err(errors),
+        };
+    }
+    let plugins = instances(text, &doc.plugins, warnings, &mut errors);
+    let profile = profile(text, &doc, &plugins, &mut errors);
+    match (profile, errors.is_empty()) {
+        (Some(p), true) => Ok(p),
+        _ => Err(errors),
+    }
+}
+
+/// Every `plugins[]` entry by name: its type read into a [`Plugin`], its parameters checked.
+fn instances(
+    text: &str,
+    specs: &[PluginSpec],
+    warnings: &mut Vec<String>,
+    errors: &mut Vec<String>,
+) -> BTreeMap<String, (Plugin, String)> {
+    let mut out = BTreeMap::new();
+    for spec in specs {
+        let name = if spec.name.is_empty() {
+            spec.kind.clone()
+        } else {
+            spec.name.clone()
+        };
+        let line = at(line_of(text, "type", &spec.kind));
+        match plugin(spec, &name, &line, warnings) {
+            Ok(p) => {
+                if out.insert(name.clone(), (p, spec.kind.clone())).is_some() {
+                    errors.push(format!("plugins: the name {name:?}{line} is used twice"));
+                }
+            }
+            Err(e) => errors.push(format!("plugins[{name}]{line}: {e}")),
+        }
+    }
+    out
+}
+
+/// Reads `parameters` strictly into `T` (none: its defaults).
+fn parameters<T: for<'de> Deserialize<'de> + Default>(spec: &PluginSpec) -> Result<T, String> {
+    match &spec.parameters {
+        None | Some(Yaml::Null) => Ok(T::default()),
+        Some(v) => serde_yaml_ng::from_value(v.clone())
+            .map_err(|e| format!("parameters of {}: {e}", spec.kind)),
+    }
+}
+
+/// One plugin instance.
+fn plugin(
+    spec: &PluginSpec,
+    name: &str,
+    line: &str,
+    warnings: &mut Vec<String>,
+) -> Result<Plugin, String> {
+    let no_parameters = |warnings: &mut Vec<String>| {
+        if spec.parameters.as_ref().is_some_and(|p| !p.is_null()) {
+            warnings.push(format!(
+                "plugins[{name}]{line}: {} takes no parameters; ignored (as llm-d)",
+                spec.kind
+            ));
+        }
+    };
+    Ok(match spec.kind.as_str() {
+        "prefix-cache-scorer" => {
+            let p: PrefixCacheParameters = parameters(spec)?;
+            let w = p.match_length_weight.unwrap_or(0.0);
+            if !(0.0..=1.0).contains(&w) {
+                return Err(format!(
+                    "matchLengthWeight must be between 0.0 and 1.0, got {w}"
+                ));
+            }
+            let scale = p.match_length_scale_tokens.unwrap_or(8192);
+            if w > 0.0 && scale <= 0 {
+                return Err(format!(
+                    "matchLengthScaleTokens must be greater than 0 when matchLengthWeight is greater than 0, got {scale}"
+                ));
+            }
+            if let Some(producer) = p.prefix_match_info_producer_name {
+                warnings.push(format!(
+                    "plugins[{name}]: prefixMatchInfoProducerName {producer:?}: matches come from prefix-picker's prefix index"
+                ));
+            }
+            Plugin::Scorer(EppScorerKind::PrefixCache {
+                match_length_weight: w,
+                match_length_scale_tokens: scale.clamp(1, i64::from(u32::MAX)) as u32,
+            })
+        }
+        "queue-scorer" => {
+            no_parameters(warnings);
+            Plugin::Scorer(EppScorerKind::Queue)
+        }
+        "kv-cache-utilization-scorer" => {
+            no_parameters(warnings);
+            Plugin::Scorer(EppScorerKind::KvCacheUtilization)
+        }
+        "running-requests-size-scorer" => {
+            no_parameters(warnings);
+            Plugin::Scorer(EppScorerKind::RunningRequestsSize)
+        }
+        "load-aware-scorer" => {
+            let p: LoadAwareParameters = parameters(spec)?;
+            let threshold = p.threshold.unwrap_or(128.0);
+            if !(threshold.is_finite() && threshold > 0.0) {
+                return Err(format!("threshold must be a number > 0, got {threshold}"));
+            }
+            Plugin::Scorer(EppScorerKind::LoadAware { threshold })
+        }
+        "decode-filter" => {
+            no_parameters(warnings);
+            Plugin::Filter(EppFilter::Decode)
+        }
+        "prefill-filter" => {
+            no_parameters(warnings);
+            Plugin::Filter(EppFilter::Prefill)
+        }
+        "max-score-picker" | "random-picker" | "weighted-random-picker" => {
+            let p: PickerParameters = parameters(spec)?;
+            if let Some(n) = p.max_num_of_endpoints
+                && n < 1
+            {
+                return Err(format!("maxNumOfEndpoints must be >= 1, got {n}"));
+            }
+            if p.max_num_of_endpoints.is_some() {
+                warnings.push(format!("plugins[{name}]: maxNumOfEndpoints: the pick and its fallbacks number picker.maxEndpoints"));
+            }
+            Plugin::Picker(match spec.kind.as_str() {
+                "max-score-picker" => EppPicker::MaxScore,
+                "random-picker" => EppPicker::Random,
+                _ => EppPicker::WeightedRandom,
+            })
+        }
+        "single-profile-handler" => {
+            no_parameters(warnings);
+            Plugin::Handler
+        }
+        other => {
+            if let Some((_, why)) = NO_EFFECT.iter().find(|(t, _)| *t == other) {
+                warnings.push(format!(
+                    "plugins[{name}]: {other} accepted, no effect: {why}"
+                ));
+                Plugin::NoEffect
+            } else if NOT_IMPLEMENTED.contains(&other) {
+                return Err(format!(
+                    "plugin type {other:?} is llm-d's but not implemented by prefix-picker (docs/migration.md); implemented: {}",
+                    IMPLEMENTED.join(", ")
+                ));
+            } else {
+                return Err(format!(
+                    "unknown plugin type {other:?}; supported: {}; accepted without effect: {}",
+                    IMPLEMENTED.join(", "),
+                    NO_EFFECT.map(|(t, _)| t).join(", ")
+                ));
+            }
+        }
+    })
+}
+
+/// The one scheduling profile (llm-d's single-profile-handler runs exactly one).
+fn profile(
+    text: &str,
+    doc: &Document,
+    plugins: &BTreeMap<String, (Plugin, String)>,
+    errors: &mut Vec<String>,
+) -> Option<EppProfile> {
+    let default_refs: Vec<ProfilePlugin>;
+    let (name, refs) = match doc.scheduling_profiles.as_slice() {
+        [] => {
+            // llm-d: one profile `default` of every filter, scorer and picker.
+            default_refs = plugins
+                .iter()
+                .filter(|(_, (p, _))| {
+                    matches!(p, Plugin::Filter(_) | Plugin::Scorer(_) | Plugin::Picker(_))
+                })
+                .map(|(n, _)| ProfilePlugin {
+                    plugin_ref: n.clone(),
+                    weight: None,
+                })
+                .collect();
+            ("default".to_string(), default_refs.as_slice())
+        }
+        [one] => (one.name.clone(), one.plugins.as_slice()),
+        many => {
+            let names: Vec<&str> = many.iter().map(|p| p.name.as_str()).collect();
+            errors.push(format!(
+                "schedulingProfiles: {} profiles ({names:?}) need a multi-profile handler (disagg-profile-handler), which prefix-picker does not implement; give one profile",
+                many.len()
+            ));
+            return None;
+        }
+    };
+    let mut profile = EppProfile {
+        name,
+        filters: Vec::new(),
+        scorers: Vec::new(),
+        picker: EppPicker::MaxScore,
+    };
+    let mut picker: Option<&str> = None;
+    for r in refs {
+        let line = at(line_of(text, "pluginRef", &r.plugin_ref));
+        let Some((plugin, kind)) = plugins.get(&r.plugin_ref) else {
+            errors.push(format!(
+                "schedulingProfiles[{}].plugins: pluginRef {:?}{line} names no plugin; plugins: {}",
+                profile.name,
+                r.plugin_ref,
+                plugins.keys().cloned().collect::<Vec<_>>().join(", ")
+            ));
+            continue;
+        };
+        if r.weight.is_some() && !matches!(plugin, Plugin::Scorer(_)) {
+            errors.push(format!(
+                "schedulingProfiles[{}]: pluginRef {:?}{line} ({kind}) is not a scorer and takes no weight",
+                profile.name, r.plugin_ref
+            ));
+        }
+        match plugin {
+            Plugin::Filter(f) => profile.filters.push(*f),
+            Plugin::Scorer(k) => {
+                let weight = r.weight.unwrap_or(1.0);
+                if !(weight.is_finite() && weight >= 0.0) {
+                    errors.push(format!(
+                        "schedulingProfiles[{}]: weight of {:?}{line} must be a finite number >= 0, got {weight}",
+                        profile.name, r.plugin_ref
+                    ));
+                    continue;
+                }
+                profile.scorers.push(EppScorer {
+                    name: r.plugin_ref.clone(),
+                    kind: *k,
+                    weight,
+                });
+            }
+            Plugin::Picker(p) => {
+                if let Some(first) = picker {
+                    errors.push(format!(
+                        "schedulingProfiles[{}]: two pickers ({first:?} and {:?}{line}); a profile has one",
+                        profile.name, r.plugin_ref
+                    ));
+                }
+                picker = Some(&r.plugin_ref);
+                profile.picker = *p;
+            }
+            Plugin::Handler | Plugin::NoEffect => {}
+        }
+    }
+    Some(profile)
+}
+
+#[cfg(test)]
+mod tests;

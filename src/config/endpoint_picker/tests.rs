@@ -1,0 +1,166 @@
+use super::*;
+use crate::config::{Config, ConfigError};
+use crate::scheduler::epp::{EppFilter, EppPicker, EppScorerKind};
+
+/// llm-d's published example configs (`testdata/`, each citing its source), as loaded: the
+/// profile's filters, scorers with weights and picker, or the error naming what is missing.
+#[test]
+fn llm_ds_example_configs_load_unchanged() {
+    let load = |text: &str| Config::parse(text).map(|c| c.scheduler.epp.unwrap());
+    let p = load(include_str!("testdata/epp-config.yaml")).unwrap();
+    assert_eq!(p.filters, [EppFilter::Decode]);
+    assert_eq!(p.picker, EppPicker::MaxScore);
+    assert_eq!(p.scorers.len(), 1);
+    assert_eq!(
+        (p.scorers[0].kind.as_str(), p.scorers[0].weight),
+        ("prefix-cache-scorer", 2.0)
+    );
+
+    let p = load(include_str!(
+        "testdata/epp-precise-prefix-cache-config.yaml"
+    ))
+    .unwrap();
+    let weights: Vec<(&str, f64)> = p
+        .scorers
+        .iter()
+        .map(|s| (s.kind.as_str(), s.weight))
+        .collect();
+    assert_eq!(
+        weights,
+        [
+            ("prefix-cache-scorer", 2.0),
+            ("kv-cache-utilization-scorer", 1.0),
+            ("queue-scorer", 1.0)
+        ]
+    );
+
+    let p = load(include_str!(
+        "testdata/epp-estimate-prefix-cache-config.yaml"
+    ))
+    .unwrap();
+    assert_eq!(
+        p.scorers[1].kind,
+        EppScorerKind::LoadAware { threshold: 128.0 }
+    );
+
+    for f in [
+        include_str!("testdata/sim-epp-config.yaml"),
+        include_str!("testdata/sim-epp-kvcache-config.yaml"),
+    ] {
+        let p = load(f).unwrap();
+        assert_eq!(p.filters, [EppFilter::Decode]);
+        assert_eq!(p.scorers.len(), 1);
+    }
+
+    // Not implemented, and said so by name: P/D's two profiles, no-hit-lru-scorer.
+    let err = load(include_str!("testdata/pd-epp-config.yaml"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("\"disagg-profile-handler\" is llm-d's but not implemented"),
+        "{err}"
+    );
+    let err = load(include_str!("testdata/sim-epp-no-hit-lru.yaml"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("\"no-hit-lru-scorer\" is llm-d's but not implemented"),
+        "{err}"
+    );
+}
+
+#[test]
+fn no_plugins_is_llm_ds_default_profile_and_the_old_api_version_is_deprecated() {
+    let c = Config::parse("apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n").unwrap();
+    assert_eq!(c.scheduler.epp, Some(EppProfile::llm_d_default()));
+    assert!(c.scheduler.filters.is_empty() && c.scheduler.scorers.is_empty());
+    // GIE's default, under the old apiVersion (docs/gateways.md): weights 1, max-score picker.
+    let gie = "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n- type: queue-scorer\n- type: kv-cache-utilization-scorer\n- type: prefix-cache-scorer\nschedulingProfiles:\n- name: default\n  plugins:\n  - pluginRef: queue-scorer\n  - pluginRef: kv-cache-utilization-scorer\n  - pluginRef: prefix-cache-scorer\n";
+    let c = Config::parse(gie).unwrap();
+    let p = c.scheduler.epp.unwrap();
+    assert!(p.scorers.iter().all(|s| s.weight == 1.0));
+    assert!(
+        c.warnings.iter().any(
+            |w| w.starts_with("DEPRECATION: apiVersion inference.networking.x-k8s.io/v1alpha1")
+        )
+    );
+    // No profile: one `default` profile of every filter, scorer and picker.
+    let c = Config::parse("apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n- type: queue-scorer\n- type: random-picker\n").unwrap();
+    let p = c.scheduler.epp.unwrap();
+    assert_eq!(
+        (p.name.as_str(), p.picker, p.scorers.len()),
+        ("default", EppPicker::Random, 1)
+    );
+}
+
+/// Strict: an unknown field, plugin type or parameter, a bad weight, a dangling reference are
+/// errors naming the field, the value and the line, listing what is accepted.
+#[test]
+fn strict_errors_name_the_field_and_the_line() {
+    let head = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n";
+    let err = |body: &str| {
+        let e = Config::load_text_for_test(&format!("{head}{body}"));
+        e.unwrap_err().to_string()
+    };
+    let e = err("plugns: []\n");
+    assert!(
+        e.starts_with("EndpointPickerConfig epp.yaml: unknown field `plugns`"),
+        "{e}"
+    );
+    assert!(
+        e.contains("line 3") && e.contains("expected one of") && e.contains("endpoints"),
+        "{e}"
+    );
+
+    let e = err("plugins:\n- type: made-up-scorer\n");
+    assert!(e.contains("plugins[made-up-scorer] (line 4): unknown plugin type \"made-up-scorer\"; supported: prefix-cache-scorer, queue-scorer"), "{e}");
+
+    let e = err("plugins:\n- type: prefix-cache-scorer\n  parameters: {matchLenghtWeight: 0.5}\n");
+    assert!(
+        e.contains("unknown field `matchLenghtWeight`") && e.contains("prefix-cache-scorer"),
+        "{e}"
+    );
+
+    let e = err("plugins:\n- type: prefix-cache-scorer\n  parameters: {matchLengthWeight: 1.5}\n");
+    assert!(
+        e.contains("matchLengthWeight must be between 0.0 and 1.0, got 1.5"),
+        "{e}"
+    );
+
+    let e = err(
+        "plugins:\n- type: queue-scorer\nschedulingProfiles:\n- name: default\n  plugins:\n  - pluginRef: queue-scorer\n    weight: -1\n",
+    );
+    assert!(
+        e.contains("weight of \"queue-scorer\" (line 8) must be a finite number >= 0, got -1"),
+        "{e}"
+    );
+
+    let e = err(
+        "plugins:\n- type: queue-scorer\nschedulingProfiles:\n- name: default\n  plugins:\n  - pluginRef: queu-scorer\n",
+    );
+    assert!(
+        e.contains("pluginRef \"queu-scorer\" (line 8) names no plugin; plugins: queue-scorer"),
+        "{e}"
+    );
+
+    let e = err("plugins:\n- type: queue-scorer\n  weight: 2\n");
+    assert!(e.contains("unknown field `weight`"), "{e}");
+}
+
+#[test]
+fn prefix_pickers_own_sections_are_read_beside_it() {
+    let doc = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nendpoints:\n- {name: a, address: 127.0.0.1:1}\npicker: {seed: 7}\n";
+    let c = Config::parse(doc).unwrap();
+    assert_eq!(c.endpoints.len(), 1);
+    assert_eq!(c.picker.seed, 7);
+    assert!(
+        c.scheduler
+            .mode_summary()
+            .contains("endpoint-picker-config (profile \"default\"")
+    );
+    let bad = Config::parse(
+        "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\npicker: {sede: 7}\n",
+    )
+    .unwrap_err();
+    assert!(matches!(bad.0[0], ConfigError::Picker(_)), "{bad}");
+}

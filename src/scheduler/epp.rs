@@ -1,0 +1,303 @@
+//! An `EndpointPickerConfig` scheduling profile (llm-d's endpoint picker, formerly GIE's): its
+//! filters, weighted scorers and picker, with llm-d's formulas, run over this project's pods,
+//! engine metrics and prefix index. Parsed by the sidecar's config (`config::endpoint_picker`).
+//!
+//! One request: the filters in profile order (one that leaves no pod ends the decision, named
+//! by its type); each scorer's score in [0, 1] per pod, clamped to [0, 1] and times its weight,
+//! summed (`pkg/epp/scheduling/scheduler_profile.go`, `runScorerPlugins`, `enforceScoreRange`);
+//! the picker orders the pods; the first is the pick and the next ones (up to
+//! `picker.maxEndpoints`) its fallbacks. Formulas (llm-d/llm-d-router ebab6879, read, not
+//! copied; paths under `pkg/epp/framework/plugins/scheduling/`):
+//!
+//! - `prefix-cache-scorer` (`scorer/prefix/plugin.go`): `w * min(1, m * b / S)^2 + (1 - w) *
+//!   m / t`, `m` the pod's matched blocks, `t` the prompt's blocks, `b` tokens per block,
+//!   `w` = `matchLengthWeight` (0..=1, default 0), `S` = `matchLengthScaleTokens` (default
+//!   8192). The match is this project's prefix index (the approximate producer's role: each
+//!   pod's longest chain of the prompt's 64-byte blocks, recorded when a response completes);
+//!   `b` is the block's bytes / 4, the estimate token producer's 4-byte pseudo-tokens.
+//! - `queue-scorer` (`scorer/queuedepth/queue.go`): `(max - q) / (max - min)` over the pods'
+//!   waiting requests, 1 for all when they are equal.
+//! - `running-requests-size-scorer` (`scorer/runningrequests/runningrequest.go`): the same over
+//!   running requests.
+//! - `kv-cache-utilization-scorer` (`scorer/kvcacheutilization/kvcache_utilization.go`): `1 -
+//!   KV-cache usage`.
+//! - `load-aware-scorer` (`scorer/loadaware/load_aware.go`): 0.5 with no waiting request, else
+//!   `0.5 * (1 - min(q, threshold) / threshold)` (`threshold` default 128).
+//! - `decode-filter` / `prefill-filter` (`filter/bylabel/roles.go`, `filter.go`): the pod label
+//!   `llm-d.ai/role`; decode keeps `decode`, `prefill-decode`, `both`, `encode-prefill-decode`
+//!   and pods without the label; prefill keeps `prefill`, `encode-prefill`, `prefill-decode`,
+//!   `both`, `encode-prefill-decode`.
+//! - `max-score-picker` (`picker/maxscore/picker.go`): shuffle, then a stable sort by total,
+//!   highest first (equal totals in random order); `random-picker` (`picker/random/picker.go`):
+//!   a shuffle; `weighted-random-picker` (`picker/weightedrandom/picker.go`): A-Res keys
+//!   `U^(1 / total)` (0 for a total <= 0), highest first, and a shuffle when no total is > 0.
+//!
+//! The RNG is the decision's seeded one (`picker.seed`), not llm-d's clock-seeded one.
+
+use rand::Rng;
+use rand::seq::SliceRandom;
+
+/// llm-d's role label (`filter/bylabel/roles.go`).
+pub const ROLE_LABEL: &str = "llm-d.ai/role";
+
+/// A filter of the profile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EppFilter {
+    Decode,
+    Prefill,
+}
+
+impl EppFilter {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EppFilter::Decode => "decode-filter",
+            EppFilter::Prefill => "prefill-filter",
+        }
+    }
+
+    /// Whether a pod whose `llm-d.ai/role` label is `role` passes.
+    pub fn keeps(self, role: Option<&str>) -> bool {
+        match (self, role) {
+            (EppFilter::Decode, None) => true,
+            (EppFilter::Decode, Some(r)) => {
+                matches!(
+                    r,
+                    "decode" | "prefill-decode" | "both" | "encode-prefill-decode"
+                )
+            }
+            (EppFilter::Prefill, None) => false,
+            (EppFilter::Prefill, Some(r)) => matches!(
+                r,
+                "prefill" | "encode-prefill" | "prefill-decode" | "both" | "encode-prefill-decode"
+            ),
+        }
+    }
+}
+
+/// A scorer type with its parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum EppScorerKind {
+    PrefixCache {
+        match_length_weight: f64,
+        match_length_scale_tokens: u32,
+    },
+    Queue,
+    RunningRequestsSize,
+    KvCacheUtilization,
+    LoadAware {
+        threshold: f64,
+    },
+}
+
+impl EppScorerKind {
+    /// llm-d's plugin type.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EppScorerKind::PrefixCache { .. } => "prefix-cache-scorer",
+            EppScorerKind::Queue => "queue-scorer",
+            EppScorerKind::RunningRequestsSize => "running-requests-size-scorer",
+            EppScorerKind::KvCacheUtilization => "kv-cache-utilization-scorer",
+            EppScorerKind::LoadAware { .. } => "load-aware-scorer",
+        }
+    }
+}
+
+/// A scorer of the profile: its instance name, type and weight.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EppScorer {
+    pub name: String,
+    pub kind: EppScorerKind,
+    pub weight: f64,
+}
+
+/// The profile's picker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EppPicker {
+    MaxScore,
+    Random,
+    WeightedRandom,
+}
+
+impl EppPicker {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EppPicker::MaxScore => "max-score-picker",
+            EppPicker::Random => "random-picker",
+            EppPicker::WeightedRandom => "weighted-random-picker",
+        }
+    }
+
+    /// Candidate positions in pick order, from their weighted totals.
+    pub fn order<R: Rng>(self, totals: &[f64], rng: &mut R) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..totals.len()).collect();
+        match self {
+            EppPicker::Random => order.shuffle(rng),
+            EppPicker::MaxScore => {
+                order.shuffle(rng);
+                order.sort_by(|&a, &b| totals[b].total_cmp(&totals[a]));
+            }
+            EppPicker::WeightedRandom if totals.iter().all(|&t| t <= 0.0) => order.shuffle(rng),
+            EppPicker::WeightedRandom => {
+                let keys: Vec<f64> = totals
+                    .iter()
+                    .map(|&t| {
+                        if t <= 0.0 {
+                            return 0.0;
+                        }
+                        let u: f64 = rng.random();
+                        u.max(1e-10).powf(1.0 / t)
+                    })
+                    .collect();
+                order.sort_by(|&a, &b| keys[b].total_cmp(&keys[a]));
+            }
+        }
+        order
+    }
+}
+
+/// One scheduling profile: what an `EndpointPickerConfig` asks of the scheduler.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EppProfile {
+    /// The profile's name (`schedulingProfiles[].name`).
+    pub name: String,
+    pub filters: Vec<EppFilter>,
+    pub scorers: Vec<EppScorer>,
+    pub picker: EppPicker,
+}
+
+impl EppProfile {
+    /// llm-d's profile when no config is given (`pkg/epp/config/loader/defaults.go`): queue 2,
+    /// KV-cache utilization 2, prefix cache 3, max-score picker.
+    pub fn llm_d_default() -> EppProfile {
+        let scorer = |name: &str, kind, weight| EppScorer {
+            name: name.to_string(),
+            kind,
+            weight,
+        };
+        EppProfile {
+            name: "default".into(),
+            filters: Vec::new(),
+            scorers: vec![
+                scorer("queue-scorer", EppScorerKind::Queue, 2.0),
+                scorer(
+                    "kv-cache-utilization-scorer",
+                    EppScorerKind::KvCacheUtilization,
+                    2.0,
+                ),
+                scorer("prefix-cache-scorer", PREFIX_DEFAULT, 3.0),
+            ],
+            picker: EppPicker::MaxScore,
+        }
+    }
+
+    /// Whether a prefix-cache scorer runs (prompts are then hashed and recorded).
+    pub fn scores_prefix(&self) -> bool {
+        self.scorers
+            .iter()
+            .any(|s| matches!(s.kind, EppScorerKind::PrefixCache { .. }))
+    }
+
+    /// One line for `validate` and the start-up log.
+    pub fn summary(&self) -> String {
+        let filters: Vec<&str> = self.filters.iter().map(|f| f.as_str()).collect();
+        let scorers: Vec<String> = self
+            .scorers
+            .iter()
+            .map(|s| format!("{} ({}) x {}", s.name, s.kind.as_str(), s.weight))
+            .collect();
+        format!(
+            "endpoint-picker-config (profile {:?}: filters [{}], scorers [{}], {})",
+            self.name,
+            filters.join(", "),
+            scorers.join(", "),
+            self.picker.as_str()
+        )
+    }
+}
+
+/// prefix-cache-scorer's defaults (`matchLengthWeight` 0, `matchLengthScaleTokens` 8192).
+pub const PREFIX_DEFAULT: EppScorerKind = EppScorerKind::PrefixCache {
+    match_length_weight: 0.0,
+    match_length_scale_tokens: 8192,
+};
+
+/// prefix-cache-scorer: per pod, from its matched blocks, the prompt's `total` blocks and the
+/// tokens in a block (0 for every pod when `total` is 0).
+pub fn prefix_scores(
+    matched: &[usize],
+    total: usize,
+    block_tokens: f64,
+    match_length_weight: f64,
+    scale_tokens: u32,
+) -> Vec<f64> {
+    matched
+        .iter()
+        .map(|&m| {
+            if total == 0 {
+                return 0.0;
+            }
+            let ratio = m as f64 / total as f64;
+            let length = if match_length_weight > 0.0 && block_tokens > 0.0 {
+                let n = (m as f64 * block_tokens / f64::from(scale_tokens)).min(1.0);
+                n * n
+            } else {
+                0.0
+            };
+            match_length_weight * length + (1.0 - match_length_weight) * ratio
+        })
+        .collect()
+}
+
+/// queue-scorer and running-requests-size-scorer: `(max - v) / (max - min)`, 1 when all equal.
+pub fn min_max_scores(values: &[f64]) -> Vec<f64> {
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    values
+        .iter()
+        .map(|&v| {
+            if max == min {
+                1.0
+            } else {
+                (max - v) / (max - min)
+            }
+        })
+        .collect()
+}
+
+/// kv-cache-utilization-scorer: `1 - usage`.
+pub fn kv_utilization_scores(usage: &[f64]) -> Vec<f64> {
+    usage.iter().map(|&u| 1.0 - u).collect()
+}
+
+/// load-aware-scorer: 0.5 for an empty queue, else `0.5 * (1 - min(q, threshold) / threshold)`.
+pub fn load_aware_scores(waiting: &[f64], threshold: f64) -> Vec<f64> {
+    waiting
+        .iter()
+        .map(|&q| {
+            if q == 0.0 {
+                0.5
+            } else {
+                0.5 * (1.0 - q.min(threshold) / threshold)
+            }
+        })
+        .collect()
+}
+
+/// A decision's totals are integers of this many parts per unit of llm-d's float total.
+pub const TOTAL_SCALE: f64 = 1e6;
+
+/// A decision's total (`Decision::totals`) as llm-d's float.
+pub fn epp_total(total: u64) -> f64 {
+    total as f64 / TOTAL_SCALE
+}
+
+/// llm-d's `enforceScoreRange`: a score outside [0, 1] is clamped into it.
+pub fn clamp_score(score: f64) -> f64 {
+    if score.is_nan() {
+        return 0.0;
+    }
+    score.clamp(0.0, 1.0)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,130 @@
+//! Each llm-d formula on constructed pods against values computed by hand from the upstream
+//! file named in the module header.
+
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+use super::*;
+
+fn close(a: &[f64], b: &[f64]) {
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(b) {
+        assert!((x - y).abs() < 1e-12, "{a:?} != {b:?}");
+    }
+}
+
+#[test]
+fn prefix_cache_scorer_is_the_match_ratio_by_default() {
+    // 10-block prompt; pods matched 10, 5, 0 blocks: 1, 0.5, 0.
+    close(
+        &prefix_scores(&[10, 5, 0], 10, 16.0, 0.0, 8192),
+        &[1.0, 0.5, 0.0],
+    );
+    close(&prefix_scores(&[3], 0, 16.0, 0.0, 8192), &[0.0]);
+}
+
+#[test]
+fn prefix_cache_scorer_mixes_in_the_match_length() {
+    // w = 0.5, S = 160 tokens, 16 tokens a block, 8-block prompt. Pod matched 4 blocks:
+    // ratio 0.5; length min(1, 4*16/160) = 0.4, squared 0.16; 0.5*0.16 + 0.5*0.5 = 0.33.
+    // Pod matched 8 blocks: ratio 1; length min(1, 128/160) = 0.8 -> 0.64; 0.32 + 0.5 = 0.82.
+    close(&prefix_scores(&[4, 8], 8, 16.0, 0.5, 160), &[0.33, 0.82]);
+    // A long match saturates the length term: 20 blocks * 16 / 160 = 2 -> 1; w = 1: 1.
+    close(&prefix_scores(&[20], 40, 16.0, 1.0, 160), &[1.0]);
+}
+
+#[test]
+fn queue_and_running_requests_scorers_normalise_between_min_and_max() {
+    // waiting 0, 5, 10: (10-0)/10, (10-5)/10, 0.
+    close(&min_max_scores(&[0.0, 5.0, 10.0]), &[1.0, 0.5, 0.0]);
+    // waiting 2, 3, 6: 4/4, 3/4, 0.
+    close(&min_max_scores(&[2.0, 3.0, 6.0]), &[1.0, 0.75, 0.0]);
+    close(&min_max_scores(&[4.0, 4.0]), &[1.0, 1.0]);
+}
+
+#[test]
+fn kv_cache_utilization_and_load_aware_scorers() {
+    close(&kv_utilization_scores(&[0.0, 0.25, 1.0]), &[1.0, 0.75, 0.0]);
+    // threshold 128: q 0 -> 0.5; q 64 -> 0.5 * 0.5 = 0.25; q 200 -> capped, 0.
+    close(
+        &load_aware_scores(&[0.0, 64.0, 200.0], 128.0),
+        &[0.5, 0.25, 0.0],
+    );
+    // threshold 10: q 1 -> 0.5 * 0.9 = 0.45.
+    close(&load_aware_scores(&[1.0], 10.0), &[0.45]);
+    assert_eq!(clamp_score(1.5), 1.0);
+    assert_eq!(clamp_score(-0.2), 0.0);
+    assert_eq!(clamp_score(f64::NAN), 0.0);
+}
+
+#[test]
+fn role_filters_follow_the_llm_d_role_label() {
+    for (role, decode, prefill) in [
+        (None, true, false),
+        (Some("decode"), true, false),
+        (Some("prefill"), false, true),
+        (Some("prefill-decode"), true, true),
+        (Some("both"), true, true),
+        (Some("encode"), false, false),
+        (Some("encode-prefill"), false, true),
+        (Some("other"), false, false),
+    ] {
+        assert_eq!(EppFilter::Decode.keeps(role), decode, "{role:?}");
+        assert_eq!(EppFilter::Prefill.keeps(role), prefill, "{role:?}");
+    }
+}
+
+#[test]
+fn max_score_picker_takes_the_highest_and_breaks_ties_at_random() {
+    let totals = [1.0, 3.5, 3.5, 0.0];
+    let mut firsts = std::collections::BTreeSet::new();
+    for seed in 0..32 {
+        let order = EppPicker::MaxScore.order(&totals, &mut SmallRng::seed_from_u64(seed));
+        assert!(order[..2].contains(&1) && order[..2].contains(&2));
+        assert_eq!(&order[2..], [0, 3]);
+        firsts.insert(order[0]);
+    }
+    assert_eq!(firsts.len(), 2, "both tied pods lead sometimes");
+}
+
+#[test]
+fn weighted_random_picker_favours_high_totals_and_never_picks_a_zero_first() {
+    let totals = [0.0, 1.0, 3.0];
+    let mut first = [0usize; 3];
+    for seed in 0..2000 {
+        let order = EppPicker::WeightedRandom.order(&totals, &mut SmallRng::seed_from_u64(seed));
+        first[order[0]] += 1;
+    }
+    assert_eq!(first[0], 0);
+    // A-Res: P(pod 2 first) = 3 / (1 + 3) = 0.75.
+    let share = first[2] as f64 / 2000.0;
+    assert!((0.70..0.80).contains(&share), "{share}");
+    // All zero: a uniform shuffle, every pod first sometimes.
+    let mut seen = std::collections::BTreeSet::new();
+    for seed in 0..64 {
+        seen.insert(
+            EppPicker::WeightedRandom.order(&[0.0; 3], &mut SmallRng::seed_from_u64(seed))[0],
+        );
+    }
+    assert_eq!(seen.len(), 3);
+}
+
+#[test]
+fn the_default_profile_is_llm_ds() {
+    let p = EppProfile::llm_d_default();
+    let weights: Vec<(&str, f64)> = p
+        .scorers
+        .iter()
+        .map(|s| (s.kind.as_str(), s.weight))
+        .collect();
+    assert_eq!(
+        weights,
+        [
+            ("queue-scorer", 2.0),
+            ("kv-cache-utilization-scorer", 2.0),
+            ("prefix-cache-scorer", 3.0)
+        ]
+    );
+    assert_eq!(p.picker, EppPicker::MaxScore);
+    assert!(p.scores_prefix());
+}

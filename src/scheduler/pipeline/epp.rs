@@ -1,0 +1,299 @@
+//! An `EndpointPickerConfig` profile's steps 2-4 ([`crate::scheduler::epp`]: the formulas):
+//! its filters (each timed; one that leaves no pod ends the decision, named by its type), its
+//! scorers (each timed; prefix-cache-scorer matches the prompt's blocks against the index,
+//! chain matches without a top-k limit), the weighted sum, the picker's order; the session's pod,
+//! when it passed the filters, leads (`picker.sessions`). The reason is read from the prefix
+//! match: a hit when the pick holds some of the prompt, overruled when only another pod does.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::SmallRng;
+
+use super::candidates::session_position;
+use crate::hashing::BlockHash;
+use crate::prefix_index::ModelKey;
+use crate::scheduler::epp::{
+    EppProfile, EppScorerKind, ROLE_LABEL, TOTAL_SCALE, clamp_score, kv_utilization_scores,
+    load_aware_scores, min_max_scores, prefix_scores,
+};
+use crate::scheduler::{
+    Candidate, Decision, DecisionReason, Fractional, Observation, PluginScores, PluginType,
+    RouteRequest, Scheduler, Unscored,
+};
+
+impl Scheduler {
+    /// The profile's decision over `candidates`; `Err(filter type)` when a filter left no pod.
+    pub(super) fn epp_decision<C: Candidate + Clone>(
+        &self,
+        profile: &EppProfile,
+        request: &RouteRequest<'_>,
+        mut candidates: Arc<[C]>,
+        rng: &mut SmallRng,
+        keep: usize,
+        observations: &mut Vec<Observation>,
+    ) -> Result<Decision<C>, &'static str> {
+        for filter in &profile.filters {
+            let t = Instant::now();
+            if !candidates
+                .iter()
+                .all(|c| filter.keeps(c.pod_label(ROLE_LABEL)))
+            {
+                candidates = candidates
+                    .iter()
+                    .filter(|c| filter.keeps(c.pod_label(ROLE_LABEL)))
+                    .cloned()
+                    .collect();
+            }
+            observations.push(Observation::PluginTime {
+                plugin: filter.as_str(),
+                kind: PluginType::Filter,
+                elapsed: t.elapsed(),
+            });
+            if candidates.is_empty() {
+                return Err(filter.as_str());
+            }
+        }
+        let (hashes, matched, unscored) = self.epp_match(profile, request, &candidates);
+        if let Some(m) = &matched
+            && !hashes.is_empty()
+        {
+            let best = m.iter().copied().max().unwrap_or(0);
+            observations.push(Observation::MatchRatio(best as f64 / hashes.len() as f64));
+        }
+        let mut totals = vec![0.0f64; candidates.len()];
+        let mut plugins = Vec::with_capacity(profile.scorers.len());
+        for scorer in &profile.scorers {
+            let t = Instant::now();
+            let scores: Vec<f64> = self
+                .epp_scores(scorer.kind, &candidates, &hashes, matched.as_deref())
+                .into_iter()
+                .map(clamp_score)
+                .collect();
+            observations.push(Observation::PluginTime {
+                plugin: scorer.kind.as_str(),
+                kind: PluginType::Score,
+                elapsed: t.elapsed(),
+            });
+            for (total, s) in totals.iter_mut().zip(&scores) {
+                *total += s * scorer.weight;
+            }
+            plugins.push(PluginScores {
+                plugin: scorer.kind.as_str(),
+                weight: scorer.weight.round().clamp(0.0, u32::MAX as f64) as u32,
+                scores: Some(scores.iter().map(|s| (s * 100.0) as u32).collect()),
+                fractional: Some(Fractional {
+                    name: scorer.name.clone(),
+                    weight: scorer.weight,
+                    scores,
+                }),
+            });
+        }
+        let mut order = profile.picker.order(&totals, rng);
+        let session = session_position(&candidates, request.session_pod);
+        if let Some(at) = session.and_then(|i| order.iter().position(|&o| o == i)) {
+            order[..=at].rotate_right(1);
+        }
+        let reason = match (&matched, session.is_some()) {
+            (_, true) => DecisionReason::Session,
+            (None, false) => DecisionReason::Unscored,
+            (Some(m), false) if m[order[0]] > 0 => DecisionReason::PrefixHit,
+            (Some(m), false) if m.iter().any(|&x| x > 0) => DecisionReason::PrefixOverruled,
+            (Some(_), false) => DecisionReason::PrefixMiss,
+        };
+        let ranked = order
+            .iter()
+            .take(keep.max(1))
+            .map(|&i| candidates[i].clone())
+            .collect();
+        Ok(Decision {
+            candidates,
+            plugins,
+            totals: totals
+                .iter()
+                .map(|t| (t * TOTAL_SCALE).round().max(0.0) as u64)
+                .collect(),
+            ranked,
+            primary_at: order[0],
+            reason,
+            hashes,
+            prompt_bytes: request.prompt.map_or(0, str::len),
+            unscored,
+            predicted_blocks: 0,
+            predictions: Default::default(),
+            engine: Vec::new(),
+            observations: Vec::new(),
+            duration: Duration::ZERO,
+            pd: None,
+            kv_matched: None,
+        })
+    }
+
+    /// The prompt's hashes and each candidate's chain match, when prefix-cache-scorer runs and
+    /// there is a prompt; else why not.
+    fn epp_match<C: Candidate>(
+        &self,
+        profile: &EppProfile,
+        request: &RouteRequest<'_>,
+        candidates: &[C],
+    ) -> (Vec<BlockHash>, Option<Vec<usize>>, Option<Unscored>) {
+        if !profile.scores_prefix() {
+            return (Vec::new(), None, Some(Unscored::PrefixCacheDisabled));
+        }
+        let prompt = match request.prompt {
+            Ok(p) => p,
+            Err(reason) => return (Vec::new(), None, Some(reason)),
+        };
+        let hashes = self.hashes_of(request, prompt);
+        if hashes.is_empty() {
+            return (hashes, None, Some(Unscored::EmptyPrompt));
+        }
+        let slots: Vec<_> = candidates.iter().map(|c| c.slot()).collect();
+        let matched =
+            self.prefix
+                .index()
+                .chain_matches(ModelKey::of(request.model), &hashes, &slots);
+        (hashes, Some(matched), None)
+    }
+
+    /// One scorer's scores (before the clamp); prefix-cache-scorer scores 0 without a match.
+    fn epp_scores<C: Candidate>(
+        &self,
+        kind: EppScorerKind,
+        candidates: &[C],
+        hashes: &[BlockHash],
+        matched: Option<&[usize]>,
+    ) -> Vec<f64> {
+        let stat = |f: fn(&C) -> f64| candidates.iter().map(f).collect::<Vec<f64>>();
+        match kind {
+            EppScorerKind::PrefixCache {
+                match_length_weight,
+                match_length_scale_tokens,
+            } => match matched {
+                None => vec![0.0; candidates.len()],
+                Some(m) => prefix_scores(
+                    m,
+                    hashes.len(),
+                    self.prefix.args().block_size_to_hash as f64 / 4.0,
+                    match_length_weight,
+                    match_length_scale_tokens,
+                ),
+            },
+            EppScorerKind::Queue => min_max_scores(&stat(|c| c.stats().waiting)),
+            EppScorerKind::RunningRequestsSize => min_max_scores(&stat(|c| c.stats().running)),
+            EppScorerKind::KvCacheUtilization => {
+                kv_utilization_scores(&stat(|c| c.stats().kv_usage))
+            }
+            EppScorerKind::LoadAware { threshold } => {
+                load_aware_scores(&stat(|c| c.stats().waiting), threshold)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduler::EngineStats;
+    use crate::scheduler::affinity::RecentPicks;
+    use crate::scheduler::config::SchedulerConfig;
+    use crate::scheduler::epp::{EppFilter, epp_total};
+    use crate::scheduler::test_pod::{Pod, req};
+
+    fn pods(s: &Scheduler, stats: &[(f64, f64)], roles: &[Option<&str>]) -> Vec<Arc<Pod>> {
+        stats
+            .iter()
+            .zip(roles)
+            .enumerate()
+            .map(|(i, (&(waiting, kv_usage), role))| {
+                Arc::new(Pod {
+                    handle: s.prefix_cache().index().add_pod(),
+                    label: format!("default/pod-{i}"),
+                    labels: role
+                        .map(|r| [(ROLE_LABEL.to_string(), r.to_string())].into())
+                        .unwrap_or_default(),
+                    stats: EngineStats {
+                        waiting,
+                        kv_usage,
+                        ..EngineStats::default()
+                    },
+                    recent: RecentPicks::default(),
+                    rendezvous: i as u64,
+                    engine: None,
+                })
+            })
+            .collect()
+    }
+
+    fn scheduler(profile: EppProfile) -> Scheduler {
+        Scheduler::new(
+            SchedulerConfig {
+                filters: Vec::new(),
+                scorers: Vec::new(),
+                epp: Some(profile),
+                ..SchedulerConfig::default()
+            },
+            5,
+            1,
+        )
+    }
+
+    /// llm-d's default profile on three pods, by hand: prompt of n blocks held whole by pod 0
+    /// (prefix 1, 0, 0); waiting 4, 0, 2 (queue 0, 1, 0.5); KV usage 0.5, 0.9, 0.1 (0.5, 0.1,
+    /// 0.9). Totals: pod 0 = 2*0 + 2*0.5 + 3*1 = 4; pod 1 = 2*1 + 2*0.1 + 0 = 2.2; pod 2 =
+    /// 2*0.5 + 2*0.9 + 0 = 2.8. The pick: pod 0, a prefix hit.
+    #[test]
+    fn the_default_profile_sums_the_weighted_formulas() {
+        let s = scheduler(EppProfile::llm_d_default());
+        let p = pods(
+            &s,
+            &[(4.0, 0.5), (0.0, 0.9), (2.0, 0.1)],
+            &[None, None, None],
+        );
+        let prompt =
+            "a shared system prompt that spans several blocks of sixty-four bytes each, repeated";
+        let hashes = s.prefix_cache().hash("m", prompt.as_bytes());
+        s.record("m", &hashes, &p[0].handle);
+        let d = s.schedule(req(prompt), p.clone()).unwrap();
+        let totals: Vec<f64> = d.totals.iter().map(|&t| epp_total(t)).collect();
+        for (got, want) in totals.iter().zip([4.0, 2.2, 2.8]) {
+            assert!((got - want).abs() < 1e-6, "{totals:?}");
+        }
+        assert_eq!(d.primary().label, "default/pod-0");
+        assert_eq!(d.reason, DecisionReason::PrefixHit);
+        let names: Vec<&str> = d
+            .plugins
+            .iter()
+            .map(|p| p.fractional.as_ref().unwrap().name.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "queue-scorer",
+                "kv-cache-utilization-scorer",
+                "prefix-cache-scorer"
+            ]
+        );
+        assert_eq!(d.hashes, hashes, "the prompt is recorded at completion");
+    }
+
+    #[test]
+    fn a_filter_that_leaves_no_pod_is_named_and_roles_filter() {
+        let profile = EppProfile {
+            filters: vec![EppFilter::Decode],
+            ..EppProfile::llm_d_default()
+        };
+        let s = scheduler(profile.clone());
+        let p = pods(
+            &s,
+            &[(0.0, 0.0), (0.0, 0.0)],
+            &[Some("prefill"), Some("decode")],
+        );
+        let d = s.schedule(req("x"), p.clone()).unwrap();
+        assert_eq!(d.candidates.len(), 1);
+        assert_eq!(d.primary().label, "default/pod-1");
+        let prefill_only = pods(&s, &[(0.0, 0.0)], &[Some("prefill")]);
+        let err = s.schedule(req("x"), prefill_only).unwrap_err();
+        assert_eq!(err.filter, "decode-filter");
+    }
+}
