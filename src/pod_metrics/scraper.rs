@@ -74,6 +74,21 @@ async fn fetch_models(client: &reqwest::Client, e: &Endpoint) -> Result<Vec<Stri
     served_models(&body).map_err(|err| err.to_string())
 }
 
+/// A pod's `GET /v1/models` result: its served models set, or Kthena's debug line (the last
+/// list kept).
+fn record_models(e: &Endpoint, listed: Result<Vec<String>, String>) {
+    let changed = match listed {
+        Ok(models) => e.set_served_models(models),
+        Err(err) => {
+            tracing::debug!("failed to get models of pod {}: {err}", e.label);
+            false
+        }
+    };
+    if changed {
+        tracing::debug!(pod = %e.label, models = ?e.served_models(), "served models changed");
+    }
+}
+
 /// The signals already warned about, per pod (one warning per pod and signal).
 #[derive(Debug, Default)]
 pub struct MissingWarnings(HashSet<(PodSlot, Signal)>);
@@ -160,16 +175,8 @@ impl Scraper {
                                 false => None,
                             }
                         });
-                        match listed {
-                            Some(Ok(models)) => {
-                                if e.set_served_models(models) {
-                                    tracing::debug!(pod = %e.label, models = ?e.served_models(), "served models changed");
-                                }
-                            }
-                            Some(Err(err)) => {
-                                tracing::debug!("failed to get models of pod {}: {err}", e.label)
-                            }
-                            None => {}
+                        if let Some(listed) = listed {
+                            record_models(&e, listed);
                         }
                         (e, r)
                     }
