@@ -32,7 +32,7 @@ use crate::prefix_index::{PodHandle, PodSlot, PrefixIndex};
 pub use crate::scheduler::EngineStats;
 use crate::scheduler::affinity::{RecentPicks, rendezvous_key};
 use crate::scheduler::latency::PodTiming;
-use crate::scheduler::{Candidate, PickError};
+use crate::scheduler::{Candidate, LoraAdapters, LoraState, PickError};
 pub use pattern::AddressPattern;
 
 /// `Endpoint::containers_started` when discovery knows no start.
@@ -134,6 +134,8 @@ pub struct Endpoint {
     /// The models the engine's `GET /v1/models` listed at the last successful fetch (base
     /// model and LoRA adapters; lora-affinity's set); `None`: never fetched.
     served_models: RwLock<Option<Box<[String]>>>,
+    /// The engine's LoRA adapters at the last scrape that exported them (lora-affinity-scorer).
+    lora: RwLock<LoraAdapters>,
     /// Share of recent picks (the affinity mode's balance signal).
     pub recent: RecentPicks,
     /// What the latency model learned of the pod (concurrency from scrapes, service time from
@@ -193,6 +195,11 @@ impl Endpoint {
         let changed = slot.as_deref() != Some(models.as_slice());
         *slot = Some(models.into());
         changed
+    }
+
+    /// Records the engine's LoRA adapters (`vllm:lora_requests_info`).
+    pub fn set_lora(&self, lora: LoraAdapters) {
+        *self.lora.write() = lora;
     }
 
     /// What the engine's `GET /v1/models` last listed; `None`: never fetched.
@@ -274,6 +281,10 @@ impl Candidate for Endpoint {
 
     fn reuses_cache(&self) -> bool {
         self.reuses_cache.load(Ordering::Relaxed)
+    }
+
+    fn lora_state(&self, adapter: &str) -> LoraState {
+        self.lora.read().state(adapter)
     }
 
     fn serves_model(&self, model: &str) -> bool {
@@ -614,6 +625,7 @@ impl Endpoints {
             waiting: AtomicU64::new(EngineStats::default().waiting.to_bits()),
             reuses_cache: AtomicBool::new(true),
             served_models: RwLock::new(None),
+            lora: RwLock::new(LoraAdapters::default()),
             recent: RecentPicks::default(),
             timing: PodTiming::default(),
             rendezvous: rendezvous_key(&spec.address),

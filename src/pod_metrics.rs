@@ -38,6 +38,7 @@ use prometheus::{IntCounterVec, Opts, Registry};
 use thiserror::Error;
 
 use crate::metrics::listing;
+use crate::scheduler::LoraAdapters;
 use crate::scheduler::affinity::AffinityConfig;
 
 use names::{MetricSpec, Signal, SignalSpecs, Signals};
@@ -108,7 +109,7 @@ pub struct Totals {
 }
 
 /// Values read from one scrape.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct RawEngineMetrics {
     pub waiting: f64,
     pub running: f64,
@@ -124,6 +125,10 @@ pub struct RawEngineMetrics {
     pub prefix_caching: Option<bool>,
     /// `process_start_time_seconds` (Unix seconds), when exported.
     pub start_time: Option<f64>,
+    /// vLLM's LoRA adapters (`vllm:lora_requests_info`, the series with the latest value, as
+    /// llm-d reads it: `extractor/metrics/loraspec.go`); `None`: not exported (vLLM exports it
+    /// once an adapter was used).
+    pub lora: Option<LoraAdapters>,
     /// Signals none of whose names had a matching series (their values above are 0).
     pub missing: Signals,
 }
@@ -155,6 +160,8 @@ const START_TIME: &str = "process_start_time_seconds";
 const VLLM_CACHE_CONFIG: &str = "vllm:cache_config_info";
 /// SGLang's KV capacity in tokens.
 const SGLANG_MAX_TOKENS: &str = "sglang:max_total_num_tokens";
+/// vLLM's LoRA state.
+const VLLM_LORA: &str = "vllm:lora_requests_info";
 
 type Exposition = openmetrics_parser::MetricsExposition<PrometheusType, PrometheusValue>;
 
@@ -168,7 +175,12 @@ fn wanted(names: &SignalSpecs) -> families::Wanted<'_> {
     let signals = Signal::ALL
         .into_iter()
         .flat_map(|s| names.get(s).iter().map(|spec| spec.name.as_str()));
-    families::Wanted::new(signals.chain([VLLM_CACHE_CONFIG, SGLANG_MAX_TOKENS, START_TIME]))
+    families::Wanted::new(signals.chain([
+        VLLM_CACHE_CONFIG,
+        SGLANG_MAX_TOKENS,
+        START_TIME,
+        VLLM_LORA,
+    ]))
 }
 
 /// Parses a Prometheus text exposition, reading each signal by `names`: only the families read
@@ -224,7 +236,36 @@ fn read(exposition: &Exposition, names: &SignalSpecs) -> RawEngineMetrics {
         start_time: named(exposition, START_TIME)
             .map(|v| scalar(Some(v)))
             .filter(|t| *t > 0.0),
+        lora: lora(exposition),
     }
+}
+
+/// `vllm:lora_requests_info`'s latest series (the greatest value: each is its creation time)
+/// as adapter lists; a bad `max_lora` reads as 0.
+fn lora(e: &Exposition) -> Option<LoraAdapters> {
+    let family = e.families.get(VLLM_LORA)?;
+    let latest = family
+        .iter_samples()
+        .max_by(|a, b| scalar(Some(&a.value)).total_cmp(&scalar(Some(&b.value))))?;
+    let labels = latest.get_labelset().ok()?;
+    let list = |name: &str| -> Vec<String> {
+        labels
+            .get_label_value(name)
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    Some(LoraAdapters {
+        running: list("running_lora_adapters"),
+        waiting: list("waiting_lora_adapters"),
+        max: labels
+            .get_label_value("max_lora")
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(0),
+    })
 }
 
 fn kv_capacity(e: &Exposition) -> Option<u64> {

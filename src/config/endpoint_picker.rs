@@ -36,12 +36,13 @@ pub const API_VERSIONS: [&str; 2] = [
 pub const OWN_SECTIONS: [&str; 4] = ["endpoints", "discovery", "picker", "sync"];
 
 /// Plugin types implemented (filters, scorers, pickers, the profile handler).
-const IMPLEMENTED: [&str; 11] = [
+const IMPLEMENTED: [&str; 12] = [
     "prefix-cache-scorer",
     "queue-scorer",
     "kv-cache-utilization-scorer",
     "running-requests-size-scorer",
     "load-aware-scorer",
+    "lora-affinity-scorer",
     "decode-filter",
     "prefill-filter",
     "max-score-picker",
@@ -99,11 +100,10 @@ const NO_EFFECT: [(&str, &str); 14] = [
 ];
 
 /// llm-d plugin types not implemented here.
-const NOT_IMPLEMENTED: [&str; 30] = [
+const NOT_IMPLEMENTED: [&str; 29] = [
     "token-load-scorer",
     "active-request-scorer",
     "no-hit-lru-scorer",
-    "lora-affinity-scorer",
     "latency-scorer",
     "context-length-aware",
     "precise-prefix-cache-scorer",
@@ -402,6 +402,10 @@ fn plugin(
         "running-requests-size-scorer" => {
             no_parameters(warnings);
             Plugin::Scorer(EppScorerKind::RunningRequestsSize)
+        }
+        "lora-affinity-scorer" => {
+            no_parameters(warnings);
+            Plugin::Scorer(EppScorerKind::LoraAffinity)
         }
         "load-aware-scorer" => {
             let p: LoadAwareParameters = parameters(spec)?;

@@ -205,11 +205,15 @@ impl Scraper {
     fn record(&mut self, e: Arc<Endpoint>, raw: RawEngineMetrics, now: f64) {
         let e = self.restarted(e, &raw);
         let slot = e.index.slot();
-        let prev = self.previous.get(&slot).copied();
+        let prev = self.previous.get(&slot).cloned();
+        let prev = prev.as_ref();
         let raw = match prev {
             Some(p) => raw.or_previous(&p.0),
             None => raw,
         };
+        if let Some(lora) = &raw.lora {
+            e.set_lora(lora.clone());
+        }
         self.count_missing(&e, &raw);
         let stats = EngineStats {
             waiting: raw.waiting,

@@ -522,3 +522,22 @@ async fn the_scrape_fetches_served_models_while_asked_and_keeps_them_on_failure(
     );
     token.cancel();
 }
+
+/// lora-affinity-scorer's input: the latest `vllm:lora_requests_info` series (its value is its
+/// creation time), as llm-d reads it.
+#[test]
+fn lora_requests_info_is_read_from_the_latest_series() {
+    let text = r#"# TYPE vllm:lora_requests_info gauge
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql",waiting_lora_adapters=""} 1.7e9
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql, chat",waiting_lora_adapters="x"} 1.8e9
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""} 1.6e9
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting 0
+"#;
+    let m = parse(text).unwrap();
+    let lora = m.lora.unwrap();
+    assert_eq!(lora.running, ["sql", "chat"]);
+    assert_eq!(lora.waiting, ["x"]);
+    assert_eq!(lora.max, 2);
+    assert_eq!(parse(VLLM).unwrap().lora, None, "not exported: none");
+}

@@ -23,6 +23,37 @@ pub struct EngineStats {
     pub tpot: f64,
 }
 
+/// An engine's LoRA adapters, from vLLM's `vllm:lora_requests_info` (the latest series):
+/// `running_lora_adapters`, `waiting_lora_adapters` (comma-separated) and `max_lora`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoraAdapters {
+    pub running: Vec<String>,
+    pub waiting: Vec<String>,
+    pub max: usize,
+}
+
+impl LoraAdapters {
+    /// What lora-affinity-scorer reads of it for `adapter`.
+    pub fn state(&self, adapter: &str) -> LoraState {
+        LoraState {
+            active: self.running.iter().any(|a| a == adapter),
+            waiting: self.waiting.iter().any(|a| a == adapter),
+            loaded: self.running.len() + self.waiting.len(),
+            max: self.max,
+        }
+    }
+}
+
+/// An engine's LoRA state for one adapter (all false and 0 when the engine exports none).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoraState {
+    pub active: bool,
+    pub waiting: bool,
+    /// Adapters running or waiting.
+    pub loaded: usize,
+    pub max: usize,
+}
+
 /// A core view of a candidate pod.
 pub trait Candidate {
     /// The pod's slot in the prefix index.
@@ -67,6 +98,12 @@ pub trait Candidate {
     fn serves_model(&self, model: &str) -> bool {
         let _ = model;
         false
+    }
+    /// The engine's LoRA state for `adapter` (vLLM's `vllm:lora_requests_info`); the default
+    /// when it exports none.
+    fn lora_state(&self, adapter: &str) -> LoraState {
+        let _ = adapter;
+        LoraState::default()
     }
     /// The pod's rendezvous identity, the same on every replica (the affinity mode's ties).
     fn rendezvous(&self) -> u64;
@@ -132,6 +169,10 @@ impl<C: Candidate + ?Sized> Candidate for Arc<C> {
 
     fn serves_model(&self, model: &str) -> bool {
         (**self).serves_model(model)
+    }
+
+    fn lora_state(&self, adapter: &str) -> LoraState {
+        (**self).lora_state(adapter)
     }
 
     fn rendezvous(&self) -> u64 {

@@ -23,6 +23,10 @@
 //!   KV-cache usage`.
 //! - `load-aware-scorer` (`scorer/loadaware/load_aware.go`): 0.5 with no waiting request, else
 //!   `0.5 * (1 - min(q, threshold) / threshold)` (`threshold` default 128).
+//! - `lora-affinity-scorer` (`scorer/loraaffinity/lora_affinity.go`): 1 when the request's
+//!   model is a running adapter of the pod; else 0.8 when running + waiting adapters are fewer
+//!   than `max_lora`; else 0.6 when it is waiting; else 0 (vLLM's `vllm:lora_requests_info`,
+//!   read by the engine scrape; a pod that exports none scores 0, as in llm-d).
 //! - `decode-filter` / `prefill-filter` (`filter/bylabel/roles.go`, `filter.go`): the pod label
 //!   `llm-d.ai/role`; decode keeps `decode`, `prefill-decode`, `both`, `encode-prefill-decode`
 //!   and pods without the label; prefill keeps `prefill`, `encode-prefill`, `prefill-decode`,
@@ -87,6 +91,7 @@ pub enum EppScorerKind {
     LoadAware {
         threshold: f64,
     },
+    LoraAffinity,
 }
 
 impl EppScorerKind {
@@ -98,6 +103,7 @@ impl EppScorerKind {
             EppScorerKind::RunningRequestsSize => "running-requests-size-scorer",
             EppScorerKind::KvCacheUtilization => "kv-cache-utilization-scorer",
             EppScorerKind::LoadAware { .. } => "load-aware-scorer",
+            EppScorerKind::LoraAffinity => "lora-affinity-scorer",
         }
     }
 }
@@ -289,6 +295,19 @@ pub const TOTAL_SCALE: f64 = 1e6;
 /// A decision's total (`Decision::totals`) as llm-d's float.
 pub fn epp_total(total: u64) -> f64 {
     total as f64 / TOTAL_SCALE
+}
+
+/// lora-affinity-scorer: a pod's score for the request's adapter.
+pub fn lora_affinity_score(s: super::LoraState) -> f64 {
+    if s.active {
+        1.0
+    } else if s.loaded < s.max {
+        0.8
+    } else if s.waiting {
+        0.6
+    } else {
+        0.0
+    }
 }
 
 /// llm-d's `enforceScoreRange`: a score outside [0, 1] is clamped into it.

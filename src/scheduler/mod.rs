@@ -47,7 +47,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::hashing::BlockHash;
 use crate::prefix_index::{PodHandle, RecordOutcome, TentativeEntries};
 use affinity::AffinityConfig;
-pub use candidate::{Candidate, EngineStats};
+pub use candidate::{Candidate, EngineStats, LoraAdapters, LoraState};
 use config::{SchedulerConfig, ScorerKind};
 pub use decision::{
     Decision, DecisionReason, Filtered, Fractional, MatchSource, Observation, PickError,

@@ -5,6 +5,7 @@
 pub mod engine;
 pub mod kv_cache;
 pub mod kv_events;
+pub mod lora;
 pub mod messages;
 pub mod pd;
 pub mod scheduler;

@@ -34,6 +34,9 @@ struct Args {
     /// `GET /v1/models`.
     #[arg(long = "lora-adapter", requires = "model")]
     lora_adapters: Vec<String>,
+    /// vLLM's `--max-loras` (the `max_lora` label of `vllm:lora_requests_info`).
+    #[arg(long, default_value_t = 1)]
+    max_loras: usize,
     #[arg(long, value_enum, default_value_t = EngineKind::Vllm)]
     engine: EngineKind,
     /// Tokens per KV block.
@@ -181,6 +184,7 @@ async fn main() -> anyhow::Result<()> {
             name: a.name,
             model: a.model,
             lora_adapters: a.lora_adapters,
+            max_loras: a.max_loras,
             default_max_tokens: a.default_max_tokens.max(1),
             seed: a.seed,
         },

@@ -48,8 +48,11 @@ pub struct SimConfig {
     /// Served model name; `None` accepts any model.
     pub model: Option<String>,
     /// LoRA adapters loaded beside the base model: served under their own names and listed by
-    /// `GET /v1/models` (what Kthena's lora-affinity filter reads).
+    /// `GET /v1/models` (what Kthena's lora-affinity filter reads); with any, requests for them
+    /// are exported in `vllm:lora_requests_info` ([`crate::lora`]).
     pub lora_adapters: Vec<String>,
+    /// vLLM's `--max-loras`: the `max_lora` label of `vllm:lora_requests_info`.
+    pub max_loras: usize,
     pub default_max_tokens: usize,
     pub seed: u64,
 }
@@ -61,6 +64,8 @@ struct Sim {
     requests: Arc<AtomicU64>,
     /// A decode sim's client for its prefill peers.
     prefill_client: Option<reqwest::Client>,
+    /// `vllm:lora_requests_info`, when adapters are loaded.
+    lora: Option<Arc<crate::lora::LoraInfo>>,
 }
 
 /// The simulator's routes; the PD role is the engine's (`EngineConfig::pd`).
@@ -76,7 +81,10 @@ pub fn app(config: SimConfig, engine: Arc<Engine>) -> Http {
             .build()
             .expect("a plain HTTP client builds")
     });
+    let lora = (!config.lora_adapters.is_empty())
+        .then(|| crate::lora::LoraInfo::register(&engine.registry, config.max_loras));
     let sim = Sim {
+        lora,
         config: Arc::new(config),
         engine,
         requests: Arc::default(),
@@ -395,7 +403,13 @@ async fn infer(State(s): State<Sim>, uri: Uri, headers: HeaderMap, body: Bytes) 
         // vLLM answers a prompt longer than it can hold with a 400 too.
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
+    let adapter = s.config.lora_adapters.contains(&request.model);
     let generation = Generation {
+        _lora: s
+            .lora
+            .as_ref()
+            .filter(|_| adapter)
+            .map(|l| l.start(&request.model)),
         api,
         model: request.model.clone(),
         id: format!("sim-{}-{n}", s.config.name),
@@ -430,6 +444,8 @@ async fn infer(State(s): State<Sim>, uri: Uri, headers: HeaderMap, body: Bytes) 
 }
 
 struct Generation {
+    /// An adapter request counts in `vllm:lora_requests_info` until the answer is done.
+    _lora: Option<crate::lora::LoraGuard>,
     api: Api,
     model: String,
     id: String,

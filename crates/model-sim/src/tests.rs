@@ -32,6 +32,7 @@ async fn serve_adapters(name: &str, engine: Engine, adapters: &[&str]) -> (Strin
             name: name.into(),
             model: Some("m".into()),
             lora_adapters: adapters.iter().map(|a| a.to_string()).collect(),
+            max_loras: 1,
             default_max_tokens: 4,
             seed: 1,
         },
@@ -141,6 +142,18 @@ async fn lora_adapters_are_served_and_listed() {
         .collect();
     assert_eq!(ids, ["m", "sql-lora", "chat-lora"]);
     assert_eq!(listed["data"][1]["parent"], "m");
+    let exposition = || async {
+        reqwest::get(format!("{base}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    assert!(
+        !exposition().await.contains("vllm:lora_requests_info{"),
+        "nothing before an adapter is used, as vLLM"
+    );
     for (model, status) in [("sql-lora", 200), ("m", 200), ("other-lora", 404)] {
         let r = post(
             &format!("{base}/v1/completions"),
@@ -148,6 +161,13 @@ async fn lora_adapters_are_served_and_listed() {
         )
         .await;
         assert_eq!(r.status().as_u16(), status, "{model}");
+    }
+    let text = exposition().await;
+    for series in [
+        r#"vllm:lora_requests_info{max_lora="1",running_lora_adapters="sql-lora",waiting_lora_adapters=""}"#,
+        r#"vllm:lora_requests_info{max_lora="1",running_lora_adapters="",waiting_lora_adapters=""}"#,
+    ] {
+        assert!(text.contains(series), "{series}: {text}");
     }
 }
 

@@ -128,3 +128,27 @@ fn the_default_profile_is_llm_ds() {
     assert_eq!(p.picker, EppPicker::MaxScore);
     assert!(p.scores_prefix());
 }
+
+#[test]
+fn lora_affinity_scorer_prefers_a_running_adapter_then_room_then_a_queued_one() {
+    use crate::scheduler::LoraAdapters;
+    let pod = |running: &[&str], waiting: &[&str], max| LoraAdapters {
+        running: running.iter().map(|s| s.to_string()).collect(),
+        waiting: waiting.iter().map(|s| s.to_string()).collect(),
+        max,
+    };
+    let score = |p: &LoraAdapters| lora_affinity_score(p.state("sql"));
+    assert_eq!(score(&pod(&["sql"], &[], 1)), 1.0, "running here");
+    assert_eq!(score(&pod(&["chat"], &[], 2)), 0.8, "room for one more");
+    assert_eq!(
+        score(&pod(&["chat"], &["sql"], 2)),
+        0.6,
+        "queued here, no room"
+    );
+    assert_eq!(score(&pod(&["chat"], &[], 1)), 0.0, "full");
+    assert_eq!(
+        score(&LoraAdapters::default()),
+        0.0,
+        "no metric: 0, as llm-d"
+    );
+}

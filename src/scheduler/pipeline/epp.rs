@@ -15,7 +15,7 @@ use crate::hashing::BlockHash;
 use crate::prefix_index::ModelKey;
 use crate::scheduler::epp::{
     EppProfile, EppScorerKind, ROLE_LABEL, TOTAL_SCALE, clamp_score, kv_utilization_scores,
-    load_aware_scores, min_max_scores, prefix_scores,
+    load_aware_scores, lora_affinity_score, min_max_scores, prefix_scores,
 };
 use crate::scheduler::{
     Candidate, Decision, DecisionReason, Fractional, Observation, PluginScores, PluginType,
@@ -66,7 +66,13 @@ impl Scheduler {
         for scorer in &profile.scorers {
             let t = Instant::now();
             let scores: Vec<f64> = self
-                .epp_scores(scorer.kind, &candidates, &hashes, matched.as_deref())
+                .epp_scores(
+                    scorer.kind,
+                    request,
+                    &candidates,
+                    &hashes,
+                    matched.as_deref(),
+                )
                 .into_iter()
                 .map(clamp_score)
                 .collect();
@@ -160,6 +166,7 @@ impl Scheduler {
     fn epp_scores<C: Candidate>(
         &self,
         kind: EppScorerKind,
+        request: &RouteRequest<'_>,
         candidates: &[C],
         hashes: &[BlockHash],
         matched: Option<&[usize]>,
@@ -187,6 +194,10 @@ impl Scheduler {
             EppScorerKind::LoadAware { threshold } => {
                 load_aware_scores(&stat(|c| c.stats().waiting), threshold)
             }
+            EppScorerKind::LoraAffinity => candidates
+                .iter()
+                .map(|c| lora_affinity_score(c.lora_state(request.model)))
+                .collect(),
         }
     }
 }

@@ -455,6 +455,7 @@ impl Sim {
                 name: name.to_string(),
                 model: model.map(str::to_string),
                 lora_adapters: adapters.iter().map(|a| a.to_string()).collect(),
+                max_loras: 1,
                 default_max_tokens: 1,
                 seed: 0,
             },
