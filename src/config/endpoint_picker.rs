@@ -24,7 +24,9 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_yaml_ng::Value as Yaml;
 
-use crate::scheduler::epp::{EppFilter, EppPicker, EppProfile, EppScorer, EppScorerKind};
+use crate::scheduler::epp::{
+    EppFilter, EppPicker, EppProfile, EppScorer, EppScorerKind, LabelRequirement, LabelSelector,
+};
 
 /// The apiVersions read (the second with a deprecation warning).
 pub const API_VERSIONS: [&str; 2] = [
@@ -36,7 +38,7 @@ pub const API_VERSIONS: [&str; 2] = [
 pub const OWN_SECTIONS: [&str; 4] = ["endpoints", "discovery", "picker", "sync"];
 
 /// Plugin types implemented (filters, scorers, pickers, the profile handler).
-const IMPLEMENTED: [&str; 12] = [
+const IMPLEMENTED: [&str; 13] = [
     "prefix-cache-scorer",
     "queue-scorer",
     "kv-cache-utilization-scorer",
@@ -45,6 +47,7 @@ const IMPLEMENTED: [&str; 12] = [
     "lora-affinity-scorer",
     "decode-filter",
     "prefill-filter",
+    "label-selector-filter",
     "max-score-picker",
     "random-picker",
     "weighted-random-picker",
@@ -100,7 +103,7 @@ const NO_EFFECT: [(&str, &str); 14] = [
 ];
 
 /// llm-d plugin types not implemented here.
-const NOT_IMPLEMENTED: [&str; 29] = [
+const NOT_IMPLEMENTED: [&str; 28] = [
     "token-load-scorer",
     "active-request-scorer",
     "no-hit-lru-scorer",
@@ -114,7 +117,6 @@ const NOT_IMPLEMENTED: [&str; 29] = [
     "topology-affinity-scorer",
     "prefix-cache-affinity-filter",
     "slo-headroom-tier-filter",
-    "label-selector-filter",
     "encode-filter",
     "utilization-filter",
     "session-affinity-filter",
@@ -188,6 +190,55 @@ struct PrefixCacheParameters {
     prefix_match_info_producer_name: Option<String>,
     match_length_weight: Option<f64>,
     match_length_scale_tokens: Option<i64>,
+}
+
+/// A Kubernetes `LabelSelector` as written (`label-selector-filter`'s parameters).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct SelectorParameters {
+    #[serde(default)]
+    match_labels: BTreeMap<String, String>,
+    #[serde(default)]
+    match_expressions: Vec<SelectorExpression>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SelectorExpression {
+    key: String,
+    operator: String,
+    #[serde(default)]
+    values: Vec<String>,
+}
+
+/// The selector, validated as Kubernetes does (`In`/`NotIn` need values, `Exists` and
+/// `DoesNotExist` take none).
+fn selector(p: SelectorParameters) -> Result<LabelSelector, String> {
+    let mut expressions = Vec::new();
+    for e in p.match_expressions {
+        let (key, values) = (e.key, e.values);
+        expressions.push(match (e.operator.as_str(), values.is_empty()) {
+            ("In", false) => LabelRequirement::In(key, values),
+            ("NotIn", false) => LabelRequirement::NotIn(key, values),
+            ("Exists", true) => LabelRequirement::Exists(key),
+            ("DoesNotExist", true) => LabelRequirement::DoesNotExist(key),
+            ("In" | "NotIn", true) => {
+                return Err(format!("matchExpressions {key:?}: operator {} needs values", e.operator));
+            }
+            ("Exists" | "DoesNotExist", false) => {
+                return Err(format!("matchExpressions {key:?}: operator {} takes no values", e.operator));
+            }
+            (other, _) => {
+                return Err(format!(
+                    "matchExpressions {key:?}: operator {other:?} is not one of In, NotIn, Exists, DoesNotExist"
+                ));
+            }
+        });
+    }
+    Ok(LabelSelector {
+        match_labels: p.match_labels.into_iter().collect(),
+        match_expressions: expressions,
+    })
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -423,6 +474,7 @@ fn plugin(
             no_parameters(warnings);
             Plugin::Filter(EppFilter::Prefill)
         }
+        "label-selector-filter" => Plugin::Filter(EppFilter::Labels(selector(parameters(spec)?)?)),
         "max-score-picker" | "random-picker" | "weighted-random-picker" => {
             let p: PickerParameters = parameters(spec)?;
             if let Some(n) = p.max_num_of_endpoints
@@ -523,7 +575,7 @@ fn profile(
             ));
         }
         match plugin {
-            Plugin::Filter(f) => profile.filters.push(*f),
+            Plugin::Filter(f) => profile.filters.push(f.clone()),
             Plugin::Scorer(k) => {
                 let weight = r.weight.unwrap_or(1.0);
                 if !(weight.is_finite() && weight >= 0.0) {

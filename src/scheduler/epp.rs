@@ -27,6 +27,8 @@
 //!   model is a running adapter of the pod; else 0.8 when running + waiting adapters are fewer
 //!   than `max_lora`; else 0.6 when it is waiting; else 0 (vLLM's `vllm:lora_requests_info`,
 //!   read by the engine scrape; a pod that exports none scores 0, as in llm-d).
+//! - `label-selector-filter` (`filter/bylabel/selector.go`): a Kubernetes label selector over the
+//!   pod's labels (`matchLabels`; `matchExpressions` In, NotIn, Exists, DoesNotExist).
 //! - `decode-filter` / `prefill-filter` (`filter/bylabel/roles.go`, `filter.go`): the pod label
 //!   `llm-d.ai/role`; decode keeps `decode`, `prefill-decode`, `both`, `encode-prefill-decode`
 //!   and pods without the label; prefill keeps `prefill`, `encode-prefill`, `prefill-decode`,
@@ -45,23 +47,70 @@ use rand::seq::SliceRandom;
 pub const ROLE_LABEL: &str = "llm-d.ai/role";
 
 /// A filter of the profile.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EppFilter {
     Decode,
     Prefill,
+    /// `label-selector-filter`: a Kubernetes label selector.
+    Labels(LabelSelector),
+}
+
+/// A Kubernetes `LabelSelector` (`matchLabels`, `matchExpressions`), validated.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LabelSelector {
+    pub match_labels: Vec<(String, String)>,
+    pub match_expressions: Vec<LabelRequirement>,
+}
+
+/// One `matchExpressions` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LabelRequirement {
+    In(String, Vec<String>),
+    NotIn(String, Vec<String>),
+    Exists(String),
+    DoesNotExist(String),
+}
+
+impl LabelSelector {
+    /// Kubernetes' semantics: every `matchLabels` pair equal and every expression true (an
+    /// empty selector matches every pod); `NotIn` holds for a pod without the label.
+    pub fn matches<'a>(&self, label: impl Fn(&str) -> Option<&'a str>) -> bool {
+        self.match_labels
+            .iter()
+            .all(|(k, v)| label(k) == Some(v.as_str()))
+            && self.match_expressions.iter().all(|r| match r {
+                LabelRequirement::In(k, vs) => label(k).is_some_and(|v| vs.iter().any(|x| x == v)),
+                LabelRequirement::NotIn(k, vs) => {
+                    label(k).is_none_or(|v| !vs.iter().any(|x| x == v))
+                }
+                LabelRequirement::Exists(k) => label(k).is_some(),
+                LabelRequirement::DoesNotExist(k) => label(k).is_none(),
+            })
+    }
 }
 
 impl EppFilter {
-    pub fn as_str(self) -> &'static str {
+    pub fn as_str(&self) -> &'static str {
         match self {
             EppFilter::Decode => "decode-filter",
             EppFilter::Prefill => "prefill-filter",
+            EppFilter::Labels(_) => "label-selector-filter",
         }
     }
 
-    /// Whether a pod whose `llm-d.ai/role` label is `role` passes.
-    pub fn keeps(self, role: Option<&str>) -> bool {
+    /// Whether a pod with these labels passes.
+    pub fn keeps_pod<'a>(&self, label: impl Fn(&str) -> Option<&'a str>) -> bool {
+        match self {
+            EppFilter::Labels(s) => s.matches(label),
+            _ => self.keeps(label(ROLE_LABEL)),
+        }
+    }
+
+    /// Whether a pod whose `llm-d.ai/role` label is `role` passes a role filter (a label
+    /// selector keeps it only when it selects nothing).
+    pub fn keeps(&self, role: Option<&str>) -> bool {
         match (self, role) {
+            (EppFilter::Labels(s), _) => s.matches(|_| None),
             (EppFilter::Decode, None) => true,
             (EppFilter::Decode, Some(r)) => {
                 matches!(
@@ -205,7 +254,7 @@ impl EppProfile {
 
     /// One line for `validate` and the start-up log.
     pub fn summary(&self) -> String {
-        let filters: Vec<&str> = self.filters.iter().map(|f| f.as_str()).collect();
+        let filters: Vec<&str> = self.filters.iter().map(EppFilter::as_str).collect();
         let scorers: Vec<String> = self
             .scorers
             .iter()

@@ -1,6 +1,6 @@
 use super::*;
 use crate::config::{Config, ConfigError};
-use crate::scheduler::epp::{EppFilter, EppPicker, EppScorerKind};
+use crate::scheduler::epp::{EppFilter, EppPicker, EppScorerKind, LabelRequirement, LabelSelector};
 
 /// llm-d's published example configs (`testdata/`, each citing its source), as loaded: the
 /// profile's filters, scorers with weights and picker, or the error naming what is missing.
@@ -163,4 +163,46 @@ fn prefix_pickers_own_sections_are_read_beside_it() {
     )
     .unwrap_err();
     assert!(matches!(bad.0[0], ConfigError::Picker(_)), "{bad}");
+}
+
+#[test]
+fn label_selector_filter_reads_a_kubernetes_selector_strictly() {
+    let doc = |params: &str| {
+        format!(
+            "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n- type: label-selector-filter\n  parameters: {params}\n- type: queue-scorer\n"
+        )
+    };
+    let c = Config::parse(&doc(
+        "{matchLabels: {app: vllm}, matchExpressions: [{key: zone, operator: In, values: [a]}]}",
+    ))
+    .unwrap();
+    let p = c.scheduler.epp.unwrap();
+    assert_eq!(
+        p.filters,
+        [EppFilter::Labels(LabelSelector {
+            match_labels: vec![("app".into(), "vllm".into())],
+            match_expressions: vec![LabelRequirement::In("zone".into(), vec!["a".into()])],
+        })]
+    );
+    for (params, want) in [
+        (
+            "{matchExpressions: [{key: zone, operator: In}]}",
+            "operator In needs values",
+        ),
+        (
+            "{matchExpressions: [{key: zone, operator: Exists, values: [a]}]}",
+            "operator Exists takes no values",
+        ),
+        (
+            "{matchExpressions: [{key: zone, operator: Near, values: [a]}]}",
+            "\"Near\" is not one of In, NotIn, Exists, DoesNotExist",
+        ),
+        ("{matchLabel: {app: vllm}}", "unknown field `matchLabel`"),
+    ] {
+        let e = Config::parse(&doc(params)).unwrap_err().to_string();
+        assert!(
+            e.contains(want) && e.contains("plugins[label-selector-filter] (line 4)"),
+            "{params}: {e}"
+        );
+    }
 }

@@ -152,3 +152,40 @@ fn lora_affinity_scorer_prefers_a_running_adapter_then_room_then_a_queued_one() 
         "no metric: 0, as llm-d"
     );
 }
+
+#[test]
+fn label_selector_filter_has_kubernetes_semantics() {
+    let pod = |pairs: &[(&'static str, &'static str)]| {
+        let pairs = pairs.to_vec();
+        move |k: &str| pairs.iter().find(|(key, _)| *key == k).map(|(_, v)| *v)
+    };
+    let s = LabelSelector {
+        match_labels: vec![("app".into(), "vllm".into())],
+        match_expressions: vec![
+            LabelRequirement::In("zone".into(), vec!["a".into(), "b".into()]),
+            LabelRequirement::NotIn("tier".into(), vec!["canary".into()]),
+            LabelRequirement::DoesNotExist("draining".into()),
+        ],
+    };
+    assert!(s.matches(pod(&[("app", "vllm"), ("zone", "a")])));
+    assert!(
+        !s.matches(pod(&[("app", "vllm"), ("zone", "c")])),
+        "zone not in"
+    );
+    assert!(!s.matches(pod(&[("app", "vllm")])), "In needs the label");
+    assert!(!s.matches(pod(&[("app", "vllm"), ("zone", "b"), ("tier", "canary")])));
+    assert!(!s.matches(pod(&[("app", "vllm"), ("zone", "b"), ("draining", "")])));
+    assert!(!s.matches(pod(&[("app", "sglang"), ("zone", "a")])));
+    let exists = LabelSelector {
+        match_expressions: vec![LabelRequirement::Exists("gpu".into())],
+        ..LabelSelector::default()
+    };
+    assert!(exists.matches(pod(&[("gpu", "")])) && !exists.matches(pod(&[])));
+    assert!(
+        LabelSelector::default().matches(pod(&[])),
+        "empty selects all"
+    );
+    let f = EppFilter::Labels(exists);
+    assert_eq!(f.as_str(), "label-selector-filter");
+    assert!(f.keeps_pod(pod(&[("gpu", "h100")])));
+}

@@ -14,8 +14,8 @@ use super::candidates::session_position;
 use crate::hashing::BlockHash;
 use crate::prefix_index::ModelKey;
 use crate::scheduler::epp::{
-    EppProfile, EppScorerKind, ROLE_LABEL, TOTAL_SCALE, clamp_score, kv_utilization_scores,
-    load_aware_scores, lora_affinity_score, min_max_scores, prefix_scores,
+    EppProfile, EppScorerKind, TOTAL_SCALE, clamp_score, kv_utilization_scores, load_aware_scores,
+    lora_affinity_score, min_max_scores, prefix_scores,
 };
 use crate::scheduler::{
     Candidate, Decision, DecisionReason, Fractional, Observation, PluginScores, PluginType,
@@ -35,15 +35,9 @@ impl Scheduler {
     ) -> Result<Decision<C>, &'static str> {
         for filter in &profile.filters {
             let t = Instant::now();
-            if !candidates
-                .iter()
-                .all(|c| filter.keeps(c.pod_label(ROLE_LABEL)))
-            {
-                candidates = candidates
-                    .iter()
-                    .filter(|c| filter.keeps(c.pod_label(ROLE_LABEL)))
-                    .cloned()
-                    .collect();
+            let keeps = |c: &C| filter.keeps_pod(|k| c.pod_label(k));
+            if !candidates.iter().all(keeps) {
+                candidates = candidates.iter().filter(|c| keeps(c)).cloned().collect();
             }
             observations.push(Observation::PluginTime {
                 plugin: filter.as_str(),
@@ -208,7 +202,7 @@ mod tests {
     use crate::scheduler::EngineStats;
     use crate::scheduler::affinity::RecentPicks;
     use crate::scheduler::config::SchedulerConfig;
-    use crate::scheduler::epp::{EppFilter, epp_total};
+    use crate::scheduler::epp::{EppFilter, ROLE_LABEL, epp_total};
     use crate::scheduler::test_pod::{Pod, req};
 
     fn pods(s: &Scheduler, stats: &[(f64, f64)], roles: &[Option<&str>]) -> Vec<Arc<Pod>> {
