@@ -2,7 +2,8 @@
 //! target (the golden-log tests compare them with Kthena's), then the affinity mode's
 //! predictions and match sources. An `EndpointPickerConfig` profile's scorers print in the same
 //! shape with llm-d's float scores: `ScorePlugin: <type>/<name>, weight: <w>`, then `Pod: <pod>,
-//! Score: <0..1>` per pod, then `Pod: <pod>, Total: <weighted sum>`.
+//! Score: <0..1>` per pod, then `Final Pod Scores:` and `  Pod: <pod>, Final Score: <weighted
+//! sum>`.
 
 use super::{Candidate, Decision, PrefillPass};
 
@@ -50,8 +51,10 @@ impl<C: Candidate> Decision<C> {
                 tracing::debug!(target: "scores", "Pod: {}, Score: {}", e.label(), s);
             }
         }
+        tracing::debug!(target: "scores", "Final Pod Scores:");
         for (e, &t) in self.candidates.iter().zip(&self.totals) {
-            tracing::debug!(target: "scores", "Pod: {}, Total: {}", e.label(), super::epp::epp_total(t));
+            let total = super::epp::epp_total(t);
+            tracing::debug!(target: "scores", "  Pod: {}, Final Score: {}", e.label(), total);
         }
     }
 

@@ -94,3 +94,41 @@ pub(crate) fn engine_pods(s: &Scheduler, n: usize, live: impl Fn(usize) -> bool)
         })
         .collect()
 }
+
+/// Messages of the events written on the `scores` target.
+#[derive(Default, Clone)]
+pub(crate) struct Lines(pub Arc<std::sync::Mutex<Vec<String>>>);
+
+impl tracing::Subscriber for Lines {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        struct Message<'a>(&'a mut String);
+        impl tracing::field::Visit for Message<'_> {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                if f.name() == "message" {
+                    *self.0 = format!("{v:?}");
+                }
+            }
+        }
+        if event.metadata().target() == "scores" {
+            let mut m = String::new();
+            event.record(&mut Message(&mut m));
+            self.0.lock().unwrap().push(m);
+        }
+    }
+
+    fn enter(&self, _: &tracing::span::Id) {}
+
+    fn exit(&self, _: &tracing::span::Id) {}
+}

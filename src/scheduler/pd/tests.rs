@@ -2,12 +2,12 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::*;
 use crate::scheduler::affinity::{AffinityConfig, RecentPicks, rendezvous_key};
 use crate::scheduler::config::{SchedulerConfig, ScorerKind};
-use crate::scheduler::test_pod::{Pod, req};
+use crate::scheduler::test_pod::{Lines, Pod, req};
 use crate::scheduler::{EngineStats, PluginType};
 
 fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -408,44 +408,6 @@ fn affinity_commits_hold_the_prompt_for_both_pods() {
     );
     let d = plain.schedule(&prompt).unwrap();
     assert!(plain.s.commit_prefill("m", &d).is_none());
-}
-
-/// Messages of the events written on the `scores` target.
-#[derive(Default, Clone)]
-struct Lines(Arc<Mutex<Vec<String>>>);
-
-impl tracing::Subscriber for Lines {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-
-    fn event(&self, event: &tracing::Event<'_>) {
-        struct Message<'a>(&'a mut String);
-        impl tracing::field::Visit for Message<'_> {
-            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-                if f.name() == "message" {
-                    *self.0 = format!("{v:?}");
-                }
-            }
-        }
-        if event.metadata().target() == "scores" {
-            let mut m = String::new();
-            event.record(&mut Message(&mut m));
-            self.0.lock().unwrap().push(m);
-        }
-    }
-
-    fn enter(&self, _: &tracing::span::Id) {}
-
-    fn exit(&self, _: &tracing::span::Id) {}
 }
 
 #[test]

@@ -282,6 +282,35 @@ mod tests {
         assert_eq!(d.hashes, hashes, "the prompt is recorded at completion");
     }
 
+    /// `--v 4`: each scorer's float scores in Kthena's shape, then the float totals.
+    #[test]
+    fn verbose_lines_show_each_scorers_float_scores_and_the_totals() {
+        let profile = EppProfile {
+            scorers: EppProfile::llm_d_default().scorers[..2].to_vec(),
+            ..EppProfile::llm_d_default()
+        };
+        let s = scheduler(profile);
+        let p = pods(&s, &[(4.0, 0.5), (0.0, 0.25)], &[None, None]);
+        let d = s.schedule(req("x"), p).unwrap();
+        let lines = crate::scheduler::test_pod::Lines::default();
+        tracing::subscriber::with_default(lines.clone(), || d.log_scores());
+        let got = lines.0.lock().unwrap().clone();
+        assert_eq!(
+            got,
+            [
+                "ScorePlugin: queue-scorer/queue-scorer, weight: 2",
+                "Pod: default/pod-0, Score: 0",
+                "Pod: default/pod-1, Score: 1",
+                "ScorePlugin: kv-cache-utilization-scorer/kv-cache-utilization-scorer, weight: 2",
+                "Pod: default/pod-0, Score: 0.5",
+                "Pod: default/pod-1, Score: 0.75",
+                "Final Pod Scores:",
+                "  Pod: default/pod-0, Final Score: 1",
+                "  Pod: default/pod-1, Final Score: 3.5",
+            ]
+        );
+    }
+
     #[test]
     fn a_filter_that_leaves_no_pod_is_named_and_roles_filter() {
         let profile = EppProfile {
