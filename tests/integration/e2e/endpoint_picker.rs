@@ -113,3 +113,73 @@ async fn prefix_queue_and_kv_scorers_keep_a_shared_prefix_and_spread_cold_prompt
     assert!(cold.len() >= 2, "cold prompts spread: {cold:?}");
     picker.stop().await.unwrap();
 }
+
+/// llm-d's published example configs that prefix-picker implements (the fixtures of
+/// `src/config/endpoint_picker/`, each citing its source), each loaded unchanged (only
+/// `endpoints:` added) and run through Envoy: requests succeed and a repeated prompt stays on
+/// its pod (each has a prefix-cache scorer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llm_ds_example_configs_route_through_envoy() {
+    let fast = || EngineConfig {
+        time_scale: 1000.0,
+        ..EngineConfig::default()
+    };
+    let sims = [
+        Sim::start("sim-0", fast()).await,
+        Sim::start("sim-1", fast()).await,
+    ];
+    let endpoints = testkit::endpoints_yaml(sims.iter().map(|s| (s.name.as_str(), s.addr)));
+    for (name, text) in [
+        (
+            "epp-config.yaml",
+            include_str!("../../../src/config/endpoint_picker/testdata/epp-config.yaml"),
+        ),
+        (
+            "epp-precise-prefix-cache-config.yaml",
+            include_str!(
+                "../../../src/config/endpoint_picker/testdata/epp-precise-prefix-cache-config.yaml"
+            ),
+        ),
+        (
+            "epp-estimate-prefix-cache-config.yaml",
+            include_str!(
+                "../../../src/config/endpoint_picker/testdata/epp-estimate-prefix-cache-config.yaml"
+            ),
+        ),
+        (
+            "sim-epp-config.yaml",
+            include_str!("../../../src/config/endpoint_picker/testdata/sim-epp-config.yaml"),
+        ),
+        (
+            "sim-epp-kvcache-config.yaml",
+            include_str!(
+                "../../../src/config/endpoint_picker/testdata/sim-epp-kvcache-config.yaml"
+            ),
+        ),
+    ] {
+        let config = prefix_picker::config::Config::parse(&format!("{text}\n{endpoints}"))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let picker = start_picker(config).await;
+        let envoy = start_envoy_for_sims(&picker, &sims).await;
+        let system = format!("{name}: {}", SYSTEM.repeat(3));
+        let first = send(&envoy, "/v1/chat/completions", &chat(&system, "first")).await;
+        assert_eq!(first.status, 200, "{name}: {:?}", first.body);
+        poll("the first completion recorded", || async {
+            let e = explain(&picker, &chat(&system, "again")).await;
+            (e["reason"] == "prefix_hit").then_some(())
+        })
+        .await;
+        for i in 0..4 {
+            let r = send(
+                &envoy,
+                "/v1/chat/completions",
+                &chat(&system, &format!("again {i}")),
+            )
+            .await;
+            assert_eq!(r.status, 200, "{name}");
+            assert_eq!(r.served_by, first.served_by, "{name}: request {i}");
+        }
+        drop(envoy);
+        picker.stop().await.unwrap();
+    }
+}
