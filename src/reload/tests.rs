@@ -304,3 +304,61 @@ fn the_same_config_again_counts_unchanged() {
     assert_eq!(counted(&router, ReloadResult::Unchanged), 1);
     assert_eq!(counted(&router, ReloadResult::Success), 0);
 }
+
+/// A routerConfiguration reloaded as an `EndpointPickerConfig` (and the lora-affinity filter
+/// added): the new profile scores against the same index, and the served-models fetch follows
+/// the scheduler.
+#[test]
+fn an_endpoint_picker_config_reloads_over_the_same_index() {
+    let (router, reloader) = reloader(&doc(1, "", ""));
+    let held = entries(&router);
+    assert!(!router.endpoints.fetches_served_models());
+    let epc = "apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefix-cache-scorer
+- type: queue-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: prefix-cache-scorer, weight: 3}
+  - {pluginRef: queue-scorer, weight: 2}
+endpoints:
+- {name: a, address: 127.0.0.1:18001}
+- {name: b, address: 127.0.0.1:18002}
+";
+    let result = reloader.reload(Ok((config(epc), "epc".into())));
+    assert_eq!(result, ReloadResult::Success);
+    assert_eq!(entries(&router), held, "the index is kept");
+    let body = serde_json::json!({"model": MODEL, "prompt": PROMPT}).to_string();
+    let explained = router
+        .explain("/v1/completions", Some(body.as_bytes()), None)
+        .unwrap();
+    let d = &explained.decision;
+    let prefix = d
+        .plugins
+        .iter()
+        .find_map(|p| {
+            p.fractional
+                .as_ref()
+                .filter(|f| f.name == "prefix-cache-scorer")
+        })
+        .unwrap();
+    let a = d
+        .candidates
+        .iter()
+        .position(|c| c.spec.id.name == "a")
+        .unwrap();
+    assert_eq!(prefix.scores[a], 1.0, "pod a holds the whole prompt");
+    assert_eq!(d.primary().spec.id.name, "a");
+
+    let lora = doc(1, "", "").replace(
+        "  plugins:\n",
+        "  plugins:\n    Filter: {enabled: [lora-affinity]}\n",
+    );
+    assert_eq!(
+        reloader.reload(Ok((config(&lora), "lora".into()))),
+        ReloadResult::Success
+    );
+    assert!(router.endpoints.fetches_served_models());
+}
