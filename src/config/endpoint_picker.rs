@@ -38,13 +38,14 @@ pub const API_VERSIONS: [&str; 2] = [
 pub const OWN_SECTIONS: [&str; 4] = ["endpoints", "discovery", "picker", "sync"];
 
 /// Plugin types implemented (filters, scorers, pickers, the profile handler).
-const IMPLEMENTED: [&str; 13] = [
+const IMPLEMENTED: [&str; 14] = [
     "prefix-cache-scorer",
     "queue-scorer",
     "kv-cache-utilization-scorer",
     "running-requests-size-scorer",
     "load-aware-scorer",
     "lora-affinity-scorer",
+    "no-hit-lru-scorer",
     "decode-filter",
     "prefill-filter",
     "label-selector-filter",
@@ -103,10 +104,9 @@ const NO_EFFECT: [(&str, &str); 14] = [
 ];
 
 /// llm-d plugin types not implemented here.
-const NOT_IMPLEMENTED: [&str; 28] = [
+const NOT_IMPLEMENTED: [&str; 27] = [
     "token-load-scorer",
     "active-request-scorer",
-    "no-hit-lru-scorer",
     "latency-scorer",
     "context-length-aware",
     "precise-prefix-cache-scorer",
@@ -239,6 +239,16 @@ fn selector(p: SelectorParameters) -> Result<LabelSelector, String> {
         match_labels: p.match_labels.into_iter().collect(),
         match_expressions: expressions,
     })
+}
+
+/// no-hit-lru-scorer's parameters (`scorer/nohitlru/no_hit_lru.go`, `Parameters`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct NoHitLruParameters {
+    prefix_plugin_type: Option<String>,
+    prefix_plugin_name: Option<String>,
+    lru_size: Option<i64>,
+    prefix_match_info_producer_name: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -453,6 +463,20 @@ fn plugin(
         "running-requests-size-scorer" => {
             no_parameters(warnings);
             Plugin::Scorer(EppScorerKind::RunningRequestsSize)
+        }
+        "no-hit-lru-scorer" => {
+            let p: NoHitLruParameters = parameters(spec)?;
+            let _ = (
+                p.prefix_plugin_type,
+                p.prefix_plugin_name,
+                p.prefix_match_info_producer_name,
+            );
+            // llm-d: a size that is not > 0 is its default, 1024.
+            let lru_size = match p.lru_size {
+                Some(n) if n > 0 => n as usize,
+                _ => 1024,
+            };
+            Plugin::Scorer(EppScorerKind::NoHitLru { lru_size })
         }
         "lora-affinity-scorer" => {
             no_parameters(warnings);

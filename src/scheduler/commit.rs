@@ -20,6 +20,7 @@ impl Scheduler {
         model: &str,
         decision: &Decision<C>,
     ) -> Option<TentativeHold> {
+        self.commit_no_hit(decision);
         let config = self.config.affinity.as_ref()?;
         let affinity_pick = matches!(
             decision.reason,
@@ -44,6 +45,26 @@ impl Scheduler {
         let engine = primary.engine_view().zip(decision.primary_last_block());
         let pins = primary.timing().map(|t| t.kv().pins());
         self.hold_pinning(model, &decision.hashes, primary.slot(), engine, pins)
+    }
+
+    /// An `EndpointPickerConfig`'s no-hit-lru-scorer: a cold request's pod becomes the most
+    /// recent (cold: no pod held any of the prompt, or nothing was matched).
+    fn commit_no_hit<C: Candidate>(&self, decision: &Decision<C>) {
+        let Some(profile) = &self.config.epp else {
+            return;
+        };
+        let Some(size) = profile.scorers.iter().find_map(|s| match s.kind {
+            super::epp::EppScorerKind::NoHitLru { lru_size } => Some(lru_size),
+            _ => None,
+        }) else {
+            return;
+        };
+        if matches!(
+            decision.reason,
+            DecisionReason::PrefixMiss | DecisionReason::Unscored
+        ) {
+            self.counters.no_hit.touch(decision.primary().label(), size);
+        }
     }
 
     /// [`commit`](Scheduler::commit) for a PD decision's prefill pod: an affinity pick joins its

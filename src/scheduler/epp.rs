@@ -29,6 +29,12 @@
 //!   read by the engine scrape; a pod that exports none scores 0, as in llm-d).
 //! - `label-selector-filter` (`filter/bylabel/selector.go`): a Kubernetes label selector over the
 //!   pod's labels (`matchLabels`; `matchExpressions` In, NotIn, Exists, DoesNotExist).
+//! - `no-hit-lru-scorer` (`scorer/nohitlru/no_hit_lru.go`): a request no pod holds any of (no
+//!   prefix match anywhere) is cold; a warm one scores 0.5 everywhere; a cold one ranks the pods
+//!   that never took a cold request first (in candidate order), then those that did, least
+//!   recently first, and scores rank `r` of `n` pods `max(0, 1 - r / (n - 1))` (1 for a lone
+//!   pod). The pod a cold request is routed to becomes the most recent (the LRU keeps
+//!   `lruSize` pods, across reloads; an explained request changes nothing).
 //! - `decode-filter` / `prefill-filter` (`filter/bylabel/roles.go`, `filter.go`): the pod label
 //!   `llm-d.ai/role`; decode keeps `decode`, `prefill-decode`, `both`, `encode-prefill-decode`
 //!   and pods without the label; prefill keeps `prefill`, `encode-prefill`, `prefill-decode`,
@@ -141,6 +147,10 @@ pub enum EppScorerKind {
         threshold: f64,
     },
     LoraAffinity,
+    /// `no-hit-lru-scorer` with its LRU's size (`lruSize`, default 1024).
+    NoHitLru {
+        lru_size: usize,
+    },
 }
 
 impl EppScorerKind {
@@ -153,6 +163,7 @@ impl EppScorerKind {
             EppScorerKind::KvCacheUtilization => "kv-cache-utilization-scorer",
             EppScorerKind::LoadAware { .. } => "load-aware-scorer",
             EppScorerKind::LoraAffinity => "lora-affinity-scorer",
+            EppScorerKind::NoHitLru { .. } => "no-hit-lru-scorer",
         }
     }
 }
@@ -356,6 +367,50 @@ pub fn lora_affinity_score(s: super::LoraState) -> f64 {
         0.6
     } else {
         0.0
+    }
+}
+
+/// The pods that took cold requests, least recent first (no-hit-lru-scorer's LRU).
+#[derive(Debug, Default)]
+pub struct NoHitLru(parking_lot::Mutex<std::collections::VecDeque<String>>);
+
+impl NoHitLru {
+    /// no-hit-lru-scorer's scores of `pods` (labels) for a request; `cold`: no pod holds any of
+    /// its prompt.
+    pub fn scores(&self, pods: &[&str], cold: bool) -> Vec<f64> {
+        let n = pods.len();
+        if !cold {
+            return vec![0.5; n];
+        }
+        if n == 1 {
+            return vec![1.0];
+        }
+        let lru = self.0.lock();
+        let never = pods.iter().filter(|p| !lru.iter().any(|l| l == *p)).count();
+        let mut next_never = 0;
+        pods.iter()
+            .map(|p| {
+                let rank = match lru.iter().position(|l| l == p) {
+                    Some(at) => never + at,
+                    None => {
+                        next_never += 1;
+                        next_never - 1
+                    }
+                };
+                (1.0 - rank as f64 / (n - 1) as f64).max(0.0)
+            })
+            .collect()
+    }
+
+    /// A cold request went to `pod`: it becomes the most recent; the least recent leave past
+    /// `size`.
+    pub fn touch(&self, pod: &str, size: usize) {
+        let mut lru = self.0.lock();
+        lru.retain(|l| l != pod);
+        lru.push_back(pod.to_string());
+        while lru.len() > size.max(1) {
+            lru.pop_front();
+        }
     }
 }
 

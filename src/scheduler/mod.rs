@@ -83,6 +83,8 @@ struct Counters {
     picks: AtomicU64,
     /// The latency model's prefill rate, learned over every pod.
     prefill: latency::PrefillRate,
+    /// no-hit-lru-scorer's pods that took cold requests.
+    no_hit: epp::NoHitLru,
 }
 
 /// The next number of a sequence; a dry run (explain) reads it without taking it.

@@ -52,19 +52,22 @@ fn llm_ds_example_configs_load_unchanged() {
         assert_eq!(p.scorers.len(), 1);
     }
 
-    // Not implemented, and said so by name: P/D's two profiles, no-hit-lru-scorer.
+    let p = load(include_str!("testdata/sim-epp-no-hit-lru.yaml")).unwrap();
+    let kinds: Vec<(EppScorerKind, f64)> = p.scorers.iter().map(|s| (s.kind, s.weight)).collect();
+    assert_eq!(
+        kinds,
+        [
+            (crate::scheduler::epp::PREFIX_DEFAULT, 2.0),
+            (EppScorerKind::NoHitLru { lru_size: 2048 }, 1.0)
+        ]
+    );
+
+    // Not implemented, and said so by name: P/D's two profiles.
     let err = load(include_str!("testdata/pd-epp-config.yaml"))
         .unwrap_err()
         .to_string();
     assert!(
         err.contains("\"disagg-profile-handler\" is llm-d's but not implemented"),
-        "{err}"
-    );
-    let err = load(include_str!("testdata/sim-epp-no-hit-lru.yaml"))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("\"no-hit-lru-scorer\" is llm-d's but not implemented"),
         "{err}"
     );
 }

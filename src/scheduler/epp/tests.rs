@@ -189,3 +189,22 @@ fn label_selector_filter_has_kubernetes_semantics() {
     assert_eq!(f.as_str(), "label-selector-filter");
     assert!(f.keeps_pod(pod(&[("gpu", "h100")])));
 }
+
+/// no-hit-lru-scorer by hand: 4 pods, LRU (least recent first) [c, a]. Cold: never-used b, d
+/// rank 0, 1; c rank 2 + 0 = 2, a rank 2 + 1 = 3; scores 1 - r/3: a 0, b 1, c 1/3, d 2/3.
+#[test]
+fn no_hit_lru_scorer_ranks_never_used_then_least_recent_pods_for_cold_requests() {
+    let lru = NoHitLru::default();
+    lru.touch("c", 8);
+    lru.touch("a", 8);
+    close(
+        &lru.scores(&["a", "b", "c", "d"], true),
+        &[0.0, 1.0, 1.0 / 3.0, 2.0 / 3.0],
+    );
+    close(&lru.scores(&["a", "b"], false), &[0.5, 0.5]);
+    close(&lru.scores(&["a"], true), &[1.0]);
+    // c taken again: now the most recent; the size bound drops the least recent.
+    lru.touch("c", 2);
+    lru.touch("e", 2);
+    close(&lru.scores(&["a", "c", "e"], true), &[1.0, 0.5, 0.0]);
+}

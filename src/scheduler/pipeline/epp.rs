@@ -188,6 +188,11 @@ impl Scheduler {
             EppScorerKind::LoadAware { threshold } => {
                 load_aware_scores(&stat(|c| c.stats().waiting), threshold)
             }
+            EppScorerKind::NoHitLru { .. } => {
+                let labels: Vec<&str> = candidates.iter().map(|c| c.label()).collect();
+                let cold = matched.is_none_or(|m| m.iter().all(|&b| b == 0));
+                self.counters.no_hit.scores(&labels, cold)
+            }
             EppScorerKind::LoraAffinity => candidates
                 .iter()
                 .map(|c| lora_affinity_score(c.lora_state(request.model)))
@@ -308,6 +313,54 @@ mod tests {
                 "  Pod: default/pod-0, Final Score: 1",
                 "  Pod: default/pod-1, Final Score: 3.5",
             ]
+        );
+    }
+
+    /// no-hit-lru-scorer: cold requests (no pod holds any of them) go to a pod no cold request
+    /// went to yet, each routed one becoming the most recent; explain changes nothing.
+    #[test]
+    fn no_hit_lru_spreads_cold_requests_over_pods_in_lru_order() {
+        use crate::scheduler::epp::{EppScorer, PREFIX_DEFAULT};
+        let scorer = |name: &str, kind, weight| EppScorer {
+            name: name.into(),
+            kind,
+            weight,
+        };
+        let s = scheduler(EppProfile {
+            scorers: vec![
+                scorer("prefix-cache-scorer", PREFIX_DEFAULT, 2.0),
+                scorer(
+                    "no-hit-lru-scorer",
+                    EppScorerKind::NoHitLru { lru_size: 1024 },
+                    1.0,
+                ),
+            ],
+            ..EppProfile::llm_d_default()
+        });
+        let p = pods(&s, &[(0.0, 0.0); 3], &[None; 3]);
+        let explained = s.explain(req("cold prompt zero"), p.clone()).unwrap();
+        assert_eq!(explained.primary().label, "default/pod-0");
+        let mut picked = Vec::new();
+        for prompt in [
+            "cold prompt one",
+            "cold prompt two",
+            "cold prompt three",
+            "four",
+        ] {
+            let d = s.schedule(req(prompt), p.clone()).unwrap();
+            assert_eq!(d.reason, DecisionReason::PrefixMiss);
+            s.commit("m", &d);
+            picked.push(d.primary().label.clone());
+        }
+        assert_eq!(
+            picked,
+            [
+                "default/pod-0",
+                "default/pod-1",
+                "default/pod-2",
+                "default/pod-0"
+            ],
+            "never-used pods first, then the least recent"
         );
     }
 

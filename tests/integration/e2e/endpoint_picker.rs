@@ -151,6 +151,10 @@ async fn llm_ds_example_configs_route_through_envoy() {
             include_str!("../../../src/config/endpoint_picker/testdata/sim-epp-config.yaml"),
         ),
         (
+            "sim-epp-no-hit-lru.yaml",
+            include_str!("../../../src/config/endpoint_picker/testdata/sim-epp-no-hit-lru.yaml"),
+        ),
+        (
             "sim-epp-kvcache-config.yaml",
             include_str!(
                 "../../../src/config/endpoint_picker/testdata/sim-epp-kvcache-config.yaml"
