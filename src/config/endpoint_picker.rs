@@ -361,6 +361,7 @@ pub fn parse(text: &str, warnings: &mut Vec<String>) -> Result<EppProfile, Vec<S
             warnings.push(format!("{field} ignored: {why}"));
         }
     }
+    // prefix-picker's own sections are declared above only to be accepted; `Config` reads them.
     let _ = (&doc.endpoints, &doc.discovery, &doc.picker, &doc.sync);
     if doc.plugins.is_empty() && doc.scheduling_profiles.is_empty() {
         return match errors.is_empty() {
