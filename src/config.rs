@@ -322,8 +322,14 @@ impl Config {
     }
 
     /// lora-affinity reads the served models the engine scrape fetches: without the scrape it
-    /// would filter out every pod.
+    /// would filter out every pod. An `EndpointPickerConfig` and the affinity mode exclude each
+    /// other.
     fn check_lora_affinity(&self, errors: &mut Vec<ConfigError>) {
+        if self.scheduler.epp.is_some() && self.picker.affinity.is_some() {
+            errors.push(ConfigError::Picker(
+                "affinity: the affinity mode replaces the scheduler's plugins, and an EndpointPickerConfig gives them: remove picker.affinity, or use a routerConfiguration with it (docs/migration.md)".into(),
+            ));
+        }
         if self.scheduler.needs_served_models() && self.picker.scrape_interval_seconds == 0.0 {
             errors.push(ConfigError::Picker(
                 "the lora-affinity filter reads each pod's GET /v1/models, fetched by the engine scrape: picker.scrapeIntervalSeconds must not be 0".into(),

@@ -161,6 +161,12 @@ fn prefix_pickers_own_sections_are_read_beside_it() {
             .mode_summary()
             .contains("endpoint-picker-config (profile \"default\"")
     );
+    let both = Config::parse(
+        "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\npicker: {affinity: {}}\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(both.contains("remove picker.affinity"), "{both}");
     let bad = Config::parse(
         "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\npicker: {sede: 7}\n",
     )
