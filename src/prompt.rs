@@ -34,6 +34,7 @@ use thiserror::Error;
 
 mod engine;
 pub mod messages;
+pub mod stable_cut;
 
 /// Which rendering a request's prompt gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

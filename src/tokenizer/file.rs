@@ -13,6 +13,7 @@ use thiserror::Error;
 
 use super::chat_template::{ChatTemplate, TemplateError};
 use super::{Prompt, TokenizeError, TokenizeInput, Tokens};
+use crate::prompt::stable_cut::continue_final_message;
 
 /// A tokenizer read from a `tokenizer.json`.
 pub struct FileTokenizer(tokenizers::Tokenizer);
@@ -157,15 +158,41 @@ impl FileSource {
                         path: path(),
                         message: e.to_string(),
                     })?;
+                let template_error = |message: String| TokenizeError::Template {
+                    path: path(),
+                    message,
+                };
                 let rendered = template
                     .render(messages, tools, input.generation_prompt())
-                    .map_err(|e| TokenizeError::Template {
-                        path: path(),
-                        message: e.to_string(),
-                    })?;
-                encode(&rendered, input.add_special_tokens())
+                    .map_err(|e| template_error(e.to_string()))?;
+                if !input.continue_final() {
+                    return encode(&rendered, input.add_special_tokens());
+                }
+                let text = final_text(messages).ok_or_else(|| {
+                    template_error("continue_final_message: the final message has no text".into())
+                })?;
+                let cut = continue_final_message(&rendered, &text).ok_or_else(|| {
+                    template_error(
+                        "continue_final_message: the final message is not in the rendering".into(),
+                    )
+                })?;
+                encode(cut, input.add_special_tokens())
             }
         }
+    }
+}
+
+/// The final message's text, as Hugging Face reads it for `continue_final_message`: its
+/// content when a string, else its last block with a `text`.
+fn final_text(messages: &str) -> Option<String> {
+    let messages: serde_json::Value = serde_json::from_str(messages).ok()?;
+    match &messages.as_array()?.last()?["content"] {
+        serde_json::Value::String(text) => Some(text.clone()),
+        serde_json::Value::Array(blocks) => blocks
+            .iter()
+            .rev()
+            .find_map(|b| b["text"].as_str().map(str::to_owned)),
+        _ => None,
     }
 }
 
@@ -176,25 +203,34 @@ mod tests {
 
     use super::*;
 
+    /// The merges of [`tiny_tokenizer_json`].
+    const TINY_MERGES: [(&str, &str); 12] = [
+        ("h", "e"),
+        ("l", "l"),
+        ("he", "ll"),
+        ("hell", "o"),
+        ("Ġ", "w"),
+        ("o", "r"),
+        ("Ġw", "or"),
+        ("Ġwor", "l"),
+        ("Ġworl", "d"),
+        ("Ġ", "t"),
+        ("Ġt", "h"),
+        ("Ġth", "e"),
+    ];
+
     /// A byte-level BPE (GPT-2 style): `<s>` (0) and `</s>` (1), the 256 byte symbols in code
     /// point order, then one token per merge; the post-processor puts `<s>` first.
     fn tiny_tokenizer_json() -> String {
+        let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false,
+                                "trim_offsets": true, "use_regex": true});
+        tokenizer_json(byte_level, &TINY_MERGES)
+    }
+
+    /// [`tiny_tokenizer_json`]'s shape with another pre-tokenizer and other merges.
+    fn tokenizer_json(pre_tokenizer: Value, merges: &[(&str, &str)]) -> String {
         let mut alphabet: Vec<char> = ByteLevel::alphabet().into_iter().collect();
         alphabet.sort_unstable();
-        let merges = [
-            ("h", "e"),
-            ("l", "l"),
-            ("he", "ll"),
-            ("hell", "o"),
-            ("Ġ", "w"),
-            ("o", "r"),
-            ("Ġw", "or"),
-            ("Ġwor", "l"),
-            ("Ġworl", "d"),
-            ("Ġ", "t"),
-            ("Ġt", "h"),
-            ("Ġth", "e"),
-        ];
         let mut vocab = serde_json::Map::new();
         vocab.insert("<s>".to_owned(), json!(0));
         vocab.insert("</s>".to_owned(), json!(1));
@@ -210,7 +246,7 @@ mod tests {
                    "rstrip": false, "normalized": false, "special": true})
         };
         let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false,
-                                "trim_offsets": true, "use_regex": true});
+                                "trim_offsets": true, "use_regex": false});
         let bos = json!({"SpecialToken": {"id": "<s>", "type_id": 0}});
         let tokenizer = json!({
             "version": "1.0",
@@ -218,7 +254,7 @@ mod tests {
             "padding": null,
             "added_tokens": [special(0, "<s>"), special(1, "</s>")],
             "normalizer": {"type": "NFC"},
-            "pre_tokenizer": byte_level,
+            "pre_tokenizer": pre_tokenizer,
             "post_processor": {
                 "type": "TemplateProcessing",
                 "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
@@ -343,5 +379,55 @@ mod tests {
             err.to_string().contains("/nonexistent/tokenizer.json"),
             "{err}"
         );
+    }
+
+    /// Llama 3's pre-tokenizer regex (its `tokenizer.json`), before its byte-level step.
+    const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+    /// GPT-2's and Llama 3's pre-tokenizers, as their `tokenizer.json` files write them, with
+    /// merges that would join a word to the space after it (`dĠ`, `oĠ`, `5Ġ`) if a pre-token
+    /// ever held both.
+    fn pattern_tokenizers() -> [(&'static str, FileTokenizer); 2] {
+        let mut merges = TINY_MERGES.to_vec();
+        merges.extend([("d", "Ġ"), ("o", "Ġ"), ("5", "Ġ"), ("Ġ", "Ġ"), (".", "Ċ")]);
+        let gpt2 = json!({"type": "ByteLevel", "add_prefix_space": false,
+                          "trim_offsets": true, "use_regex": true});
+        let llama3 = json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": LLAMA3_PATTERN}, "behavior": "Isolated",
+             "invert": false},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
+             "use_regex": false}]});
+        [("gpt2", gpt2), ("llama3", llama3)].map(|(name, pre)| {
+            let json = tokenizer_json(pre, &merges);
+            (name, FileTokenizer::from_json(json.as_bytes()).unwrap())
+        })
+    }
+
+    const PIECES: [&str; 20] = [
+        "hello", "world", " ", "  ", "the", "d", "12345", "7", ".", ",", "\n", "\n\n", "'s", "é",
+        "世界", "\t", "</s>", "-", "wor", "o",
+    ];
+
+    proptest::proptest! {
+        /// The tokens of a text cut at any stable cut are the first tokens of the whole text's
+        /// (docs/engine-truth.md: what engine tokens a cut head has).
+        #[test]
+        fn a_stable_cut_keeps_every_token_before_it(
+            pieces in proptest::collection::vec(proptest::sample::select(&PIECES[..]), 1..120)
+        ) {
+            let text = pieces.concat();
+            for (name, t) in pattern_tokenizers() {
+                let whole = t.encode(&text, true).unwrap();
+                let cuts = (0..text.len())
+                    .filter(|&q| crate::prompt::stable_cut::is_stable_cut(text.as_bytes(), q));
+                for q in cuts {
+                    let part = t.encode(&text[..q], true).unwrap();
+                    proptest::prop_assert_eq!(
+                        &whole[..part.len().min(whole.len())], &part[..],
+                        "{} cut at {} of {:?}", name, q, text
+                    );
+                }
+            }
+        }
     }
 }

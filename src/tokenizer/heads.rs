@@ -54,6 +54,7 @@ use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 use super::messages::MessagesForm;
 use super::{EngineKind, EngineTokenizer, TokenizeInput, TokenizerConfig, Tokens};
 use crate::metrics::engine_truth::{EngineTruthMetrics, HeadOutcome, TOKENIZE_OK};
+use crate::prompt::stable_cut::{CUT_SPACING, stable_cuts};
 use crate::request::Api;
 
 /// The end of a ChatML message in the rendered prompt.
@@ -220,8 +221,25 @@ struct Fill {
     body: Vec<u8>,
     /// Messages in the whole prompt (the body must have as many).
     messages: usize,
-    /// (messages in the head, its digest, its rendered bytes); a completion prompt: (0, ..).
-    heads: Vec<(usize, u64, usize)>,
+    heads: Vec<Head>,
+    /// A cut head's check: the xxh3 digest of the last message's text up to the cut, as the
+    /// router rendered it (the body's text must be the same bytes).
+    cut_check: u64,
+}
+
+/// A prefix of a rendered prompt whose engine tokens can be asked for: up to a message's end
+/// (a *message head*), or cut inside the last message's text at a stable cut
+/// ([`crate::prompt::stable_cut`]: a *cut head*).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Head {
+    /// Messages in the head, the cut one included; a completion prompt: 0.
+    messages: usize,
+    /// xxh3 of the model and the head's rendered bytes.
+    digest: u64,
+    /// Rendered bytes of the prompt the head covers.
+    bytes: usize,
+    /// A cut head: bytes of the last message's text kept (of the prompt, for a completion).
+    cut: Option<usize>,
 }
 
 /// A fill taken from the queue: dropped, its body leaves the queue's bytes and its heads the
@@ -315,17 +333,32 @@ impl HeadTokens {
             return None;
         };
         let heads = heads(model, api, prompt.as_bytes());
-        let Some(&(messages, _, _)) = heads.last() else {
+        let Some(&Head { messages, .. }) = heads.last() else {
             count(HeadOutcome::Unsupported);
             return None;
         };
-        let found = self.known_at(&heads);
+        let cuts = self.cuts(model, api, prompt.as_bytes(), &heads);
+        let found = self.known_of(&heads, &cuts);
+        let found_bytes = found.as_ref().map_or(0, |f| f.prompt_bytes);
         let reply = matches!(api, Api::ChatCompletions | Api::Messages)
             && holds_reply(prompt.as_bytes(), &heads);
-        let wanted = self.wanted(&heads, found.as_ref().map(|(i, _)| *i), reply);
-        let queued = self.queue_fill(model, pod, api, body, messages, &wanted);
+        let [head, whole] = self.wanted(&heads, found_bytes, reply);
+        let cut = self.wanted_cut(&cuts, found_bytes.max(head.map_or(0, |h| h.bytes)));
+        let cut_check = cut.map_or(0, |c| {
+            let kept = c.cut.unwrap_or(0);
+            xxh3_64(&prompt.as_bytes()[c.bytes - kept..c.bytes])
+        });
+        let queued = self.queue_fill(
+            model,
+            pod,
+            api,
+            body,
+            messages,
+            &[head, whole, cut],
+            cut_check,
+        );
         match found {
-            Some((_, found)) => {
+            Some(found) => {
                 count(HeadOutcome::Hit);
                 Some(found)
             }
@@ -346,23 +379,81 @@ impl HeadTokens {
     /// whole (a head that ends with a reply is not held whole: the engine stored the reply as
     /// it generated it, not as the template renders it); another request the head before its
     /// last message, what the tenant's next question shares. And either, seen before.
-    fn wanted(
-        &self,
-        heads: &[(usize, u64, usize)],
-        found: Option<usize>,
-        reply: bool,
-    ) -> [Option<(usize, u64, usize)>; 2] {
-        let longer = |i: usize| found.is_none_or(|f| i > f);
+    fn wanted(&self, heads: &[Head], found_bytes: usize, reply: bool) -> [Option<Head>; 2] {
         let Some((&whole, before)) = heads.split_last() else {
             return [None, None];
         };
         let head = before
             .last()
             .copied()
-            .filter(|h| longer(before.len() - 1) && (!reply || !self.first_sighting(h.1)));
-        let whole =
-            Some(whole).filter(|w| longer(heads.len() - 1) && (reply || !self.first_sighting(w.1)));
+            .filter(|h| h.bytes > found_bytes && (!reply || !self.first_sighting(h.digest)));
+        let whole = Some(whole)
+            .filter(|w| w.bytes > found_bytes && (reply || !self.first_sighting(w.digest)));
         [head, whole]
+    }
+
+    /// The cut head to tokenize, of those longer than `covered` bytes: the longest seen before
+    /// (a document, examples or a tool result another request sent up to there). Each is
+    /// remembered as seen.
+    fn wanted_cut(&self, cuts: &[Head], covered: usize) -> Option<Head> {
+        let mut wanted = None;
+        for cut in cuts.iter().filter(|c| c.bytes > covered) {
+            if !self.first_sighting(cut.digest) {
+                wanted = Some(*cut);
+            }
+        }
+        wanted
+    }
+
+    /// `prompt`'s cut heads, shortest first: stable cuts inside its last message's text
+    /// (its whole text, for a completion), longer than every message head before it. None for
+    /// a chat prompt asked of SGLang, whose `/tokenize` cannot leave a message open.
+    fn cuts(&self, model: &str, api: Api, prompt: &[u8], heads: &[Head]) -> Vec<Head> {
+        let chat = matches!(api, Api::ChatCompletions | Api::Messages);
+        if chat
+            && self.section.source == TokenizerSource::Engine
+            && self.section.engine != EngineKind::Vllm
+        {
+            return Vec::new();
+        }
+        let (start, end, messages) = match (api, heads) {
+            (Api::Completions, [whole]) => (0, whole.bytes, 0),
+            (_, [.., before, last]) if chat => {
+                let Some(text) = memchr::memchr(b'\n', &prompt[before.bytes..last.bytes]) else {
+                    return Vec::new();
+                };
+                (
+                    before.bytes + text + 1,
+                    last.bytes - MESSAGE_END.len(),
+                    last.messages,
+                )
+            }
+            (_, [last]) if chat => {
+                let Some(text) = memchr::memchr(b'\n', &prompt[..last.bytes]) else {
+                    return Vec::new();
+                };
+                (text + 1, last.bytes - MESSAGE_END.len(), last.messages)
+            }
+            _ => return Vec::new(),
+        };
+        if end <= start + CUT_SPACING {
+            return Vec::new();
+        }
+        let mut h = Xxh3::with_seed(xxh3_64(model.as_bytes()));
+        h.update(&prompt[..start]);
+        let mut at = start;
+        stable_cuts(prompt, start, end)
+            .map(|q| {
+                h.update(&prompt[at..q]);
+                at = q;
+                Head {
+                    messages,
+                    digest: h.digest(),
+                    bytes: q,
+                    cut: Some(q - start),
+                }
+            })
+            .collect()
     }
 
     /// Remembers a head's digest; `true` the first time it is seen (a shard that is full
@@ -383,17 +474,18 @@ impl HeadTokens {
         api: Api,
         body: &[u8],
         messages: usize,
-        heads: &[Option<(usize, u64, usize)>],
+        heads: &[Option<Head>],
+        cut_check: u64,
     ) -> bool {
         if heads.iter().all(Option::is_none) {
             return true;
         }
-        let wanted: Vec<(usize, u64, usize)> = {
+        let wanted: Vec<Head> = {
             let mut pending = self.pending.lock();
             heads
                 .iter()
                 .flatten()
-                .filter(|(_, d, _)| pending.insert(*d))
+                .filter(|h| pending.insert(h.digest))
                 .copied()
                 .collect()
         };
@@ -413,6 +505,7 @@ impl HeadTokens {
             body: body.to_vec(),
             messages,
             heads: wanted,
+            cut_check,
         };
         match self.queue.try_send(fill) {
             Ok(()) => true,
@@ -428,24 +521,19 @@ impl HeadTokens {
 
     /// [`HeadTokens::find`] without counting or queueing (explain).
     pub fn lookup(&self, model: &str, api: Api, prompt: &str) -> Option<HeadFound> {
-        self.known(&heads(model, api, prompt.as_bytes()))
+        let heads = heads(model, api, prompt.as_bytes());
+        let cuts = self.cuts(model, api, prompt.as_bytes(), &heads);
+        self.known_of(&heads, &cuts)
     }
 
-    /// The longest of `heads` known.
-    fn known(&self, heads: &[(usize, u64, usize)]) -> Option<HeadFound> {
-        self.known_at(heads).map(|(_, found)| found)
-    }
-
-    /// The longest of `heads` known, with its position.
-    fn known_at(&self, heads: &[(usize, u64, usize)]) -> Option<(usize, HeadFound)> {
-        heads
-            .iter()
-            .enumerate()
-            .rev()
-            .find_map(|(i, &(_, digest, _))| {
-                let found = self.shard(digest).read().heads.get(&digest).cloned()?;
-                Some((i, found))
-            })
+    /// The longest known of `heads` and `cuts` (every cut is longer than the message heads but
+    /// the last, and shorter than the last).
+    fn known_of(&self, heads: &[Head], cuts: &[Head]) -> Option<HeadFound> {
+        let (whole, before) = heads.split_last()?;
+        std::iter::once(whole)
+            .chain(cuts.iter().rev())
+            .chain(before.iter().rev())
+            .find_map(|h| self.shard(h.digest).read().heads.get(&h.digest).cloned())
     }
 
     /// The port to ask on a pod serving at `address`.
@@ -558,14 +646,14 @@ impl HeadTokens {
         let parsed: Result<RequestPrompt<'_>, _> = serde_json::from_slice(&fill.body);
         let Ok(parsed) = parsed else { return };
         let form = fill.messages_form();
-        for &(messages, digest, bytes) in &fill.heads {
+        for head in &fill.heads {
             let mut joined = String::new();
-            let Some(input) = fill.input(&parsed, form.as_ref(), messages, &mut joined) else {
+            let Some(input) = fill.input(&parsed, form.as_ref(), head, &mut joined) else {
                 continue;
             };
             let started = Instant::now();
             let result = source.tokenize(&input);
-            if !self.tokenized(result, started, digest, bytes) {
+            if !self.tokenized(result, started, head) {
                 return;
             }
         }
@@ -579,10 +667,10 @@ impl HeadTokens {
         self.forget_pending(&fill.heads);
     }
 
-    fn forget_pending(&self, heads: &[(usize, u64, usize)]) {
+    fn forget_pending(&self, heads: &[Head]) {
         let mut pending = self.pending.lock();
-        for (_, d, _) in heads {
-            pending.remove(d);
+        for h in heads {
+            pending.remove(&h.digest);
         }
     }
 
@@ -592,8 +680,7 @@ impl HeadTokens {
         &self,
         result: Result<Tokens, super::TokenizeError>,
         started: Instant,
-        digest: u64,
-        bytes: usize,
+        head: &Head,
     ) -> bool {
         self.metrics
             .tokenize_duration
@@ -606,10 +693,10 @@ impl HeadTokens {
                     .inc();
                 self.metrics.tokenized_tokens.inc_by(tokens.len() as u64);
                 self.insert(
-                    digest,
+                    head.digest,
                     HeadFound {
                         tokens,
-                        prompt_bytes: bytes,
+                        prompt_bytes: head.bytes,
                     },
                 );
                 true
@@ -630,9 +717,9 @@ impl HeadTokens {
         let parsed: Result<RequestPrompt<'_>, _> = serde_json::from_slice(&fill.body);
         let Ok(parsed) = parsed else { return };
         let form = fill.messages_form();
-        for &(messages, digest, bytes) in &fill.heads {
+        for head in &fill.heads {
             let mut joined = String::new();
-            let Some(input) = fill.input(&parsed, form.as_ref(), messages, &mut joined) else {
+            let Some(input) = fill.input(&parsed, form.as_ref(), head, &mut joined) else {
                 continue;
             };
             let started = Instant::now();
@@ -645,7 +732,7 @@ impl HeadTokens {
                     &input,
                 )
                 .await;
-            if !self.tokenized(result, started, digest, bytes) {
+            if !self.tokenized(result, started, head) {
                 tracing::debug!(pod = %target, "tokenize failed");
                 return;
             }
@@ -661,28 +748,41 @@ impl Fill {
             .flatten()
     }
 
-    /// What to tokenize for the head of `messages` messages (`joined` holds the chat head's
-    /// messages; `form` is a Messages request's chat form); `None` when the body does not have
-    /// the shape queued.
+    /// What to tokenize for `head` (`joined` holds the chat head's messages; `form` is a
+    /// Messages request's chat form); `None` when the body does not have the shape queued, or
+    /// a cut head's text is not the one the router rendered.
     fn input<'a>(
         &self,
         parsed: &'a RequestPrompt<'a>,
         form: Option<&'a MessagesForm>,
-        messages: usize,
+        head: &Head,
         joined: &'a mut String,
     ) -> Option<TokenizeInput<'a>> {
-        if self.api == Api::Messages {
-            let form = form?;
-            let all = form.messages.len();
-            if messages > all || all != self.messages {
+        let messages = head.messages;
+        let chat = |all: &[&str], tools: Option<&'a str>, joined: &'a mut String| {
+            if messages > all.len() || all.len() != self.messages || messages == 0 {
                 return None;
             }
-            *joined = form.head(messages);
+            *joined = match head.cut {
+                None => join(&all[..messages]),
+                Some(kept) => {
+                    let last = cut_message(all[messages - 1], kept, self.cut_check)?;
+                    let mut head: Vec<&str> = all[..messages - 1].to_vec();
+                    head.push(&last);
+                    join(&head)
+                }
+            };
             let joined: &'a String = joined;
-            return Some(
-                TokenizeInput::chat(joined, form.tools.as_deref())
-                    .with_generation_prompt(messages == all),
-            );
+            let input = TokenizeInput::chat(joined, tools);
+            Some(match head.cut {
+                Some(_) => input.continuing_final_message(),
+                None => input.with_generation_prompt(messages == all.len()),
+            })
+        };
+        if self.api == Api::Messages {
+            let form = form?;
+            let all: Vec<&str> = form.messages.iter().map(String::as_str).collect();
+            return chat(&all, form.tools.as_deref(), joined);
         }
         match (self.api, parsed) {
             (
@@ -693,23 +793,41 @@ impl Fill {
                     system: None,
                     ..
                 },
-            ) if messages <= all.len() && all.len() == self.messages => {
-                *joined = join(&all[..messages]);
-                let joined: &'a String = joined;
-                Some(
-                    TokenizeInput::chat(joined, tools.map(RawValue::get))
-                        .with_generation_prompt(messages == all.len()),
-                )
+            ) => {
+                let all: Vec<&str> = all.iter().map(|m| m.get()).collect();
+                chat(&all, tools.map(RawValue::get), joined)
             }
             (
                 Api::Completions,
                 RequestPrompt {
                     prompt: Some(p), ..
                 },
-            ) => Some(TokenizeInput::text(p)),
+            ) => match head.cut {
+                None => Some(TokenizeInput::text(p)),
+                Some(kept) => {
+                    let text = p
+                        .get(..kept)
+                        .filter(|t| xxh3_64(t.as_bytes()) == self.cut_check)?;
+                    Some(TokenizeInput::text(text))
+                }
+            },
             _ => None,
         }
     }
+}
+
+/// A chat message (raw JSON) with its text cut to its first `kept` bytes, when its content is
+/// a string whose first `kept` bytes have the xxh3 digest `check` (what the router rendered).
+fn cut_message(raw: &str, kept: usize, check: u64) -> Option<String> {
+    let mut message: serde_json::Map<String, serde_json::Value> = serde_json::from_str(raw).ok()?;
+    let serde_json::Value::String(text) = message.get_mut("content")? else {
+        return None;
+    };
+    let head = text
+        .get(..kept)
+        .filter(|t| xxh3_64(t.as_bytes()) == check)?;
+    *text = head.to_owned();
+    serde_json::to_string(&message).ok()
 }
 
 /// What the background tokenizer reads of a request body (raw JSON kept as the client sent
@@ -726,29 +844,35 @@ struct RequestPrompt<'a> {
     prompt: Option<String>,
 }
 
-fn join(messages: &[&RawValue]) -> String {
-    let mut out =
-        String::with_capacity(messages.iter().map(|m| m.get().len() + 1).sum::<usize>() + 2);
+/// Messages (raw JSON each) as one JSON array.
+fn join(messages: &[&str]) -> String {
+    let mut out = String::with_capacity(messages.iter().map(|m| m.len() + 1).sum::<usize>() + 2);
     out.push('[');
     for (i, m) in messages.iter().enumerate() {
         if i > 0 {
             out.push(',');
         }
-        out.push_str(m.get());
+        out.push_str(m);
     }
     out.push(']');
     out
 }
 
-/// A prompt's heads: (messages in the head, digest, rendered bytes), shortest first. Chat: one
-/// per message end in the rendering, which must end with one; completions: the whole prompt.
-fn heads(model: &str, api: Api, prompt: &[u8]) -> Vec<(usize, u64, usize)> {
+/// A prompt's message heads, shortest first. Chat: one per message end in the rendering,
+/// which must end with one; completions: the whole prompt.
+fn heads(model: &str, api: Api, prompt: &[u8]) -> Vec<Head> {
     let seed = xxh3_64(model.as_bytes());
+    let head = |messages, digest, bytes| Head {
+        messages,
+        digest,
+        bytes,
+        cut: None,
+    };
     match api {
         Api::Completions if !prompt.is_empty() => {
             let mut h = Xxh3::with_seed(seed);
             h.update(prompt);
-            vec![(0, h.digest(), prompt.len())]
+            vec![head(0, h.digest(), prompt.len())]
         }
         Api::ChatCompletions | Api::Messages if prompt.ends_with(MESSAGE_END) => {
             let mut out = Vec::new();
@@ -758,7 +882,7 @@ fn heads(model: &str, api: Api, prompt: &[u8]) -> Vec<(usize, u64, usize)> {
                 let end = end + MESSAGE_END.len();
                 h.update(&prompt[at..end]);
                 at = end;
-                out.push((out.len() + 1, h.digest(), end));
+                out.push(head(out.len() + 1, h.digest(), end));
             }
             out
         }
@@ -768,10 +892,10 @@ fn heads(model: &str, api: Api, prompt: &[u8]) -> Vec<(usize, u64, usize)> {
 
 /// Whether a ChatML prompt split into `heads` holds an assistant reply (a message that starts
 /// with the assistant role).
-fn holds_reply(prompt: &[u8], heads: &[(usize, u64, usize)]) -> bool {
+fn holds_reply(prompt: &[u8], heads: &[Head]) -> bool {
     const REPLY: &[u8] = b"<|im_start|>assistant\n";
     std::iter::once(0)
-        .chain(heads.iter().map(|h| h.2))
+        .chain(heads.iter().map(|h| h.bytes))
         .any(|at| prompt.get(at..).is_some_and(|rest| rest.starts_with(REPLY)))
 }
 

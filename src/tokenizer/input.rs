@@ -66,6 +66,9 @@ pub struct TokenizeInput<'a> {
     /// vLLM chat: `add_generation_prompt` (true; false for a conversation's head, which the
     /// next message continues).
     generation_prompt: bool,
+    /// vLLM chat: `continue_final_message` (the last message left open, as a prompt cut inside
+    /// it is: [`crate::prompt::stable_cut`]); implies no generation prompt.
+    continue_final: bool,
 }
 
 impl<'a> TokenizeInput<'a> {
@@ -75,6 +78,7 @@ impl<'a> TokenizeInput<'a> {
             prompt: Prompt::Chat { messages, tools },
             add_special_tokens: false,
             generation_prompt: true,
+            continue_final: false,
         }
     }
 
@@ -84,6 +88,7 @@ impl<'a> TokenizeInput<'a> {
             prompt: Prompt::Text(prompt),
             add_special_tokens: true,
             generation_prompt: true,
+            continue_final: false,
         }
     }
 
@@ -99,6 +104,14 @@ impl<'a> TokenizeInput<'a> {
         self
     }
 
+    /// Leaves the last chat message open (vLLM's `continue_final_message`): no generation
+    /// prompt, and nothing the template would close the message with.
+    pub fn continuing_final_message(mut self) -> Self {
+        self.generation_prompt = false;
+        self.continue_final = true;
+        self
+    }
+
     pub fn prompt(&self) -> Prompt<'a> {
         self.prompt
     }
@@ -110,6 +123,11 @@ impl<'a> TokenizeInput<'a> {
     /// Chat's `add_generation_prompt`.
     pub fn generation_prompt(&self) -> bool {
         self.generation_prompt
+    }
+
+    /// Chat's `continue_final_message`.
+    pub fn continue_final(&self) -> bool {
+        self.continue_final
     }
 
     /// The cache key: xxh3-64 of (kind, model, the prompt's exact bytes, the flags), each field
@@ -135,6 +153,9 @@ impl<'a> TokenizeInput<'a> {
         }
         field(b's', &[u8::from(self.add_special_tokens)]);
         field(b'g', &[u8::from(self.generation_prompt)]);
+        if self.continue_final {
+            field(b'f', &[1]);
+        }
         h.digest()
     }
 
@@ -143,7 +164,8 @@ impl<'a> TokenizeInput<'a> {
     ///
     /// - vLLM, text: `{"model", "prompt", "add_special_tokens"}` (`TokenizeCompletionRequest`).
     /// - vLLM, chat: `{"model", "messages", "tools"?, "add_special_tokens",
-    ///   "add_generation_prompt"}` (`TokenizeChatRequest`; true unless a head asks otherwise).
+    ///   "add_generation_prompt", "continue_final_message"?}` (`TokenizeChatRequest`;
+    ///   generation true unless a head asks otherwise; continuing only for a cut message).
     /// - SGLang, text: `{"model", "prompt", "add_special_tokens"}`.
     /// - SGLang, chat: `{"model", "messages", "tools"?, "add_special_tokens"}`: SGLang's chat
     ///   rendering always appends the generation prompt, and has no such field (Kthena sends none).
@@ -187,6 +209,9 @@ impl<'a> TokenizeInput<'a> {
             } else {
                 b",\"add_generation_prompt\":false"
             });
+            if self.continue_final {
+                out.extend_from_slice(b",\"continue_final_message\":true");
+            }
         }
         out.push(b'}');
         Ok(out)

@@ -42,16 +42,6 @@ impl MessagesForm {
             tools: body.field("tools").and_then(tools),
         })
     }
-
-    /// The first `n` messages as a JSON array.
-    pub fn head(&self, n: usize) -> String {
-        let head = &self.messages[..n.min(self.messages.len())];
-        let mut out = String::with_capacity(head.iter().map(|m| m.len() + 1).sum::<usize>() + 2);
-        out.push('[');
-        out.push_str(&head.join(","));
-        out.push(']');
-        out
-    }
 }
 
 /// The chat form of a `tools` list (its tools without a `name` dropped, as the rendering does).
@@ -108,11 +98,8 @@ mod tests {
             call["tool_calls"][0]["function"]["arguments"],
             json!(r#"{"unit": "c", "city": "Paris \u00e9"}"#)
         );
-        assert_eq!(
-            form.head(2),
-            format!("[{},{}]", form.messages[0], form.messages[1])
-        );
-        let head: Value = serde_json::from_str(&form.head(2)).unwrap();
+        let head: Value =
+            serde_json::from_str(&format!("[{},{}]", form.messages[0], form.messages[1])).unwrap();
         assert_eq!(
             head,
             json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "Paris?"}])

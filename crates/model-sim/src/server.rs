@@ -32,7 +32,7 @@ use crate::engine::{Engine, EngineKind, Running};
 use crate::messages::{self, Answer};
 use crate::pd::{self, Outcome, Role};
 use crate::template::ChatTemplate;
-use prefix_picker::prompt::NoPrompt;
+use prefix_picker::prompt::{NoPrompt, stable_cut};
 use prefix_picker::request::{Api, InferenceRequest, RequestError};
 
 const WORDS: [&str; 24] = [
@@ -210,7 +210,8 @@ pub const MAX_MODEL_LEN: usize = 131_072;
 /// sglang`, also `/v1/tokenize`: `prompt` a string or a list of them) -> `{"tokens", "count",
 /// "max_model_len"}`. Messages render as for a chat completion, so the tokens are exactly those
 /// the cache hashes for it; the sim's template adds no generation prompt and its tokenizer no
-/// special tokens, so those flags change nothing.
+/// special tokens, so those flags change nothing. `continue_final_message` cuts the rendering
+/// after the final message's text, as vLLM (Hugging Face's `apply_chat_template`) does.
 async fn tokenize(State(s): State<Sim>, body: Bytes) -> Response {
     s.engine.count_tokenize();
     let Ok(Value::Object(mut fields)) = prefix_picker::lenient_json::parse_value(&body) else {
@@ -259,6 +260,30 @@ async fn tokenize(State(s): State<Sim>, body: Bytes) -> Response {
         Ok((_, Ok(p))) => p,
         Ok((_, Err(e))) => return error(StatusCode::BAD_REQUEST, e.to_string()),
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    let continuing = fields.get("continue_final_message") == Some(&Value::Bool(true));
+    let prompt = match (continuing, fields.get("messages")) {
+        (true, Some(Value::Array(messages))) => {
+            let text = match messages.last().map(|m| &m["content"]) {
+                Some(Value::String(text)) => text.as_str(),
+                Some(Value::Array(blocks)) => blocks
+                    .iter()
+                    .rev()
+                    .find_map(|b| b["text"].as_str())
+                    .unwrap_or_default(),
+                _ => "",
+            };
+            match stable_cut::continue_final_message(&prompt, text) {
+                Some(cut) if !text.trim().is_empty() => cut.to_owned(),
+                _ => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        "continue_final_message is set but the final message does not appear in the chat after applying the chat template".into(),
+                    );
+                }
+            }
+        }
+        _ => prompt,
     };
     let tokens = ids(&prompt);
     s.engine.count_tokenized(tokens.len());

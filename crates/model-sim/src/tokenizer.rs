@@ -380,4 +380,22 @@ mod tests {
             prop_assert_eq!(at, text.len());
         }
     }
+
+    proptest! {
+        /// At a stable cut (the picker's cut heads, `prefix_picker::prompt::stable_cut`) no
+        /// token is lost: the shorter text's tokens are all the longer one's first tokens.
+        #[test]
+        fn a_stable_cut_keeps_every_token_before_it(
+            text in "[ab1 ,.\n<|>é]{0,80}",
+            max in prop_oneof![Just(MAX_TOKEN_BYTES), Just(DENSE_TOKEN_BYTES)],
+        ) {
+            let long = tokenize_at_most(text.as_bytes(), max);
+            let cuts = (0..text.len())
+                .filter(|&q| prefix_picker::prompt::stable_cut::is_stable_cut(text.as_bytes(), q));
+            for q in cuts {
+                let short = tokenize_at_most(&text.as_bytes()[..q], max);
+                prop_assert_eq!(&short[..], &long[..short.len()], "cut at {}", q);
+            }
+        }
+    }
 }

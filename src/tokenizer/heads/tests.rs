@@ -50,14 +50,14 @@ fn a_chat_prompt_has_one_head_per_message_and_shares_them_with_its_continuation(
     ]);
     let a = heads("m", Api::ChatCompletions, first.as_bytes());
     let b = heads("m", Api::ChatCompletions, next.as_bytes());
-    assert_eq!(a.iter().map(|h| h.0).collect::<Vec<_>>(), [1, 2]);
-    assert_eq!(a[1].2, first.len());
+    assert_eq!(a.iter().map(|h| h.messages).collect::<Vec<_>>(), [1, 2]);
+    assert_eq!(a[1].bytes, first.len());
     assert_eq!(a[..], b[..2], "the continuation starts with the same heads");
-    assert_ne!(a[1].1, b[3].1);
+    assert_ne!(a[1].digest, b[3].digest);
     // Another model's tokenizer: other digests.
     assert_ne!(
-        heads("n", Api::ChatCompletions, first.as_bytes())[0].1,
-        a[0].1
+        heads("n", Api::ChatCompletions, first.as_bytes())[0].digest,
+        a[0].digest
     );
     // A completion prompt is one head; a rendering that does not end a message has none.
     assert_eq!(heads("m", Api::Completions, b"text").len(), 1);
@@ -72,26 +72,26 @@ fn a_miss_queues_its_heads_once_and_a_known_head_is_found() {
     assert!(find().is_none());
     let queued = next_queued(&heads_map).expect("queued");
     assert_eq!(
-        queued.heads.iter().map(|h| h.0).collect::<Vec<_>>(),
+        queued.heads.iter().map(|h| h.messages).collect::<Vec<_>>(),
         [1],
         "the head before the last message; the whole prompt is this request's own"
     );
     assert!(find().is_none());
     let repeat = next_queued(&heads_map).expect("a repeat queues its whole prompt");
     assert_eq!(
-        repeat.heads.iter().map(|h| h.0).collect::<Vec<_>>(),
+        repeat.heads.iter().map(|h| h.messages).collect::<Vec<_>>(),
         [2],
         "queued once: the pending head is not queued again"
     );
     assert!(find().is_none());
     assert!(next_queued(&heads_map).is_none(), "both pending");
     // The tenant's head (its system message) tokenized: another question of that tenant finds it.
-    let (_, digest, bytes) = queued.heads[0];
+    let head = queued.heads[0];
     heads_map.insert(
-        digest,
+        head.digest,
         HeadFound {
             tokens: Tokens::from(vec![1, 2, 3]),
-            prompt_bytes: bytes,
+            prompt_bytes: head.bytes,
         },
     );
     let other = chatml(&[("system", "tenant prompt"), ("user", "q2")]);
@@ -136,7 +136,7 @@ fn a_request_queues_only_the_head_its_successor_shares() {
         );
         next_queued(&heads_map).map(|fill| {
             heads_map.done(&fill);
-            fill.heads.iter().map(|h| h.0).collect::<Vec<_>>()
+            fill.heads.iter().map(|h| h.messages).collect::<Vec<_>>()
         })
     };
     let first = [("system", "s"), ("user", "u1")];
@@ -160,12 +160,12 @@ fn a_request_queues_only_the_head_its_successor_shares() {
         "another turn after the same reply: the head seen before too"
     );
     // The system head tokenized: a new question of the tenant finds it and queues nothing.
-    let (_, digest, bytes) = heads("m", Api::ChatCompletions, chatml(&first).as_bytes())[0];
+    let head = heads("m", Api::ChatCompletions, chatml(&first).as_bytes())[0];
     heads_map.insert(
-        digest,
+        head.digest,
         HeadFound {
             tokens: Tokens::from(vec![1, 2]),
-            prompt_bytes: bytes,
+            prompt_bytes: head.bytes,
         },
     );
     assert_eq!(turn(&[("system", "s"), ("user", "u9")]), None);
@@ -270,7 +270,7 @@ fn messages_are_joined_as_sent() {
     let body =
         r#"{"messages":[{"role":"user","content":"a", "z":1},{"content":"b","role":"user"}]}"#;
     let parsed: RequestPrompt<'_> = serde_json::from_str(body).unwrap();
-    let all = parsed.messages.unwrap();
+    let all: Vec<&str> = parsed.messages.unwrap().iter().map(|m| m.get()).collect();
     assert_eq!(join(&all[..1]), r#"[{"role":"user","content":"a", "z":1}]"#);
     assert_eq!(
         join(&all),
@@ -402,4 +402,121 @@ async fn a_messages_request_is_tokenized_as_its_chat_form() {
     assert_eq!(found.tokens.to_vec(), expected.to_vec());
     shutdown.cancel();
     worker.await.unwrap();
+}
+
+/// A request's ChatML prompt and its body, for `messages`.
+fn chat_request(messages: &[(&str, &str)]) -> (String, Vec<u8>) {
+    let body = serde_json::json!({"messages": messages
+        .iter()
+        .map(|(role, content)| serde_json::json!({"role": role, "content": content}))
+        .collect::<Vec<_>>()});
+    (chatml(messages), serde_json::to_vec(&body).unwrap())
+}
+
+/// A document of `words` words, the same for the same `seed`.
+fn document(seed: usize, words: usize) -> String {
+    (0..words)
+        .map(|i| format!("w{}x{}", seed, i % 97))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn find_chat(heads_map: &HeadTokens, messages: &[(&str, &str)]) -> Option<HeadFound> {
+    let (prompt, body) = chat_request(messages);
+    heads_map.find(
+        "m",
+        Some(Api::ChatCompletions),
+        &prompt,
+        Some(&body),
+        Some("127.0.0.1:8000".parse().unwrap()),
+    )
+}
+
+#[test]
+fn a_document_inside_the_last_message_is_cut_and_asked_once_seen_twice() {
+    let heads_map = HeadTokens::new(section(), metrics());
+    let doc = document(1, 400);
+    let ask = |question: &str| format!("{doc}\n\nQuestion: {question}");
+    let first = ask("what is one?");
+    let second = ask("and two?");
+    // First sighting: the head before the last message only (a tenant's next question).
+    assert!(find_chat(&heads_map, &[("system", "read"), ("user", &first)]).is_none());
+    let fill = next_queued(&heads_map).expect("the system head");
+    assert!(fill.heads.iter().all(|h| h.cut.is_none()));
+    heads_map.done(&fill);
+    // Second: the document's cuts were seen: the longest is asked, cut inside the message.
+    assert!(find_chat(&heads_map, &[("system", "read"), ("user", &second)]).is_none());
+    let fill = next_queued(&heads_map).expect("a cut head");
+    let cut = *fill.heads.iter().find(|h| h.cut.is_some()).expect("a cut");
+    let (prompt, _) = chat_request(&[("system", "read"), ("user", &second)]);
+    let text_start = prompt.find("w1x0").unwrap();
+    assert_eq!(cut.cut, Some(cut.bytes - text_start));
+    assert!(cut.bytes <= text_start + doc.len(), "inside the document");
+    assert!(cut.bytes + CUT_SPACING > text_start + doc.len());
+    // What is asked: the messages with the last one's text cut there, left open.
+    let parsed: RequestPrompt<'_> = serde_json::from_slice(&fill.body).unwrap();
+    let mut joined = String::new();
+    let input = fill.input(&parsed, None, &cut, &mut joined).unwrap();
+    assert!(input.continue_final() && !input.generation_prompt());
+    let asked: serde_json::Value = serde_json::from_str(&joined).unwrap();
+    assert_eq!(asked[0]["content"], "read");
+    let kept = asked[1]["content"].as_str().unwrap();
+    assert_eq!(kept, &second[..cut.cut.unwrap()]);
+    assert!(kept.ends_with(|c: char| c.is_ascii_alphanumeric()));
+    // Its tokens found: a third question on the document is matched up to the cut.
+    heads_map.insert(
+        cut.digest,
+        HeadFound {
+            tokens: Tokens::from(vec![7; 10]),
+            prompt_bytes: cut.bytes,
+        },
+    );
+    heads_map.done(&fill);
+    let third = find_chat(&heads_map, &[("system", "read"), ("user", &ask("three?"))]);
+    assert_eq!(third.map(|f| f.prompt_bytes), Some(cut.bytes));
+    // Another document shares nothing past the system prompt.
+    let other = format!("{}\n\nQuestion: what is one?", document(2, 400));
+    assert!(find_chat(&heads_map, &[("system", "read"), ("user", &other)]).is_none());
+}
+
+#[test]
+fn a_cut_head_is_asked_only_for_the_text_the_router_rendered() {
+    let message = r#"{"role":"user","content":"alpha beta gamma"}"#;
+    let check = xxh3_64(b"alpha beta");
+    let cut = cut_message(message, 10, check).unwrap();
+    let cut: serde_json::Value = serde_json::from_str(&cut).unwrap();
+    assert_eq!(
+        cut,
+        serde_json::json!({"role": "user", "content": "alpha beta"})
+    );
+    // Other text (the body is not what was rendered), a list content, a cut inside a
+    // character or past the end: nothing asked.
+    assert_eq!(cut_message(message, 10, check ^ 1), None);
+    let parts = r#"{"role":"user","content":[{"type":"text","text":"alpha beta gamma"}]}"#;
+    assert_eq!(cut_message(parts, 10, check), None);
+    let accent = r#"{"role":"user","content":"é"}"#;
+    assert_eq!(cut_message(accent, 1, xxh3_64(&[0xc3])), None);
+    assert_eq!(cut_message(message, 99, check), None);
+}
+
+#[test]
+fn completions_are_cut_for_either_engine_and_chat_only_for_vllm() {
+    let doc = document(3, 400);
+    let mut sglang = section();
+    sglang.engine = EngineKind::Sglang;
+    for (section, chat_cuts) in [(section(), true), (sglang, false)] {
+        let heads_map = HeadTokens::new(section, metrics());
+        let prompt = format!("{doc} end");
+        let found = heads("m", Api::Completions, prompt.as_bytes());
+        let cuts = heads_map.cuts("m", Api::Completions, prompt.as_bytes(), &found);
+        assert_eq!(cuts.len(), (prompt.len() - 1) / CUT_SPACING);
+        assert!(
+            cuts.iter()
+                .all(|c| c.cut == Some(c.bytes) && c.messages == 0)
+        );
+        let (chat, _) = chat_request(&[("user", &doc)]);
+        let found = heads("m", Api::ChatCompletions, chat.as_bytes());
+        let cuts = heads_map.cuts("m", Api::ChatCompletions, chat.as_bytes(), &found);
+        assert_eq!(!cuts.is_empty(), chat_cuts);
+    }
 }

@@ -211,3 +211,38 @@ async fn another_template_and_density_are_what_the_engine_caches_and_counts() {
         "cached {cached} of {first_turn}"
     );
 }
+
+/// vLLM's `continue_final_message`: the chat rendered up to the final message's text, left
+/// open; its tokens are the first tokens of the whole conversation's.
+#[tokio::test]
+async fn continuing_the_final_message_tokenizes_a_prefix_of_the_whole() {
+    let (base, _) = start_named("sim-0", fast()).await;
+    let whole = json!([
+        {"role": "system", "content": "Read the document."},
+        {"role": "user", "content": "alpha beta gamma delta and the question"}
+    ]);
+    let cut = json!([
+        {"role": "system", "content": "Read the document."},
+        {"role": "user", "content": "alpha beta gamma delta"}
+    ]);
+    let ask = |messages: &Value, continuing: bool| {
+        json!({"model": "m", "messages": messages, "add_special_tokens": false,
+               "add_generation_prompt": false, "continue_final_message": continuing})
+    };
+    let (_, all) = tokenize(&base, "/tokenize", ask(&whole, false)).await;
+    let (status, part) = tokenize(&base, "/tokenize", ask(&cut, true)).await;
+    assert_eq!(status, 200);
+    let (all, part) = (
+        all["tokens"].as_array().unwrap(),
+        part["tokens"].as_array().unwrap(),
+    );
+    assert!(part.len() < all.len());
+    assert_eq!(part[..], all[..part.len()]);
+    // Closed, the same messages end with what closes the message: not a prefix.
+    let (_, closed) = tokenize(&base, "/tokenize", ask(&cut, false)).await;
+    assert!(closed["tokens"].as_array().unwrap().len() > part.len());
+    // A final message with no text cannot be continued (vLLM answers 400).
+    let empty = json!([{"role": "user", "content": "  "}]);
+    let (status, _) = tokenize(&base, "/tokenize", ask(&empty, true)).await;
+    assert_eq!(status, 400);
+}
