@@ -25,6 +25,13 @@
 //! the ChatML end marker, skipped messages, a top-level `system`) is not queued. A Messages
 //! request's heads are its chat form's messages ([`super::messages`]), asked as a chat request's.
 //!
+//! *Cut heads* carry the match inside the last message (a document, examples, a tool result
+//! that later requests share up to somewhere in it): its text cut at each stable cut
+//! ([`crate::prompt::stable_cut`], near every 512th byte), looked up like the heads. Unless the
+//! whole prompt is queued, the longest cut seen before is: asked of vLLM with the text cut
+//! there and `continue_final_message`, of either engine as text for a completion, and only
+//! when the body's text is the rendered one (a digest of it travels with the fill).
+//!
 //! With `source: file` the same heads are tokenized in process instead, by a `tokenizer.json`
 //! and its model's chat template ([`super::file::FileSource`], on blocking threads, a few at a
 //! time): no call to any pod. The request path stays a lookup either way (a head tokenized
@@ -343,7 +350,11 @@ impl HeadTokens {
         let reply = matches!(api, Api::ChatCompletions | Api::Messages)
             && holds_reply(prompt.as_bytes(), &heads);
         let [head, whole] = self.wanted(&heads, found_bytes, reply);
-        let cut = self.wanted_cut(&cuts, found_bytes.max(head.map_or(0, |h| h.bytes)));
+        // The whole prompt queued covers every cut.
+        let cut = whole
+            .is_none()
+            .then(|| self.wanted_cut(&cuts, found_bytes.max(head.map_or(0, |h| h.bytes))))
+            .flatten();
         let cut_check = cut.map_or(0, |c| {
             let kept = c.cut.unwrap_or(0);
             xxh3_64(&prompt.as_bytes()[c.bytes - kept..c.bytes])

@@ -258,7 +258,7 @@ async fn tokenizer_faults_keep_the_estimates_hit_rate() {
 /// request shares: the system message) attracts its next question to the pod that read it:
 /// the engine confirms the head, the estimate the document.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_document_inside_the_message_is_matched_past_the_engines_head() {
+async fn a_document_inside_the_message_is_matched_by_its_engine_tokens() {
     let baseline = estimate().await;
     let (hit, picker) = run("", |sims| {
         config(&endpoints(sims, own_events), ENGINE_TOKENIZER, "")
@@ -276,6 +276,12 @@ async fn a_document_inside_the_message_is_matched_past_the_engines_head() {
     assert_eq!(picked["match"]["source"], "engine+estimate", "{e}");
     assert!(
         picked["match"]["estimate_blocks_beyond"].as_u64().unwrap() > 0,
+        "{e}"
+    );
+    // The engine speaks past the system message: the document was cut and tokenized once a
+    // second request sent it (its head alone is under 20 tokens; the cut about 400).
+    assert!(
+        picked["match"]["engine_tokens"].as_u64().unwrap() > 200,
         "{e}"
     );
 }
