@@ -122,6 +122,23 @@ fn bench_heads(c: &mut Criterion) {
             BatchSize::SmallInput,
         )
     });
+    // A document of 8 KiB in the last message, after a system message: 16 cut heads looked up
+    // and remembered as seen, none known.
+    let document = format!(
+        "<|im_start|>system\nAnswer from the document.<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n",
+        "word ".repeat(1640)
+    );
+    g.bench_function("find_8KiB_document_miss", |b| {
+        b.iter(|| {
+            black_box(heads.find(
+                "m",
+                Some(Api::ChatCompletions),
+                black_box(&document),
+                Some(body),
+                Some(pod),
+            ))
+        })
+    });
     g.finish();
 }
 

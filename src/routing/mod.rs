@@ -395,6 +395,7 @@ impl Router {
         request.engine_tokens = head.as_ref().map(|h| EngineTokens {
             tokens: h.tokens.as_slice(),
             prompt_bytes: h.prompt_bytes,
+            head_tokens: h.head_tokens,
         });
         let mut decision = Router::decide(&live.scheduler, request, candidates, true)
             .inspect_err(|f| self.count(model, &f.observations))
@@ -507,6 +508,7 @@ impl Router {
         request.engine_tokens = head.as_ref().map(|h| EngineTokens {
             tokens: h.tokens.as_slice(),
             prompt_bytes: h.prompt_bytes,
+            head_tokens: h.head_tokens,
         });
         let decision =
             Router::decide(&live.scheduler, request, candidates, false).map_err(PickError::from)?;

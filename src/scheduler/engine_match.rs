@@ -7,13 +7,20 @@
 //! bytes x prompt blocks`, rounded down. The request's token chain is hashed once per engine
 //! block size among the candidates (one, in a pool of one engine).
 //!
-//! The engine speaks only for the head: past it the request has no engine tokens. [`combine`]
+//! The engine speaks only for the head: past it the request has no engine tokens. A head ends
+//! at a message boundary or at a cut inside the last message (`tokenizer::heads`). [`combine`]
 //! merges the two, never knowing less than the estimate: where the engine holds every full
-//! block of the head, the pod keeps the longer of the two matches (the estimate's, past the
-//! head, is what the pod was sent: documents, examples or tool results that end inside a
-//! message); where it holds less, its cache is missing a block of the head, and a prefix cache
-//! cannot hit past a missing block, so the engine's match stands (evicted, restarted, never
-//! sent). [`MatchSource::Mixed`] marks the first case.
+//! block of the *message* head, the pod keeps the longer of the two matches (the estimate's,
+//! past the head, is what the pod was sent: documents, examples or tool results that end
+//! inside a message; the engine's, past the estimate, what the index does not know, after a
+//! restart or from another replica); where it holds less, its cache is missing a block of the
+//! head, and a prefix cache cannot hit past a missing block, so the engine's match stands
+//! (evicted, restarted, never sent). [`MatchSource::Mixed`] marks the estimate's longer match.
+//!
+//! Inside the last message the engine's shorter match does not overrule the estimate: under KV
+//! pressure an engine evicts documents within seconds, and a pick that then saw no pod holding
+//! one spread its requests over three pods instead of one and a half, and lost 1-2 points of
+//! hits on every document workload (benches/RESULTS.md, "Cut heads").
 //!
 //! A hold for the pod awaits the engine's store of the head's last full block
 //! ([`EngineView::await_block`]) only when the head is the whole prompt: otherwise the store
@@ -34,7 +41,8 @@ pub struct EngineMatched {
     /// head is the whole prompt: a hold for the pod ends when the engine stores it. `None`: no
     /// full block, no block size yet, or a head shorter than the prompt.
     pub last_block: Option<u64>,
-    /// The engine holds every full block of the head: past it, the estimate speaks.
+    /// The engine holds every full block of the message head (the tokens that end at a message
+    /// boundary): past it, the longer of the engine's match and the estimate's stands.
     pub whole_head: bool,
     /// Prompt blocks wholly inside the head (what the estimate must pass to add anything).
     pub head_blocks: usize,
@@ -86,7 +94,7 @@ pub fn matches<C: Candidate>(
                     last_block: pool
                         .filter(|_| whole_prompt)
                         .and_then(|bs| chains.of(tokens.tokens, bs).last().copied()),
-                    whole_head: false,
+                    whole_head: tokens.head_tokens == 0,
                     head_blocks,
                     estimate_beyond: 0,
                 });
@@ -99,7 +107,7 @@ pub fn matches<C: Candidate>(
                 tokens: held,
                 blocks,
                 last_block: chain.last().copied().filter(|_| whole_prompt),
-                whole_head: full == chain.len(),
+                whole_head: full >= tokens.head_tokens.min(tokens.tokens.len()) / block_size,
                 head_blocks,
                 estimate_beyond: 0,
             })
@@ -108,12 +116,12 @@ pub fn matches<C: Candidate>(
 }
 
 /// Merges each candidate's engine match into `estimate` (its matched prompt blocks, from the
-/// index): the estimate's where the engine holds the whole head and the estimate reaches past
-/// it, else the engine's. Records in each match what the estimate added.
+/// index): the longer of the two where the engine holds the whole message head, else the
+/// engine's. Records in each match what the estimate added.
 pub fn combine(engine: &mut [Option<EngineMatched>], estimate: &mut [usize]) {
     for (blocks, matched) in estimate.iter_mut().zip(engine.iter_mut()) {
         let Some(m) = matched else { continue };
-        if m.whole_head && *blocks > m.head_blocks.max(m.blocks) {
+        if m.whole_head && *blocks > m.blocks {
             m.estimate_beyond = *blocks - m.blocks;
         } else {
             m.estimate_beyond = 0;
@@ -145,5 +153,49 @@ pub fn source(engine: &[Option<EngineMatched>], i: usize) -> MatchSource {
         Some(Some(m)) if m.estimate_beyond > 0 => MatchSource::Mixed,
         Some(Some(_)) => MatchSource::Engine,
         _ => MatchSource::Estimate,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matched(blocks: usize, whole_head: bool) -> Option<EngineMatched> {
+        Some(EngineMatched {
+            tokens: blocks * 16,
+            blocks,
+            last_block: None,
+            whole_head,
+            head_blocks: 40,
+            estimate_beyond: 0,
+        })
+    }
+
+    #[test]
+    fn past_a_message_head_held_whole_the_longer_match_stands() {
+        // A cut head of 40 prompt blocks; pod 0 holds its message head and 10 blocks (the
+        // engine evicted the rest of the document), the index says 60: the estimate's 60
+        // stands. Pod 1 holds 50 where the index knows 20 (a restart): the engine's. Pod 2
+        // lacks a block of its message head: its engine's 3, whatever the index says. Pod 3
+        // has no live view: the estimate.
+        let mut engine = vec![
+            matched(10, true),
+            matched(50, true),
+            matched(3, false),
+            None,
+        ];
+        let mut estimate = vec![60, 20, 60, 7];
+        combine(&mut engine, &mut estimate);
+        assert_eq!(estimate, [60, 50, 3, 7]);
+        assert_eq!(
+            (0..4).map(|i| source(&engine, i)).collect::<Vec<_>>(),
+            [
+                MatchSource::Mixed,
+                MatchSource::Engine,
+                MatchSource::Engine,
+                MatchSource::Estimate
+            ]
+        );
+        assert_eq!(engine[0].unwrap().estimate_beyond, 50);
     }
 }

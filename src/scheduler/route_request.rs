@@ -31,9 +31,23 @@ pub struct RouteRequest<'a> {
 }
 
 /// Engine token ids of the first `prompt_bytes` bytes of the rendered prompt (its head: the
-/// messages before the last one, or all of it).
+/// messages before the last one, all of it, or a cut inside the last message).
 #[derive(Debug, Clone, Copy)]
 pub struct EngineTokens<'a> {
     pub tokens: &'a [u32],
     pub prompt_bytes: usize,
+    /// The first of `tokens` that end at a message boundary (all of them, but for a cut: the
+    /// messages before the last one, as far as known; 0 when none is).
+    pub head_tokens: usize,
+}
+
+impl<'a> EngineTokens<'a> {
+    /// Tokens that end at a message boundary, all of them.
+    pub fn message_head(tokens: &'a [u32], prompt_bytes: usize) -> EngineTokens<'a> {
+        EngineTokens {
+            tokens,
+            prompt_bytes,
+            head_tokens: tokens.len(),
+        }
+    }
 }

@@ -531,10 +531,7 @@ fn a_live_engine_view_outranks_the_estimate() {
         .store(None, &engine_hashes, tokens, 16);
     let with_tokens = |tokens: &'static [u32], bytes: usize| {
         let mut r = req(&prompt);
-        r.engine_tokens = Some(EngineTokens {
-            tokens,
-            prompt_bytes: bytes,
-        });
+        r.engine_tokens = Some(EngineTokens::message_head(tokens, bytes));
         r
     };
     let d = s
@@ -604,10 +601,7 @@ fn past_a_head_the_engine_holds_whole_the_estimate_extends_the_match() {
     s.record("m", &first.hashes, &pods[1].handle);
     s.record("m", &first.hashes, &pods[2].handle);
     let mut r = req(&prompt);
-    r.engine_tokens = Some(EngineTokens {
-        tokens,
-        prompt_bytes: instruction.len(),
-    });
+    r.engine_tokens = Some(EngineTokens::message_head(tokens, instruction.len()));
     let d = s.schedule(r, pods.clone()).unwrap();
     let all = d.hashes.len();
     let head = d.engine[0].unwrap().blocks;

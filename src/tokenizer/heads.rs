@@ -285,6 +285,9 @@ pub struct HeadFound {
     pub tokens: Tokens,
     /// Bytes of the rendered prompt the tokens cover.
     pub prompt_bytes: usize,
+    /// The first of `tokens` that end at a message boundary: all of them for a message head;
+    /// for a cut head, those of the longest message head known before its message (0: none).
+    pub head_tokens: usize,
 }
 
 /// The head map and the queue to the background tokenizer.
@@ -541,10 +544,19 @@ impl HeadTokens {
     /// the last, and shorter than the last).
     fn known_of(&self, heads: &[Head], cuts: &[Head]) -> Option<HeadFound> {
         let (whole, before) = heads.split_last()?;
-        std::iter::once(whole)
-            .chain(cuts.iter().rev())
-            .chain(before.iter().rev())
-            .find_map(|h| self.shard(h.digest).read().heads.get(&h.digest).cloned())
+        let known = |h: &Head| self.shard(h.digest).read().heads.get(&h.digest).cloned();
+        let message_head = || before.iter().rev().find_map(known);
+        if let Some(found) = known(whole) {
+            return Some(found);
+        }
+        match cuts.iter().rev().find_map(known) {
+            Some(mut cut) => {
+                cut.head_tokens =
+                    message_head().map_or(0, |h| h.tokens.len().min(cut.tokens.len()));
+                Some(cut)
+            }
+            None => message_head(),
+        }
     }
 
     /// The port to ask on a pod serving at `address`.
@@ -703,11 +715,13 @@ impl HeadTokens {
                     .with_label_values(&[TOKENIZE_OK])
                     .inc();
                 self.metrics.tokenized_tokens.inc_by(tokens.len() as u64);
+                let head_tokens = tokens.len();
                 self.insert(
                     head.digest,
                     HeadFound {
                         tokens,
                         prompt_bytes: head.bytes,
+                        head_tokens,
                     },
                 );
                 true

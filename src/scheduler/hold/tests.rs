@@ -42,10 +42,7 @@ fn prompt() -> (String, Vec<u32>) {
 
 fn with_tokens<'a>(prompt: &'a str, tokens: &'a [u32]) -> RouteRequest<'a> {
     let mut r = req(prompt);
-    r.engine_tokens = Some(EngineTokens {
-        tokens,
-        prompt_bytes: prompt.len(),
-    });
+    r.engine_tokens = Some(EngineTokens::message_head(tokens, prompt.len()));
     r
 }
 
@@ -205,10 +202,7 @@ fn a_pod_that_stored_nothing_yet_awaits_at_the_pools_block_size() {
     fresh.set_live(true);
     Arc::get_mut(&mut pods[1]).unwrap().engine = Some(fresh);
     let (prompt, tokens) = prompt();
-    let head = Some(EngineTokens {
-        tokens: &tokens,
-        prompt_bytes: prompt.len(),
-    });
+    let head = Some(EngineTokens::message_head(&tokens, prompt.len()));
     let alone = matches(&pods[1..], head, prompt.len(), 10);
     assert_eq!(
         alone[0].unwrap().last_block,

@@ -92,6 +92,7 @@ fn a_miss_queues_its_heads_once_and_a_known_head_is_found() {
         HeadFound {
             tokens: Tokens::from(vec![1, 2, 3]),
             prompt_bytes: head.bytes,
+            head_tokens: 0,
         },
     );
     let other = chatml(&[("system", "tenant prompt"), ("user", "q2")]);
@@ -166,6 +167,7 @@ fn a_request_queues_only_the_head_its_successor_shares() {
         HeadFound {
             tokens: Tokens::from(vec![1, 2]),
             prompt_bytes: head.bytes,
+            head_tokens: 0,
         },
     );
     assert_eq!(turn(&[("system", "s"), ("user", "u9")]), None);
@@ -195,6 +197,7 @@ fn the_head_map_is_bounded() {
             HeadFound {
                 tokens: Tokens::from(vec![1]),
                 prompt_bytes: 1,
+                head_tokens: 0,
             },
         );
     }
@@ -211,6 +214,7 @@ fn the_head_map_holds_at_most_its_tokens() {
     let found = |n: usize| HeadFound {
         tokens: Tokens::from(vec![7; n]),
         prompt_bytes: n,
+        head_tokens: 0,
     };
     for d in 0..1000u64 {
         heads_map.insert(d, found(30));
@@ -469,6 +473,7 @@ fn a_document_inside_the_last_message_is_cut_and_asked_once_seen_twice() {
         HeadFound {
             tokens: Tokens::from(vec![7; 10]),
             prompt_bytes: cut.bytes,
+            head_tokens: 0,
         },
     );
     heads_map.done(&fill);
