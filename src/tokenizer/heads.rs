@@ -234,6 +234,13 @@ struct Fill {
     cut_check: u64,
 }
 
+/// The heads a request queues: the head before its last message, its whole prompt, a cut head;
+/// and the cut head's check ([`Fill::cut_check`]).
+struct Wanted {
+    heads: [Option<Head>; 3],
+    cut_check: u64,
+}
+
 /// A prefix of a rendered prompt whose engine tokens can be asked for: up to a message's end
 /// (a *message head*), or cut inside the last message's text at a stable cut
 /// ([`crate::prompt::stable_cut`]: a *cut head*).
@@ -362,15 +369,11 @@ impl HeadTokens {
             let kept = c.cut.unwrap_or(0);
             xxh3_64(&prompt.as_bytes()[c.bytes - kept..c.bytes])
         });
-        let queued = self.queue_fill(
-            model,
-            pod,
-            api,
-            body,
-            messages,
-            &[head, whole, cut],
+        let wanted = Wanted {
+            heads: [head, whole, cut],
             cut_check,
-        );
+        };
+        let queued = self.queue_fill(model, pod, api, body, messages, &wanted);
         match found {
             Some(found) => {
                 count(HeadOutcome::Hit);
@@ -488,9 +491,9 @@ impl HeadTokens {
         api: Api,
         body: &[u8],
         messages: usize,
-        heads: &[Option<Head>],
-        cut_check: u64,
+        wanted: &Wanted,
     ) -> bool {
+        let (heads, cut_check) = (&wanted.heads, wanted.cut_check);
         if heads.iter().all(Option::is_none) {
             return true;
         }
