@@ -1,8 +1,9 @@
 //! `prefix-bench`: the benchmark driver.
 //!
 //! - `suite [--quick]`: for each workload and router (Envoy round robin; Envoy + prefix-picker
-//!   with prefix-cache only, with Kthena's default plugins, with the shipped config, with the
-//!   shipped config reading the engines' KV events; the peer routers `bench/run` installed; the
+//!   with prefix-cache only, with Kthena's default plugins, with llm-d's default
+//!   `EndpointPickerConfig`, with the shipped config, with the shipped config reading the
+//!   engines' KV events; the peer routers `bench/run` installed; the
 //!   oracle), starts fresh model-sims, the picker and Envoy as processes, runs the workload
 //!   `--repeat` times (interleaved) and writes `suite.json` (every run, the skipped workloads),
 //!   `suite.md` (medians) and `suite-summary.md` (a line per workload, `prefix_bench::summary`).

@@ -1,5 +1,6 @@
 //! The suite's rows: the routers it compares, in report order (Envoy round robin;
-//! prefix-picker with prefix-cache alone, Kthena's plugins, the shipped config, the shipped
+//! prefix-picker with prefix-cache alone, Kthena's plugins, llm-d's default
+//! `EndpointPickerConfig`, the shipped config, the shipped
 //! config reading the engines' KV events, its fault rows (run only when `--routers` names them,
 //! [`selected`]), the ablation rows; Kthena's kvcache-aware; the peers `bench/run` installed; the
 //! oracles), each a name and a [`Setup`].
@@ -123,6 +124,30 @@ const LATENCY_SIGNALS: [&str; 4] = ["inflight", "engineQueue", "pace", "prefillF
 /// The scheduler section of the "prefix-cache only" rows.
 pub const PREFIX_ONLY: &str = "scheduler:\n  plugins:\n    Filter: {enabled: []}\n    Score:\n      enabled:\n      - {name: prefix-cache, weight: 1}\n";
 
+/// The `EndpointPickerConfig` row's name.
+pub const ENDPOINT_PICKER_ROW: &str = "prefix-picker: EndpointPickerConfig (llm-d defaults)";
+
+/// The `EndpointPickerConfig` row's document: llm-d's default profile, what llm-d runs when
+/// given no config (`pkg/epp/config/loader/defaults.go`: queue 2, KV-cache utilization 2,
+/// prefix cache 3 with its default parameters, max-score picker), written out. It stands where
+/// the other rows' `scheduler:` section does; the suite adds the endpoints and `picker:`.
+pub const ENDPOINT_PICKER_DEFAULTS: &str = "\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: queue-scorer, weight: 2}
+  - {pluginRef: kv-cache-utilization-scorer, weight: 2}
+  - {pluginRef: prefix-cache-scorer, weight: 3}
+  - {pluginRef: max-score-picker}
+";
+
 /// The routers of the suite, in report order. The peers run only when `bench/run` installed
 /// them (`SGLANG_ROUTER_PYTHON`, `VLLM_ROUTER_BIN`, `SMG_BIN`). The shipped-config rows take
 /// their routing from `config` (`suite --config`), else from the shipped config; the
@@ -166,6 +191,10 @@ pub fn routers_from(
         (
             "prefix-picker: Kthena default plugins".to_string(),
             Setup::envoy("envoy.yaml", Some(scheduler.clone())),
+        ),
+        (
+            ENDPOINT_PICKER_ROW.to_string(),
+            Setup::envoy("envoy.yaml", Some(ENDPOINT_PICKER_DEFAULTS.to_string())),
         ),
     ];
     if rows.affinity.is_some() || given {

@@ -40,16 +40,17 @@ fn benchmark_quick_suite_writes_a_report_where_the_shipped_config_beats_round_ro
         results.iter().map(|r| r.router.as_str()).collect();
     let workloads: std::collections::BTreeSet<&str> =
         results.iter().map(|r| r.workload.as_str()).collect();
-    // Round robin, prefix-cache only, Kthena, Kthena with kvcache-aware (kv-relay + Redis), the
-    // shipped config, the oracle and the load-capped oracle; one run each. Plus the engine-events
-    // rows (the `engine` and the `file` tokenizer).
+    // Round robin, prefix-cache only, Kthena, llm-d's default EndpointPickerConfig, Kthena with
+    // kvcache-aware (kv-relay + Redis), the shipped config, the oracle and the load-capped
+    // oracle; one run each. Plus the engine-events rows (the `engine` and the `file` tokenizer).
     let events = prefix_bench::report::SHIPPED_ENGINE_EVENTS;
     assert_eq!(
         routers.iter().filter(|r| !r.starts_with(events)).count(),
-        7,
+        8,
         "{routers:?}"
     );
     assert!(routers.contains(prefix_bench::report::KVCACHE_AWARE));
+    assert!(routers.contains(prefix_bench::rows::ENDPOINT_PICKER_ROW));
     assert_eq!(
         routers.iter().filter(|r| r.starts_with(events)).count(),
         2,

@@ -309,3 +309,55 @@ fn a_baseline_binary_doubles_the_shipped_rows_only() {
         );
     }
 }
+
+#[test]
+fn the_endpoint_picker_row_runs_llm_ds_default_profile_as_the_picker_parses_it() {
+    let rows = RowConfig {
+        path: "config.yaml".into(),
+        scheduler: PREFIX_ONLY.to_string(),
+        affinity: Some(serde_json::json!({"tentative": true})),
+    };
+    let routers = routers_from("scheduler: {kthena: true}\n".into(), &rows, false, false);
+    let names: Vec<&str> = routers.iter().map(|(n, _)| n.as_str()).collect();
+    let at = names
+        .iter()
+        .position(|n| *n == ENDPOINT_PICKER_ROW)
+        .unwrap();
+    // Beside Kthena's defaults and before the shipped config.
+    assert_eq!(names[at - 1], "prefix-picker: Kthena default plugins");
+    assert_eq!(names[at + 1], report::SHIPPED);
+    let Setup::Envoy {
+        file,
+        scheduler: Some(scheduler),
+        affinity: None,
+        events: None,
+        picker_bin: None,
+    } = &routers[at].1
+    else {
+        panic!("not a plain picker row: {:?}", routers[at].1);
+    };
+    assert_eq!(file, "envoy.yaml");
+    // The config the suite writes for it, as `prefix-picker serve --config` parses it.
+    let pods = sim_pods();
+    let text = picker_config::render(scheduler, &pods, None, None).unwrap();
+    let config = prefix_picker::config::Config::parse(&text).unwrap();
+    assert_eq!(
+        config.scheduler.epp,
+        Some(prefix_picker::scheduler::epp::EppProfile::llm_d_default())
+    );
+    assert!(config.scheduler.filters.is_empty() && config.scheduler.scorers.is_empty());
+    let endpoints: Vec<_> = config
+        .endpoints
+        .iter()
+        .map(|e| (e.name.as_str(), e.address))
+        .collect();
+    let expected: Vec<_> = pods.iter().map(|p| (p.name.as_str(), p.addr)).collect();
+    assert_eq!(endpoints, expected);
+    assert_eq!(config.picker.scrape_interval_seconds, 0.1);
+    assert!(config.picker.affinity.is_none());
+    // Selected by its own name only.
+    let only = |e: &str| vec![e.to_string()];
+    assert!(selected(ENDPOINT_PICKER_ROW, &only("EndpointPickerConfig")));
+    assert!(!selected(ENDPOINT_PICKER_ROW, &only("Kthena default")));
+    assert!(!selected(ENDPOINT_PICKER_ROW, &only("shipped config")));
+}
