@@ -12,7 +12,7 @@
 //! | --- | --- | --- |
 //! | core | `cached_tokens`, `decaying_sum`, `engine_view`, `event_stream`, `hashing`, `invariants`, `lenient_json`, `prefix_index`, `prompt`, `request`, `scheduler` | core |
 //! | leaves | `backoff`, `metrics`, `pod_id`, `tls` | core, leaves |
-//! | platform | `debug_access`, `discovery`, `endpoints`, `engine_events`, `kv_events`, `kvcache`, `pod_metrics`, `sessions`, `sync`, `tokenizer` | core, leaves, platform |
+//! | platform | `debug_access`, `discovery`, `endpoints`, `engine_events`, `flow_control`, `kv_events`, `kvcache`, `pod_metrics`, `sessions`, `sync`, `tokenizer` | core, leaves, platform |
 //! | config | `config` | core, leaves, platform |
 //! | routing | `routing` | core, leaves, platform, config, routing |
 //! | adapters | `admin`, `envoy` | core, leaves, platform, config, routing, adapters |
@@ -48,6 +48,8 @@ pub mod discovery; // Kubernetes discovery: pods as `endpoints::Update`s
 pub mod endpoints; // the pod set: identities, addresses, in-flight counts, engine stats
 #[cfg(feature = "sidecar")]
 pub mod engine_events; // KV-event subscribers feeding each pod's engine view
+#[cfg(feature = "sidecar")]
+pub mod flow_control; // flow control's config and its queue: bands, flows, fair dispatch order
 #[cfg(feature = "sidecar")]
 pub mod kv_events; // the engines' KV-cache events: decoding, and one pod's subscriber
 #[cfg(feature = "sidecar")]

@@ -1,0 +1,237 @@
+//! Flow control (`picker.flowControl`): when no candidate pod can take a request, the picker
+//! holds it in a bounded queue and dispatches it, with the pick made then, as soon as a pod
+//! can; across tenants fairly and by priority. docs/flow-control.md is the user's guide.
+//!
+//! ```yaml
+//! picker:
+//!   flowControl:
+//!     enabled: true            # default: on with the affinity mode, off without (Kthena's)
+//!     maxRequests: 5000        # requests queued, all bands together
+//!     maxBytes: 268435456      # their bodies' bytes
+//!     requestTtlSeconds: 30    # a request queued this long is refused (429)
+//!     retryAfterSeconds: 1     # the refusals' retry-after
+//!     halfLifeSeconds: 60      # a flow's service decays by half in this long (start-up only)
+//!     outputWeight: 2          # an output token weighs this many input tokens
+//!     expectedOutputTokens: 256  # charged at dispatch for a request without max_tokens
+//!     maxWaitSeconds: 1        # a pod with a free slot has room while its predicted wait is under this
+//!     maxInFlightPerPod: null  # a static slot count (else the latency model's learned concurrency)
+//!     messageTimeoutSeconds: 35  # override_message_timeout sent to Envoy when a request queues
+//!     defaultPriority: 0
+//!     priorities: {interactive: 10, batch: -1}   # x-gateway-inference-objective -> priority
+//! ```
+//!
+//! The queue itself ([`queue::FlowQueue`]) is pure; the router holds it
+//! (`crate::routing::flow`). A pod *has room* when its requests in flight are under the
+//! concurrency its engine runs ([`crate::scheduler::Scheduler::has_room`]); a request queues
+//! only when no candidate has room, or when others already queue (arrival order is kept).
+
+pub mod queue;
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+/// GIE's fairness header, and llm-d's spelling of it: the request's flow.
+pub const FAIRNESS_HEADERS: [&str; 2] = [
+    "x-gateway-inference-fairness-id",
+    "x-llm-d-inference-fairness-id",
+];
+/// GIE's objective header: its priority comes from `priorities`.
+pub const OBJECTIVE_HEADER: &str = "x-gateway-inference-objective";
+/// The header naming why the picker refused a request (GIE/llm-d's name).
+pub const DROPPED_REASON_HEADER: &str = "x-llm-d-request-dropped-reason";
+/// The flow of requests without a fairness header.
+pub const DEFAULT_FLOW: &str = "default";
+/// Longest fairness id kept (longer ones are cut).
+pub const MAX_FLOW_ID_BYTES: usize = 128;
+
+/// `picker.flowControl`, as written (see the module header).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct FlowControlConfig {
+    /// Unset: on with the affinity mode, off without ([`FlowControlConfig::resolve`]).
+    pub enabled: Option<bool>,
+    pub max_requests: usize,
+    pub max_bytes: usize,
+    pub request_ttl_seconds: f64,
+    pub retry_after_seconds: u32,
+    pub half_life_seconds: f64,
+    pub output_weight: f64,
+    pub expected_output_tokens: u32,
+    pub max_wait_seconds: f64,
+    pub max_in_flight_per_pod: Option<u32>,
+    pub message_timeout_seconds: f64,
+    pub default_priority: i32,
+    pub priorities: BTreeMap<String, i32>,
+    /// Whether flow control is on, once resolved against the mode (not a key).
+    #[serde(skip)]
+    pub active: bool,
+}
+
+impl Default for FlowControlConfig {
+    fn default() -> Self {
+        FlowControlConfig {
+            enabled: None,
+            max_requests: 5000,
+            max_bytes: 256 << 20,
+            request_ttl_seconds: 30.0,
+            retry_after_seconds: 1,
+            half_life_seconds: 60.0,
+            output_weight: 2.0,
+            expected_output_tokens: 256,
+            max_wait_seconds: 1.0,
+            max_in_flight_per_pod: None,
+            message_timeout_seconds: 35.0,
+            default_priority: 0,
+            priorities: BTreeMap::new(),
+            active: false,
+        }
+    }
+}
+
+impl FlowControlConfig {
+    /// Every problem with the section, each naming its key.
+    pub fn validate(&self) -> Vec<String> {
+        let mut errors = Vec::new();
+        let mut positive = |key: &str, v: f64| {
+            if !(v.is_finite() && v > 0.0) {
+                errors.push(format!("flowControl.{key} must be a number > 0, got {v}"));
+            }
+        };
+        positive("requestTtlSeconds", self.request_ttl_seconds);
+        positive("halfLifeSeconds", self.half_life_seconds);
+        if !(self.output_weight.is_finite() && self.output_weight >= 0.0) {
+            errors.push(format!(
+                "flowControl.outputWeight must be a number >= 0, got {}",
+                self.output_weight
+            ));
+        }
+        if !(self.max_wait_seconds.is_finite() && self.max_wait_seconds >= 0.0) {
+            errors.push(format!(
+                "flowControl.maxWaitSeconds must be a number >= 0, got {}",
+                self.max_wait_seconds
+            ));
+        }
+        if !(self.message_timeout_seconds.is_finite() && self.message_timeout_seconds >= 0.0) {
+            errors.push(format!(
+                "flowControl.messageTimeoutSeconds must be a number >= 0 (0: none sent), got {}",
+                self.message_timeout_seconds
+            ));
+        }
+        if self.max_requests == 0 {
+            errors.push("flowControl.maxRequests must be > 0, got 0".into());
+        }
+        if self.max_bytes == 0 {
+            errors.push("flowControl.maxBytes must be > 0, got 0".into());
+        }
+        if self.max_in_flight_per_pod == Some(0) {
+            errors.push("flowControl.maxInFlightPerPod must be > 0 (or null), got 0".into());
+        }
+        errors
+    }
+
+    /// A warning when the Envoy override outlives nothing the TTL needs, i.e. when a request
+    /// may stay queued longer than Envoy is told to wait for it.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        if self.active
+            && self.message_timeout_seconds > 0.0
+            && self.message_timeout_seconds < self.request_ttl_seconds
+        {
+            w.push(format!(
+                "flowControl.messageTimeoutSeconds ({}) is under requestTtlSeconds ({}): with a BUFFERED body mode, Envoy answers 504 to a request queued longer than the former",
+                self.message_timeout_seconds, self.request_ttl_seconds
+            ));
+        }
+        w
+    }
+
+    /// Resolves `enabled` against the mode: unset, on with the affinity mode.
+    pub fn resolve(&mut self, affinity: bool) {
+        self.active = self.enabled.unwrap_or(affinity);
+    }
+
+    /// The priority of an objective (`x-gateway-inference-objective`): its entry in
+    /// `priorities`, else `defaultPriority`.
+    pub fn priority(&self, objective: Option<&str>) -> i32 {
+        objective
+            .and_then(|o| self.priorities.get(o))
+            .copied()
+            .unwrap_or(self.default_priority)
+    }
+}
+
+/// The flow of a request: its fairness header's value (cut to [`MAX_FLOW_ID_BYTES`] at a
+/// character boundary), else [`DEFAULT_FLOW`].
+pub fn flow_id(header: Option<&str>) -> &str {
+    match header.map(str::trim).filter(|h| !h.is_empty()) {
+        None => DEFAULT_FLOW,
+        Some(h) if h.len() <= MAX_FLOW_ID_BYTES => h,
+        Some(h) => {
+            let mut end = MAX_FLOW_ID_BYTES;
+            while !h.is_char_boundary(end) {
+                end -= 1;
+            }
+            &h[..end]
+        }
+    }
+}
+
+/// Why a request left the queue without a dispatch (the reason header's value and the
+/// `reason` label of the drop counter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// The queue was at `maxRequests`.
+    QueueFull,
+    /// The queue was at `maxBytes` (or the request alone is over it).
+    BytesFull,
+    /// Queued for `requestTtlSeconds`.
+    Ttl,
+    /// Removed for a request of a higher priority (negative priorities only).
+    Displaced,
+    /// The client went away (Envoy closed the stream).
+    Cancelled,
+}
+
+impl DropReason {
+    pub const ALL: [DropReason; 5] = [
+        DropReason::QueueFull,
+        DropReason::BytesFull,
+        DropReason::Ttl,
+        DropReason::Displaced,
+        DropReason::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::QueueFull => "queue_full",
+            DropReason::BytesFull => "bytes_full",
+            DropReason::Ttl => "ttl_expired",
+            DropReason::Displaced => "displaced",
+            DropReason::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// How a queued request left for a pod (the `reason` label of the dispatch counter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DispatchReason {
+    /// A pod had room (a completion freed a slot, or the load fell).
+    Room,
+    /// The picker is shutting down: sent on without waiting for room (the engines queue it).
+    Drain,
+}
+
+impl DispatchReason {
+    pub const ALL: [DispatchReason; 2] = [DispatchReason::Room, DispatchReason::Drain];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DispatchReason::Room => "room",
+            DispatchReason::Drain => "drain",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
