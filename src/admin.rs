@@ -5,7 +5,8 @@
 //! completions; an Anthropic Messages body needs `api=messages`) takes a request body and returns the decision the picker would make, with every plugin's score
 //! per pod, without routing, recording or counting anything. The answer carries the request's
 //! id (the call's `x-request-id`, generated when absent) and the decision as the decision
-//! header and the access record would carry it (`decision`). The `/debug/*` routes are off
+//! header and the access record would carry it (`decision`), and whether flow control would
+//! hold it in its queue now (`would_queue`). The `/debug/*` routes are off
 //! unless enabled, and then guarded ([`access`]).
 
 use std::net::SocketAddr;
@@ -178,6 +179,9 @@ fn explained_json(path: &str, explained: &Explained, request_id: &str) -> Value 
         // PD mode: the prefill pod sent in x-prefiller-host-port (`pods` are the
         // decode pass's).
         "prefill": d.pd.as_ref().map(|pd| json!({"pod": pd.prefill.label, "address": pd.prefill.host})),
+        // Flow control would hold the request now (every candidate full, or others waiting):
+        // the pick above is what it would get once a pod has room.
+        "would_queue": explained.would_queue,
     })
 }
 

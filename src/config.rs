@@ -33,6 +33,8 @@
 //!   loadShedding: {queueDepth: 5, kvCacheUtilization: 0.8, retryAfterSeconds: 1}  # 429 when every
 //!                                 # pod is saturated (crate::scheduler::saturation); absent: off
 //!   sessions: {enabled: false}    # session affinity by a request header (sessions)
+//!   flowControl: {}               # hold requests while every pod is full (flow_control); on by
+//!                                 # default with the affinity mode
 //! sync: {redis: {url: ...}}       # optional index sharing through Redis (crate::sync::config)
 //! ```
 //! An `EndpointPickerConfig` (llm-d's, by `kind:`) is read instead of `scheduler:`, strictly
@@ -202,6 +204,7 @@ impl Config {
         config.apply_affinity(&mut errors);
         config.apply_load_shedding(&mut errors);
         config.check_lora_affinity(&mut errors);
+        config.apply_flow_control(&mut errors);
         config.picker.check_sections(&mut errors);
         config.load_tokenizer(&mut errors);
         config.check_kv_events(&mut errors);
@@ -354,6 +357,14 @@ impl Config {
             }
             Err(e) => errors.push(e),
         }
+    }
+
+    /// `picker.flowControl`: on by default with the affinity mode; its numbers checked.
+    fn apply_flow_control(&mut self, errors: &mut Vec<ConfigError>) {
+        let fc = &mut self.picker.flow_control;
+        fc.resolve(self.scheduler.affinity.is_some());
+        errors.extend(fc.validate().into_iter().map(ConfigError::Picker));
+        self.warnings.extend(fc.warnings());
     }
 
     /// `picker.tokenizer`: checked, then loaded (its file read) when the check passes.

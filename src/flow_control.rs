@@ -31,6 +31,8 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
+pub use crate::metrics::outcomes::{DispatchReason, DropReason};
+
 /// GIE's fairness header, and llm-d's spelling of it: the request's flow.
 pub const FAIRNESS_HEADERS: [&str; 2] = [
     "x-gateway-inference-fairness-id",
@@ -173,62 +175,6 @@ pub fn flow_id(header: Option<&str>) -> &str {
                 end -= 1;
             }
             &h[..end]
-        }
-    }
-}
-
-/// Why a request left the queue without a dispatch (the reason header's value and the
-/// `reason` label of the drop counter).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DropReason {
-    /// The queue was at `maxRequests`.
-    QueueFull,
-    /// The queue was at `maxBytes` (or the request alone is over it).
-    BytesFull,
-    /// Queued for `requestTtlSeconds`.
-    Ttl,
-    /// Removed for a request of a higher priority (negative priorities only).
-    Displaced,
-    /// The client went away (Envoy closed the stream).
-    Cancelled,
-}
-
-impl DropReason {
-    pub const ALL: [DropReason; 5] = [
-        DropReason::QueueFull,
-        DropReason::BytesFull,
-        DropReason::Ttl,
-        DropReason::Displaced,
-        DropReason::Cancelled,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DropReason::QueueFull => "queue_full",
-            DropReason::BytesFull => "bytes_full",
-            DropReason::Ttl => "ttl_expired",
-            DropReason::Displaced => "displaced",
-            DropReason::Cancelled => "cancelled",
-        }
-    }
-}
-
-/// How a queued request left for a pod (the `reason` label of the dispatch counter).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DispatchReason {
-    /// A pod had room (a completion freed a slot, or the load fell).
-    Room,
-    /// The picker is shutting down: sent on without waiting for room (the engines queue it).
-    Drain,
-}
-
-impl DispatchReason {
-    pub const ALL: [DispatchReason; 2] = [DispatchReason::Room, DispatchReason::Drain];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DispatchReason::Room => "room",
-            DispatchReason::Drain => "drain",
         }
     }
 }

@@ -252,6 +252,81 @@ pub struct RouterMetrics {
     pub engine: engine_truth::EngineTruthMetrics,
     /// kvcache-aware's lookups, Redis connection and GC.
     pub kvcache: kvcache::KvCacheMetrics,
+    /// Flow control's queue.
+    pub flow: FlowMetrics,
+}
+
+/// Flow control's metrics (`picker.flowControl`).
+#[derive(Debug, Clone)]
+pub struct FlowMetrics {
+    pub queued: IntGaugeVec,
+    pub queued_bytes: IntGauge,
+    pub wait: Histogram,
+    pub dispatches: IntCounterVec,
+    pub drops: IntCounterVec,
+    pub served_tokens: IntCounterVec,
+    /// The `flow` label's bound (the first flows by name, the rest `__other__`).
+    pub flows: model_labels::ModelLabels,
+}
+
+const FLOW_QUEUED: Family = Family::gauge(
+    "prefix_picker_flow_queue_requests",
+    "Flow control: requests held in the picker's queue, by priority band (bands \
+     that queued once stay, at 0)",
+    &[Free("priority")],
+);
+const FLOW_QUEUED_BYTES: Family = Family::gauge(
+    "prefix_picker_flow_queue_bytes",
+    "Flow control: the body bytes of the requests held in the queue",
+    &[],
+);
+const FLOW_WAIT: Family = Family::histogram(
+    "prefix_picker_flow_queued_seconds",
+    "Flow control: time a dispatched request spent in the queue",
+    &[],
+    &[
+        0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    ],
+);
+const FLOW_DISPATCHES: Family = Family::counter(
+    "prefix_picker_flow_dispatches_total",
+    "Flow control: queued requests sent to a pod, by reason",
+    &[Enum("reason", || {
+        outcomes::DispatchReason::ALL
+            .map(outcomes::DispatchReason::as_str)
+            .to_vec()
+    })],
+);
+const FLOW_DROPS: Family = Family::counter(
+    "prefix_picker_flow_drops_total",
+    "Flow control: requests refused by the queue or that left it unserved, by \
+     reason (cancelled: the client went away; the others were answered 429)",
+    &[Enum("reason", || {
+        outcomes::DropReason::ALL
+            .map(outcomes::DropReason::as_str)
+            .to_vec()
+    })],
+);
+const FLOW_SERVED_TOKENS: Family = Family::counter(
+    "prefix_picker_flow_served_tokens_total",
+    "Flow control: weighted tokens (prompt + outputWeight x expected output) \
+     charged to each flow by requests dispatched from the queue, the service its \
+     fairness compares (the first 256 flows by name, then __other__)",
+    &[Free("flow")],
+);
+
+impl FlowMetrics {
+    fn register(registry: &Registry) -> FlowMetrics {
+        FlowMetrics {
+            queued: FLOW_QUEUED.register(registry),
+            queued_bytes: FLOW_QUEUED_BYTES.register(registry),
+            wait: FLOW_WAIT.register(registry),
+            dispatches: FLOW_DISPATCHES.register(registry),
+            drops: FLOW_DROPS.register(registry),
+            served_tokens: FLOW_SERVED_TOKENS.register(registry),
+            flows: model_labels::ModelLabels::default(),
+        }
+    }
 }
 
 // The families of [`RouterMetrics`], a group at a time.
@@ -545,6 +620,7 @@ impl RouterMetrics {
                 &engine_truth::TokenizeErrorKind::ALL.map(engine_truth::TokenizeErrorKind::as_str),
             ),
             kvcache: kvcache::KvCacheMetrics::register(registry, models.clone()),
+            flow: FlowMetrics::register(registry),
         }
     }
 

@@ -3,7 +3,7 @@
 //!
 //! - Reloaded: the scheduler (`scheduler:` plugins, weights and args, `pdGroup:`) and the
 //!   picker keys that only steer decisions (`seed`, `maxEndpoints`, `affinity`,
-//!   `loadShedding`), built into a new scheduler generation over the same prefix index
+//!   `loadShedding`, `flowControl` but its `halfLifeSeconds`), built into a new scheduler generation over the same prefix index
 //!   ([`crate::routing::LiveScheduler`]), and the static `endpoints:` (an unchanged pod keeps
 //!   its entries, a removed one loses them as when a pod leaves).
 //! - A change of the block layout (block size or chain scheme) clears the index (logged).
@@ -83,6 +83,10 @@ fn start_up_keys(old: &Config, new: &Config) -> Vec<&'static str> {
         ("picker.kvEvents", o.kv_events != n.kv_events),
         ("picker.tokenizer", o.tokenizer != n.tokenizer),
         (
+            "picker.flowControl.halfLifeSeconds",
+            o.flow_control.half_life_seconds != n.flow_control.half_life_seconds,
+        ),
+        (
             "picker.allowTestEndpointSelection",
             o.allow_test_endpoint_selection != n.allow_test_endpoint_selection,
         ),
@@ -128,6 +132,10 @@ fn start_up_keys(old: &Config, new: &Config) -> Vec<&'static str> {
         max_endpoints: 0,
         affinity: None,
         load_shedding: None,
+        flow_control: crate::flow_control::FlowControlConfig {
+            half_life_seconds: p.flow_control.half_life_seconds,
+            ..Default::default()
+        },
         ..p.clone()
     };
     if keys.is_empty() && start_up_only(o) != start_up_only(n) {

@@ -262,6 +262,7 @@ fn start_background(
 ) -> anyhow::Result<Option<crate::sync::Sync>> {
     let generations_known = scrape_engines(config, router, registry, shutdown, tasks);
     expire_routes(router, shutdown, tasks);
+    dispatch_queued(router, shutdown, tasks);
     follow_engines(config, router, shutdown, tasks);
     start_kvcache(config, router, shutdown, tasks)?;
     let Some(sync) = &config.sync else {
@@ -590,6 +591,20 @@ fn follow_engines(
             Ok(())
         });
     }
+}
+
+/// Flow control's dispatcher ([`crate::routing::flow::run_dispatcher`]); on shutdown it sends
+/// every queued request on.
+fn dispatch_queued(
+    router: &Arc<Router>,
+    shutdown: &CancellationToken,
+    tasks: &mut JoinSet<anyhow::Result<()>>,
+) {
+    let (router, token) = (router.clone(), shutdown.clone());
+    tasks.spawn(async move {
+        crate::routing::flow::run_dispatcher(router, token).await;
+        Ok(())
+    });
 }
 
 /// Expires completions nobody observed (every second); samples how many still wait.

@@ -52,6 +52,9 @@ pub struct PickerConfig {
     /// Engine tokens of prompts (`picker.tokenizer`, [`crate::tokenizer::heads`]); absent:
     /// pods with events are matched by the estimate.
     pub tokenizer: Option<crate::tokenizer::heads::TokenizerSection>,
+    /// Flow control (`picker.flowControl`, [`crate::flow_control`]): on by default with the
+    /// affinity mode.
+    pub flow_control: crate::flow_control::FlowControlConfig,
 }
 
 /// `picker.loadShedding`, its errors naming the key (`loadShedding.queueDepth: invalid type`).
@@ -184,6 +187,7 @@ impl Default for PickerConfig {
             load_shedding: None,
             kv_events: crate::engine_events::KvEventsSection::default(),
             tokenizer: None,
+            flow_control: crate::flow_control::FlowControlConfig::default(),
         }
     }
 }

@@ -10,6 +10,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3 as ep;
 use ep::{ProcessingRequest, ProcessingResponse};
 use tonic::{Status, Streaming};
 
+use crate::routing::flow::{Hold, Released};
 use crate::scheduler::kvcache_aware::KvBlockOwners;
 
 pub type ReplyStream =
@@ -37,6 +38,21 @@ pub trait StreamHandler: Send + 'static {
     fn looked_up(&mut self, owners: Option<KvBlockOwners>) {
         let _ = owners;
     }
+    /// A request flow control queued while handling the last message: the driver sends that
+    /// message's replies, then awaits the hold (reading the stream meanwhile, so that a client
+    /// gone leaves the queue at once) and sends what [`StreamHandler::released`] makes of it.
+    fn take_hold(&mut self) -> Option<Hold> {
+        None
+    }
+    /// The replies to a held request's release (its pick, or its refusal).
+    fn released(&mut self, released: Released) -> Vec<ProcessingResponse> {
+        let _ = released;
+        Vec::new()
+    }
+    /// A held request dispatched as its stream ended: nobody will send it; end it.
+    fn abandoned(&mut self, released: Released) {
+        let _ = released;
+    }
 }
 
 /// A lookup the stream awaits before routing.
@@ -59,6 +75,8 @@ pub fn drive_stream<H: StreamHandler>(
         handler: Finishing(handler),
         queued: VecDeque::new(),
         ended: false,
+        hold: None,
+        stashed: VecDeque::new(),
     };
     Box::pin(futures_util::stream::unfold(driver, |mut d| async move {
         let reply = d.next_reply().await?;
@@ -74,6 +92,11 @@ struct Driver<H: StreamHandler> {
     queued: VecDeque<ProcessingResponse>,
     /// Nothing more to read: the handler is done, or Envoy ended the stream.
     ended: bool,
+    /// A request held by flow control, awaited once `queued` is sent.
+    hold: Option<Hold>,
+    /// Messages that arrived while a request was held (Envoy sends none for a held request;
+    /// kept for after the release, in order).
+    stashed: VecDeque<ProcessingRequest>,
 }
 
 impl<H: StreamHandler> Driver<H> {
@@ -84,12 +107,41 @@ impl<H: StreamHandler> Driver<H> {
             if let Some(reply) = self.queued.pop_front() {
                 return Some(reply);
             }
+            if let Some(hold) = &mut self.hold {
+                tokio::select! {
+                    released = hold.wait() => {
+                        self.hold = None;
+                        let handler = &mut self.handler.0;
+                        self.queued.extend(handler.released(released));
+                        self.ended = handler.done();
+                    }
+                    message = self.inbound.message() => match message {
+                        Ok(Some(m)) => self.stashed.push_back(m),
+                        _ => {
+                            // The client went away (Envoy closed the stream): out of the
+                            // queue now; a request dispatched meanwhile is ended as aborted.
+                            self.ended = true;
+                            if let Some(released) = self.hold.take().and_then(Hold::cancel) {
+                                self.handler.0.abandoned(released);
+                            }
+                            self.queued.clear();
+                        }
+                    },
+                }
+                continue;
+            }
             if self.ended {
                 return None;
             }
-            let Ok(Some(message)) = self.inbound.message().await else {
-                self.ended = true;
-                continue;
+            let message = match self.stashed.pop_front() {
+                Some(m) => m,
+                None => {
+                    let Ok(Some(message)) = self.inbound.message().await else {
+                        self.ended = true;
+                        continue;
+                    };
+                    message
+                }
             };
             let handler = &mut self.handler.0;
             if let Some(lookup) = handler.lookup(&message) {
@@ -97,6 +149,7 @@ impl<H: StreamHandler> Driver<H> {
                 handler.looked_up(owners);
             }
             self.queued.extend(handler.replies(message));
+            self.hold = handler.take_hold();
             self.ended = handler.done();
         }
     }

@@ -67,6 +67,8 @@ use super::wire::{
 use crate::cached_tokens::UsageScan;
 use crate::endpoints::AddressPattern;
 use crate::event_stream::EventScan;
+use crate::flow_control::{DROPPED_REASON_HEADER, FAIRNESS_HEADERS, OBJECTIVE_HEADER};
+use crate::routing::flow::{Admitted, FlowRequest, Hold, Released};
 use crate::routing::pending::Miss;
 use crate::routing::{Ending, RouteFailure, Routed, Router, Served, Ticket};
 use crate::scheduler::kvcache_aware::KvBlockOwners;
@@ -93,6 +95,32 @@ impl StreamHandler for StreamState {
             *slot = owners;
         }
     }
+
+    fn take_hold(&mut self) -> Option<Hold> {
+        self.hold.take()
+    }
+
+    fn released(&mut self, released: Released) -> Vec<ProcessingResponse> {
+        StreamState::released(self, released)
+    }
+
+    fn abandoned(&mut self, released: Released) {
+        self.held = None;
+        if let Released::Routed(routed) = released {
+            self.router.complete(routed.ticket, Ending::Aborted);
+        }
+    }
+}
+
+/// What a request held by flow control is answered with once released.
+#[derive(Debug, Default)]
+struct HeldReply {
+    /// It had a body (the pick then rides on the body reply, unless the headers were held).
+    has_body: bool,
+    /// FULL_DUPLEX: the body, sent back after the pick, and how it ended.
+    full_duplex: Option<(Vec<u8>, BodyEnd)>,
+    /// FULL_DUPLEX ended by request trailers: their reply follows the body.
+    trailers: bool,
 }
 
 /// Per-stream state.
@@ -143,6 +171,13 @@ pub(super) struct StreamState {
     first_body: Option<Instant>,
     /// kvcache-aware: the body length a lookup was made for, and its result.
     kv_lookup: Option<(usize, Option<KvBlockOwners>)>,
+    /// Flow control: the fairness header's value and the objective header's.
+    fairness_id: Option<String>,
+    objective: Option<String>,
+    /// Flow control queued the request: the hold for the driver to await, and what its reply
+    /// needs.
+    hold: Option<Hold>,
+    held: Option<HeldReply>,
 }
 
 /// Counts an open stream in `prefix_picker_inflight_streams` until dropped.
@@ -197,6 +232,10 @@ impl StreamState {
             decision_header: None,
             first_body: None,
             kv_lookup: None,
+            fairness_id: None,
+            objective: None,
+            hold: None,
+            held: None,
         }
     }
 
@@ -241,6 +280,13 @@ impl StreamState {
                 {
                     self.session = Some(value.into_owned());
                 }
+                // GIE's spelling wins over llm-d's when both are sent.
+                key if FAIRNESS_HEADERS.contains(&key)
+                    && (self.fairness_id.is_none() || key == FAIRNESS_HEADERS[0]) =>
+                {
+                    self.fairness_id = Some(value.into_owned());
+                }
+                OBJECTIVE_HEADER => self.objective = Some(value.into_owned()),
                 _ => {}
             }
         }
@@ -343,6 +389,10 @@ impl StreamState {
         if self.holding_headers {
             // FULL_DUPLEX body ended with trailers instead of end_of_stream.
             let mut replies = self.route_body(BodyEnd::Trailers);
+            if let Some(held) = &mut self.held {
+                held.trailers = true;
+                return replies;
+            }
             if !self.rejected {
                 replies.push(reply(Out::RequestTrailers(TrailersResponse::default())));
             }
@@ -401,26 +451,81 @@ impl StreamState {
         let body = std::mem::take(&mut self.body);
         let full_duplex = self.holding_headers;
         let mut replies = self.route_now(Some(&body));
+        if let Some(held) = &mut self.held {
+            if full_duplex {
+                held.full_duplex = Some((body, end));
+            }
+            return replies;
+        }
         if full_duplex && self.routed {
             replies.extend(body_chunks(body, end));
         }
         replies
     }
 
+    /// A held request's release: its pick (then, FULL_DUPLEX, its body back and the trailers'
+    /// reply), or its refusal.
+    fn released(&mut self, released: Released) -> Vec<ProcessingResponse> {
+        let held = self.held.take().unwrap_or_default();
+        match released {
+            Released::Routed(routed) => {
+                let mut replies = self.pick_reply(routed, held.has_body);
+                if let Some((body, end)) = held.full_duplex {
+                    replies.extend(body_chunks(body, end));
+                }
+                if held.trailers {
+                    replies.push(reply(Out::RequestTrailers(TrailersResponse::default())));
+                }
+                replies
+            }
+            Released::Refused(f) => vec![self.immediate(&f)],
+        }
+    }
+
     /// Routes and builds the reply that carries the pick (or the immediate error): the headers
     /// reply when they were held (FULL_DUPLEX) or the request has no body, else the body reply.
     fn route_now(&mut self, body: Option<&[u8]>) -> Vec<ProcessingResponse> {
         let routed = match self.route(body) {
-            Ok(r) => r,
+            Ok(Admitted::Routed(r)) => r,
+            Ok(Admitted::Held(hold)) => return self.hold(hold, body.is_some()),
             Err(f) => return vec![self.immediate(&f)],
         };
+        self.pick_reply(routed, body.is_some())
+    }
+
+    /// Flow control queued the request: the driver awaits `hold`. Envoy's timer for the
+    /// message being answered (`message_timeout`; FULL_DUPLEX_STREAMED has none) is replaced by
+    /// `override_message_timeout`, so that the hold does not end in Envoy's 504.
+    fn hold(&mut self, hold: Hold, has_body: bool) -> Vec<ProcessingResponse> {
+        let seconds = hold.message_timeout;
+        self.hold = Some(hold);
+        self.held = Some(HeldReply {
+            has_body,
+            ..HeldReply::default()
+        });
+        if seconds <= 0.0 || self.request_mode == Some(BodyMode::FullDuplex) {
+            return vec![];
+        }
+        vec![ProcessingResponse {
+            override_message_timeout: Some(envoy_types::pb::google::protobuf::Duration {
+                seconds: seconds.trunc() as i64,
+                nanos: (seconds.fract() * 1e9) as i32,
+            }),
+            ..ProcessingResponse::default()
+        }]
+    }
+
+    /// The reply that carries the pick: on the headers when they were held (FULL_DUPLEX) or
+    /// the request has no body, else on the body.
+    fn pick_reply(&mut self, routed: Routed, has_body: bool) -> Vec<ProcessingResponse> {
         let destination = destination(&routed.decision.ranked);
         let prefill = routed
             .decision
             .pd
             .as_ref()
             .map(|pd| pd.prefill.host.as_str());
-        let pick = routed.decision.pick_summary();
+        let mut pick = routed.decision.pick_summary();
+        pick.queued = routed.queued;
         self.log_pick(&routed, &destination, prefill, &pick);
         let decision = decision_value(&pick, self.request_id.as_deref().unwrap_or_default());
         if self.router.config.decision_header {
@@ -436,7 +541,7 @@ impl StreamState {
             clear_route_cache: true,
             ..CommonResponse::default()
         };
-        let response = if body.is_none() || self.holding_headers {
+        let response = if !has_body || self.holding_headers {
             self.holding_headers = false;
             Out::RequestHeaders(HeadersResponse {
                 response: Some(common),
@@ -460,21 +565,25 @@ impl StreamState {
     /// The router's decision for this request: its candidates narrowed by the subset hint (and
     /// the conformance header), its session, and kvcache-aware's owners when the lookup was made
     /// for this very body.
-    fn route(&mut self, body: Option<&[u8]>) -> Result<Routed, RouteFailure> {
-        let _decision = self.decision_span().entered();
+    fn route(&mut self, body: Option<&[u8]>) -> Result<Admitted, RouteFailure> {
+        let span = self.decision_span();
+        let _decision = span.enter();
         let restrict = self.restriction()?;
         let kv = self
             .kv_lookup
             .take()
             .filter(|(len, _)| Some(*len) == body.map(<[u8]>::len))
             .and_then(|(_, owners)| owners);
-        self.router.route_looked_up(
-            &self.path,
+        self.router.route_flow(FlowRequest {
+            path: &self.path,
             body,
-            restrict.as_deref(),
-            self.session.as_deref().map(str::as_bytes),
-            kv.as_ref(),
-        )
+            restrict: restrict.as_deref(),
+            session: self.session.as_deref().map(str::as_bytes),
+            kv: kv.as_ref(),
+            flow: self.fairness_id.as_deref(),
+            objective: self.objective.as_deref(),
+            span: Some(&span),
+        })
     }
 
     /// The span every `--v 4` score and prediction line of this request's decision is written
@@ -706,6 +815,9 @@ impl StreamState {
         }
         if let Some(seconds) = failure.retry_after {
             set_headers.push(set_header("retry-after", &seconds.to_string()));
+        }
+        if let Some(reason) = failure.dropped_reason {
+            set_headers.push(set_header(DROPPED_REASON_HEADER, reason));
         }
         reply(Out::ImmediateResponse(ImmediateResponse {
             status: Some(HttpStatus {

@@ -1,4 +1,5 @@
-//! How routes, decision-time records, sessions and access-log entries ended: the label enums of
+//! How routes, decision-time records, sessions, access-log entries and flow control's queued
+//! requests ended: the label enums of
 //! the router's outcome families (`as_str()` is the label). They live with the metrics, which know
 //! no routing or Envoy type, and are re-exported where the outcome is decided
 //! (`routing::completion`, `sessions`, `envoy::access_log`).
@@ -154,6 +155,62 @@ impl Claim {
             Claim::OtherReplica => "other_replica",
             Claim::NoClientCert => "no_client_cert",
             Claim::Claimed => "claimed",
+        }
+    }
+}
+
+/// Why a request left the queue without a dispatch (the reason header's value and the
+/// `reason` label of the drop counter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// The queue was at `maxRequests`.
+    QueueFull,
+    /// The queue was at `maxBytes` (or the request alone is over it).
+    BytesFull,
+    /// Queued for `requestTtlSeconds`.
+    Ttl,
+    /// Removed for a request of a higher priority (negative priorities only).
+    Displaced,
+    /// The client went away (Envoy closed the stream).
+    Cancelled,
+}
+
+impl DropReason {
+    pub const ALL: [DropReason; 5] = [
+        DropReason::QueueFull,
+        DropReason::BytesFull,
+        DropReason::Ttl,
+        DropReason::Displaced,
+        DropReason::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::QueueFull => "queue_full",
+            DropReason::BytesFull => "bytes_full",
+            DropReason::Ttl => "ttl_expired",
+            DropReason::Displaced => "displaced",
+            DropReason::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// How a queued request left for a pod (the `reason` label of the dispatch counter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DispatchReason {
+    /// A pod had room (a completion freed a slot, or the load fell).
+    Room,
+    /// The picker is shutting down: sent on without waiting for room (the engines queue it).
+    Drain,
+}
+
+impl DispatchReason {
+    pub const ALL: [DispatchReason; 2] = [DispatchReason::Room, DispatchReason::Drain];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DispatchReason::Room => "room",
+            DispatchReason::Drain => "drain",
         }
     }
 }

@@ -248,6 +248,8 @@ impl Router {
     /// so the prefix never looks unheld), moved, or rolled back.
     pub fn complete(&self, ticket: Ticket, ending: Ending) {
         complete(self, ticket, ending);
+        // Its in-flight count is released: a queued request may go now.
+        self.flow.slot_freed();
     }
 
     /// Drops the pending routes whose deadline is not after `now` (their in-flight counts and
@@ -268,6 +270,9 @@ impl Router {
                 .inc_by(expired.tentative as u64);
         }
         count_engine_holds(self, &holds);
+        if expired.routes > 0 {
+            self.flow.slot_freed();
+        }
         expired
     }
 }

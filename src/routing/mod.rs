@@ -13,6 +13,7 @@
 //! ([`crate::scheduler::pd`]): the decision's `pd` names the prefill pod the adapter sends on.
 
 pub mod completion;
+pub mod flow;
 pub mod live;
 pub mod pending;
 mod replicas;
@@ -54,6 +55,8 @@ pub struct RouteFailure {
     pub message: String,
     /// Seconds for a `retry-after` header (a shed request).
     pub retry_after: Option<u32>,
+    /// Why flow control refused it (the `x-llm-d-request-dropped-reason` header).
+    pub dropped_reason: Option<&'static str>,
 }
 
 impl RouteFailure {
@@ -63,6 +66,7 @@ impl RouteFailure {
             kind,
             message: message.into(),
             retry_after: None,
+            dropped_reason: None,
         }
     }
 
@@ -119,6 +123,8 @@ impl From<PickError> for RouteFailure {
 pub struct Routed {
     pub decision: Decision<Arc<Endpoint>>,
     pub ticket: Ticket,
+    /// Time it waited in flow control's queue before the pick (zero when it did not queue).
+    pub queued: Duration,
 }
 
 /// What [`Router::route`] would decide (nothing counted, held or committed).
@@ -126,6 +132,9 @@ pub struct Routed {
 pub struct Explained {
     pub model: String,
     pub decision: Decision<Arc<Endpoint>>,
+    /// Flow control would queue the request now (every candidate full, or others queued): the
+    /// decision is the one a pod with room would get.
+    pub would_queue: bool,
 }
 
 /// Where a record comes from.
@@ -157,6 +166,8 @@ pub struct Router {
     pub heads: Option<Arc<HeadTokens>>,
     /// kvcache-aware's lookup, set at start-up when the config enables the plugin.
     pub kv_lookup: OnceLock<Arc<KvLookup>>,
+    /// Flow control's gate and queue ([`flow`]).
+    pub flow: flow::FlowGate,
     sink: OnceLock<Arc<dyn RecordSink>>,
 }
 
@@ -182,6 +193,7 @@ impl Router {
             .clone()
             .map(|t| Arc::new(HeadTokens::new(t, metrics.engine.clone())));
         Router {
+            flow: flow::FlowGate::new(picker.flow_control.half_life_seconds, metrics.flow.clone()),
             scheduler,
             endpoints,
             heads,
@@ -378,12 +390,39 @@ impl Router {
         session: Option<&[u8]>,
         kv_blocks: Option<&KvBlockOwners>,
     ) -> Result<Routed, RouteFailure> {
+        let routed = self.route_inner(path, body, restrict, session, kv_blocks, |_, _, _, _| {
+            flow::Gate::Pass
+        });
+        Ok(routed?.expect("no gate"))
+    }
+
+    /// [`Router::route_looked_up`] behind a gate: `gate(generation, model, prompt bytes,
+    /// candidates)` is asked for an inference request that load shedding let through, before
+    /// the pick; [`flow::Gate::Hold`] stops there (`Ok(None)`: nothing decided, counted or
+    /// held), [`flow::Gate::Only`] narrows the candidates.
+    fn route_inner(
+        &self,
+        path: &str,
+        body: Option<&[u8]>,
+        restrict: Option<&[AddressPattern]>,
+        session: Option<&[u8]>,
+        kv_blocks: Option<&KvBlockOwners>,
+        gate: impl FnOnce(&Generation, &str, usize, &[Arc<Endpoint>]) -> flow::Gate,
+    ) -> Result<Option<Routed>, RouteFailure> {
         let live = self.scheduler.load();
         let parsed = Parsed::new(path, body, live.scheduler.config().rendering())?;
-        let (mut request, candidates) = self.prepare(&parsed, restrict)?;
+        let (mut request, mut candidates) = self.prepare(&parsed, restrict)?;
         if let Some(refused) = Router::shed(&live, &parsed, &candidates) {
             self.metrics.shed.inc();
             return Err(refused);
+        }
+        if parsed.request.is_some() {
+            let prompt_bytes = request.prompt.map_or(0, str::len);
+            match gate(&live, request.model, prompt_bytes, &candidates) {
+                flow::Gate::Pass => {}
+                flow::Gate::Hold => return Ok(None),
+                flow::Gate::Only(pods) => candidates = pods,
+            }
         }
         request.kv_blocks = kv_blocks;
         let session = self.session_pod(session, &candidates);
@@ -417,7 +456,11 @@ impl Router {
         }
         ticket.event_stream =
             parsed.api == Some(Api::Messages) && parsed.request.as_ref().is_some_and(|r| r.stream);
-        Ok(Routed { decision, ticket })
+        Ok(Some(Routed {
+            decision,
+            ticket,
+            queued: Duration::ZERO,
+        }))
     }
 
     /// Counts where a request of a session went and makes the pick the session's pod.
@@ -502,6 +545,7 @@ impl Router {
         if let Some(refused) = Router::shed(&live, &parsed, &candidates) {
             return Err(refused);
         }
+        let would_queue = parsed.request.is_some() && self.would_queue(&live, &candidates);
         request.kv_blocks = kv_blocks;
         let model = request.model.to_string();
         let head = self.engine_tokens(path, None, &request, &candidates, &live);
@@ -512,7 +556,11 @@ impl Router {
         });
         let decision =
             Router::decide(&live.scheduler, request, candidates, false).map_err(PickError::from)?;
-        Ok(Explained { model, decision })
+        Ok(Explained {
+            model,
+            decision,
+            would_queue,
+        })
     }
 
     /// The scheduler's decision, as a PD pair when `pdGroup` is set; `routed` = false: a dry

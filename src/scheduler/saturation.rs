@@ -14,7 +14,102 @@
 
 use std::time::Duration;
 
-use super::Candidate;
+use super::latency::{PodTiming, Pool, Signals};
+use super::{Candidate, Scheduler};
+
+/// Flow control's measure of room (`picker.flowControl`): a pod can take a request now when its
+/// requests in flight are under the concurrency the latency model learned for its engine (a pod
+/// that learned none borrows the least its fellow candidates learned; none anywhere: room), its
+/// predicted wait for a slot is at most `max_wait` seconds (an engine queue the last scrape
+/// showed, drained at the pod's pace), and, when set, its in-flight count is under
+/// `max_inflight`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RoomLimits {
+    pub max_wait: f64,
+    pub max_inflight: Option<u32>,
+}
+
+impl Scheduler {
+    /// The candidates that have room by [`RoomLimits`] (their positions).
+    pub fn with_room<C: Candidate>(&self, candidates: &[C], limits: RoomLimits) -> Vec<usize> {
+        let mut pool = self.room_pool();
+        pool.concurrency = candidates
+            .iter()
+            .filter_map(|c| c.timing().and_then(PodTiming::concurrency))
+            .reduce(f64::min);
+        candidates
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| {
+                let under = limits
+                    .max_inflight
+                    .is_none_or(|max| c.inflight() < i64::from(max));
+                under
+                    && c.timing()
+                        .is_none_or(|t| pod_room(*c, t, pool, limits.max_wait))
+            })
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    fn room_pool(&self) -> Pool {
+        let signals = self.affinity().map_or(Signals::ALL, |a| a.latency_signals);
+        Pool {
+            concurrency: None,
+            service: self.counters.prefill.service(),
+            signals,
+        }
+    }
+
+    /// Whether some candidate has room by [`RoomLimits`] (none when there are no candidates);
+    /// stops at the first that has. Lock-free: atomic reads of each pod's counts.
+    pub fn has_room<C: Candidate>(&self, candidates: &[C], limits: RoomLimits) -> bool {
+        let mut pool = self.room_pool();
+        let under = |c: &C| {
+            limits
+                .max_inflight
+                .is_none_or(|max| c.inflight() < i64::from(max))
+        };
+        let (mut learned, mut unlearned) = (None::<f64>, false);
+        for c in candidates {
+            let Some(t) = c.timing() else {
+                if under(c) {
+                    return true;
+                }
+                continue;
+            };
+            match t.concurrency() {
+                Some(k) => {
+                    learned = Some(learned.map_or(k, |l: f64| l.min(k)));
+                    if under(c) && pod_room(c, t, pool, limits.max_wait) {
+                        return true;
+                    }
+                }
+                None => unlearned = true,
+            }
+        }
+        if !unlearned {
+            return false;
+        }
+        pool.concurrency = learned;
+        candidates.iter().any(|c| {
+            c.timing().is_some_and(|t| {
+                t.concurrency().is_none() && under(c) && pod_room(c, t, pool, limits.max_wait)
+            })
+        })
+    }
+}
+
+/// One pod's room: a free slot and a predicted wait of at most `max_wait`.
+fn pod_room<C: Candidate>(c: &C, t: &PodTiming, pool: Pool, max_wait: f64) -> bool {
+    let inflight = c.inflight();
+    if !t.has_slot(inflight, pool) {
+        return false;
+    }
+    let waiting = c.waiting();
+    let age = if waiting > 0.0 { c.stats_age() } else { None };
+    t.wait(inflight, waiting, age, pool) <= max_wait
+}
 
 /// When a pod counts as saturated (validated: every number in range).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -107,6 +202,7 @@ mod tests {
     use crate::prefix_index::PodSlot;
     use crate::scheduler::EngineStats;
     use crate::scheduler::affinity::RecentPicks;
+    use crate::scheduler::latency::PodTiming;
 
     #[derive(Debug, Default)]
     struct Pod {
@@ -241,6 +337,93 @@ mod tests {
         );
         assert_eq!(on.shed(&saturated).map(|s| s.candidates()), Some(2));
         assert_eq!(on.shed(&saturated[..1]).map(|s| s.queue), Some(1));
+    }
+
+    /// A pod with the latency model's timing, for flow control's room.
+    #[derive(Default)]
+    struct Timed {
+        inflight: i64,
+        waiting: f64,
+        timing: PodTiming,
+        recent: RecentPicks,
+    }
+
+    impl Candidate for Timed {
+        fn slot(&self) -> PodSlot {
+            PodSlot(0)
+        }
+        fn inflight(&self) -> i64 {
+            self.inflight
+        }
+        fn stats(&self) -> EngineStats {
+            EngineStats {
+                waiting: self.waiting,
+                ..EngineStats::default()
+            }
+        }
+        fn stats_age(&self) -> Option<Duration> {
+            Some(Duration::ZERO)
+        }
+        fn timing(&self) -> Option<&PodTiming> {
+            Some(&self.timing)
+        }
+        fn recent(&self) -> &RecentPicks {
+            &self.recent
+        }
+        fn rendezvous(&self) -> u64 {
+            0
+        }
+        fn label(&self) -> &str {
+            "default/timed"
+        }
+    }
+
+    /// A pod with `inflight` requests whose engine showed `concurrency` running with a queue
+    /// (None: never showed one).
+    fn timed(inflight: i64, concurrency: Option<f64>) -> Timed {
+        let t = Timed {
+            inflight,
+            ..Timed::default()
+        };
+        if let Some(c) = concurrency {
+            t.timing.observe_engine(c, 1.0, 0.0);
+        }
+        t
+    }
+
+    #[test]
+    fn room_is_in_flight_under_the_learned_concurrency() {
+        use crate::scheduler::Scheduler;
+        use crate::scheduler::config::SchedulerConfig;
+        let s = Scheduler::new(SchedulerConfig::default(), 5, 0);
+        let limits = RoomLimits {
+            max_wait: 1.0,
+            max_inflight: None,
+        };
+        // Nothing learned anywhere: room (nothing is known to be full).
+        assert!(s.has_room(&[timed(50, None)], limits));
+        // Two slots each, both full: none; one frees: room.
+        let full = [timed(2, Some(2.0)), timed(2, Some(2.0))];
+        assert!(!s.has_room(&full, limits));
+        assert!(s.has_room(&[timed(2, Some(2.0)), timed(1, Some(2.0))], limits));
+        // A pod that learned nothing borrows the least learned: full at 4 as well.
+        assert!(!s.has_room(&[timed(4, Some(4.0)), timed(4, None)], limits));
+        assert!(s.has_room(&[timed(4, Some(4.0)), timed(3, None)], limits));
+        let mixed = [timed(3, Some(4.0)), timed(2, None), timed(1, Some(2.0))];
+        assert_eq!(s.with_room(&mixed, limits), [0, 2]);
+        // No candidates: no room.
+        assert!(!s.has_room::<Timed>(&[], limits));
+        // A static limit applies on top.
+        let capped = RoomLimits {
+            max_inflight: Some(1),
+            ..limits
+        };
+        assert!(!s.has_room(&[timed(1, None)], capped));
+        assert!(s.has_room(&[timed(0, None)], capped));
+        // A free slot behind an engine queue (other clients') predicted over max_wait: none.
+        let mut queued = timed(0, Some(2.0));
+        queued.waiting = 10.0;
+        assert!(!s.has_room(std::slice::from_ref(&queued), limits));
     }
 
     #[test]
