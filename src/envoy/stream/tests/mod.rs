@@ -4,6 +4,7 @@
 mod body_modes;
 mod decision;
 mod failures;
+mod flow;
 mod metadata;
 mod observer;
 mod pd;
