@@ -10,6 +10,7 @@ mod endpoint_picker;
 mod engine_truth;
 mod engine_truth_faults;
 mod failures;
+mod flow_control;
 mod gie;
 mod health;
 mod kvcache_aware;
