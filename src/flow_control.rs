@@ -31,7 +31,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-pub use crate::metrics::outcomes::{DispatchReason, DropReason};
+pub use crate::metrics::outcomes::{DEFAULT_FLOW, DispatchReason, DropReason};
 
 /// GIE's fairness header, and llm-d's spelling of it: the request's flow.
 pub const FAIRNESS_HEADERS: [&str; 2] = [
@@ -42,8 +42,6 @@ pub const FAIRNESS_HEADERS: [&str; 2] = [
 pub const OBJECTIVE_HEADER: &str = "x-gateway-inference-objective";
 /// The header naming why the picker refused a request (GIE/llm-d's name).
 pub const DROPPED_REASON_HEADER: &str = "x-llm-d-request-dropped-reason";
-/// The flow of requests without a fairness header.
-pub const DEFAULT_FLOW: &str = "default";
 /// Longest fairness id kept (longer ones are cut).
 pub const MAX_FLOW_ID_BYTES: usize = 128;
 

@@ -317,7 +317,7 @@ const FLOW_SERVED_TOKENS: Family = Family::counter(
 
 impl FlowMetrics {
     fn register(registry: &Registry) -> FlowMetrics {
-        FlowMetrics {
+        let m = FlowMetrics {
             queued: FLOW_QUEUED.register(registry),
             queued_bytes: FLOW_QUEUED_BYTES.register(registry),
             wait: FLOW_WAIT.register(registry),
@@ -325,7 +325,12 @@ impl FlowMetrics {
             drops: FLOW_DROPS.register(registry),
             served_tokens: FLOW_SERVED_TOKENS.register(registry),
             flows: model_labels::ModelLabels::default(),
-        }
+        };
+        // The default band and flow exist at 0 from the start (a dashboard reads them before
+        // anything queued).
+        m.queued.with_label_values(&["0"]);
+        m.served_tokens.with_label_values(&[outcomes::DEFAULT_FLOW]);
+        m
     }
 }
 

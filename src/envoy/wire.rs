@@ -203,7 +203,7 @@ fn namespace(namespace: &str, fields: HashMap<String, Value>) -> Struct {
 
 /// The decision as one line: `pod=<namespace/name>; reason=<label>; matched_tokens=<n>;
 /// uncached_tokens=<n>; queued_ms=<n>; request_id=<id>`. The token fields are the affinity
-/// mode's estimates (absent in Kthena mode); `queued_ms` is 0 (the picker has no queue);
+/// mode's estimates (absent in Kthena mode); `queued_ms` is the time in flow control's queue (0 when it did not queue);
 /// `request_id` comes last and runs to the end of the value (it is the client's, when it sent
 /// one).
 pub fn decision_value(pick: &PickSummary, request_id: &str) -> String {

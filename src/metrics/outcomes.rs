@@ -214,3 +214,7 @@ impl DispatchReason {
         }
     }
 }
+
+/// The flow of requests without a fairness header (the `flow` label of flow control's served
+/// tokens).
+pub const DEFAULT_FLOW: &str = "default";

@@ -334,8 +334,8 @@ pub struct PickSummary {
     pub matched_tokens: Option<u64>,
     /// Affinity mode: prompt tokens the pod is predicted to prefill.
     pub uncached_tokens: Option<u64>,
-    /// Time the request waited in the picker before the decision: always zero (the picker has
-    /// no queue; flow control would fill it).
+    /// Time the request waited in flow control's queue before the decision (zero here: the
+    /// router sets it for a queued request).
     pub queued: Duration,
 }
 
