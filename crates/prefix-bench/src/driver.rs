@@ -52,6 +52,18 @@ pub struct Sample {
     /// [`answer`] says.
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
+    /// The request's tenant ([`super::workload::TENANT_HEADER`]), when it named one.
+    #[serde(default)]
+    pub tenant: Option<String>,
+}
+
+/// What one tenant's requests saw in a run ([`super::workload::noisy_neighbour`]).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct TenantResult {
+    pub requests: usize,
+    pub errors: usize,
+    pub requests_per_s: f64,
+    pub ttft_ms: Percentiles,
 }
 
 /// Percentiles in milliseconds.
@@ -113,6 +125,9 @@ pub struct RunResult {
     /// The engines' `usage.prompt_tokens` over the run's answers.
     #[serde(default)]
     pub prompt_tokens: u64,
+    /// Per tenant, when the workload's requests name theirs.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tenants: BTreeMap<String, TenantResult>,
     /// Every request's measurements, in completion order (`suite --samples` writes them).
     #[serde(skip)]
     pub samples: Vec<Sample>,
@@ -256,6 +271,21 @@ async fn mid_run_actions(
 }
 
 async fn one(client: &reqwest::Client, base: &str, r: &BenchRequest, t0: Instant) -> Sample {
+    let mut s = one_request(client, base, r, t0).await;
+    s.tenant = r
+        .headers
+        .iter()
+        .find(|(name, _)| *name == super::workload::TENANT_HEADER)
+        .map(|(_, v)| v.clone());
+    s
+}
+
+async fn one_request(
+    client: &reqwest::Client,
+    base: &str,
+    r: &BenchRequest,
+    t0: Instant,
+) -> Sample {
     let start = Instant::now();
     let mut request = client.post(format!("{base}{}", r.path)).json(&r.body);
     for (name, value) in &r.headers {
@@ -304,6 +334,7 @@ async fn one(client: &reqwest::Client, base: &str, r: &BenchRequest, t0: Instant
         start: start.duration_since(t0).as_secs_f64(),
         prompt_tokens: answer.prompt_tokens,
         cached_tokens: answer.cached_tokens,
+        tenant: None,
     }
 }
 
@@ -605,10 +636,33 @@ impl RunResult {
                     .filter_map(|s| Some((s.group?, s.served_by.as_str()))),
             ),
             prompt_tokens: ok.iter().map(|s| s.prompt_tokens).sum(),
+            tenants: tenants(&samples, duration),
             samples,
             ..RunResult::default()
         }
     }
+}
+
+/// [`RunResult::tenants`] of a run's samples.
+fn tenants(samples: &[Sample], duration: f64) -> BTreeMap<String, TenantResult> {
+    let mut by: BTreeMap<String, Vec<&Sample>> = BTreeMap::new();
+    for s in samples {
+        if let Some(t) = &s.tenant {
+            by.entry(t.clone()).or_default().push(s);
+        }
+    }
+    by.into_iter()
+        .map(|(t, all)| {
+            let ok: Vec<f64> = all.iter().filter(|s| s.ok).map(|s| s.ttft).collect();
+            let result = TenantResult {
+                requests: all.len(),
+                errors: all.len() - ok.len(),
+                requests_per_s: ok.len() as f64 / duration.max(1e-9),
+                ttft_ms: Percentiles::of(ok),
+            };
+            (t, result)
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -3,9 +3,10 @@
 //! (`--repeat`), the tables show the median of each column over its runs (and the hit rate's
 //! range); rows named `ablation: ...` go to their own tables, beside the shipped config's row.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use super::driver::{Percentiles, RunResult};
+use super::driver::{Percentiles, RunResult, TenantResult};
 use super::probe::TokenizeWork;
 
 /// The prefix of ablation rows' router names.
@@ -96,6 +97,7 @@ pub fn rows(results: &[RunResult]) -> Vec<Row> {
                         tokens: m(|r| r.tokenize.unwrap_or_default().tokens),
                     }),
                     prompt_tokens: m(|r| r.prompt_tokens as f64).round() as u64,
+                    tenants: median_tenants(&runs),
                     samples: Vec::new(),
                 },
                 runs: runs.len(),
@@ -104,6 +106,58 @@ pub fn rows(results: &[RunResult]) -> Vec<Row> {
             }
         })
         .collect()
+}
+
+/// Each tenant's results, the median over `runs` of each column.
+fn median_tenants(runs: &[&RunResult]) -> BTreeMap<String, TenantResult> {
+    let names: std::collections::BTreeSet<&String> =
+        runs.iter().flat_map(|r| r.tenants.keys()).collect();
+    names
+        .into_iter()
+        .map(|t| {
+            let of: Vec<&TenantResult> = runs.iter().filter_map(|r| r.tenants.get(t)).collect();
+            let m = |f: fn(&TenantResult) -> f64| median(of.iter().map(|r| f(r)).collect());
+            let result = TenantResult {
+                requests: of[0].requests,
+                errors: m(|r| r.errors as f64).round() as usize,
+                requests_per_s: m(|r| r.requests_per_s),
+                ttft_ms: Percentiles {
+                    p50: m(|r| r.ttft_ms.p50),
+                    p90: m(|r| r.ttft_ms.p90),
+                    p99: m(|r| r.ttft_ms.p99),
+                },
+            };
+            (t.clone(), result)
+        })
+        .collect()
+}
+
+/// Per tenant, when the rows' workload names tenants: each router's TTFT and throughput per
+/// tenant.
+fn tenant_table(out: &mut String, rows: &[&Row]) {
+    if rows.iter().all(|r| r.median.tenants.is_empty()) {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\n| router | tenant | TTFT p50 / p90 / p99 (ms) | req/s | requests | errors |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|");
+    for row in rows {
+        for (t, r) in &row.median.tenants {
+            let _ = writeln!(
+                out,
+                "| {} | {t} | {:.0} / {:.0} / {:.0} | {:.2} | {} | {} |",
+                row.median.router.strip_prefix(ABLATION).unwrap_or(&row.median.router),
+                r.ttft_ms.p50,
+                r.ttft_ms.p90,
+                r.ttft_ms.p99,
+                r.requests_per_s,
+                r.requests,
+                r.errors
+            );
+        }
+    }
 }
 
 fn table(out: &mut String, title: &str, rows: &[&Row]) {
@@ -172,6 +226,7 @@ pub fn markdown(results: &[RunResult]) -> String {
             .filter(|r| r.median.workload == *w && !r.median.router.starts_with(ABLATION))
             .collect();
         table(&mut out, w, &main);
+        tenant_table(&mut out, &main);
     }
     let mut header = false;
     for w in &workloads {

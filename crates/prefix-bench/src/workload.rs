@@ -19,6 +19,8 @@
 //!   `few-shot`, `tool-result`).
 //! - [`restarts`]: when each engine restarts in the `engine-restarts` workload (one at a time,
 //!   evenly through the run).
+//! - [`noisy_neighbour`]: tenants of many and few closed-loop clients sharing a pool, each
+//!   request naming its tenant (GIE's fairness header; the driver reports TTFT per tenant).
 //! - [`ramp`]: arrival times that rise linearly from a low rate to a peak and back (open loop),
 //!   for a load that crosses the cluster's capacity and leaves it again.
 //!
@@ -210,6 +212,49 @@ pub fn burst(
             );
             r.burst = Some(b as u32);
             out.push(r);
+        }
+    }
+    out
+}
+
+/// The header naming a request's tenant (GIE's fairness id); the driver reports TTFT per value.
+pub const TENANT_HEADER: &str = "x-gateway-inference-fairness-id";
+
+/// One tenant of [`noisy_neighbour`]: its closed-loop clients, each sending `requests` in a
+/// row, prompts of `prompt_tokens` (distinct per request), answers of `output_tokens`.
+#[derive(Debug, Clone, Copy)]
+pub struct Tenant {
+    pub name: &'static str,
+    pub clients: usize,
+    pub requests: usize,
+    pub prompt_tokens: usize,
+    pub output_tokens: usize,
+}
+
+/// Tenants sharing a pool: each client is a unit that sends its requests one after another
+/// (run them with a closed loop of as many workers as clients in all, so every client starts
+/// at once), each request naming its tenant in [`TENANT_HEADER`]; the affinity group is the
+/// client. Prompts are distinct (no tenant gains from another's cache).
+pub fn noisy_neighbour(tenants: &[Tenant], seed: u64, model: &str) -> Vec<BenchRequest> {
+    let mut out = Vec::new();
+    let mut client = 0u32;
+    for t in tenants {
+        for _ in 0..t.clients {
+            for i in 0..t.requests {
+                let prompt = text(
+                    seed ^ (u64::from(client) << 20 | i as u64).wrapping_mul(0x2545_F491),
+                    t.prompt_tokens * 4,
+                );
+                let mut r = BenchRequest::new(
+                    "/v1/completions",
+                    completion(prompt, t.output_tokens, model),
+                    Some(client),
+                )
+                .turn_of(client);
+                r.headers.push((TENANT_HEADER, t.name.to_string()));
+                out.push(r);
+            }
+            client += 1;
         }
     }
     out

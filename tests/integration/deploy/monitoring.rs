@@ -53,6 +53,9 @@ const FREE_FORM_LABELS: &[&str] = &[
     "le",
     "model_server_pod",
     "model_server_namespace",
+    // Flow control's priority bands (the config's numbers) and flows (tenants' fairness ids).
+    "priority",
+    "flow",
 ];
 
 // ---------------------------------------------------------------- PromQL
