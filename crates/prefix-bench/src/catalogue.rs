@@ -418,6 +418,22 @@ fn full_catalogue(seed: u64) -> Vec<WorkloadSpec> {
             1024,
         ),
         WorkloadSpec::new(
+            "noisy-neighbour",
+            "noisy-neighbour (heavy tenant: 20 clients x 8 requests of ~6 KB, out 64; light tenant: 2 clients x 48 requests of ~256 B, out 16; each client back to back; max-num-seqs 2, 22 clients for 8 slots)",
+            workload::noisy_neighbour(&[HEAVY_TENANT, LIGHT_TENANT], seed, m),
+            Arrival::Closed { concurrency: 22 },
+            BUSY_KV_BLOCKS,
+        )
+        .max_num_seqs(2),
+        WorkloadSpec::new(
+            "noisy-neighbour-light",
+            "noisy-neighbour-light (the light tenant of noisy-neighbour alone: 2 clients x 48 requests of ~256 B, out 16; max-num-seqs 2)",
+            workload::noisy_neighbour(&[LIGHT_TENANT], seed, m),
+            Arrival::Closed { concurrency: 2 },
+            BUSY_KV_BLOCKS,
+        )
+        .max_num_seqs(2),
+        WorkloadSpec::new(
             "busy-agent",
             "busy-agent (agent as above: 32 sessions x 8 turns, shared 10 KB tool preamble; max-num-seqs 3, 18 clients for 12 slots)",
             workload::agent_sessions(32, 8, 10 * 1024, 128, 512, 48, seed, m),
@@ -427,6 +443,23 @@ fn full_catalogue(seed: u64) -> Vec<WorkloadSpec> {
         .max_num_seqs(3),
     ]
 }
+
+/// noisy-neighbour's tenants: one floods with many clients and long prompts, one asks short
+/// questions with few clients.
+pub const HEAVY_TENANT: workload::Tenant = workload::Tenant {
+    name: "heavy",
+    clients: 20,
+    requests: 8,
+    prompt_tokens: 1536,
+    output_tokens: 64,
+};
+pub const LIGHT_TENANT: workload::Tenant = workload::Tenant {
+    name: "light",
+    clients: 2,
+    requests: 48,
+    prompt_tokens: 64,
+    output_tokens: 16,
+};
 
 /// Documents of the retrieval and completion-doc workloads, and their tokens (~6 KB each).
 pub const DOCUMENTS: usize = 32;

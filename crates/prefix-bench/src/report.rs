@@ -148,7 +148,10 @@ fn tenant_table(out: &mut String, rows: &[&Row]) {
             let _ = writeln!(
                 out,
                 "| {} | {t} | {:.0} / {:.0} / {:.0} | {:.2} | {} | {} |",
-                row.median.router.strip_prefix(ABLATION).unwrap_or(&row.median.router),
+                row.median
+                    .router
+                    .strip_prefix(ABLATION)
+                    .unwrap_or(&row.median.router),
                 r.ttft_ms.p50,
                 r.ttft_ms.p90,
                 r.ttft_ms.p99,

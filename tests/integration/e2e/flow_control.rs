@@ -87,7 +87,8 @@ async fn a_hold_longer_than_the_message_timeout_succeeds_in_each_bootstrap() {
     // The recommended envoy.yaml and the GIE shape (FULL_DUPLEX_STREAMED: Envoy keeps no
     // timer), the observer shape (BUFFERED) with its 5 s message timeout cut to 0.5 s, and the
     // fail-open one as shipped (0.2 s): the held request is answered by the pod, after the hold.
-    let cases: [(&str, fn(String) -> String); 4] = [
+    type Edit = fn(String) -> String;
+    let cases: [(&str, Edit); 4] = [
         ("envoy.yaml", |s| s),
         ("envoy-full-duplex.yaml", |s| s),
         ("envoy-observer.yaml", |s| {
