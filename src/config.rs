@@ -359,10 +359,11 @@ impl Config {
         }
     }
 
-    /// `picker.flowControl`: on by default with the affinity mode; its numbers checked.
+    /// `picker.flowControl`: on by default with the affinity mode (without `pdGroup`, whose
+    /// pairs it does not measure); its numbers checked.
     fn apply_flow_control(&mut self, errors: &mut Vec<ConfigError>) {
         let fc = &mut self.picker.flow_control;
-        fc.resolve(self.scheduler.affinity.is_some());
+        fc.resolve(self.scheduler.affinity.is_some() && self.scheduler.pd.is_none());
         errors.extend(fc.validate().into_iter().map(ConfigError::Picker));
         self.warnings.extend(fc.warnings());
     }

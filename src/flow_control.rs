@@ -5,7 +5,8 @@
 //! ```yaml
 //! picker:
 //!   flowControl:
-//!     enabled: true            # default: on with the affinity mode, off without (Kthena's)
+//!     enabled: true            # default: on with the affinity mode (without pdGroup), off
+//!                              # without (Kthena's)
 //!     maxRequests: 5000        # requests queued, all bands together
 //!     maxBytes: 268435456      # their bodies' bytes
 //!     requestTtlSeconds: 30    # a request queued this long is refused (429)
@@ -49,7 +50,8 @@ pub const MAX_FLOW_ID_BYTES: usize = 128;
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct FlowControlConfig {
-    /// Unset: on with the affinity mode, off without ([`FlowControlConfig::resolve`]).
+    /// Unset: on with the affinity mode (without `pdGroup`), off without
+    /// ([`FlowControlConfig::resolve`]).
     pub enabled: Option<bool>,
     pub max_requests: usize,
     pub max_bytes: usize,
@@ -146,9 +148,10 @@ impl FlowControlConfig {
         w
     }
 
-    /// Resolves `enabled` against the mode: unset, on with the affinity mode.
-    pub fn resolve(&mut self, affinity: bool) {
-        self.active = self.enabled.unwrap_or(affinity);
+    /// Resolves `enabled` against the mode: unset, `default` (the affinity mode without
+    /// `pdGroup`).
+    pub fn resolve(&mut self, default: bool) {
+        self.active = self.enabled.unwrap_or(default);
     }
 
     /// The priority of an objective (`x-gateway-inference-objective`): its entry in

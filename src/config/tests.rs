@@ -784,3 +784,28 @@ fn lora_affinity_is_a_filter_that_needs_the_engine_scrape() {
         "{err}"
     );
 }
+
+#[test]
+fn flow_control_is_on_with_the_affinity_mode_only_unless_set() {
+    let active = |yaml: &str| Config::parse(yaml).unwrap().picker.flow_control.active;
+    assert!(active("picker: {affinity: {}}\n"));
+    assert!(!active("picker: {}\n"), "Kthena's mode");
+    assert!(!active(
+        "picker: {affinity: {}}\npdGroup: {groupKey: g, prefillLabels: {r: p}, decodeLabels: {r: d}}\n"
+    ));
+    assert!(!active(
+        "picker: {affinity: {}, flowControl: {enabled: false}}\n"
+    ));
+    assert!(active("picker: {flowControl: {enabled: true}}\n"));
+    let e = Config::parse("picker: {affinity: {}, flowControl: {requestTtlSeconds: -1}}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("flowControl.requestTtlSeconds"), "{e}");
+    let warned = Config::parse(
+        "picker: {affinity: {}, flowControl: {requestTtlSeconds: 60, messageTimeoutSeconds: 35}}\n",
+    )
+    .unwrap()
+    .warnings
+    .join("\n");
+    assert!(warned.contains("messageTimeoutSeconds"), "{warned}");
+}

@@ -59,6 +59,9 @@ const FREE_FORM: &[&str] = &[
     "version",
     "revision",
     "le",
+    // Flow control's bands (the config's priorities) and flows (tenants' fairness ids).
+    "priority",
+    "flow",
     POD_LABELS[0],
     POD_LABELS[1],
 ];

@@ -41,8 +41,10 @@ use crate::scheduler::saturation::RoomLimits;
 
 /// How often the dispatcher looks again while requests wait (besides its wake-ups).
 pub const TICK: Duration = Duration::from_millis(50);
-/// Idle flows whose service decayed under this many weighted tokens are forgotten.
+/// Idle flows whose service decayed under this many weighted tokens are forgotten...
 const PRUNE_BELOW: f64 = 0.5;
+/// ...this often.
+const PRUNE_EVERY: Duration = Duration::from_secs(10);
 
 /// A request as the gate sees it: what routing needs (borrowed: copied only if it queues).
 #[derive(Debug, Clone, Copy, Default)]
@@ -348,7 +350,8 @@ impl Router {
                         must_queue = Some((model.to_string(), prompt_bytes, fc.clone()));
                         Gate::Hold
                     }
-                    Asked::Dispatch { drain: false } => {
+                    // PD pairs: the pick needs both roles, which narrowing could remove.
+                    Asked::Dispatch { drain: false } if live.scheduler.config().pd.is_none() => {
                         let room = live.scheduler.with_room(candidates, room_limits(fc));
                         if room.is_empty() || room.len() == candidates.len() {
                             return Gate::Pass;
@@ -531,8 +534,12 @@ impl Router {
                 shared.dropped(DropReason::Cancelled);
             }
         }
-        let mut q = shared.queue.lock();
-        q.prune(now, PRUNE_BELOW);
+    }
+
+    /// Forgets the idle flows whose service decayed to nothing (O(flows): every
+    /// [`PRUNE_EVERY`], not per dispatch).
+    fn prune_flows(&self, now: Instant) {
+        self.flow.shared.queue.lock().prune(now, PRUNE_BELOW);
     }
 
     /// Whether a request for `candidates` would queue now (`/debug/explain`): flow control on,
@@ -560,14 +567,21 @@ fn room_limits(fc: &FlowControlConfig) -> RoomLimits {
 /// `shutdown`, every queued request sent on and no more queued.
 pub async fn run_dispatcher(router: Arc<Router>, shutdown: CancellationToken) {
     let shared = router.flow.shared.clone();
+    let mut pruned = Instant::now();
     loop {
         let waiting = shared.queued.load(Ordering::SeqCst) > 0;
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = shared.wake.notified() => {}
             _ = tokio::time::sleep(TICK), if waiting => {}
+            _ = tokio::time::sleep(PRUNE_EVERY), if !waiting => {}
         }
-        router.dispatch(Instant::now(), false);
+        let now = Instant::now();
+        router.dispatch(now, false);
+        if now.saturating_duration_since(pruned) >= PRUNE_EVERY {
+            router.prune_flows(now);
+            pruned = now;
+        }
     }
     shared.draining.store(true, Ordering::SeqCst);
     router.dispatch(Instant::now(), true);
