@@ -419,7 +419,7 @@ fn full_catalogue(seed: u64) -> Vec<WorkloadSpec> {
         ),
         WorkloadSpec::new(
             "noisy-neighbour",
-            "noisy-neighbour (heavy tenant: 20 clients x 8 requests of ~6 KB, out 64; light tenant: 2 clients x 48 requests of ~256 B, out 16; each client back to back; max-num-seqs 2, 22 clients for 8 slots)",
+            "noisy-neighbour (heavy tenant: 20 clients x 16 requests of ~6 KB, out 64; light tenant: 2 clients x 24 requests of ~256 B, out 16, all sent while the heavy one floods; each client back to back; max-num-seqs 2, 22 clients for 8 slots)",
             workload::noisy_neighbour(&[HEAVY_TENANT, LIGHT_TENANT], seed, m),
             Arrival::Closed { concurrency: 22 },
             BUSY_KV_BLOCKS,
@@ -427,7 +427,7 @@ fn full_catalogue(seed: u64) -> Vec<WorkloadSpec> {
         .max_num_seqs(2),
         WorkloadSpec::new(
             "noisy-neighbour-light",
-            "noisy-neighbour-light (the light tenant of noisy-neighbour alone: 2 clients x 48 requests of ~256 B, out 16; max-num-seqs 2)",
+            "noisy-neighbour-light (the light tenant of noisy-neighbour alone: 2 clients x 24 requests of ~256 B, out 16; max-num-seqs 2)",
             workload::noisy_neighbour(&[LIGHT_TENANT], seed, m),
             Arrival::Closed { concurrency: 2 },
             BUSY_KV_BLOCKS,
@@ -449,14 +449,14 @@ fn full_catalogue(seed: u64) -> Vec<WorkloadSpec> {
 pub const HEAVY_TENANT: workload::Tenant = workload::Tenant {
     name: "heavy",
     clients: 20,
-    requests: 8,
+    requests: 16,
     prompt_tokens: 1536,
     output_tokens: 64,
 };
 pub const LIGHT_TENANT: workload::Tenant = workload::Tenant {
     name: "light",
     clients: 2,
-    requests: 48,
+    requests: 24,
     prompt_tokens: 64,
     output_tokens: 16,
 };

@@ -293,6 +293,40 @@ mod tests {
     }
 
     #[test]
+    fn tenants_get_a_table_of_medians_per_router() {
+        let r = |router: &str, p50: f64| RunResult {
+            router: router.into(),
+            workload: "w".into(),
+            tenants: BTreeMap::from([(
+                "light".to_string(),
+                TenantResult {
+                    requests: 4,
+                    errors: 0,
+                    requests_per_s: 2.0,
+                    ttft_ms: Percentiles {
+                        p50,
+                        p90: p50,
+                        p99: p50,
+                    },
+                },
+            )]),
+            ..RunResult::default()
+        };
+        let md = markdown(&[r("a", 10.0), r("a", 30.0), r("a", 20.0)]);
+        assert!(md.contains("| router | tenant |"), "{md}");
+        assert!(
+            md.contains("| a | light | 20 / 20 / 20 | 2.00 | 4 | 0 |"),
+            "{md}"
+        );
+        assert_eq!(
+            markdown(&[RunResult::default()])
+                .matches("| tenant |")
+                .count(),
+            0
+        );
+    }
+
+    #[test]
     fn repeated_runs_show_medians_and_ablation_rows_their_own_table() {
         let r = |router: &str, rep, hit, p50| RunResult {
             router: router.into(),

@@ -447,6 +447,41 @@ pub fn ceiling_hit_rate(requests: &[BenchRequest], block_tokens: usize) -> f64 {
 mod tests {
     use super::*;
 
+    #[test]
+    fn noisy_neighbour_clients_are_units_naming_their_tenant() {
+        let tenant = |name, clients, requests, prompt_tokens| Tenant {
+            name,
+            clients,
+            requests,
+            prompt_tokens,
+            output_tokens: 8,
+        };
+        let r = noisy_neighbour(
+            &[tenant("heavy", 3, 2, 400), tenant("light", 1, 4, 16)],
+            1,
+            "m",
+        );
+        assert_eq!(r.len(), 3 * 2 + 4);
+        let of = |t: &str| {
+            r.iter()
+                .filter(|x| x.headers == [(TENANT_HEADER, t.to_string())])
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(of("heavy").len(), 6);
+        assert_eq!(of("light").len(), 4);
+        // One unit (conversation) per client: 4 clients, each sent back to back.
+        let clients: std::collections::BTreeSet<_> =
+            r.iter().map(|x| x.conversation.unwrap()).collect();
+        assert_eq!(clients.len(), 4);
+        let prompt = |x: &BenchRequest| x.body["prompt"].as_str().unwrap().len();
+        assert_eq!(prompt(of("heavy")[0]), 1600);
+        assert_eq!(prompt(of("light")[0]), 64);
+        // Distinct prompts: no tenant gains from another's cache.
+        let distinct: std::collections::BTreeSet<_> =
+            r.iter().map(|x| x.body["prompt"].to_string()).collect();
+        assert_eq!(distinct.len(), r.len());
+    }
+
     // Properties of this vocabulary on model-sim's tokenizer and cache (moved from model-sim,
     // which does not know the benchmark's text).
     #[test]
