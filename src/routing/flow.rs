@@ -397,6 +397,12 @@ impl Router {
             deadline: now + Duration::from_secs_f64(fc.request_ttl_seconds),
         };
         let (tx, rx) = oneshot::channel();
+        // The copy of the body, outside the lock.
+        let waiter = Waiter {
+            tx,
+            request: Owned::of(&request),
+            since: now,
+        };
         let mut displaced = Vec::new();
         let id = {
             let mut q = shared.queue.lock();
@@ -410,11 +416,6 @@ impl Router {
                     None
                 };
                 let Some(reason) = full else {
-                    let waiter = Waiter {
-                        tx,
-                        request: Owned::of(&request),
-                        since: now,
-                    };
                     break Ok(q.push(admission, waiter));
                 };
                 if bytes > fc.max_bytes {
