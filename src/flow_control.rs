@@ -20,6 +20,9 @@
 //!     defaultPriority: 0
 //!     priorities: {interactive: 10, batch: -1}   # x-gateway-inference-objective -> priority
 //! ```
+//! An objective's priority is its watched InferenceObjective's
+//! (`discovery.kubernetes.inferenceObjectives`, [`crate::discovery::inference_objective`]) when
+//! there is one, else its `priorities` entry, else `defaultPriority`.
 //!
 //! The queue itself ([`queue::FlowQueue`]) is pure; the router holds it
 //! (`crate::routing::flow`). A pod *has room* when its requests in flight are under the
@@ -39,8 +42,12 @@ pub const FAIRNESS_HEADERS: [&str; 2] = [
     "x-gateway-inference-fairness-id",
     "x-llm-d-inference-fairness-id",
 ];
-/// GIE's objective header: its priority comes from `priorities`.
-pub const OBJECTIVE_HEADER: &str = "x-gateway-inference-objective";
+/// GIE's objective header, and llm-d's spelling of it: its priority comes from the watched
+/// InferenceObjectives ([`ObjectivePriorities`]), else `priorities`.
+pub const OBJECTIVE_HEADERS: [&str; 2] = [
+    "x-gateway-inference-objective",
+    "x-llm-d-inference-objective",
+];
 /// The header naming why the picker refused a request (GIE/llm-d's name).
 pub const DROPPED_REASON_HEADER: &str = "x-llm-d-request-dropped-reason";
 /// Longest fairness id kept (longer ones are cut).
@@ -154,13 +161,28 @@ impl FlowControlConfig {
         self.active = self.enabled.unwrap_or(default);
     }
 
-    /// The priority of an objective (`x-gateway-inference-objective`): its entry in
-    /// `priorities`, else `defaultPriority`.
-    pub fn priority(&self, objective: Option<&str>) -> i32 {
+    /// The priority of an objective (`x-gateway-inference-objective`): the watched
+    /// InferenceObjective's, else its entry in `priorities`, else `defaultPriority`.
+    pub fn priority(&self, objective: Option<&str>, watched: &ObjectivePriorities) -> i32 {
         objective
-            .and_then(|o| self.priorities.get(o))
-            .copied()
+            .and_then(|o| watched.get(o).or_else(|| self.priorities.get(o).copied()))
             .unwrap_or(self.default_priority)
+    }
+}
+
+/// The priorities of the InferenceObjectives discovery watches
+/// (`discovery.kubernetes.inferenceObjectives`), by objective name; replaced whole on a change,
+/// read without a lock.
+#[derive(Debug, Default)]
+pub struct ObjectivePriorities(arc_swap::ArcSwap<std::collections::HashMap<String, i32>>);
+
+impl ObjectivePriorities {
+    pub fn get(&self, objective: &str) -> Option<i32> {
+        self.0.load().get(objective).copied()
+    }
+
+    pub fn replace(&self, priorities: std::collections::HashMap<String, i32>) {
+        self.0.store(std::sync::Arc::new(priorities));
     }
 }
 

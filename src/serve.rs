@@ -174,6 +174,7 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
     let shutdown = CancellationToken::new();
     let ready = Arc::new(AtomicBool::new(false));
     let mut tasks = JoinSet::new();
+    watch_objectives(&config, &router, &shutdown, &mut tasks).await?;
 
     // Not ready until the sync warm replay is done (or timed out) and discovery has listed the
     // pods; see `readiness`.
@@ -375,6 +376,39 @@ fn router(config: &Config, registry: &prometheus::Registry) -> (Arc<Router>, Pre
         .endpoints
         .apply(Update::Reset(static_endpoints(config)));
     (router, prefix_metrics)
+}
+
+/// InferenceObjectives for flow control's priorities, when `discovery.kubernetes` asks.
+async fn watch_objectives(
+    config: &Config,
+    router: &Arc<Router>,
+    shutdown: &CancellationToken,
+    tasks: &mut JoinSet<anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    let Some(k) = config
+        .discovery
+        .kubernetes
+        .as_ref()
+        .filter(|k| k.inference_objectives)
+    else {
+        return Ok(());
+    };
+    let client = kubernetes::infer_client().await?;
+    let pool = match &k.source {
+        crate::discovery::Source::InferencePool(name) => Some(name.clone()),
+        crate::discovery::Source::Static(_) => None,
+    };
+    let (namespace, priorities, token) = (
+        k.process_namespace(),
+        router.flow.objectives.clone(),
+        shutdown.clone(),
+    );
+    tasks.spawn(async move {
+        crate::discovery::inference_objective::watch(client, namespace, pool, priorities, token)
+            .await;
+        Ok(())
+    });
+    Ok(())
 }
 
 /// Kubernetes discovery, when configured: not ready until the first full pod list is applied.

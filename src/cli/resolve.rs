@@ -273,6 +273,7 @@ impl ServeArgs {
             model_label: old.and_then(|k| k.model_label.clone()),
             kv_events_port: old.and_then(|k| k.kv_events_port),
             kv_events_replay_port: old.and_then(|k| k.kv_events_replay_port),
+            inference_objectives: old.is_some_and(|k| k.inference_objectives),
         }
     }
 }

@@ -13,6 +13,8 @@
 //!     modelLabel: ""       # pod label holding the served model name
 //!     kvEventsPort: 0      # the pods' KV-event publisher port (vLLM's default 5557; 0: none)
 //!     kvEventsReplayPort: 0 # its replay port (0: none; docs/engine-truth.md)
+//!     inferenceObjectives: false # watch InferenceObjectives: flow control's priorities
+//!                          # (llm-d.ai and inference.networking.x-k8s.io, v1alpha2)
 //! ```
 //! `selector`/`targetPorts` and `inferencePool` exclude each other. Discovered pods join the
 //! static `endpoints:` (which stay).
@@ -46,6 +48,8 @@ pub struct KubernetesConfig {
     /// The pods' KV-event publisher and replay ports (`kvEventsPort`, `kvEventsReplayPort`).
     pub kv_events_port: Option<u16>,
     pub kv_events_replay_port: Option<u16>,
+    /// Watch InferenceObjectives for flow control's priorities (`inferenceObjectives`).
+    pub inference_objectives: bool,
 }
 
 /// Where the selector and ports come from.
@@ -109,6 +113,8 @@ struct RawKubernetes {
     kv_events_port: u16,
     #[serde(default)]
     kv_events_replay_port: u16,
+    #[serde(default)]
+    inference_objectives: bool,
 }
 
 /// `inferencePool:` as a name, or as GIE's pool reference.
@@ -177,6 +183,7 @@ impl TryFrom<RawKubernetes> for KubernetesConfig {
             model_label: label_key("modelLabel", raw.model_label)?,
             kv_events_port: port(raw.kv_events_port),
             kv_events_replay_port: port(raw.kv_events_replay_port),
+            inference_objectives: raw.inference_objectives,
         })
     }
 }
@@ -314,6 +321,21 @@ mod tests {
 
     fn parse(text: &str) -> Result<DiscoveryConfig, DiscoveryError> {
         DiscoveryConfig::parse(&serde_yaml_ng::from_str(text).unwrap())
+    }
+
+    #[test]
+    fn inference_objectives_are_watched_only_when_asked() {
+        let on = |text: &str| {
+            parse(text)
+                .unwrap()
+                .kubernetes
+                .unwrap()
+                .inference_objectives
+        };
+        assert!(!on("kubernetes: {inferencePool: p}"));
+        assert!(on(
+            "kubernetes: {inferencePool: p, inferenceObjectives: true}"
+        ));
     }
 
     #[test]

@@ -67,7 +67,7 @@ use super::wire::{
 use crate::cached_tokens::UsageScan;
 use crate::endpoints::AddressPattern;
 use crate::event_stream::EventScan;
-use crate::flow_control::{DROPPED_REASON_HEADER, FAIRNESS_HEADERS, OBJECTIVE_HEADER};
+use crate::flow_control::{DROPPED_REASON_HEADER, FAIRNESS_HEADERS, OBJECTIVE_HEADERS};
 use crate::routing::flow::{Admitted, FlowRequest, Hold, Released};
 use crate::routing::pending::Miss;
 use crate::routing::{Ending, RouteFailure, Routed, Router, Served, Ticket};
@@ -286,7 +286,11 @@ impl StreamState {
                 {
                     self.fairness_id = Some(value.into_owned());
                 }
-                OBJECTIVE_HEADER => self.objective = Some(value.into_owned()),
+                key if OBJECTIVE_HEADERS.contains(&key)
+                    && (self.objective.is_none() || key == OBJECTIVE_HEADERS[0]) =>
+                {
+                    self.objective = Some(value.into_owned());
+                }
                 _ => {}
             }
         }

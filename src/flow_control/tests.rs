@@ -29,10 +29,16 @@ fn enabled_follows_the_mode_unless_set() {
 fn priorities_come_from_the_objective_map() {
     let c: FlowControlConfig =
         serde_yaml_ng::from_str("{defaultPriority: 1, priorities: {chat: 10, batch: -2}}").unwrap();
-    assert_eq!(c.priority(Some("chat")), 10);
-    assert_eq!(c.priority(Some("batch")), -2);
-    assert_eq!(c.priority(Some("other")), 1);
-    assert_eq!(c.priority(None), 1);
+    let watched = ObjectivePriorities::default();
+    assert_eq!(c.priority(Some("chat"), &watched), 10);
+    assert_eq!(c.priority(Some("batch"), &watched), -2);
+    assert_eq!(c.priority(Some("other"), &watched), 1);
+    assert_eq!(c.priority(None, &watched), 1);
+    // A watched InferenceObjective comes first.
+    watched.replace([("chat".to_string(), 3), ("other".to_string(), 7)].into());
+    assert_eq!(c.priority(Some("chat"), &watched), 3);
+    assert_eq!(c.priority(Some("other"), &watched), 7);
+    assert_eq!(c.priority(Some("batch"), &watched), -2);
 }
 
 #[test]

@@ -196,6 +196,8 @@ impl Shared {
 #[derive(Debug)]
 pub struct FlowGate {
     shared: Arc<Shared>,
+    /// The watched InferenceObjectives' priorities (empty unless discovery watches them).
+    pub objectives: Arc<crate::flow_control::ObjectivePriorities>,
 }
 
 impl FlowGate {
@@ -209,6 +211,7 @@ impl FlowGate {
                 wake: Notify::new(),
                 metrics,
             }),
+            objectives: Arc::default(),
         }
     }
 
@@ -389,7 +392,7 @@ impl Router {
         let cost = prompt_bytes as f64 / f64::from(bytes_per_token)
             + fc.output_weight * f64::from(fc.expected_output_tokens);
         let admission = Admission {
-            priority: fc.priority(request.objective),
+            priority: fc.priority(request.objective, &self.flow.objectives),
             flow: Arc::from(crate::flow_control::flow_id(request.flow)),
             pool: Arc::from(model),
             bytes,

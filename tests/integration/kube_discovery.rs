@@ -581,3 +581,45 @@ async fn gie_form_watches_the_named_pool_and_reports_ready_on_the_health_port() 
     );
     child.kill().await.unwrap();
 }
+
+#[tokio::test]
+async fn inference_objectives_of_the_pool_give_their_priorities() {
+    use prefix_picker::discovery::inference_objective;
+    use prefix_picker::flow_control::ObjectivePriorities;
+    let fake = FakeKube::start().await;
+    let objective = |name: &str, pool: &str, priority: i64| {
+        json!({"metadata": {"name": name, "namespace": NS},
+            "spec": {"priority": priority, "poolRef": {"name": pool}}})
+    };
+    fake.change(|c| {
+        c.put(Kind::GieObjective, objective("chat", "my-pool", 10));
+        c.put(Kind::GieObjective, objective("other-pool", "another", 99));
+        c.put(Kind::LlmdObjective, objective("batch", "my-pool", -1));
+    });
+    let client = kube::Client::try_from(kube::Config::new(fake.url().parse().unwrap())).unwrap();
+    let priorities = Arc::new(ObjectivePriorities::default());
+    let token = CancellationToken::new();
+    tokio::spawn(inference_objective::watch(
+        client,
+        NS.into(),
+        Some("my-pool".into()),
+        priorities.clone(),
+        token.clone(),
+    ));
+    eventually("both groups listed", || {
+        priorities.get("chat") == Some(10) && priorities.get("batch") == Some(-1)
+    })
+    .await;
+    assert_eq!(priorities.get("other-pool"), None, "another pool's");
+    // Watched: a change, a name llm-d's group also defines (it wins), a deletion.
+    fake.change(|c| {
+        c.put(Kind::GieObjective, objective("chat", "my-pool", 20));
+        c.put(Kind::LlmdObjective, objective("chat", "my-pool", 30));
+        c.delete(Kind::LlmdObjective, NS, "batch");
+    });
+    eventually("changes followed", || {
+        priorities.get("chat") == Some(30) && priorities.get("batch").is_none()
+    })
+    .await;
+    token.cancel();
+}

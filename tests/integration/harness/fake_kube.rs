@@ -1,8 +1,9 @@
 //! An in-process fake Kubernetes API server for discovery tests (no cluster exists here).
 //!
-//! Serves Pods (`/api/v1/namespaces/{ns}/pods`) and InferencePools
-//! (`/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools`) the way the real API
-//! server does for kube-runtime's watcher:
+//! Serves Pods (`/api/v1/namespaces/{ns}/pods`), InferencePools
+//! (`/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools`) and InferenceObjectives
+//! (llm-d's and GIE's groups, `v1alpha2`) the way the real API server does for kube-runtime's
+//! watcher:
 //! - list: `{kind: PodList, metadata: {resourceVersion}, items}` (items without apiVersion/kind),
 //!   filtered by `labelSelector` (equality requirements only: `k=v`, `k==v`, `k!=v`) and
 //!   `fieldSelector` (`metadata.name=...` only); anything else is a 400.
@@ -34,6 +35,10 @@ use tokio::sync::watch;
 pub enum Kind {
     Pod,
     InferencePool,
+    /// llm-d's InferenceObjective (`llm-d.ai/v1alpha2`).
+    LlmdObjective,
+    /// GIE's InferenceObjective (`inference.networking.x-k8s.io/v1alpha2`).
+    GieObjective,
 }
 
 impl Kind {
@@ -41,6 +46,8 @@ impl Kind {
         match self {
             Kind::Pod => "v1",
             Kind::InferencePool => "inference.networking.k8s.io/v1",
+            Kind::LlmdObjective => "llm-d.ai/v1alpha2",
+            Kind::GieObjective => "inference.networking.x-k8s.io/v1alpha2",
         }
     }
 
@@ -48,6 +55,7 @@ impl Kind {
         match self {
             Kind::Pod => "Pod",
             Kind::InferencePool => "InferencePool",
+            Kind::LlmdObjective | Kind::GieObjective => "InferenceObjective",
         }
     }
 }
@@ -163,6 +171,14 @@ impl FakeKube {
             .route(
                 "/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools",
                 get(|s, p, q| serve(s, p, q, Kind::InferencePool)),
+            )
+            .route(
+                "/apis/llm-d.ai/v1alpha2/namespaces/{ns}/inferenceobjectives",
+                get(|s, p, q| serve(s, p, q, Kind::LlmdObjective)),
+            )
+            .route(
+                "/apis/inference.networking.x-k8s.io/v1alpha2/namespaces/{ns}/inferenceobjectives",
+                get(|s, p, q| serve(s, p, q, Kind::GieObjective)),
             )
             .route(
                 "/apis/authentication.k8s.io/v1/tokenreviews",
