@@ -16,6 +16,8 @@
 //!     expectedOutputTokens: 256  # charged at dispatch for a request without max_tokens
 //!     maxWaitSeconds: 1        # a pod with a free slot has room while its predicted wait is under this
 //!     maxInFlightPerPod: null  # a static slot count (else the latency model's learned concurrency)
+//!     roomOnly: false          # dispatch among the pods with room only (else the affinity pick,
+//!                              # which may prefer a full pod holding the prefix)
 //!     messageTimeoutSeconds: 35  # override_message_timeout sent to Envoy when a request queues
 //!     defaultPriority: 0
 //!     priorities: {interactive: 10, batch: -1}   # x-gateway-inference-objective -> priority
@@ -69,6 +71,9 @@ pub struct FlowControlConfig {
     pub expected_output_tokens: u32,
     pub max_wait_seconds: f64,
     pub max_in_flight_per_pod: Option<u32>,
+    /// A dispatched request is picked among the pods with room only (else by the affinity
+    /// mode among all candidates, which may prefer a full pod holding its prefix).
+    pub room_only: bool,
     pub message_timeout_seconds: f64,
     pub default_priority: i32,
     pub priorities: BTreeMap<String, i32>,
@@ -90,6 +95,7 @@ impl Default for FlowControlConfig {
             expected_output_tokens: 256,
             max_wait_seconds: 1.0,
             max_in_flight_per_pod: None,
+            room_only: false,
             message_timeout_seconds: 35.0,
             default_priority: 0,
             priorities: BTreeMap::new(),

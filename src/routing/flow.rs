@@ -10,9 +10,11 @@
 //!   routed request completes (a slot may have freed), and every [`TICK`] while requests wait
 //!   (the load may fall without a completion of ours: another replica's, a scrape). Each wake
 //!   expires what outlived its TTL (429), then takes requests in the queue's order
-//!   ([`FlowQueue::pop`]) while their model's pods have room, and routes each itself, the pick
-//!   made then, on the load as it is then (its in-flight count taken at once, so the next
-//!   room check sees it). The routed request (or its refusal) goes to the waiting [`Hold`].
+//!   ([`FlowQueue::pop`]), per model as many as it has pods with room at that moment, and routes
+//!   each itself: the affinity pick made then, on the load as it is then (its in-flight count
+//!   taken at once). The pick may still go to a full pod whose cache saves more than the wait
+//!   there, as the latency model weighs it; with `roomOnly` it is made among the pods with room
+//!   only. The routed request (or its refusal) goes to the waiting [`Hold`].
 //! - **Leaving**: a [`Hold`] dropped or cancelled before its dispatch leaves the queue at once
 //!   (`cancelled`); one dispatched meanwhile hands its routed request back so the caller ends it.
 //! - **Bounds**: `maxRequests` and `maxBytes` over all bands; a request past them first
@@ -353,8 +355,11 @@ impl Router {
                         must_queue = Some((model.to_string(), prompt_bytes, fc.clone()));
                         Gate::Hold
                     }
-                    // PD pairs: the pick needs both roles, which narrowing could remove.
-                    Asked::Dispatch { drain: false } if live.scheduler.config().pd.is_none() => {
+                    // `roomOnly`: the pick among the pods with room (PD pairs need both roles,
+                    // which narrowing could remove: never narrowed).
+                    Asked::Dispatch { drain: false }
+                        if fc.room_only && live.scheduler.config().pd.is_none() =>
+                    {
                         let room = live.scheduler.with_room(candidates, room_limits(fc));
                         if room.is_empty() || room.len() == candidates.len() {
                             return Gate::Pass;
@@ -490,18 +495,31 @@ impl Router {
             )));
         }
         let limits = room_limits(&fc);
+        // Per model, the dispatches this round may still make: its pods with room at the first
+        // look (each frees at least one slot). The pick may go to a full pod the affinity mode
+        // prefers (its cache saves more than the wait there): the budget keeps one freed slot
+        // from releasing the whole queue; the next round (a completion, or the tick) looks again.
+        let mut budget: std::collections::HashMap<String, usize> = Default::default();
         loop {
             let popped = {
                 let snapshot = self.endpoints.snapshot();
                 let mut q = shared.queue.lock();
                 let p = q.pop(now, |model| {
-                    drain
-                        || snapshot
+                    if drain {
+                        return true;
+                    }
+                    let left = budget.entry(model.to_string()).or_insert_with(|| {
+                        snapshot
                             .candidates(Some(model), None)
-                            .is_ok_and(|c| live.scheduler.has_room(&c, limits))
+                            .map_or(0, |c| live.scheduler.with_room(&c, limits).len())
+                    });
+                    *left > 0
                 });
                 if let Some(p) = &p {
                     shared.publish(&q, &[p.admission.priority]);
+                    if let Some(left) = budget.get_mut(&*p.admission.pool) {
+                        *left = left.saturating_sub(1);
+                    }
                 }
                 p
             };

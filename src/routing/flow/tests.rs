@@ -121,10 +121,11 @@ async fn nothing_queues_while_a_pod_has_room_and_a_freed_slot_dispatches_the_hea
 async fn a_flood_of_one_tenant_does_not_starve_another() {
     let router = one_slot_router("");
     let mut tickets = fill(&router);
-    // Heavy: 6 long prompts queued first; light: 2 short ones after.
+    // Heavy: 6 long prompts queued first (no shared prefix: the pick goes by load); light: 2
+    // short ones after.
     let long = "x".repeat(4000);
     let mut heavy: Vec<Hold> = (0..6)
-        .map(|i| held(admit(&router, &format!("{long} {i}"), Some("heavy"), None)))
+        .map(|i| held(admit(&router, &format!("{i} {long}"), Some("heavy"), None)))
         .collect();
     let mut light: Vec<Hold> = (0..2)
         .map(|i| held(admit(&router, &format!("short {i}"), Some("light"), None)))
@@ -155,6 +156,36 @@ async fn a_flood_of_one_tenant_does_not_starve_another() {
         .map(|(_, i)| *i)
         .collect();
     assert_eq!(heavy_order, [0, 1, 2, 3, 4, 5]);
+}
+
+#[tokio::test]
+async fn a_freed_slot_releases_one_request_a_round_and_room_only_picks_among_the_free_pods() {
+    // Every request shares one long prefix, held by the pod that served the first: the
+    // affinity pick prefers it even full (it knows no concurrency here), so a freed slot
+    // elsewhere releases one request per round, not the whole queue.
+    let long = "a shared document ".repeat(200);
+    for room_only in [false, true] {
+        let router = one_slot_router(&format!("roomOnly: {room_only}"));
+        let mut tickets = fill(&router);
+        let mut holds: Vec<Hold> = (0..3)
+            .map(|i| held(admit(&router, &format!("{long} {i}"), None, None)))
+            .collect();
+        complete(&router, tickets.remove(0));
+        router.dispatch(Instant::now(), false);
+        let released: Vec<Routed> = holds
+            .iter_mut()
+            .filter_map(|h| match try_released(h) {
+                Some(Released::Routed(r)) => Some(r),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(released.len(), 1, "roomOnly {room_only}");
+        assert_eq!(router.flow.queued(), 2);
+        if room_only {
+            // Picked among the pods with room: the freed one, alone.
+            assert_eq!(released[0].decision.ranked.len(), 1);
+        }
+    }
 }
 
 #[tokio::test]

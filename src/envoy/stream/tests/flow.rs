@@ -69,7 +69,7 @@ async fn buffered_a_held_body_gets_the_timeout_override_then_its_pick() {
     let r = StreamHandler::released(&mut s, released);
     assert_eq!(r.len(), 1);
     assert!(is_request_body(&r[0]), "{r:?}");
-    assert_eq!(pick_of(&r[0]).len(), 1);
+    assert!(!pick_of(&r[0]).is_empty());
     let decision = reply_lb_string(&r[0], DECISION_HEADER).unwrap();
     assert!(decision.contains("request_id=held-1"), "{decision}");
     let served = &router.metrics.flow.served_tokens;
@@ -93,7 +93,7 @@ async fn full_duplex_holds_without_an_override_and_sends_the_body_back_after_the
     free_one(&router, &mut tickets);
     let r = StreamHandler::released(&mut s, hold.wait().await);
     assert!(is_request_headers(&r[0]), "the pick on the held headers");
-    assert_eq!(pick_of(&r[0]).len(), 1);
+    assert!(!pick_of(&r[0]).is_empty());
     let (echoed, eos) = streamed(&r[1]).expect("the body back");
     assert_eq!((echoed, eos), (bytes.as_slice(), true));
 }
