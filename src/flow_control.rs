@@ -5,8 +5,7 @@
 //! ```yaml
 //! picker:
 //!   flowControl:
-//!     enabled: true            # default: on with the affinity mode (without pdGroup), off
-//!                              # without (Kthena's)
+//!     enabled: true            # default: off (opt-in)
 //!     maxRequests: 5000        # requests queued, all bands together
 //!     maxBytes: 268435456      # their bodies' bytes
 //!     requestTtlSeconds: 30    # a request queued this long is refused (429)
@@ -59,8 +58,7 @@ pub const MAX_FLOW_ID_BYTES: usize = 128;
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct FlowControlConfig {
-    /// Unset: on with the affinity mode (without `pdGroup`), off without
-    /// ([`FlowControlConfig::resolve`]).
+    /// Unset: off ([`FlowControlConfig::resolve`]).
     pub enabled: Option<bool>,
     pub max_requests: usize,
     pub max_bytes: usize,
@@ -161,8 +159,7 @@ impl FlowControlConfig {
         w
     }
 
-    /// Resolves `enabled` against the mode: unset, `default` (the affinity mode without
-    /// `pdGroup`).
+    /// Resolves `enabled`: unset, `default` (off: flow control is opt-in).
     pub fn resolve(&mut self, default: bool) {
         self.active = self.enabled.unwrap_or(default);
     }

@@ -52,8 +52,7 @@ pub struct PickerConfig {
     /// Engine tokens of prompts (`picker.tokenizer`, [`crate::tokenizer::heads`]); absent:
     /// pods with events are matched by the estimate.
     pub tokenizer: Option<crate::tokenizer::heads::TokenizerSection>,
-    /// Flow control (`picker.flowControl`, [`crate::flow_control`]): on by default with the
-    /// affinity mode.
+    /// Flow control (`picker.flowControl`, [`crate::flow_control`]): opt-in.
     pub flow_control: crate::flow_control::FlowControlConfig,
 }
 

@@ -786,9 +786,12 @@ fn lora_affinity_is_a_filter_that_needs_the_engine_scrape() {
 }
 
 #[test]
-fn flow_control_is_on_with_the_affinity_mode_only_unless_set() {
+fn flow_control_is_on_only_when_enabled() {
     let active = |yaml: &str| Config::parse(yaml).unwrap().picker.flow_control.active;
-    assert!(active("picker: {affinity: {}}\n"));
+    assert!(!active("picker: {affinity: {}}\n"), "opt-in");
+    assert!(active(
+        "picker: {affinity: {}, flowControl: {enabled: true}}\n"
+    ));
     assert!(!active("picker: {}\n"), "Kthena's mode");
     assert!(!active(
         "picker: {affinity: {}}\npdGroup: {groupKey: g, prefillLabels: {r: p}, decodeLabels: {r: d}}\n"
@@ -802,7 +805,7 @@ fn flow_control_is_on_with_the_affinity_mode_only_unless_set() {
         .to_string();
     assert!(e.contains("flowControl.requestTtlSeconds"), "{e}");
     let warned = Config::parse(
-        "picker: {affinity: {}, flowControl: {requestTtlSeconds: 60, messageTimeoutSeconds: 35}}\n",
+        "picker: {affinity: {}, flowControl: {enabled: true, requestTtlSeconds: 60, messageTimeoutSeconds: 35}}\n",
     )
     .unwrap()
     .warnings

@@ -9,8 +9,9 @@ use crate::testing::{inflight, router_from_config, three};
 
 /// A router over three pods that each take one request at a time (`maxInFlightPerPod: 1`).
 fn one_slot_router(extra: &str) -> Router {
-    let yaml =
-        format!("picker:\n  affinity: {{}}\n  flowControl: {{maxInFlightPerPod: 1, {extra}}}\n");
+    let yaml = format!(
+        "picker:\n  affinity: {{}}\n  flowControl: {{enabled: true, maxInFlightPerPod: 1, {extra}}}\n"
+    );
     router_from_config(&yaml, three(), &prometheus::Registry::new())
 }
 

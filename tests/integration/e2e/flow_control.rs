@@ -19,7 +19,7 @@ async fn one_slot(
     let backend = Backend::start("pod-a").await;
     let picker = start_picker(picker_config(
         &[&backend],
-        &format!("picker: {{affinity: {{}}, flowControl: {{maxInFlightPerPod: 1, {extra}}}}}\n"),
+        &format!("picker: {{affinity: {{}}, flowControl: {{enabled: true, maxInFlightPerPod: 1, {extra}}}}}\n"),
     ))
     .await;
     let envoy = start_envoy(render_envoy(
@@ -233,7 +233,7 @@ async fn a_flood_of_one_tenant_does_not_starve_another() {
     ];
     let picker = start_picker(sims_config(
         &sims,
-        "picker: {affinity: {}, flowControl: {maxInFlightPerPod: 1}}\n",
+        "picker: {affinity: {}, flowControl: {enabled: true, maxInFlightPerPod: 1}}\n",
     ))
     .await;
     let envoy = start_envoy_for_sims(&picker, &sims).await;

@@ -11,7 +11,7 @@ use crate::routing::flow::Released;
 /// Three pods taking one request each, flow control on (`requestTtlSeconds` 30).
 fn full_router(extra: &str) -> (Arc<Router>, Vec<Routed>) {
     let yaml = format!(
-        "picker:\n  affinity: {{}}\n  flowControl: {{maxInFlightPerPod: 1, messageTimeoutSeconds: 12.5, priorities: {{vip: 5}}, {extra}}}\n"
+        "picker:\n  affinity: {{}}\n  flowControl: {{enabled: true, maxInFlightPerPod: 1, messageTimeoutSeconds: 12.5, priorities: {{vip: 5}}, {extra}}}\n"
     );
     let router = Arc::new(router_from_config(
         &yaml,
