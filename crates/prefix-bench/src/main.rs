@@ -74,6 +74,11 @@ enum Cmd {
         /// the in-round comparisons (`prefix_bench::overhead`).
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
         rounds: u32,
+        /// The requests: distinct 8 KiB completions, or 2 KiB chats (a 1 KiB system prompt of
+        /// one of eight tenants, a distinct 1 KiB question), whose heads the engine-events row
+        /// looks up and tokenizes as a tenant's requests do.
+        #[arg(long, value_enum, default_value_t = cmd::overhead::Prompts::Completion)]
+        prompts: cmd::overhead::Prompts,
     },
     /// Rewrite the markdown, the summary and the PNG of a results JSON file (next to it).
     Report {
@@ -165,6 +170,7 @@ async fn main() -> anyhow::Result<()> {
             envoy_files,
             out,
             rounds,
+            prompts,
         } => {
             cmd::overhead::run(
                 requests,
@@ -173,6 +179,7 @@ async fn main() -> anyhow::Result<()> {
                 &envoy_files,
                 out,
                 rounds as usize,
+                prompts,
             )
             .await
         }

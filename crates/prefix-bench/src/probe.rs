@@ -52,6 +52,35 @@ fn latency_model_line(text: &str) -> String {
 /// `prefix_picker_decisions_total` by reason, summed over pickers' admin endpoints (a picker
 /// that does not answer counts nothing).
 pub async fn decision_reasons(admins: &[SocketAddr]) -> BTreeMap<String, f64> {
+    labelled_counts(admins, DECISIONS).await
+}
+
+/// A labelled counter family of the picker's exposition: its name and its one label.
+#[derive(Debug, Clone, Copy)]
+pub struct Counter {
+    pub name: &'static str,
+    pub label: &'static str,
+}
+
+/// Routing decisions by reason.
+pub const DECISIONS: Counter = Counter {
+    name: "prefix_picker_decisions_total",
+    label: "reason",
+};
+/// Affinity-mode decisions by where the picked pod's match came from (engine, estimate, both).
+pub const MATCH_SOURCES: Counter = Counter {
+    name: "prefix_picker_match_source_total",
+    label: "source",
+};
+/// Requests to pods with engine views, by how their engine tokens were found.
+pub const ENGINE_TOKENS: Counter = Counter {
+    name: "prefix_picker_engine_tokens_total",
+    label: "outcome",
+};
+
+/// `counter`'s samples by label value, summed over pickers' admin endpoints (a picker that
+/// does not answer counts nothing).
+pub async fn labelled_counts(admins: &[SocketAddr], counter: Counter) -> BTreeMap<String, f64> {
     let client = reqwest::Client::new();
     let mut sums = BTreeMap::new();
     for admin in admins {
@@ -59,8 +88,8 @@ pub async fn decision_reasons(admins: &[SocketAddr]) -> BTreeMap<String, f64> {
             continue;
         };
         let text = r.text().await.unwrap_or_default();
-        for (reason, n) in parse_decision_reasons(&text) {
-            *sums.entry(reason).or_insert(0.0) += n;
+        for (value, n) in parse_labelled(&text, counter) {
+            *sums.entry(value).or_insert(0.0) += n;
         }
     }
     sums
@@ -68,11 +97,17 @@ pub async fn decision_reasons(admins: &[SocketAddr]) -> BTreeMap<String, f64> {
 
 /// The `prefix_picker_decisions_total{reason}` samples of a Prometheus text exposition.
 pub fn parse_decision_reasons(text: &str) -> Vec<(String, f64)> {
+    parse_labelled(text, DECISIONS)
+}
+
+/// `counter`'s samples (`name{label="value"} n`) of a Prometheus text exposition.
+pub fn parse_labelled(text: &str, counter: Counter) -> Vec<(String, f64)> {
+    let prefix = format!("{}{{{}=\"", counter.name, counter.label);
     text.lines()
         .filter_map(|line| {
-            let rest = line.strip_prefix("prefix_picker_decisions_total{reason=\"")?;
-            let (reason, value) = rest.split_once("\"} ")?;
-            Some((reason.to_string(), value.trim().parse().ok()?))
+            let rest = line.strip_prefix(prefix.as_str())?;
+            let (value, n) = rest.split_once("\"} ")?;
+            Some((value.to_string(), n.trim().parse().ok()?))
         })
         .collect()
 }

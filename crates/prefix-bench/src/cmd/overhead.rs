@@ -1,16 +1,20 @@
 //! `prefix-bench overhead`: instant backends, fixed concurrency; requests/s, p50/p99 latency
 //! and CPU per request of Envoy alone, Envoy + the no-op ext_proc, Envoy + the routing floor
 //! (the no-op plus the routing any prefix-cache router must do, with the shipped config's
-//! scheduler) and Envoy + prefix-picker (each Envoy bootstrap), and the installed peers,
+//! scheduler) and Envoy + prefix-picker (each Envoy bootstrap: Kthena's plugins, the shipped
+//! config, and the shipped config reading the engines' KV events and asking their
+//! `/tokenize`, as `deploy/local` runs it), and the installed peers,
 //! `rounds` times in alternation (`prefix_bench::overhead`); then the CPU ratios to the no-op
 //! and to the floor (`prefix_bench::overhead::cpu_ratios`).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use prefix_bench::cluster::{Setup, start_cluster};
+use prefix_bench::cluster::{Setup, start_cluster_on};
 use prefix_bench::driver::{self, Arrival, RunResult};
+use prefix_bench::engines::EnginePlan;
 use prefix_bench::overhead::{self, OverheadRow, RowKind};
+use prefix_bench::picker_config::EngineEvents;
 use prefix_bench::probe::cpu_seconds;
 use prefix_bench::project::shipped_config;
 use prefix_bench::report::write_results;
@@ -31,6 +35,7 @@ pub async fn run(
     envoy_files: &[String],
     out: PathBuf,
     rounds: usize,
+    kind: Prompts,
 ) -> anyhow::Result<()> {
     let levels: Vec<usize> = concurrency
         .split(',')
@@ -42,10 +47,11 @@ pub async fn run(
         RowKind::Alone,
         Setup::envoy("envoy-round-robin.yaml", None),
     );
-    let prompts = prompts(requests, output_tokens);
+    let prompts = kind.requests(requests, output_tokens);
     let mut measured = Measured {
         md: format!(
-            "8 KiB prompts, {output_tokens} output token(s) per streamed response, {requests} requests per row\n\n"
+            "{}, {output_tokens} output token(s) per streamed response, {requests} requests per row\n\n",
+            kind.describe()
         ),
         runs: Vec::new(),
         rows: Vec::new(),
@@ -118,6 +124,17 @@ fn setups(envoy_files: &[String]) -> anyhow::Result<Vec<OverheadSetup>> {
                     picker_bin: None,
                 },
             ));
+            setups.push((
+                format!("Envoy + prefix-picker, shipped config + engine events ({file})"),
+                RowKind::Picker { file: file.clone() },
+                Setup::Envoy {
+                    file: file.clone(),
+                    scheduler: Some(scheduler.clone()),
+                    affinity: Some(affinity.clone()),
+                    events: Some(EngineEvents::engine_tokenize()),
+                    picker_bin: None,
+                },
+            ));
         }
     }
     for (name, setup) in routers(false, None)? {
@@ -128,17 +145,50 @@ fn setups(envoy_files: &[String]) -> anyhow::Result<Vec<OverheadSetup>> {
     Ok(setups)
 }
 
-/// `requests` distinct 8 KiB streamed completions of `output_tokens` tokens.
-fn prompts(requests: usize, output_tokens: usize) -> Vec<BenchRequest> {
-    (0..requests)
-        .map(|i| {
-            BenchRequest::new(
-                "/v1/completions",
-                serde_json::json!({"model": "model", "prompt": workload::text(i as u64 + 11, 8192), "max_tokens": output_tokens.max(1), "stream": true}),
-                None,
-            )
-        })
-        .collect()
+/// The requests every row is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Prompts {
+    /// Distinct 8 KiB streamed completions.
+    Completion,
+    /// 2 KiB streamed chats: one of eight tenants' 1 KiB system prompts, a distinct 1 KiB
+    /// question.
+    Chat,
+}
+
+/// Tenants of [`Prompts::Chat`].
+const CHAT_TENANTS: u64 = 8;
+
+impl Prompts {
+    fn describe(self) -> &'static str {
+        match self {
+            Prompts::Completion => "8 KiB completion prompts",
+            Prompts::Chat => {
+                "2 KiB chats (one of 8 tenants' 1 KiB system prompts, a 1 KiB question)"
+            }
+        }
+    }
+
+    /// `requests` requests of `output_tokens` tokens each.
+    fn requests(self, requests: usize, output_tokens: usize) -> Vec<BenchRequest> {
+        let max_tokens = output_tokens.max(1);
+        (0..requests as u64)
+            .map(|i| match self {
+                Prompts::Completion => BenchRequest::new(
+                    "/v1/completions",
+                    serde_json::json!({"model": "model", "prompt": workload::text(i + 11, 8192), "max_tokens": max_tokens, "stream": true}),
+                    None,
+                ),
+                Prompts::Chat => BenchRequest::new(
+                    "/v1/chat/completions",
+                    serde_json::json!({"model": "model", "messages": [
+                        {"role": "system", "content": workload::text(i % CHAT_TENANTS + 1, 1024)},
+                        {"role": "user", "content": workload::text(i + 1_000, 1024)},
+                    ], "max_tokens": max_tokens, "stream": true}),
+                    None,
+                ),
+            })
+            .collect()
+    }
 }
 
 /// What the rounds measured: the table so far, every run, every row.
@@ -200,7 +250,9 @@ async fn measure_overhead(
     c: usize,
     prompts: &[BenchRequest],
 ) -> anyhow::Result<(RunResult, f64, Option<f64>)> {
-    let cluster = start_cluster(setup, &instant()).await?;
+    let mut engines = EnginePlan::plain(&instant());
+    engines.kv_events = setup.reads_engine_events();
+    let cluster = start_cluster_on(setup, engines).await?;
     let base = cluster.url.clone();
     // The proxy's CPU: Envoy's, or the peer router's own process.
     let envoy_pid = cluster

@@ -449,8 +449,8 @@ async fn run_row(
         workload::model(&w.requests),
     )
     .await;
-    let warm_up_reasons = match c.picker_admin {
-        Some(admin) => probe::decision_reasons(&[admin]).await,
+    let warm_up = match c.picker_admin {
+        Some(admin) => picker_counts(admin).await,
         None => Default::default(),
     };
     let (url, sim_urls) = (c.url.clone(), c.sim_urls.clone());
@@ -471,7 +471,7 @@ async fn run_row(
     )
     .await;
     if let Some(admin) = c.picker_admin {
-        log_picker(admin, &warm_up_reasons).await;
+        log_picker(admin, &warm_up).await;
     }
     let mut r = r;
     let tokenized = probe::TokenizeWork::read(&sim_urls)
@@ -520,17 +520,41 @@ fn picker_restart_mid_run(c: &mut Cluster, after: usize) -> driver::MidRun<'_> {
     }
 }
 
+/// The counters [`log_picker`] shows: decisions by reason, match sources, engine-token
+/// outcomes.
+const LOGGED_COUNTERS: [(&str, probe::Counter); 3] = [
+    ("decisions", probe::DECISIONS),
+    ("match source", probe::MATCH_SOURCES),
+    ("engine tokens", probe::ENGINE_TOKENS),
+];
+
+async fn picker_counts(admin: std::net::SocketAddr) -> Vec<BTreeMap<String, f64>> {
+    let mut counts = Vec::with_capacity(LOGGED_COUNTERS.len());
+    for (_, counter) in LOGGED_COUNTERS {
+        counts.push(probe::labelled_counts(&[admin], counter).await);
+    }
+    counts
+}
+
 /// Says on stderr what the picker at `admin` decided during the run (its decisions by reason,
-/// less those of the warm-up) and what its latency model learned.
-async fn log_picker(admin: std::net::SocketAddr, warm_up_reasons: &BTreeMap<String, f64>) {
-    let reasons = probe::decision_reasons(&[admin]).await;
-    let shown: Vec<String> = reasons
-        .iter()
-        .map(|(reason, n)| (reason, n - warm_up_reasons.get(reason).unwrap_or(&0.0)))
-        .filter(|(_, n)| *n > 0.0)
-        .map(|(reason, n)| format!("{reason} {n}"))
-        .collect();
-    eprintln!("  decisions: {}", shown.join(", "));
+/// where the picked pods' matches came from and how engine tokens were found, less those of
+/// the warm-up `before`) and what its latency model learned.
+async fn log_picker(admin: std::net::SocketAddr, before: &[BTreeMap<String, f64>]) {
+    let after = picker_counts(admin).await;
+    for (i, (what, _)) in LOGGED_COUNTERS.iter().enumerate() {
+        let shown: Vec<String> = after[i]
+            .iter()
+            .map(|(value, n)| {
+                let earlier = before.get(i).and_then(|b| b.get(value)).unwrap_or(&0.0);
+                (value, n - earlier)
+            })
+            .filter(|(_, n)| *n > 0.0)
+            .map(|(value, n)| format!("{value} {n}"))
+            .collect();
+        if !shown.is_empty() {
+            eprintln!("  {what}: {}", shown.join(", "));
+        }
+    }
     let learned = probe::latency_model(admin).await;
     if !learned.is_empty() {
         eprintln!("  latency model: {learned}");
