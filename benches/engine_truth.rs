@@ -1,4 +1,4 @@
-//! Engine truth's costs: applying KV events to a pod's engine view (block events per second on
+//! Engine truth's costs: decoding a batch of KV events, applying KV events to a pod's engine view (block events per second on
 //! one core, at a steady size; also with 64 holds in flight awaiting blocks from it), matching a request against it, hashing a prompt's tokens, the
 //! request path's head lookup, the `file` tokenizer source's cold cost (chat template rendered
 //! and encoded; the template alone; the bare `tokenizers` encode of the rendered text, the
@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, Throughput};
 use prefix_picker::engine_view::{EngineView, token_chain};
+use prefix_picker::kv_events::{Limits, decode_batch};
 use prefix_picker::metrics::engine_truth::EngineTruthMetrics;
 use prefix_picker::request::Api;
 use prefix_picker::tokenizer::TokenizeInput;
@@ -66,6 +67,34 @@ fn bench_ingest(c: &mut Criterion, size: usize, waits: usize) {
         })
     });
     assert!(waiting.iter().all(|w| !w.is_stored()));
+    g.finish();
+}
+
+/// Decoding a vLLM-shaped batch as model-sim publishes it: a `BlockStored` of [`BATCH`]
+/// blocks (token ids spread over a 128 K vocabulary, as a real model's are) and a
+/// `BlockRemoved` for each.
+fn bench_decode(c: &mut Criterion) {
+    use model_sim::kv_cache::{KvBlock, KvEvent};
+    use model_sim::kv_events::encode_batch;
+    let mut g = c.benchmark_group("kv_events");
+    let token_ids: Vec<u32> = (0..(BATCH * BLOCK) as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) % 128_000)
+        .collect();
+    let blocks: Vec<KvBlock> = (0..BATCH as u64)
+        .map(|i| KvBlock(i.wrapping_mul(0x9E37_79B9_7F4A_7C15)))
+        .collect();
+    let mut events = vec![KvEvent::Stored {
+        blocks: blocks.clone(),
+        parent: Some(KvBlock(7)),
+        token_ids,
+    }];
+    events.extend(blocks.into_iter().map(KvEvent::Removed));
+    let payload = encode_batch(1.0, &events, BLOCK, 0);
+    let limits = Limits::default();
+    g.throughput(Throughput::Elements((2 * BATCH) as u64));
+    g.bench_function("decode_stored_and_removed", |b| {
+        b.iter(|| black_box(decode_batch(black_box(&payload), &limits)).is_ok())
+    });
     g.finish();
 }
 
@@ -258,6 +287,7 @@ fn main() {
     // First, before the views' fixtures below build and free a million-block view: placed after
     // them, the tokenizer's many small allocations measured about twice as slow.
     bench_file_tokenizer(&mut c, sizes);
+    bench_decode(&mut c);
     bench_ingest(&mut c, size, 0);
     bench_ingest(&mut c, size, 64);
     bench_match(&mut c, size);

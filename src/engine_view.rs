@@ -22,6 +22,7 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -32,6 +33,10 @@ mod awaiting;
 
 pub use awaiting::Awaited;
 use awaiting::Awaiting;
+
+/// The views' maps are keyed by block hashes (the engine's, and the token chain's): a fast
+/// seeded hasher instead of SipHash (every event and every match hashes keys).
+type Hasher = foldhash::fast::RandomState;
 
 /// The chain's seed for a first block (no parent).
 const CHAIN_SEED: u64 = 0x656e_6769_6e65_5f76;
@@ -51,12 +56,21 @@ pub fn token_chain(tokens: &[u32], block_size: usize) -> Vec<u64> {
 }
 
 /// A buffer for one block's token bytes, never larger than `tokens` tokens' bytes: the block
-/// size comes from the engine's events.
+/// size comes from the engine's events. None on a little-endian host ([`block_hash`] hashes
+/// the ids in place).
 fn block_buffer(block_size: usize, tokens: usize) -> Vec<u8> {
+    if cfg!(target_endian = "little") {
+        return Vec::new();
+    }
     Vec::with_capacity(block_size.min(tokens) * 4)
 }
 
 fn block_hash(parent: u64, block: &[u32], bytes: &mut Vec<u8>) -> u64 {
+    // The chain hashes little-endian ids: on a little-endian host they are the slice's own
+    // bytes (no copy: a 16-token block's ingest and match cost less, benches/engine_truth.rs).
+    if cfg!(target_endian = "little") {
+        return xxh3_64_with_seed(bytemuck::cast_slice(block), parent);
+    }
     bytes.clear();
     for t in block {
         bytes.extend_from_slice(&t.to_le_bytes());
@@ -93,7 +107,7 @@ struct ViewState {
     /// Tokens per block, from the engine's events (0 until the first store).
     block_size: usize,
     /// Engine block hash -> token-chain hash.
-    by_engine: HashMap<u64, u64>,
+    by_engine: HashMap<u64, u64, Hasher>,
     /// Token-chain hashes held.
     held: Held,
     /// Scratch for hashing a block's token bytes.
@@ -195,11 +209,11 @@ impl EngineView {
     /// Heap bytes of the view's maps: hashbrown keeps a power-of-two number of buckets (its
     /// capacity is 7/8 of them), each an entry plus one control byte.
     pub fn heap_bytes(&self) -> usize {
-        fn table<K, V>(m: &HashMap<K, V>) -> usize {
+        fn table<K, V, S: BuildHasher>(m: &HashMap<K, V, S>) -> usize {
             let buckets = (m.capacity() * 8).div_ceil(7).next_power_of_two();
             buckets * (std::mem::size_of::<(K, V)>() + 1)
         }
-        fn set<K>(m: &HashSet<K>) -> usize {
+        fn set<K, S: BuildHasher>(m: &HashSet<K, S>) -> usize {
             let buckets = (m.capacity() * 8).div_ceil(7).next_power_of_two();
             buckets * (std::mem::size_of::<K>() + 1)
         }
@@ -274,7 +288,7 @@ impl EngineView {
     pub fn clear(&self) -> usize {
         let mut s = self.state.write();
         let dropped = s.held.len();
-        s.by_engine = HashMap::new();
+        s.by_engine = HashMap::default();
         s.held = Held::default();
         self.blocks.store(0, Ordering::Relaxed);
         dropped
@@ -305,9 +319,9 @@ impl EngineView {
 #[derive(Debug, Default)]
 struct Held {
     /// Every hash held.
-    once: HashSet<u64>,
+    once: HashSet<u64, Hasher>,
     /// Carriers beyond the first, for the hashes that have more than one.
-    more: HashMap<u64, u32>,
+    more: HashMap<u64, u32, Hasher>,
 }
 
 impl Held {

@@ -431,7 +431,7 @@ fn read_field(r: &mut Reader, kind: Kind, f: Field, out: &mut Fields) -> Result<
                 h => Some(hash(h, || format!("{name}.parent_block_hash"))?),
             }
         }
-        Field::TokenIds => out.token_ids = Some(read_list(r, name, "token_ids", read_token)?),
+        Field::TokenIds => out.token_ids = Some(read_tokens(r, name)?),
         Field::BlockSize => {
             out.block_size = Some(match r.head()? {
                 Head::Uint(u) if u <= u64::from(u32::MAX) => u as u32,
@@ -507,11 +507,29 @@ fn hash(h: Head, what: impl FnOnce() -> String) -> Result<EngineBlockHash, Decod
     }
 }
 
-fn read_token(r: &mut Reader, what: &dyn Fn() -> String) -> Result<u32, DecodeError> {
-    match r.head()? {
-        Head::Uint(u) if u <= u64::from(u32::MAX) => Ok(u as u32),
-        other => Err(unexpected(what(), "a token id", other)),
+/// `token_ids`: an array of unsigned integers that fit `u32` ([`Reader::small_uint`]'s fast
+/// path; a `u64` encoding of a small id is read too).
+fn read_tokens(r: &mut Reader, event: &'static str) -> Result<Vec<u32>, DecodeError> {
+    let n = match r.head()? {
+        Head::Array(n) => n,
+        other => return Err(unexpected(format!("{event}.token_ids"), "an array", other)),
+    };
+    let mut out = Vec::with_capacity(n.min(r.remaining()));
+    for i in 0..n {
+        let id = match r.small_uint()? {
+            Ok(id) => id,
+            Err(Head::Uint(u)) if u <= u64::from(u32::MAX) => u as u32,
+            Err(other) => {
+                return Err(unexpected(
+                    format!("{event}.token_ids[{i}]"),
+                    "a token id",
+                    other,
+                ));
+            }
+        };
+        out.push(id);
     }
+    Ok(out)
 }
 
 fn build(kind: Kind, f: Fields) -> Result<KvEvent, DecodeError> {

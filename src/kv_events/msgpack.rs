@@ -102,6 +102,24 @@ impl<'a> Reader<'a> {
         self.take(n)
     }
 
+    /// Reads the next value as a `u32` when it is an unsigned integer encoded in at most four
+    /// bytes (how every token id is written); anything else is read as [`Reader::head`] reads
+    /// it and returned as `Err(head)`. A token list's loop: one branch per id instead of the
+    /// head's 256-way match and byte fold.
+    #[inline]
+    pub fn small_uint(&mut self) -> Result<Result<u32, Head<'a>>, Malformed> {
+        let rest = &self.buf[self.pos..];
+        let (value, len) = match *rest {
+            [b @ 0x00..=0x7f, ..] => (u32::from(b), 1),
+            [0xcc, b, ..] => (u32::from(b), 2),
+            [0xcd, b0, b1, ..] => (u32::from(u16::from_be_bytes([b0, b1])), 3),
+            [0xce, b0, b1, b2, b3, ..] => (u32::from_be_bytes([b0, b1, b2, b3]), 5),
+            _ => return self.head().map(Err),
+        };
+        self.pos += len;
+        Ok(Ok(value))
+    }
+
     /// Reads the next value's head.
     pub fn head(&mut self) -> Result<Head<'a>, Malformed> {
         let at = self.pos;

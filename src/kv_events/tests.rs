@@ -167,6 +167,60 @@ fn limits_refuse_before_decoding() {
     );
 }
 
+/// A batch of one array-encoded `BlockStored` whose `token_ids` are `tokens` (each already
+/// msgpack-encoded, `count` of them).
+fn stored_with_tokens(count: u8, tokens: &[u8]) -> Vec<u8> {
+    // {"ts": 1, "events": [["BlockStored", [1], nil, [tokens...], 2]]}
+    let mut p = vec![0x82, 0xa2, b't', b's', 0x01, 0xa6];
+    p.extend_from_slice(b"events");
+    p.extend_from_slice(&[0x91, 0x95, 0xab]);
+    p.extend_from_slice(b"BlockStored");
+    p.extend_from_slice(&[0x91, 0x01, 0xc0, 0x90 | count]);
+    p.extend_from_slice(tokens);
+    p.push(0x02);
+    p
+}
+
+#[test]
+fn token_ids_are_read_in_every_unsigned_width() {
+    let tokens = [
+        0x05, // fixint 5
+        0xcc, 0xc8, // u8 200
+        0xcd, 0x30, 0x39, // u16 12345
+        0xce, 0x00, 0x01, 0xf4, 0x00, // u32 128000
+        0xce, 0xff, 0xff, 0xff, 0xff, // u32 max
+        0xcf, 0, 0, 0, 0, 0, 0, 0, 0x07, // u64 7
+        0xd0, 0x09, // i8 9: not a token id
+    ];
+    let batch = decode_batch(
+        &stored_with_tokens(6, &tokens[..tokens.len() - 2]),
+        &Limits::default(),
+    )
+    .expect("six unsigned ids");
+    let [KvEvent::BlockStored { token_ids, .. }] = batch.events.as_slice() else {
+        panic!("one BlockStored: {:?}", batch.events);
+    };
+    assert_eq!(token_ids, &[5, 200, 12345, 128_000, u32::MAX, 7]);
+    let err = decode_batch(&stored_with_tokens(7, &tokens), &Limits::default()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "BlockStored.token_ids[6]: expected a token id, found integer 9"
+    );
+    // A u64 past u32::MAX, and an id cut short by the payload's end.
+    let big = [0xcf, 0, 0, 0, 0x01, 0, 0, 0, 0];
+    let err = decode_batch(&stored_with_tokens(1, &big), &Limits::default()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "BlockStored.token_ids[0]: expected a token id, found integer 4294967296"
+    );
+    let mut cut = stored_with_tokens(1, &[0xce, 0x00, 0x01]);
+    cut.pop();
+    assert!(matches!(
+        decode_batch(&cut, &Limits::default()),
+        Err(DecodeError::Truncated { .. })
+    ));
+}
+
 #[test]
 fn errors_name_the_bad_value() {
     // {"ts": 1, "events": [["BlockStored", [1], nil, [1, "x"], 2]]}
