@@ -26,6 +26,7 @@ use serde_yaml_ng::Value as Yaml;
 
 use crate::scheduler::epp::{
     EppFilter, EppPicker, EppProfile, EppScorer, EppScorerKind, LabelRequirement, LabelSelector,
+    PrefixAffinity, SessionStrategy, session_affinity, token_load,
 };
 
 /// The apiVersions read (the second with a deprecation warning).
@@ -38,7 +39,7 @@ pub const API_VERSIONS: [&str; 2] = [
 pub const OWN_SECTIONS: [&str; 4] = ["endpoints", "discovery", "picker", "sync"];
 
 /// Plugin types implemented (filters, scorers, pickers, the profile handler).
-const IMPLEMENTED: [&str; 14] = [
+const IMPLEMENTED: [&str; 17] = [
     "prefix-cache-scorer",
     "queue-scorer",
     "kv-cache-utilization-scorer",
@@ -46,9 +47,12 @@ const IMPLEMENTED: [&str; 14] = [
     "load-aware-scorer",
     "lora-affinity-scorer",
     "no-hit-lru-scorer",
+    "token-load-scorer",
+    "session-affinity-scorer",
     "decode-filter",
     "prefill-filter",
     "label-selector-filter",
+    "prefix-cache-affinity-filter",
     "max-score-picker",
     "random-picker",
     "weighted-random-picker",
@@ -104,18 +108,15 @@ const NO_EFFECT: [(&str, &str); 14] = [
 ];
 
 /// llm-d plugin types not implemented here.
-const NOT_IMPLEMENTED: [&str; 27] = [
-    "token-load-scorer",
+const NOT_IMPLEMENTED: [&str; 24] = [
     "active-request-scorer",
     "latency-scorer",
     "context-length-aware",
     "precise-prefix-cache-scorer",
     "mm-embeddings-cache-scorer",
-    "session-affinity-scorer",
     "header-label-affinity-scorer",
     "endpoint-attribute-scorer",
     "topology-affinity-scorer",
-    "prefix-cache-affinity-filter",
     "slo-headroom-tier-filter",
     "encode-filter",
     "utilization-filter",
@@ -241,6 +242,140 @@ fn selector(p: SelectorParameters) -> Result<LabelSelector, String> {
     })
 }
 
+/// prefix-cache-affinity-filter's parameters validated as llm-d does (`Config.validate`);
+/// `ttftSource: latencyPredictor` is refused (no llm-d latency predictor here).
+fn prefix_affinity(p: PrefixAffinityParameters) -> Result<PrefixAffinity, String> {
+    let _ = (
+        p.prefix_match_info_producer_name,
+        p.latency_prediction_info_producer_name,
+        p.in_flight_load_producer_name,
+    );
+    // llm-d decodes over its defaults: an absent key keeps the default, a 0 is a 0
+    // (`affinityThreshold: 0` turns the filter off, `maxTTFTPenaltyMs: 0` always sticks).
+    let d = PrefixAffinity::default();
+    let f = PrefixAffinity {
+        affinity_threshold: p.affinity_threshold.unwrap_or(d.affinity_threshold),
+        exploration_probability: p
+            .exploration_probability
+            .unwrap_or(d.exploration_probability),
+        max_ttft_penalty_ms: p.max_ttft_penalty_ms.unwrap_or(d.max_ttft_penalty_ms),
+        peak_prefill_throughput: p
+            .peak_prefill_throughput
+            .unwrap_or(d.peak_prefill_throughput),
+    };
+    if !(f.affinity_threshold.is_finite() && f.affinity_threshold <= 1.0) {
+        return Err(format!(
+            "affinityThreshold must be <= 1.0, got {}",
+            f.affinity_threshold
+        ));
+    }
+    if !(0.0..=1.0).contains(&f.exploration_probability) {
+        return Err(format!(
+            "explorationProbability must be in [0, 1], got {}",
+            f.exploration_probability
+        ));
+    }
+    if !(f.max_ttft_penalty_ms.is_finite() && f.max_ttft_penalty_ms >= 0.0) {
+        return Err(format!(
+            "maxTTFTPenaltyMs must be >= 0, got {}",
+            f.max_ttft_penalty_ms
+        ));
+    }
+    if !(f.peak_prefill_throughput.is_finite() && f.peak_prefill_throughput >= 0.0) {
+        return Err(format!(
+            "peakPrefillThroughput must be >= 0, got {}",
+            f.peak_prefill_throughput
+        ));
+    }
+    if f.max_ttft_penalty_ms > 0.0 && f.peak_prefill_throughput == 0.0 {
+        return Err("peakPrefillThroughput must be > 0 when maxTTFTPenaltyMs is > 0 (ttftSource prefillThroughput)".into());
+    }
+    match p.ttft_source.as_deref() {
+        None | Some("") | Some("prefillThroughput") => Ok(f),
+        Some("latencyPredictor") => Err(
+            "ttftSource \"latencyPredictor\" is llm-d's but not implemented by prefix-picker (it reads llm-d's predicted-latency-producer); use prefillThroughput"
+                .into(),
+        ),
+        Some(other) => Err(format!(
+            "ttftSource must be \"latencyPredictor\" or \"prefillThroughput\", got {other:?}"
+        )),
+    }
+}
+
+/// A lowercase header name as llm-d normalises it (trimmed, lowercased), checked.
+fn header_name(name: &str, field: &str) -> Result<String, String> {
+    let h = name.trim().to_ascii_lowercase();
+    let ok = !h.is_empty()
+        && h.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+    match ok {
+        true => Ok(h),
+        false => Err(format!("{field} must be an HTTP header name, got {name:?}")),
+    }
+}
+
+/// session-affinity-scorer's strategy, with llm-d's defaults and checks.
+fn session_strategy(p: SessionAffinityParameters) -> Result<SessionStrategy, String> {
+    if let Some(profile) = p.profile_name.filter(|n| !n.is_empty()) {
+        return Err(format!(
+            "profileName {profile:?}: pinning another profile's pod needs disagg-profile-handler, which prefix-picker does not implement; leave it out (the picked pod is pinned)"
+        ));
+    }
+    match p.strategy.as_deref().unwrap_or("encoded_endpoint_header") {
+        "encoded_endpoint_header" => {
+            let header = match p.encoded_endpoint_header_config.header.as_deref() {
+                None | Some("") => session_affinity::DEFAULT_TOKEN_HEADER.to_string(),
+                Some(h) => header_name(h, "encodedEndpointHeaderConfig.header")?,
+            };
+            Ok(SessionStrategy::EncodedEndpointHeader { header })
+        }
+        "session_id" => {
+            let c = p.session_id_config;
+            let mut headers = Vec::new();
+            for (i, source) in c.sources.iter().enumerate() {
+                match (&source.header, &source.attribute) {
+                    (Some(h), None) if !h.is_empty() => {
+                        headers.push(header_name(
+                            h,
+                            &format!("sessionIdConfig.sources[{i}].header"),
+                        )?);
+                    }
+                    (None, Some(a)) if !a.is_empty() => {
+                        let _ = &source.producer;
+                        return Err(format!(
+                            "sessionIdConfig.sources[{i}]: attribute {a:?} (another llm-d plugin's request attribute) is not implemented by prefix-picker; use a header source"
+                        ));
+                    }
+                    _ => {
+                        return Err(format!(
+                            "sessionIdConfig.sources[{i}]: exactly one of header or attribute must be set"
+                        ));
+                    }
+                }
+            }
+            if headers.is_empty() {
+                headers.push(session_affinity::DEFAULT_SESSION_ID_HEADER.to_string());
+            }
+            let seconds = |v: Option<f64>, default: f64, field: &str| {
+                let s = v.filter(|&x| x != 0.0).unwrap_or(default);
+                if s.is_finite() && s > 0.0 {
+                    Ok(std::time::Duration::from_secs_f64(s))
+                } else {
+                    Err(format!("sessionIdConfig.{field} must be > 0, got {s}"))
+                }
+            };
+            Ok(SessionStrategy::SessionId {
+                headers,
+                ttl: seconds(c.eviction_ttl_seconds, 300.0, "evictionTtlSeconds")?,
+                sweep: seconds(c.eviction_sweep_seconds, 10.0, "evictionSweepSeconds")?,
+            })
+        }
+        other => Err(format!(
+            "strategy must be \"encoded_endpoint_header\" or \"session_id\", got {other:?}"
+        )),
+    }
+}
+
 /// no-hit-lru-scorer's parameters (`scorer/nohitlru/no_hit_lru.go`, `Parameters`).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -255,6 +390,66 @@ struct NoHitLruParameters {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct LoadAwareParameters {
     threshold: Option<f64>,
+}
+
+/// token-load-scorer's parameters (`scorer/tokenload/token_load.go`, `Config`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct TokenLoadParameters {
+    queue_threshold_tokens: Option<i64>,
+    in_flight_load_producer_name: Option<String>,
+}
+
+/// prefix-cache-affinity-filter's parameters (`filter/prefixcacheaffinity/plugin.go`,
+/// `Config`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct PrefixAffinityParameters {
+    affinity_threshold: Option<f64>,
+    exploration_probability: Option<f64>,
+    #[serde(rename = "maxTTFTPenaltyMs")]
+    max_ttft_penalty_ms: Option<f64>,
+    ttft_source: Option<String>,
+    peak_prefill_throughput: Option<f64>,
+    prefix_match_info_producer_name: Option<String>,
+    latency_prediction_info_producer_name: Option<String>,
+    in_flight_load_producer_name: Option<String>,
+}
+
+/// session-affinity-scorer's parameters (`scorer/sessionaffinity/session_affinity.go`,
+/// `util/sessionaffinity/{header,session_id}.go`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct SessionAffinityParameters {
+    strategy: Option<String>,
+    #[serde(default)]
+    encoded_endpoint_header_config: EncodedHeaderConfig,
+    #[serde(default)]
+    session_id_config: SessionIdConfig,
+    profile_name: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EncodedHeaderConfig {
+    header: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct SessionIdConfig {
+    #[serde(default)]
+    sources: Vec<SessionIdSource>,
+    eviction_ttl_seconds: Option<f64>,
+    eviction_sweep_seconds: Option<f64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SessionIdSource {
+    header: Option<String>,
+    attribute: Option<String>,
+    producer: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -491,6 +686,24 @@ fn plugin(
             }
             Plugin::Scorer(EppScorerKind::LoadAware { threshold })
         }
+        "token-load-scorer" => {
+            let p: TokenLoadParameters = parameters(spec)?;
+            let _ = p.in_flight_load_producer_name;
+            // llm-d: a threshold that is not > 0 is its default.
+            let threshold = match p.queue_threshold_tokens {
+                Some(n) if n > 0 => n as f64,
+                _ => token_load::DEFAULT_QUEUE_THRESHOLD_TOKENS,
+            };
+            Plugin::Scorer(EppScorerKind::TokenLoad {
+                queue_threshold_tokens: threshold,
+            })
+        }
+        "session-affinity-scorer" => Plugin::Scorer(EppScorerKind::SessionAffinity(
+            session_strategy(parameters(spec)?)?,
+        )),
+        "prefix-cache-affinity-filter" => Plugin::Filter(EppFilter::PrefixAffinity(
+            prefix_affinity(parameters(spec)?)?,
+        )),
         "decode-filter" => {
             no_parameters(warnings);
             Plugin::Filter(EppFilter::Decode)
@@ -612,7 +825,7 @@ fn profile(
                 }
                 profile.scorers.push(EppScorer {
                     name: r.plugin_ref.clone(),
-                    kind: *k,
+                    kind: k.clone(),
                     weight,
                 });
             }

@@ -622,6 +622,7 @@ impl Router {
             hashes: None,
             engine_tokens: None,
             kv_blocks: None,
+            headers: &[],
         };
         Ok((request, candidates))
     }

@@ -65,6 +65,11 @@ pub trait Candidate {
     }
     /// Requests picked for this pod and not yet completed (the router's own count).
     fn inflight(&self) -> i64;
+    /// Prompt tokens picked for this pod whose prefill is not done yet (llm-d's in-flight
+    /// token load: token-load-scorer, prefix-cache-affinity-filter); 0 when not counted.
+    fn inflight_tokens(&self) -> u64 {
+        0
+    }
     /// The engine's last scraped stats.
     fn stats(&self) -> EngineStats;
     /// The engine's last scraped queue (`stats().waiting`), which the affinity mode reads for
@@ -137,6 +142,10 @@ impl<C: Candidate + ?Sized> Candidate for Arc<C> {
 
     fn inflight(&self) -> i64 {
         (**self).inflight()
+    }
+
+    fn inflight_tokens(&self) -> u64 {
+        (**self).inflight_tokens()
     }
 
     fn stats(&self) -> EngineStats {

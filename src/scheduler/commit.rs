@@ -20,7 +20,7 @@ impl Scheduler {
         model: &str,
         decision: &Decision<C>,
     ) -> Option<TentativeHold> {
-        self.commit_no_hit(decision);
+        self.commit_epp(decision);
         let config = self.config.affinity.as_ref()?;
         let affinity_pick = matches!(
             decision.reason,
@@ -47,12 +47,14 @@ impl Scheduler {
         self.hold_pinning(model, &decision.hashes, primary.slot(), engine, pins)
     }
 
-    /// An `EndpointPickerConfig`'s no-hit-lru-scorer: a cold request's pod becomes the most
-    /// recent (cold: no pod held any of the prompt, or nothing was matched).
-    fn commit_no_hit<C: Candidate>(&self, decision: &Decision<C>) {
+    /// An `EndpointPickerConfig`'s state: its session bindings; for no-hit-lru-scorer, a cold
+    /// request's pod becomes the most recent (cold: no pod held any of the prompt, or nothing
+    /// was matched).
+    fn commit_epp<C: Candidate>(&self, decision: &Decision<C>) {
         let Some(profile) = &self.config.epp else {
             return;
         };
+        self.commit_sessions(profile, decision);
         let Some(size) = profile.scorers.iter().find_map(|s| match s.kind {
             super::epp::EppScorerKind::NoHitLru { lru_size } => Some(lru_size),
             _ => None,
@@ -64,6 +66,41 @@ impl Scheduler {
             DecisionReason::PrefixMiss | DecisionReason::Unscored
         ) {
             self.counters.no_hit.touch(decision.primary().label(), size);
+        }
+    }
+
+    /// session-affinity-scorer's `session_id` instances: the request's session is bound to the
+    /// pick (or refreshed, or moved when its pod was not a candidate).
+    fn commit_sessions<C: Candidate>(
+        &self,
+        profile: &super::epp::EppProfile,
+        decision: &Decision<C>,
+    ) {
+        if decision.epp.sessions.is_empty() {
+            return;
+        }
+        let candidates: Vec<&str> = decision.candidates.iter().map(|c| c.label()).collect();
+        let now = std::time::Instant::now();
+        for (instance, session) in &decision.epp.sessions {
+            let Some(super::epp::SessionStrategy::SessionId { ttl, sweep, .. }) =
+                profile.scorers.iter().find_map(|s| match &s.kind {
+                    super::epp::EppScorerKind::SessionAffinity(st) if &s.name == instance => {
+                        Some(st)
+                    }
+                    _ => None,
+                })
+            else {
+                continue;
+            };
+            self.counters.sessions.commit(
+                instance,
+                session,
+                decision.primary().label(),
+                &candidates,
+                *ttl,
+                *sweep,
+                now,
+            );
         }
     }
 

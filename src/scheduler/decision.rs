@@ -254,6 +254,18 @@ pub struct Decision<C> {
     /// kvcache-aware, when it scored: blocks each candidate holds from the first (in
     /// `candidates` order) and the prompt's blocks.
     pub kv_matched: Option<(Vec<usize>, usize)>,
+    /// An `EndpointPickerConfig`'s state to commit: the primary's uncached prompt tokens (its
+    /// in-flight token load while prefill runs) and the `session_id` sessions to bind.
+    pub epp: EppCommit,
+}
+
+/// What an `EndpointPickerConfig` decision leaves to its commit ([`Decision::epp`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EppCommit {
+    /// The prompt tokens the primary must compute (llm-d's inflight-load-producer's count).
+    pub inflight_tokens: u64,
+    /// `(session-affinity-scorer instance, session id)` of its `session_id` instances.
+    pub sessions: Vec<(String, String)>,
 }
 
 impl<C> Decision<C> {

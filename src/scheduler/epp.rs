@@ -39,6 +39,8 @@
 //!   `llm-d.ai/role`; decode keeps `decode`, `prefill-decode`, `both`, `encode-prefill-decode`
 //!   and pods without the label; prefill keeps `prefill`, `encode-prefill`, `prefill-decode`,
 //!   `both`, `encode-prefill-decode`.
+//! - `token-load-scorer`, `prefix-cache-affinity-filter`, `session-affinity-scorer`: their
+//!   own files ([`token_load`], [`prefix_affinity`], [`session_affinity`]).
 //! - `max-score-picker` (`picker/maxscore/picker.go`): shuffle, then a stable sort by total,
 //!   highest first (equal totals in random order); `random-picker` (`picker/random/picker.go`):
 //!   a shuffle; `weighted-random-picker` (`picker/weightedrandom/picker.go`): A-Res keys
@@ -49,16 +51,25 @@
 use rand::Rng;
 use rand::seq::SliceRandom;
 
+pub mod prefix_affinity;
+pub mod session_affinity;
+pub mod token_load;
+
+pub use prefix_affinity::{AffinityOutcome, PrefixAffinity};
+pub use session_affinity::{SessionBindings, SessionStrategy};
+
 /// llm-d's role label (`filter/bylabel/roles.go`).
 pub const ROLE_LABEL: &str = "llm-d.ai/role";
 
 /// A filter of the profile.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum EppFilter {
     Decode,
     Prefill,
     /// `label-selector-filter`: a Kubernetes label selector.
     Labels(LabelSelector),
+    /// `prefix-cache-affinity-filter`: by the prefix match and in-flight tokens, not labels.
+    PrefixAffinity(PrefixAffinity),
 }
 
 /// A Kubernetes `LabelSelector` (`matchLabels`, `matchExpressions`), validated.
@@ -101,13 +112,16 @@ impl EppFilter {
             EppFilter::Decode => "decode-filter",
             EppFilter::Prefill => "prefill-filter",
             EppFilter::Labels(_) => "label-selector-filter",
+            EppFilter::PrefixAffinity(_) => "prefix-cache-affinity-filter",
         }
     }
 
-    /// Whether a pod with these labels passes.
+    /// Whether a pod with these labels passes (prefix-cache-affinity-filter decides over all
+    /// the pods at once: every pod passes here).
     pub fn keeps_pod<'a>(&self, label: impl Fn(&str) -> Option<&'a str>) -> bool {
         match self {
             EppFilter::Labels(s) => s.matches(label),
+            EppFilter::PrefixAffinity(_) => true,
             _ => self.keeps(label(ROLE_LABEL)),
         }
     }
@@ -117,6 +131,7 @@ impl EppFilter {
     pub fn keeps(&self, role: Option<&str>) -> bool {
         match (self, role) {
             (EppFilter::Labels(s), _) => s.matches(|_| None),
+            (EppFilter::PrefixAffinity(_), _) => true,
             (EppFilter::Decode, None) => true,
             (EppFilter::Decode, Some(r)) => {
                 matches!(
@@ -134,7 +149,7 @@ impl EppFilter {
 }
 
 /// A scorer type with its parameters.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum EppScorerKind {
     PrefixCache {
         match_length_weight: f64,
@@ -151,11 +166,17 @@ pub enum EppScorerKind {
     NoHitLru {
         lru_size: usize,
     },
+    /// `token-load-scorer` with `queueThresholdTokens`.
+    TokenLoad {
+        queue_threshold_tokens: f64,
+    },
+    /// `session-affinity-scorer` with its strategy.
+    SessionAffinity(SessionStrategy),
 }
 
 impl EppScorerKind {
     /// llm-d's plugin type.
-    pub fn as_str(self) -> &'static str {
+    pub fn as_str(&self) -> &'static str {
         match self {
             EppScorerKind::PrefixCache { .. } => "prefix-cache-scorer",
             EppScorerKind::Queue => "queue-scorer",
@@ -164,6 +185,8 @@ impl EppScorerKind {
             EppScorerKind::LoadAware { .. } => "load-aware-scorer",
             EppScorerKind::LoraAffinity => "lora-affinity-scorer",
             EppScorerKind::NoHitLru { .. } => "no-hit-lru-scorer",
+            EppScorerKind::TokenLoad { .. } => "token-load-scorer",
+            EppScorerKind::SessionAffinity(_) => "session-affinity-scorer",
         }
     }
 }
@@ -256,11 +279,43 @@ impl EppProfile {
         }
     }
 
-    /// Whether a prefix-cache scorer runs (prompts are then hashed and recorded).
+    /// Whether a prefix-cache scorer or prefix-cache-affinity-filter runs (prompts are then
+    /// hashed, matched and recorded).
     pub fn scores_prefix(&self) -> bool {
         self.scorers
             .iter()
             .any(|s| matches!(s.kind, EppScorerKind::PrefixCache { .. }))
+            || self
+                .filters
+                .iter()
+                .any(|f| matches!(f, EppFilter::PrefixAffinity(_)))
+    }
+
+    /// The request headers its session-affinity scorers read (lowercase).
+    pub fn request_headers(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        for s in &self.scorers {
+            if let EppScorerKind::SessionAffinity(strategy) = &s.kind {
+                out.extend(strategy.headers());
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// The response headers its `encoded_endpoint_header` session scorers set: each header
+    /// with the token naming `pod` (`namespace/name`).
+    pub fn response_headers(&self, pod: &str) -> Vec<(String, String)> {
+        self.scorers
+            .iter()
+            .filter_map(|s| match &s.kind {
+                EppScorerKind::SessionAffinity(SessionStrategy::EncodedEndpointHeader {
+                    header,
+                }) => Some((header.clone(), session_affinity::encode_pod(pod))),
+                _ => None,
+            })
+            .collect()
     }
 
     /// One line for `validate` and the start-up log.

@@ -85,6 +85,8 @@ struct Counters {
     prefill: latency::PrefillRate,
     /// no-hit-lru-scorer's pods that took cold requests.
     no_hit: epp::NoHitLru,
+    /// session-affinity-scorer's `session_id` bindings.
+    sessions: epp::SessionBindings,
 }
 
 /// The next number of a sequence; a dry run (explain) reads it without taking it.

@@ -261,6 +261,7 @@ impl Scheduler {
             duration: Duration::ZERO,
             pd: None,
             kv_matched: None,
+            epp: Default::default(),
         }
     }
 }

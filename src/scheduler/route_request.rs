@@ -28,6 +28,9 @@ pub struct RouteRequest<'a> {
     /// kvcache-aware: who holds the prompt's blocks, as the platform looked them up before the
     /// decision; `None`: not looked up (the plugin scores nothing).
     pub kv_blocks: Option<&'a KvBlockOwners>,
+    /// The request headers an `EndpointPickerConfig` asked for (lowercase names; its
+    /// session-affinity scorers' headers), empty otherwise.
+    pub headers: &'a [(String, String)],
 }
 
 /// Engine token ids of the first `prompt_bytes` bytes of the rendered prompt (its head: the

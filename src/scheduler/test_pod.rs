@@ -72,6 +72,7 @@ pub(crate) fn req(prompt: &str) -> RouteRequest<'_> {
         hashes: None,
         engine_tokens: None,
         kv_blocks: None,
+        headers: &[],
     }
 }
 

@@ -112,6 +112,7 @@ fn no_prompt_is_unscored_not_rejected() {
                 hashes: None,
                 engine_tokens: None,
                 kv_blocks: None,
+                headers: &[],
             },
             pods.clone(),
         )
@@ -285,6 +286,7 @@ mod namespaces {
             hashes: None,
             engine_tokens: None,
             kv_blocks: None,
+            headers: &[],
         }
     }
 
@@ -448,6 +450,7 @@ mod namespaces {
                     hashes: None,
                     engine_tokens: None,
                     kv_blocks: None,
+                    headers: &[],
                 };
                 s.schedule(request, pods.clone()).unwrap()
             };

@@ -53,7 +53,11 @@ fn llm_ds_example_configs_load_unchanged() {
     }
 
     let p = load(include_str!("testdata/sim-epp-no-hit-lru.yaml")).unwrap();
-    let kinds: Vec<(EppScorerKind, f64)> = p.scorers.iter().map(|s| (s.kind, s.weight)).collect();
+    let kinds: Vec<(EppScorerKind, f64)> = p
+        .scorers
+        .iter()
+        .map(|s| (s.kind.clone(), s.weight))
+        .collect();
     assert_eq!(
         kinds,
         [
@@ -213,5 +217,138 @@ fn label_selector_filter_reads_a_kubernetes_selector_strictly() {
             e.contains(want) && e.contains("plugins[label-selector-filter] (line 4)"),
             "{params}: {e}"
         );
+    }
+}
+
+/// token-load-scorer, session-affinity-scorer and prefix-cache-affinity-filter with llm-d's
+/// defaults, their parameters, and what is refused by name (the latency predictor, request
+/// attributes, another profile's pod).
+#[test]
+fn token_load_session_affinity_and_the_affinity_filter_read_llm_ds_parameters() {
+    use crate::scheduler::epp::{PrefixAffinity, SessionStrategy};
+    use std::time::Duration;
+    // peers-late-2026.md section 5.2's drop-in example, as written there.
+    let drop_in = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n  - type: prefix-cache-affinity-filter\n    parameters: {affinityThreshold: 0.8, maxTTFTPenaltyMs: 5000, ttftSource: prefillThroughput}\n  - type: prefix-cache-scorer\n    parameters: {matchLengthWeight: 0.0}\n  - type: token-load-scorer\n  - type: queue-scorer\n  - type: kv-cache-utilization-scorer\n  - type: max-score-picker\nschedulingProfiles:\n  - name: default\n    plugins:\n      - pluginRef: prefix-cache-affinity-filter\n      - pluginRef: prefix-cache-scorer\n        weight: 3\n      - pluginRef: token-load-scorer\n        weight: 2\n      - pluginRef: queue-scorer\n        weight: 2\n      - pluginRef: kv-cache-utilization-scorer\n        weight: 2\n";
+    let p = Config::parse(drop_in).unwrap().scheduler.epp.unwrap();
+    assert_eq!(
+        p.filters,
+        [EppFilter::PrefixAffinity(PrefixAffinity {
+            affinity_threshold: 0.8,
+            exploration_probability: 0.0,
+            max_ttft_penalty_ms: 5000.0,
+            peak_prefill_throughput: 15928.0,
+        })]
+    );
+    assert_eq!(
+        (p.scorers[1].kind.clone(), p.scorers[1].weight),
+        (
+            EppScorerKind::TokenLoad {
+                queue_threshold_tokens: 4_194_304.0
+            },
+            2.0
+        )
+    );
+    assert!(p.scores_prefix());
+
+    let one = |plugin: &str| {
+        let doc = format!(
+            "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n- {plugin}\n"
+        );
+        Config::parse(&doc).map(|c| c.scheduler.epp.unwrap())
+    };
+    let kind = |plugin: &str| one(plugin).unwrap().scorers[0].kind.clone();
+    assert_eq!(
+        kind("{type: token-load-scorer, parameters: {queueThresholdTokens: 1000}}"),
+        EppScorerKind::TokenLoad {
+            queue_threshold_tokens: 1000.0
+        }
+    );
+    // llm-d: a threshold <= 0 is the default.
+    assert_eq!(
+        kind("{type: token-load-scorer, parameters: {queueThresholdTokens: 0}}"),
+        EppScorerKind::TokenLoad {
+            queue_threshold_tokens: 4_194_304.0
+        }
+    );
+    assert_eq!(
+        kind("{type: session-affinity-scorer}"),
+        EppScorerKind::SessionAffinity(SessionStrategy::EncodedEndpointHeader {
+            header: "x-session-token".into()
+        })
+    );
+    assert_eq!(
+        kind(
+            "{type: session-affinity-scorer, parameters: {encodedEndpointHeaderConfig: {header: X-Pin}}}"
+        ),
+        EppScorerKind::SessionAffinity(SessionStrategy::EncodedEndpointHeader {
+            header: "x-pin".into()
+        })
+    );
+    assert_eq!(
+        kind(
+            "{type: session-affinity-scorer, parameters: {strategy: session_id, sessionIdConfig: {sources: [{header: x-conv}], evictionTtlSeconds: 60}}}"
+        ),
+        EppScorerKind::SessionAffinity(SessionStrategy::SessionId {
+            headers: vec!["x-conv".into()],
+            ttl: Duration::from_secs(60),
+            sweep: Duration::from_secs(10),
+        })
+    );
+    let p = one("{type: prefix-cache-affinity-filter, parameters: {affinityThreshold: 0, maxTTFTPenaltyMs: 0}}")
+        .unwrap();
+    assert_eq!(
+        p.filters,
+        [EppFilter::PrefixAffinity(PrefixAffinity {
+            affinity_threshold: 0.0,
+            max_ttft_penalty_ms: 0.0,
+            ..PrefixAffinity::default()
+        })],
+        "an explicit 0 is a 0, as llm-d decodes over its defaults"
+    );
+
+    for (plugin, want) in [
+        (
+            "{type: prefix-cache-affinity-filter, parameters: {ttftSource: latencyPredictor}}",
+            "ttftSource \"latencyPredictor\" is llm-d's but not implemented",
+        ),
+        (
+            "{type: prefix-cache-affinity-filter, parameters: {affinityThreshold: 1.5}}",
+            "affinityThreshold must be <= 1.0, got 1.5",
+        ),
+        (
+            "{type: prefix-cache-affinity-filter, parameters: {explorationProbability: 2}}",
+            "explorationProbability must be in [0, 1], got 2",
+        ),
+        (
+            "{type: prefix-cache-affinity-filter, parameters: {peakPrefillThroughput: 0}}",
+            "peakPrefillThroughput must be > 0 when maxTTFTPenaltyMs is > 0",
+        ),
+        (
+            "{type: prefix-cache-affinity-filter, parameters: {afinityThreshold: 0.9}}",
+            "unknown field `afinityThreshold`",
+        ),
+        (
+            "{type: session-affinity-scorer, parameters: {strategy: cookie}}",
+            "strategy must be \"encoded_endpoint_header\" or \"session_id\", got \"cookie\"",
+        ),
+        (
+            "{type: session-affinity-scorer, parameters: {strategy: session_id, sessionIdConfig: {sources: [{attribute: agent-identity}]}}}",
+            "sources[0]: attribute \"agent-identity\"",
+        ),
+        (
+            "{type: session-affinity-scorer, parameters: {profileName: prefill}}",
+            "profileName \"prefill\"",
+        ),
+        (
+            "{type: session-affinity-scorer, parameters: {strategy: session_id, sessionIdConfig: {evictionTtlSeconds: -1}}}",
+            "evictionTtlSeconds must be > 0, got -1",
+        ),
+        (
+            "{type: token-load-scorer, parameters: {queueThreshold: 5}}",
+            "unknown field `queueThreshold`",
+        ),
+    ] {
+        let e = one(plugin).unwrap_err().to_string();
+        assert!(e.contains(want) && e.contains("(line 4)"), "{plugin}: {e}");
     }
 }

@@ -13,9 +13,14 @@ use rand::rngs::SmallRng;
 use super::candidates::session_position;
 use crate::hashing::BlockHash;
 use crate::prefix_index::ModelKey;
+use rand::Rng;
+
+use crate::scheduler::decision::EppCommit;
+use crate::scheduler::epp::session_affinity::session_scores;
 use crate::scheduler::epp::{
-    EppProfile, EppScorerKind, TOTAL_SCALE, clamp_score, kv_utilization_scores, load_aware_scores,
-    lora_affinity_score, min_max_scores, prefix_scores,
+    EppFilter, EppProfile, EppScorer, EppScorerKind, SessionStrategy, TOTAL_SCALE, clamp_score,
+    kv_utilization_scores, load_aware_scores, lora_affinity_score, min_max_scores, prefix_scores,
+    token_load,
 };
 use crate::scheduler::{
     Candidate, Decision, DecisionReason, Fractional, Observation, PluginScores, PluginType,
@@ -33,11 +38,50 @@ impl Scheduler {
         keep: usize,
         observations: &mut Vec<Observation>,
     ) -> Result<Decision<C>, &'static str> {
+        // The match comes first: prefix-cache-affinity-filter reads it, and the scorers read
+        // it over the pods the filters kept.
+        let (hashes, mut matched, unscored) = self.epp_match(profile, request, &candidates);
         for filter in &profile.filters {
             let t = Instant::now();
-            let keeps = |c: &C| filter.keeps_pod(|k| c.pod_label(k));
-            if !candidates.iter().all(keeps) {
-                candidates = candidates.iter().filter(|c| keeps(c)).cloned().collect();
+            let kept: Vec<bool> = match filter {
+                EppFilter::PrefixAffinity(f) => {
+                    let tokens: Vec<u64> = candidates.iter().map(|c| c.inflight_tokens()).collect();
+                    let u = if f.exploration_probability > 0.0 {
+                        rng.random()
+                    } else {
+                        1.0
+                    };
+                    let (kept, outcome) = f.keep(matched.as_deref(), hashes.len(), &tokens, u);
+                    tracing::debug!(
+                        target: "scores",
+                        "PrefixCacheAffinityFilter: {}, kept {} of {} (affinityThreshold {})",
+                        outcome.as_str(),
+                        kept.iter().filter(|&&k| k).count(),
+                        kept.len(),
+                        f.affinity_threshold
+                    );
+                    kept
+                }
+                _ => candidates
+                    .iter()
+                    .map(|c| filter.keeps_pod(|k| c.pod_label(k)))
+                    .collect(),
+            };
+            if !kept.iter().all(|&k| k) {
+                candidates = candidates
+                    .iter()
+                    .zip(&kept)
+                    .filter(|(_, k)| **k)
+                    .map(|(c, _)| c.clone())
+                    .collect();
+                if let Some(m) = &mut matched {
+                    *m = m
+                        .iter()
+                        .zip(&kept)
+                        .filter(|(_, k)| **k)
+                        .map(|(&b, _)| b)
+                        .collect();
+                }
             }
             observations.push(Observation::PluginTime {
                 plugin: filter.as_str(),
@@ -48,24 +92,26 @@ impl Scheduler {
                 return Err(filter.as_str());
             }
         }
-        let (hashes, matched, unscored) = self.epp_match(profile, request, &candidates);
         if let Some(m) = &matched
             && !hashes.is_empty()
         {
             let best = m.iter().copied().max().unwrap_or(0);
             observations.push(Observation::MatchRatio(best as f64 / hashes.len() as f64));
         }
+        let uncached = self.epp_uncached(request, &candidates, hashes.len(), matched.as_deref());
         let mut totals = vec![0.0f64; candidates.len()];
         let mut plugins = Vec::with_capacity(profile.scorers.len());
+        let mut sessions = Vec::new();
         for scorer in &profile.scorers {
             let t = Instant::now();
             let scores: Vec<f64> = self
                 .epp_scores(
-                    scorer.kind,
+                    scorer,
                     request,
                     &candidates,
-                    &hashes,
-                    matched.as_deref(),
+                    (&hashes, matched.as_deref()),
+                    &uncached,
+                    &mut sessions,
                 )
                 .into_iter()
                 .map(clamp_score)
@@ -126,7 +172,28 @@ impl Scheduler {
             duration: Duration::ZERO,
             pd: None,
             kv_matched: None,
+            epp: EppCommit {
+                inflight_tokens: uncached[order[0]],
+                sessions,
+            },
         })
+    }
+
+    /// Each candidate's uncached prompt tokens (llm-d's inflight-load-producer's count: the
+    /// blocks it does not hold and the tail, in 4-byte tokens; the whole prompt unmatched).
+    fn epp_uncached<C: Candidate>(
+        &self,
+        request: &RouteRequest<'_>,
+        candidates: &[C],
+        total: usize,
+        matched: Option<&[usize]>,
+    ) -> Vec<u64> {
+        let input = token_load::input_tokens(request.prompt.map_or(0, str::len));
+        let block_tokens =
+            (self.prefix.args().block_size_to_hash / token_load::BYTES_PER_TOKEN) as u64;
+        (0..candidates.len())
+            .map(|i| token_load::uncached_tokens(matched.map(|m| m[i]), total, block_tokens, input))
+            .collect()
     }
 
     /// The prompt's hashes and each candidate's chain match, when prefix-cache-scorer runs and
@@ -157,17 +224,20 @@ impl Scheduler {
     }
 
     /// One scorer's scores (before the clamp); prefix-cache-scorer scores 0 without a match.
+    /// A `session_id` session-affinity-scorer with a session adds it to `sessions` (bound at
+    /// commit).
     fn epp_scores<C: Candidate>(
         &self,
-        kind: EppScorerKind,
+        scorer: &EppScorer,
         request: &RouteRequest<'_>,
         candidates: &[C],
-        hashes: &[BlockHash],
-        matched: Option<&[usize]>,
+        (hashes, matched): (&[BlockHash], Option<&[usize]>),
+        uncached: &[u64],
+        sessions: &mut Vec<(String, String)>,
     ) -> Vec<f64> {
         let stat = |f: fn(&C) -> f64| candidates.iter().map(f).collect::<Vec<f64>>();
-        match kind {
-            EppScorerKind::PrefixCache {
+        match &scorer.kind {
+            &EppScorerKind::PrefixCache {
                 match_length_weight,
                 match_length_scale_tokens,
             } => match matched {
@@ -185,7 +255,7 @@ impl Scheduler {
             EppScorerKind::KvCacheUtilization => {
                 kv_utilization_scores(&stat(|c| c.stats().kv_usage))
             }
-            EppScorerKind::LoadAware { threshold } => {
+            &EppScorerKind::LoadAware { threshold } => {
                 load_aware_scores(&stat(|c| c.stats().waiting), threshold)
             }
             EppScorerKind::NoHitLru { .. } => {
@@ -197,6 +267,26 @@ impl Scheduler {
                 .iter()
                 .map(|c| lora_affinity_score(c.lora_state(request.model)))
                 .collect(),
+            &EppScorerKind::TokenLoad {
+                queue_threshold_tokens,
+            } => {
+                let load: Vec<u64> = candidates.iter().map(|c| c.inflight_tokens()).collect();
+                token_load::token_load_scores(&load, uncached, queue_threshold_tokens)
+            }
+            EppScorerKind::SessionAffinity(strategy) => {
+                let labels: Vec<&str> = candidates.iter().map(|c| c.label()).collect();
+                let session = strategy.session(request.headers);
+                let target = match (strategy, session) {
+                    (_, None) => None,
+                    (SessionStrategy::EncodedEndpointHeader { .. }, Some(pod)) => Some(pod),
+                    (SessionStrategy::SessionId { .. }, Some(id)) => {
+                        let bound = self.counters.sessions.bound(&scorer.name, &id);
+                        sessions.push((scorer.name.clone(), id));
+                        bound
+                    }
+                };
+                session_scores(&labels, target.as_deref())
+            }
         }
     }
 }
@@ -207,7 +297,7 @@ mod tests {
     use crate::scheduler::EngineStats;
     use crate::scheduler::affinity::RecentPicks;
     use crate::scheduler::config::SchedulerConfig;
-    use crate::scheduler::epp::{EppFilter, ROLE_LABEL, epp_total};
+    use crate::scheduler::epp::{ROLE_LABEL, epp_total};
     use crate::scheduler::test_pod::{Pod, req};
 
     fn pods(s: &Scheduler, stats: &[(f64, f64)], roles: &[Option<&str>]) -> Vec<Arc<Pod>> {

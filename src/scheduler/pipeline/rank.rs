@@ -52,6 +52,7 @@ pub(super) fn decision<C: Candidate + Clone>(
         duration: std::time::Duration::ZERO,
         pd: None,
         kv_matched: weighted.kv_matched,
+        epp: Default::default(),
     }
 }
 
