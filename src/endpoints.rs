@@ -122,6 +122,9 @@ pub struct Endpoint {
     /// allocation, and the slot is read for every candidate of every decision.
     slot: PodSlot,
     inflight: AtomicI64,
+    /// Prompt tokens of requests picked for this pod whose prefill is not done (an
+    /// `EndpointPickerConfig`'s in-flight token load, [`TokenLoadGuard`]).
+    inflight_tokens: AtomicU64,
     /// The engine's last stats and when they were set (`None`: never scraped).
     stats: RwLock<(EngineStats, Option<Instant>)>,
     /// `stats.waiting` (f64 bits), read without the lock: the affinity mode reads it for every
@@ -255,6 +258,10 @@ impl Candidate for Endpoint {
         Endpoint::inflight(self)
     }
 
+    fn inflight_tokens(&self) -> u64 {
+        self.inflight_tokens.load(Ordering::Relaxed)
+    }
+
     fn stats(&self) -> EngineStats {
         Endpoint::stats(self)
     }
@@ -345,6 +352,37 @@ impl Drop for InflightGuard {
     fn drop(&mut self) {
         self.endpoint.inflight.fetch_sub(1, Ordering::Relaxed);
         self.gauge.dec();
+    }
+}
+
+/// Counts a request's uncached prompt tokens on its pod until dropped: when the response's
+/// first body chunk arrives (prefill done), or when the request ends, whichever is first
+/// (llm-d's inflight-load-producer without output tokens).
+#[derive(Debug)]
+pub struct TokenLoadGuard {
+    endpoint: Arc<Endpoint>,
+    tokens: u64,
+}
+
+impl TokenLoadGuard {
+    pub fn new(endpoint: Arc<Endpoint>, tokens: u64) -> TokenLoadGuard {
+        endpoint
+            .inflight_tokens
+            .fetch_add(tokens, Ordering::Relaxed);
+        TokenLoadGuard { endpoint, tokens }
+    }
+}
+
+impl Drop for TokenLoadGuard {
+    fn drop(&mut self) {
+        let tokens = self.tokens;
+        // Never below 0, whatever the order of drops.
+        let _ =
+            self.endpoint
+                .inflight_tokens
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+                    Some(t.saturating_sub(tokens))
+                });
     }
 }
 
@@ -621,6 +659,7 @@ impl Endpoints {
             host: spec.address.to_string(),
             index,
             inflight: AtomicI64::new(0),
+            inflight_tokens: AtomicU64::new(0),
             stats: RwLock::new((EngineStats::default(), None)),
             waiting: AtomicU64::new(EngineStats::default().waiting.to_bits()),
             reuses_cache: AtomicBool::new(true),

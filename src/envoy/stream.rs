@@ -136,6 +136,10 @@ pub(super) struct StreamState {
     test_selection: Option<Vec<AddressPattern>>,
     /// The session header's value (session affinity on).
     session: Option<String>,
+    /// The request headers an `EndpointPickerConfig` reads (its session-affinity scorers').
+    epp_headers: Vec<(String, String)>,
+    /// The response headers it sets for the pick (`encoded_endpoint_header` tokens).
+    epp_reply: Vec<(String, String)>,
     metadata: HashMap<String, Struct>,
     body: Vec<u8>,
     holding_headers: bool,
@@ -215,6 +219,8 @@ impl StreamState {
             set_request_id: false,
             test_selection: None,
             session: None,
+            epp_headers: Vec::new(),
+            epp_reply: Vec::new(),
             metadata: HashMap::new(),
             body: Vec::new(),
             holding_headers: false,
@@ -266,8 +272,13 @@ impl StreamState {
     }
 
     fn on_request_headers(&mut self, h: HttpHeaders) -> Vec<ProcessingResponse> {
+        let epp_wanted = self.router.epp_request_headers();
         for header in h.headers.iter().flat_map(|m| &m.headers) {
             let value = header_value(header);
+            if epp_wanted.iter().any(|w| *w == header.key) {
+                self.epp_headers
+                    .push((header.key.clone(), value.clone().into_owned()));
+            }
             match header.key.as_str() {
                 ":path" => self.path = value.into_owned(),
                 "x-request-id" if !value.is_empty() => self.request_id = Some(value.into_owned()),
@@ -536,6 +547,9 @@ impl StreamState {
             self.decision_header = Some(decision.clone());
         }
         self.routed = true;
+        self.epp_reply = self
+            .router
+            .epp_response_headers(&routed.decision.primary().label);
         self.route_key = self.keep_route(routed.ticket);
         let request_id = self
             .set_request_id
@@ -583,6 +597,7 @@ impl StreamState {
             body,
             restrict: restrict.as_deref(),
             session: self.session.as_deref().map(str::as_bytes),
+            headers: &self.epp_headers,
             kv: kv.as_ref(),
             flow: self.fairness_id.as_deref(),
             objective: self.objective.as_deref(),
@@ -698,6 +713,9 @@ impl StreamState {
         if let Some(decision) = self.decision_header.take() {
             set_headers.push(set_header(DECISION_HEADER, &decision));
         }
+        for (name, value) in std::mem::take(&mut self.epp_reply) {
+            set_headers.push(set_header(&name, &value));
+        }
         let mut response = HeadersResponse::default();
         if !set_headers.is_empty() {
             response.response = Some(CommonResponse {
@@ -720,6 +738,9 @@ impl StreamState {
         let eos = b.end_of_stream;
         if self.first_body.is_none() && !b.body.is_empty() {
             self.first_body = Some(Instant::now());
+            if let Some(route) = self.route.as_mut() {
+                route.prefill_done();
+            }
         }
         self.usage.feed(&b.body);
         self.events.feed(&b.body);

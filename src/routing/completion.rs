@@ -28,7 +28,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::endpoints::{Endpoint, InflightGuard};
+use crate::endpoints::{Endpoint, InflightGuard, TokenLoadGuard};
 use crate::event_stream::EventsEnd;
 use crate::hashing::BlockHash;
 pub use crate::metrics::outcomes::{RouteOutcome, TentativeOutcome};
@@ -49,6 +49,9 @@ pub struct Ticket {
     pub hashes: Vec<BlockHash>,
     /// Keeps the primary pod's in-flight count until completion or abort.
     pub guard: InflightGuard,
+    /// An `EndpointPickerConfig`: the primary's in-flight prompt tokens, released when the
+    /// response's first body chunk arrives ([`Ticket::prefill_done`]) or with the ticket.
+    pub prompt_tokens: Option<TokenLoadGuard>,
     /// The affinity mode's decision-time record, held until completion, rollback or expiry.
     pub tentative: Option<TentativeHold>,
     /// Affinity mode: blocks the primary pick held at the decision ([`Decision`]), checked
@@ -93,6 +96,9 @@ impl Ticket {
             model: model.to_string(),
             hashes: std::mem::take(&mut decision.hashes),
             guard: InflightGuard::new(decision.primary().clone(), metrics),
+            prompt_tokens: (decision.epp.inflight_tokens > 0).then(|| {
+                TokenLoadGuard::new(decision.primary().clone(), decision.epp.inflight_tokens)
+            }),
             tentative,
             predicted_blocks: decision.predicted_blocks,
             prediction: decision.primary_prediction().map(|p| (p, Instant::now())),
@@ -114,6 +120,12 @@ impl Ticket {
             out.add(hold.end());
         }
         out
+    }
+
+    /// The response's first body chunk arrived: the prefill is done, its prompt tokens leave
+    /// the pod's in-flight token load.
+    pub fn prefill_done(&mut self) {
+        self.prompt_tokens = None;
     }
 
     /// The primary pick.

@@ -55,6 +55,8 @@ pub struct FlowRequest<'a> {
     pub body: Option<&'a [u8]>,
     pub restrict: Option<&'a [AddressPattern]>,
     pub session: Option<&'a [u8]>,
+    /// The request headers an `EndpointPickerConfig` reads ([`Router::epp_request_headers`]).
+    pub headers: &'a [(String, String)],
     pub kv: Option<&'a KvBlockOwners>,
     /// The fairness header's value (`x-gateway-inference-fairness-id`).
     pub flow: Option<&'a str>,
@@ -71,6 +73,7 @@ struct Owned {
     body: Option<Vec<u8>>,
     restrict: Option<Vec<AddressPattern>>,
     session: Option<Vec<u8>>,
+    headers: Vec<(String, String)>,
     kv: Option<KvBlockOwners>,
     span: Option<tracing::Span>,
 }
@@ -82,6 +85,7 @@ impl Owned {
             body: r.body.map(<[u8]>::to_vec),
             restrict: r.restrict.map(<[AddressPattern]>::to_vec),
             session: r.session.map(<[u8]>::to_vec),
+            headers: r.headers.to_vec(),
             kv: r.kv.cloned(),
             span: r.span.cloned(),
         }
@@ -93,6 +97,7 @@ impl Owned {
             body: self.body.as_deref(),
             restrict: self.restrict.as_deref(),
             session: self.session.as_deref(),
+            headers: &self.headers,
             kv: self.kv.as_ref(),
             flow: None,
             objective: None,
@@ -342,6 +347,7 @@ impl Router {
             r.body,
             r.restrict,
             r.session,
+            r.headers,
             r.kv,
             |live, model, prompt_bytes, candidates| {
                 let fc = &live.picker.flow_control;

@@ -390,9 +390,15 @@ impl Router {
         session: Option<&[u8]>,
         kv_blocks: Option<&KvBlockOwners>,
     ) -> Result<Routed, RouteFailure> {
-        let routed = self.route_inner(path, body, restrict, session, kv_blocks, |_, _, _, _| {
-            flow::Gate::Pass
-        });
+        let routed = self.route_inner(
+            path,
+            body,
+            restrict,
+            session,
+            &[],
+            kv_blocks,
+            |_, _, _, _| flow::Gate::Pass,
+        );
         Ok(routed?.expect("no gate"))
     }
 
@@ -406,6 +412,7 @@ impl Router {
         body: Option<&[u8]>,
         restrict: Option<&[AddressPattern]>,
         session: Option<&[u8]>,
+        headers: &[(String, String)],
         kv_blocks: Option<&KvBlockOwners>,
         gate: impl FnOnce(&Generation, &str, usize, &[Arc<Endpoint>]) -> flow::Gate,
     ) -> Result<Option<Routed>, RouteFailure> {
@@ -425,6 +432,7 @@ impl Router {
             }
         }
         request.kv_blocks = kv_blocks;
+        request.headers = headers;
         let session = self.session_pod(session, &candidates);
         if let Some((_, SessionPod::Candidate(slot))) = session {
             request.session_pod = Some(slot);
@@ -518,6 +526,33 @@ impl Router {
         if let Some(sessions) = &self.sessions {
             self.metrics.sessions.set(sessions.len() as i64);
         }
+    }
+
+    /// The request headers the live `EndpointPickerConfig` reads (its session-affinity
+    /// scorers'; lowercase); empty in other modes.
+    pub fn epp_request_headers(&self) -> Vec<String> {
+        let live = self.scheduler.load();
+        live.scheduler
+            .config()
+            .epp
+            .as_ref()
+            .map_or_else(Vec::new, |p| {
+                p.request_headers()
+                    .into_iter()
+                    .map(str::to_string)
+                    .collect()
+            })
+    }
+
+    /// The response headers the live `EndpointPickerConfig` sets for a pick of `pod`
+    /// (`namespace/name`): its `encoded_endpoint_header` session scorers' tokens.
+    pub fn epp_response_headers(&self, pod: &str) -> Vec<(String, String)> {
+        let live = self.scheduler.load();
+        live.scheduler
+            .config()
+            .epp
+            .as_ref()
+            .map_or_else(Vec::new, |p| p.response_headers(pod))
     }
 
     /// The decision [`Router::route`] would make for this request, without counting it or

@@ -239,6 +239,7 @@ mod tests {
             model: "m".to_string(),
             hashes: vec![BlockHash(tag)],
             guard: InflightGuard::new(pod.clone(), &router.metrics),
+            prompt_tokens: None,
             tentative: None,
             predicted_blocks: 0,
             prediction: None,

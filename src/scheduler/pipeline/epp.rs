@@ -473,4 +473,208 @@ mod tests {
         let err = s.schedule(req("x"), prefill_only).unwrap_err();
         assert_eq!(err.filter, "decode-filter");
     }
+
+    /// A test pod with an in-flight token load.
+    #[derive(Debug)]
+    struct Loaded(Arc<Pod>, u64);
+
+    impl Candidate for Loaded {
+        fn slot(&self) -> crate::prefix_index::PodSlot {
+            self.0.slot()
+        }
+        fn inflight(&self) -> i64 {
+            0
+        }
+        fn inflight_tokens(&self) -> u64 {
+            self.1
+        }
+        fn stats(&self) -> EngineStats {
+            self.0.stats()
+        }
+        fn recent(&self) -> &RecentPicks {
+            self.0.recent()
+        }
+        fn rendezvous(&self) -> u64 {
+            self.0.rendezvous()
+        }
+        fn label(&self) -> &str {
+            self.0.label()
+        }
+    }
+
+    /// prefix-cache-affinity-filter (threshold 0.8, TTFT penalty 5000 ms at 1000 tokens/s),
+    /// prefix-cache-scorer x 3, token-load-scorer (threshold 1000 tokens) x 2,
+    /// session-affinity-scorer x 1, by hand. A 640-byte prompt: 10 blocks of 64 bytes, 16
+    /// tokens each, 160 tokens. Pod 0 holds 10 blocks, pod 1 holds 8, pod 2 none.
+    ///
+    /// Light load (in flight 500, 100, 0 tokens): sticky pods 0 and 1 (1.0, 0.8 >= 0.8); best
+    /// sticky TTFT 100 ms - best other 0 ms <= 5000: pod 2 filtered out. prefix 3.0, 2.4;
+    /// uncached 0 and 2 * 16 = 32 tokens, token load 1 - 500/1000 = 0.5 and 1 - 132/1000 =
+    /// 0.868, x 2: 1.0, 1.736. With `x-session-token` = base64("default/pod-0"): session 1, 0;
+    /// totals 5.0, 4.136: pod 0. Without it: 4.0, 4.136: pod 1, its 32 uncached tokens in flight.
+    ///
+    /// Heavy load on the sticky pods (8000, 7000, 0): TTFT 7000 ms - 0 > 5000: every pod kept;
+    /// prefix 3.0, 2.4, 0; token load 0, 0 (capped) and 1 - 160/1000 = 0.84 x 2 = 1.68.
+    #[test]
+    fn affinity_filter_token_load_and_session_affinity_by_hand() {
+        use crate::scheduler::epp::session_affinity::encode_pod;
+        use crate::scheduler::epp::{EppFilter, EppScorer, PrefixAffinity, SessionStrategy};
+        let scorer = |name: &str, kind, weight| EppScorer {
+            name: name.into(),
+            kind,
+            weight,
+        };
+        let s = scheduler(EppProfile {
+            filters: vec![EppFilter::PrefixAffinity(PrefixAffinity {
+                max_ttft_penalty_ms: 5000.0,
+                peak_prefill_throughput: 1000.0,
+                ..PrefixAffinity::default()
+            })],
+            scorers: vec![
+                scorer(
+                    "prefix-cache-scorer",
+                    crate::scheduler::epp::PREFIX_DEFAULT,
+                    3.0,
+                ),
+                scorer(
+                    "token-load-scorer",
+                    EppScorerKind::TokenLoad {
+                        queue_threshold_tokens: 1000.0,
+                    },
+                    2.0,
+                ),
+                scorer(
+                    "session-affinity-scorer",
+                    EppScorerKind::SessionAffinity(SessionStrategy::EncodedEndpointHeader {
+                        header: "x-session-token".into(),
+                    }),
+                    1.0,
+                ),
+            ],
+            ..EppProfile::llm_d_default()
+        });
+        let p = pods(&s, &[(0.0, 0.0); 3], &[None; 3]);
+        let prompt = "0123456789".repeat(64);
+        let hashes = s.prefix_cache().hash("m", prompt.as_bytes());
+        assert_eq!(hashes.len(), 10);
+        s.record("m", &hashes, &p[0].handle);
+        s.record("m", &hashes[..8], &p[1].handle);
+        let load = |tokens: [u64; 3]| -> Vec<Arc<Loaded>> {
+            p.iter()
+                .zip(tokens)
+                .map(|(p, t)| Arc::new(Loaded(p.clone(), t)))
+                .collect()
+        };
+        let totals = |d: &Decision<Arc<Loaded>>| -> Vec<f64> {
+            d.totals.iter().map(|&t| epp_total(t)).collect()
+        };
+        let close = |got: Vec<f64>, want: &[f64]| {
+            assert_eq!(got.len(), want.len(), "{got:?}");
+            for (g, w) in got.iter().zip(want) {
+                assert!((g - w).abs() < 1e-6, "{got:?} != {want:?}");
+            }
+        };
+        let token = [("x-session-token".to_string(), encode_pod("default/pod-0"))];
+        let with_session = RouteRequest {
+            headers: &token,
+            ..req(&prompt)
+        };
+        let d = s.schedule(with_session, load([500, 100, 0])).unwrap();
+        assert_eq!(d.candidates.len(), 2, "pod 2 is not sticky");
+        close(totals(&d), &[5.0, 4.136]);
+        assert_eq!(d.primary().label(), "default/pod-0");
+        assert_eq!(d.epp.inflight_tokens, 0);
+
+        let d = s.schedule(req(&prompt), load([500, 100, 0])).unwrap();
+        close(totals(&d), &[4.0, 4.136]);
+        assert_eq!(
+            d.primary().label(),
+            "default/pod-1",
+            "no session: no preference"
+        );
+        assert_eq!(d.epp.inflight_tokens, 32);
+
+        let d = s.schedule(req(&prompt), load([8000, 7000, 0])).unwrap();
+        assert_eq!(d.candidates.len(), 3, "the TTFT gate broke stickiness");
+        close(totals(&d), &[3.0, 2.4, 1.68]);
+        let names: Vec<&str> = d.plugins.iter().map(|p| p.plugin).collect();
+        assert_eq!(
+            names,
+            [
+                "prefix-cache-scorer",
+                "token-load-scorer",
+                "session-affinity-scorer"
+            ]
+        );
+    }
+
+    /// session_id: the first request of a session is placed by the other scorers and binds
+    /// it; the next ones score its pod 1 (queue-scorer x 1 alone would pick the idle pod).
+    #[test]
+    fn a_session_id_binds_to_its_first_pod() {
+        use crate::scheduler::epp::{EppScorer, SessionStrategy};
+        use std::time::Duration;
+        let s = scheduler(EppProfile {
+            scorers: vec![
+                EppScorer {
+                    name: "queue-scorer".into(),
+                    kind: EppScorerKind::Queue,
+                    weight: 1.0,
+                },
+                EppScorer {
+                    name: "sticky".into(),
+                    kind: EppScorerKind::SessionAffinity(SessionStrategy::SessionId {
+                        headers: vec!["x-session-id".into()],
+                        ttl: Duration::from_secs(300),
+                        sweep: Duration::from_secs(10),
+                    }),
+                    weight: 2.0,
+                },
+            ],
+            ..EppProfile::llm_d_default()
+        });
+        let idle_first = pods(&s, &[(0.0, 0.0), (3.0, 0.0)], &[None, None]);
+        let idle_second: Vec<_> = idle_first
+            .iter()
+            .rev()
+            .map(|p| {
+                let mut stats = p.stats;
+                stats.waiting = 3.0 - stats.waiting;
+                Arc::new(Pod {
+                    handle: p.handle.clone(),
+                    label: p.label.clone(),
+                    labels: p.labels.clone(),
+                    stats,
+                    recent: RecentPicks::default(),
+                    rendezvous: p.rendezvous,
+                    engine: None,
+                })
+            })
+            .collect();
+        let h = [("x-session-id".to_string(), "conv-1".to_string())];
+        let r = || RouteRequest {
+            headers: &h,
+            ..req("x")
+        };
+        let first = s.schedule(r(), idle_first.clone()).unwrap();
+        assert_eq!(first.primary().label, "default/pod-0");
+        s.commit("m", &first);
+        // pod-0 is now the busy one: queue-scorer says pod-1, the session says pod-0 (2 > 1).
+        let second = s.schedule(r(), idle_second.clone()).unwrap();
+        assert_eq!(second.primary().label, "default/pod-0");
+        // Another session, and a request without one, follow the queue.
+        let other = [("x-session-id".to_string(), "conv-2".to_string())];
+        let d = s
+            .schedule(
+                RouteRequest {
+                    headers: &other,
+                    ..req("x")
+                },
+                idle_second.clone(),
+            )
+            .unwrap();
+        assert_eq!(d.primary().label, "default/pod-1");
+        let d = s.schedule(req("x"), idle_second).unwrap();
+        assert_eq!(d.primary().label, "default/pod-1");
+    }
 }
