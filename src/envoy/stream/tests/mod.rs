@@ -3,6 +3,7 @@
 
 mod body_modes;
 mod decision;
+mod epp;
 mod failures;
 mod flow;
 mod metadata;
