@@ -131,9 +131,19 @@ async fn explain(
         Some(lookup) => lookup.await,
         None => None,
     };
+    // An EndpointPickerConfig's session-affinity scorers read their headers here too.
+    let epp_headers: Vec<(String, String)> = a
+        .router
+        .epp_request_headers()
+        .into_iter()
+        .filter_map(|name| {
+            let value = headers.get(name.as_str())?.to_str().ok()?.to_string();
+            Some((name, value))
+        })
+        .collect();
     match a
         .router
-        .explain_looked_up(&path, Some(&body), None, kv.as_ref())
+        .explain_looked_up(&path, Some(&body), None, kv.as_ref(), &epp_headers)
     {
         Err(f) => (
             StatusCode::from_u16(f.status).unwrap_or(StatusCode::BAD_REQUEST),

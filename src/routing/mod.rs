@@ -563,16 +563,18 @@ impl Router {
         body: Option<&[u8]>,
         restrict: Option<&[AddressPattern]>,
     ) -> Result<Explained, RouteFailure> {
-        self.explain_looked_up(path, body, restrict, None)
+        self.explain_looked_up(path, body, restrict, None, &[])
     }
 
-    /// [`Router::explain`] with kvcache-aware's looked-up block owners.
+    /// [`Router::explain`] with kvcache-aware's looked-up block owners and the request headers
+    /// an `EndpointPickerConfig` reads ([`Router::epp_request_headers`]).
     pub fn explain_looked_up(
         &self,
         path: &str,
         body: Option<&[u8]>,
         restrict: Option<&[AddressPattern]>,
         kv_blocks: Option<&KvBlockOwners>,
+        headers: &[(String, String)],
     ) -> Result<Explained, RouteFailure> {
         let live = self.scheduler.load();
         let parsed = Parsed::new(path, body, live.scheduler.config().rendering())?;
@@ -582,6 +584,7 @@ impl Router {
         }
         let would_queue = parsed.request.is_some() && self.would_queue(&live, &candidates);
         request.kv_blocks = kv_blocks;
+        request.headers = headers;
         let model = request.model.to_string();
         let head = self.engine_tokens(path, None, &request, &candidates, &live);
         request.engine_tokens = head.as_ref().map(|h| EngineTokens {

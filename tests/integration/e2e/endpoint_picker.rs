@@ -187,3 +187,145 @@ async fn llm_ds_example_configs_route_through_envoy() {
         picker.stop().await.unwrap();
     }
 }
+
+/// peers-late-2026.md section 5.2's drop-in config (prefix-cache-affinity-filter with its TTFT
+/// gate, prefix-cache 3, token-load 2, queue 2, KV utilization 2) plus session-affinity-scorer
+/// x 10, through Envoy with response headers and bodies sent to the picker
+/// (`envoy-full-duplex.yaml`): a shared prefix stays on its pod; the response's
+/// `x-session-token` names the pod that served it, and requests that send it back stay there
+/// though they share nothing; explain shows every scorer, the finished requests' prompt tokens
+/// no longer in flight (token-load-scorer near 1 on every pod).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn affinity_filter_token_load_and_session_affinity_through_envoy() {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::STANDARD;
+    const DROP_IN: &str = r#"
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+  - type: prefix-cache-affinity-filter
+    parameters: {affinityThreshold: 0.8, maxTTFTPenaltyMs: 5000, ttftSource: prefillThroughput}
+  - type: prefix-cache-scorer
+    parameters: {matchLengthWeight: 0.0}
+  - type: token-load-scorer
+  - type: queue-scorer
+  - type: kv-cache-utilization-scorer
+  - type: session-affinity-scorer
+  - type: max-score-picker
+schedulingProfiles:
+  - name: default
+    plugins:
+      - pluginRef: prefix-cache-affinity-filter
+      - pluginRef: prefix-cache-scorer
+        weight: 3
+      - pluginRef: token-load-scorer
+        weight: 2
+      - pluginRef: queue-scorer
+        weight: 2
+      - pluginRef: kv-cache-utilization-scorer
+        weight: 2
+      - pluginRef: session-affinity-scorer
+        weight: 10
+picker:
+  scrapeIntervalSeconds: 0.05
+"#;
+    let fast = || EngineConfig {
+        time_scale: 1000.0,
+        ..EngineConfig::default()
+    };
+    let sims = [
+        Sim::start("sim-0", fast()).await,
+        Sim::start("sim-1", fast()).await,
+        Sim::start("sim-2", fast()).await,
+    ];
+    let mut doc = DROP_IN.to_string();
+    doc.push_str(&testkit::endpoints_yaml(
+        sims.iter().map(|s| (s.name.as_str(), s.addr)),
+    ));
+    let config = prefix_picker::config::Config::parse(&doc).unwrap();
+    let picker = start_picker(config).await;
+    let addrs: Vec<_> = sims.iter().map(|s| s.addr).collect();
+    let envoy = start_envoy(render_envoy(
+        "envoy-full-duplex.yaml",
+        picker.grpc_addr.port(),
+        &addrs,
+        |s| s,
+    ))
+    .await;
+
+    let system = SYSTEM.repeat(4);
+    let first = send(&envoy, "/v1/chat/completions", &chat(&system, "question 0")).await;
+    assert_eq!(first.status, 200, "{:?}", first.body);
+    poll("the first completion recorded", || async {
+        let e = explain(&picker, &chat(&system, "question 1")).await;
+        (e["reason"] == "prefix_hit").then_some(())
+    })
+    .await;
+    for i in 1..6 {
+        let r = send(
+            &envoy,
+            "/v1/chat/completions",
+            &chat(&system, &format!("question {i}")),
+        )
+        .await;
+        assert_eq!(r.served_by, first.served_by, "request {i}");
+    }
+
+    // The session token: the response names its pod; sent back, it pins cold prompts there.
+    let post = |prompt: String, token: Option<String>| {
+        let mut r = reqwest::Client::new()
+            .post(envoy.url("/v1/completions"))
+            .json(&json!({"model": "m", "prompt": prompt}));
+        if let Some(t) = token {
+            r = r.header("x-session-token", t);
+        }
+        async move {
+            let r = r.send().await.unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+            let header = |k: &str| r.headers().get(k).map(|v| v.to_str().unwrap().to_string());
+            (header("x-served-by").unwrap(), header("x-session-token"))
+        }
+    };
+    let (pinned, token) = post("a session's first turn".into(), None).await;
+    let token = token.expect("x-session-token on the response");
+    assert_eq!(
+        STANDARD.decode(&token).unwrap(),
+        format!("default/{pinned}").as_bytes()
+    );
+    for i in 0..8 {
+        let prompt = format!("{i} unrelated turn {i}: {}", "lorem ipsum ".repeat(i + 1));
+        let (served, echoed) = post(prompt, Some(token.clone())).await;
+        assert_eq!(served, pinned, "turn {i}");
+        assert_eq!(echoed.as_deref(), Some(token.as_str()));
+    }
+
+    let e = explain(&picker, &chat(&system, "question 9")).await;
+    let plugins: Vec<(&str, f64)> = e["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["instance"].as_str().unwrap(),
+                p["weight"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        plugins,
+        [
+            ("prefix-cache-scorer", 3.0),
+            ("token-load-scorer", 2.0),
+            ("queue-scorer", 2.0),
+            ("kv-cache-utilization-scorer", 2.0),
+            ("session-affinity-scorer", 10.0)
+        ]
+    );
+    assert_eq!(e["primary"], format!("default/{}", first.served_by), "{e}");
+    for pod in e["pods"].as_array().unwrap() {
+        let load = pod["scores"]["token-load-scorer"].as_f64().unwrap();
+        assert!(load > 0.99, "nothing left in flight: {pod}");
+        assert_eq!(pod["scores"]["session-affinity-scorer"].as_f64(), Some(0.0));
+    }
+    picker.stop().await.unwrap();
+}
