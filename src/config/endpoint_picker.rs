@@ -26,8 +26,11 @@ use serde_yaml_ng::Value as Yaml;
 
 use crate::scheduler::epp::{
     EppFilter, EppPicker, EppProfile, EppScorer, EppScorerKind, LabelRequirement, LabelSelector,
-    PrefixAffinity, SessionStrategy, session_affinity, token_load,
+    PdDecider, PrefillStage, PrefixAffinity, SessionStrategy, session_affinity, token_load,
 };
+
+mod disagg;
+use disagg::DisaggHandler;
 
 /// The apiVersions read (the second with a deprecation warning).
 pub const API_VERSIONS: [&str; 2] = [
@@ -39,7 +42,7 @@ pub const API_VERSIONS: [&str; 2] = [
 pub const OWN_SECTIONS: [&str; 4] = ["endpoints", "discovery", "picker", "sync"];
 
 /// Plugin types implemented (filters, scorers, pickers, the profile handler).
-const IMPLEMENTED: [&str; 17] = [
+const IMPLEMENTED: [&str; 20] = [
     "prefix-cache-scorer",
     "queue-scorer",
     "kv-cache-utilization-scorer",
@@ -57,6 +60,9 @@ const IMPLEMENTED: [&str; 17] = [
     "random-picker",
     "weighted-random-picker",
     "single-profile-handler",
+    "disagg-profile-handler",
+    "prefix-based-pd-decider",
+    "always-disagg-pd-decider",
 ];
 
 /// Plugin types accepted without effect: what each does in llm-d, and what does it here.
@@ -108,7 +114,7 @@ const NO_EFFECT: [(&str, &str); 14] = [
 ];
 
 /// llm-d plugin types not implemented here.
-const NOT_IMPLEMENTED: [&str; 24] = [
+const NOT_IMPLEMENTED: [&str; 22] = [
     "active-request-scorer",
     "latency-scorer",
     "context-length-aware",
@@ -123,12 +129,10 @@ const NOT_IMPLEMENTED: [&str; 24] = [
     "session-affinity-filter",
     "endpoint-attribute-filter",
     "topology-affinity-filter",
-    "disagg-profile-handler",
+    "always-disagg-multimodal-decider",
     "header-profile-handler",
     "pd-profile-handler",
     "data-parallel-profile-handler",
-    "prefix-based-pd-decider",
-    "always-disagg-pd-decider",
     "burst-prefix-cache-producer",
     "predicted-latency-producer",
     "session-id-producer",
@@ -464,7 +468,10 @@ enum Plugin {
     Filter(EppFilter),
     Scorer(EppScorerKind),
     Picker(EppPicker),
-    Handler,
+    /// A profile handler: `single-profile-handler` (`None`) or `disagg-profile-handler`.
+    Handler(Option<DisaggHandler>),
+    /// A prefill decider of `disagg-profile-handler`.
+    Decider(PdDecider),
     NoEffect,
 }
 
@@ -565,7 +572,7 @@ pub fn parse(text: &str, warnings: &mut Vec<String>) -> Result<EppProfile, Vec<S
         };
     }
     let plugins = instances(text, &doc.plugins, warnings, &mut errors);
-    let profile = profile(text, &doc, &plugins, &mut errors);
+    let profile = profile(text, &doc, &plugins, warnings, &mut errors);
     match (profile, errors.is_empty()) {
         (Some(p), true) => Ok(p),
         _ => Err(errors),
@@ -731,7 +738,13 @@ fn plugin(
         }
         "single-profile-handler" => {
             no_parameters(warnings);
-            Plugin::Handler
+            Plugin::Handler(None)
+        }
+        "disagg-profile-handler" => Plugin::Handler(Some(disagg::handler(spec, warnings)?)),
+        "prefix-based-pd-decider" => Plugin::Decider(disagg::prefix_based(spec)?),
+        "always-disagg-pd-decider" => {
+            no_parameters(warnings);
+            Plugin::Decider(PdDecider::Always)
         }
         other => {
             if let Some((_, why)) = NO_EFFECT.iter().find(|(t, _)| *t == other) {
@@ -755,8 +768,105 @@ fn plugin(
     })
 }
 
-/// The one scheduling profile (llm-d's single-profile-handler runs exactly one).
+/// The scheduling profile: llm-d's single-profile-handler runs exactly one; a
+/// disagg-profile-handler runs its decode profile and, when its decider says so, its prefill
+/// profile ([`crate::scheduler::epp::disagg`]).
 fn profile(
+    text: &str,
+    doc: &Document,
+    plugins: &BTreeMap<String, (Plugin, String)>,
+    warnings: &mut Vec<String>,
+    errors: &mut Vec<String>,
+) -> Option<EppProfile> {
+    let handlers: Vec<(&String, &Option<DisaggHandler>)> = plugins
+        .iter()
+        .filter_map(|(n, (p, _))| match p {
+            Plugin::Handler(h) => Some((n, h)),
+            _ => None,
+        })
+        .collect();
+    let handler = match handlers.as_slice() {
+        [] => None,
+        [(_, h)] => h.as_ref(),
+        many => {
+            let names: Vec<&str> = many.iter().map(|(n, _)| n.as_str()).collect();
+            errors.push(format!(
+                "plugins: {} profile handlers ({names:?}); give one",
+                many.len()
+            ));
+            return None;
+        }
+    };
+    let Some(disagg) = handler else {
+        return single_profile(text, doc, plugins, errors);
+    };
+    let by_name = |name: &str| doc.scheduling_profiles.iter().find(|p| p.name == name);
+    let Some(decode_spec) = by_name(&disagg.decode) else {
+        let names: Vec<&str> = doc
+            .scheduling_profiles
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect();
+        errors.push(format!(
+            "disagg-profile-handler: the decode profile {:?} names no schedulingProfile; profiles: {names:?}",
+            disagg.decode
+        ));
+        return None;
+    };
+    for p in &doc.scheduling_profiles {
+        if p.name != disagg.decode && p.name != disagg.prefill {
+            warnings.push(format!(
+                "schedulingProfiles[{}]: never run (disagg-profile-handler runs {:?} and {:?})",
+                p.name, disagg.decode, disagg.prefill
+            ));
+        }
+    }
+    let mut decode = assemble(
+        text,
+        &decode_spec.name,
+        &decode_spec.plugins,
+        plugins,
+        errors,
+    );
+    let decider = match &disagg.decider {
+        None => {
+            warnings.push("disagg-profile-handler: no deciders.prefill, P/D disaggregation off (as llm-d): every request is decode only".into());
+            None
+        }
+        Some(name) => match plugins.get(name) {
+            Some((Plugin::Decider(d), _)) => Some(*d),
+            Some((_, kind)) => {
+                errors.push(format!(
+                    "disagg-profile-handler: deciders.prefill {name:?} is a {kind}, not a decider (prefix-based-pd-decider, always-disagg-pd-decider)"
+                ));
+                None
+            }
+            None => {
+                errors.push(format!(
+                    "disagg-profile-handler: deciders.prefill {name:?} names no plugin; plugins: {}",
+                    plugins.keys().cloned().collect::<Vec<_>>().join(", ")
+                ));
+                None
+            }
+        },
+    };
+    match (decider, by_name(&disagg.prefill)) {
+        (Some(decider), Some(spec)) => {
+            let profile = assemble(text, &spec.name, &spec.plugins, plugins, errors);
+            decode.prefill = Some(Box::new(PrefillStage { profile, decider }));
+        }
+        (Some(_), None) => warnings.push(format!(
+            "disagg-profile-handler: no schedulingProfile {:?}: every request is decode only (as llm-d)",
+            disagg.prefill
+        )),
+        (None, _) => {}
+    }
+    Some(decode)
+}
+
+/// The one profile of a single-profile-handler (the default `default` profile when none is
+/// given).
+fn single_profile(
     text: &str,
     doc: &Document,
     plugins: &BTreeMap<String, (Plugin, String)>,
@@ -782,17 +892,29 @@ fn profile(
         many => {
             let names: Vec<&str> = many.iter().map(|p| p.name.as_str()).collect();
             errors.push(format!(
-                "schedulingProfiles: {} profiles ({names:?}) need a multi-profile handler (disagg-profile-handler), which prefix-picker does not implement; give one profile",
+                "schedulingProfiles: {} profiles ({names:?}) need a multi-profile handler (disagg-profile-handler); give one profile or add it",
                 many.len()
             ));
             return None;
         }
     };
+    Some(assemble(text, &name, refs, plugins, errors))
+}
+
+/// One profile from its plugin references.
+fn assemble(
+    text: &str,
+    name: &str,
+    refs: &[ProfilePlugin],
+    plugins: &BTreeMap<String, (Plugin, String)>,
+    errors: &mut Vec<String>,
+) -> EppProfile {
     let mut profile = EppProfile {
-        name,
+        name: name.to_string(),
         filters: Vec::new(),
         scorers: Vec::new(),
         picker: EppPicker::MaxScore,
+        prefill: None,
     };
     let mut picker: Option<&str> = None;
     for r in refs {
@@ -839,10 +961,10 @@ fn profile(
                 picker = Some(&r.plugin_ref);
                 profile.picker = *p;
             }
-            Plugin::Handler | Plugin::NoEffect => {}
+            Plugin::Handler(_) | Plugin::Decider(_) | Plugin::NoEffect => {}
         }
     }
-    Some(profile)
+    profile
 }
 
 #[cfg(test)]

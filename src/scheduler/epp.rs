@@ -51,10 +51,12 @@
 use rand::Rng;
 use rand::seq::SliceRandom;
 
+pub mod disagg;
 pub mod prefix_affinity;
 pub mod session_affinity;
 pub mod token_load;
 
+pub use disagg::{PdDecider, PrefillStage};
 pub use prefix_affinity::{AffinityOutcome, PrefixAffinity};
 pub use session_affinity::{SessionBindings, SessionStrategy};
 
@@ -252,6 +254,9 @@ pub struct EppProfile {
     pub filters: Vec<EppFilter>,
     pub scorers: Vec<EppScorer>,
     pub picker: EppPicker,
+    /// `disagg-profile-handler` with a prefill decider: this profile is the decode one, and
+    /// this is the prefill stage ([`disagg`]).
+    pub prefill: Option<Box<PrefillStage>>,
 }
 
 impl EppProfile {
@@ -276,6 +281,7 @@ impl EppProfile {
                 scorer("prefix-cache-scorer", PREFIX_DEFAULT, 3.0),
             ],
             picker: EppPicker::MaxScore,
+            prefill: None,
         }
     }
 
@@ -326,13 +332,21 @@ impl EppProfile {
             .iter()
             .map(|s| format!("{} ({}) x {}", s.name, s.kind.as_str(), s.weight))
             .collect();
-        format!(
+        let mut out = format!(
             "endpoint-picker-config (profile {:?}: filters [{}], scorers [{}], {})",
             self.name,
             filters.join(", "),
             scorers.join(", "),
             self.picker.as_str()
-        )
+        );
+        if let Some(stage) = &self.prefill {
+            out.push_str(&format!(
+                ", prefill by {}: {}",
+                stage.decider.as_str(),
+                stage.profile.summary()
+            ));
+        }
+        out
     }
 }
 

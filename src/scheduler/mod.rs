@@ -148,7 +148,12 @@ impl Scheduler {
                 .scorers
                 .iter()
                 .any(|(k, _)| *k == ScorerKind::PrefixCache)
-            || config.epp.as_ref().is_some_and(|p| p.scores_prefix());
+            || config.epp.as_ref().is_some_and(|p| {
+                p.scores_prefix()
+                    || p.prefill
+                        .as_ref()
+                        .is_some_and(|s| s.profile.scores_prefix())
+            });
         Scheduler {
             prefix,
             prefix_enabled,

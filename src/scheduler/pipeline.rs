@@ -88,7 +88,7 @@ impl Scheduler {
         let mut rng = SmallRng::seed_from_u64(self.seed ^ n.wrapping_mul(0xA076_1D64_78BD_642F));
         // An EndpointPickerConfig profile: its own filters, scorers and picker (steps 2-4).
         if let Some(profile) = &self.config.epp {
-            let decided = self.epp_decision(
+            let decided = self.epp_disagg_decision(
                 profile,
                 &request,
                 candidates,

@@ -66,13 +66,123 @@ fn llm_ds_example_configs_load_unchanged() {
         ]
     );
 
-    // Not implemented, and said so by name: P/D's two profiles.
-    let err = load(include_str!("testdata/pd-epp-config.yaml"))
+    // P/D: the decode profile with the prefill stage behind prefix-based-pd-decider.
+    let p = load(include_str!("testdata/pd-epp-config.yaml")).unwrap();
+    let weights = |p: &EppProfile| -> Vec<(&str, f64)> {
+        p.scorers
+            .iter()
+            .map(|s| (s.kind.as_str(), s.weight))
+            .collect()
+    };
+    assert_eq!(
+        (p.name.as_str(), p.filters.as_slice()),
+        ("decode", &[EppFilter::Decode][..])
+    );
+    assert_eq!(
+        weights(&p),
+        [("prefix-cache-scorer", 2.0), ("queue-scorer", 1.0)]
+    );
+    let stage = p.prefill.as_ref().expect("a prefill stage");
+    assert_eq!(
+        stage.decider,
+        crate::scheduler::epp::PdDecider::PrefixBased {
+            non_cached_tokens: 16,
+            prompt_tokens: 0
+        }
+    );
+    assert_eq!(stage.profile.name, "prefill");
+    assert_eq!(stage.profile.filters, [EppFilter::Prefill]);
+    assert_eq!(
+        weights(&stage.profile),
+        [("prefix-cache-scorer", 2.0), ("queue-scorer", 1.0)]
+    );
+}
+
+/// disagg-profile-handler's parameters and what it refuses by name: the encode stage,
+/// prefill-first, a decider that is no decider, a missing decode profile.
+#[test]
+fn disagg_profile_handler_reads_llm_ds_parameters_and_names_what_it_refuses() {
+    let doc = |handler: &str, profiles: &str| {
+        format!(
+            "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n- type: queue-scorer\n- type: prefill-filter\n- type: decode-filter\n- type: always-disagg-pd-decider\n- {handler}\nschedulingProfiles:\n{profiles}"
+        )
+    };
+    let two = "- name: decode\n  plugins: [{pluginRef: decode-filter}, {pluginRef: queue-scorer}]\n- name: prefill\n  plugins: [{pluginRef: prefill-filter}, {pluginRef: queue-scorer}]\n";
+    let c = Config::parse(&doc(
+        "{type: disagg-profile-handler, parameters: {deciders: {prefill: always-disagg-pd-decider}}}",
+        two,
+    ))
+    .unwrap();
+    let p = c.scheduler.epp.unwrap();
+    assert_eq!(
+        p.prefill.as_ref().map(|s| s.decider),
+        Some(crate::scheduler::epp::PdDecider::Always)
+    );
+    // The flat (deprecated) format, read with a warning.
+    let c = Config::parse(&doc(
+        "{type: disagg-profile-handler, parameters: {deciderPluginName: always-disagg-pd-decider}}",
+        two,
+    ))
+    .unwrap();
+    assert!(c.scheduler.epp.unwrap().prefill.is_some());
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.contains("flat parameter format is deprecated")),
+        "{:?}",
+        c.warnings
+    );
+    // No decider: decode only, warned.
+    let c = Config::parse(&doc("{type: disagg-profile-handler}", two)).unwrap();
+    assert!(c.scheduler.epp.unwrap().prefill.is_none());
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.contains("P/D disaggregation off"))
+    );
+    for (handler, profiles, want) in [
+        (
+            "{type: disagg-profile-handler, parameters: {deciders: {encode: always-disagg-pd-decider}}}",
+            two,
+            "deciders.encode \"always-disagg-pd-decider\": the encode stage (E/P/D) is not implemented",
+        ),
+        (
+            "{type: disagg-profile-handler, parameters: {stageOrder: prefill-first}}",
+            two,
+            "stageOrder \"prefill-first\" is llm-d's but not implemented",
+        ),
+        (
+            "{type: disagg-profile-handler, parameters: {deciders: {prefill: queue-scorer}}}",
+            two,
+            "deciders.prefill \"queue-scorer\" is a queue-scorer, not a decider",
+        ),
+        (
+            "{type: disagg-profile-handler, parameters: {profiles: {decode: dec}}}",
+            two,
+            "the decode profile \"dec\" names no schedulingProfile",
+        ),
+        (
+            "{type: disagg-profile-handler, parameters: {profile: {decode: dec}}}",
+            two,
+            "unknown field `profile`",
+        ),
+        (
+            "{type: single-profile-handler}",
+            two,
+            "need a multi-profile handler (disagg-profile-handler)",
+        ),
+    ] {
+        let e = Config::parse(&doc(handler, profiles))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "{handler}: {e}");
+    }
+    let e = Config::parse("apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n- {type: prefix-based-pd-decider, parameters: {nonCachedTokens: -1}}\n")
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("\"disagg-profile-handler\" is llm-d's but not implemented"),
-        "{err}"
+        e.contains("nonCachedTokens cannot be negative, got -1"),
+        "{e}"
     );
 }
 

@@ -22,12 +22,74 @@ use crate::scheduler::epp::{
     kv_utilization_scores, load_aware_scores, lora_affinity_score, min_max_scores, prefix_scores,
     token_load,
 };
+use crate::scheduler::pd::{PdPairing, PrefillPass};
 use crate::scheduler::{
     Candidate, Decision, DecisionReason, Fractional, Observation, PluginScores, PluginType,
     RouteRequest, Scheduler, Unscored,
 };
 
 impl Scheduler {
+    /// The profile's decision, and with a `disagg-profile-handler`'s prefill stage whose
+    /// decider says yes, the prefill profile's pick as the decode pick's pair
+    /// ([`crate::scheduler::epp::disagg`]); `Err(filter type)` when a decode filter left no pod.
+    pub(super) fn epp_disagg_decision<C: Candidate + Clone>(
+        &self,
+        profile: &EppProfile,
+        request: &RouteRequest<'_>,
+        candidates: Arc<[C]>,
+        rng: &mut SmallRng,
+        keep: usize,
+        observations: &mut Vec<Observation>,
+    ) -> Result<Decision<C>, &'static str> {
+        let all = candidates.clone();
+        let mut decision =
+            self.epp_decision(profile, request, candidates, rng, keep, observations)?;
+        let Some(stage) = &profile.prefill else {
+            return Ok(decision);
+        };
+        let input = token_load::input_tokens(request.prompt.map_or(0, str::len));
+        // The decode pick's cached tokens: the prompt's tokens it does not have to compute
+        // subtracted from the prompt's (known only with a prefix match).
+        let cached = decision
+            .unscored
+            .is_none()
+            .then(|| input.saturating_sub(decision.epp.inflight_tokens));
+        if !stage.decider.disaggregate(input, cached) {
+            tracing::debug!(
+                target: "scores",
+                "disagg-profile-handler: {} says decode only (prompt {input} tokens, cached on the decode pod {cached:?})",
+                stage.decider.as_str()
+            );
+            return Ok(decision);
+        }
+        let prefill_request = RouteRequest {
+            hashes: Some(&decision.hashes),
+            ..*request
+        };
+        match self.epp_decision(&stage.profile, &prefill_request, all, rng, 1, observations) {
+            Err(filter) => {
+                tracing::debug!(
+                    target: "scores",
+                    "disagg-profile-handler: the prefill profile's {filter} left no pod: decode only"
+                );
+            }
+            Ok(mut p) => {
+                p.hashes = Vec::new();
+                decision.pd = Some(PdPairing {
+                    prefill: p.primary().clone(),
+                    prefill_reason: p.reason,
+                    prefill_candidates: p.candidates.len(),
+                    prefill_uncached: p.epp.inflight_tokens as f64,
+                    passes: vec![PrefillPass::Scored {
+                        decode: decision.primary().clone(),
+                        decision: Box::new(p),
+                    }],
+                });
+            }
+        }
+        Ok(decision)
+    }
+
     /// The profile's decision over `candidates`; `Err(filter type)` when a filter left no pod.
     pub(super) fn epp_decision<C: Candidate + Clone>(
         &self,
@@ -676,5 +738,82 @@ mod tests {
         assert_eq!(d.primary().label, "default/pod-1");
         let d = s.schedule(req("x"), idle_second).unwrap();
         assert_eq!(d.primary().label, "default/pod-1");
+    }
+
+    /// disagg-profile-handler with prefix-based-pd-decider (nonCachedTokens 16), as llm-d's P/D
+    /// guide: decode profile (decode-filter, prefix x 2, queue x 1), prefill profile
+    /// (prefill-filter, same scorers). A 640-byte prompt is 160 tokens in 10 blocks of 16.
+    /// Nothing cached: the decode pick (decode-0, the shorter queue) holds 0, 160 >= 16
+    /// uncached: the prefill profile picks prefill-1 (the shorter queue). decode-0 holding 9
+    /// blocks (144 tokens): 16 uncached, still >= 16; holding all 10: 0 < 16, decode only.
+    #[test]
+    fn disagg_runs_the_prefill_profile_when_the_decider_says_so() {
+        use crate::scheduler::epp::{
+            EppFilter, EppScorer, PREFIX_DEFAULT, PdDecider, PrefillStage,
+        };
+        let scorers = vec![
+            EppScorer {
+                name: "prefix-cache-scorer".into(),
+                kind: PREFIX_DEFAULT,
+                weight: 2.0,
+            },
+            EppScorer {
+                name: "queue-scorer".into(),
+                kind: EppScorerKind::Queue,
+                weight: 1.0,
+            },
+        ];
+        let profile = |name: &str, filter| EppProfile {
+            name: name.into(),
+            filters: vec![filter],
+            scorers: scorers.clone(),
+            ..EppProfile::llm_d_default()
+        };
+        let s = scheduler(EppProfile {
+            prefill: Some(Box::new(PrefillStage {
+                profile: profile("prefill", EppFilter::Prefill),
+                decider: PdDecider::PrefixBased {
+                    non_cached_tokens: 16,
+                    prompt_tokens: 0,
+                },
+            })),
+            ..profile("decode", EppFilter::Decode)
+        });
+        let p = pods(
+            &s,
+            &[(3.0, 0.0), (0.0, 0.0), (0.0, 0.0), (2.0, 0.0)],
+            &[
+                Some("prefill"),
+                Some("prefill"),
+                Some("decode"),
+                Some("decode"),
+            ],
+        );
+        let prompt = "0123456789".repeat(64);
+        let d = s.schedule(req(&prompt), p.clone()).unwrap();
+        assert_eq!(d.primary().label, "default/pod-2", "decode-0");
+        let pd = d.pd.as_ref().expect("disaggregated");
+        assert_eq!(pd.prefill.label, "default/pod-1", "prefill-1");
+        assert_eq!(d.candidates.len(), 2, "decode pods only");
+
+        let hashes = s.prefix_cache().hash("m", prompt.as_bytes());
+        s.record("m", &hashes[..9], &p[2].handle);
+        let d = s.schedule(req(&prompt), p.clone()).unwrap();
+        assert_eq!(d.primary().label, "default/pod-2");
+        assert!(d.pd.is_some(), "16 uncached tokens >= 16");
+
+        s.record("m", &hashes, &p[2].handle);
+        let d = s.schedule(req(&prompt), p.clone()).unwrap();
+        assert_eq!(d.primary().label, "default/pod-2");
+        assert!(d.pd.is_none(), "all cached on the decode pod: decode only");
+
+        // No decode pod: the decode profile's filter is named.
+        let err = s.schedule(req(&prompt), p[..2].to_vec()).unwrap_err();
+        assert_eq!(err.filter, "decode-filter");
+        // No prefill pod: decode only.
+        let d = s
+            .schedule(req("another prompt entirely"), p[2..].to_vec())
+            .unwrap();
+        assert!(d.pd.is_none());
     }
 }
