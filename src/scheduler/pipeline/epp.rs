@@ -810,10 +810,10 @@ mod tests {
         // No decode pod: the decode profile's filter is named.
         let err = s.schedule(req(&prompt), p[..2].to_vec()).unwrap_err();
         assert_eq!(err.filter, "decode-filter");
-        // No prefill pod: decode only.
-        let d = s
-            .schedule(req("another prompt entirely"), p[2..].to_vec())
-            .unwrap();
+        // No prefill pod (the decider says yes, prefill-filter leaves none): decode only.
+        let cold = "y".repeat(640);
+        let d = s.schedule(req(&cold), p[2..].to_vec()).unwrap();
         assert!(d.pd.is_none());
+        assert!(s.schedule(req(&cold), p.clone()).unwrap().pd.is_some());
     }
 }
