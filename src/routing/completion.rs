@@ -74,6 +74,9 @@ pub struct Ticket {
 #[derive(Debug)]
 pub struct PrefillTicket {
     pub guard: InflightGuard,
+    /// An `EndpointPickerConfig`: the prefill pod's in-flight prompt tokens, released with the
+    /// primary's ([`Ticket::prefill_done`]).
+    pub prompt_tokens: Option<TokenLoadGuard>,
     pub tentative: Option<TentativeHold>,
 }
 
@@ -106,6 +109,8 @@ impl Ticket {
             event_stream: false,
             prefill: decision.pd.as_ref().map(|pd| PrefillTicket {
                 guard: InflightGuard::new(pd.prefill.clone(), metrics),
+                prompt_tokens: (decision.epp.prefill_tokens > 0)
+                    .then(|| TokenLoadGuard::new(pd.prefill.clone(), decision.epp.prefill_tokens)),
                 tentative: prefill_tentative,
             }),
         }
@@ -126,6 +131,9 @@ impl Ticket {
     /// the pod's in-flight token load.
     pub fn prefill_done(&mut self) {
         self.prompt_tokens = None;
+        if let Some(p) = &mut self.prefill {
+            p.prompt_tokens = None;
+        }
     }
 
     /// The primary pick.

@@ -264,6 +264,8 @@ pub struct Decision<C> {
 pub struct EppCommit {
     /// The prompt tokens the primary must compute (llm-d's inflight-load-producer's count).
     pub inflight_tokens: u64,
+    /// P/D: the prompt tokens the prefill pod must compute.
+    pub prefill_tokens: u64,
     /// `(session-affinity-scorer instance, session id)` of its `session_id` instances.
     pub sessions: Vec<(String, String)>,
 }

@@ -75,6 +75,7 @@ impl Scheduler {
             }
             Ok(mut p) => {
                 p.hashes = Vec::new();
+                decision.epp.prefill_tokens = p.epp.inflight_tokens;
                 decision.pd = Some(PdPairing {
                     prefill: p.primary().clone(),
                     prefill_reason: p.reason,
@@ -236,6 +237,7 @@ impl Scheduler {
             kv_matched: None,
             epp: EppCommit {
                 inflight_tokens: uncached[order[0]],
+                prefill_tokens: 0,
                 sessions,
             },
         })

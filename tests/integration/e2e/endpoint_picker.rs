@@ -329,3 +329,80 @@ picker:
     }
     picker.stop().await.unwrap();
 }
+
+/// llm-d's P/D guide config (`pd-epp-config.yaml`, unchanged; only `endpoints:` added, the
+/// sims labelled `llm-d.ai/role`) through Envoy with model-sims in prefill and decode roles: a
+/// new prompt goes to a decode sim that has a prefill sim prefill it (`x-prefiller-host-port`,
+/// prefix-based-pd-decider: all 16+ tokens uncached); once the decode sim holds the prompt
+/// (recorded at completion), the same prompt is decode only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llm_ds_pd_guide_config_disaggregates_through_envoy() {
+    use model_sim::pd::{PdConfig, Role};
+    let sim = |name: &'static str, role: Role| async move {
+        let config = EngineConfig {
+            time_scale: 1e6,
+            pd: PdConfig {
+                role: Some(role),
+                ..PdConfig::default()
+            },
+            ..EngineConfig::default()
+        };
+        (Sim::start(name, config).await, role.as_str())
+    };
+    let sims = [
+        sim("prefill-0", Role::Prefill).await,
+        sim("decode-0", Role::Decode).await,
+        sim("decode-1", Role::Decode).await,
+    ];
+    let mut doc =
+        include_str!("../../../src/config/endpoint_picker/testdata/pd-epp-config.yaml").to_string();
+    doc.push_str("endpoints:\n");
+    for (s, role) in &sims {
+        doc.push_str(&format!(
+            "- {{name: {}, address: \"{}\", labels: {{llm-d.ai/role: {role}}}}}\n",
+            s.name, s.addr
+        ));
+    }
+    let config = prefix_picker::config::Config::parse(&doc).unwrap();
+    assert!(config.scheduler.epp.as_ref().unwrap().prefill.is_some());
+    let picker = start_picker(config).await;
+    let addrs: Vec<_> = sims.iter().map(|(s, _)| s.addr).collect();
+    let envoy = start_envoy_for_addrs(&picker, &addrs).await;
+    let post = |body: serde_json::Value| {
+        let r = reqwest::Client::new()
+            .post(envoy.url("/v1/chat/completions"))
+            .json(&body);
+        async move {
+            let r = r.send().await.unwrap();
+            let header = |k: &str| {
+                r.headers()
+                    .get(k)
+                    .map(|v| v.to_str().unwrap().to_string())
+                    .unwrap_or_default()
+            };
+            let out = (
+                r.status().as_u16(),
+                header("x-served-by"),
+                header("x-prefilled-by"),
+            );
+            let _ = r.text().await;
+            out
+        }
+    };
+    let system = "You are a careful assistant. Answer from the manual. ".repeat(30);
+    let body = chat(&system, "first question");
+    let (status, decoded, prefilled) = post(body.clone()).await;
+    assert_eq!(status, 200, "{}", envoy.log());
+    assert!(decoded.starts_with("decode-"), "{decoded}");
+    assert_eq!(prefilled, "prefill-0", "disaggregated: nothing cached");
+    poll("the decode pod holds the prompt", || async {
+        let e = explain(&picker, &body).await;
+        (e["reason"] == "prefix_hit" && e["prefill"].is_null()).then_some(())
+    })
+    .await;
+    let (status, again, prefilled) = post(body.clone()).await;
+    assert_eq!(status, 200);
+    assert_eq!(again, decoded, "the prefix stays on its decode pod");
+    assert_eq!(prefilled, "", "decode only: under 16 tokens uncached");
+    picker.stop().await.unwrap();
+}
