@@ -427,7 +427,14 @@ async fn discovery(
                 router.endpoints.clone(),
                 DiscoveryMetrics::register(registry),
             )
-            .with_pd_group(config.scheduler.pd.clone()),
+            .with_pd_group(config.scheduler.pd.clone())
+            .keeping_labels(
+                config
+                    .scheduler
+                    .epp
+                    .as_ref()
+                    .map_or_else(Vec::new, |p| p.label_keys()),
+            ),
         ),
         None => None,
     })

@@ -96,6 +96,7 @@ impl KubernetesDiscovery {
             role: config.role_label.clone(),
             model: config.model_label.clone(),
             pd: None,
+            keep: Vec::new(),
             kv_events: config
                 .kv_events_port
                 .map(|p| (p, config.kv_events_replay_port)),
@@ -116,6 +117,12 @@ impl KubernetesDiscovery {
     /// neither role is warned about (it gets no inference traffic).
     pub fn with_pd_group(mut self, group: Option<PdGroup>) -> KubernetesDiscovery {
         self.labels.pd = group;
+        self
+    }
+
+    /// Keeps these pod labels on the endpoints (an `EndpointPickerConfig`'s filters read them).
+    pub fn keeping_labels(mut self, keys: Vec<String>) -> KubernetesDiscovery {
+        self.labels.keep = keys;
         self
     }
 

@@ -55,6 +55,8 @@ pub struct PodLabels {
     pub model: Option<String>,
     /// `pdGroup`: the labels it reads are kept on the endpoints.
     pub pd: Option<PdGroup>,
+    /// Other label keys kept on the endpoints (an `EndpointPickerConfig`'s filters read them).
+    pub keep: Vec<String>,
     /// Where each pod publishes KV events (`kvEventsPort`, `kvEventsReplayPort` on its IP).
     pub kv_events: Option<(u16, Option<u16>)>,
 }
@@ -207,10 +209,15 @@ fn role_and_labels(
     labels: &PodLabels,
 ) -> (Option<String>, std::collections::BTreeMap<String, String>) {
     let mut kept = std::collections::BTreeMap::new();
+    let all = pod.metadata.labels.as_ref();
+    for key in &labels.keep {
+        if let Some(v) = all.and_then(|l| l.get(key)) {
+            kept.insert(key.clone(), v.clone());
+        }
+    }
     let Some(group) = &labels.pd else {
         return (label(pod, &labels.role), kept);
     };
-    let all = pod.metadata.labels.as_ref();
     for key in group.label_keys() {
         if let Some(v) = all.and_then(|l| l.get(key)) {
             kept.insert(key.to_string(), v.clone());
@@ -244,6 +251,7 @@ mod tests {
         role: None,
         model: None,
         pd: None,
+        keep: Vec::new(),
         kv_events: None,
     };
 
@@ -259,6 +267,26 @@ mod tests {
         assert_eq!(of(&pod(gone, ready("10.0.0.1"))), PodState::Terminating);
         let no_ip = json!({"conditions": [{"type": "Ready", "status": "True"}]});
         assert_eq!(of(&pod(json!({}), no_ip)), PodState::NoIp);
+    }
+
+    /// An EndpointPickerConfig's role filters read `llm-d.ai/role`: kept when asked, and
+    /// nothing else.
+    #[test]
+    fn the_labels_asked_for_are_kept_on_the_endpoints() {
+        let labels = PodLabels {
+            keep: vec!["llm-d.ai/role".into(), "zone".into()],
+            ..LABELS
+        };
+        let meta = json!({"labels": {"llm-d.ai/role": "prefill", "app": "vllm"}});
+        let p = PodEndpoints::of(&pod(meta, ready("10.0.0.1")), "x", &[8000], &labels);
+        let kept: Vec<(&str, &str)> = p.endpoints[0]
+            .labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(kept, [("llm-d.ai/role", "prefill")]);
+        let none = PodEndpoints::of(&pod(json!({}), ready("10.0.0.1")), "x", &[8000], &LABELS);
+        assert!(none.endpoints[0].labels.is_empty());
     }
 
     #[test]
@@ -336,6 +364,7 @@ mod tests {
             role: Some("role".into()),
             model: Some("model".into()),
             pd: None,
+            keep: Vec::new(),
             kv_events: None,
         };
         let one = PodEndpoints::of(&pod(json!({}), ready("10.0.0.1")), "x", &[8000], &labels);
@@ -369,6 +398,7 @@ mod tests {
             role: Some("model".into()),
             model: None,
             pd: Some(group),
+            keep: Vec::new(),
             kv_events: None,
         };
         let grouped = pod(

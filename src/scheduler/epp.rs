@@ -297,6 +297,30 @@ impl EppProfile {
                 .any(|f| matches!(f, EppFilter::PrefixAffinity(_)))
     }
 
+    /// The pod label keys its filters read (its prefill stage's too): discovery keeps them.
+    pub fn label_keys(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let stages = std::iter::once(self).chain(self.prefill.as_ref().map(|s| &s.profile));
+        for f in stages.flat_map(|p| &p.filters) {
+            match f {
+                EppFilter::Decode | EppFilter::Prefill => out.push(ROLE_LABEL.to_string()),
+                EppFilter::Labels(s) => {
+                    out.extend(s.match_labels.iter().map(|(k, _)| k.clone()));
+                    out.extend(s.match_expressions.iter().map(|r| match r {
+                        LabelRequirement::In(k, _)
+                        | LabelRequirement::NotIn(k, _)
+                        | LabelRequirement::Exists(k)
+                        | LabelRequirement::DoesNotExist(k) => k.clone(),
+                    }));
+                }
+                EppFilter::PrefixAffinity(_) => {}
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
     /// The request headers its session-affinity scorers read (lowercase).
     pub fn request_headers(&self) -> Vec<&str> {
         let mut out: Vec<&str> = Vec::new();
