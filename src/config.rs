@@ -59,6 +59,7 @@ mod affinity;
 pub mod endpoint_picker;
 mod endpoints;
 mod kvcache_args;
+mod location;
 mod picker;
 mod prefix_cache_args;
 mod scheduler;
@@ -137,6 +138,88 @@ pub enum ConfigError {
     /// A problem of an `EndpointPickerConfig` document; `file` is ` <path>` once known.
     #[error("EndpointPickerConfig{file}: {message}")]
     EndpointPicker { file: String, message: String },
+    /// A problem of a document read from `file`, where it is: `<file>:<line>: <field>:
+    /// <error>` ([`ConfigErrors::in_file`]).
+    #[error("{}", located(.file, *.line, .field, .error))]
+    Located {
+        file: String,
+        line: Option<usize>,
+        field: String,
+        error: Box<ConfigError>,
+    },
+}
+
+fn located(file: &str, line: Option<usize>, field: &str, error: &ConfigError) -> String {
+    match line {
+        Some(n) => format!("{file}:{n}: {field}: {error}"),
+        None => format!("{file}: {field}: {error}"),
+    }
+}
+
+impl ConfigError {
+    /// Where in `text` the problem is (`None`: nowhere in particular, or already said).
+    fn locate(&self, text: &str) -> Option<location::Location> {
+        use location::{Location, key_line, line_with, serde_error};
+        let at = |path: &[&str]| Location {
+            line: key_line(text, path),
+            field: path.join("."),
+        };
+        let quoted = |m: &str| m.split('"').nth(1).map(str::to_string);
+        Some(match self {
+            ConfigError::Weight { name, .. } => {
+                let enabled = ["scheduler", "plugins", "Score", "enabled"];
+                Location {
+                    line: line_with(text, &enabled, name),
+                    field: format!("scheduler.plugins.Score.enabled[{name}].weight"),
+                }
+            }
+            ConfigError::Plugins(m) => match quoted(m) {
+                Some(name) => Location {
+                    line: line_with(text, &["scheduler", "plugins"], &name)
+                        .or_else(|| key_line(text, &["scheduler"])),
+                    field: format!("scheduler.plugins[{name}]"),
+                },
+                None => at(&["scheduler", "plugins"]),
+            },
+            ConfigError::WeightFactor(_) => Location {
+                line: line_with(text, &["scheduler", "pluginConfig"], "TTFTTPOTWeightFactor"),
+                field: "scheduler.pluginConfig[least-latency].args.TTFTTPOTWeightFactor".into(),
+            },
+            ConfigError::Endpoints(_) => serde_error::<Vec<StaticEndpoint>>(text, "endpoints")
+                .unwrap_or_else(|| at(&["endpoints"])),
+            ConfigError::Picker(m) => {
+                serde_error::<PickerConfig>(text, "picker").unwrap_or_else(|| {
+                    let head: String = m
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '.')
+                        .collect();
+                    let mut path = vec!["picker"];
+                    path.extend(head.split('.').filter(|s| !s.is_empty()));
+                    at(&path)
+                })
+            }
+            ConfigError::PdGroupSyntax(_) => {
+                serde_error::<PdGroupSection>(text, "pdGroup").unwrap_or_else(|| at(&["pdGroup"]))
+            }
+            ConfigError::PdGroup(_) => at(&["pdGroup"]),
+            ConfigError::Discovery(_) => at(&["discovery"]),
+            ConfigError::Sync(_) => at(&["sync"]),
+            ConfigError::Yaml(m) => Location {
+                line: m
+                    .split_once("at line ")
+                    .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next())
+                    .and_then(|n| n.parse().ok()),
+                field: "document".into(),
+            },
+            ConfigError::NotMapping => Location {
+                line: Some(1),
+                field: "document".into(),
+            },
+            ConfigError::Read { .. }
+            | ConfigError::EndpointPicker { .. }
+            | ConfigError::Located { .. } => return None,
+        })
+    }
 }
 
 /// Every problem found in a config.
@@ -145,17 +228,26 @@ pub enum ConfigError {
 pub struct ConfigErrors(pub Vec<ConfigError>);
 
 impl ConfigErrors {
-    /// The errors of the document read from `origin` (a path, `--config-text`): those that
-    /// name no file name it.
-    pub fn in_file(mut self, origin: &str) -> ConfigErrors {
-        for e in &mut self.0 {
-            if let ConfigError::EndpointPicker { file, .. } = e
+    /// The errors of the document `text` read from `origin` (a path, `--config-text`): those
+    /// that name no file name it, with the line and the field ([`location`]).
+    pub fn in_file(self, origin: &str, text: &str) -> ConfigErrors {
+        let errors = self.0.into_iter().map(|mut e| {
+            if let ConfigError::EndpointPicker { file, .. } = &mut e
                 && file.is_empty()
             {
                 *file = format!(" {origin}");
             }
-        }
-        self
+            match e.locate(text) {
+                Some(at) => ConfigError::Located {
+                    file: origin.to_string(),
+                    line: at.line,
+                    field: at.field,
+                    error: Box::new(e),
+                },
+                None => e,
+            }
+        });
+        ConfigErrors(errors.collect())
     }
 }
 
@@ -176,13 +268,13 @@ impl Config {
                 message: e.to_string(),
             }])
         })?;
-        Config::parse(&text).map_err(|e| e.in_file(&path.display().to_string()))
+        Config::parse(&text).map_err(|e| e.in_file(&path.display().to_string(), &text))
     }
 
     /// [`Config::parse`] of a document read from `epp.yaml` (its errors name that file).
     #[cfg(test)]
     pub(crate) fn load_text_for_test(text: &str) -> Result<Config, ConfigErrors> {
-        Config::parse(text).map_err(|e| e.in_file("epp.yaml"))
+        Config::parse(text).map_err(|e| e.in_file("epp.yaml", text))
     }
 
     /// Parses and validates a config document: the sections read, then each checked in turn

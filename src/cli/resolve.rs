@@ -30,7 +30,7 @@ impl ServeArgs {
         }
         let source = self.config_text(host)?;
         let mut config = Config::parse(&source.text).map_err(|e| {
-            let e = e.in_file(&source.origin);
+            let e = e.in_file(&source.origin, &source.text);
             e.0.iter().map(ToString::to_string).collect::<Vec<_>>()
         })?;
         // The flags may add discovery; without it the error below says more than the warning.

@@ -812,3 +812,51 @@ fn flow_control_is_on_only_when_enabled() {
     .join("\n");
     assert!(warned.contains("messageTimeoutSeconds"), "{warned}");
 }
+
+/// A routerConfiguration read from a file: each error names the file, the line and the field
+/// before its message (Kthena's own messages verbatim after that).
+#[test]
+fn kthena_config_errors_name_the_file_the_line_and_the_field() {
+    let load = |text: &str| {
+        Config::parse(text)
+            .map_err(|e| e.in_file("router.yaml", text))
+            .unwrap_err()
+            .0
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+    };
+    let weight = "scheduler:\n  plugins:\n    Score:\n      enabled:\n      - name: least-request\n        weight: 1\n      - name: prefix-cache\n        weight: 0\n";
+    assert_eq!(
+        load(weight),
+        [
+            "router.yaml:7: scheduler.plugins.Score.enabled[prefix-cache].weight: failed to Load Scheduler: failed to Unmarshal Plugins: score plugin \"prefix-cache\" must set a weight greater than 0, got 0"
+        ]
+    );
+    let picker =
+        "endpoints:\n- {name: a, address: \"127.0.0.1:1\"}\npicker:\n  seed: 7\n  sede: 8\n";
+    let e = load(picker);
+    assert!(
+        e[0].starts_with("router.yaml:5: picker.sede: picker: unknown field `sede`"),
+        "{e:?}"
+    );
+    let endpoint =
+        "endpoints:\n- {name: a, address: \"127.0.0.1:1\"}\n- name: b\n  adress: \"127.0.0.1:2\"\n";
+    let e = load(endpoint);
+    assert!(
+        e[0].starts_with("router.yaml:4: endpoints[1].adress: endpoints: "),
+        "{e:?}"
+    );
+    let group = "endpoints: []\npdGroup:\n  groupKey: g\n  prefillLabels: {role: p}\n";
+    let e = load(group);
+    assert_eq!(
+        e,
+        ["router.yaml:3: pdGroup.decodeLabels: pdGroup: missing field `decodeLabels`"]
+    );
+    let yaml = "endpoints: [\n";
+    let e = load(yaml);
+    assert!(
+        e[0].starts_with("router.yaml:2: document: config is not valid YAML"),
+        "{e:?}"
+    );
+}
