@@ -10,6 +10,21 @@ use serde_json::json;
 use super::{SYSTEM, chat, send};
 use crate::harness::*;
 
+/// Each scorer instance `/debug/explain` shows, with its weight.
+fn instances(e: &serde_json::Value) -> Vec<(&str, f64)> {
+    e["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["instance"].as_str().unwrap(),
+                p["weight"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
 /// llm-d's default profile, written out (`pkg/epp/config/loader/defaults.go`).
 const EPC: &str = r#"
 apiVersion: llm-d.ai/v1alpha1
@@ -75,17 +90,7 @@ async fn prefix_queue_and_kv_scorers_keep_a_shared_prefix_and_spread_cold_prompt
     }
     let e = explain(&picker, &chat(system, "question 11")).await;
     assert_eq!(e["primary"], format!("default/{}", first.served_by), "{e}");
-    let plugins: Vec<(&str, f64)> = e["plugins"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            (
-                p["instance"].as_str().unwrap(),
-                p["weight"].as_f64().unwrap(),
-            )
-        })
-        .collect();
+    let plugins = instances(&e);
     assert_eq!(
         plugins,
         [
@@ -300,17 +305,7 @@ picker:
     }
 
     let e = explain(&picker, &chat(&system, "question 9")).await;
-    let plugins: Vec<(&str, f64)> = e["plugins"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            (
-                p["instance"].as_str().unwrap(),
-                p["weight"].as_f64().unwrap(),
-            )
-        })
-        .collect();
+    let plugins = instances(&e);
     assert_eq!(
         plugins,
         [
