@@ -275,7 +275,7 @@ impl StreamState {
         let epp_wanted = self.router.epp_request_headers();
         for header in h.headers.iter().flat_map(|m| &m.headers) {
             let value = header_value(header);
-            if epp_wanted.iter().any(|w| *w == header.key) {
+            if epp_wanted.contains(&header.key) {
                 self.epp_headers
                     .push((header.key.clone(), value.clone().into_owned()));
             }

@@ -342,40 +342,32 @@ impl Router {
         asked: Asked,
     ) -> Result<Result<Routed, (String, usize, FlowControlConfig)>, RouteFailure> {
         let mut must_queue = None;
-        let routed = self.route_inner(
-            r.path,
-            r.body,
-            r.restrict,
-            r.session,
-            r.headers,
-            r.kv,
-            |live, model, prompt_bytes, candidates| {
-                let fc = &live.picker.flow_control;
-                match asked {
-                    Asked::Arrival { queue } if queue && fc.active => {
-                        let busy = self.flow.queued() > 0
-                            || !live.scheduler.has_room(candidates, room_limits(fc));
-                        if !busy {
-                            return Gate::Pass;
-                        }
-                        must_queue = Some((model.to_string(), prompt_bytes, fc.clone()));
-                        Gate::Hold
+        let routed = self.route_inner(r, |live, model, prompt_bytes, candidates| {
+            let fc = &live.picker.flow_control;
+            match asked {
+                Asked::Arrival { queue } if queue && fc.active => {
+                    let busy = self.flow.queued() > 0
+                        || !live.scheduler.has_room(candidates, room_limits(fc));
+                    if !busy {
+                        return Gate::Pass;
                     }
-                    // `roomOnly`: the pick among the pods with room (PD pairs need both roles,
-                    // which narrowing could remove: never narrowed).
-                    Asked::Dispatch { drain: false }
-                        if fc.room_only && live.scheduler.config().pd.is_none() =>
-                    {
-                        let room = live.scheduler.with_room(candidates, room_limits(fc));
-                        if room.is_empty() || room.len() == candidates.len() {
-                            return Gate::Pass;
-                        }
-                        Gate::Only(room.into_iter().map(|i| candidates[i].clone()).collect())
-                    }
-                    _ => Gate::Pass,
+                    must_queue = Some((model.to_string(), prompt_bytes, fc.clone()));
+                    Gate::Hold
                 }
-            },
-        )?;
+                // `roomOnly`: the pick among the pods with room (PD pairs need both roles,
+                // which narrowing could remove: never narrowed).
+                Asked::Dispatch { drain: false }
+                    if fc.room_only && live.scheduler.config().pd.is_none() =>
+                {
+                    let room = live.scheduler.with_room(candidates, room_limits(fc));
+                    if room.is_empty() || room.len() == candidates.len() {
+                        return Gate::Pass;
+                    }
+                    Gate::Only(room.into_iter().map(|i| candidates[i].clone()).collect())
+                }
+                _ => Gate::Pass,
+            }
+        })?;
         Ok(match (routed, must_queue) {
             (Some(r), _) => Ok(r),
             (None, Some(q)) => Err(q),

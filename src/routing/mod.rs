@@ -390,15 +390,15 @@ impl Router {
         session: Option<&[u8]>,
         kv_blocks: Option<&KvBlockOwners>,
     ) -> Result<Routed, RouteFailure> {
-        let routed = self.route_inner(
+        let request = flow::FlowRequest {
             path,
             body,
             restrict,
             session,
-            &[],
-            kv_blocks,
-            |_, _, _, _| flow::Gate::Pass,
-        );
+            kv: kv_blocks,
+            ..flow::FlowRequest::default()
+        };
+        let routed = self.route_inner(&request, |_, _, _, _| flow::Gate::Pass);
         Ok(routed?.expect("no gate"))
     }
 
@@ -408,14 +408,10 @@ impl Router {
     /// held), [`flow::Gate::Only`] narrows the candidates.
     fn route_inner(
         &self,
-        path: &str,
-        body: Option<&[u8]>,
-        restrict: Option<&[AddressPattern]>,
-        session: Option<&[u8]>,
-        headers: &[(String, String)],
-        kv_blocks: Option<&KvBlockOwners>,
+        r: &flow::FlowRequest<'_>,
         gate: impl FnOnce(&Generation, &str, usize, &[Arc<Endpoint>]) -> flow::Gate,
     ) -> Result<Option<Routed>, RouteFailure> {
+        let (path, body, restrict) = (r.path, r.body, r.restrict);
         let live = self.scheduler.load();
         let parsed = Parsed::new(path, body, live.scheduler.config().rendering())?;
         let (mut request, mut candidates) = self.prepare(&parsed, restrict)?;
@@ -431,9 +427,9 @@ impl Router {
                 flow::Gate::Only(pods) => candidates = pods,
             }
         }
-        request.kv_blocks = kv_blocks;
-        request.headers = headers;
-        let session = self.session_pod(session, &candidates);
+        request.kv_blocks = r.kv;
+        request.headers = r.headers;
+        let session = self.session_pod(r.session, &candidates);
         if let Some((_, SessionPod::Candidate(slot))) = session {
             request.session_pod = Some(slot);
         }

@@ -93,8 +93,7 @@ impl Scheduler {
                 continue;
             };
             self.counters.sessions.commit(
-                instance,
-                session,
+                (instance, session),
                 decision.primary().label(),
                 &candidates,
                 *ttl,

@@ -75,9 +75,9 @@ pub struct PrefillStage {
 mod tests {
     use super::*;
 
-    /// By hand, nonCachedTokens 16: a 100-token prompt the decode pod holds 80 of leaves 20
-    /// >= 16: yes; holding 96 leaves 4: no; a 10-token prompt is shorter than 16: no; no match
-    /// known: no. promptTokens 200 turns the 100-token prompt away. 0 disables it.
+    /// By hand, nonCachedTokens 16: a 100-token prompt the decode pod holds 80 of leaves 20,
+    /// at least 16: yes; holding 96 leaves 4: no; a 10-token prompt is shorter than 16: no; no
+    /// match known: no. promptTokens 200 turns the 100-token prompt away. 0 disables it.
     #[test]
     fn prefix_based_decider_follows_the_uncached_suffix() {
         let d = PdDecider::PrefixBased {

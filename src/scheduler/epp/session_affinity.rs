@@ -121,13 +121,12 @@ impl SessionBindings {
             .map(|(pod, _)| pod.clone())
     }
 
-    /// A request of `session` was routed to `picked` among `candidates`: binds an unbound
-    /// session, refreshes a binding to `picked`, moves a session whose pod was not a candidate;
-    /// sweeps bindings unused for `ttl` every `sweep`.
+    /// A request of `(instance, session)` was routed to `picked` among `candidates`: binds an
+    /// unbound session, refreshes a binding to `picked`, moves a session whose pod was not a
+    /// candidate; sweeps bindings unused for `ttl` every `sweep`.
     pub fn commit(
         &self,
-        instance: &str,
-        session: &str,
+        (instance, session): (&str, &str),
         picked: &str,
         candidates: &[&str],
         ttl: Duration,
@@ -217,19 +216,19 @@ mod tests {
         let b = SessionBindings::default();
         let (ttl, sweep) = (Duration::from_secs(300), Duration::from_secs(10));
         let t0 = Instant::now();
-        b.commit("s", "id", "p0", &["p0", "p1"], ttl, sweep, t0);
+        b.commit(("s", "id"), "p0", &["p0", "p1"], ttl, sweep, t0);
         assert_eq!(b.bound("s", "id").as_deref(), Some("p0"));
         assert_eq!(b.bound("other", "id"), None, "per instance");
-        b.commit("s", "id", "p1", &["p0", "p1"], ttl, sweep, t0);
+        b.commit(("s", "id"), "p1", &["p0", "p1"], ttl, sweep, t0);
         assert_eq!(
             b.bound("s", "id").as_deref(),
             Some("p0"),
             "p0 was there: kept"
         );
-        b.commit("s", "id", "p1", &["p1"], ttl, sweep, t0);
+        b.commit(("s", "id"), "p1", &["p1"], ttl, sweep, t0);
         assert_eq!(b.bound("s", "id").as_deref(), Some("p1"), "p0 gone: moved");
         let later = t0 + Duration::from_secs(301);
-        b.commit("s", "other", "p0", &["p0"], ttl, sweep, later);
+        b.commit(("s", "other"), "p0", &["p0"], ttl, sweep, later);
         assert_eq!(b.bound("s", "id"), None, "unused for 301 s: swept");
     }
 }
