@@ -113,11 +113,13 @@ struct Bindings {
 }
 
 impl SessionBindings {
-    /// The pod bound to `session` for `instance` (expired bindings are the sweeper's to drop).
-    pub fn bound(&self, instance: &str, session: &str) -> Option<String> {
+    /// The pod bound to `session` for `instance`; none once unused for `ttl` (llm-d's sweeper
+    /// would have dropped it by then, give or take its period).
+    pub fn bound(&self, instance: &str, session: &str, ttl: Duration) -> Option<String> {
         let b = self.0.lock();
         b.map
             .get(&(instance.to_string(), session.to_string()))
+            .filter(|(_, seen)| seen.elapsed() <= ttl)
             .map(|(pod, _)| pod.clone())
     }
 
@@ -217,18 +219,22 @@ mod tests {
         let (ttl, sweep) = (Duration::from_secs(300), Duration::from_secs(10));
         let t0 = Instant::now();
         b.commit(("s", "id"), "p0", &["p0", "p1"], ttl, sweep, t0);
-        assert_eq!(b.bound("s", "id").as_deref(), Some("p0"));
-        assert_eq!(b.bound("other", "id"), None, "per instance");
+        assert_eq!(b.bound("s", "id", ttl).as_deref(), Some("p0"));
+        assert_eq!(b.bound("other", "id", ttl), None, "per instance");
         b.commit(("s", "id"), "p1", &["p0", "p1"], ttl, sweep, t0);
         assert_eq!(
-            b.bound("s", "id").as_deref(),
+            b.bound("s", "id", ttl).as_deref(),
             Some("p0"),
             "p0 was there: kept"
         );
         b.commit(("s", "id"), "p1", &["p1"], ttl, sweep, t0);
-        assert_eq!(b.bound("s", "id").as_deref(), Some("p1"), "p0 gone: moved");
+        assert_eq!(
+            b.bound("s", "id", ttl).as_deref(),
+            Some("p1"),
+            "p0 gone: moved"
+        );
         let later = t0 + Duration::from_secs(301);
         b.commit(("s", "other"), "p0", &["p0"], ttl, sweep, later);
-        assert_eq!(b.bound("s", "id"), None, "unused for 301 s: swept");
+        assert_eq!(b.bound("s", "id", ttl), None, "unused for 301 s: swept");
     }
 }

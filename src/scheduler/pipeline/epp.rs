@@ -1,9 +1,14 @@
 //! An `EndpointPickerConfig` profile's steps 2-4 ([`crate::scheduler::epp`]: the formulas):
-//! its filters (each timed; one that leaves no pod ends the decision, named by its type), its
-//! scorers (each timed; prefix-cache-scorer matches the prompt's blocks against the index,
-//! chain matches without a top-k limit), the weighted sum, the picker's order; the session's pod,
+//! the prefix match (chain matches without a top-k limit, when a prefix-cache scorer or the
+//! prefix-cache-affinity-filter needs it), its filters (each timed; one that leaves no pod ends
+//! the decision, named by its type; the affinity filter reads the match and the pods' in-flight
+//! tokens), its scorers (each timed), the weighted sum, the picker's order; the session's pod,
 //! when it passed the filters, leads (`picker.sessions`). The reason is read from the prefix
 //! match: a hit when the pick holds some of the prompt, overruled when only another pod does.
+//! With a `disagg-profile-handler`'s prefill stage, the decision's pick is the decode pod and,
+//! when the decider says so, the prefill profile's pick is its pair (`Decision::pd`). What a
+//! commit needs (the pick's uncached prompt tokens, `session_id` sessions) rides in
+//! `Decision::epp`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -343,8 +348,8 @@ impl Scheduler {
                 let target = match (strategy, session) {
                     (_, None) => None,
                     (SessionStrategy::EncodedEndpointHeader { .. }, Some(pod)) => Some(pod),
-                    (SessionStrategy::SessionId { .. }, Some(id)) => {
-                        let bound = self.counters.sessions.bound(&scorer.name, &id);
+                    (SessionStrategy::SessionId { ttl, .. }, Some(id)) => {
+                        let bound = self.counters.sessions.bound(&scorer.name, &id, *ttl);
                         sessions.push((scorer.name.clone(), id));
                         bound
                     }
