@@ -675,6 +675,24 @@ mod tests {
                 "session-affinity-scorer"
             ]
         );
+        // Each plugin is timed under its type (kthena_router_scheduler_plugin_duration_seconds).
+        let timed: Vec<(&str, &str)> = d
+            .observations
+            .iter()
+            .filter_map(|o| match o {
+                Observation::PluginTime { plugin, kind, .. } => Some((*plugin, kind.as_str())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            timed,
+            [
+                ("prefix-cache-affinity-filter", "filter"),
+                ("prefix-cache-scorer", "score"),
+                ("token-load-scorer", "score"),
+                ("session-affinity-scorer", "score")
+            ]
+        );
     }
 
     /// session_id: the first request of a session is placed by the other scorers and binds
