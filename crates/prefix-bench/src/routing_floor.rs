@@ -177,6 +177,7 @@ impl RoutingFloor {
             hashes: None,
             engine_tokens: None,
             kv_blocks: None,
+            headers: &[],
         };
         let mut decision = self.scheduler.schedule(request, self.pods.clone()).ok()?;
         let hold = self.scheduler.commit(&parsed.model, &decision);
