@@ -455,9 +455,7 @@ impl Config {
     /// pairs it does not measure); its numbers checked.
     fn apply_flow_control(&mut self, errors: &mut Vec<ConfigError>) {
         let fc = &mut self.picker.flow_control;
-        // Opt-in: on the suite's busy workloads it cost 2-3 points of hits against the same
-        // picker without it (benches/RESULTS.md, "Flow control").
-        fc.resolve(false);
+        fc.resolve(self.scheduler.affinity.is_some() && self.scheduler.pd.is_none());
         errors.extend(fc.validate().into_iter().map(ConfigError::Picker));
         self.warnings.extend(fc.warnings());
     }

@@ -13,15 +13,19 @@
 //! - **Within a flow**: arrival order. A request that leaves early (cancelled, expired,
 //!   displaced) is removed from the counts at once and skipped when its flow reaches it; a
 //!   flow's list is compacted when more than half of it is gone.
-//! - **Pools**: each request names the pool it needs (its model); [`FlowQueue::pop`] is given
-//!   which pools can take a request now and skips the flows whose head cannot go (that flow
-//!   waits, its place kept).
+//! - **Pools**: each request names the pool it needs (its model) and, when it is held for one
+//!   pod's cache, that pod; [`FlowQueue::pop`] is given which (pool, pod) can take a request
+//!   now and takes, from the first flow in the order that has one, its oldest request that can
+//!   go: within a flow, arrival order per (pool, pod), so a request held for a full pod does not
+//!   hold up its flow's requests for other pods. A flow none of whose requests can go waits,
+//!   its place kept. [`FlowQueue::pool_len`] counts the requests queued per (pool, pod).
 //! - **Displacement**: [`FlowQueue::displace`] removes the newest request of the heaviest flow
 //!   of the lowest band below a given priority, only among negative priorities (sheddable
 //!   requests are the first to go when the queue is full).
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -37,6 +41,8 @@ pub struct Admission {
     pub flow: Arc<str>,
     /// The pool the request needs (the model): it leaves only when that pool can take it.
     pub pool: Arc<str>,
+    /// The pod of `pool` it is held for (its pick, bound there by its cache); `None`: any.
+    pub pod: Option<SocketAddr>,
     /// The request's size, for the queue's byte bound.
     pub bytes: usize,
     /// The service its dispatch charges its flow, in weighted tokens.
@@ -120,6 +126,10 @@ pub struct FlowQueue<T> {
     deadlines: BTreeSet<(Instant, u64)>,
     next: u64,
     bytes: usize,
+    /// Requests queued per pool and pod (none left out).
+    pools: HashMap<Arc<str>, HashMap<Option<SocketAddr>, usize>>,
+    /// Entries of `pools`' inner maps.
+    pool_pods: usize,
 }
 
 impl<T> FlowQueue<T> {
@@ -133,6 +143,8 @@ impl<T> FlowQueue<T> {
             deadlines: BTreeSet::new(),
             next: 0,
             bytes: 0,
+            pools: HashMap::new(),
+            pool_pods: 0,
         }
     }
 
@@ -148,6 +160,20 @@ impl<T> FlowQueue<T> {
     /// Bytes queued.
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// The pools with requests queued.
+    pub fn pools(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.pools.keys()
+    }
+
+    /// Requests queued for `pool` held for `pod` (`None`: for any of its pods).
+    pub fn pool_len(&self, pool: &str, pod: Option<SocketAddr>) -> usize {
+        self.pools
+            .get(pool)
+            .and_then(|p| p.get(&pod))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Requests queued per band, highest priority first (bands with none left out).
@@ -171,6 +197,16 @@ impl<T> FlowQueue<T> {
         let id = self.next;
         self.next += 1;
         self.bytes += admission.bytes;
+        let n = self
+            .pools
+            .entry(admission.pool.clone())
+            .or_default()
+            .entry(admission.pod)
+            .or_default();
+        if *n == 0 {
+            self.pool_pods += 1;
+        }
+        *n += 1;
         self.deadlines.insert((admission.deadline, id));
         let band = self.bands.entry(admission.priority).or_default();
         let flow = band.flows.entry(admission.flow.clone()).or_default();
@@ -190,22 +226,18 @@ impl<T> FlowQueue<T> {
         id
     }
 
-    /// The next request to dispatch, taking only requests whose pool `can_take` (asked at
-    /// most once per pool per call); charges its flow the request's cost at `now`.
+    /// The next request to dispatch: from the first flow in the order (bands, then least
+    /// service) that has a request whose pool and pod `can_take` (asked at most once per pool
+    /// and pod per call), its oldest such request; charges its flow the request's cost at
+    /// `now`. Stops as soon as every (pool, pod) queued has said no.
     pub fn pop(
         &mut self,
         now: Instant,
-        mut can_take: impl FnMut(&str) -> bool,
+        mut can_take: impl FnMut(&str, Option<SocketAddr>) -> bool,
     ) -> Option<Popped<T>> {
-        let mut asked: Vec<(Arc<str>, bool)> = Vec::new();
-        let mut ok = |pool: &Arc<str>| {
-            if let Some((_, v)) = asked.iter().find(|(p, _)| p == pool) {
-                return *v;
-            }
-            let v = can_take(pool);
-            asked.push((pool.clone(), v));
-            v
-        };
+        let mut asked: Vec<(&Arc<str>, Option<SocketAddr>, bool)> = Vec::new();
+        let mut refused = 0;
+        let pools = self.pool_pods;
         let mut chosen = None;
         'bands: for (priority, band) in self.bands.iter().rev() {
             if band.live == 0 {
@@ -213,15 +245,27 @@ impl<T> FlowQueue<T> {
             }
             for key in &band.order {
                 let flow = &band.flows[&key.flow];
-                let head = flow
-                    .queue
-                    .iter()
-                    .find(|id| self.entries.contains_key(id))
-                    .copied();
-                let Some(id) = head else { continue };
-                if ok(&self.entries[&id].admission.pool) {
-                    chosen = Some((*priority, key.flow.clone(), id));
-                    break 'bands;
+                for id in &flow.queue {
+                    let Some(entry) = self.entries.get(id) else {
+                        continue;
+                    };
+                    let (pool, pod) = (&entry.admission.pool, entry.admission.pod);
+                    let ok = match asked.iter().find(|(p, d, _)| *p == pool && *d == pod) {
+                        Some((_, _, v)) => *v,
+                        None => {
+                            let v = can_take(pool, pod);
+                            asked.push((pool, pod, v));
+                            refused += usize::from(!v);
+                            v
+                        }
+                    };
+                    if ok {
+                        chosen = Some((*priority, key.flow.clone(), *id));
+                        break 'bands;
+                    }
+                    if refused == pools {
+                        return None;
+                    }
                 }
             }
         }
@@ -374,6 +418,18 @@ impl<T> FlowQueue<T> {
         let entry = self.entries.remove(&id)?;
         let a = &entry.admission;
         self.bytes -= a.bytes;
+        if let Some(pods) = self.pools.get_mut(&a.pool) {
+            if let Some(n) = pods.get_mut(&a.pod) {
+                *n -= 1;
+                if *n == 0 {
+                    pods.remove(&a.pod);
+                    self.pool_pods -= 1;
+                }
+            }
+            if pods.is_empty() {
+                self.pools.remove(&a.pool);
+            }
+        }
         self.deadlines.remove(&(a.deadline, id));
         let band = self.bands.get_mut(&a.priority).expect("an entry's band");
         let flow = band.flows.get_mut(&a.flow).expect("an entry's flow");

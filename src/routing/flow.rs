@@ -6,13 +6,23 @@
 //!   queued; else it joins the queue and the caller gets a [`Hold`] to await. The check that
 //!   nothing is queued is one atomic load: while the queue is empty the request path takes no
 //!   lock it did not take before.
+//! - **Held for its pod** ([`Router::bind`]): a request that must queue and whose pick holds
+//!   its prompt where some other candidate does not (that one would lose more than the
+//!   affinity mode's `spillLoss` of the prompt) gets its pick at once, as without flow control: the pod
+//!   the latency model weighs best, its in-flight count taken then (the next picks see the
+//!   pod's backlog, as they see an engine queue). It is then held in the queue *for that pod*
+//!   and leaves when that pod has room, not counting the requests held for it
+//!   ([`Scheduler::with_room_held`]). Any other queued request takes whichever pod has room
+//!   first. Without this, the dispatch made when a slot frees saw a pod with a free slot (no
+//!   wait) against the request's own pod with a backlog, and spilled tenants onto the free
+//!   pod's cache, where an engine queue had kept them on theirs (benches/RESULTS.md).
 //! - **The dispatcher** ([`run_dispatcher`], one task): woken when a request queues, when a
 //!   routed request completes (a slot may have freed), and every [`TICK`] while requests wait
 //!   (the load may fall without a completion of ours: another replica's, a scrape). Each wake
 //!   expires what outlived its TTL (429), then takes requests in the queue's order
-//!   ([`FlowQueue::pop`]), per model as many as it has pods with room at that moment, and routes
-//!   each itself: the affinity pick made then, on the load as it is then (its in-flight count
-//!   taken at once). The pick may still go to a full pod whose cache saves more than the wait
+//!   ([`FlowQueue::pop`]), per pod with room at that moment one request (one held for that pod,
+//!   or one for any pod), and sends a held one on to its pod; routes any other itself: the
+//!   affinity pick made then, on the load as it is then (its in-flight count taken at once). The pick may still go to a full pod whose cache saves more than the wait
 //!   there, as the latency model weighs it; with `roomOnly` it is made among the pods with room
 //!   only. The routed request (or its refusal) goes to the waiting [`Hold`].
 //! - **Leaving**: a [`Hold`] dropped or cancelled before its dispatch leaves the queue at once
@@ -25,6 +35,8 @@
 //!
 //! [`DROPPED_REASON_HEADER`]: crate::flow_control::DROPPED_REASON_HEADER
 
+use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -145,6 +157,8 @@ enum Asked {
     Arrival { queue: bool },
     /// A queued request leaving: picked among the pods with room (all while draining).
     Dispatch { drain: bool },
+    /// A request that must queue, picked now to be held for its pod.
+    Bind,
 }
 
 /// A queued request, in the queue.
@@ -152,6 +166,8 @@ struct Waiter {
     tx: oneshot::Sender<Released>,
     request: Owned,
     since: Instant,
+    /// Its pick, made when it queued, when it is held for that pod ([`Router::bind`]).
+    routed: Option<Routed>,
 }
 
 impl std::fmt::Debug for Waiter {
@@ -328,10 +344,40 @@ impl Router {
         let queue = !self.flow.draining();
         match self.route_gated(&request, Asked::Arrival { queue })? {
             Ok(routed) => Ok(Admitted::Routed(routed)),
-            Err((model, prompt_bytes, fc)) => self
-                .enqueue(request, &model, prompt_bytes, &fc)
-                .map(Admitted::Held),
+            Err((model, prompt_bytes, fc)) => {
+                let held = self.bind(&request)?;
+                self.enqueue(request, &model, prompt_bytes, &fc, held)
+                    .map(Admitted::Held)
+            }
         }
+    }
+
+    /// The pick of a request that must queue, when its pick's cache binds it there: some other
+    /// candidate holds less of its prompt, by more than `spillLoss` of the prompt (the affinity
+    /// mode's measure of a match worth keeping). The pick is then made now, as it would
+    /// be without flow control, and counted in the pod's requests in flight at once; the request
+    /// waits in the queue for that pod. `None`: any pod will do (the pick made at dispatch), and
+    /// always outside the affinity mode and with `pdGroup`.
+    fn bind(&self, r: &FlowRequest<'_>) -> Result<Option<Routed>, RouteFailure> {
+        let spill_loss = {
+            let live = self.scheduler.load();
+            match live.scheduler.affinity() {
+                Some(a) if live.scheduler.config().pd.is_none() => a.spill_loss,
+                _ => return Ok(None),
+            }
+        };
+        let Ok(explained) = self.explain_looked_up(r.path, r.body, r.restrict, r.kv) else {
+            return Ok(None);
+        };
+        let d = &explained.decision;
+        let bound = d
+            .primary_position()
+            .and_then(|i| d.predictions.lead(i))
+            .is_some_and(|(lead, prompt)| lead > 0.0 && lead > spill_loss * prompt);
+        if !bound {
+            return Ok(None);
+        }
+        Ok(self.route_gated(r, Asked::Bind)?.ok())
     }
 
     /// The pick, or (`Err`) the model, prompt bytes and flow-control settings of a request
@@ -382,6 +428,7 @@ impl Router {
         model: &str,
         prompt_bytes: usize,
         fc: &FlowControlConfig,
+        routed: Option<Routed>,
     ) -> Result<Hold, RouteFailure> {
         let now = Instant::now();
         let shared = &self.flow.shared;
@@ -398,6 +445,7 @@ impl Router {
             priority: fc.priority(request.objective, &self.flow.objectives),
             flow: Arc::from(crate::flow_control::flow_id(request.flow)),
             pool: Arc::from(model),
+            pod: routed.as_ref().map(|r| r.decision.primary().spec.address),
             bytes,
             cost,
             deadline: now + Duration::from_secs_f64(fc.request_ttl_seconds),
@@ -408,6 +456,7 @@ impl Router {
             tx,
             request: Owned::of(&request),
             since: now,
+            routed,
         };
         let mut displaced = Vec::new();
         let id = {
@@ -493,38 +542,49 @@ impl Router {
             )));
         }
         let limits = room_limits(&fc);
-        // Per model, the dispatches this round may still make: its pods with room at the first
-        // look (each frees at least one slot). The pick may go to a full pod the affinity mode
-        // prefers (its cache saves more than the wait there): the budget keeps one freed slot
-        // from releasing the whole queue; the next round (a completion, or the tick) looks again.
-        let mut budget: std::collections::HashMap<String, usize> = Default::default();
+        // Per model, the pods with room at the round's first look (not counting the requests
+        // held for them): one dispatch each this round. A pick (of a request held for no pod)
+        // may go to a full pod the affinity mode prefers (its cache saves more than the wait
+        // there): it takes a free pod's turn all the same, so that one freed slot does not
+        // release the whole queue; the next round (a completion, or the tick) looks again.
+        let mut rooms: HashMap<Arc<str>, Room> = HashMap::new();
+        if !drain {
+            let snapshot = self.endpoints.snapshot();
+            let q = shared.queue.lock();
+            for model in q.pools() {
+                let room = snapshot.candidates(Some(model), None).map_or_else(
+                    |_| Room::default(),
+                    |c| {
+                        let held = |e: &Arc<crate::endpoints::Endpoint>| {
+                            i64::try_from(q.pool_len(model, Some(e.spec.address)))
+                                .unwrap_or(i64::MAX)
+                        };
+                        let free = live.scheduler.with_room_held(&c, limits, held);
+                        Room {
+                            pods: c.iter().map(|e| e.spec.address).collect(),
+                            free: free.into_iter().map(|i| c[i].spec.address).collect(),
+                        }
+                    },
+                );
+                rooms.insert(model.clone(), room);
+            }
+        }
         loop {
             let popped = {
-                let snapshot = self.endpoints.snapshot();
                 let mut q = shared.queue.lock();
-                let p = q.pop(now, |model| {
-                    if drain {
-                        return true;
-                    }
-                    let left = budget.entry(model.to_string()).or_insert_with(|| {
-                        snapshot
-                            .candidates(Some(model), None)
-                            .map_or(0, |c| live.scheduler.with_room(&c, limits).len())
-                    });
-                    *left > 0
+                let p = q.pop(now, |model, pod| {
+                    drain || rooms.get(model).is_some_and(|r| r.can_take(pod))
                 });
                 if let Some(p) = &p {
                     shared.publish(&q, &[p.admission.priority]);
-                    if let Some(left) = budget.get_mut(&*p.admission.pool) {
-                        *left = left.saturating_sub(1);
-                    }
                 }
                 p
             };
             let Some(p) = popped else { break };
             let w = p.item;
             if w.tx.is_closed() {
-                // Its client left between the pop and now: nothing to route.
+                // Its client left between the pop and now: nothing to route (a pick made for
+                // it goes with it).
                 shared.dropped(DropReason::Cancelled);
                 continue;
             }
@@ -541,13 +601,33 @@ impl Router {
                 .with_label_values(&[m.flows.label(&p.admission.flow)])
                 .inc_by(p.admission.cost.round() as u64);
             let _span = w.request.span.as_ref().map(tracing::Span::enter);
-            let released = match self.route_gated(&w.request.view(), Asked::Dispatch { drain }) {
-                Ok(Ok(mut routed)) => {
+            let room = rooms.get_mut(&p.admission.pool);
+            let released = match (w.routed, p.admission.pod) {
+                // Held for its pod, still a candidate: sent there with the pick it queued with.
+                (Some(mut routed), Some(pod))
+                    if drain || room.as_ref().is_some_and(|r| r.pods.contains(&pod)) =>
+                {
+                    if let Some(r) = room {
+                        r.took(pod);
+                    }
                     routed.queued = waited;
                     Released::Routed(routed)
                 }
-                Ok(Err(_)) => unreachable!("the gate is off at dispatch"),
-                Err(f) => Released::Refused(f),
+                (held, _) => {
+                    // Its pod gone: the pick made again, as for a request held for no pod.
+                    drop(held);
+                    match self.route_gated(&w.request.view(), Asked::Dispatch { drain }) {
+                        Ok(Ok(mut routed)) => {
+                            if let Some(r) = room {
+                                r.took(routed.decision.primary().spec.address);
+                            }
+                            routed.queued = waited;
+                            Released::Routed(routed)
+                        }
+                        Ok(Err(_)) => unreachable!("the gate is off at dispatch"),
+                        Err(f) => Released::Refused(f),
+                    }
+                }
             };
             // A client gone meanwhile drops it: the route's in-flight count goes with it.
             if w.tx.send(released).is_err() {
@@ -573,6 +653,38 @@ impl Router {
         fc.active
             && !self.flow.draining()
             && (self.flow.queued() > 0 || !live.scheduler.has_room(candidates, room_limits(fc)))
+    }
+}
+
+/// A model's pods as a dispatch round sees them.
+#[derive(Debug, Default)]
+struct Room {
+    /// Its candidates.
+    pods: Vec<SocketAddr>,
+    /// Those that had room at the round's first look and have had no dispatch since.
+    free: Vec<SocketAddr>,
+}
+
+impl Room {
+    /// Whether a request held for `pod` (`None`: for any pod) may leave now: its pod is free,
+    /// or gone from the candidates (it is then picked again); any pod: one is free.
+    fn can_take(&self, pod: Option<SocketAddr>) -> bool {
+        match pod {
+            None => !self.free.is_empty(),
+            Some(p) => self.free.contains(&p) || !self.pods.contains(&p),
+        }
+    }
+
+    /// A dispatch to `pod` took its turn (a full pod's pick takes a free pod's).
+    fn took(&mut self, pod: SocketAddr) {
+        match self.free.iter().position(|p| *p == pod) {
+            Some(i) => {
+                self.free.swap_remove(i);
+            }
+            None => {
+                self.free.pop();
+            }
+        }
     }
 }
 

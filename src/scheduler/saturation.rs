@@ -32,6 +32,17 @@ pub struct RoomLimits {
 impl Scheduler {
     /// The candidates that have room by [`RoomLimits`] (their positions).
     pub fn with_room<C: Candidate>(&self, candidates: &[C], limits: RoomLimits) -> Vec<usize> {
+        self.with_room_held(candidates, limits, |_| 0)
+    }
+
+    /// [`Scheduler::with_room`], not counting `held(c)` of each candidate's requests in flight
+    /// (flow control's requests picked for the pod and still held in its queue: not sent yet).
+    pub fn with_room_held<C: Candidate>(
+        &self,
+        candidates: &[C],
+        limits: RoomLimits,
+        held: impl Fn(&C) -> i64,
+    ) -> Vec<usize> {
         let mut pool = self.room_pool();
         pool.concurrency = candidates
             .iter()
@@ -41,12 +52,13 @@ impl Scheduler {
             .iter()
             .enumerate()
             .filter(|(_, c)| {
+                let inflight = c.inflight() - held(c);
                 let under = limits
                     .max_inflight
-                    .is_none_or(|max| c.inflight() < i64::from(max));
+                    .is_none_or(|max| inflight < i64::from(max));
                 under
                     && c.timing()
-                        .is_none_or(|t| pod_room(*c, t, pool, limits.max_wait))
+                        .is_none_or(|t| pod_room(*c, inflight, t, pool, limits.max_wait))
             })
             .map(|(i, _)| i)
             .collect()
@@ -81,7 +93,7 @@ impl Scheduler {
             match t.concurrency() {
                 Some(k) => {
                     learned = Some(learned.map_or(k, |l: f64| l.min(k)));
-                    if under(c) && pod_room(c, t, pool, limits.max_wait) {
+                    if under(c) && pod_room(c, c.inflight(), t, pool, limits.max_wait) {
                         return true;
                     }
                 }
@@ -94,15 +106,17 @@ impl Scheduler {
         pool.concurrency = learned;
         candidates.iter().any(|c| {
             c.timing().is_some_and(|t| {
-                t.concurrency().is_none() && under(c) && pod_room(c, t, pool, limits.max_wait)
+                t.concurrency().is_none()
+                    && under(c)
+                    && pod_room(c, c.inflight(), t, pool, limits.max_wait)
             })
         })
     }
 }
 
-/// One pod's room: a free slot and a predicted wait of at most `max_wait`.
-fn pod_room<C: Candidate>(c: &C, t: &PodTiming, pool: Pool, max_wait: f64) -> bool {
-    let inflight = c.inflight();
+/// One pod's room with `inflight` requests in flight: a free slot and a predicted wait of at
+/// most `max_wait`.
+fn pod_room<C: Candidate>(c: &C, inflight: i64, t: &PodTiming, pool: Pool, max_wait: f64) -> bool {
     if !t.has_slot(inflight, pool) {
         return false;
     }

@@ -1,6 +1,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::net::SocketAddr;
+
 use super::*;
 
 fn admission(priority: i32, flow: &str, cost: f64, deadline: Instant) -> Admission {
@@ -8,6 +10,7 @@ fn admission(priority: i32, flow: &str, cost: f64, deadline: Instant) -> Admissi
         priority,
         flow: Arc::from(flow),
         pool: Arc::from("m"),
+        pod: None,
         bytes: 100,
         cost,
         deadline,
@@ -20,7 +23,7 @@ fn later(t0: Instant, s: u64) -> Instant {
 
 /// Pops everything (every pool can take), returning the items.
 fn drain<T: Copy>(q: &mut FlowQueue<T>, now: Instant) -> Vec<T> {
-    std::iter::from_fn(|| q.pop(now, |_| true).map(|p| p.item)).collect()
+    std::iter::from_fn(|| q.pop(now, |_, _| true).map(|p| p.item)).collect()
 }
 
 #[test]
@@ -47,7 +50,7 @@ fn a_flood_does_not_starve_a_light_flow() {
         q.push(admission(0, "heavy", 1500.0, later(t0, 30)), ("heavy", i));
     }
     // Heavy is served once before light arrives.
-    assert_eq!(q.pop(t0, |_| true).unwrap().item, ("heavy", 0));
+    assert_eq!(q.pop(t0, |_, _| true).unwrap().item, ("heavy", 0));
     q.push(admission(0, "light", 50.0, later(t0, 30)), ("light", 0));
     q.push(admission(0, "light", 50.0, later(t0, 30)), ("light", 1));
     let order = drain(&mut q, t0);
@@ -179,7 +182,7 @@ fn a_cancelled_request_leaves_at_once_and_its_flow_keeps_its_order() {
     let mut q = FlowQueue::new(60.0, t0);
     let only = q.push(admission(0, "x", 1.0, later(t0, 30)), 0);
     q.remove(only);
-    assert!(q.pop(t0, |_| true).is_none());
+    assert!(q.pop(t0, |_, _| true).is_none());
     assert!(q.band_order_is_consistent());
 }
 
@@ -193,15 +196,58 @@ fn a_flow_whose_pool_cannot_take_waits_while_others_go() {
     q.push(admission(0, "b", 1.0, later(t0, 30)), "b0");
     q.push(admission(0, "b", 1.0, later(t0, 30)), "b1");
     let mut asked = Vec::new();
-    let p = q.pop(t0, |pool| {
+    let p = q.pop(t0, |pool, _| {
         asked.push(pool.to_string());
         pool != "busy-model"
     });
     assert_eq!(p.unwrap().item, "b0");
     assert_eq!(asked, ["busy-model", "m"], "each pool asked once");
-    assert_eq!(q.pop(t0, |pool| pool != "busy-model").unwrap().item, "b1");
-    assert!(q.pop(t0, |pool| pool != "busy-model").is_none());
-    assert_eq!(q.pop(t0, |_| true).unwrap().item, "a0");
+    assert_eq!(
+        q.pop(t0, |pool, _| pool != "busy-model").unwrap().item,
+        "b1"
+    );
+    assert!(q.pop(t0, |pool, _| pool != "busy-model").is_none());
+    assert_eq!(q.pop(t0, |_, _| true).unwrap().item, "a0");
+}
+
+#[test]
+fn within_a_flow_a_request_for_a_pod_that_can_take_goes_past_one_that_cannot() {
+    // One flow: requests held for pod x (full), then for pod y (free), then for x again. y's
+    // goes first; x's go in their order once x can take; each pod asked once per pop.
+    let t0 = Instant::now();
+    let (x, y): (SocketAddr, SocketAddr) = (
+        "10.0.0.1:80".parse().unwrap(),
+        "10.0.0.2:80".parse().unwrap(),
+    );
+    let mut q = FlowQueue::new(60.0, t0);
+    for (item, pod) in [("x0", x), ("y0", y), ("x1", x)] {
+        let mut a = admission(0, "default", 1.0, later(t0, 30));
+        a.pod = Some(pod);
+        q.push(a, item);
+    }
+    q.push(admission(0, "default", 1.0, later(t0, 30)), "any");
+    assert_eq!((q.pool_len("m", Some(x)), q.pool_len("m", Some(y))), (2, 1));
+    assert_eq!(q.pool_len("m", None), 1);
+    let mut asked = Vec::new();
+    let p = q.pop(t0, |_, pod| {
+        asked.push(pod);
+        pod == Some(y)
+    });
+    assert_eq!(p.unwrap().item, "y0");
+    assert_eq!(asked, [Some(x), Some(y)]);
+    assert_eq!(q.pool_len("m", Some(y)), 0);
+    let mut asked = 0;
+    assert!(
+        q.pop(t0, |_, _| {
+            asked += 1;
+            false
+        })
+        .is_none()
+    );
+    assert_eq!(asked, 2, "stops once every queued pool and pod said no");
+    assert_eq!(q.pop(t0, |_, pod| pod.is_none()).unwrap().item, "any");
+    assert_eq!(drain(&mut q, t0), ["x0", "x1"]);
+    assert_eq!(q.pool_len("m", Some(x)), 0);
 }
 
 #[test]
@@ -230,7 +276,7 @@ fn prune_forgets_idle_flows_whose_service_decayed() {
     let mut q = FlowQueue::new(1.0, t0);
     q.push(admission(0, "a", 100.0, later(t0, 30)), 0);
     q.push(admission(0, "b", 100.0, later(t0, 30)), 1);
-    assert_eq!(q.pop(t0, |_| true).unwrap().item, 0);
+    assert_eq!(q.pop(t0, |_, _| true).unwrap().item, 0);
     q.prune(later(t0, 20), 0.01);
     // a: idle, 100 x 2^-20 < 0.01: forgotten; b: still queued.
     let flows: Vec<String> = q
@@ -269,7 +315,7 @@ fn random_operations_keep_the_counts_and_the_order_consistent() {
                 live.push(id);
             }
             2 => {
-                if let Some(p) = q.pop(now, |_| true) {
+                if let Some(p) = q.pop(now, |_, _| true) {
                     live.retain(|i| *i != p.id);
                     popped_per_flow
                         .entry(format!("{}/{}", p.admission.priority, p.admission.flow))

@@ -190,6 +190,52 @@ async fn a_freed_slot_releases_one_request_a_round_and_room_only_picks_among_the
 }
 
 #[tokio::test]
+async fn a_request_whose_prompt_one_pod_holds_waits_for_that_pod_not_the_first_free_one() {
+    // A tenant's long prompt served once by pod k; every pod then full. The tenant's next
+    // request is picked at once for k (k's in-flight count taken: the next picks see the
+    // backlog), held for k: a slot freed elsewhere goes to a request without a cached prefix,
+    // and k's own freed slot to the held one.
+    let router = one_slot_router("");
+    let tenant = "a tenant's long system prompt ".repeat(100);
+    let first = routed(admit(&router, &format!("{tenant} first"), None, None));
+    let k = first.decision.primary().spec.address;
+    complete(&router, first);
+    let mut tickets = fill(&router);
+    let mut tenant_hold = held(admit(&router, &format!("{tenant} second"), Some("t"), None));
+    let pods: Vec<_> = tickets
+        .iter()
+        .map(|t| t.decision.primary().spec.address)
+        .collect();
+    let at_k = pods.iter().position(|p| *p == k).expect("a filler on k");
+    let mut counts = inflight(&router);
+    counts.sort_unstable();
+    assert_eq!(counts, [1, 1, 2], "the held request counted on k at once");
+    let mut other_hold = held(admit(&router, "no shared prefix", Some("o"), None));
+    // A slot frees on another pod: the request held for k stays; the other goes there.
+    let elsewhere = tickets.remove(if at_k == 0 { 1 } else { 0 });
+    let freed = elsewhere.decision.primary().spec.address;
+    complete(&router, elsewhere);
+    router.dispatch(Instant::now(), false);
+    assert!(try_released(&mut tenant_hold).is_none(), "held for k");
+    let Some(Released::Routed(o)) = try_released(&mut other_hold) else {
+        panic!("the request without a cached prefix takes the free pod");
+    };
+    assert_eq!(o.decision.primary().spec.address, freed);
+    // k's slot frees: the held request goes there, with the pick it queued with.
+    let at_k = tickets
+        .iter()
+        .position(|t| t.decision.primary().spec.address == k)
+        .unwrap();
+    complete(&router, tickets.remove(at_k));
+    router.dispatch(Instant::now(), false);
+    let Some(Released::Routed(t)) = try_released(&mut tenant_hold) else {
+        panic!("released to k");
+    };
+    assert_eq!(t.decision.primary().spec.address, k);
+    assert_eq!(router.flow.queued(), 0);
+}
+
+#[tokio::test]
 async fn higher_priority_objectives_dispatch_first() {
     let router = one_slot_router("priorities: {interactive: 10, batch: -1}");
     let mut tickets = fill(&router);

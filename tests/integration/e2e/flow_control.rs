@@ -322,3 +322,121 @@ async fn a_flood_of_one_tenant_does_not_starve_another() {
             > 0.0
     );
 }
+
+/// Sends `n` requests through Envoy, each on its own task: their status and serving pod.
+fn spawn_requests(
+    envoy: &Envoy,
+    tag: &str,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<(u16, String)>> {
+    (0..n)
+        .map(|i| {
+            let (url, prompt) = (envoy.url("/v1/completions"), format!("{tag} {i}"));
+            tokio::spawn(async move {
+                let r = reqwest::Client::new()
+                    .post(url)
+                    .json(&json!({"model": "m", "prompt": prompt}))
+                    .send()
+                    .await
+                    .unwrap();
+                let served_by = r
+                    .headers()
+                    .get("x-served-by")
+                    .map(|v| v.to_str().unwrap().to_string())
+                    .unwrap_or_default();
+                (r.status().as_u16(), served_by)
+            })
+        })
+        .collect()
+}
+
+/// One sample of a picker process's `/metrics` (0 when no series matches yet).
+async fn metric_at(admin: std::net::SocketAddr, series: &str) -> f64 {
+    let text = reqwest::get(format!("http://{admin}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    sample(&text, series).unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_picker_restart_while_requests_are_queued_loses_none() {
+    // The picker as a process. A stream fills the only slot and three requests queue; SIGTERM
+    // (a rollout): the picker sends every queued request on at once (`drain`) and each is
+    // answered 200 by the pod. A picker started again on the same port routes what comes next
+    // (Envoy reconnects). One killed outright (SIGKILL) with two requests queued: their ext_proc
+    // streams break and Envoy answers them 5xx at once (fail-closed), none left hanging; a
+    // client (or an Envoy retry policy on 5xx) sends them again.
+    let backend = Backend::start("pod-a").await;
+    let config = format!(
+        "{}picker: {{affinity: {{}}, shutdownDelaySeconds: 0, shutdownGraceSeconds: 5, flowControl: {{maxInFlightPerPod: 1}}}}\n",
+        endpoints_yaml(std::slice::from_ref(&backend))
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_prefix-picker"));
+    let (mut picker, admin) = testkit::start_picker(&bin, dir.path(), &config, 2).unwrap();
+    let grpc = picker.addr;
+    let envoy = start_envoy(render_envoy(
+        "envoy.yaml",
+        grpc.port(),
+        &[backend.addr],
+        |s| s,
+    ))
+    .await;
+    let queue = "prefix_picker_flow_queue_requests{priority=\"0\"}";
+    let gated = json!({"model": "m", "prompt": "GATED fills the slot", "stream": true});
+    let (served, rest) = open_gated_stream(&envoy, &gated).await;
+    let queued = spawn_requests(&envoy, "queued before the restart", 3);
+    poll("three requests queue", || async {
+        (metric_at(admin, queue).await == 3.0).then_some(())
+    })
+    .await;
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &picker.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    for q in queued {
+        assert_eq!(
+            q.await.unwrap(),
+            (200, "pod-a".to_string()),
+            "{}",
+            envoy.log()
+        );
+    }
+    finish_gated_stream(std::slice::from_ref(&backend), &served, rest).await;
+    poll("the drained picker exits", || async {
+        picker.try_wait().unwrap().map(|_| ())
+    })
+    .await;
+    drop(picker);
+
+    // Started again where Envoy looks for it.
+    let (picker, admin) = testkit::restart_picker_on(&bin, dir.path(), &config, 2, grpc).unwrap();
+    poll("a picker started again routes", || async {
+        let r = send(
+            &envoy,
+            "/v1/completions",
+            &json!({"model": "m", "prompt": "after"}),
+        )
+        .await;
+        (r.status == 200 && r.served_by == "pod-a").then_some(())
+    })
+    .await;
+
+    // Killed with requests queued: answered 5xx, not held.
+    let (served, rest) = open_gated_stream(&envoy, &gated).await;
+    let queued = spawn_requests(&envoy, "queued when the picker dies", 2);
+    poll("two requests queue", || async {
+        (metric_at(admin, queue).await == 2.0).then_some(())
+    })
+    .await;
+    drop(picker); // SIGKILL
+    for q in queued {
+        let (status, _) = q.await.unwrap();
+        assert!(status >= 500, "{status}\n{}", envoy.log());
+    }
+    finish_gated_stream(std::slice::from_ref(&backend), &served, rest).await;
+}
