@@ -5,7 +5,7 @@
 //! ```yaml
 //! picker:
 //!   flowControl:
-//!     enabled: true            # default: off (opt-in)
+//!     enabled: true            # default: on with the affinity mode (not with pdGroup)
 //!     maxRequests: 5000        # requests queued, all bands together
 //!     maxBytes: 268435456      # their bodies' bytes
 //!     requestTtlSeconds: 30    # a request queued this long is refused (429)
@@ -58,7 +58,7 @@ pub const MAX_FLOW_ID_BYTES: usize = 128;
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct FlowControlConfig {
-    /// Unset: off ([`FlowControlConfig::resolve`]).
+    /// Unset: on with the affinity mode, without `pdGroup` ([`FlowControlConfig::resolve`]).
     pub enabled: Option<bool>,
     pub max_requests: usize,
     pub max_bytes: usize,
@@ -159,7 +159,7 @@ impl FlowControlConfig {
         w
     }
 
-    /// Resolves `enabled`: unset, `default` (off: flow control is opt-in).
+    /// Resolves `enabled`: unset, `default` (on with the affinity mode, without `pdGroup`).
     pub fn resolve(&mut self, default: bool) {
         self.active = self.enabled.unwrap_or(default);
     }

@@ -52,7 +52,7 @@ pub struct PickerConfig {
     /// Engine tokens of prompts (`picker.tokenizer`, [`crate::tokenizer::heads`]); absent:
     /// pods with events are matched by the estimate.
     pub tokenizer: Option<crate::tokenizer::heads::TokenizerSection>,
-    /// Flow control (`picker.flowControl`, [`crate::flow_control`]): opt-in.
+    /// Flow control (`picker.flowControl`, [`crate::flow_control`]): on with the affinity mode unless `enabled: false`.
     pub flow_control: crate::flow_control::FlowControlConfig,
 }
 

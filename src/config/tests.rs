@@ -786,9 +786,9 @@ fn lora_affinity_is_a_filter_that_needs_the_engine_scrape() {
 }
 
 #[test]
-fn flow_control_is_on_only_when_enabled() {
+fn flow_control_is_on_with_the_affinity_mode_unless_set() {
     let active = |yaml: &str| Config::parse(yaml).unwrap().picker.flow_control.active;
-    assert!(!active("picker: {affinity: {}}\n"), "opt-in");
+    assert!(active("picker: {affinity: {}}\n"), "on by default");
     assert!(active(
         "picker: {affinity: {}, flowControl: {enabled: true}}\n"
     ));

@@ -135,8 +135,8 @@ mod tests {
         assert_eq!(p.lead(0), Some((0.0, 10.0 * 32.0)));
         assert_eq!(p.lead(2), None);
         // Beyond the least of the others: 2 holds 8 more than 0, though 1 holds as much.
-        let p = Predictions::new(vec![load; 3], vec![2, 10, 10], basis);
-        assert_eq!(p.lead(2), Some((8.0 * 32.0, 10.0 * 32.0)));
+        let three = Predictions::new(vec![load; 3], vec![2, 10, 10], basis);
+        assert_eq!(three.lead(2), Some((8.0 * 32.0, 10.0 * 32.0)));
         assert_eq!(p.get(2), None);
         assert_eq!(p.iter().count(), 2);
         assert!(Predictions::default().is_empty());

@@ -376,7 +376,7 @@ async fn a_picker_restart_while_requests_are_queued_loses_none() {
     );
     let dir = tempfile::tempdir().unwrap();
     let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_prefix-picker"));
-    let (mut picker, admin) = testkit::start_picker(&bin, dir.path(), &config, 2).unwrap();
+    let (picker, admin) = testkit::start_picker(&bin, dir.path(), &config, 2).unwrap();
     let grpc = picker.addr;
     let envoy = start_envoy(render_envoy(
         "envoy.yaml",
@@ -407,10 +407,19 @@ async fn a_picker_restart_while_requests_are_queued_loses_none() {
         );
     }
     finish_gated_stream(std::slice::from_ref(&backend), &served, rest).await;
-    poll("the drained picker exits", || async {
-        picker.try_wait().unwrap().map(|_| ())
+    let picker = tokio::task::spawn_blocking(move || {
+        let (mut picker, started) = (picker, Instant::now());
+        while picker.try_wait().unwrap().is_none() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the drained picker exits"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        picker
     })
-    .await;
+    .await
+    .unwrap();
     drop(picker);
 
     // Started again where Envoy looks for it.
