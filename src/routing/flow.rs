@@ -7,10 +7,10 @@
 //!   nothing is queued is one atomic load: while the queue is empty the request path takes no
 //!   lock it did not take before.
 //! - **Held for its pod** ([`Router::bind`]): a request that must queue and whose pick holds
-//!   its prompt where some other candidate does not (that one would lose more than the
-//!   affinity mode's `spillLoss` of the prompt) gets its pick at once, as without flow control: the pod
-//!   the latency model weighs best, its in-flight count taken then (the next picks see the
-//!   pod's backlog, as they see an engine queue). It is then held in the queue *for that pod*
+//!   more of its prompt than some other candidate gets its pick at once, as without flow
+//!   control: the pod the latency model weighs best (its wait against the prefill it saves),
+//!   its in-flight count taken then (the next picks see the pod's backlog, as they see an
+//!   engine queue). It is then held in the queue *for that pod*
 //!   and leaves when that pod has room, not counting the requests held for it
 //!   ([`Scheduler::with_room_held`]). Any other queued request takes whichever pod has room
 //!   first. Without this, the dispatch made when a slot frees saw a pod with a free slot (no
@@ -353,19 +353,19 @@ impl Router {
     }
 
     /// The pick of a request that must queue, when its pick's cache binds it there: some other
-    /// candidate holds less of its prompt, by more than `spillLoss` of the prompt (the affinity
-    /// mode's measure of a match worth keeping). The pick is then made now, as it would
-    /// be without flow control, and counted in the pod's requests in flight at once; the request
-    /// waits in the queue for that pod. `None`: any pod will do (the pick made at dispatch), and
-    /// always outside the affinity mode and with `pdGroup`.
+    /// candidate holds less of its prompt (the latency model chose the pod weighing its wait
+    /// against that prefill; when every candidate holds as much, the cache chose nothing). The
+    /// pick is then made now, as it would be without flow control, and counted in the pod's
+    /// requests in flight at once; the request waits in the queue for that pod. `None`: any pod
+    /// will do (the pick made at dispatch), and always outside the affinity mode and with
+    /// `pdGroup`.
     fn bind(&self, r: &FlowRequest<'_>) -> Result<Option<Routed>, RouteFailure> {
-        let spill_loss = {
+        {
             let live = self.scheduler.load();
-            match live.scheduler.affinity() {
-                Some(a) if live.scheduler.config().pd.is_none() => a.spill_loss,
-                _ => return Ok(None),
+            if live.scheduler.affinity().is_none() || live.scheduler.config().pd.is_some() {
+                return Ok(None);
             }
-        };
+        }
         let Ok(explained) = self.explain_looked_up(r.path, r.body, r.restrict, r.kv) else {
             return Ok(None);
         };
@@ -373,7 +373,7 @@ impl Router {
         let bound = d
             .primary_position()
             .and_then(|i| d.predictions.lead(i))
-            .is_some_and(|(lead, prompt)| lead > 0.0 && lead > spill_loss * prompt);
+            .is_some_and(|lead| lead > 0.0);
         if !bound {
             return Ok(None);
         }

@@ -67,17 +67,16 @@ impl Predictions {
     }
 
     /// Tokens of the prompt candidate `i` holds beyond the least any other candidate holds
-    /// (what a move to the worst other pod would lose; with no other candidate, all it holds),
-    /// and the prompt's tokens; `None` past the last candidate.
-    pub fn lead(&self, i: usize) -> Option<(f64, f64)> {
+    /// (what a move to the worst other pod would lose; with no other candidate, all it holds);
+    /// `None` past the last candidate.
+    pub fn lead(&self, i: usize) -> Option<f64> {
         let own = self.matched_tokens(i)?;
         let least = (0..self.len())
             .filter(|&j| j != i)
             .filter_map(|j| self.matched_tokens(j))
             .reduce(f64::min)
             .unwrap_or(0.0);
-        let b = self.basis;
-        Some(((own - least).max(0.0), b.blocks as f64 * b.tokens_per_block))
+        Some((own - least).max(0.0))
     }
 
     /// Every candidate's prediction, in candidate order.
@@ -131,12 +130,12 @@ mod tests {
         assert_eq!(p.matched_tokens(2), None);
         // Candidate 1 holds 6 blocks more than 0 (its 10 counted: the prompt's); 0 holds none
         // beyond 1.
-        assert_eq!(p.lead(1), Some((6.0 * 32.0, 10.0 * 32.0)));
-        assert_eq!(p.lead(0), Some((0.0, 10.0 * 32.0)));
+        assert_eq!(p.lead(1), Some(6.0 * 32.0));
+        assert_eq!(p.lead(0), Some(0.0));
         assert_eq!(p.lead(2), None);
         // Beyond the least of the others: 2 holds 8 more than 0, though 1 holds as much.
         let three = Predictions::new(vec![load; 3], vec![2, 10, 10], basis);
-        assert_eq!(three.lead(2), Some((8.0 * 32.0, 10.0 * 32.0)));
+        assert_eq!(three.lead(2), Some(8.0 * 32.0));
         assert_eq!(p.get(2), None);
         assert_eq!(p.iter().count(), 2);
         assert!(Predictions::default().is_empty());
