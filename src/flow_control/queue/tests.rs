@@ -308,17 +308,30 @@ fn random_operations_keep_the_counts_and_the_order_consistent() {
                 let flow = format!("f{}", next() % 5);
                 let band = (next() % 3) as i32 - 1;
                 let deadline = now + Duration::from_millis(next() % 3000);
-                let id = q.push(
-                    admission(band, &flow, (next() % 100) as f64, deadline),
-                    step,
-                );
+                let mut a = admission(band, &flow, (next() % 100) as f64, deadline);
+                // Held for one of two pods, or for any.
+                a.pod = match next() % 3 {
+                    0 => None,
+                    n => Some(SocketAddr::from(([10, 0, 0, n as u8], 80))),
+                };
+                let id = q.push(a, step);
                 live.push(id);
             }
             2 => {
-                if let Some(p) = q.pop(now, |_, _| true) {
+                // Some pods can take, some cannot.
+                let open = next() % 4;
+                let can = |pod: Option<SocketAddr>| match pod {
+                    None => open & 1 == 0,
+                    Some(p) => open & 2 == 0 || p.ip().to_string().ends_with(".1"),
+                };
+                if let Some(p) = q.pop(now, |_, pod| can(pod)) {
+                    assert!(can(p.admission.pod), "only a pod that can take");
                     live.retain(|i| *i != p.id);
                     popped_per_flow
-                        .entry(format!("{}/{}", p.admission.priority, p.admission.flow))
+                        .entry(format!(
+                            "{}/{}/{:?}",
+                            p.admission.priority, p.admission.flow, p.admission.pod
+                        ))
                         .or_default()
                         .push(p.id);
                 }
@@ -335,11 +348,16 @@ fn random_operations_keep_the_counts_and_the_order_consistent() {
             }
         }
         assert_eq!(q.len(), live.len());
+        let per_pod: usize = [None, Some(1u8), Some(2)]
+            .into_iter()
+            .map(|n| q.pool_len("m", n.map(|n| SocketAddr::from(([10, 0, 0, n], 80)))))
+            .sum();
+        assert_eq!(per_pod, live.len());
         assert_eq!(q.bytes(), live.len() * 100);
         assert_eq!(q.depths().iter().map(|(_, n)| n).sum::<usize>(), live.len());
         assert!(q.band_order_is_consistent());
     }
-    // Within a flow (and band), dispatch is in arrival order.
+    // Within a flow (and band), for the same pod, dispatch is in arrival order.
     for ids in popped_per_flow.values() {
         assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
     }
