@@ -28,7 +28,9 @@
 //! The queue itself ([`queue::FlowQueue`]) is pure; the router holds it
 //! (`crate::routing::flow`). A pod *has room* when its requests in flight are under the
 //! concurrency its engine runs ([`crate::scheduler::Scheduler::has_room`]); a request queues
-//! only when no candidate has room, or when others already queue (arrival order is kept).
+//! only when no candidate has room, or when others already queue (arrival order is kept). A
+//! queued request whose pick holds more of its prompt than some other candidate waits for that
+//! pod (picked when it queues); the others take the first pod with room.
 
 pub mod queue;
 

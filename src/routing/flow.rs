@@ -10,21 +10,22 @@
 //!   more of its prompt than some other candidate gets its pick at once, as without flow
 //!   control: the pod the latency model weighs best (its wait against the prefill it saves),
 //!   its in-flight count taken then (the next picks see the pod's backlog, as they see an
-//!   engine queue). It is then held in the queue *for that pod*
-//!   and leaves when that pod has room, not counting the requests held for it
-//!   ([`Scheduler::with_room_held`]). Any other queued request takes whichever pod has room
-//!   first. Without this, the dispatch made when a slot frees saw a pod with a free slot (no
-//!   wait) against the request's own pod with a backlog, and spilled tenants onto the free
-//!   pod's cache, where an engine queue had kept them on theirs (benches/RESULTS.md).
+//!   engine queue). It is then held in the queue *for that pod* and leaves when that pod has
+//!   room, not counting the requests held for it ([`Scheduler::with_room_held`]). Any other
+//!   queued request takes whichever pod has room first. Without this, the dispatch made when a
+//!   slot frees saw a pod with a free slot (no wait) against the request's own pod with a
+//!   backlog, and spilled tenants onto the free pod's cache, where an engine queue had kept
+//!   them on theirs (benches/RESULTS.md).
 //! - **The dispatcher** ([`run_dispatcher`], one task): woken when a request queues, when a
 //!   routed request completes (a slot may have freed), and every [`TICK`] while requests wait
 //!   (the load may fall without a completion of ours: another replica's, a scrape). Each wake
 //!   expires what outlived its TTL (429), then takes requests in the queue's order
-//!   ([`FlowQueue::pop`]), per pod with room at that moment one request (one held for that pod,
-//!   or one for any pod), and sends a held one on to its pod; routes any other itself: the
-//!   affinity pick made then, on the load as it is then (its in-flight count taken at once). The pick may still go to a full pod whose cache saves more than the wait
-//!   there, as the latency model weighs it; with `roomOnly` it is made among the pods with room
-//!   only. The routed request (or its refusal) goes to the waiting [`Hold`].
+//!   ([`FlowQueue::pop`]), per pod with room at that moment one request (one held for that
+//!   pod, or one for any pod), and sends a held one on to its pod; routes any other itself:
+//!   the affinity pick made then, on the load as it is then (its in-flight count taken at
+//!   once). That pick may still go to a full pod whose cache saves more than the wait there,
+//!   as the latency model weighs it; with `roomOnly` it is made among the pods with room only.
+//!   The routed request (or its refusal) goes to the waiting [`Hold`].
 //! - **Leaving**: a [`Hold`] dropped or cancelled before its dispatch leaves the queue at once
 //!   (`cancelled`); one dispatched meanwhile hands its routed request back so the caller ends it.
 //! - **Bounds**: `maxRequests` and `maxBytes` over all bands; a request past them first
