@@ -66,8 +66,10 @@ use crate::request::Api;
 
 /// The end of a ChatML message in the rendered prompt.
 const MESSAGE_END: &[u8] = b"<|im_end|>\n";
-/// Shards of the head map.
+/// Shards of the head map (and of the heads seen; at most 32: a request's cuts mark the shards
+/// they fall in as bits of a `u32`).
 const SHARDS: usize = 16;
+const _: () = assert!(SHARDS <= 32);
 /// Fills tokenized at once.
 const FILLS_AT_ONCE: usize = 8;
 /// Request bodies the queue may hold at once (each fill keeps its body until tokenized).
@@ -349,12 +351,11 @@ impl HeadTokens {
             count(HeadOutcome::Unsupported);
             return None;
         };
-        let heads = heads(model, api, prompt.as_bytes());
+        let (heads, cuts) = self.heads_and_cuts(model, api, prompt.as_bytes());
         let Some(&Head { messages, .. }) = heads.last() else {
             count(HeadOutcome::Unsupported);
             return None;
         };
-        let cuts = self.cuts(model, api, prompt.as_bytes(), &heads);
         let found = self.known_of(&heads, &cuts);
         let found_bytes = found.as_ref().map_or(0, |f| f.prompt_bytes);
         let reply = matches!(api, Api::ChatCompletions | Api::Messages)
@@ -411,21 +412,40 @@ impl HeadTokens {
 
     /// The cut head to tokenize, of those longer than `covered` bytes: the longest seen before
     /// (a document, examples or a tool result another request sent up to there). Each is
-    /// remembered as seen.
+    /// remembered as seen, a shard's cuts in their order under one lock of the shard.
     fn wanted_cut(&self, cuts: &[Head], covered: usize) -> Option<Head> {
-        let mut wanted = None;
-        for cut in cuts.iter().filter(|c| c.bytes > covered) {
-            if !self.first_sighting(cut.digest) {
-                wanted = Some(*cut);
+        // Cuts are shortest first.
+        let cuts = &cuts[cuts.partition_point(|c| c.bytes <= covered)..];
+        let shard_of = |c: &Head| (c.digest as usize) % SHARDS;
+        let mut shards = cuts.iter().fold(0u32, |mask, c| mask | 1 << shard_of(c));
+        let mut longest = None;
+        while shards != 0 {
+            let shard = shards.trailing_zeros() as usize;
+            shards &= shards - 1;
+            let mut seen = self.seen[shard].lock();
+            for (i, cut) in cuts.iter().enumerate() {
+                if shard_of(cut) == shard && !self.sighted(&mut seen, cut.digest) {
+                    longest = longest.max(Some(i));
+                }
             }
         }
-        wanted
+        longest.map(|i| cuts[i])
     }
 
-    /// `prompt`'s cut heads, shortest first: stable cuts inside its last message's text
-    /// (its whole text, for a completion), longer than every message head before it. None for
-    /// a chat prompt asked of SGLang, whose `/tokenize` cannot leave a message open.
-    fn cuts(&self, model: &str, api: Api, prompt: &[u8], heads: &[Head]) -> Vec<Head> {
+    /// `prompt`'s message heads and cut heads, shortest first each, hashed in one pass over the
+    /// prompt: the digest of a head continues the hash of the heads before it.
+    fn heads_and_cuts(&self, model: &str, api: Api, prompt: &[u8]) -> (Vec<Head>, Vec<Head>) {
+        let mut heads = message_heads(api, prompt);
+        let mut cuts = self.cut_heads(api, prompt, &heads);
+        hash_heads(model, prompt, &mut heads, &mut cuts);
+        (heads, cuts)
+    }
+
+    /// Where `prompt`'s cut heads end, shortest first, their digests not computed yet
+    /// ([`hash_heads`]): stable cuts inside its last message's text (its whole text, for a
+    /// completion), longer than every message head before it. None for a chat prompt asked of
+    /// SGLang, whose `/tokenize` cannot leave a message open.
+    fn cut_heads(&self, api: Api, prompt: &[u8], heads: &[Head]) -> Vec<Head> {
         let chat = matches!(api, Api::ChatCompletions | Api::Messages);
         if chat
             && self.section.source == TokenizerSource::Engine
@@ -456,19 +476,12 @@ impl HeadTokens {
         if end <= start + CUT_SPACING {
             return Vec::new();
         }
-        let mut h = Xxh3::with_seed(xxh3_64(model.as_bytes()));
-        h.update(&prompt[..start]);
-        let mut at = start;
         stable_cuts(prompt, start, end)
-            .map(|q| {
-                h.update(&prompt[at..q]);
-                at = q;
-                Head {
-                    messages,
-                    digest: h.digest(),
-                    bytes: q,
-                    cut: Some(q - start),
-                }
+            .map(|q| Head {
+                messages,
+                digest: 0,
+                bytes: q,
+                cut: Some(q - start),
             })
             .collect()
     }
@@ -476,7 +489,11 @@ impl HeadTokens {
     /// Remembers a head's digest; `true` the first time it is seen (a shard that is full
     /// forgets what it saw).
     fn first_sighting(&self, digest: u64) -> bool {
-        let mut seen = self.seen[(digest as usize) % SHARDS].lock();
+        self.sighted(&mut self.seen[(digest as usize) % SHARDS].lock(), digest)
+    }
+
+    /// [`HeadTokens::first_sighting`] in the locked shard `seen` (`digest`'s).
+    fn sighted(&self, seen: &mut HashSet<u64>, digest: u64) -> bool {
         if seen.len() >= self.section.cache_entries.div_ceil(SHARDS).max(1) {
             seen.clear();
         }
@@ -538,8 +555,7 @@ impl HeadTokens {
 
     /// [`HeadTokens::find`] without counting or queueing (explain).
     pub fn lookup(&self, model: &str, api: Api, prompt: &str) -> Option<HeadFound> {
-        let heads = heads(model, api, prompt.as_bytes());
-        let cuts = self.cuts(model, api, prompt.as_bytes(), &heads);
+        let (heads, cuts) = self.heads_and_cuts(model, api, prompt.as_bytes());
         self.known_of(&heads, &cuts)
     }
 
@@ -886,35 +902,43 @@ fn join(messages: &[&str]) -> String {
     out
 }
 
-/// A prompt's message heads, shortest first. Chat: one per message end in the rendering,
-/// which must end with one; completions: the whole prompt.
-fn heads(model: &str, api: Api, prompt: &[u8]) -> Vec<Head> {
-    let seed = xxh3_64(model.as_bytes());
-    let head = |messages, digest, bytes| Head {
+/// Where a prompt's message heads end, shortest first, their digests not computed yet
+/// ([`hash_heads`]). Chat: one per message end in the rendering, which must end with one;
+/// completions: the whole prompt.
+fn message_heads(api: Api, prompt: &[u8]) -> Vec<Head> {
+    let head = |messages, bytes| Head {
         messages,
-        digest,
+        digest: 0,
         bytes,
         cut: None,
     };
     match api {
-        Api::Completions if !prompt.is_empty() => {
-            let mut h = Xxh3::with_seed(seed);
-            h.update(prompt);
-            vec![head(0, h.digest(), prompt.len())]
-        }
+        Api::Completions if !prompt.is_empty() => vec![head(0, prompt.len())],
         Api::ChatCompletions | Api::Messages if prompt.ends_with(MESSAGE_END) => {
-            let mut out = Vec::new();
-            let mut h = Xxh3::with_seed(seed);
-            let mut at = 0;
-            for end in memchr::memmem::find_iter(prompt, MESSAGE_END) {
-                let end = end + MESSAGE_END.len();
-                h.update(&prompt[at..end]);
-                at = end;
-                out.push(head(out.len() + 1, h.digest(), end));
-            }
-            out
+            memchr::memmem::find_iter(prompt, MESSAGE_END)
+                .enumerate()
+                .map(|(i, end)| head(i + 1, end + MESSAGE_END.len()))
+                .collect()
         }
         _ => Vec::new(),
+    }
+}
+
+/// Sets the digests of a prompt's `heads` and `cuts` (from [`message_heads`] and
+/// [`HeadTokens::cut_heads`]) in one pass over `prompt`: each the xxh3 digest of the model and
+/// the bytes up to its end, the hash of a longer head continuing that of the shorter. Every cut
+/// lies inside the last message, after every other head ends.
+fn hash_heads(model: &str, prompt: &[u8], heads: &mut [Head], cuts: &mut [Head]) {
+    let Some((last, before)) = heads.split_last_mut() else {
+        return;
+    };
+    let mut h = Xxh3::with_seed(xxh3_64(model.as_bytes()));
+    let mut at = 0;
+    for head in before.iter_mut().chain(cuts).chain([last]) {
+        debug_assert!(head.bytes >= at, "heads and cuts in prompt order");
+        h.update(&prompt[at..head.bytes]);
+        at = head.bytes;
+        head.digest = h.digest();
     }
 }
 

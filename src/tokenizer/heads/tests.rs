@@ -32,6 +32,33 @@ fn tenant_question(heads_map: &HeadTokens, pod: SocketAddr) -> Option<HeadFound>
     )
 }
 
+/// The xxh3 digest of the model and `bytes`, hashed from scratch.
+fn digest_from_scratch(model: &str, bytes: &[u8]) -> u64 {
+    let mut h = Xxh3::with_seed(xxh3_64(model.as_bytes()));
+    h.update(bytes);
+    h.digest()
+}
+
+/// A prompt's message heads, each hashed from scratch (the reference for [`hash_heads`]).
+fn heads(model: &str, api: Api, prompt: &[u8]) -> Vec<Head> {
+    let mut heads = message_heads(api, prompt);
+    for h in &mut heads {
+        h.digest = digest_from_scratch(model, &prompt[..h.bytes]);
+    }
+    heads
+}
+
+impl HeadTokens {
+    /// A prompt's cut heads, each hashed from scratch (the reference for [`hash_heads`]).
+    fn cuts(&self, model: &str, api: Api, prompt: &[u8], heads: &[Head]) -> Vec<Head> {
+        let mut cuts = self.cut_heads(api, prompt, heads);
+        for c in &mut cuts {
+            c.digest = digest_from_scratch(model, &prompt[..c.bytes]);
+        }
+        cuts
+    }
+}
+
 fn chatml(messages: &[(&str, &str)]) -> String {
     messages
         .iter()
@@ -523,5 +550,82 @@ fn completions_are_cut_for_either_engine_and_chat_only_for_vllm() {
         let found = heads("m", Api::ChatCompletions, chat.as_bytes());
         let cuts = heads_map.cuts("m", Api::ChatCompletions, chat.as_bytes(), &found);
         assert_eq!(!cuts.is_empty(), chat_cuts);
+    }
+}
+
+mod one_pass {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Text of words and punctuation, long enough to hold stable cuts.
+    fn text() -> impl Strategy<Value = String> {
+        prop::collection::vec("[a-zA-Z0-9]{0,9}[ ,.\n]", 0..400).prop_map(|w| w.concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        /// Heads and cuts hashed in one pass over the prompt have the digests that hashing
+        /// each from scratch gives.
+        #[test]
+        fn heads_and_cuts_hashed_in_one_pass_are_those_hashed_from_scratch(
+            model in "[a-z]{0,8}",
+            contents in prop::collection::vec(text(), 1..4),
+            completion in any::<bool>(),
+        ) {
+            let heads_map = HeadTokens::new(section(), metrics());
+            let (api, prompt) = if completion {
+                (Api::Completions, contents.concat())
+            } else {
+                let roles = ["system", "user", "assistant"];
+                let messages: Vec<(&str, &str)> = contents
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (roles[i % 3], c.as_str()))
+                    .collect();
+                (Api::ChatCompletions, chatml(&messages))
+            };
+            let prompt = prompt.as_bytes();
+            let from_scratch = heads(&model, api, prompt);
+            let cuts_from_scratch = heads_map.cuts(&model, api, prompt, &from_scratch);
+            let (one_pass, cuts) = heads_map.heads_and_cuts(&model, api, prompt);
+            prop_assert_eq!(one_pass, from_scratch);
+            prop_assert_eq!(cuts, cuts_from_scratch);
+        }
+
+        /// Cuts sighted a shard at a time give what sighting them one by one gives: the same
+        /// longest cut seen before, request after request, with shards small enough to forget.
+        #[test]
+        fn cuts_sighted_a_shard_at_a_time_are_those_sighted_one_by_one(
+            requests in prop::collection::vec(
+                (prop::collection::vec(0u64..96, 0..24), 0usize..6),
+                1..24,
+            ),
+        ) {
+            let small: TokenizerSection =
+                serde_yaml_ng::from_str("{source: engine, cacheEntries: 48}").unwrap();
+            let batched = HeadTokens::new(small.clone(), metrics());
+            let one_by_one = HeadTokens::new(small, metrics());
+            for (digests, covered) in requests {
+                let cuts: Vec<Head> = digests
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &digest)| Head {
+                        messages: 1,
+                        digest,
+                        bytes: (i + 1) * 10,
+                        cut: Some((i + 1) * 10),
+                    })
+                    .collect();
+                let covered = covered * 10;
+                let mut wanted = None;
+                for cut in cuts.iter().filter(|c| c.bytes > covered) {
+                    if !one_by_one.first_sighting(cut.digest) {
+                        wanted = Some(*cut);
+                    }
+                }
+                prop_assert_eq!(batched.wanted_cut(&cuts, covered), wanted);
+            }
+        }
     }
 }
