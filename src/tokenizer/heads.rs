@@ -237,10 +237,24 @@ struct Fill {
 }
 
 /// The heads a request queues: the head before its last message, its whole prompt, a cut head;
-/// and the cut head's check ([`Fill::cut_check`]).
-struct Wanted {
+/// and the rendered prompt they are of.
+struct Wanted<'a> {
     heads: [Option<Head>; 3],
-    cut_check: u64,
+    prompt: &'a [u8],
+}
+
+impl Wanted<'_> {
+    /// The check ([`Fill::cut_check`]) of the cut head among `queued`, 0 when none is: hashed
+    /// only for a fill queued, not for a cut that is already pending.
+    fn cut_check(&self, queued: &[Head]) -> u64 {
+        queued
+            .iter()
+            .find_map(|h| {
+                h.cut
+                    .map(|kept| xxh3_64(&self.prompt[h.bytes - kept..h.bytes]))
+            })
+            .unwrap_or(0)
+    }
 }
 
 /// A prefix of a rendered prompt whose engine tokens can be asked for: up to a message's end
@@ -366,13 +380,9 @@ impl HeadTokens {
             .is_none()
             .then(|| self.wanted_cut(&cuts, found_bytes.max(head.map_or(0, |h| h.bytes))))
             .flatten();
-        let cut_check = cut.map_or(0, |c| {
-            let kept = c.cut.unwrap_or(0);
-            xxh3_64(&prompt.as_bytes()[c.bytes - kept..c.bytes])
-        });
         let wanted = Wanted {
             heads: [head, whole, cut],
-            cut_check,
+            prompt: prompt.as_bytes(),
         };
         let queued = self.queue_fill(model, pod, api, body, messages, &wanted);
         match found {
@@ -508,28 +518,28 @@ impl HeadTokens {
         api: Api,
         body: &[u8],
         messages: usize,
-        wanted: &Wanted,
+        wanted: &Wanted<'_>,
     ) -> bool {
-        let (heads, cut_check) = (&wanted.heads, wanted.cut_check);
-        if heads.iter().all(Option::is_none) {
+        if wanted.heads.iter().all(Option::is_none) {
             return true;
         }
-        let wanted: Vec<Head> = {
+        let heads: Vec<Head> = {
             let mut pending = self.pending.lock();
-            heads
+            wanted
+                .heads
                 .iter()
                 .flatten()
                 .filter(|h| pending.insert(h.digest))
                 .copied()
                 .collect()
         };
-        if wanted.is_empty() {
+        if heads.is_empty() {
             return true;
         }
         let queued = self.queued_bytes.fetch_add(body.len(), Ordering::Relaxed);
         if queued + body.len() > QUEUED_BYTES {
             self.queued_bytes.fetch_sub(body.len(), Ordering::Relaxed);
-            self.forget_pending(&wanted);
+            self.forget_pending(&heads);
             return false;
         }
         let fill = Fill {
@@ -538,8 +548,8 @@ impl HeadTokens {
             api,
             body: body.to_vec(),
             messages,
-            heads: wanted,
-            cut_check,
+            cut_check: wanted.cut_check(&heads),
+            heads,
         };
         match self.queue.try_send(fill) {
             Ok(()) => true,
