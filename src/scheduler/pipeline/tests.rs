@@ -52,22 +52,36 @@ fn hashes(n: u64) -> Vec<BlockHash> {
     (1..=n).map(BlockHash).collect()
 }
 
+/// [`pick`] of a match held whole in the index, without a session, churn or latency model.
 fn pick_one(
     config: &AffinityConfig,
     matched: &[usize],
     loads: &[PodLoad],
     h: &[BlockHash],
 ) -> (usize, AffinityReason) {
+    pick_held(config, matched, matched, loads, h, 7)
+}
+
+/// [`pick`] without a session, churn or latency model: of each pod's `matched` blocks,
+/// `held` are in the index (the rest in flight only); ties drawn from `seed`.
+fn pick_held(
+    config: &AffinityConfig,
+    matched: &[usize],
+    held: &[usize],
+    loads: &[PodLoad],
+    h: &[BlockHash],
+    seed: u64,
+) -> (usize, AffinityReason) {
     pick(
         config,
         matched,
-        matched,
+        held,
         loads,
         h,
         None,
         &|_| 0.0,
         0.0,
-        &mut SmallRng::seed_from_u64(7),
+        &mut SmallRng::seed_from_u64(seed),
     )
 }
 
@@ -164,16 +178,13 @@ fn ties_consolidate_on_the_deepest_block_held() {
         .map(|s| {
             let mut h = hashes(4);
             h.extend((0..4).map(|j| BlockHash(1000 + s * 10 + j)));
-            pick(
+            pick_held(
                 &c,
                 &[4, 4, 4, 0, 4, 4, 4, 4],
                 &[4, 4, 4, 0, 4, 4, 4, 4],
                 &l,
                 &h,
-                None,
-                &|_| 0.0,
-                0.0,
-                &mut SmallRng::seed_from_u64(s),
+                s,
             )
             .0
         })
@@ -194,20 +205,7 @@ fn without_consolidation_ties_are_random() {
     };
     let l = loads(4);
     let seen: std::collections::HashSet<_> = (0..64)
-        .map(|s| {
-            pick(
-                &c,
-                &[2, 2, 2, 2],
-                &[2, 2, 2, 2],
-                &l,
-                &hashes(4),
-                None,
-                &|_| 0.0,
-                0.0,
-                &mut SmallRng::seed_from_u64(s),
-            )
-            .0
-        })
+        .map(|s| pick_held(&c, &[2, 2, 2, 2], &[2, 2, 2, 2], &l, &hashes(4), s).0)
         .collect();
     assert_eq!(seen.len(), 4);
 }
@@ -219,33 +217,12 @@ fn a_match_held_only_in_flight_counts_when_it_covers_most_of_the_prompt() {
     let h = hashes(10);
     // Pod 1 holds 9 of 10 blocks in flight only: the same prompt again, it follows.
     assert_eq!(
-        pick(
-            &c,
-            &[0, 9],
-            &[0, 0],
-            &l,
-            &h,
-            None,
-            &|_| 0.0,
-            0.0,
-            &mut SmallRng::seed_from_u64(1)
-        ),
+        pick_held(&c, &[0, 9], &[0, 0], &l, &h, 1),
         (1, AffinityReason::Hit)
     );
     // 8 of 10 in flight only: new work after a shared head, placed as a miss.
     assert_eq!(
-        pick(
-            &c,
-            &[0, 8],
-            &[0, 0],
-            &l,
-            &h,
-            None,
-            &|_| 0.0,
-            0.0,
-            &mut SmallRng::seed_from_u64(1)
-        )
-        .1,
+        pick_held(&c, &[0, 8], &[0, 0], &l, &h, 1).1,
         AffinityReason::Miss
     );
     // The same 8 blocks completed (in the index) attract as usual.
@@ -262,17 +239,7 @@ fn a_burst_in_progress_stays_on_an_over_share_pod_new_work_does_not() {
     let mut l = with_shares(&[0.5, 0.16, 0.16, 0.16]);
     // Pod 0 holds the prompt only through requests in flight (held 0): the burst stays.
     assert_eq!(
-        pick(
-            &c,
-            &[8, 0, 0, 0],
-            &[0, 0, 0, 0],
-            &l,
-            &hashes(8),
-            None,
-            &|_| 0.0,
-            0.0,
-            &mut SmallRng::seed_from_u64(1)
-        ),
+        pick_held(&c, &[8, 0, 0, 0], &[0, 0, 0, 0], &l, &hashes(8), 1),
         (0, AffinityReason::Hit)
     );
     // The same match from the index (completed requests): the over-share pod spills it.
@@ -283,18 +250,7 @@ fn a_burst_in_progress_stays_on_an_over_share_pod_new_work_does_not() {
     // Saturated is saturated, burst or not.
     l[0].waiting = 1.0;
     assert_eq!(
-        pick(
-            &c,
-            &[8, 0, 0, 0],
-            &[0, 0, 0, 0],
-            &l,
-            &hashes(8),
-            None,
-            &|_| 0.0,
-            0.0,
-            &mut SmallRng::seed_from_u64(1)
-        )
-        .1,
+        pick_held(&c, &[8, 0, 0, 0], &[0, 0, 0, 0], &l, &hashes(8), 1).1,
         AffinityReason::Spill
     );
 }
