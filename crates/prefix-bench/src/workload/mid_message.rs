@@ -66,6 +66,44 @@ fn own(seed: u64, salt: u64, i: usize, tokens: usize) -> String {
     )
 }
 
+/// `requests` requests, each on one of `groups` shared texts drawn Zipf(`zipf`) by a generator
+/// seeded with `seed`: `request(i, g)` builds request `i` on group `g`.
+fn on_drawn_groups(
+    groups: usize,
+    requests: usize,
+    zipf: f64,
+    seed: u64,
+    mut request: impl FnMut(usize, usize) -> BenchRequest,
+) -> Vec<BenchRequest> {
+    let popularity = Zipf::new(groups, zipf);
+    let mut rng = SmallRng::seed_from_u64(seed);
+    (0..requests)
+        .map(|i| {
+            let group = popularity.sample(&mut rng);
+            request(i, group)
+        })
+        .collect()
+}
+
+/// A chat of a system message and a user message, naming its `group`.
+fn system_then_user(
+    system: &str,
+    user: &str,
+    output_tokens: usize,
+    model: &str,
+    group: usize,
+) -> BenchRequest {
+    BenchRequest::new(
+        "/v1/chat/completions",
+        chat(
+            json!([{"role": "system", "content": system}, {"role": "user", "content": user}]),
+            output_tokens,
+            model,
+        ),
+        Some(group as u32),
+    )
+}
+
 /// Retrieval-augmented chat: `requests` single questions, each `[system: the instruction
 /// block of instruction_tokens, user: "Document d:\n<doc>\n\nQuestion: <own question>"]`, the
 /// document one of `docs` of `doc_tokens`, drawn Zipf(`zipf`).
@@ -89,27 +127,14 @@ pub fn retrieval(
         text(seed ^ 0x0125_70C7, instruction_tokens * 4)
     );
     let documents = pool(docs, doc_tokens, seed, 0xD0C5);
-    let popularity = Zipf::new(docs, zipf);
-    let mut rng = SmallRng::seed_from_u64(seed ^ 0x2E72_1E7A);
-    (0..requests)
-        .map(|i| {
-            let d = popularity.sample(&mut rng);
-            let user = format!(
-                "Document {d}:\n{}\n\nQuestion: {}",
-                documents[d],
-                own(seed, 0x0A5C, i, question_tokens)
-            );
-            BenchRequest::new(
-                "/v1/chat/completions",
-                chat(
-                    json!([{"role": "system", "content": instruction}, {"role": "user", "content": user}]),
-                    output_tokens,
-                    model,
-                ),
-                Some(d as u32),
-            )
-        })
-        .collect()
+    on_drawn_groups(docs, requests, zipf, seed ^ 0x2E72_1E7A, |i, d| {
+        let user = format!(
+            "Document {d}:\n{}\n\nQuestion: {}",
+            documents[d],
+            own(seed, 0x0A5C, i, question_tokens)
+        );
+        system_then_user(&instruction, &user, output_tokens, model, d)
+    })
 }
 
 /// Completions over shared document heads: `requests` prompts `"<doc>\n\nQuestion: <own
@@ -129,23 +154,18 @@ pub fn completion_doc(
     model: &str,
 ) -> Vec<BenchRequest> {
     let documents = pool(docs, doc_tokens, seed, 0xC0_3D0C);
-    let popularity = Zipf::new(docs, zipf);
-    let mut rng = SmallRng::seed_from_u64(seed ^ 0xC0_3E7A);
-    (0..requests)
-        .map(|i| {
-            let d = popularity.sample(&mut rng);
-            let prompt = format!(
-                "{}\n\nQuestion: {}\nAnswer:",
-                documents[d],
-                own(seed, 0xC0A5, i, question_tokens)
-            );
-            BenchRequest::new(
-                "/v1/completions",
-                completion(prompt, output_tokens, model),
-                Some(d as u32),
-            )
-        })
-        .collect()
+    on_drawn_groups(docs, requests, zipf, seed ^ 0xC0_3E7A, |i, d| {
+        let prompt = format!(
+            "{}\n\nQuestion: {}\nAnswer:",
+            documents[d],
+            own(seed, 0xC0A5, i, question_tokens)
+        );
+        BenchRequest::new(
+            "/v1/completions",
+            completion(prompt, output_tokens, model),
+            Some(d as u32),
+        )
+    })
 }
 
 /// The system message of [`few_shot`]: short, the same for every request.
@@ -169,27 +189,14 @@ pub fn few_shot(
     model: &str,
 ) -> Vec<BenchRequest> {
     let examples = pool(sets, examples_tokens, seed, 0xE8A3_9135);
-    let popularity = Zipf::new(sets, zipf);
-    let mut rng = SmallRng::seed_from_u64(seed ^ 0xF3_5407);
-    (0..requests)
-        .map(|i| {
-            let s = popularity.sample(&mut rng);
-            let user = format!(
-                "Examples:\n{}\n\nQuery: {}",
-                examples[s],
-                own(seed, 0x0F5E, i, query_tokens)
-            );
-            BenchRequest::new(
-                "/v1/chat/completions",
-                chat(
-                    json!([{"role": "system", "content": FEW_SHOT_SYSTEM}, {"role": "user", "content": user}]),
-                    output_tokens,
-                    model,
-                ),
-                Some(s as u32),
-            )
-        })
-        .collect()
+    on_drawn_groups(sets, requests, zipf, seed ^ 0xF3_5407, |i, s| {
+        let user = format!(
+            "Examples:\n{}\n\nQuery: {}",
+            examples[s],
+            own(seed, 0x0F5E, i, query_tokens)
+        );
+        system_then_user(FEW_SHOT_SYSTEM, &user, output_tokens, model, s)
+    })
 }
 
 /// Agent sessions re-sending a tool result, as a scratchpad agent does: one tool preamble of
@@ -226,15 +233,7 @@ pub fn tool_result(
                 "Task: {task}\n\nTool result:\n{result}\n\nStep {t}: {}",
                 own(cs, 0x57E9, t, step_tokens)
             );
-            let mut r = BenchRequest::new(
-                "/v1/chat/completions",
-                chat(
-                    json!([{"role": "system", "content": preamble}, {"role": "user", "content": user}]),
-                    output_tokens,
-                    model,
-                ),
-                Some(s as u32),
-            );
+            let mut r = system_then_user(&preamble, &user, output_tokens, model, s);
             r.conversation = Some(s as u32);
             out.push(r);
         }
