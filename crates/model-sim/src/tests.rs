@@ -65,6 +65,42 @@ pub(crate) async fn post(url: &str, body: &Value) -> reqwest::Response {
         .unwrap()
 }
 
+/// The sim's `/metrics` at `base`.
+async fn exposition(base: &str) -> String {
+    reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// Three completions of `max_tokens` posted to `engine`, served at `base` with one slot
+/// (`max_num_seqs: 1`), once one runs and two wait (polled); their tasks.
+async fn one_running_two_waiting(
+    base: &str,
+    engine: &Engine,
+    max_tokens: u64,
+) -> Vec<tokio::task::JoinHandle<reqwest::Response>> {
+    let url = format!("{base}/v1/completions");
+    let tasks = (0..3)
+        .map(|i| {
+            let body = json!({"model": "m", "prompt": format!("p{i}"), "max_tokens": max_tokens});
+            let url = url.clone();
+            tokio::spawn(async move { post(&url, &body).await })
+        })
+        .collect();
+    let start = tokio::time::Instant::now();
+    while !(engine.running() == 1 && engine.waiting() == 2) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "never saw 1 running + 2 waiting"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    tasks
+}
+
 #[tokio::test]
 async fn same_prompt_twice_reports_cached_tokens() {
     let (base, _) = start(fast()).await;
@@ -87,12 +123,7 @@ async fn same_prompt_twice_reports_cached_tokens() {
     assert_eq!(second["object"], "chat.completion");
     // The engine's counters say the same (the picker's scraper reading them is the workspace's
     // e2e tests' concern: `pod_metrics` is not in the core this crate builds against).
-    let text = reqwest::get(format!("{base}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = exposition(&base).await;
     assert!(
         text.contains(&format!("vllm:prefix_cache_hits_total {cached}")),
         "{text}"
@@ -142,16 +173,8 @@ async fn lora_adapters_are_served_and_listed() {
         .collect();
     assert_eq!(ids, ["m", "sql-lora", "chat-lora"]);
     assert_eq!(listed["data"][1]["parent"], "m");
-    let exposition = || async {
-        reqwest::get(format!("{base}/metrics"))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
     assert!(
-        !exposition().await.contains("vllm:lora_requests_info{"),
+        !exposition(&base).await.contains("vllm:lora_requests_info{"),
         "nothing before an adapter is used, as vLLM"
     );
     for (model, status) in [("sql-lora", 200), ("m", 200), ("other-lora", 404)] {
@@ -162,7 +185,7 @@ async fn lora_adapters_are_served_and_listed() {
         .await;
         assert_eq!(r.status().as_u16(), status, "{model}");
     }
-    let text = exposition().await;
+    let text = exposition(&base).await;
     for series in [
         r#"vllm:lora_requests_info{max_lora="1",running_lora_adapters="sql-lora",waiting_lora_adapters=""}"#,
         r#"vllm:lora_requests_info{max_lora="1",running_lora_adapters="",waiting_lora_adapters=""}"#,
@@ -274,12 +297,7 @@ async fn cache_config_is_exported_for_both_engines() {
         ..fast()
     })
     .await;
-    let text = reqwest::get(format!("{base}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = exposition(&base).await;
     let info = text
         .lines()
         .find(|l| l.starts_with("vllm:cache_config_info{"))
@@ -294,12 +312,7 @@ async fn cache_config_is_exported_for_both_engines() {
         ..fast()
     })
     .await;
-    let text = reqwest::get(format!("{base}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = exposition(&base).await;
     assert!(
         text.contains("\nsglang:max_total_num_tokens 16000\n"),
         "{text}"
@@ -317,35 +330,8 @@ async fn requests_beyond_max_num_seqs_wait() {
         ..EngineConfig::default()
     })
     .await;
-    let url = format!("{base}/v1/completions");
-    let tasks: Vec<_> = (0..3)
-        .map(|i| {
-            let url = url.clone();
-            tokio::spawn(async move {
-                post(
-                    &url,
-                    &json!({"model": "m", "prompt": format!("p{i}"), "max_tokens": 50}),
-                )
-                .await
-                .status()
-            })
-        })
-        .collect();
-    // Poll the engine until one runs and two queue.
-    let start = tokio::time::Instant::now();
-    while !(engine.running() == 1 && engine.waiting() == 2) {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "never saw 1 running + 2 waiting"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let text = reqwest::get(format!("{base}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let tasks = one_running_two_waiting(&base, &engine, 50).await;
+    let text = exposition(&base).await;
     let m = |name| sample(&text, name);
     assert_eq!(
         (
@@ -355,7 +341,7 @@ async fn requests_beyond_max_num_seqs_wait() {
         (1.0, 2.0)
     );
     for t in tasks {
-        assert!(t.await.unwrap().is_success());
+        assert!(t.await.unwrap().status().is_success());
     }
     assert_eq!((engine.running(), engine.waiting()), (0, 0));
 }
@@ -370,24 +356,8 @@ async fn disconnected_requests_leave_the_queue() {
         ..EngineConfig::default()
     })
     .await;
-    let url = format!("{base}/v1/completions");
-    let tasks: Vec<_> = (0..3)
-        .map(|i| {
-            let url = url.clone();
-            tokio::spawn(async move {
-                post(
-                    &url,
-                    &json!({"model": "m", "prompt": format!("p{i}"), "max_tokens": 100_000}),
-                )
-                .await
-            })
-        })
-        .collect();
+    let tasks = one_running_two_waiting(&base, &engine, 100_000).await;
     let start = tokio::time::Instant::now();
-    while !(engine.running() == 1 && engine.waiting() == 2) {
-        assert!(start.elapsed() < Duration::from_secs(10), "never queued");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
     for t in tasks {
         t.abort();
     }
