@@ -42,14 +42,63 @@ fn pool(name: &str, labels: Value, ports: &[u16]) -> Value {
 
 /// Polls until `check` holds (every 10 ms; gives up after 30 s so a bug fails instead of hanging).
 async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    eventually_async(what, async || check()).await
+}
+
+/// [`eventually`] for a check that awaits.
+async fn eventually_async(what: &str, mut check: impl AsyncFnMut() -> bool) {
     let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !check() {
+    while !check().await {
         assert!(
             tokio::time::Instant::now() < give_up,
             "never happened: {what}"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// A kubeconfig for `fake` in `dir`.
+fn write_kubeconfig(dir: &std::path::Path, fake: &FakeKube) -> std::path::PathBuf {
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, fake_kube::kubeconfig(&fake.url())).unwrap();
+    kubeconfig
+}
+
+/// The values of `keys` (`key=value` fields) on the first line of `child`'s stderr that has
+/// them all; the rest of its stderr is read and dropped from then on.
+async fn announced<const N: usize>(
+    child: &mut tokio::process::Child,
+    keys: [&str; N],
+) -> [String; N] {
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let field = |line: &str, key: &str| {
+        let rest = line.split(key).nth(1)?;
+        Some(rest.split_whitespace().next()?.to_string())
+    };
+    let values = loop {
+        let line = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("prefix-picker exited early");
+        let values = keys.map(|k| field(&line, k));
+        if values.iter().all(Option::is_some) {
+            break values.map(Option::unwrap);
+        }
+    };
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    values
+}
+
+/// A gRPC health client of the server at `addr` (`host:port`).
+async fn health_client(addr: &str) -> HealthClient<tonic::transport::Channel> {
+    HealthClient::new(
+        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    )
 }
 
 struct Stack {
@@ -390,8 +439,7 @@ async fn serve_is_ready_only_after_the_first_pod_list() {
     });
     fake.hold_lists(true);
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, fake_kube::kubeconfig(&fake.url())).unwrap();
+    let kubeconfig = write_kubeconfig(dir.path(), &fake);
     let config = dir.path().join("config.yaml");
     std::fs::write(
         &config,
@@ -428,35 +476,14 @@ async fn serve_is_ready_only_after_the_first_pod_list() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let field = |line: &str, key: &str| {
-        let rest = line.split(key).nth(1)?;
-        Some(rest.split_whitespace().next()?.to_string())
-    };
-    let (grpc, admin) = loop {
-        let line = lines
-            .next_line()
-            .await
-            .unwrap()
-            .expect("serve exited early");
-        if let (Some(g), Some(a)) = (field(&line, "grpc_addr="), field(&line, "admin_addr=")) {
-            break (g, a);
-        }
-    };
-    let mut health = HealthClient::new(
-        tonic::transport::Endpoint::from_shared(format!("http://{grpc}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
-    );
+    let [grpc, admin] = announced(&mut child, ["grpc_addr=", "admin_addr="]).await;
+    let mut health = health_client(&grpc).await;
     let mut readiness = async || {
         let request = HealthCheckRequest {
             service: "readiness".into(),
         };
         health.check(request).await.unwrap().into_inner().status
     };
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     let http = reqwest::Client::new();
     let get = |path: &str| {
         let request = http.get(format!("http://{admin}{path}"));
@@ -468,14 +495,10 @@ async fn serve_is_ready_only_after_the_first_pod_list() {
     assert_eq!(get("/readyz").await.status(), 503);
     assert_eq!(readiness().await, ServingStatus::NotServing as i32);
     fake.hold_lists(false);
-    let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
-    while get("/readyz").await.status() != 200 {
-        assert!(
-            tokio::time::Instant::now() < give_up,
-            "never ready after the list"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually_async("ready after the list", async || {
+        get("/readyz").await.status() == 200
+    })
+    .await;
     assert_eq!(readiness().await, ServingStatus::Serving as i32);
     let metrics = get("/metrics").await.text().await.unwrap();
     assert!(
@@ -503,8 +526,7 @@ async fn gie_form_watches_the_named_pool_and_reports_ready_on_the_health_port() 
     });
     fake.hold_lists(true);
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, fake_kube::kubeconfig(&fake.url())).unwrap();
+    let kubeconfig = write_kubeconfig(dir.path(), &fake);
     let mut child = tokio::process::Command::new(BIN)
         .args([
             "--pool-name",
@@ -524,30 +546,10 @@ async fn gie_form_watches_the_named_pool_and_reports_ready_on_the_health_port() 
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let port = |line: &str, key: &str| -> Option<u16> {
-        let rest = line.split(key).nth(1)?;
-        let addr: std::net::SocketAddr = rest.split_whitespace().next()?.parse().ok()?;
-        Some(addr.port())
-    };
-    let (health_port, admin_port) = loop {
-        let line = lines
-            .next_line()
-            .await
-            .unwrap()
-            .expect("prefix-picker exited early");
-        if let (Some(h), Some(a)) = (port(&line, "health_addr="), port(&line, "admin_addr=")) {
-            break (h, a);
-        }
-    };
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    let mut health = HealthClient::new(
-        tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{health_port}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
-    );
+    let [health_addr, admin_addr] = announced(&mut child, ["health_addr=", "admin_addr="]).await;
+    let port = |addr: &str| addr.parse::<std::net::SocketAddr>().unwrap().port();
+    let admin_port = port(&admin_addr);
+    let mut health = health_client(&format!("127.0.0.1:{}", port(&health_addr))).await;
     let mut status = async |service: &str| {
         let request = HealthCheckRequest {
             service: service.into(),
@@ -561,14 +563,10 @@ async fn gie_form_watches_the_named_pool_and_reports_ready_on_the_health_port() 
     );
     assert_eq!(status("liveness").await, ServingStatus::Serving as i32);
     fake.hold_lists(false);
-    let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
-    while status("inference-extension").await != ServingStatus::Serving as i32 {
-        assert!(
-            tokio::time::Instant::now() < give_up,
-            "never ready after the list"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually_async("ready after the list", async || {
+        status("inference-extension").await == ServingStatus::Serving as i32
+    })
+    .await;
     let metrics = reqwest::get(format!("http://127.0.0.1:{admin_port}/metrics"))
         .await
         .unwrap()
