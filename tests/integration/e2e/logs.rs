@@ -25,6 +25,54 @@ fn json_lines(log: &str) -> Vec<Value> {
 /// Words no log line may carry below `--v 5`.
 const SECRET: &str = "ZEBRA-PAPAYA-7731 is the launch code";
 
+/// `log` carries none of [`SECRET`].
+fn assert_no_prompt_text(log: &str) {
+    assert!(
+        !log.contains("ZEBRA"),
+        "prompt text logged below --v 5:\n{log}"
+    );
+}
+
+/// The `message` of each of `log`'s score lines (target `scores`).
+fn score_messages(log: &str) -> Vec<String> {
+    json_lines(log)
+        .iter()
+        .filter(|l| l["target"] == "scores")
+        .map(|l| l["message"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// `picker`'s log in `dir` once `ready` holds of it (polled, as `what`), the picker then
+/// stopped.
+async fn log_when(
+    dir: &std::path::Path,
+    picker: gie::Started,
+    what: &str,
+    ready: impl Fn(&str) -> bool,
+) -> String {
+    let log_path = dir.join("picker.log");
+    poll(what, || {
+        let found = ready(&std::fs::read_to_string(&log_path).unwrap());
+        async move { found.then_some(()) }
+    })
+    .await;
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    drop(picker.process);
+    log
+}
+
+/// Posts `body` to `path` through `envoy`; the reply must be 200.
+async fn post_ok(envoy: &Envoy, path: &str, body: &Value) -> reqwest::Response {
+    let r = reqwest::Client::new()
+        .post(envoy.url(path))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", envoy.log());
+    r
+}
+
 /// The picker binary on `config`, logging JSON at `-v=4`, every port chosen by the system.
 async fn start_json_v4(config: &str, env: &[(&str, &str)], dir: &std::path::Path) -> gie::Started {
     let args = [
@@ -74,28 +122,20 @@ async fn json_logs_at_v4_parse_carry_kthena_score_lines_and_no_prompt() {
         {"role": "user", "content": SECRET},
     ]});
     for _ in 0..2 {
-        let r = reqwest::Client::new()
-            .post(envoy.url("/v1/chat/completions"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 200, "{}", envoy.log());
+        post_ok(&envoy, "/v1/chat/completions", &body).await;
     }
     // Each request's score lines are written before its reply; its completion when Envoy's
     // access log reports it.
-    let log_path = dir.path().join("picker.log");
-    poll("the score and completion lines", || {
-        let log = std::fs::read_to_string(&log_path).unwrap();
-        async move {
-            (log.matches("Final Pod Scores:").count() >= 2
-                && log.matches("completed (access log)").count() >= 2)
-                .then_some(())
-        }
-    })
+    let log = log_when(
+        dir.path(),
+        picker,
+        "the score and completion lines",
+        |log| {
+            log.matches("Final Pod Scores:").count() >= 2
+                && log.matches("completed (access log)").count() >= 2
+        },
+    )
     .await;
-    let log = std::fs::read_to_string(&log_path).unwrap();
-    drop(picker.process);
     let lines = json_lines(&log);
 
     // Kthena's klog.V(4) lines, the text unchanged in `message`.
@@ -145,10 +185,7 @@ async fn json_logs_at_v4_parse_carry_kthena_score_lines_and_no_prompt() {
         picked.iter().collect(),
         "{log}"
     );
-    assert!(
-        !log.contains("ZEBRA"),
-        "prompt text logged below --v 5:\n{log}"
-    );
+    assert_no_prompt_text(&log);
 
     // The start-up line: build, config, listeners.
     let started = lines
@@ -231,31 +268,17 @@ async fn kvcache_aware_at_v4_logs_kthenas_lines() {
         |s| s,
     ))
     .await;
-    let r = reqwest::Client::new()
-        .post(envoy.url("/v1/completions"))
-        .json(&json!({"model": "m", "max_tokens": 1, "prompt": prompt}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200, "{}", envoy.log());
+    let body = json!({"model": "m", "max_tokens": 1, "prompt": prompt});
+    post_ok(&envoy, "/v1/completions", &body).await;
     let n = hashes.len();
     let wanted = format!(
         "KVCacheAware.calculateScores: pod=sim-a.default matched={n}/{n} blocks, score=100"
     );
-    let log_path = dir.path().join("picker.log");
-    poll("the kvcache-aware score lines", || {
-        let log = std::fs::read_to_string(&log_path).unwrap();
-        let found = log.contains(&wanted) && log.contains("Final Pod Scores:");
-        async move { found.then_some(()) }
+    let log = log_when(dir.path(), picker, "the kvcache-aware score lines", |log| {
+        log.contains(&wanted) && log.contains("Final Pod Scores:")
     })
     .await;
-    let log = std::fs::read_to_string(&log_path).unwrap();
-    drop(picker.process);
-    let messages: Vec<String> = json_lines(&log)
-        .iter()
-        .filter(|l| l["target"] == "scores")
-        .map(|l| l["message"].as_str().unwrap().to_string())
-        .collect();
+    let messages = score_messages(&log);
     for prefix in [
         "KVCacheAware.Score: tokenization took ".to_string(),
         format!(
@@ -301,10 +324,7 @@ async fn kvcache_aware_at_v4_logs_kthenas_lines() {
             .any(|m| m == "Pod: default/sim-a, Score: 100"),
         "{messages:?}"
     );
-    assert!(
-        !log.contains("ZEBRA"),
-        "prompt text logged below --v 5:\n{log}"
-    );
+    assert_no_prompt_text(&log);
 }
 
 /// The affinity mode at `--v 4`: after prefix-cache's score lines, one `Predicted TTFT` line per
@@ -314,26 +334,12 @@ async fn affinity_logs_at_v4_carry_each_pods_predicted_ttft() {
     let (_sims, _config, dir, picker, envoy) =
         v4_json_stack("{scrapeIntervalSeconds: 0, affinity: {}}").await;
     let body = json!({"model": "m", "max_tokens": 1, "prompt": format!("{SECRET}. {}", "Be brief. ".repeat(40))});
-    let r = reqwest::Client::new()
-        .post(envoy.url("/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200, "{}", envoy.log());
-    let log_path = dir.path().join("picker.log");
-    poll("the predicted TTFT lines", || {
-        let log = std::fs::read_to_string(&log_path).unwrap();
-        async move { (log.matches("Predicted TTFT: ").count() >= 2).then_some(()) }
+    post_ok(&envoy, "/v1/completions", &body).await;
+    let log = log_when(dir.path(), picker, "the predicted TTFT lines", |log| {
+        log.matches("Predicted TTFT: ").count() >= 2
     })
     .await;
-    let log = std::fs::read_to_string(&log_path).unwrap();
-    drop(picker.process);
-    let messages: Vec<String> = json_lines(&log)
-        .iter()
-        .filter(|l| l["target"] == "scores")
-        .map(|l| l["message"].as_str().unwrap().to_string())
-        .collect();
+    let messages = score_messages(&log);
     assert!(
         messages.iter().any(|m| m == "Predicted TTFT:"),
         "{messages:?}"
@@ -348,10 +354,7 @@ async fn affinity_logs_at_v4_carry_each_pods_predicted_ttft() {
         assert!(line.contains("(wait 0.0 ms, prefill "), "{line}");
         assert!(line.ends_with(" tokens)"), "{line}");
     }
-    assert!(
-        !log.contains("ZEBRA"),
-        "prompt text logged below --v 5:\n{log}"
-    );
+    assert_no_prompt_text(&log);
 }
 
 #[test]
@@ -502,13 +505,7 @@ async fn a_decision_is_traceable_by_its_request_id_and_its_cost_reaches_envoy() 
     ))
     .await;
     let body = json!({"model": "m", "max_tokens": 1, "prompt": format!("{SECRET}. {}", "Be brief. ".repeat(40))});
-    let r = reqwest::Client::new()
-        .post(envoy.url("/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200, "{}", envoy.log());
+    let r = post_ok(&envoy, "/v1/completions", &body).await;
     let header = r
         .headers()
         .get("x-prefix-picker-decision")
@@ -634,14 +631,10 @@ async fn a_decision_is_traceable_by_its_request_id_and_its_cost_reaches_envoy() 
 
     // The picker's log: the `picked` line's fields, and the request id on every score and
     // prediction line (the `decision` span).
-    let log_path = dir.path().join("picker.log");
-    poll("the picked line", || {
-        let log = std::fs::read_to_string(&log_path).unwrap();
-        async move { log.contains("\"picked\"").then_some(()) }
+    let log = log_when(dir.path(), picker, "the picked line", |log| {
+        log.contains("\"picked\"")
     })
     .await;
-    let log = std::fs::read_to_string(&log_path).unwrap();
-    drop(picker.process);
     let lines = json_lines(&log);
     let picks: Vec<&Value> = lines.iter().filter(|l| l["message"] == "picked").collect();
     assert_eq!(picks.len(), 2, "{picks:?}");
@@ -699,5 +692,5 @@ async fn a_decision_is_traceable_by_its_request_id_and_its_cost_reaches_envoy() 
         ids[first..].iter().all(|id| *id == second) && first < ids.len(),
         "{ids:?}"
     );
-    assert!(!log.contains("ZEBRA"), "prompt text logged below --v 5");
+    assert_no_prompt_text(&log);
 }
