@@ -25,6 +25,54 @@ fn instances(e: &serde_json::Value) -> Vec<(&str, f64)> {
         .collect()
 }
 
+/// `n` model-sims, `sim-0` on, at 1000x speed.
+async fn fast_sims(n: usize) -> Vec<Sim> {
+    let mut sims = Vec::with_capacity(n);
+    for i in 0..n {
+        let fast = EngineConfig {
+            time_scale: 1000.0,
+            ..EngineConfig::default()
+        };
+        sims.push(Sim::start(&format!("sim-{i}"), fast).await);
+    }
+    sims
+}
+
+/// The config `text` with `sims` as its `endpoints:`.
+fn with_endpoints(text: &str, sims: &[Sim]) -> prefix_picker::config::Config {
+    let endpoints = testkit::endpoints_yaml(sims.iter().map(|s| (s.name.as_str(), s.addr)));
+    prefix_picker::config::Config::parse(&format!("{text}\n{endpoints}"))
+        .unwrap_or_else(|e| panic!("{e}\n{text}"))
+}
+
+/// Requests that share `system` stay on the pod the first went to: once it is recorded there
+/// (explain finds the hit), `again` more, each served 200 by it. The pod's name.
+async fn a_shared_prefix_stays(
+    envoy: &Envoy,
+    picker: &prefix_picker::serve::Running,
+    system: &str,
+    again: usize,
+) -> String {
+    let first = send(envoy, "/v1/chat/completions", &chat(system, "question 0")).await;
+    assert_eq!(first.status, 200, "{system:.40}: {:?}", first.body);
+    poll("the first completion recorded", || async {
+        let e = explain(picker, &chat(system, "question 1")).await;
+        (e["reason"] == "prefix_hit").then_some(())
+    })
+    .await;
+    for i in 1..=again {
+        let r = send(
+            envoy,
+            "/v1/chat/completions",
+            &chat(system, &format!("question {i}")),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{system:.40}: {:?}", r.body);
+        assert_eq!(r.served_by, first.served_by, "{system:.40}: request {i}");
+    }
+    first.served_by
+}
+
 /// llm-d's default profile, written out (`pkg/epp/config/loader/defaults.go`).
 const EPC: &str = r#"
 apiVersion: llm-d.ai/v1alpha1
@@ -51,45 +99,17 @@ picker:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prefix_queue_and_kv_scorers_keep_a_shared_prefix_and_spread_cold_prompts() {
-    let fast = || EngineConfig {
-        time_scale: 1000.0,
-        ..EngineConfig::default()
-    };
-    let sims = [
-        Sim::start("sim-0", fast()).await,
-        Sim::start("sim-1", fast()).await,
-        Sim::start("sim-2", fast()).await,
-    ];
-    let mut doc = EPC.to_string();
-    doc.push_str(&testkit::endpoints_yaml(
-        sims.iter().map(|s| (s.name.as_str(), s.addr)),
-    ));
-    let config = prefix_picker::config::Config::parse(&doc).unwrap();
+    let sims = fast_sims(3).await;
+    let config = with_endpoints(EPC, &sims);
     assert!(config.scheduler.epp.is_some());
     let picker = start_picker(config).await;
     let envoy = start_envoy_for_sims(&picker, &sims).await;
 
     // A shared system prompt: after the first request every other lands where it went.
     let system = SYSTEM.repeat(4);
-    let system = system.as_str();
-    let first = send(&envoy, "/v1/chat/completions", &chat(system, "question 0")).await;
-    assert_eq!(first.status, 200, "{:?}", first.body);
-    poll("the first completion recorded", || async {
-        let e = explain(&picker, &chat(system, "question 1")).await;
-        (e["reason"] == "prefix_hit").then_some(())
-    })
-    .await;
-    for i in 1..10 {
-        let r = send(
-            &envoy,
-            "/v1/chat/completions",
-            &chat(system, &format!("question {i}")),
-        )
-        .await;
-        assert_eq!(r.served_by, first.served_by, "request {i}");
-    }
-    let e = explain(&picker, &chat(system, "question 11")).await;
-    assert_eq!(e["primary"], format!("default/{}", first.served_by), "{e}");
+    let held = a_shared_prefix_stays(&envoy, &picker, &system, 9).await;
+    let e = explain(&picker, &chat(&system, "question 11")).await;
+    assert_eq!(e["primary"], format!("default/{held}"), "{e}");
     let plugins = instances(&e);
     assert_eq!(
         plugins,
@@ -101,7 +121,7 @@ async fn prefix_queue_and_kv_scorers_keep_a_shared_prefix_and_spread_cold_prompt
     );
     for pod in e["pods"].as_array().unwrap() {
         let prefix = pod["scores"]["prefix-cache-scorer"].as_f64().unwrap();
-        let held = pod["pod"] == format!("default/{}", first.served_by);
+        let held = pod["pod"] == format!("default/{held}");
         assert_eq!(prefix > 0.7, held, "{pod}");
         assert!(held || prefix == 0.0, "{pod}");
         assert!((0.0..=1.0).contains(&pod["scores"]["queue-scorer"].as_f64().unwrap()));
@@ -125,15 +145,7 @@ async fn prefix_queue_and_kv_scorers_keep_a_shared_prefix_and_spread_cold_prompt
 /// its pod (each has a prefix-cache scorer).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn llm_ds_example_configs_route_through_envoy() {
-    let fast = || EngineConfig {
-        time_scale: 1000.0,
-        ..EngineConfig::default()
-    };
-    let sims = [
-        Sim::start("sim-0", fast()).await,
-        Sim::start("sim-1", fast()).await,
-    ];
-    let endpoints = testkit::endpoints_yaml(sims.iter().map(|s| (s.name.as_str(), s.addr)));
+    let sims = fast_sims(2).await;
     for (name, text) in [
         (
             "epp-config.yaml",
@@ -166,28 +178,11 @@ async fn llm_ds_example_configs_route_through_envoy() {
             ),
         ),
     ] {
-        let config = prefix_picker::config::Config::parse(&format!("{text}\n{endpoints}"))
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        let picker = start_picker(config).await;
+        let picker = start_picker(with_endpoints(text, &sims)).await;
         let envoy = start_envoy_for_sims(&picker, &sims).await;
+        // The system prompt starts with the config's name (the messages say which failed).
         let system = format!("{name}: {}", SYSTEM.repeat(3));
-        let first = send(&envoy, "/v1/chat/completions", &chat(&system, "first")).await;
-        assert_eq!(first.status, 200, "{name}: {:?}", first.body);
-        poll("the first completion recorded", || async {
-            let e = explain(&picker, &chat(&system, "again")).await;
-            (e["reason"] == "prefix_hit").then_some(())
-        })
-        .await;
-        for i in 0..4 {
-            let r = send(
-                &envoy,
-                "/v1/chat/completions",
-                &chat(&system, &format!("again {i}")),
-            )
-            .await;
-            assert_eq!(r.status, 200, "{name}");
-            assert_eq!(r.served_by, first.served_by, "{name}: request {i}");
-        }
+        a_shared_prefix_stays(&envoy, &picker, &system, 4).await;
         drop(envoy);
         picker.stop().await.unwrap();
     }
@@ -234,21 +229,8 @@ schedulingProfiles:
 picker:
   scrapeIntervalSeconds: 0.05
 "#;
-    let fast = || EngineConfig {
-        time_scale: 1000.0,
-        ..EngineConfig::default()
-    };
-    let sims = [
-        Sim::start("sim-0", fast()).await,
-        Sim::start("sim-1", fast()).await,
-        Sim::start("sim-2", fast()).await,
-    ];
-    let mut doc = DROP_IN.to_string();
-    doc.push_str(&testkit::endpoints_yaml(
-        sims.iter().map(|s| (s.name.as_str(), s.addr)),
-    ));
-    let config = prefix_picker::config::Config::parse(&doc).unwrap();
-    let picker = start_picker(config).await;
+    let sims = fast_sims(3).await;
+    let picker = start_picker(with_endpoints(DROP_IN, &sims)).await;
     let addrs: Vec<_> = sims.iter().map(|s| s.addr).collect();
     let envoy = start_envoy(render_envoy(
         "envoy-full-duplex.yaml",
@@ -259,22 +241,7 @@ picker:
     .await;
 
     let system = SYSTEM.repeat(4);
-    let first = send(&envoy, "/v1/chat/completions", &chat(&system, "question 0")).await;
-    assert_eq!(first.status, 200, "{:?}", first.body);
-    poll("the first completion recorded", || async {
-        let e = explain(&picker, &chat(&system, "question 1")).await;
-        (e["reason"] == "prefix_hit").then_some(())
-    })
-    .await;
-    for i in 1..6 {
-        let r = send(
-            &envoy,
-            "/v1/chat/completions",
-            &chat(&system, &format!("question {i}")),
-        )
-        .await;
-        assert_eq!(r.served_by, first.served_by, "request {i}");
-    }
+    let held = a_shared_prefix_stays(&envoy, &picker, &system, 5).await;
 
     // The session token: the response names its pod; sent back, it pins cold prompts there.
     let post = |prompt: String, token: Option<String>| {
@@ -316,7 +283,7 @@ picker:
             ("session-affinity-scorer", 10.0)
         ]
     );
-    assert_eq!(e["primary"], format!("default/{}", first.served_by), "{e}");
+    assert_eq!(e["primary"], format!("default/{held}"), "{e}");
     for pod in e["pods"].as_array().unwrap() {
         let load = pod["scores"]["token-load-scorer"].as_f64().unwrap();
         assert!(load > 0.99, "nothing left in flight: {pod}");
