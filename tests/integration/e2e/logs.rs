@@ -438,7 +438,7 @@ fn start_up_errors_in_json_are_json_lines() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("error: config is not valid YAML"),
+        stderr.contains("error: --config-text:2: document: config is not valid YAML"),
         "{stderr}"
     );
     // Both format flags at once: one setting.
