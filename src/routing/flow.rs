@@ -367,7 +367,8 @@ impl Router {
                 return Ok(None);
             }
         }
-        let Ok(explained) = self.explain_looked_up(r.path, r.body, r.restrict, r.kv, r.headers) else {
+        let Ok(explained) = self.explain_looked_up(r.path, r.body, r.restrict, r.kv, r.headers)
+        else {
             return Ok(None);
         };
         let d = &explained.decision;
