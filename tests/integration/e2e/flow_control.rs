@@ -350,17 +350,6 @@ fn spawn_requests(
         .collect()
 }
 
-/// One sample of a picker process's `/metrics` (0 when no series matches yet).
-async fn metric_at(admin: std::net::SocketAddr, series: &str) -> f64 {
-    let text = reqwest::get(format!("http://{admin}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    sample(&text, series).unwrap_or(0.0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_picker_restart_while_requests_are_queued_loses_none() {
     // The picker as a process. A stream fills the only slot and three requests queue; SIGTERM

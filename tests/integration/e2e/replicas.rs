@@ -344,17 +344,6 @@ async fn ask(envoy: &Envoy, label: &str, n: u64) -> u64 {
     n
 }
 
-/// `series` on the `/metrics` of the picker whose admin listener is `admin` (0 when absent).
-async fn metric_at(admin: SocketAddr, series: &str) -> f64 {
-    let text = reqwest::get(format!("http://{admin}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    sample(&text, series).unwrap_or(0.0)
-}
-
 /// The remaining limit, measured: a replica killed outright (SIGKILL: a crash, an OOM kill, a
 /// lost node) mid-request. The requests whose stream it held fail (the shapes fail closed);
 /// the other replica's requests, held across the kill, and every request after it succeed, and

@@ -230,12 +230,23 @@ pub async fn start_picker(mut config: Config) -> Running {
 
 /// The picker's `/metrics` exposition.
 pub async fn exposition(picker: &Running) -> String {
-    reqwest::get(format!("http://{}/metrics", picker.admin_addr))
+    exposition_at(picker.admin_addr).await
+}
+
+/// The `/metrics` exposition of the picker whose admin listener is `admin` (a picker run as a
+/// process).
+pub async fn exposition_at(admin: std::net::SocketAddr) -> String {
+    reqwest::get(format!("http://{admin}/metrics"))
         .await
         .unwrap()
         .text()
         .await
         .unwrap()
+}
+
+/// `series` on the `/metrics` of the picker whose admin listener is `admin` (0 when absent).
+pub async fn metric_at(admin: std::net::SocketAddr, series: &str) -> f64 {
+    sample(&exposition_at(admin).await, series).unwrap_or(0.0)
 }
 
 /// The sum over the series matching `series` (a name, or a name with leading labels such as
