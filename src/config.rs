@@ -355,23 +355,24 @@ impl Config {
         root: &Mapping,
         errors: &mut Vec<ConfigError>,
     ) -> Option<PdGroup> {
-        match endpoint_picker::parse(text, &mut self.warnings) {
-            Ok(profile) => {
-                self.scheduler.filters = Vec::new();
-                self.scheduler.scorers = Vec::new();
-                self.scheduler.epp = Some(profile);
-            }
-            Err(problems) => {
-                errors.extend(
-                    problems
-                        .into_iter()
-                        .map(|message| ConfigError::EndpointPicker {
+        let parsed =
+            match endpoint_picker::parse(text, &mut self.warnings) {
+                Ok(doc) => {
+                    self.scheduler.filters = Vec::new();
+                    self.scheduler.scorers = Vec::new();
+                    self.scheduler.epp = Some(doc.profile.clone());
+                    Some(doc)
+                }
+                Err(problems) => {
+                    errors.extend(problems.into_iter().map(|message| {
+                        ConfigError::EndpointPicker {
                             file: String::new(),
                             message,
-                        }),
-                );
-            }
-        }
+                        }
+                    }));
+                    None
+                }
+            };
         let own: Mapping = root
             .iter()
             .filter(|(k, _)| {
@@ -380,7 +381,91 @@ impl Config {
             })
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        self.read_sections(&own, errors)
+        let pd = self.read_sections(&own, errors);
+        if let Some(doc) = parsed {
+            self.apply_precise(&doc);
+            let written = own
+                .get("picker")
+                .and_then(|p| p.get("flowControl"))
+                .and_then(Yaml::as_mapping);
+            if let Some(f) = &doc.flow_control {
+                self.apply_epp_flow_control(f, written, errors);
+            }
+        }
+        pd
+    }
+
+    /// An `EndpointPickerConfig`'s `precise-prefix-cache-producer`: its topic filter and its
+    /// per-pod publisher ports feed the engine views (`picker.kvEvents`, each static endpoint
+    /// without its own `kvEventsEndpoint`, `discovery.kubernetes.kvEventsPort`); a
+    /// `token-producer` with a vLLM backend is `picker.tokenizer: {source: engine}` when the
+    /// picker section gives no tokenizer.
+    fn apply_precise(&mut self, doc: &endpoint_picker::EppDocument) {
+        let Some(p) = &doc.precise else {
+            return;
+        };
+        self.picker.kv_events.topic_prefix = p.topic_filter.clone();
+        if let Some((port, replay)) = p.ports {
+            for e in self
+                .endpoints
+                .iter_mut()
+                .filter(|e| e.kv_events_endpoint.is_none())
+            {
+                let at =
+                    |port| format!("tcp://{}", std::net::SocketAddr::new(e.address.ip(), port));
+                e.kv_events_endpoint = Some(at(port));
+                e.kv_events_replay_endpoint = replay.map(at);
+            }
+            if let Some(k) = &mut self.discovery.kubernetes
+                && k.kv_events_port.is_none()
+            {
+                k.kv_events_port = Some(port);
+                k.kv_events_replay_port = replay;
+            }
+        }
+        if doc.engine_tokens && self.picker.tokenizer.is_none() {
+            self.picker.tokenizer = serde_yaml_ng::from_str("source: engine").ok();
+            self.warnings.push("token-producer (vllm): tokens come from each pod's own POST /tokenize (picker.tokenizer: {source: engine}), not from vllm.url".into());
+        }
+    }
+
+    /// An `EndpointPickerConfig`'s `flowControl` (with its feature gate) into
+    /// `picker.flowControl`; a key both set is refused, naming both.
+    fn apply_epp_flow_control(
+        &mut self,
+        f: &endpoint_picker::FlowControlMapping,
+        written: Option<&Mapping>,
+        errors: &mut Vec<ConfigError>,
+    ) {
+        let set = |key: &str| written.is_some_and(|m| m.contains_key(key));
+        for (llm_d, ours) in [
+            ("flowControl.maxRequests", "maxRequests"),
+            ("flowControl.maxBytes", "maxBytes"),
+            ("flowControl.defaultRequestTTL", "requestTtlSeconds"),
+            ("featureGates: [flowControl]", "enabled"),
+        ] {
+            if set(ours) {
+                errors.push(ConfigError::Picker(format!(
+                    "flowControl.{ours}: set by the EndpointPickerConfig's {llm_d} too; give it once"
+                )));
+            }
+        }
+        let fc = &mut self.picker.flow_control;
+        fc.enabled = Some(true);
+        fc.max_requests = f.max_requests;
+        fc.max_bytes = f.max_bytes;
+        fc.request_ttl_seconds = f.request_ttl_seconds;
+        if let Some(h) = f.half_life_seconds {
+            if set("halfLifeSeconds") {
+                errors.push(ConfigError::Picker("flowControl.halfLifeSeconds: set by program-aware-fairness's lasHalfLifeSeconds too; give it once".into()));
+            }
+            fc.half_life_seconds = h;
+        }
+        // Envoy must wait for a request as long as it may stay queued (docs/flow-control.md).
+        if !set("messageTimeoutSeconds") {
+            fc.message_timeout_seconds =
+                fc.message_timeout_seconds.max(f.request_ttl_seconds + 5.0);
+        }
     }
 
     /// `pdGroup:` into the scheduler, warning of static endpoints it sorts into neither role.
@@ -481,9 +566,11 @@ impl Config {
             .endpoints
             .iter()
             .any(|e| e.kv_events_endpoint.is_some());
-        if publishing && (self.picker.affinity.is_none() || self.picker.tokenizer.is_none()) {
+        let precise = self.scheduler.epp.as_ref().is_some_and(|p| p.precise);
+        let reads = self.picker.affinity.is_some() || precise;
+        if publishing && (!reads || self.picker.tokenizer.is_none()) {
             self.warnings.push(
-                "kvEventsEndpoint: the pods' events are followed, but only the affinity mode with picker.tokenizer matches by them; these pods are matched by the estimate (docs/engine-truth.md)".into(),
+                "kvEventsEndpoint: the pods' events are followed, but only the affinity mode (or an EndpointPickerConfig's precise-prefix-cache-producer) with picker.tokenizer matches by them; these pods are matched by the estimate (docs/engine-truth.md)".into(),
             );
         }
         if self.picker.kv_events.max_blocks_per_pod == 0 {

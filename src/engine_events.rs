@@ -54,6 +54,11 @@ pub struct KvEventsSection {
     pub topic: String,
     /// Each pod's view holds at most this many blocks (stores beyond are skipped, counted).
     pub max_blocks_per_pod: usize,
+    /// With no `topic`, a prefix the publisher's topic must start with (an
+    /// `EndpointPickerConfig`'s `kvEventsConfig.topicFilter`, ZeroMQ's subscription filter;
+    /// not a key of its own).
+    #[serde(skip)]
+    pub topic_prefix: String,
 }
 
 impl Default for KvEventsSection {
@@ -61,6 +66,7 @@ impl Default for KvEventsSection {
         KvEventsSection {
             topic: String::new(),
             max_blocks_per_pod: DEFAULT_MAX_ENGINE_BLOCKS,
+            topic_prefix: String::new(),
         }
     }
 }
@@ -195,6 +201,7 @@ async fn subscribe(
         endpoint: address.endpoint.clone(),
         replay_endpoint: address.replay.clone(),
         topic: section.topic.clone(),
+        topic_prefix: section.topic_prefix.clone(),
         limits: Limits::default(),
     });
     let stats = subscriber.stats();

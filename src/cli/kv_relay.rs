@@ -103,6 +103,7 @@ impl KvRelayArgs {
                 endpoint: self.events_endpoint.clone(),
                 replay_endpoint: self.replay_endpoint.clone(),
                 topic: self.topic.clone(),
+                topic_prefix: String::new(),
                 limits: Limits::default(),
             },
         ))

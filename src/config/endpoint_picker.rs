@@ -30,7 +30,25 @@ use crate::scheduler::epp::{
 };
 
 mod disagg;
+pub mod flow_control;
+pub mod precise;
 use disagg::DisaggHandler;
+pub use flow_control::FlowControlMapping;
+pub use precise::PreciseEvents;
+
+/// What an `EndpointPickerConfig` asks of the sidecar: the scheduling profile, and what it maps
+/// onto the picker's sections (`Config` applies them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EppDocument {
+    pub profile: EppProfile,
+    /// A `precise-prefix-cache-producer` that the prefix match reads: its KV-events settings.
+    pub precise: Option<PreciseEvents>,
+    /// A `token-producer` with a vLLM backend: real tokens (`picker.tokenizer: {source:
+    /// engine}` when the picker section gives none).
+    pub engine_tokens: bool,
+    /// `flowControl` with the `flowControl` feature gate.
+    pub flow_control: Option<FlowControlMapping>,
+}
 
 /// The apiVersions read (the second with a deprecation warning).
 pub const API_VERSIONS: [&str; 2] = [
@@ -41,8 +59,8 @@ pub const API_VERSIONS: [&str; 2] = [
 /// prefix-picker's own top-level sections an `EndpointPickerConfig` may carry.
 pub const OWN_SECTIONS: [&str; 4] = ["endpoints", "discovery", "picker", "sync"];
 
-/// Plugin types implemented (filters, scorers, pickers, the profile handler).
-const IMPLEMENTED: [&str; 20] = [
+/// Plugin types implemented (filters, scorers, pickers, the profile handler, the producers).
+const IMPLEMENTED: [&str; 22] = [
     "prefix-cache-scorer",
     "queue-scorer",
     "kv-cache-utilization-scorer",
@@ -63,21 +81,15 @@ const IMPLEMENTED: [&str; 20] = [
     "disagg-profile-handler",
     "prefix-based-pd-decider",
     "always-disagg-pd-decider",
+    "precise-prefix-cache-producer",
+    "token-producer",
 ];
 
 /// Plugin types accepted without effect: what each does in llm-d, and what does it here.
-const NO_EFFECT: [(&str, &str); 14] = [
+const NO_EFFECT: [(&str, &str); 12] = [
     (
         "approx-prefix-cache-producer",
         "the prefix-cache scorer matches this project's prefix index (64-byte blocks, recorded at completion)",
-    ),
-    (
-        "precise-prefix-cache-producer",
-        "the prefix-cache scorer matches this project's prefix index; engine KV events are picker.kvEvents (docs/engine-truth.md)",
-    ),
-    (
-        "token-producer",
-        "prompts are matched as rendered bytes (4 bytes a token for matchLengthScaleTokens)",
     ),
     (
         "metrics-data-source",
@@ -472,6 +484,16 @@ enum Plugin {
     Handler(Option<DisaggHandler>),
     /// A prefill decider of `disagg-profile-handler`.
     Decider(PdDecider),
+    /// `precise-prefix-cache-producer`: engine truth for the prefix match.
+    Precise(PreciseEvents),
+    /// `approx-prefix-cache-producer`: the prefix index's estimate (the default).
+    Approximate,
+    /// `token-producer`: whether it gives real (engine) tokens.
+    TokenProducer {
+        engine: bool,
+    },
+    /// A flow-control policy (`flowControl` references it by name).
+    FlowPolicy,
     NoEffect,
 }
 
@@ -497,8 +519,9 @@ fn at(line: Option<usize>) -> String {
     line.map_or_else(String::new, |n| format!(" (line {n})"))
 }
 
-/// Parses an `EndpointPickerConfig` document into its profile; every problem is returned.
-pub fn parse(text: &str, warnings: &mut Vec<String>) -> Result<EppProfile, Vec<String>> {
+/// Parses an `EndpointPickerConfig` document into its profile and what it maps onto the
+/// picker's sections; every problem is returned.
+pub fn parse(text: &str, warnings: &mut Vec<String>) -> Result<EppDocument, Vec<String>> {
     let doc: Document = serde_yaml_ng::from_str(text).map_err(|e| {
         let mut message = e.to_string();
         if message.contains("unknown field") {
@@ -526,22 +549,12 @@ pub fn parse(text: &str, warnings: &mut Vec<String>) -> Result<EppProfile, Vec<S
     if doc.kind != "EndpointPickerConfig" {
         errors.push(format!("kind {:?} must be EndpointPickerConfig", doc.kind));
     }
-    if !doc.feature_gates.is_empty() {
-        warnings.push(format!(
-            "featureGates {:?} ignored: prefix-picker has none of llm-d's feature gates",
-            doc.feature_gates
-        ));
-    }
+    let flow_gate = feature_gates(&doc.feature_gates, warnings);
     for (field, present, why) in [
         (
             "dataLayer",
             doc.data_layer.is_some(),
             "engine metrics are picker.scrapeIntervalSeconds and picker.engineMetrics",
-        ),
-        (
-            "flowControl",
-            doc.flow_control.is_some(),
-            "prefix-picker does not queue requests; saturation is picker.loadShedding",
         ),
         (
             "requestHandler",
@@ -565,24 +578,125 @@ pub fn parse(text: &str, warnings: &mut Vec<String>) -> Result<EppProfile, Vec<S
     }
     // prefix-picker's own sections are declared above only to be accepted; `Config` reads them.
     let _ = (&doc.endpoints, &doc.discovery, &doc.picker, &doc.sync);
-    if doc.plugins.is_empty() && doc.scheduling_profiles.is_empty() {
-        return match errors.is_empty() {
-            true => Ok(EppProfile::llm_d_default()),
-            false => Err(errors),
-        };
+    let mut refs = Vec::new();
+    let plugins = instances(text, &doc.plugins, &mut refs, warnings, &mut errors);
+    let policies: BTreeMap<String, (String, Option<Yaml>)> = doc
+        .plugins
+        .iter()
+        .filter(|p| flow_control::POLICY_TYPES.contains(&p.kind.as_str()))
+        .map(|p| {
+            let name = if p.name.is_empty() { &p.kind } else { &p.name };
+            (name.clone(), (p.kind.clone(), p.parameters.clone()))
+        })
+        .collect();
+    let flow = match flow_control::map(doc.flow_control.as_ref(), flow_gate, &policies, warnings) {
+        Ok(f) => f,
+        Err(e) => {
+            errors.extend(e);
+            None
+        }
+    };
+    let precise = precise_producer(&plugins, &refs, warnings, &mut errors);
+    let engine_tokens = plugins
+        .values()
+        .any(|(p, _)| matches!(p, Plugin::TokenProducer { engine: true }));
+    if precise.is_some() && !engine_tokens {
+        warnings.push("precise-prefix-cache-producer without a token-producer with a vllm backend: real tokens come from picker.tokenizer only; without it every pod is matched by the estimate (as llm-d's estimate tokens match no engine)".into());
     }
-    let plugins = instances(text, &doc.plugins, warnings, &mut errors);
-    let profile = profile(text, &doc, &plugins, warnings, &mut errors);
+    let profile = if doc.plugins.is_empty() && doc.scheduling_profiles.is_empty() {
+        Some(EppProfile::llm_d_default())
+    } else {
+        profile(text, &doc, &plugins, warnings, &mut errors)
+    };
     match (profile, errors.is_empty()) {
-        (Some(p), true) => Ok(p),
+        (Some(mut profile), true) => {
+            let precise_match = precise.is_some();
+            profile.precise = precise_match;
+            if let Some(stage) = &mut profile.prefill {
+                stage.profile.precise = precise_match;
+            }
+            Ok(EppDocument {
+                profile,
+                precise,
+                engine_tokens,
+                flow_control: flow,
+            })
+        }
         _ => Err(errors),
     }
+}
+
+/// `featureGates` (`name` or `name=false`): whether `flowControl` is on; the others are
+/// warned about (prefix-picker has none of them).
+fn feature_gates(gates: &[String], warnings: &mut Vec<String>) -> bool {
+    let mut flow = false;
+    let mut others = Vec::new();
+    for g in gates {
+        let (name, on) = match g.split_once('=') {
+            Some((n, v)) => (n.trim(), !v.trim().eq_ignore_ascii_case("false")),
+            None => (g.trim(), true),
+        };
+        if name == flow_control::FEATURE_GATE {
+            flow = on;
+        } else {
+            others.push(g.as_str());
+        }
+    }
+    if !others.is_empty() {
+        warnings.push(format!(
+            "featureGates {others:?} ignored: prefix-picker has none of these llm-d feature gates"
+        ));
+    }
+    flow
+}
+
+/// The producer the prefix match reads: the precise one when a consumer names one by
+/// `prefixMatchInfoProducerName`. One match per profile here: consumers that name both kinds
+/// are refused. A precise producer no consumer names is warned about (llm-d's consumers then
+/// read the approximate producer, as here).
+fn precise_producer(
+    plugins: &BTreeMap<String, (Plugin, String)>,
+    refs: &[(String, String)],
+    warnings: &mut Vec<String>,
+    errors: &mut Vec<String>,
+) -> Option<PreciseEvents> {
+    let mut precise: Option<(&str, &PreciseEvents)> = None;
+    let mut approximate: Option<&str> = None;
+    for (consumer, producer) in refs {
+        match plugins.get(producer) {
+            Some((Plugin::Precise(p), _)) => precise = Some((consumer, p)),
+            Some((Plugin::Approximate, _)) => approximate = Some(consumer),
+            Some((_, kind)) => errors.push(format!(
+                "plugins[{consumer}]: prefixMatchInfoProducerName {producer:?} is a {kind}, not a prefix-cache producer (precise-prefix-cache-producer, approx-prefix-cache-producer)"
+            )),
+            None => errors.push(format!(
+                "plugins[{consumer}]: prefixMatchInfoProducerName {producer:?} names no plugin; plugins: {}",
+                plugins.keys().cloned().collect::<Vec<_>>().join(", ")
+            )),
+        }
+    }
+    if let (Some((p, _)), Some(a)) = (precise, approximate) {
+        errors.push(format!(
+            "plugins[{p}] reads a precise-prefix-cache-producer and plugins[{a}] an approx-prefix-cache-producer: prefix-picker matches a request once per profile; name one producer"
+        ));
+    }
+    if precise.is_none() {
+        for (name, (p, _)) in plugins {
+            if matches!(p, Plugin::Precise(_)) {
+                warnings.push(format!(
+                    "plugins[{name}]: no plugin names this precise-prefix-cache-producer in prefixMatchInfoProducerName: the prefix match is the estimate (as llm-d, whose consumers then read the approximate producer)"
+                ));
+            }
+        }
+    }
+    precise.map(|(_, p)| p.clone())
 }
 
 /// Every `plugins[]` entry by name: its type read into a [`Plugin`], its parameters checked.
 fn instances(
     text: &str,
     specs: &[PluginSpec],
+    refs: &mut Vec<(String, String)>,
     warnings: &mut Vec<String>,
     errors: &mut Vec<String>,
 ) -> BTreeMap<String, (Plugin, String)> {
@@ -594,7 +708,7 @@ fn instances(
             spec.name.clone()
         };
         let line = at(line_of(text, "type", &spec.kind));
-        match plugin(spec, &name, &line, warnings) {
+        match plugin(spec, &name, &line, refs, warnings) {
             Ok(p) => {
                 if out.insert(name.clone(), (p, spec.kind.clone())).is_some() {
                     errors.push(format!("plugins: the name {name:?}{line} is used twice"));
@@ -620,8 +734,14 @@ fn plugin(
     spec: &PluginSpec,
     name: &str,
     line: &str,
+    refs: &mut Vec<(String, String)>,
     warnings: &mut Vec<String>,
 ) -> Result<Plugin, String> {
+    let mut producer = |p: Option<String>| {
+        if let Some(p) = p.filter(|p| !p.is_empty()) {
+            refs.push((name.to_string(), p));
+        }
+    };
     let no_parameters = |warnings: &mut Vec<String>| {
         if spec.parameters.as_ref().is_some_and(|p| !p.is_null()) {
             warnings.push(format!(
@@ -645,11 +765,7 @@ fn plugin(
                     "matchLengthScaleTokens must be greater than 0 when matchLengthWeight is greater than 0, got {scale}"
                 ));
             }
-            if let Some(producer) = p.prefix_match_info_producer_name {
-                warnings.push(format!(
-                    "plugins[{name}]: prefixMatchInfoProducerName {producer:?}: matches come from prefix-picker's prefix index"
-                ));
-            }
+            producer(p.prefix_match_info_producer_name);
             Plugin::Scorer(EppScorerKind::PrefixCache {
                 match_length_weight: w,
                 match_length_scale_tokens: scale.clamp(1, i64::from(u32::MAX)) as u32,
@@ -669,11 +785,8 @@ fn plugin(
         }
         "no-hit-lru-scorer" => {
             let p: NoHitLruParameters = parameters(spec)?;
-            let _ = (
-                p.prefix_plugin_type,
-                p.prefix_plugin_name,
-                p.prefix_match_info_producer_name,
-            );
+            let _ = (p.prefix_plugin_type, p.prefix_plugin_name);
+            producer(p.prefix_match_info_producer_name);
             // llm-d: a size that is not > 0 is its default, 1024.
             let lru_size = match p.lru_size {
                 Some(n) if n > 0 => n as usize,
@@ -708,9 +821,30 @@ fn plugin(
         "session-affinity-scorer" => Plugin::Scorer(EppScorerKind::SessionAffinity(
             session_strategy(parameters(spec)?)?,
         )),
-        "prefix-cache-affinity-filter" => Plugin::Filter(EppFilter::PrefixAffinity(
-            prefix_affinity(parameters(spec)?)?,
-        )),
+        "prefix-cache-affinity-filter" => {
+            let mut p: PrefixAffinityParameters = parameters(spec)?;
+            producer(p.prefix_match_info_producer_name.take());
+            Plugin::Filter(EppFilter::PrefixAffinity(prefix_affinity(p)?))
+        }
+        "precise-prefix-cache-producer" => {
+            Plugin::Precise(precise::producer(spec.parameters.as_ref(), name, warnings)?)
+        }
+        "approx-prefix-cache-producer" => {
+            warnings.push(format!(
+                "plugins[{name}]: approx-prefix-cache-producer: the prefix match is this project's prefix index (64-byte blocks, recorded at completion); its parameters are not read"
+            ));
+            Plugin::Approximate
+        }
+        "token-producer" => {
+            let engine = precise::engine_tokens(spec.parameters.as_ref())?;
+            if !engine {
+                warnings.push(format!(
+                    "plugins[{name}]: token-producer (estimate): prompts are matched as rendered bytes (4 bytes a token for matchLengthScaleTokens)"
+                ));
+            }
+            Plugin::TokenProducer { engine }
+        }
+        kind if flow_control::POLICY_TYPES.contains(&kind) => Plugin::FlowPolicy,
         "decode-filter" => {
             no_parameters(warnings);
             Plugin::Filter(EppFilter::Decode)
@@ -915,6 +1049,7 @@ fn assemble(
         scorers: Vec::new(),
         picker: EppPicker::MaxScore,
         prefill: None,
+        precise: false,
     };
     let mut picker: Option<&str> = None;
     for r in refs {
@@ -961,7 +1096,13 @@ fn assemble(
                 picker = Some(&r.plugin_ref);
                 profile.picker = *p;
             }
-            Plugin::Handler(_) | Plugin::Decider(_) | Plugin::NoEffect => {}
+            Plugin::Handler(_)
+            | Plugin::Decider(_)
+            | Plugin::Precise(_)
+            | Plugin::Approximate
+            | Plugin::TokenProducer { .. }
+            | Plugin::FlowPolicy
+            | Plugin::NoEffect => {}
         }
     }
     profile

@@ -110,7 +110,8 @@ impl Config {
     /// One line per static endpoint saying how the affinity mode matches it: by its engine's
     /// KV-cache events or by the estimate (and why). Empty without static endpoints.
     pub fn match_sources(&self) -> Vec<String> {
-        let affinity = self.picker.affinity.is_some();
+        let affinity = self.picker.affinity.is_some()
+            || self.scheduler.epp.as_ref().is_some_and(|p| p.precise);
         let tokenizer = self.picker.tokenizer.as_ref();
         self.endpoints
             .iter()
@@ -121,7 +122,7 @@ impl Config {
                         tokenizer.map(|t| t.describe()).unwrap_or_default()
                     ),
                     (Some(_), false, _) => {
-                        "estimate (kvEventsEndpoint is used by the affinity mode only)".to_string()
+                        "estimate (kvEventsEndpoint is used by the affinity mode and a precise-prefix-cache-producer only)".to_string()
                     }
                     (Some(_), true, false) => {
                         "estimate (kvEventsEndpoint needs picker.tokenizer)".to_string()

@@ -73,6 +73,9 @@ pub struct SubscriberConfig {
     pub replay_endpoint: Option<String>,
     /// The engine's `topic` (vLLM's default: empty).
     pub topic: String,
+    /// With no `topic`: a prefix the publisher's topic must start with, taken as its topic
+    /// silently (llm-d's `topicFilter`, ZeroMQ's subscription filter); empty: any.
+    pub topic_prefix: String,
     pub limits: Limits,
 }
 
@@ -464,13 +467,27 @@ impl<'a> State<'a> {
     /// topic seen is taken as the publisher's (vLLM publishes on one; a deployment that sets
     /// one and leaves the picker's at its default would otherwise see nothing), said once.
     fn accepts_topic(&mut self, topic: &[u8]) -> bool {
-        topic == self.topic.as_slice() || self.adopt_topic(topic)
+        (topic == self.topic.as_slice() && !self.awaits_prefixed_topic()) || self.adopt_topic(topic)
+    }
+
+    /// A topic prefix is set and no topic was taken yet: an empty topic is not it.
+    fn awaits_prefixed_topic(&self) -> bool {
+        self.topic.is_empty() && !self.config.topic_prefix.is_empty()
     }
 
     /// Takes `topic` as the publisher's when none is configured or taken yet.
     fn adopt_topic(&mut self, topic: &[u8]) -> bool {
-        if self.config.topic.is_empty() && self.topic.is_empty() && !topic.is_empty() {
+        let prefix = self.config.topic_prefix.as_bytes();
+        if self.config.topic.is_empty()
+            && self.topic.is_empty()
+            && !topic.is_empty()
+            && topic.starts_with(prefix)
+        {
             self.topic = topic.to_vec();
+            if !prefix.is_empty() {
+                // The filter said which topics to read: nothing to warn about.
+                return true;
+            }
             self.stats.adopted_topic.store(true, Relaxed);
             tracing::warn!(endpoint = %self.config.endpoint, topic = %String::from_utf8_lossy(topic),
                 "KV events: picker.kvEvents.topic is empty and the publisher sends on this topic: reading it (set picker.kvEvents.topic to say so)");
@@ -482,6 +499,8 @@ impl<'a> State<'a> {
     /// Handles one live message; `false` when the consumer is gone.
     async fn on_message(&mut self, message: &ZmqMessage) -> bool {
         let split = match split_message(message, &self.topic) {
+            // No topic is taken while a prefix awaits one: an empty topic is not it.
+            Ok(_) if self.awaits_prefixed_topic() => Err(Refused::Topic),
             // Only a message on another topic can be the publisher's first, when none is set.
             Err(Refused::Topic) if message.get(0).is_some_and(|t| self.adopt_topic(t)) => {
                 split_message(message, &self.topic)

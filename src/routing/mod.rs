@@ -244,7 +244,8 @@ impl Router {
 
     /// Counts a routed decision (reason, why unscored, duration, plugin times, match ratios)
     /// and writes Kthena's score lines.
-    /// The request's engine tokens, in the affinity mode with `picker.tokenizer`, when some
+    /// The request's engine tokens, in the affinity mode (or an `EndpointPickerConfig` with a
+    /// precise-prefix-cache-producer) with `picker.tokenizer`, when some
     /// candidate publishes KV events: its longest head tokenized before ([`HeadTokens::find`],
     /// which counts and queues the heads of a prompt it does not know; without `body`, a dry
     /// run: [`HeadTokens::lookup`]).
@@ -257,7 +258,9 @@ impl Router {
         live: &Generation,
     ) -> Option<HeadFound> {
         let heads = self.heads.as_ref()?;
-        live.scheduler.affinity()?;
+        if !live.scheduler.matches_engine_truth() {
+            return None;
+        }
         let prompt = request.prompt.ok()?;
         // The tokenizer asked is the least busy engine's: always the first would put every
         // call on one pod's API server, which is serving requests too.

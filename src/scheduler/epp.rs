@@ -257,6 +257,9 @@ pub struct EppProfile {
     /// `disagg-profile-handler` with a prefill decider: this profile is the decode one, and
     /// this is the prefill stage ([`disagg`]).
     pub prefill: Option<Box<PrefillStage>>,
+    /// The prefix match is engine truth where a pod's engine view is live (a
+    /// `precise-prefix-cache-producer` that the prefix consumers name), the estimate elsewhere.
+    pub precise: bool,
 }
 
 impl EppProfile {
@@ -282,6 +285,7 @@ impl EppProfile {
             ],
             picker: EppPicker::MaxScore,
             prefill: None,
+            precise: false,
         }
     }
 

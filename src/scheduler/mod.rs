@@ -170,6 +170,12 @@ impl Scheduler {
         self.config.affinity.as_ref()
     }
 
+    /// Whether a request's match reads the engines' views (with engine tokens): the affinity
+    /// mode, or an `EndpointPickerConfig` whose prefix match is a precise producer's.
+    pub fn matches_engine_truth(&self) -> bool {
+        self.config.affinity.is_some() || self.config.epp.as_ref().is_some_and(|p| p.precise)
+    }
+
     /// The tentative entries (decision-time records of the affinity mode).
     pub fn tentative(&self) -> &Arc<TentativeEntries> {
         &self.tentative

@@ -169,6 +169,7 @@ impl Publisher {
             endpoint: format!("tcp://127.0.0.1:{}", self.pub_port),
             replay_endpoint: replay.then(|| format!("tcp://127.0.0.1:{}", self.replay_port)),
             topic: topic.into(),
+            topic_prefix: String::new(),
             limits: Limits {
                 max_payload_bytes: 4096,
                 ..Limits::default()

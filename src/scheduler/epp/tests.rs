@@ -208,3 +208,81 @@ fn no_hit_lru_scorer_ranks_never_used_then_least_recent_pods_for_cold_requests()
     lru.touch("e", 2);
     close(&lru.scores(&["a", "c", "e"], true), &[1.0, 0.5, 0.0]);
 }
+
+/// prefix-cache-scorer over a precise-prefix-cache-producer's match, by hand. A 640-byte
+/// prompt is 10 blocks of 64 bytes; its engine tokens are 160 (the whole prompt, 16 per engine
+/// block, so one engine block is one prompt block). The estimate: pod 0 was sent all 10 blocks,
+/// pod 2 three. The engines: pod 0's view is live and holds nothing (evicted), pod 1's holds
+/// the first 96 tokens (6 blocks), pod 2 publishes nothing (no live view).
+/// Precise: pod 0 = 0 / 10 (its engine's match stands: it lacks the head's first block),
+/// pod 1 = 6 / 10 = 0.6 (the engine's), pod 2 = 3 / 10 = 0.3 (the estimate). The estimate alone
+/// (llm-d's approximate producer's role): 1, 0, 0.3.
+#[test]
+fn the_precise_producer_scores_pods_by_their_engines_and_the_rest_by_the_estimate() {
+    use crate::scheduler::config::SchedulerConfig;
+    use crate::scheduler::test_pod::{engine_pods, req};
+    use crate::scheduler::{EngineTokens, MatchSource, Scheduler};
+
+    let profile = |precise| EppProfile {
+        scorers: vec![EppScorer {
+            name: "prefix-cache-scorer".into(),
+            kind: PREFIX_DEFAULT,
+            weight: 1.0,
+        }],
+        precise,
+        ..EppProfile::llm_d_default()
+    };
+    let scheduler = |precise| {
+        Scheduler::new(
+            SchedulerConfig {
+                filters: Vec::new(),
+                scorers: Vec::new(),
+                epp: Some(profile(precise)),
+                ..SchedulerConfig::default()
+            },
+            5,
+            1,
+        )
+    };
+    let prompt = "0123456789".repeat(64);
+    let tokens: Vec<u32> = (0..160).collect();
+    let scores = |d: &crate::scheduler::Decision<
+        std::sync::Arc<crate::scheduler::test_pod::Pod>,
+    >| { d.plugins[0].fractional.as_ref().unwrap().scores.clone() };
+    for precise in [true, false] {
+        let s = scheduler(precise);
+        let pods = engine_pods(&s, 3, |i| i != 2);
+        let hashes = s.prefix_cache().hash("m", prompt.as_bytes());
+        assert_eq!(hashes.len(), 10);
+        s.record("m", &hashes, &pods[0].handle);
+        s.record("m", &hashes[..3], &pods[2].handle);
+        let engine_hashes: Vec<u64> = (1..=6).collect();
+        let view = pods[1].engine.as_ref().unwrap();
+        view.store(None, &engine_hashes, &tokens[..96], 16);
+        let mut r = req(&prompt);
+        r.engine_tokens = Some(EngineTokens::message_head(&tokens, prompt.len()));
+        let d = s.schedule(r, pods.clone()).unwrap();
+        if precise {
+            close(&scores(&d), &[0.0, 0.6, 0.3]);
+            assert_eq!(d.primary().label, "default/pod-1");
+            let sources: Vec<MatchSource> = (0..3).map(|i| d.match_source(i)).collect();
+            assert_eq!(
+                sources,
+                [
+                    MatchSource::Engine,
+                    MatchSource::Engine,
+                    MatchSource::Estimate
+                ]
+            );
+            assert_eq!(d.engine[1].map(|m| m.tokens), Some(96));
+        } else {
+            close(&scores(&d), &[1.0, 0.0, 0.3]);
+            assert_eq!(d.primary().label, "default/pod-0");
+            assert!(d.engine.is_empty());
+        }
+        // No engine tokens for the request (its head not tokenized yet): the estimate for all.
+        let d = s.schedule(req(&prompt), pods.clone()).unwrap();
+        close(&scores(&d), &[1.0, 0.0, 0.3]);
+        assert!(d.engine.is_empty());
+    }
+}

@@ -21,6 +21,7 @@ use crate::prefix_index::ModelKey;
 use rand::Rng;
 
 use crate::scheduler::decision::EppCommit;
+use crate::scheduler::engine_match::{self, EngineMatched};
 use crate::scheduler::epp::session_affinity::session_scores;
 use crate::scheduler::epp::{
     EppFilter, EppProfile, EppScorer, EppScorerKind, SessionStrategy, TOTAL_SCALE, clamp_score,
@@ -108,7 +109,8 @@ impl Scheduler {
     ) -> Result<Decision<C>, &'static str> {
         // The match comes first: prefix-cache-affinity-filter reads it, and the scorers read
         // it over the pods the filters kept.
-        let (hashes, mut matched, unscored) = self.epp_match(profile, request, &candidates);
+        let (hashes, mut matched, unscored, mut engine) =
+            self.epp_match(profile, request, &candidates);
         for filter in &profile.filters {
             let t = Instant::now();
             let kept: Vec<bool> = match filter {
@@ -148,6 +150,14 @@ impl Scheduler {
                         .zip(&kept)
                         .filter(|(_, k)| **k)
                         .map(|(&b, _)| b)
+                        .collect();
+                }
+                if !engine.is_empty() {
+                    engine = engine
+                        .iter()
+                        .zip(&kept)
+                        .filter(|(_, k)| **k)
+                        .map(|(&m, _)| m)
                         .collect();
                 }
             }
@@ -235,7 +245,7 @@ impl Scheduler {
             unscored,
             predicted_blocks: 0,
             predictions: Default::default(),
-            engine: Vec::new(),
+            engine,
             observations: Vec::new(),
             duration: Duration::ZERO,
             pd: None,
@@ -266,30 +276,55 @@ impl Scheduler {
     }
 
     /// The prompt's hashes and each candidate's chain match, when prefix-cache-scorer runs and
-    /// there is a prompt; else why not.
+    /// there is a prompt; else why not. With a precise producer ([`EppProfile::precise`]), a
+    /// candidate whose engine view is live and a request with engine tokens is matched by its
+    /// engine, merged with the estimate as the affinity mode merges them
+    /// ([`engine_match::combine`]); the engine matches ride along (empty when none).
     fn epp_match<C: Candidate>(
         &self,
         profile: &EppProfile,
         request: &RouteRequest<'_>,
         candidates: &[C],
-    ) -> (Vec<BlockHash>, Option<Vec<usize>>, Option<Unscored>) {
+    ) -> (
+        Vec<BlockHash>,
+        Option<Vec<usize>>,
+        Option<Unscored>,
+        Vec<Option<EngineMatched>>,
+    ) {
         if !profile.scores_prefix() {
-            return (Vec::new(), None, Some(Unscored::PrefixCacheDisabled));
+            return (
+                Vec::new(),
+                None,
+                Some(Unscored::PrefixCacheDisabled),
+                Vec::new(),
+            );
         }
         let prompt = match request.prompt {
             Ok(p) => p,
-            Err(reason) => return (Vec::new(), None, Some(reason)),
+            Err(reason) => return (Vec::new(), None, Some(reason), Vec::new()),
         };
         let hashes = self.hashes_of(request, prompt);
         if hashes.is_empty() {
-            return (hashes, None, Some(Unscored::EmptyPrompt));
+            return (hashes, None, Some(Unscored::EmptyPrompt), Vec::new());
         }
         let slots: Vec<_> = candidates.iter().map(|c| c.slot()).collect();
-        let matched =
+        let mut matched =
             self.prefix
                 .index()
                 .chain_matches(ModelKey::of(request.model), &hashes, &slots);
-        (hashes, Some(matched), None)
+        let mut engine = Vec::new();
+        if profile.precise {
+            engine = engine_match::matches(
+                candidates,
+                request.engine_tokens,
+                prompt.len(),
+                hashes.len(),
+            );
+            if !engine.is_empty() {
+                engine_match::combine(&mut engine, &mut matched);
+            }
+        }
+        (hashes, Some(matched), None, engine)
     }
 
     /// One scorer's scores (before the clamp); prefix-cache-scorer scores 0 without a match.

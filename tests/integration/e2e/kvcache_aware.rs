@@ -49,6 +49,7 @@ async fn relay_beside(
         endpoint: loopback(endpoint.endpoint()),
         replay_endpoint: endpoint.replay_endpoint().map(loopback),
         topic: String::new(),
+        topic_prefix: String::new(),
         limits: prefix_picker::kv_events::Limits::default(),
     };
     let id = RelayIdentity {

@@ -1,0 +1,195 @@
+//! The precise producer's parameters as llm-d reads them, and what they set in the picker's
+//! sections.
+
+use crate::config::Config;
+use crate::tokenizer::EngineKind;
+use crate::tokenizer::heads::TokenizerSource;
+
+/// The precise pipeline (`deploy/config/epp-precise-prefix-cache-config.yaml`'s plugins) with
+/// `extra` producer parameters and `own` prefix-picker sections.
+fn doc(parameters: &str, own: &str) -> String {
+    format!(
+        "apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: token-producer
+  parameters: {{modelName: m, vllm: {{url: 'http://localhost:8000'}}}}
+- type: precise-prefix-cache-producer
+  parameters: {parameters}
+- type: prefix-cache-scorer
+  parameters: {{prefixMatchInfoProducerName: precise-prefix-cache-producer}}
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - {{pluginRef: prefix-cache-scorer, weight: 2}}
+{own}"
+    )
+}
+
+const ENDPOINTS: &str = "endpoints:
+- {name: a, address: 10.0.0.1:8000}
+- {name: b, address: 10.0.0.2:8000, kvEventsEndpoint: 'tcp://10.0.0.2:6000'}
+";
+
+#[test]
+fn the_producer_feeds_the_engine_views_and_asks_the_pods_for_tokens() {
+    // llm-d's defaults: topic filter kv@, each pod's publisher on 5557 (no replay).
+    let c = Config::parse(&doc("{}", ENDPOINTS)).unwrap();
+    let p = c.scheduler.epp.as_ref().unwrap();
+    assert!(p.precise);
+    assert_eq!(c.picker.kv_events.topic_prefix, "kv@");
+    assert_eq!(c.picker.kv_events.topic, "");
+    let events: Vec<_> = c
+        .endpoints
+        .iter()
+        .map(|e| {
+            (
+                e.kv_events_endpoint.as_deref(),
+                e.kv_events_replay_endpoint.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        events,
+        [
+            (Some("tcp://10.0.0.1:5557"), None),
+            (Some("tcp://10.0.0.2:6000"), None),
+        ],
+        "a pod's own kvEventsEndpoint wins"
+    );
+    let t = c.picker.tokenizer.as_ref().expect("the engine tokenizer");
+    assert_eq!(
+        (t.source, t.engine),
+        (TokenizerSource::Engine, EngineKind::Vllm)
+    );
+    assert!(
+        c.warnings.iter().any(|w| w.contains("vllm.url")),
+        "{:?}",
+        c.warnings
+    );
+
+    // Its own parameters: another topic filter and ports with a replay socket.
+    let c = Config::parse(&doc(
+        "{kvEventsConfig: {topicFilter: 'kv@pool', podDiscoveryConfig: {socketPort: 7000, replaySocketPort: 7001}}, tokenProcessorConfig: {blockSize: 64}, indexerConfig: {kvBlockIndexConfig: {enableMetrics: true}}}",
+        ENDPOINTS,
+    ))
+    .unwrap();
+    assert_eq!(c.picker.kv_events.topic_prefix, "kv@pool");
+    assert_eq!(
+        c.endpoints[0].kv_events_endpoint.as_deref(),
+        Some("tcp://10.0.0.1:7000")
+    );
+    assert_eq!(
+        c.endpoints[0].kv_events_replay_endpoint.as_deref(),
+        Some("tcp://10.0.0.1:7001")
+    );
+
+    // discoverPods: false: only the pods' own publishers; a picker.tokenizer given stays.
+    let c = Config::parse(&doc(
+        "{kvEventsConfig: {discoverPods: false}}",
+        &format!("{ENDPOINTS}picker:\n  tokenizer: {{source: engine, engine: sglang}}\n"),
+    ))
+    .unwrap();
+    assert_eq!(c.endpoints[0].kv_events_endpoint, None);
+    assert_eq!(
+        c.picker.tokenizer.as_ref().unwrap().engine,
+        EngineKind::Sglang
+    );
+
+    // Discovered pods: the ports become kvEventsPort / kvEventsReplayPort.
+    let c = Config::parse(&doc(
+        "{kvEventsConfig: {podDiscoveryConfig: {socketPort: 5557, replaySocketPort: 5558}}}",
+        "discovery:\n  kubernetes: {namespace: llm, inferencePool: pool}\n",
+    ))
+    .unwrap();
+    let k = c.discovery.kubernetes.as_ref().unwrap();
+    assert_eq!(
+        (k.kv_events_port, k.kv_events_replay_port),
+        (Some(5557), Some(5558))
+    );
+}
+
+#[test]
+fn without_a_consumer_naming_it_the_match_stays_the_estimate() {
+    let text = doc("{}", ENDPOINTS).replace(
+        "  parameters: {prefixMatchInfoProducerName: precise-prefix-cache-producer}\n",
+        "",
+    );
+    let c = Config::parse(&text).unwrap();
+    assert!(!c.scheduler.epp.as_ref().unwrap().precise);
+    assert_eq!(c.picker.kv_events.topic_prefix, "");
+    assert_eq!(c.endpoints[0].kv_events_endpoint, None);
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.contains("no plugin names this precise-prefix-cache-producer")),
+        "{:?}",
+        c.warnings
+    );
+}
+
+#[test]
+fn what_does_not_map_is_refused_naming_it() {
+    for (parameters, says) in [
+        (
+            "{indexerConfig: {tokenizersPoolConfig: {}}}",
+            "tokenizersPoolConfig is not supported",
+        ),
+        (
+            "{indexerConfig: {kvBlockIndexConfig: {redisConfig: {address: 'redis:6379'}}}}",
+            "redisConfig",
+        ),
+        ("{kvEventsConfig: {engineType: trtllm}}", "engineType"),
+        (
+            "{kvEventsConfig: {topicFilters: kv}}",
+            "unknown field `topicFilters`",
+        ),
+        (
+            "{kvEventsConfig: {podDiscoveryConfig: {socketPort: 70000}}}",
+            "socketPort must be a port",
+        ),
+        (
+            "{tokenProcessorConfig: {hashAlgorithm: md5}}",
+            "hashAlgorithm",
+        ),
+    ] {
+        let e = Config::parse(&doc(parameters, ENDPOINTS))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(says), "{parameters}: {e}");
+        assert!(e.contains("precise-prefix-cache-producer"), "{e}");
+    }
+    // zmqEndpoint (llm-d's sim configs' global socket) loads, with a warning.
+    let c = Config::parse(&doc(
+        "{kvEventsConfig: {zmqEndpoint: 'tcp://0.0.0.0:5557'}}",
+        ENDPOINTS,
+    ))
+    .unwrap();
+    assert!(c.warnings.iter().any(|w| w.contains("zmqEndpoint")));
+
+    // A consumer naming a plugin that is not a producer, or none; consumers naming both kinds.
+    let e = Config::parse(&doc("{}", ENDPOINTS).replace(
+        "prefixMatchInfoProducerName: precise-prefix-cache-producer",
+        "prefixMatchInfoProducerName: max-score-picker",
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("is a max-score-picker, not a prefix-cache producer"),
+        "{e}"
+    );
+    let e = Config::parse(&doc("{}", ENDPOINTS).replace(
+        "prefixMatchInfoProducerName: precise-prefix-cache-producer",
+        "prefixMatchInfoProducerName: nowhere",
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("\"nowhere\" names no plugin"), "{e}");
+    let both = doc("{}", ENDPOINTS).replace(
+        "- type: max-score-picker\n",
+        "- type: max-score-picker\n- type: approx-prefix-cache-producer\n- type: no-hit-lru-scorer\n  parameters: {prefixMatchInfoProducerName: approx-prefix-cache-producer}\n",
+    );
+    let e = Config::parse(&both).unwrap_err().to_string();
+    assert!(e.contains("name one producer"), "{e}");
+}
