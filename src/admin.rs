@@ -225,9 +225,10 @@ fn pod_json(d: &Decision<Arc<Endpoint>>, i: usize) -> Value {
         json!({"ttft_ms": p.ttft() * 1e3, "wait_ms": p.wait * 1e3,
             "prefill_ms": p.prefill * 1e3, "uncached_tokens": p.uncached_tokens})
     });
-    // Affinity mode: where the match came from, in engine tokens if there, and the prompt
-    // blocks the estimate added past the engine's head (source "engine+estimate").
-    let matched = d.predictions.get(i).map(|_| {
+    // Affinity mode, or an EndpointPickerConfig's precise producer: where the match came from,
+    // in engine tokens if there, and the prompt blocks the estimate added past the engine's
+    // head (source "engine+estimate").
+    let matched = (d.predictions.get(i).is_some() || !d.engine.is_empty()).then(|| {
         let engine = d.engine.get(i).copied().flatten();
         json!({"source": d.match_source(i).as_str(),
             "engine_tokens": engine.map(|m| m.tokens),

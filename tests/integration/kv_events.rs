@@ -552,3 +552,50 @@ async fn an_empty_topic_reads_the_publishers_and_another_topic_delivers_nothing(
     assert!(!other.stats.adopted_topic.load(Relaxed));
     other.stop().await;
 }
+
+/// A topic prefix (an `EndpointPickerConfig`'s `kvEventsConfig.topicFilter`, ZeroMQ's
+/// subscription filter): a publisher whose topic starts with it is read (without the warning an
+/// empty topic's adoption gives), one on another topic or on the empty topic delivers nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_prefix_reads_the_publishers_that_start_with_it() {
+    let prefixed = |p: &Publisher| SubscriberConfig {
+        topic: String::new(),
+        topic_prefix: "kv@".into(),
+        ..p.config("", false)
+    };
+    let mut publisher = Publisher::start("kv@pod-a@m").await;
+    let mut sub = Running::start(prefixed(&publisher));
+    assert_eq!(sub.next().await, Update::Connected);
+    publisher.subscribed().await;
+    publisher.run("pub 0").await;
+    publisher.run("pub 1").await;
+    sub.batch(0).await;
+    sub.batch(1).await;
+    assert!(
+        !sub.stats.adopted_topic.load(Relaxed),
+        "no warning: asked for"
+    );
+    assert_eq!(count(&sub.stats.wrong_topic), 0);
+    sub.stop().await;
+
+    for topic in ["", "kv-events"] {
+        let mut publisher = Publisher::start(topic).await;
+        let mut other = Running::start(prefixed(&publisher));
+        assert_eq!(other.next().await, Update::Connected);
+        publisher.subscribed().await;
+        publisher.run("pub 0").await;
+        publisher.run("pub 1").await;
+        tokio::time::timeout(DEADLINE, async {
+            while count(&other.stats.wrong_topic) < 2 {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{topic:?}: both messages counted as on another topic"));
+        assert!(
+            other.updates.try_recv().is_err(),
+            "{topic:?}: nothing delivered"
+        );
+        other.stop().await;
+    }
+}

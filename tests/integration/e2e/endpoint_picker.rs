@@ -368,3 +368,144 @@ async fn llm_ds_pd_guide_config_disaggregates_through_envoy() {
     assert_eq!(prefilled, "", "decode only: under 16 tokens uncached");
     picker.stop().await.unwrap();
 }
+
+/// llm-d's precise pipeline (token-producer with a vLLM backend, precise-prefix-cache-producer
+/// at its defaults: topic filter `kv@`, prefix-cache-scorer naming it), written as
+/// `deploy/config/epp-precise-prefix-cache-config.yaml` writes it.
+const PRECISE: &str = r#"
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: token-producer
+  parameters:
+    modelName: m
+    vllm: {url: "http://localhost:8000"}
+- type: precise-prefix-cache-producer
+- type: prefix-cache-scorer
+  parameters:
+    prefixMatchInfoProducerName: precise-prefix-cache-producer
+- type: kv-cache-utilization-scorer
+- type: queue-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: prefix-cache-scorer, weight: 2.0}
+  - {pluginRef: kv-cache-utilization-scorer, weight: 1.0}
+  - {pluginRef: queue-scorer, weight: 1.0}
+  - {pluginRef: max-score-picker}
+"#;
+
+/// The precise producer through Envoy: model-sims publish vLLM's KV events on `kv@<pod>@m`
+/// (read through llm-d's default topic filter) and serve `/tokenize` (the token-producer's
+/// vLLM backend). A tenant's prefix that one engine reports holding is routed there, though
+/// the estimate (a stale record, as another replica's) names the other pod, whose engine
+/// holds none of it: the prefix-cache-scorer reads the engines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_precise_producer_routes_a_shared_prefix_to_the_pod_whose_engine_holds_it() {
+    use super::engine_truth::{make_live, pod, wait_connected, wait_view};
+    use prefix_picker::routing::RecordOrigin;
+    let engine = || EngineConfig {
+        time_scale: 100.0,
+        ..EngineConfig::default()
+    };
+    let sims = [
+        Sim::start_with_events_on("sim-0", engine(), "kv@sim-0@m").await,
+        Sim::start_with_events_on("sim-1", engine(), "kv@sim-1@m").await,
+    ];
+    let mut doc = format!("{PRECISE}endpoints:\n");
+    for s in &sims {
+        doc.push_str(&s.endpoint_yaml());
+    }
+    let config = prefix_picker::config::Config::parse(&doc).unwrap_or_else(|e| panic!("{e}"));
+    assert!(config.scheduler.epp.as_ref().unwrap().precise);
+    assert!(config.picker.tokenizer.is_some(), "token-producer (vllm)");
+    let picker = start_picker(config).await;
+    let envoy = start_envoy_for_sims(&picker, &sims).await;
+    wait_connected(&picker, &["sim-0", "sim-1"]).await;
+    make_live(&picker, &sims).await;
+
+    // A tenant's first request: its head (the system prompt) is tokenized by a pod.
+    let system = "You are the ledger clerk of tenant three. Be exact. ".repeat(20);
+    let first = send(&envoy, "/v1/chat/completions", &chat(&system, "q1")).await;
+    assert_eq!(first.status, 200);
+    wait_metric(
+        &picker,
+        "prefix_picker_tokenize_calls_total{result=\"ok\"}",
+        1.0,
+    )
+    .await;
+    // Its pod's engine drops its cache (and the pod's estimate with it); then the estimate
+    // names that pod again (a stale record, as another replica's) while the other pod's engine
+    // is sent the prefix directly, not through the picker.
+    let stale = sims.iter().find(|s| s.name == first.served_by).unwrap();
+    let holder = sims.iter().find(|s| s.name != first.served_by).unwrap();
+    assert!(stale.engine.reset_prefix_cache());
+    wait_view(&picker, &stale.name, 0.0).await;
+    let explained = picker
+        .router
+        .explain(
+            "/v1/chat/completions",
+            Some(&serde_json::to_vec(&chat(&system, "q2")).unwrap()),
+            None,
+        )
+        .unwrap();
+    let set = picker.router.endpoints.snapshot();
+    let stale_endpoint = set.by_address(&stale.addr).unwrap();
+    picker.router.record(
+        "m",
+        &explained.decision.hashes,
+        stale_endpoint,
+        RecordOrigin::Replica,
+    );
+    let direct = reqwest::Client::new()
+        .post(format!("http://{}/v1/chat/completions", holder.addr))
+        .json(&chat(&system, "q0"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(direct.status(), 200);
+    wait_view(&picker, &holder.name, 8.0).await;
+
+    let next = chat(&system, "q3");
+    let e = explain(&picker, &next).await;
+    assert_eq!(e["primary"], format!("default/{}", holder.name), "{e}");
+    let held = pod(&e, &holder.name);
+    assert_eq!(held["match"]["source"], "engine", "{e}");
+    assert!(
+        held["match"]["engine_tokens"].as_u64().unwrap() >= 64,
+        "{e}"
+    );
+    assert!(
+        held["scores"]["prefix-cache-scorer"].as_f64().unwrap() > 0.3,
+        "{e}"
+    );
+    let gone = pod(&e, &stale.name);
+    assert_eq!(gone["match"]["source"], "engine", "{e}");
+    assert_eq!(gone["match"]["engine_tokens"], 0, "{e}");
+    assert_eq!(
+        gone["scores"]["prefix-cache-scorer"].as_f64(),
+        Some(0.0),
+        "{e}"
+    );
+    for i in 3..6 {
+        let r = send(
+            &envoy,
+            "/v1/chat/completions",
+            &chat(&system, &format!("q{i}")),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.served_by, holder.name, "request {i}");
+    }
+    assert!(
+        metric(
+            &picker,
+            "prefix_picker_match_source_total{source=\"engine\"}"
+        )
+        .await
+            >= 3.0
+    );
+    drop(envoy);
+    picker.stop().await.unwrap();
+}

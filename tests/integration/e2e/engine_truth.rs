@@ -39,7 +39,7 @@ fn engine() -> EngineConfig {
 }
 
 /// The explanation's entry for `pod`.
-fn pod<'a>(e: &'a Value, pod: &str) -> &'a Value {
+pub(super) fn pod<'a>(e: &'a Value, pod: &str) -> &'a Value {
     e["pods"]
         .as_array()
         .unwrap_or_else(|| panic!("no pods: {e}"))
@@ -50,7 +50,7 @@ fn pod<'a>(e: &'a Value, pod: &str) -> &'a Value {
 
 /// Waits until the picker is connected to each of `sims`' event publishers (a view is live
 /// from the first batch after that).
-async fn wait_connected(picker: &Running, sims: &[&str]) {
+pub(super) async fn wait_connected(picker: &Running, sims: &[&str]) {
     for s in sims {
         let series = format!(
             "prefix_picker_kv_events_connected{{model_server_namespace=\"default\",model_server_pod=\"{s}\"}}"
@@ -61,7 +61,7 @@ async fn wait_connected(picker: &Running, sims: &[&str]) {
 
 /// Makes each of `sims`' views live: a request of its own sent to each sim directly (not
 /// through the picker), whose stored blocks are the view's first batch.
-async fn make_live(picker: &Running, sims: &[Sim]) {
+pub(super) async fn make_live(picker: &Running, sims: &[Sim]) {
     for s in sims {
         let warm = reqwest::Client::new()
             .post(format!("http://{}/v1/chat/completions", s.addr))
@@ -82,7 +82,7 @@ fn view_series(what: &str, sim: &str) -> String {
 }
 
 /// Waits until `sim`'s engine view holds at least `blocks` blocks (or, with 0, none).
-async fn wait_view(picker: &Running, sim: &str, blocks: f64) {
+pub(super) async fn wait_view(picker: &Running, sim: &str, blocks: f64) {
     let series = view_series("blocks", sim);
     if blocks == 0.0 {
         wait_metric_eq(picker, &series, 0.0).await;
