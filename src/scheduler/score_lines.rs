@@ -56,6 +56,7 @@ impl<C: Candidate> Decision<C> {
             let total = super::epp::epp_total(t);
             tracing::debug!(target: "scores", "  Pod: {}, Final Score: {}", e.label(), total);
         }
+        self.log_match_sources();
     }
 
     /// One pass's score lines.
@@ -92,10 +93,9 @@ impl<C: Candidate> Decision<C> {
         for (e, t) in self.candidates.iter().zip(&self.totals) {
             tracing::debug!(target: "scores", "  Pod: {}, Final Score: {}", e.label(), t);
         }
-        if self.predictions.is_empty() {
-            return;
+        if !self.predictions.is_empty() {
+            tracing::debug!(target: "scores", "Predicted TTFT:");
         }
-        tracing::debug!(target: "scores", "Predicted TTFT:");
         for (e, p) in self.candidates.iter().zip(self.predictions.iter()) {
             tracing::debug!(
                 target: "scores",
@@ -107,6 +107,11 @@ impl<C: Candidate> Decision<C> {
                 p.uncached_tokens
             );
         }
+        self.log_match_sources();
+    }
+
+    /// The affinity mode's, or an `EndpointPickerConfig` precise producer's, engine matches.
+    fn log_match_sources(&self) {
         if self.engine.is_empty() {
             return;
         }

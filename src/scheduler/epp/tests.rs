@@ -275,6 +275,22 @@ fn the_precise_producer_scores_pods_by_their_engines_and_the_rest_by_the_estimat
                 ]
             );
             assert_eq!(d.engine[1].map(|m| m.tokens), Some(96));
+            // --v 4: the match sources follow the score lines.
+            let lines = crate::scheduler::test_pod::Lines::default();
+            tracing::subscriber::with_default(lines.clone(), || d.log_scores());
+            let got = lines.0.lock().unwrap().clone();
+            let at = got
+                .iter()
+                .position(|l| l == "Match sources:")
+                .expect("logged");
+            assert_eq!(
+                got[at + 1..],
+                [
+                    "  Pod: default/pod-0, Source: engine, Matched: 0 tokens, then 0 blocks by the estimate",
+                    "  Pod: default/pod-1, Source: engine, Matched: 96 tokens, then 0 blocks by the estimate",
+                    "  Pod: default/pod-2, Source: estimate",
+                ]
+            );
         } else {
             close(&scores(&d), &[1.0, 0.0, 0.3]);
             assert_eq!(d.primary().label, "default/pod-0");

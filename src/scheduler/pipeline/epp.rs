@@ -34,6 +34,15 @@ use crate::scheduler::{
     RouteRequest, Scheduler, Unscored,
 };
 
+/// A profile's prefix match: the prompt's hashes, each candidate's matched blocks (or why
+/// none), and its engine match where a precise producer read one (empty when none did).
+struct EppMatch {
+    hashes: Vec<BlockHash>,
+    matched: Option<Vec<usize>>,
+    unscored: Option<Unscored>,
+    engine: Vec<Option<EngineMatched>>,
+}
+
 impl Scheduler {
     /// The profile's decision, and with a `disagg-profile-handler`'s prefill stage whose
     /// decider says yes, the prefill profile's pick as the decode pick's pair
@@ -109,8 +118,12 @@ impl Scheduler {
     ) -> Result<Decision<C>, &'static str> {
         // The match comes first: prefix-cache-affinity-filter reads it, and the scorers read
         // it over the pods the filters kept.
-        let (hashes, mut matched, unscored, mut engine) =
-            self.epp_match(profile, request, &candidates);
+        let EppMatch {
+            hashes,
+            mut matched,
+            unscored,
+            mut engine,
+        } = self.epp_match(profile, request, &candidates);
         for filter in &profile.filters {
             let t = Instant::now();
             let kept: Vec<bool> = match filter {
@@ -285,27 +298,23 @@ impl Scheduler {
         profile: &EppProfile,
         request: &RouteRequest<'_>,
         candidates: &[C],
-    ) -> (
-        Vec<BlockHash>,
-        Option<Vec<usize>>,
-        Option<Unscored>,
-        Vec<Option<EngineMatched>>,
-    ) {
+    ) -> EppMatch {
+        let unscored = |reason, hashes| EppMatch {
+            hashes,
+            matched: None,
+            unscored: Some(reason),
+            engine: Vec::new(),
+        };
         if !profile.scores_prefix() {
-            return (
-                Vec::new(),
-                None,
-                Some(Unscored::PrefixCacheDisabled),
-                Vec::new(),
-            );
+            return unscored(Unscored::PrefixCacheDisabled, Vec::new());
         }
         let prompt = match request.prompt {
             Ok(p) => p,
-            Err(reason) => return (Vec::new(), None, Some(reason), Vec::new()),
+            Err(reason) => return unscored(reason, Vec::new()),
         };
         let hashes = self.hashes_of(request, prompt);
         if hashes.is_empty() {
-            return (hashes, None, Some(Unscored::EmptyPrompt), Vec::new());
+            return unscored(Unscored::EmptyPrompt, hashes);
         }
         let slots: Vec<_> = candidates.iter().map(|c| c.slot()).collect();
         let mut matched =
@@ -324,7 +333,12 @@ impl Scheduler {
                 engine_match::combine(&mut engine, &mut matched);
             }
         }
-        (hashes, Some(matched), None, engine)
+        EppMatch {
+            hashes,
+            matched: Some(matched),
+            unscored: None,
+            engine,
+        }
     }
 
     /// One scorer's scores (before the clamp); prefix-cache-scorer scores 0 without a match.
