@@ -26,7 +26,8 @@ use serde_yaml_ng::Value as Yaml;
 
 use crate::scheduler::epp::{
     EppFilter, EppPicker, EppProfile, EppScorer, EppScorerKind, LabelRequirement, LabelSelector,
-    PdDecider, PrefillStage, PrefixAffinity, SessionStrategy, session_affinity, token_load,
+    PREFIX_DEFAULT, PdDecider, PrefillStage, PrefixAffinity, SessionStrategy, session_affinity,
+    token_load,
 };
 
 mod disagg;
@@ -60,7 +61,7 @@ pub const API_VERSIONS: [&str; 2] = [
 pub const OWN_SECTIONS: [&str; 4] = ["endpoints", "discovery", "picker", "sync"];
 
 /// Plugin types implemented (filters, scorers, pickers, the profile handler, the producers).
-const IMPLEMENTED: [&str; 22] = [
+const IMPLEMENTED: [&str; 23] = [
     "prefix-cache-scorer",
     "queue-scorer",
     "kv-cache-utilization-scorer",
@@ -83,6 +84,7 @@ const IMPLEMENTED: [&str; 22] = [
     "always-disagg-pd-decider",
     "precise-prefix-cache-producer",
     "token-producer",
+    "precise-prefix-cache-scorer",
 ];
 
 /// Plugin types accepted without effect: what each does in llm-d, and what does it here.
@@ -126,11 +128,10 @@ const NO_EFFECT: [(&str, &str); 12] = [
 ];
 
 /// llm-d plugin types not implemented here.
-const NOT_IMPLEMENTED: [&str; 22] = [
+const NOT_IMPLEMENTED: [&str; 21] = [
     "active-request-scorer",
     "latency-scorer",
     "context-length-aware",
-    "precise-prefix-cache-scorer",
     "mm-embeddings-cache-scorer",
     "header-label-affinity-scorer",
     "endpoint-attribute-scorer",
@@ -486,6 +487,12 @@ enum Plugin {
     Decider(PdDecider),
     /// `precise-prefix-cache-producer`: engine truth for the prefix match.
     Precise(PreciseEvents),
+    /// The deprecated `precise-prefix-cache-scorer`: a prefix-cache-scorer (defaults) over its
+    /// own precise producer; `pool`: its `tokenizersPoolConfig` tokenizes prompts.
+    PreciseScorer {
+        events: PreciseEvents,
+        pool: bool,
+    },
     /// `approx-prefix-cache-producer`: the prefix index's estimate (the default).
     Approximate,
     /// `token-producer`: whether it gives real (engine) tokens.
@@ -597,9 +604,12 @@ pub fn parse(text: &str, warnings: &mut Vec<String>) -> Result<EppDocument, Vec<
         }
     };
     let precise = precise_producer(&plugins, &refs, warnings, &mut errors);
-    let engine_tokens = plugins
-        .values()
-        .any(|(p, _)| matches!(p, Plugin::TokenProducer { engine: true }));
+    let engine_tokens = plugins.values().any(|(p, _)| {
+        matches!(
+            p,
+            Plugin::TokenProducer { engine: true } | Plugin::PreciseScorer { pool: true, .. }
+        )
+    });
     if precise.is_some() && !engine_tokens {
         warnings.push("precise-prefix-cache-producer without a token-producer with a vllm backend: real tokens come from picker.tokenizer only; without it every pod is matched by the estimate (as llm-d's estimate tokens match no engine)".into());
     }
@@ -673,6 +683,26 @@ fn precise_producer(
                 "plugins[{consumer}]: prefixMatchInfoProducerName {producer:?} names no plugin; plugins: {}",
                 plugins.keys().cloned().collect::<Vec<_>>().join(", ")
             )),
+        }
+    }
+    // The deprecated precise-prefix-cache-scorer reads an existing producer (its own
+    // parameters then ignored, as llm-d), else its own.
+    for (name, (p, _)) in plugins {
+        let Plugin::PreciseScorer { events, .. } = p else {
+            continue;
+        };
+        let existing = plugins.values().find_map(|(p, _)| match p {
+            Plugin::Precise(e) => Some(e),
+            _ => None,
+        });
+        match existing {
+            Some(e) => {
+                warnings.push(format!(
+                    "plugins[{name}]: a precise-prefix-cache-producer is configured: this scorer reads it and its own parameters are ignored (as llm-d)"
+                ));
+                precise = Some((name, e));
+            }
+            None => precise = Some((name, events)),
         }
     }
     if let (Some((p, _)), Some(a)) = (precise, approximate) {
@@ -827,7 +857,15 @@ fn plugin(
             Plugin::Filter(EppFilter::PrefixAffinity(prefix_affinity(p)?))
         }
         "precise-prefix-cache-producer" => {
-            Plugin::Precise(precise::producer(spec.parameters.as_ref(), name, warnings)?)
+            let (events, _) = precise::producer(spec.parameters.as_ref(), name, false, warnings)?;
+            Plugin::Precise(events)
+        }
+        "precise-prefix-cache-scorer" => {
+            warnings.push(format!(
+                "plugins[{name}]: DEPRECATION: precise-prefix-cache-scorer is deprecated (as in llm-d); configure precise-prefix-cache-producer and prefix-cache-scorer with prefixMatchInfoProducerName"
+            ));
+            let (events, pool) = precise::producer(spec.parameters.as_ref(), name, true, warnings)?;
+            Plugin::PreciseScorer { events, pool }
         }
         "approx-prefix-cache-producer" => {
             warnings.push(format!(
@@ -1013,7 +1051,13 @@ fn single_profile(
             default_refs = plugins
                 .iter()
                 .filter(|(_, (p, _))| {
-                    matches!(p, Plugin::Filter(_) | Plugin::Scorer(_) | Plugin::Picker(_))
+                    matches!(
+                        p,
+                        Plugin::Filter(_)
+                            | Plugin::Scorer(_)
+                            | Plugin::PreciseScorer { .. }
+                            | Plugin::Picker(_)
+                    )
                 })
                 .map(|(n, _)| ProfilePlugin {
                     plugin_ref: n.clone(),
@@ -1063,7 +1107,8 @@ fn assemble(
             ));
             continue;
         };
-        if r.weight.is_some() && !matches!(plugin, Plugin::Scorer(_)) {
+        if r.weight.is_some() && !matches!(plugin, Plugin::Scorer(_) | Plugin::PreciseScorer { .. })
+        {
             errors.push(format!(
                 "schedulingProfiles[{}]: pluginRef {:?}{line} ({kind}) is not a scorer and takes no weight",
                 profile.name, r.plugin_ref
@@ -1071,7 +1116,11 @@ fn assemble(
         }
         match plugin {
             Plugin::Filter(f) => profile.filters.push(f.clone()),
-            Plugin::Scorer(k) => {
+            Plugin::Scorer(_) | Plugin::PreciseScorer { .. } => {
+                let k = match plugin {
+                    Plugin::Scorer(k) => k.clone(),
+                    _ => PREFIX_DEFAULT,
+                };
                 let weight = r.weight.unwrap_or(1.0);
                 if !(weight.is_finite() && weight >= 0.0) {
                     errors.push(format!(
@@ -1082,7 +1131,7 @@ fn assemble(
                 }
                 profile.scorers.push(EppScorer {
                     name: r.plugin_ref.clone(),
-                    kind: k.clone(),
+                    kind: k,
                     weight,
                 });
             }

@@ -15,7 +15,11 @@
 //! `pkg/kvcache/kvblock/index.go` (`IndexConfig`: `inMemoryConfig`, `redisConfig`,
 //! `costAwareMemoryConfig`, `enableMetrics`, `metricsLoggingInterval`) and
 //! `dataproducer/tokenizer/README.md` (`token-producer`: `modelName`, `vllm {url, timeout,
-//! mmTimeout}`, `estimate`, `udsTokenizerConfig`).
+//! mmTimeout}`, `estimate`, `udsTokenizerConfig`), and the deprecated wrapper
+//! `pkg/epp/framework/plugins/scheduling/scorer/preciseprefixcache/precise_prefix_cache.go`
+//! (`precise-prefix-cache-scorer`: the producer's parameters, a `prefix-cache-scorer` reading
+//! its own producer, or an existing producer's with its own parameters ignored;
+//! `tokenizersPoolConfig` allowed, its pool tokenizing the prompts).
 //!
 //! The mapping: the producer's events feed the pods' engine views (`picker.kvEvents`, as the
 //! shipped config's do): `topicFilter` is the publishers' topic prefix (ZeroMQ's subscription
@@ -111,16 +115,23 @@ fn port(v: i64, field: &str) -> Result<u16, String> {
     })
 }
 
-/// The producer's parameters (none: llm-d's defaults), checked and mapped.
+/// The producer's parameters (none: llm-d's defaults), checked and mapped; with `legacy` (the
+/// deprecated `precise-prefix-cache-scorer`, which owns a tokenizer pool when
+/// `tokenizersPoolConfig` is set), also whether that pool gives real tokens.
 pub(super) fn producer(
     parameters: Option<&Yaml>,
     name: &str,
+    legacy: bool,
     warnings: &mut Vec<String>,
-) -> Result<PreciseEvents, String> {
+) -> Result<(PreciseEvents, bool), String> {
+    let kind = match legacy {
+        true => "precise-prefix-cache-scorer",
+        false => "precise-prefix-cache-producer",
+    };
     let p: Parameters = match parameters {
         None | Some(Yaml::Null) => Parameters::default(),
         Some(v) => serde_yaml_ng::from_value(v.clone())
-            .map_err(|e| format!("parameters of precise-prefix-cache-producer: {e}"))?,
+            .map_err(|e| format!("parameters of {kind}: {e}"))?,
     };
     let t = p.token_processor_config.unwrap_or_default();
     for (field, v) in [
@@ -143,8 +154,14 @@ pub(super) fn producer(
     }
     let _ = t.hash_seed;
     let indexer = p.indexer_config.unwrap_or_default();
-    if indexer.tokenizers_pool_config.is_some() {
+    let pool = indexer.tokenizers_pool_config.is_some();
+    if pool && !legacy {
         return Err("indexerConfig.tokenizersPoolConfig is not supported (as llm-d); configure a token-producer plugin instead".into());
+    }
+    if pool {
+        warnings.push(format!(
+            "plugins[{name}]: indexerConfig.tokenizersPoolConfig: tokens come from each pod's own POST /tokenize (picker.tokenizer: {{source: engine}}), not from a tokenizer pool"
+        ));
     }
     let index = indexer.kv_block_index_config.unwrap_or_default();
     if index.redis_config.is_some() {
@@ -194,12 +211,13 @@ pub(super) fn producer(
         ));
     }
     let _ = p.speculative_ttl;
-    Ok(PreciseEvents {
+    let events = PreciseEvents {
         topic_filter: events
             .topic_filter
             .unwrap_or_else(|| DEFAULT_TOPIC_FILTER.to_string()),
         ports,
-    })
+    };
+    Ok((events, pool))
 }
 
 /// `token-producer`'s parameters: whether they name a vLLM backend (`vllm` or `modelName`), whose

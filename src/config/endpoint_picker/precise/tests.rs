@@ -193,3 +193,69 @@ fn what_does_not_map_is_refused_naming_it() {
     let e = Config::parse(&both).unwrap_err().to_string();
     assert!(e.contains("name one producer"), "{e}");
 }
+
+/// The deprecated `precise-prefix-cache-scorer` (llm-d's wrapper): a prefix-cache-scorer over
+/// its own precise producer, whose `tokenizersPoolConfig` tokenizes prompts; beside a
+/// configured producer it reads that one and its own parameters are ignored.
+#[test]
+fn the_deprecated_precise_scorer_is_its_producer_and_a_prefix_cache_scorer() {
+    use crate::scheduler::epp::PREFIX_DEFAULT;
+    let wrapper = "apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: single-profile-handler
+- type: precise-prefix-cache-scorer
+  parameters:
+    tokenProcessorConfig: {blockSize: 64, hashSeed: '42'}
+    kvEventsConfig: {topicFilter: kv, podDiscoveryConfig: {socketPort: 5557}}
+    indexerConfig:
+      kvBlockIndexConfig: {enableMetrics: true, metricsLoggingInterval: 60000000000}
+      tokenizersPoolConfig: {modelName: m}
+- type: queue-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: precise-prefix-cache-scorer, weight: 3}
+  - {pluginRef: queue-scorer, weight: 1}
+";
+    let c = Config::parse(&format!("{wrapper}{ENDPOINTS}")).unwrap();
+    let p = c.scheduler.epp.as_ref().unwrap();
+    assert!(p.precise);
+    assert_eq!(
+        (
+            p.scorers[0].name.as_str(),
+            &p.scorers[0].kind,
+            p.scorers[0].weight
+        ),
+        ("precise-prefix-cache-scorer", &PREFIX_DEFAULT, 3.0)
+    );
+    assert_eq!(c.picker.kv_events.topic_prefix, "kv");
+    assert_eq!(
+        c.endpoints[0].kv_events_endpoint.as_deref(),
+        Some("tcp://10.0.0.1:5557")
+    );
+    assert!(
+        c.picker.tokenizer.is_some(),
+        "its tokenizer pool: real tokens"
+    );
+    assert!(
+        c.warnings.iter().any(|w| w.contains("DEPRECATION")),
+        "{:?}",
+        c.warnings
+    );
+
+    // Beside a producer: the producer's settings, the wrapper's ignored (warned).
+    let both = wrapper.replace(
+        "- type: queue-scorer\n",
+        "- type: queue-scorer\n- type: precise-prefix-cache-producer\n  parameters: {kvEventsConfig: {topicFilter: 'kv@x'}}\n",
+    );
+    let c = Config::parse(&format!("{both}{ENDPOINTS}")).unwrap();
+    assert_eq!(c.picker.kv_events.topic_prefix, "kv@x");
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.contains("its own parameters are ignored")),
+        "{:?}",
+        c.warnings
+    );
+}
