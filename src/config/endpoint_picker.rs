@@ -599,7 +599,8 @@ pub fn parse(text: &str, warnings: &mut Vec<String>) -> Result<EppDocument, Vec<
     let flow = match flow_control::map(doc.flow_control.as_ref(), flow_gate, &policies, warnings) {
         Ok(f) => f,
         Err(e) => {
-            errors.extend(e);
+            let line = at(line_of(text, "flowControl:", ""));
+            errors.extend(e.into_iter().map(|e| format!("{e}{line}")));
             None
         }
     };

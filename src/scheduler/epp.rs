@@ -367,6 +367,9 @@ impl EppProfile {
             scorers.join(", "),
             self.picker.as_str()
         );
+        if self.precise {
+            out.push_str(", prefix match: engine views where live (precise-prefix-cache-producer)");
+        }
         if let Some(stage) = &self.prefill {
             out.push_str(&format!(
                 ", prefill by {}: {}",

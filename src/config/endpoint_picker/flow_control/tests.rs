@@ -166,6 +166,7 @@ fn fields_without_a_counterpart_are_refused_naming_them() {
             .unwrap_err()
             .to_string();
         assert!(e.contains(says), "{flow}: {e}");
+        assert!(e.contains("(line 10)"), "the section's line: {e}");
     }
     // A key given both ways.
     let e = Config::parse(&doc(
