@@ -2,7 +2,8 @@
 //! longer than Envoy's message timeout is still answered (each shipped bootstrap as shipped: the
 //! picker's `override_message_timeout` within `max_message_timeout`, or no timer in
 //! FULL_DUPLEX_STREAMED); a flood of one tenant does not starve a second; past the queue's
-//! bounds, 429 with `retry-after` and the drop reason.
+//! bounds, 429 with `retry-after` and the drop reason; an `EndpointPickerConfig`'s
+//! `flowControl` (with llm-d's feature gate) bounds the same queue.
 
 use std::time::{Duration, Instant};
 
@@ -437,4 +438,65 @@ async fn a_picker_restart_while_requests_are_queued_loses_none() {
         assert!(status >= 500, "{status}\n{}", envoy.log());
     }
     finish_gated_stream(std::slice::from_ref(&backend), &served, rest).await;
+}
+
+/// An `EndpointPickerConfig` with llm-d's `flowControl` feature gate (llm-d's default profile,
+/// no affinity mode): its `flowControl` bound and TTL are the queue's, so with the one slot
+/// taken one request waits and the next is refused 429 past `maxRequests: 1`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_picker_configs_flow_control_queues_and_bounds_requests() {
+    let backend = Backend::start("pod-a").await;
+    let config = picker_config(
+        &[&backend],
+        "apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+featureGates: [flowControl]
+flowControl: {maxRequests: 1, defaultRequestTTL: 30s}
+picker: {flowControl: {maxInFlightPerPod: 1, retryAfterSeconds: 7}}
+",
+    );
+    assert!(config.scheduler.epp.is_some() && config.picker.flow_control.active);
+    assert_eq!(config.picker.flow_control.request_ttl_seconds, 30.0);
+    let picker = start_picker(config).await;
+    let envoy = start_envoy(render_envoy(
+        "envoy.yaml",
+        picker.grpc_addr.port(),
+        &[backend.addr],
+        |s| s,
+    ))
+    .await;
+    let gated = json!({"model": "m", "prompt": "GATED fills the slot", "stream": true});
+    let (served, rest) = open_gated_stream(&envoy, &gated).await;
+    let url = envoy.url("/v1/completions");
+    let waiting = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(url)
+            .json(&json!({"model": "m", "prompt": "queued"}))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    });
+    wait_metric_eq(
+        &picker,
+        "prefix_picker_flow_queue_requests{priority=\"0\"}",
+        1.0,
+    )
+    .await;
+    let r = reqwest::Client::new()
+        .post(envoy.url("/v1/completions"))
+        .json(&json!({"model": "m", "prompt": "one too many"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 429);
+    assert_eq!(r.headers()["retry-after"], "7");
+    assert_eq!(r.headers()["x-llm-d-request-dropped-reason"], "queue_full");
+    finish_gated_stream(std::slice::from_ref(&backend), &served, rest).await;
+    assert_eq!(
+        waiting.await.unwrap(),
+        200,
+        "dispatched when the slot freed"
+    );
 }
