@@ -17,7 +17,10 @@
 //! accepted without effect here (data producers, sources and parsers whose work this project
 //! does its own way: a warning each), or llm-d's but not implemented (an error naming it).
 //! Beside llm-d's fields the document may carry prefix-picker's own sections (`endpoints`,
-//! `discovery`, `picker`, `sync`), which `Config` reads as in a routerConfiguration.
+//! `discovery`, `picker`, `sync`), which `Config` reads as in a routerConfiguration. What the
+//! document maps onto those sections rides in [`EppDocument`]: a `precise-prefix-cache-producer`
+//! that the prefix consumers name (engine truth, [`precise`]) and `flowControl` with llm-d's
+//! `flowControl` feature gate ([`flow_control`]).
 
 use std::collections::BTreeMap;
 
