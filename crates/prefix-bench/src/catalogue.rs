@@ -32,6 +32,9 @@ pub struct WorkloadSpec {
     pub restarts: bool,
     /// The picker behind Envoy restarts once, after half the requests.
     pub picker_restart: bool,
+    /// The `picker.flowControl` mapping (flow-style YAML) the prefix-picker rows run with
+    /// (`None`: the shipped default), e.g. the objectives' priorities a workload names.
+    pub flow_control: Option<&'static str>,
 }
 
 impl WorkloadSpec {
@@ -52,7 +55,14 @@ impl WorkloadSpec {
             caching_off: Vec::new(),
             restarts: false,
             picker_restart: false,
+            flow_control: None,
         }
+    }
+
+    /// The prefix-picker rows run with this `picker.flowControl` mapping (flow-style YAML).
+    pub fn flow_control(mut self, mapping: &'static str) -> WorkloadSpec {
+        self.flow_control = Some(mapping);
+        self
     }
 
     pub fn max_num_seqs(mut self, n: usize) -> WorkloadSpec {
@@ -433,6 +443,37 @@ fn full_catalogue(seed: u64) -> Vec<WorkloadSpec> {
             BUSY_KV_BLOCKS,
         )
         .max_num_seqs(2),
+        // The same clients as noisy-neighbour, the picker told the engines' slot count (2, as
+        // a deployment knows its --max-num-seqs): flow control judges room from the first
+        // request instead of from the first engine queue a scrape shows.
+        WorkloadSpec::new(
+            "noisy-neighbour-slots",
+            "noisy-neighbour-slots (noisy-neighbour as above; the picker's flowControl.maxInFlightPerPod is 2, the engines' max-num-seqs)",
+            workload::noisy_neighbour(&[HEAVY_TENANT, LIGHT_TENANT], seed, m),
+            Arrival::Closed { concurrency: 22 },
+            BUSY_KV_BLOCKS,
+        )
+        .max_num_seqs(2)
+        .flow_control("{maxInFlightPerPod: 2}"),
+        // Priority (issue 57): noisy-neighbour's clients as two objectives of one flow.
+        WorkloadSpec::new(
+            "priority",
+            "priority (one flow, two objectives: batch, 20 clients x 16 requests of ~6 KB, out 64, priority 0; interactive, 2 clients x 24 requests of ~256 B, out 16, priority 10 (flowControl.priorities); max-num-seqs 2, 22 clients for 8 slots)",
+            workload::objectives(&[BATCH_OBJECTIVE, INTERACTIVE_OBJECTIVE], seed, m),
+            Arrival::Closed { concurrency: 22 },
+            BUSY_KV_BLOCKS,
+        )
+        .max_num_seqs(2)
+        .flow_control(PRIORITIES),
+        WorkloadSpec::new(
+            "priority-alone",
+            "priority-alone (the interactive objective of priority alone: 2 clients x 24 requests of ~256 B, out 16; max-num-seqs 2)",
+            workload::objectives(&[INTERACTIVE_OBJECTIVE], seed, m),
+            Arrival::Closed { concurrency: 2 },
+            BUSY_KV_BLOCKS,
+        )
+        .max_num_seqs(2)
+        .flow_control(PRIORITIES),
         WorkloadSpec::new(
             "busy-agent",
             "busy-agent (agent as above: 32 sessions x 8 turns, shared 10 KB tool preamble; max-num-seqs 3, 18 clients for 12 slots)",
@@ -460,6 +501,19 @@ pub const LIGHT_TENANT: workload::Tenant = workload::Tenant {
     prompt_tokens: 64,
     output_tokens: 16,
 };
+
+/// The priority workload's objectives: noisy-neighbour's tenants, named as objectives.
+pub const BATCH_OBJECTIVE: workload::Tenant = workload::Tenant {
+    name: "batch",
+    ..HEAVY_TENANT
+};
+pub const INTERACTIVE_OBJECTIVE: workload::Tenant = workload::Tenant {
+    name: "interactive",
+    ..LIGHT_TENANT
+};
+/// Their priorities, as a deployment writes them (`picker.flowControl.priorities`; `batch` is
+/// the default 0).
+pub const PRIORITIES: &str = "{priorities: {interactive: 10}}";
 
 /// Documents of the retrieval and completion-doc workloads, and their tokens (~6 KB each).
 pub const DOCUMENTS: usize = 32;
@@ -579,6 +633,50 @@ mod tests {
             assert!(find(&quick, key).is_none(), "{key}");
         }
     }
+    #[test]
+    fn the_flow_control_workloads_name_their_picker_mapping_and_no_other_does() {
+        let all = workloads(false, 1, &default_trace()).unwrap().0;
+        let noisy = find(&all, "noisy-neighbour").unwrap();
+        let slots = find(&all, "noisy-neighbour-slots").unwrap();
+        // The same requests and engines; only the picker is told the engines' slot count.
+        assert_eq!(slots.requests.len(), noisy.requests.len());
+        assert!(
+            slots
+                .requests
+                .iter()
+                .zip(&noisy.requests)
+                .all(|(a, b)| a.body == b.body && a.headers == b.headers)
+        );
+        assert_eq!(slots.max_num_seqs, 2);
+        assert_eq!(
+            slots.flow_control,
+            Some("{maxInFlightPerPod: 2}"),
+            "the engines' max-num-seqs"
+        );
+        // Priority: two objectives of one flow (no fairness id), the high one alone as well.
+        let both = find(&all, "priority").unwrap();
+        let alone = find(&all, "priority-alone").unwrap();
+        for w in [both, alone] {
+            assert_eq!(w.flow_control, Some(PRIORITIES), "{}", w.key);
+            assert!(
+                w.requests
+                    .iter()
+                    .all(|r| r.headers.len() == 1 && r.headers[0].0 == workload::OBJECTIVE_HEADER)
+            );
+        }
+        let named =
+            |w: &WorkloadSpec, o: &str| w.requests.iter().filter(|r| r.headers[0].1 == o).count();
+        assert_eq!(named(both, "batch"), 320);
+        assert_eq!(named(both, "interactive"), 48);
+        assert_eq!(named(alone, "interactive"), alone.requests.len());
+        for w in all
+            .iter()
+            .filter(|w| !["noisy-neighbour-slots", "priority", "priority-alone"].contains(&w.key))
+        {
+            assert_eq!(w.flow_control, None, "{}", w.key);
+        }
+    }
+
     #[test]
     fn the_mid_message_workloads_are_in_the_full_catalogue_as_issue_55_shapes_them() {
         let all = workloads(false, 1, &default_trace()).unwrap().0;

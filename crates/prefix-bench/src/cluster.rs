@@ -201,7 +201,13 @@ pub async fn start_cluster_on(setup: &Setup, mut engines: EnginePlan) -> anyhow:
                 }
                 _ => pods.clone(),
             };
-            let config = picker_config::render(s, &pods, affinity.as_ref(), events.as_ref())?;
+            let config = picker_config::render_with(
+                s,
+                &pods,
+                affinity.as_ref(),
+                events.as_ref(),
+                engines.flow_control.as_deref(),
+            )?;
             let (p, admin) = testkit::start_picker(&picker, cluster.dir.path(), &config, 2)?;
             cluster.picker_admin = Some(admin);
             cluster.picker_config = Some(config);

@@ -52,7 +52,8 @@ pub struct Sample {
     /// [`answer`] says.
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
-    /// The request's tenant ([`super::workload::TENANT_HEADER`]), when it named one.
+    /// The request's tenant ([`super::workload::TENANT_HEADER`]), when it named one; else its
+    /// objective ([`super::workload::OBJECTIVE_HEADER`]), when it named one.
     #[serde(default)]
     pub tenant: Option<String>,
 }
@@ -272,11 +273,14 @@ async fn mid_run_actions(
 
 async fn one(client: &reqwest::Client, base: &str, r: &BenchRequest, t0: Instant) -> Sample {
     let mut s = one_request(client, base, r, t0).await;
-    s.tenant = r
-        .headers
-        .iter()
-        .find(|(name, _)| *name == super::workload::TENANT_HEADER)
-        .map(|(_, v)| v.clone());
+    let named = |header: &str| {
+        r.headers
+            .iter()
+            .find(|(name, _)| *name == header)
+            .map(|(_, v)| v.clone())
+    };
+    s.tenant =
+        named(super::workload::TENANT_HEADER).or_else(|| named(super::workload::OBJECTIVE_HEADER));
     s
 }
 

@@ -151,6 +151,8 @@ pub struct EnginePlan {
     pub topic: String,
     /// The model the workload's requests name (the kvcache-aware row's relays write it).
     pub model: String,
+    /// The `picker.flowControl` mapping the prefix-picker rows run with (the workload's).
+    pub flow_control: Option<String>,
 }
 
 impl EnginePlan {
@@ -162,6 +164,7 @@ impl EnginePlan {
             kv_events: false,
             topic: String::new(),
             model: "model".into(),
+            flow_control: None,
         }
     }
 
@@ -312,6 +315,7 @@ mod tests {
             kv_events: false,
             topic: String::new(),
             model: "model".into(),
+            flow_control: None,
         };
         for i in 0..SIMS {
             assert_eq!(

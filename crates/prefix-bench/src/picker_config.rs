@@ -94,6 +94,17 @@ pub fn render(
     affinity: Option<&serde_json::Value>,
     events: Option<&EngineEvents>,
 ) -> anyhow::Result<String> {
+    render_with(scheduler, pods, affinity, events, None)
+}
+
+/// [`render`], with the workload's `picker.flowControl` mapping (flow-style YAML) when given.
+pub fn render_with(
+    scheduler: &str,
+    pods: &[Pod],
+    affinity: Option<&serde_json::Value>,
+    events: Option<&EngineEvents>,
+    flow_control: Option<&str>,
+) -> anyhow::Result<String> {
     let mut config = scheduler.to_string();
     config.push_str("endpoints:\n");
     for pod in pods {
@@ -124,6 +135,9 @@ pub fn render(
     }
     if let Some(e) = events {
         let _ = write!(config, ", tokenizer: {}", e.tokenizer);
+    }
+    if let Some(f) = flow_control {
+        let _ = write!(config, ", flowControl: {f}");
     }
     config.push_str("}\n");
     Ok(config)
@@ -167,6 +181,29 @@ mod tests {
                 "{SCHEDULER}{}picker: {{scrapeIntervalSeconds: 0.1}}\n",
                 testkit::endpoints_yaml(pods(false).iter().map(|p| (p.name.as_str(), p.addr)))
             )
+        );
+    }
+
+    #[test]
+    fn a_workloads_flow_control_mapping_is_the_pickers() {
+        let affinity = serde_json::json!({});
+        let config = render_with(
+            SCHEDULER,
+            &pods(false),
+            Some(&affinity),
+            None,
+            Some(crate::catalogue::PRIORITIES),
+        )
+        .unwrap();
+        let doc = parse(&config);
+        let fc = &doc["picker"]["flowControl"];
+        assert_eq!(fc["priorities"]["interactive"].as_i64(), Some(10));
+        assert!(doc["picker"]["affinity"].is_mapping());
+        // The picker reads it (its priorities as written).
+        let parsed = prefix_picker::config::Config::parse(&config).unwrap();
+        assert_eq!(
+            parsed.picker.flow_control.priorities.get("interactive"),
+            Some(&10)
         );
     }
 

@@ -236,6 +236,27 @@ pub struct Tenant {
 /// at once), each request naming its tenant in [`TENANT_HEADER`]; the affinity group is the
 /// client. Prompts are distinct (no tenant gains from another's cache).
 pub fn noisy_neighbour(tenants: &[Tenant], seed: u64, model: &str) -> Vec<BenchRequest> {
+    clients_naming(TENANT_HEADER, tenants, seed, model)
+}
+
+/// The header naming a request's objective (GIE's); the driver reports TTFT per value when a
+/// request names no tenant.
+pub const OBJECTIVE_HEADER: &str = "x-gateway-inference-objective";
+
+/// [`noisy_neighbour`]'s clients, each request naming its `tenants` entry as an objective in
+/// [`OBJECTIVE_HEADER`] instead of a flow: every request in one flow, so only the objectives'
+/// priorities (the picker's `flowControl.priorities`) tell them apart.
+pub fn objectives(tenants: &[Tenant], seed: u64, model: &str) -> Vec<BenchRequest> {
+    clients_naming(OBJECTIVE_HEADER, tenants, seed, model)
+}
+
+/// Closed-loop clients of `tenants`, each request naming its tenant in `header`.
+fn clients_naming(
+    header: &'static str,
+    tenants: &[Tenant],
+    seed: u64,
+    model: &str,
+) -> Vec<BenchRequest> {
     let mut out = Vec::new();
     let mut client = 0u32;
     for t in tenants {
@@ -251,7 +272,7 @@ pub fn noisy_neighbour(tenants: &[Tenant], seed: u64, model: &str) -> Vec<BenchR
                     Some(client),
                 )
                 .turn_of(client);
-                r.headers.push((TENANT_HEADER, t.name.to_string()));
+                r.headers.push((header, t.name.to_string()));
                 out.push(r);
             }
             client += 1;
@@ -480,6 +501,28 @@ mod tests {
         let distinct: std::collections::BTreeSet<_> =
             r.iter().map(|x| x.body["prompt"].to_string()).collect();
         assert_eq!(distinct.len(), r.len());
+    }
+
+    #[test]
+    fn objectives_name_the_objective_and_no_flow() {
+        let tenant = |name, clients| Tenant {
+            name,
+            clients,
+            requests: 2,
+            prompt_tokens: 16,
+            output_tokens: 8,
+        };
+        let r = objectives(&[tenant("batch", 2), tenant("interactive", 1)], 1, "m");
+        assert_eq!(r.len(), 6);
+        let of = |o: &str| {
+            r.iter()
+                .filter(|x| x.headers == [(OBJECTIVE_HEADER, o.to_string())])
+                .count()
+        };
+        assert_eq!((of("batch"), of("interactive")), (4, 2));
+        // The same requests as noisy_neighbour's, but for the header.
+        let n = noisy_neighbour(&[tenant("batch", 2), tenant("interactive", 1)], 1, "m");
+        assert!(r.iter().zip(&n).all(|(a, b)| a.body == b.body));
     }
 
     // Properties of this vocabulary on model-sim's tokenizer and cache (moved from model-sim,

@@ -440,6 +440,7 @@ async fn run_row(
         kv_events: reads_events || w.restarts,
         topic: String::new(),
         model: workload::model(&w.requests).to_string(),
+        flow_control: w.flow_control.map(str::to_string),
     };
     let mut c = start_cluster_on(setup, engines).await?;
     driver::warm_up(
