@@ -37,6 +37,7 @@ pub mod chat_template;
 pub mod file;
 pub mod heads;
 mod input;
+pub mod known_prefix;
 pub mod messages;
 mod response;
 mod stats;

@@ -249,7 +249,7 @@ const TOKENIZE_CALLS: Family = Family::counter(
 );
 const TOKENIZED_TOKENS: Family = Family::counter(
     "prefix_picker_tokenized_tokens_total",
-    "Tokens returned by prompt-head tokenizations (an engine's /tokenize, or the file source in process)",
+    "Tokens a tokenizer computed for prompt heads: an engine's /tokenize answers whole; the file source only past the longest prefix it tokenized before",
     &[],
 );
 const TOKENIZE_DURATION: Family = Family::histogram(

@@ -65,6 +65,8 @@ pub struct ChatTemplate {
     /// list contents are passed as sent); otherwise list contents are joined into a string.
     loops_over_content: bool,
     specials: Vec<(String, Value)>,
+    /// The templates' text, together ([`ChatTemplate::writes`]).
+    texts: String,
     /// Where it came from (errors name it).
     source: String,
 }
@@ -138,6 +140,7 @@ impl ChatTemplate {
         let mut env = environment();
         let (mut default, mut tool_use) = (false, false);
         let loops_over_content = templates.iter().any(|(_, t)| loops_over_content(t));
+        let texts = templates.iter().map(|(_, t)| t.as_str()).collect();
         for (name, text) in templates {
             default |= name == "default";
             tool_use |= name == "tool_use";
@@ -153,8 +156,14 @@ impl ChatTemplate {
             default,
             loops_over_content,
             specials: special_tokens(config),
+            texts,
             source,
         })
+    }
+
+    /// Whether a template writes `literal` (an added token such as `<|im_start|>`) as text.
+    pub fn writes(&self, literal: &str) -> bool {
+        self.texts.contains(literal)
     }
 
     /// Renders `messages` (a JSON array's text) with `tools` (a JSON value's text, if the request

@@ -11,7 +11,10 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
 use super::chat_template::{ChatTemplate, TemplateError};
+use super::known_prefix::{KnownPrefixes, join_points, point_digests};
 use super::{Prompt, TokenizeError, TokenizeInput, Tokens};
 use crate::prompt::stable_cut::continue_final_message;
 
@@ -81,8 +84,19 @@ pub struct FileSource {
     tokenizer: FileTokenizer,
     /// `Err` when the directory has a template that does not load (chat then falls back).
     template: Result<ChatTemplate, TemplateError>,
+    /// `Err` (why) when this tokenizer's tokens cannot be joined from parts: every text is
+    /// then tokenized whole.
+    joins: Result<Joins, String>,
     /// xxh3-64 of the files read: a reload compares it.
     digest: u64,
+}
+
+/// A tokenization: its tokens, and how many of them the tokenizer computed (the rest were
+/// known: [`FileSource::tokenize_known`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tokenized {
+    pub tokens: Tokens,
+    pub computed: usize,
 }
 
 impl FileSource {
@@ -114,10 +128,15 @@ impl FileSource {
                 digest.update(&b);
             }
         }
+        let joins = Joins::check(&tokenizer, template.as_ref().ok());
+        if let Err(why) = &joins {
+            tracing::info!(path = %path.display(), %why, "the file tokenizer tokenizes every head whole");
+        }
         Ok(FileSource {
             path: path.to_path_buf(),
             tokenizer,
             template,
+            joins,
             digest: digest.digest(),
         })
     }
@@ -132,24 +151,112 @@ impl FileSource {
         self.template.as_ref().err()
     }
 
+    /// Why texts are tokenized whole, if they are (the tokenizer failed the join check).
+    pub fn join_error(&self) -> Option<&str> {
+        match &self.joins {
+            Ok(j) if j.off.load(Ordering::Relaxed) => Some("a sampled join differed"),
+            Ok(_) => None,
+            Err(why) => Some(why),
+        }
+    }
+
     /// The files' digest (equal files, equal digests).
     pub fn digest(&self) -> u64 {
         self.digest
     }
 
-    /// The ids the engine's `/tokenize` answers for `input`.
+    /// The ids the engine's `/tokenize` answers for `input`, the text tokenized whole.
     pub fn tokenize(&self, input: &TokenizeInput<'_>) -> Result<Tokens, TokenizeError> {
-        let path = || self.path.display().to_string();
-        let encode = |text: &str, special: bool| {
-            self.tokenizer
-                .encode(text, special)
-                .map_err(|e| TokenizeError::Encode {
-                    path: path(),
-                    message: e.to_string(),
-                })
+        let (text, special) = self.text_of(input)?;
+        self.encode(&text, special)
+    }
+
+    /// [`FileSource::tokenize`], tokenizing only the text after the longest prefix known from
+    /// an earlier call (up to its last join point: [`super::known_prefix`]); the text whole
+    /// when this tokenizer's tokens cannot be joined.
+    pub fn tokenize_known(&self, input: &TokenizeInput<'_>) -> Result<Tokenized, TokenizeError> {
+        let (text, special) = self.text_of(input)?;
+        let joins = match &self.joins {
+            Ok(j) if !j.off.load(Ordering::Relaxed) => j,
+            _ => {
+                let tokens = self.encode(&text, special)?;
+                let computed = tokens.len();
+                return Ok(Tokenized { tokens, computed });
+            }
         };
+        // The text's join points, then its end: a later text that has a join point there
+        // (an added token that starts the next message) continues it whole.
+        let mut points = join_points(&text, &joins.splits);
+        let interior = points.len();
+        points.push(text.len());
+        let digests = point_digests(0, &text, &points);
+        let known = joins.known.longest(&digests);
+        let from = known.as_ref().map(|k| k.point);
+        let (start, mut core) = match known {
+            Some(k) => (points[k.point], k.tokens),
+            None => (0, Vec::new()),
+        };
+        let later = &points[from.map_or(0, |i| i + 1).min(interior)..interior];
+        let before = core.len();
+        let mut counts = encode_parts(&self.tokenizer, &text, start, later, &mut core)
+            .map_err(|e| self.encode_error(e))?;
+        counts.push(core.len());
+        let mut computed = core.len() - before;
+        let check =
+            from.is_some() && joins.joined.fetch_add(1, Ordering::Relaxed) % VERIFY_EVERY == 0;
+        if check {
+            let whole = self.encode(&text, false)?;
+            computed += whole.len();
+            if whole[..] != core[..] {
+                joins.off.store(true, Ordering::Relaxed);
+                tracing::warn!(path = %self.path.display(), "a joined tokenization differed from the whole text's: tokenizing every head whole from now on");
+                let tokens = self.encode(&text, special)?;
+                computed += tokens.len();
+                return Ok(Tokenized { tokens, computed });
+            }
+        }
+        // The points from the known one on, with their counts (the known one's: `before`;
+        // the text's end: all of them).
+        let (kept, counts): (&[u64], Vec<usize>) = match from {
+            None => (&digests[..], counts),
+            Some(from) if from == interior => (&[], Vec::new()),
+            Some(from) => (
+                &digests[from..],
+                std::iter::once(before).chain(counts).collect(),
+            ),
+        };
+        joins.known.insert(kept, &counts, core.clone());
+        let tokens = match special {
+            true => [&joins.first[..], &core, &joins.last[..]].concat(),
+            false => core,
+        };
+        Ok(Tokenized {
+            tokens: Tokens::from(tokens),
+            computed,
+        })
+    }
+
+    fn encode(&self, text: &str, special: bool) -> Result<Tokens, TokenizeError> {
+        self.tokenizer
+            .encode(text, special)
+            .map_err(|e| self.encode_error(e))
+    }
+
+    fn encode_error(&self, e: FileTokenizerError) -> TokenizeError {
+        TokenizeError::Encode {
+            path: self.path.display().to_string(),
+            message: e.to_string(),
+        }
+    }
+
+    /// The text the engine encodes for `input`, and whether with special tokens.
+    fn text_of<'a>(
+        &self,
+        input: &TokenizeInput<'a>,
+    ) -> Result<(std::borrow::Cow<'a, str>, bool), TokenizeError> {
+        let path = || self.path.display().to_string();
         match input.prompt() {
-            Prompt::Text(text) => encode(text, input.add_special_tokens()),
+            Prompt::Text(text) => Ok((text.into(), input.add_special_tokens())),
             Prompt::Chat { messages, tools } => {
                 let template = self
                     .template
@@ -162,24 +269,149 @@ impl FileSource {
                     path: path(),
                     message,
                 };
-                let rendered = template
+                let mut rendered = template
                     .render(messages, tools, input.generation_prompt())
                     .map_err(|e| template_error(e.to_string()))?;
-                if !input.continue_final() {
-                    return encode(&rendered, input.add_special_tokens());
+                if input.continue_final() {
+                    let text = final_text(messages).ok_or_else(|| {
+                        template_error(
+                            "continue_final_message: the final message has no text".into(),
+                        )
+                    })?;
+                    let cut = continue_final_message(&rendered, &text)
+                        .ok_or_else(|| {
+                            template_error(
+                                "continue_final_message: the final message is not in the rendering"
+                                    .into(),
+                            )
+                        })?
+                        .len();
+                    rendered.truncate(cut);
                 }
-                let text = final_text(messages).ok_or_else(|| {
-                    template_error("continue_final_message: the final message has no text".into())
-                })?;
-                let cut = continue_final_message(&rendered, &text).ok_or_else(|| {
-                    template_error(
-                        "continue_final_message: the final message is not in the rendering".into(),
-                    )
-                })?;
-                encode(cut, input.add_special_tokens())
+                Ok((rendered.into(), input.add_special_tokens()))
             }
         }
     }
+}
+
+/// One joined tokenization in this many (the first included) is checked against the whole
+/// text's; a difference turns joins off for good.
+const VERIFY_EVERY: u64 = 256;
+/// Texts whose tokens [`Joins`] keeps at their join points, and their tokens together (4
+/// bytes each: 16 MiB).
+const KNOWN_TEXTS: usize = 4096;
+const KNOWN_TOKENS: usize = 4 << 20;
+
+/// How a text's tokens are joined from parts, for a tokenizer that passed [`Joins::check`].
+#[derive(Debug)]
+struct Joins {
+    /// Added tokens the chat template writes: a text is split before each.
+    splits: Vec<String>,
+    /// The post-processor's special tokens before a text's own tokens, and after.
+    first: Vec<u32>,
+    last: Vec<u32>,
+    known: KnownPrefixes,
+    /// Joined tokenizations so far (every [`VERIFY_EVERY`]th is checked).
+    joined: AtomicU64,
+    /// A checked join differed: tokenize whole.
+    off: AtomicBool,
+}
+
+impl Joins {
+    /// Whether `tokenizer`'s tokens join at [`join_points`] (an error says why not): no
+    /// truncation or padding, special tokens only around the text, and a probe text's tokens
+    /// joined from its parts equal to its tokens whole.
+    fn check(tokenizer: &FileTokenizer, template: Option<&ChatTemplate>) -> Result<Joins, String> {
+        let t = &tokenizer.0;
+        if t.get_truncation().is_some() || t.get_padding().is_some() {
+            return Err("the tokenizer.json truncates or pads".into());
+        }
+        let mut splits: Vec<String> = t
+            .get_added_tokens_decoder()
+            .into_values()
+            .filter(|a| !a.lstrip && !a.rstrip && !a.single_word && !a.normalized)
+            .map(|a| a.content)
+            .filter(|c| !c.is_empty() && template.is_some_and(|t| t.writes(c)))
+            .collect();
+        splits.sort_unstable();
+        let encode = |text: &str, special: bool| {
+            tokenizer
+                .encode(text, special)
+                .map(|t| t.to_vec())
+                .map_err(|e| e.to_string())
+        };
+        let (with, without) = (encode("a b", true)?, encode("a b", false)?);
+        let at = (0..=with.len().saturating_sub(without.len()))
+            .find(|&i| with[i..].starts_with(&without))
+            .filter(|_| !without.is_empty())
+            .ok_or("the special tokens are not around the text's own")?;
+        let (first, last) = (with[..at].to_vec(), with[at + without.len()..].to_vec());
+        let probe = probe_text(&splits);
+        let whole = encode(&probe, false)?;
+        let mut joined = Vec::new();
+        encode_parts(
+            tokenizer,
+            &probe,
+            0,
+            &join_points(&probe, &splits),
+            &mut joined,
+        )
+        .map_err(|e| e.to_string())?;
+        if joined != whole {
+            return Err(
+                "a probe text's tokens joined from its parts differ from its tokens whole".into(),
+            );
+        }
+        if encode(&probe, true)? != [&first[..], &whole, &last[..]].concat() {
+            return Err("the special tokens of a probe text are not around its own".into());
+        }
+        Ok(Joins {
+            splits,
+            first,
+            last,
+            known: KnownPrefixes::new(KNOWN_TEXTS, KNOWN_TOKENS),
+            joined: AtomicU64::new(0),
+            off: AtomicBool::new(false),
+        })
+    }
+}
+
+/// A text that crosses every kind of join point: words, digits, punctuation, whitespace runs,
+/// newlines, non-ASCII, and each of `splits` between parts.
+fn probe_text(splits: &[String]) -> String {
+    const PART: &str = "Hello world, it's 2026: the  quick\tbrown fox's 12345 jumps.\n\nOver the lazy dog  \n caf\u{e9} \u{4e16}\u{754c} \u{2014} na\u{ef}ve words, 7 more words ";
+    let mut text = String::new();
+    for i in 0..12 {
+        text.push_str(PART);
+        if let Some(s) = splits.get(i % splits.len().max(1)) {
+            text.push_str(s);
+            text.push_str("user\n");
+        }
+    }
+    text
+}
+
+/// Encodes `text[start..]` without special tokens, part by part at `points` (each after
+/// `start`), appending to `tokens`; the count of `tokens` at each point.
+fn encode_parts(
+    tokenizer: &FileTokenizer,
+    text: &str,
+    start: usize,
+    points: &[usize],
+    tokens: &mut Vec<u32>,
+) -> Result<Vec<usize>, FileTokenizerError> {
+    let mut at = start;
+    let mut counts = Vec::with_capacity(points.len());
+    for &p in points.iter().chain([&text.len()]) {
+        if p > at {
+            tokens.extend_from_slice(&tokenizer.encode(&text[at..p], false)?);
+            at = p;
+        }
+        if p < text.len() {
+            counts.push(tokens.len());
+        }
+    }
+    Ok(counts)
 }
 
 /// The final message's text, as Hugging Face reads it for `continue_final_message`: its
@@ -197,6 +429,9 @@ fn final_text(messages: &str) -> Option<String> {
 }
 
 #[cfg(test)]
+mod join_tests;
+
+#[cfg(test)]
 mod tests {
     use serde_json::{Value, json};
     use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -204,7 +439,7 @@ mod tests {
     use super::*;
 
     /// The merges of [`tiny_tokenizer_json`].
-    const TINY_MERGES: [(&str, &str); 12] = [
+    pub(super) const TINY_MERGES: [(&str, &str); 12] = [
         ("h", "e"),
         ("l", "l"),
         ("he", "ll"),
@@ -228,7 +463,7 @@ mod tests {
     }
 
     /// [`tiny_tokenizer_json`]'s shape with another pre-tokenizer and other merges.
-    fn tokenizer_json(pre_tokenizer: Value, merges: &[(&str, &str)]) -> String {
+    pub(super) fn tokenizer_json(pre_tokenizer: Value, merges: &[(&str, &str)]) -> String {
         let mut alphabet: Vec<char> = ByteLevel::alphabet().into_iter().collect();
         alphabet.sort_unstable();
         let mut vocab = serde_json::Map::new();
@@ -387,7 +622,13 @@ mod tests {
     /// GPT-2's and Llama 3's pre-tokenizers, as their `tokenizer.json` files write them, with
     /// merges that would join a word to the space after it (`dĠ`, `oĠ`, `5Ġ`) if a pre-token
     /// ever held both.
-    fn pattern_tokenizers() -> [(&'static str, FileTokenizer); 2] {
+    pub(super) fn pattern_tokenizers() -> [(&'static str, FileTokenizer); 2] {
+        pattern_tokenizer_jsons()
+            .map(|(name, json)| (name, FileTokenizer::from_json(json.as_bytes()).unwrap()))
+    }
+
+    /// [`pattern_tokenizers`]' `tokenizer.json` texts.
+    pub(super) fn pattern_tokenizer_jsons() -> [(&'static str, String); 2] {
         let mut merges = TINY_MERGES.to_vec();
         merges.extend([("d", "Ġ"), ("o", "Ġ"), ("5", "Ġ"), ("Ġ", "Ġ"), (".", "Ċ")]);
         let gpt2 = json!({"type": "ByteLevel", "add_prefix_space": false,
@@ -397,13 +638,10 @@ mod tests {
              "invert": false},
             {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
              "use_regex": false}]});
-        [("gpt2", gpt2), ("llama3", llama3)].map(|(name, pre)| {
-            let json = tokenizer_json(pre, &merges);
-            (name, FileTokenizer::from_json(json.as_bytes()).unwrap())
-        })
+        [("gpt2", gpt2), ("llama3", llama3)].map(|(name, pre)| (name, tokenizer_json(pre, &merges)))
     }
 
-    const PIECES: [&str; 20] = [
+    pub(super) const PIECES: [&str; 20] = [
         "hello", "world", " ", "  ", "the", "d", "12345", "7", ".", ",", "\n", "\n\n", "'s", "é",
         "世界", "\t", "</s>", "-", "wor", "o",
     ];

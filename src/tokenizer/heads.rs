@@ -48,7 +48,7 @@
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
@@ -59,9 +59,9 @@ use tokio_util::sync::CancellationToken;
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
 use super::messages::MessagesForm;
-use super::{EngineKind, EngineTokenizer, TokenizeInput, TokenizerConfig, Tokens};
+use super::{EngineKind, EngineTokenizer, Prompt, TokenizeInput, TokenizerConfig, Tokens};
 use crate::metrics::engine_truth::{EngineTruthMetrics, HeadOutcome, TOKENIZE_OK};
-use crate::prompt::stable_cut::{CUT_SPACING, stable_cuts};
+use crate::prompt::stable_cut::{CUT_SPACING, is_stable_cut, stable_cuts};
 use crate::request::Api;
 
 /// The end of a ChatML message in the rendered prompt.
@@ -72,6 +72,9 @@ const SHARDS: usize = 16;
 const _: () = assert!(SHARDS <= 32);
 /// Fills tokenized at once.
 const FILLS_AT_ONCE: usize = 8;
+/// One completion asked from a known head on in this many (the first included) is asked
+/// whole as well, and a difference turns joins off.
+const CHECK_JOIN_EVERY: u64 = 256;
 /// Request bodies the queue may hold at once (each fill keeps its body until tokenized).
 pub const QUEUED_BYTES: usize = 64 << 20;
 /// Fills tokenized at once in process (`source: file`): CPU work on blocking threads, kept
@@ -234,6 +237,9 @@ struct Fill {
     /// A cut head's check: the xxh3 digest of the last message's text up to the cut, as the
     /// router rendered it (the body's text must be the same bytes).
     cut_check: u64,
+    /// A completion's longest head known when it was queued (a cut: its tokens end at a stable
+    /// cut of this prompt's text): the engine is asked only for the text after it.
+    known: Option<HeadFound>,
 }
 
 /// The heads a request queues: the head before its last message, its whole prompt, a cut head;
@@ -327,6 +333,11 @@ pub struct HeadTokens {
     queue: mpsc::Sender<Fill>,
     receiver: Mutex<Option<mpsc::Receiver<Fill>>>,
     metrics: EngineTruthMetrics,
+    /// Completions asked of an engine from a known head on (every [`CHECK_JOIN_EVERY`]th,
+    /// the first included, is asked whole too and compared).
+    joined: AtomicU64,
+    /// A compared join differed: ask every head whole.
+    joins_off: AtomicBool,
 }
 
 impl HeadTokens {
@@ -340,6 +351,8 @@ impl HeadTokens {
             queue,
             receiver: Mutex::new(Some(receiver)),
             metrics,
+            joined: AtomicU64::new(0),
+            joins_off: AtomicBool::new(false),
             section,
         }
     }
@@ -384,7 +397,8 @@ impl HeadTokens {
             heads: [head, whole, cut],
             prompt: prompt.as_bytes(),
         };
-        let queued = self.queue_fill(model, pod, api, body, messages, &wanted);
+        let known = found.as_ref().filter(|_| api == Api::Completions);
+        let queued = self.queue_fill(model, pod, api, body, messages, &wanted, known);
         match found {
             Some(found) => {
                 count(HeadOutcome::Hit);
@@ -519,6 +533,7 @@ impl HeadTokens {
         body: &[u8],
         messages: usize,
         wanted: &Wanted<'_>,
+        known: Option<&HeadFound>,
     ) -> bool {
         if wanted.heads.iter().all(Option::is_none) {
             return true;
@@ -550,6 +565,7 @@ impl HeadTokens {
             messages,
             cut_check: wanted.cut_check(&heads),
             heads,
+            known: known.cloned(),
         };
         match self.queue.try_send(fill) {
             Ok(()) => true,
@@ -704,7 +720,9 @@ impl HeadTokens {
                 continue;
             };
             let started = Instant::now();
-            let result = source.tokenize(&input);
+            let result = source
+                .tokenize_known(&input)
+                .map(|t| (t.tokens, t.computed));
             if !self.tokenized(result, started, head) {
                 return;
             }
@@ -726,11 +744,12 @@ impl HeadTokens {
         }
     }
 
-    /// Counts a tokenization and keeps its tokens; `false` on an error (the fill's other heads
-    /// are not tried: they would fail alike).
+    /// Counts a tokenization (its tokens, and those the tokenizer computed: fewer when a
+    /// known prefix's were reused) and keeps its tokens; `false` on an error (the fill's other
+    /// heads are not tried: they would fail alike).
     fn tokenized(
         &self,
-        result: Result<Tokens, super::TokenizeError>,
+        result: Result<(Tokens, usize), super::TokenizeError>,
         started: Instant,
         head: &Head,
     ) -> bool {
@@ -738,12 +757,12 @@ impl HeadTokens {
             .tokenize_duration
             .observe(started.elapsed().as_secs_f64());
         match result {
-            Ok(tokens) => {
+            Ok((tokens, computed)) => {
                 self.metrics
                     .tokenize_calls
                     .with_label_values(&[TOKENIZE_OK])
                     .inc();
-                self.metrics.tokenized_tokens.inc_by(tokens.len() as u64);
+                self.metrics.tokenized_tokens.inc_by(computed as u64);
                 let head_tokens = tokens.len();
                 self.insert(
                     head.digest,
@@ -771,26 +790,99 @@ impl HeadTokens {
         let parsed: Result<RequestPrompt<'_>, _> = serde_json::from_slice(&fill.body);
         let Ok(parsed) = parsed else { return };
         let form = fill.messages_form();
+        let ask = Ask {
+            tokenizer,
+            target,
+            engine: self.section.engine,
+            model: &fill.model,
+        };
         for head in &fill.heads {
             let mut joined = String::new();
             let Some(input) = fill.input(&parsed, form.as_ref(), head, &mut joined) else {
                 continue;
             };
             let started = Instant::now();
-            let result = tokenizer
-                .tokenize(
-                    target.ip(),
-                    target.port(),
-                    self.section.engine,
-                    &fill.model,
-                    &input,
-                )
-                .await;
+            let result = match self.after_known(fill, &input) {
+                Some((known, rest)) => self.joined_tokens(&ask, known, rest, &input).await,
+                None => ask.tokens(&input).await.map(|t| {
+                    let computed = t.len();
+                    (t, computed)
+                }),
+            };
             if !self.tokenized(result, started, head) {
                 tracing::debug!(pod = %target, "tokenize failed");
                 return;
             }
         }
+    }
+
+    /// A completion's known head and the text after it, when the engine may be asked for that
+    /// text alone: the known head ends at a stable cut inside `input`'s text (a cut's tokens
+    /// join the tokens of the text after it: [`crate::prompt::stable_cut`]), and joins are on.
+    fn after_known<'a>(
+        &self,
+        fill: &'a Fill,
+        input: &TokenizeInput<'a>,
+    ) -> Option<(&'a HeadFound, &'a str)> {
+        let (Some(known), Prompt::Text(text)) = (&fill.known, input.prompt()) else {
+            return None;
+        };
+        let rest = text.get(known.prompt_bytes..).filter(|r| !r.is_empty())?;
+        (input.add_special_tokens()
+            && !self.joins_off.load(Ordering::Relaxed)
+            && is_stable_cut(text.as_bytes(), known.prompt_bytes))
+        .then_some((known, rest))
+    }
+
+    /// `known`'s tokens and the engine's tokens of `rest` (asked without special tokens: the
+    /// known tokens hold them), and the tokens the engine computed; checked against `whole`
+    /// asked whole on one join in [`CHECK_JOIN_EVERY`].
+    async fn joined_tokens(
+        &self,
+        ask: &Ask<'_>,
+        known: &HeadFound,
+        rest: &str,
+        whole: &TokenizeInput<'_>,
+    ) -> Result<(Tokens, usize), super::TokenizeError> {
+        let suffix = ask
+            .tokens(&TokenizeInput::text(rest).with_add_special_tokens(false))
+            .await?;
+        let joined = Tokens::from([&known.tokens[..], &suffix[..]].concat());
+        let mut computed = suffix.len();
+        if self.joined.fetch_add(1, Ordering::Relaxed) % CHECK_JOIN_EVERY == 0 {
+            let whole = ask.tokens(whole).await?;
+            computed += whole.len();
+            if whole != joined {
+                self.joins_off.store(true, Ordering::Relaxed);
+                tracing::warn!(
+                    "an engine's tokens of a completion asked from a known head on differed from its tokens whole: asking every head whole from now on"
+                );
+                return Ok((whole, computed));
+            }
+        }
+        Ok((joined, computed))
+    }
+}
+
+/// One pod's engine tokenizer, for one model.
+struct Ask<'a> {
+    tokenizer: &'a EngineTokenizer,
+    target: SocketAddr,
+    engine: EngineKind,
+    model: &'a str,
+}
+
+impl Ask<'_> {
+    async fn tokens(&self, input: &TokenizeInput<'_>) -> Result<Tokens, super::TokenizeError> {
+        self.tokenizer
+            .tokenize(
+                self.target.ip(),
+                self.target.port(),
+                self.engine,
+                self.model,
+                input,
+            )
+            .await
     }
 }
 

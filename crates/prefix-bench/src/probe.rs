@@ -179,6 +179,32 @@ impl TokenizeWork {
         sum_engines(sims, TokenizeWork::add).await
     }
 
+    /// Adds the samples of a picker's exposition: its in-process tokenizations (the `file`
+    /// source; an engine source's calls are the engines' work, counted there), the tokens it
+    /// computed (`prefix_picker_tokenized_tokens_total`) and the heads tokenized.
+    pub fn add_picker(&mut self, text: &str) {
+        for (name, value) in samples(text) {
+            match name {
+                "prefix_picker_tokenize_calls_total{result=\"ok\"}" => self.calls += value,
+                "prefix_picker_tokenized_tokens_total" => self.tokens += value,
+                _ => {}
+            }
+        }
+    }
+
+    /// The picker at `admin` ([`TokenizeWork::add_picker`]); nothing when it does not answer.
+    pub async fn read_picker(admin: SocketAddr) -> TokenizeWork {
+        let mut work = TokenizeWork::default();
+        if let Ok(r) = reqwest::Client::new()
+            .get(format!("http://{admin}/metrics"))
+            .send()
+            .await
+        {
+            work.add_picker(&r.text().await.unwrap_or_default());
+        }
+        work
+    }
+
     /// What was done since `before` (an engine restarted since counts from 0: never below 0).
     pub fn since(self, before: TokenizeWork) -> TokenizeWork {
         TokenizeWork {
@@ -253,6 +279,17 @@ mod tests {
             }
         );
         assert_eq!(before.since(after), TokenizeWork::default());
+        let mut picker = TokenizeWork::default();
+        picker.add_picker(
+            "prefix_picker_tokenize_calls_total{result=\"ok\"} 3\nprefix_picker_tokenize_calls_total{result=\"template\"} 9\nprefix_picker_tokenized_tokens_total 120\n",
+        );
+        assert_eq!(
+            picker,
+            TokenizeWork {
+                calls: 3.0,
+                tokens: 120.0
+            }
+        );
     }
 
     #[test]

@@ -553,6 +553,89 @@ fn completions_are_cut_for_either_engine_and_chat_only_for_vllm() {
     }
 }
 
+/// An engine's `/tokenize` for completions: model-sim's tokenizer, with a BOS (7) first when
+/// `add_special_tokens` (as vLLM's Llama 3 answers); every prompt asked is recorded.
+async fn engine_stub() -> (SocketAddr, Arc<Mutex<Vec<(String, bool)>>>) {
+    let asked: Arc<Mutex<Vec<(String, bool)>>> = Arc::default();
+    let log = asked.clone();
+    let app = axum::Router::new().route(
+        "/tokenize",
+        axum::routing::post(move |body: axum::Json<serde_json::Value>| {
+            let log = log.clone();
+            async move {
+                let prompt = body["prompt"].as_str().unwrap_or_default().to_owned();
+                let special = body["add_special_tokens"].as_bool().unwrap_or(true);
+                let mut tokens = if special { vec![7] } else { Vec::new() };
+                tokens
+                    .extend(model_sim::tokenizer_json::default_tokenizer().ids(prompt.as_bytes()));
+                log.lock().push((prompt, special));
+                axum::Json(serde_json::json!({"tokens": tokens, "count": tokens.len()}))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, asked)
+}
+
+/// A completion's head of `bytes` known, polled (10 s at most) until the background tokenized it.
+async fn tokenized(heads_map: &HeadTokens, prompt: &str, bytes: usize) -> HeadFound {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match heads_map.lookup("m", Api::Completions, prompt) {
+            Some(found) if found.prompt_bytes == bytes => return found,
+            _ => assert!(Instant::now() < deadline, "not tokenized"),
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// `source: engine`: once a document's cut is known, a completion on it is asked of the engine
+/// from the cut on (without special tokens), and its tokens are the engine's tokens whole.
+#[tokio::test]
+async fn a_completion_past_a_known_cut_asks_the_engine_for_the_rest_only() {
+    let (pod, asked) = engine_stub().await;
+    let mut s = section();
+    s.timeout_ms = 5_000;
+    let heads_map = Arc::new(HeadTokens::new(s, metrics()));
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn(heads_map.clone().run(shutdown.clone()));
+    let doc = document(2, 400);
+    let question = |n: usize| format!("{doc} and question {n}?");
+    let find = |prompt: &str| {
+        let body = serde_json::to_vec(&serde_json::json!({"prompt": prompt})).unwrap();
+        heads_map.find("m", Some(Api::Completions), prompt, Some(&body), Some(pod))
+    };
+    let sim = model_sim::tokenizer_json::default_tokenizer();
+    // Two questions on the document: its longest cut is asked, whole.
+    find(&question(1));
+    find(&question(2));
+    let cuts: Vec<usize> = stable_cuts(doc.as_bytes(), 0, doc.len()).collect();
+    let cut = *cuts.last().unwrap();
+    let known = tokenized(&heads_map, &question(3), cut).await;
+    assert_eq!(asked.lock().last(), Some(&(doc[..cut].to_owned(), true)));
+    // A third question, seen twice: its whole prompt is asked from the cut on.
+    let third = question(3);
+    assert_eq!(find(&third).map(|f| f.prompt_bytes), Some(cut));
+    find(&third);
+    let found = tokenized(&heads_map, &third, third.len()).await;
+    let mut whole = vec![7];
+    whole.extend(sim.ids(third.as_bytes()));
+    assert_eq!(found.tokens.to_vec(), whole);
+    assert_eq!(&found.tokens[..known.tokens.len()], &known.tokens[..]);
+    let asked = asked.lock().clone();
+    assert!(
+        asked.contains(&(third[cut..].to_owned(), false)),
+        "the rest asked without special tokens: {asked:?}"
+    );
+    // The first join is checked against the whole prompt, asked too; it matched.
+    assert!(asked.contains(&(third.clone(), true)));
+    assert!(!heads_map.joins_off.load(Ordering::Relaxed));
+    shutdown.cancel();
+    worker.await.unwrap();
+}
+
 mod one_pass {
     use super::*;
     use proptest::prelude::*;

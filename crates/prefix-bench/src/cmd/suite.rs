@@ -456,6 +456,10 @@ async fn run_row(
     };
     let (url, sim_urls) = (c.url.clone(), c.sim_urls.clone());
     let tokenized_before = probe::TokenizeWork::read(&sim_urls).await;
+    let picker_tokenized_before = match c.picker_admin {
+        Some(admin) => probe::TokenizeWork::read_picker(admin).await,
+        None => Default::default(),
+    };
     let mid_run = match w.picker_restart_after() {
         Some(after) => Some(picker_restart_mid_run(&mut c, after)),
         None => restarts_mid_run(&mut c.sims, w.restart_schedule()),
@@ -475,14 +479,22 @@ async fn run_row(
         log_picker(admin, &warm_up).await;
     }
     let mut r = r;
-    let tokenized = probe::TokenizeWork::read(&sim_urls)
+    let mut tokenized = probe::TokenizeWork::read(&sim_urls)
         .await
         .since(tokenized_before);
+    let mut by = "the engines' /tokenize";
+    if let (0.0, Some(admin)) = (tokenized.calls, c.picker_admin) {
+        // No engine was asked: the `file` source tokenized in the picker's process.
+        tokenized = probe::TokenizeWork::read_picker(admin)
+            .await
+            .since(picker_tokenized_before);
+        by = "the picker's file source";
+    }
     if tokenized.calls > 0.0 {
         // The text no earlier request shared: what the ceiling leaves uncached.
         let new_tokens = (1.0 - plan.ceiling) * r.prompt_tokens as f64;
         eprintln!(
-            "  tokenizer: {:.2} calls per request, {:.2} tokens per prompt token, {:.2} per token of new text",
+            "  tokenizer ({by}): {:.2} calls per request, {:.2} tokens per prompt token, {:.2} per token of new text",
             tokenized.calls / r.requests.max(1) as f64,
             tokenized.tokens / r.prompt_tokens.max(1) as f64,
             tokenized.tokens / new_tokens.max(1.0),
