@@ -247,6 +247,8 @@ struct Fill {
 struct Wanted<'a> {
     heads: [Option<Head>; 3],
     prompt: &'a [u8],
+    /// A completion's longest head known ([`Fill::known`]).
+    known: Option<&'a HeadFound>,
 }
 
 impl Wanted<'_> {
@@ -396,9 +398,9 @@ impl HeadTokens {
         let wanted = Wanted {
             heads: [head, whole, cut],
             prompt: prompt.as_bytes(),
+            known: found.as_ref().filter(|_| api == Api::Completions),
         };
-        let known = found.as_ref().filter(|_| api == Api::Completions);
-        let queued = self.queue_fill(model, pod, api, body, messages, &wanted, known);
+        let queued = self.queue_fill(model, pod, api, body, messages, &wanted);
         match found {
             Some(found) => {
                 count(HeadOutcome::Hit);
@@ -533,7 +535,6 @@ impl HeadTokens {
         body: &[u8],
         messages: usize,
         wanted: &Wanted<'_>,
-        known: Option<&HeadFound>,
     ) -> bool {
         if wanted.heads.iter().all(Option::is_none) {
             return true;
@@ -565,7 +566,7 @@ impl HeadTokens {
             messages,
             cut_check: wanted.cut_check(&heads),
             heads,
-            known: known.cloned(),
+            known: wanted.known.cloned(),
         };
         match self.queue.try_send(fill) {
             Ok(()) => true,
