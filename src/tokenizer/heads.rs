@@ -37,7 +37,7 @@
 //! time): no call to any pod, and only the text past the longest prefix it tokenized before is
 //! encoded ([`super::known_prefix`]). A completion whose cut is known is asked of an engine from
 //! that cut on, without special tokens, and joined to the cut's tokens (one join in
-//! [`CHECK_JOIN_EVERY`] is asked whole too; a difference turns joins off). A chat asked of an
+//! `CHECK_JOIN_EVERY` (256) is asked whole too; a difference turns joins off). A chat asked of an
 //! engine is asked whole: the engine renders it with its own template. `tokenized_tokens`
 //! counts the tokens a tokenizer computed. The request path stays a lookup either way (a head tokenized
 //! inline would cost a miss the whole prompt's tokenization: docs/benchmarks.md, "Tokenization
