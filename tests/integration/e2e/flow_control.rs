@@ -129,13 +129,20 @@ async fn a_hold_longer_than_the_message_timeout_succeeds_in_each_bootstrap() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn past_the_queue_bound_429_with_retry_after_and_the_reason() {
-    let (backend, picker, envoy) =
-        one_slot("envoy.yaml", "maxRequests: 1, retryAfterSeconds: 7", |s| s).await;
+/// With the one slot held by a gated stream and a queue bound of one request: one request
+/// waits (the bound), the next is refused at once, 429 with `retry-after: 7` and the drop
+/// reason. Returns the gated stream, the waiting request's status and the refusal.
+async fn one_queued_then_refused(
+    picker: &Running,
+    envoy: &Envoy,
+) -> (
+    String,
+    impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin + use<>,
+    tokio::task::JoinHandle<u16>,
+    reqwest::Response,
+) {
     let gated = json!({"model": "m", "prompt": "GATED fills the slot", "stream": true});
-    let (served, rest) = open_gated_stream(&envoy, &gated).await;
-    // One request waits (the bound)...
+    let (served, rest) = open_gated_stream(envoy, &gated).await;
     let url = envoy.url("/v1/completions");
     let waiting = tokio::spawn(async move {
         reqwest::Client::new()
@@ -148,12 +155,11 @@ async fn past_the_queue_bound_429_with_retry_after_and_the_reason() {
             .as_u16()
     });
     wait_metric_eq(
-        &picker,
+        picker,
         "prefix_picker_flow_queue_requests{priority=\"0\"}",
         1.0,
     )
     .await;
-    // ...the next is refused at once.
     let r = reqwest::Client::new()
         .post(envoy.url("/v1/completions"))
         .json(&json!({"model": "m", "prompt": "one too many"}))
@@ -163,6 +169,14 @@ async fn past_the_queue_bound_429_with_retry_after_and_the_reason() {
     assert_eq!(r.status().as_u16(), 429);
     assert_eq!(r.headers()["retry-after"], "7");
     assert_eq!(r.headers()["x-llm-d-request-dropped-reason"], "queue_full");
+    (served, rest, waiting, r)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_queue_bound_429_with_retry_after_and_the_reason() {
+    let (backend, picker, envoy) =
+        one_slot("envoy.yaml", "maxRequests: 1, retryAfterSeconds: 7", |s| s).await;
+    let (served, rest, waiting, r) = one_queued_then_refused(&picker, &envoy).await;
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["error"]["type"], "rate_limit_exceeded", "{body}");
     assert_eq!(
@@ -465,34 +479,7 @@ picker: {flowControl: {maxInFlightPerPod: 1, retryAfterSeconds: 7}}
         |s| s,
     ))
     .await;
-    let gated = json!({"model": "m", "prompt": "GATED fills the slot", "stream": true});
-    let (served, rest) = open_gated_stream(&envoy, &gated).await;
-    let url = envoy.url("/v1/completions");
-    let waiting = tokio::spawn(async move {
-        reqwest::Client::new()
-            .post(url)
-            .json(&json!({"model": "m", "prompt": "queued"}))
-            .send()
-            .await
-            .unwrap()
-            .status()
-            .as_u16()
-    });
-    wait_metric_eq(
-        &picker,
-        "prefix_picker_flow_queue_requests{priority=\"0\"}",
-        1.0,
-    )
-    .await;
-    let r = reqwest::Client::new()
-        .post(envoy.url("/v1/completions"))
-        .json(&json!({"model": "m", "prompt": "one too many"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 429);
-    assert_eq!(r.headers()["retry-after"], "7");
-    assert_eq!(r.headers()["x-llm-d-request-dropped-reason"], "queue_full");
+    let (served, rest, waiting, _) = one_queued_then_refused(&picker, &envoy).await;
     finish_gated_stream(std::slice::from_ref(&backend), &served, rest).await;
     assert_eq!(
         waiting.await.unwrap(),
