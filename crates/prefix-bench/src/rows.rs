@@ -52,19 +52,22 @@ pub fn is_fault_row(name: &str) -> bool {
 /// them). A fault row runs only when an entry names it ([`names_a_fault`]: `fault`, `topic
 /// mismatch`, `silent publisher`), as the fault rows would add two rows to every workload of a
 /// default run; such an entry selects no other row (`fault` is in `Kthena default plugins`).
+/// An entry that starts with `=` selects the row of exactly that name (`--baseline-picker`'s
+/// twin of a selected row runs with it).
 pub fn selected(name: &str, only: &[String]) -> bool {
+    let exact = |r: &String| r.strip_prefix('=').is_some_and(|n| n == name);
     if name.starts_with(report::ABLATION) {
         return true;
     }
     if is_fault_row(name) {
         return only
             .iter()
-            .any(|r| names_a_fault(r) && name.contains(r.as_str()));
+            .any(|r| exact(r) || (names_a_fault(r) && name.contains(r.as_str())));
     }
     only.is_empty()
-        || only
-            .iter()
-            .any(|r| !names_a_fault(r) && name.contains(r.as_str()))
+        || only.iter().any(|r| {
+            exact(r) || (!r.starts_with('=') && !names_a_fault(r) && name.contains(r.as_str()))
+        })
 }
 
 /// Whether a `--routers` entry names a fault row: it is part of one's name and not of the

@@ -44,7 +44,9 @@ pub struct SuiteOpts {
     /// Only the routers whose row name contains one of these (e.g. `round-robin,oracle`); the
     /// ablation rows run whenever `--ablation` is given. The engine-events fault rows (`...
     /// engine events (fault: topic mismatch)`, `(fault: silent publisher)`) run only when an
-    /// entry names them: `fault`, `topic mismatch` or `silent publisher`.
+    /// entry names them: `fault`, `topic mismatch` or `silent publisher`. An entry that starts
+    /// with `=` selects the row of exactly that name (e.g. `=prefix-picker: shipped config +
+    /// engine events`, without its `file tokenizer` row).
     #[arg(long, value_delimiter = ',')]
     routers: Vec<String>,
     /// Add the ablation rows: the shipped config with one `picker.affinity` switch off each.

@@ -361,3 +361,18 @@ fn the_endpoint_picker_row_runs_llm_ds_default_profile_as_the_picker_parses_it()
     assert!(!selected(ENDPOINT_PICKER_ROW, &only("Kthena default")));
     assert!(!selected(ENDPOINT_PICKER_ROW, &only("shipped config")));
 }
+
+#[test]
+fn an_entry_with_an_equals_sign_selects_the_row_of_exactly_that_name() {
+    let only = |e: &str| vec![e.to_string()];
+    let events = format!("={}", report::SHIPPED_ENGINE_EVENTS);
+    let file = format!("{}, file tokenizer", report::SHIPPED_ENGINE_EVENTS);
+    assert!(selected(report::SHIPPED_ENGINE_EVENTS, &only(&events)));
+    assert!(!selected(&file, &only(&events)));
+    assert!(!selected(report::SHIPPED, &only(&events)));
+    // As a substring it would have selected both.
+    assert!(selected(&file, &only(report::SHIPPED_ENGINE_EVENTS)));
+    let topic = fault_row_name(EventFault::TopicMismatch);
+    assert!(selected(&topic, &only(&format!("={topic}"))));
+    assert!(!selected(&topic, &only(&events)));
+}
