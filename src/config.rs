@@ -383,7 +383,7 @@ impl Config {
             .collect();
         let pd = self.read_sections(&own, errors);
         if let Some(doc) = parsed {
-            self.apply_precise(&doc);
+            self.apply_precise(&doc, errors);
             let written = own
                 .get("picker")
                 .and_then(|p| p.get("flowControl"))
@@ -395,16 +395,26 @@ impl Config {
         pd
     }
 
-    /// An `EndpointPickerConfig`'s `precise-prefix-cache-producer`: its topic filter and its
-    /// per-pod publisher ports feed the engine views (`picker.kvEvents`, each static endpoint
-    /// without its own `kvEventsEndpoint`, `discovery.kubernetes.kvEventsPort`); a
+    /// An `EndpointPickerConfig`'s `precise-prefix-cache-producer`: its topic filter, its
+    /// shared socket (`zmqEndpoint`: `picker.kvEvents.bind`, refused when the picker section
+    /// binds another) and its per-pod publisher ports feed the engine views
+    /// (`picker.kvEvents`, each static endpoint without its own `kvEventsEndpoint`,
+    /// `discovery.kubernetes.kvEventsPort`); a
     /// `token-producer` with a vLLM backend is `picker.tokenizer: {source: engine}` when the
     /// picker section gives no tokenizer.
-    fn apply_precise(&mut self, doc: &endpoint_picker::EppDocument) {
+    fn apply_precise(&mut self, doc: &endpoint_picker::EppDocument, errors: &mut Vec<ConfigError>) {
         let Some(p) = &doc.precise else {
             return;
         };
         self.picker.kv_events.topic_prefix = p.topic_filter.clone();
+        if let Some(bind) = &p.bind {
+            match &self.picker.kv_events.bind {
+                Some(own) if own != bind => errors.push(ConfigError::Picker(format!(
+                    "kvEvents.bind {own}: the EndpointPickerConfig's kvEventsConfig.zmqEndpoint binds {bind}; give one"
+                ))),
+                _ => self.picker.kv_events.bind = Some(bind.clone()),
+            }
+        }
         if let Some((port, replay)) = p.ports {
             for e in self
                 .endpoints
@@ -565,12 +575,13 @@ impl Config {
         let publishing = self
             .endpoints
             .iter()
-            .any(|e| e.kv_events_endpoint.is_some());
+            .any(|e| e.kv_events_endpoint.is_some())
+            || self.picker.kv_events.bind.is_some();
         let precise = self.scheduler.epp.as_ref().is_some_and(|p| p.precise);
         let reads = self.picker.affinity.is_some() || precise;
         if publishing && (!reads || self.picker.tokenizer.is_none()) {
             self.warnings.push(
-                "kvEventsEndpoint: the pods' events are followed, but only the affinity mode (or an EndpointPickerConfig's precise-prefix-cache-producer) with picker.tokenizer matches by them; these pods are matched by the estimate (docs/engine-truth.md)".into(),
+                "kvEventsEndpoint / kvEvents.bind: the pods' events are followed, but only the affinity mode (or an EndpointPickerConfig's precise-prefix-cache-producer) with picker.tokenizer matches by them; these pods are matched by the estimate (docs/engine-truth.md)".into(),
             );
         }
         if self.picker.kv_events.max_blocks_per_pod == 0 {

@@ -150,7 +150,8 @@ pub struct Endpoint {
     generation: RwLock<Arc<str>>,
     /// `spec.containers_started` as discovery last saw it ([`NOT_STARTED`]: `None`).
     containers_started: AtomicI64,
-    /// What the engine holds, by its KV-cache events (pods with `spec.kv_events` only).
+    /// What the engine holds, by its KV-cache events (pods with `spec.kv_events`, and every pod
+    /// when the shared socket is bound).
     pub engine: Option<EngineView>,
     /// The pod's `prefix_picker_pod_inflight_requests` and `prefix_picker_pod_picks_total`
     /// series, looked up when first counted and kept: a request looks no label set up.
@@ -502,6 +503,9 @@ pub struct Endpoints {
     metrics: RouterMetrics,
     /// The bound of each engine view (`picker.kvEvents.maxBlocksPerPod`).
     max_engine_blocks: usize,
+    /// Every pod gets an engine view, not only those with a publisher of their own: the shared
+    /// socket (`picker.kvEvents.bind`) may feed any.
+    views_for_every_pod: bool,
     /// Signalled after every change of the set (the KV-event subscribers follow it).
     changed: tokio::sync::Notify,
     /// Whether the engine scrape also fetches each pod's `GET /v1/models` (the scheduler's
@@ -517,6 +521,7 @@ impl Endpoints {
             index,
             metrics,
             max_engine_blocks: DEFAULT_MAX_ENGINE_BLOCKS,
+            views_for_every_pod: false,
             changed: tokio::sync::Notify::new(),
             fetch_served_models: AtomicBool::new(false),
         }
@@ -535,6 +540,13 @@ impl Endpoints {
     /// Bounds each pod's engine view at `blocks` (before any pod is added).
     pub fn with_max_engine_blocks(mut self, blocks: usize) -> Endpoints {
         self.max_engine_blocks = blocks;
+        self
+    }
+
+    /// Gives every pod an engine view (before any pod is added): the shared KV-event socket
+    /// feeds pods that have no publisher of their own.
+    pub fn with_engine_views_for_every_pod(mut self, every: bool) -> Endpoints {
+        self.views_for_every_pod = every;
         self
     }
 
@@ -670,10 +682,8 @@ impl Endpoints {
             rendezvous: rendezvous_key(&spec.address),
             generation: RwLock::new(generation),
             containers_started: AtomicI64::new(spec.containers_started.unwrap_or(NOT_STARTED)),
-            engine: spec
-                .kv_events
-                .as_ref()
-                .map(|_| EngineView::new(self.max_engine_blocks)),
+            engine: (spec.kv_events.is_some() || self.views_for_every_pod)
+                .then(|| EngineView::new(self.max_engine_blocks)),
             spec,
             inflight_series: OnceLock::new(),
             picks_series: OnceLock::new(),

@@ -22,8 +22,11 @@
 //! only as it is stored again (engines announce a block when they store it, not when they reuse
 //! it).
 //!
+//! Pods without a publisher of their own can be fed by the shared socket instead ([`shared`]:
+//! one socket the picker binds, the engines connect to, each naming its pod in its topic).
+//!
 //! Knobs (`picker.kvEvents`): `topic` (vLLM's `topic`, default empty), `maxBlocksPerPod`
-//! (each view's bound, default 2^20 blocks).
+//! (each view's bound, default 2^20 blocks), `bind` (the shared socket, default none).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -39,6 +42,7 @@ use tokio_util::sync::CancellationToken;
 use crate::endpoints::{DEFAULT_MAX_ENGINE_BLOCKS, Endpoint, Endpoints};
 use crate::engine_view::EngineView;
 use crate::kv_events::event::{KvEvent, Limits};
+use crate::kv_events::shared::BindEndpoint;
 use crate::kv_events::subscriber::{
     ResetReason, Subscriber, SubscriberConfig, SubscriberStats, Update,
 };
@@ -54,6 +58,10 @@ pub struct KvEventsSection {
     pub topic: String,
     /// Each pod's view holds at most this many blocks (stores beyond are skipped, counted).
     pub max_blocks_per_pod: usize,
+    /// Where the shared socket binds (`tcp://*:5557`), which the engines connect to, naming
+    /// their pod in their topic (an `EndpointPickerConfig`'s `kvEventsConfig.zmqEndpoint`);
+    /// none: only pods' own publishers are read.
+    pub bind: Option<BindEndpoint>,
     /// With no `topic`, a prefix the publisher's topic must start with (an
     /// `EndpointPickerConfig`'s `kvEventsConfig.topicFilter`, ZeroMQ's subscription filter;
     /// not a key of its own).
@@ -66,10 +74,13 @@ impl Default for KvEventsSection {
         KvEventsSection {
             topic: String::new(),
             max_blocks_per_pod: DEFAULT_MAX_ENGINE_BLOCKS,
+            bind: None,
             topic_prefix: String::new(),
         }
     }
 }
+
+pub mod shared;
 
 /// How often a consumer copies its subscriber's counters into the metrics when no update
 /// arrives.
@@ -207,7 +218,7 @@ async fn subscribe(
     let stats = subscriber.stats();
     let (tx, mut rx) = mpsc::channel(256);
     let task = tokio::spawn(subscriber.run(tx, cancel.clone()));
-    let mut consumer = Consumer::new(&endpoint, view, endpoints.index(), metrics, stats);
+    let mut consumer = Consumer::new(endpoint.clone(), endpoints.index().clone(), &metrics, stats);
     tracing::info!(pod = %endpoint.spec.id, endpoint = %address.endpoint, "subscribing to KV events");
     let mut tick = tokio::time::interval(STATS_PERIOD);
     loop {
@@ -266,12 +277,11 @@ impl PodSeries {
     }
 }
 
-/// Applies one pod's updates to its view and counts them.
-struct Consumer<'a> {
-    endpoint: &'a Endpoint,
-    view: &'a EngineView,
+/// Applies one pod's updates to its view (none: nothing to apply) and counts them.
+struct Consumer {
+    endpoint: Arc<Endpoint>,
     /// The estimate, dropped for this pod when its engine lost its cache.
-    index: &'a PrefixIndex,
+    index: Arc<PrefixIndex>,
     series: PodSeries,
     stats: Arc<SubscriberStats>,
     /// The subscriber's counters at the last sync, per [`StreamEvent`].
@@ -282,20 +292,18 @@ struct Consumer<'a> {
     no_batch_after: Duration,
 }
 
-impl<'a> Consumer<'a> {
+impl Consumer {
     fn new(
-        endpoint: &'a Endpoint,
-        view: &'a EngineView,
-        index: &'a PrefixIndex,
-        metrics: EngineTruthMetrics,
+        endpoint: Arc<Endpoint>,
+        index: Arc<PrefixIndex>,
+        metrics: &EngineTruthMetrics,
         stats: Arc<SubscriberStats>,
-    ) -> Consumer<'a> {
-        let series = PodSeries::new(&metrics, endpoint);
+    ) -> Consumer {
+        let series = PodSeries::new(metrics, &endpoint);
         series.live.set(0);
         series.connected.set(0);
         Consumer {
             endpoint,
-            view,
             index,
             series,
             stats,
@@ -305,7 +313,16 @@ impl<'a> Consumer<'a> {
         }
     }
 
+    /// The pod's view (every consumer's pod has one: it is what it subscribes for).
+    fn view(&self) -> Option<&EngineView> {
+        self.endpoint.engine.as_ref()
+    }
+
     fn apply(&mut self, update: Update) {
+        let endpoint = self.endpoint.clone();
+        let Some(view) = endpoint.engine.as_ref() else {
+            return;
+        };
         match update {
             // Live on evidence, not on a connection: a connection alone says nothing of what
             // the engine holds (a publisher on another topic, one that never sends, frames
@@ -316,21 +333,21 @@ impl<'a> Consumer<'a> {
             Update::Connected => {
                 self.waiting = Some((Instant::now(), self.endpoint.picks()));
                 self.series.connected.set(1);
-                self.view.set_live(false);
+                view.set_live(false);
             }
             Update::Batch { batch, .. } => {
                 let mut counts = [0u64; KvEventKind::ALL.len()];
                 for event in &batch.events {
-                    self.apply_event(event, &mut counts);
+                    self.apply_event(view, event, &mut counts);
                 }
-                self.view.set_live(true);
+                view.set_live(true);
                 self.waiting = None;
                 for (counter, n) in self.series.kv_events.iter().zip(counts) {
                     counter.inc_by(n);
                 }
             }
             Update::Reset { reason } => {
-                let dropped = self.view.clear();
+                let dropped = view.clear();
                 tracing::warn!(
                     pod = %self.endpoint.spec.id,
                     reason = %reason,
@@ -344,7 +361,7 @@ impl<'a> Consumer<'a> {
             Update::Disconnected => {
                 self.waiting = None;
                 self.series.connected.set(0);
-                self.view.set_live(false);
+                view.set_live(false);
             }
         }
         self.sync_stats();
@@ -374,7 +391,12 @@ impl<'a> Consumer<'a> {
         );
     }
 
-    fn apply_event(&self, event: &KvEvent, counts: &mut [u64; KvEventKind::ALL.len()]) {
+    fn apply_event(
+        &self,
+        view: &EngineView,
+        event: &KvEvent,
+        counts: &mut [u64; KvEventKind::ALL.len()],
+    ) {
         match event {
             KvEvent::BlockStored {
                 block_hashes,
@@ -385,7 +407,7 @@ impl<'a> Consumer<'a> {
                 ..
             } if on_gpu(medium.as_deref()) => {
                 let hashes: Vec<u64> = block_hashes.iter().map(|h| h.0).collect();
-                let stored = self.view.store(
+                let stored = view.store(
                     parent.map(|p| p.0),
                     &hashes,
                     token_ids,
@@ -399,10 +421,10 @@ impl<'a> Consumer<'a> {
                 medium,
             } if on_gpu(medium.as_deref()) => {
                 let hashes: Vec<u64> = block_hashes.iter().map(|h| h.0).collect();
-                counts[2] += self.view.remove(&hashes) as u64;
+                counts[2] += view.remove(&hashes) as u64;
             }
             KvEvent::AllBlocksCleared => {
-                self.view.clear();
+                view.clear();
                 self.engine_lost_its_cache("the engine cleared its cache");
                 counts[3] += 1;
             }
@@ -445,8 +467,10 @@ impl<'a> Consumer<'a> {
         self.series
             .lag
             .set(s.last_lag_ms.load(Relaxed) as f64 / 1e3);
-        self.series.blocks.set(self.view.blocks() as i64);
-        self.series.live.set(i64::from(self.view.is_live()));
+        if let Some(view) = self.view() {
+            self.series.blocks.set(view.blocks() as i64);
+            self.series.live.set(i64::from(view.is_live()));
+        }
     }
 }
 
@@ -551,7 +575,7 @@ mod tests {
         let view = e.engine.as_ref().expect("a view");
         let stats = Arc::new(SubscriberStats::default());
         let mut consumer =
-            Consumer::new(&e, view, endpoints.index(), metrics.engine.clone(), stats);
+            Consumer::new(e.clone(), endpoints.index().clone(), &metrics.engine, stats);
         consumer.no_batch_after = Duration::ZERO;
         let series = |kind: &str| {
             metrics

@@ -47,6 +47,8 @@ pub struct Running {
     pub health_addr: Option<SocketAddr>,
     /// Who may call the debug endpoints (`off`, `loopback`, ...), for the start-up line.
     pub debug_endpoints: &'static str,
+    /// The shared KV-event socket's endpoint (`picker.kvEvents.bind`), with the port bound.
+    pub kv_events_bound: Option<String>,
     pub router: Arc<Router>,
     pub shutdown: CancellationToken,
     tasks: JoinSet<anyhow::Result<()>>,
@@ -170,6 +172,15 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
     let registry = prometheus::Registry::new();
     let (router, prefix_metrics) = router(&config, &registry);
     let discovery = discovery(&config, &router, &registry).await?;
+    // A socket that cannot be bound stops start-up, as a listener does.
+    let shared_events = match &config.picker.kv_events.bind {
+        Some(at) => {
+            let filter = &config.picker.kv_events.topic_prefix;
+            Some(crate::kv_events::SharedSocket::bind(at, filter).await?)
+        }
+        None => None,
+    };
+    let kv_events_bound = shared_events.as_ref().map(|s| s.bound().to_string());
 
     let shutdown = CancellationToken::new();
     let ready = Arc::new(AtomicBool::new(false));
@@ -202,6 +213,7 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
         &router,
         &registry,
         pods_listed,
+        shared_events,
         &shutdown,
         &mut tasks,
     )?;
@@ -211,6 +223,7 @@ pub async fn start_with(config: Config, listen: Listeners<'_>) -> anyhow::Result
         admin_addr,
         health_addr,
         debug_endpoints: debug_access.as_str(),
+        kv_events_bound,
         router,
         shutdown,
         tasks,
@@ -258,13 +271,14 @@ fn start_background(
     router: &Arc<Router>,
     registry: &prometheus::Registry,
     pods_listed: Option<watch::Receiver<bool>>,
+    shared_events: Option<crate::kv_events::SharedSocket>,
     shutdown: &CancellationToken,
     tasks: &mut JoinSet<anyhow::Result<()>>,
 ) -> anyhow::Result<Option<crate::sync::Sync>> {
     let generations_known = scrape_engines(config, router, registry, shutdown, tasks);
     expire_routes(router, shutdown, tasks);
     dispatch_queued(router, shutdown, tasks);
-    follow_engines(config, router, shutdown, tasks);
+    follow_engines(config, router, shared_events, shutdown, tasks);
     start_kvcache(config, router, shutdown, tasks)?;
     let Some(sync) = &config.sync else {
         return Ok(None);
@@ -607,14 +621,28 @@ fn scrape_engines(
     generations_known
 }
 
-/// Engine truth: a KV-event subscriber per publishing pod ([`crate::engine_events`]) and, with
-/// `picker.tokenizer`, the background tokenizer of prompt heads.
+/// Engine truth: a KV-event subscriber per publishing pod ([`crate::engine_events`]), the
+/// shared socket's reader when one is bound, and, with `picker.tokenizer`, the background
+/// tokenizer of prompt heads.
 fn follow_engines(
     config: &Config,
     router: &Arc<Router>,
+    shared_events: Option<crate::kv_events::SharedSocket>,
     shutdown: &CancellationToken,
     tasks: &mut JoinSet<anyhow::Result<()>>,
 ) {
+    if let Some(socket) = shared_events {
+        let follow = crate::engine_events::shared::follow(
+            socket,
+            router.endpoints.clone(),
+            router.metrics.engine.clone(),
+            shutdown.clone(),
+        );
+        tasks.spawn(async move {
+            follow.await;
+            Ok(())
+        });
+    }
     let follow = crate::engine_events::follow(
         router.endpoints.clone(),
         config.picker.kv_events.clone(),

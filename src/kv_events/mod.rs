@@ -43,14 +43,24 @@
 //!
 //! # Subscribing ([`subscriber`])
 //! One task per pod: a SUB socket, the sequence tracked, gaps filled through the replay endpoint,
-//! a [`Reset`](subscriber::Update::Reset) when they cannot be; see its header.
+//! a [`Reset`](subscriber::Update::Reset) when they cannot be; see its header. The numbering
+//! itself: [`sequence`].
+//!
+//! # The shared socket ([`shared`], [`topic`])
+//! One SUB socket the picker binds and the engines connect to (llm-d's `zmqEndpoint`), each
+//! engine naming its pod in its topic, `kv@<pod>@<model>`; no replay.
 
 pub mod event;
 mod msgpack;
+pub(crate) mod sequence;
+pub mod shared;
 pub mod subscriber;
+pub mod topic;
 
 #[cfg(test)]
 mod tests;
 
 pub use event::{DecodeError, EngineBlockHash, EventBatch, KvEvent, Limits, decode_batch};
+pub use shared::{BindEndpoint, BindEndpointError, SharedSocket};
 pub use subscriber::{ResetReason, Subscriber, SubscriberConfig, SubscriberStats, Update};
+pub use topic::TopicPod;

@@ -148,6 +148,46 @@ impl StreamEvent {
     }
 }
 
+/// What became of a message on the shared KV-event socket (`outcome` of
+/// `prefix_picker_kv_events_shared_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SharedOutcome {
+    /// Handed to the stream of the pod its topic names (counted there from then on).
+    Routed,
+    /// Its topic names no pod in the set.
+    UnknownPod,
+    /// Its topic names an IP (or a pod name) that several pods share.
+    AmbiguousPod,
+    /// Its pod has a publisher of its own (`kvEventsEndpoint`), read there.
+    OwnPublisher,
+    /// A topic outside the filter.
+    WrongTopic,
+    /// Not `[topic, seq, payload]` with an 8-byte sequence.
+    Malformed,
+}
+
+impl SharedOutcome {
+    pub const ALL: [SharedOutcome; 6] = [
+        SharedOutcome::Routed,
+        SharedOutcome::UnknownPod,
+        SharedOutcome::AmbiguousPod,
+        SharedOutcome::OwnPublisher,
+        SharedOutcome::WrongTopic,
+        SharedOutcome::Malformed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SharedOutcome::Routed => "routed",
+            SharedOutcome::UnknownPod => "unknown_pod",
+            SharedOutcome::AmbiguousPod => "ambiguous_pod",
+            SharedOutcome::OwnPublisher => "own_publisher",
+            SharedOutcome::WrongTopic => "wrong_topic",
+            SharedOutcome::Malformed => "malformed",
+        }
+    }
+}
+
 /// How a request's engine tokens were found (`outcome` of `prefix_picker_engine_tokens_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeadOutcome {
@@ -222,6 +262,13 @@ const CONNECTED: Family = Family::gauge(
     "1 while the picker holds a connection to a pod's KV-event publisher (live or not: a view is live from its first batch)",
     &POD,
 );
+const SHARED: Family = Family::counter(
+    "prefix_picker_kv_events_shared_total",
+    "Messages on the shared KV-event socket the engines connect to (picker.kvEvents.bind), by outcome: routed to the pod its topic names, or dropped",
+    &[Enum("outcome", || {
+        SharedOutcome::ALL.map(SharedOutcome::as_str).to_vec()
+    })],
+);
 /// Its sources are given at registration.
 const MATCH_SOURCE: Family = Family::counter(
     "prefix_picker_match_source_total",
@@ -268,6 +315,7 @@ pub struct EngineTruthMetrics {
     pub view_blocks: IntGaugeVec,
     pub view_live: IntGaugeVec,
     pub connected: IntGaugeVec,
+    pub shared: IntCounterVec,
     pub match_source: IntCounterVec,
     pub holds: IntCounterVec,
     pub engine_tokens: IntCounterVec,
@@ -296,6 +344,7 @@ impl EngineTruthMetrics {
             view_blocks: VIEW_BLOCKS.register(registry),
             view_live: VIEW_LIVE.register(registry),
             connected: CONNECTED.register(registry),
+            shared: SHARED.register(registry),
             match_source: MATCH_SOURCE.register_with(registry, &[sources]),
             holds: HOLDS.register_with(registry, &[hold_ends]),
             engine_tokens: ENGINE_TOKENS.register(registry),

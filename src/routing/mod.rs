@@ -185,7 +185,8 @@ impl Router {
         let scheduler = LiveScheduler::new(scheduler, picker.clone());
         let endpoints = Arc::new(
             Endpoints::new(scheduler.index().clone(), metrics.clone())
-                .with_max_engine_blocks(picker.kv_events.max_blocks_per_pod),
+                .with_max_engine_blocks(picker.kv_events.max_blocks_per_pod)
+                .with_engine_views_for_every_pod(picker.kv_events.bind.is_some()),
         );
         endpoints.set_fetch_served_models(served_models);
         let heads = picker

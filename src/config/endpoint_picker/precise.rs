@@ -28,13 +28,18 @@
 //! `kvEventsReplayPort`). A `token-producer` with a `vllm` backend is `picker.tokenizer:
 //! {source: engine}` (each pod's own `/tokenize`, not one `vllm.url`). The block keys are the
 //! engine view's own (token chains at the engine's block size), so `tokenProcessorConfig` and
-//! the index's internals change nothing here. Not implemented, warned about: `zmqEndpoint` (one
-//! socket the engines connect to, the pod named in the topic; llm-d's sim configs use it, so
-//! it is not refused). Refused by name: `tokenizersPoolConfig` (as llm-d),
+//! the index's internals change nothing here. `zmqEndpoint` (one socket the engines connect to,
+//! each naming its pod in its topic, `kv@<pod>@<model>`; llm-d's sim configs use it) is
+//! `picker.kvEvents.bind` (`engine_events::shared`); with it `discoverPods` defaults to off here
+//! (the engines connect to the picker: per-pod subscriptions to sockets no engine binds would
+//! only fail), and `discoverPods: true` reads both (a pod with its own publisher is read there).
+//! Refused by name: `tokenizersPoolConfig` (as llm-d),
 //! `kvBlockIndexConfig.redisConfig` (replicas share what they record by `sync:`).
 
 use serde::Deserialize;
 use serde_yaml_ng::Value as Yaml;
+
+use crate::kv_events::shared::BindEndpoint;
 
 /// What the producer asks of the engine views.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,8 +47,10 @@ pub struct PreciseEvents {
     /// `kvEventsConfig.topicFilter`: the publishers' topic prefix.
     pub topic_filter: String,
     /// `podDiscoveryConfig.socketPort` and `replaySocketPort` on each pod's address, when
-    /// `discoverPods` (llm-d's default).
+    /// `discoverPods` (llm-d's default, without `zmqEndpoint`).
     pub ports: Option<(u16, Option<u16>)>,
+    /// `zmqEndpoint`: the shared socket the engines connect to.
+    pub bind: Option<BindEndpoint>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -175,12 +182,13 @@ pub(super) fn producer(
         indexer.kv_cache_backend_configs,
     );
     let events = p.kv_events_config.unwrap_or_default();
-    if let Some(at) = events.zmq_endpoint.filter(|e| !e.is_empty()) {
-        // llm-d's sim configs use it: refusing it would refuse them.
-        warnings.push(format!(
-            "plugins[{name}]: kvEventsConfig.zmqEndpoint {at:?} (one socket the engines connect to, the pod named in the topic) is not implemented by prefix-picker: only per-pod publishers are read (endpoints[].kvEventsEndpoint, podDiscoveryConfig.socketPort); pods without one are matched by the estimate"
-        ));
-    }
+    // llm-d reads an empty zmqEndpoint as unset.
+    let bind = match events.zmq_endpoint.filter(|e| !e.is_empty()) {
+        Some(at) => Some(
+            BindEndpoint::try_from(at).map_err(|e| format!("kvEventsConfig.zmqEndpoint: {e}"))?,
+        ),
+        None => None,
+    };
     match events.engine_type.as_deref() {
         None | Some("" | "vllm" | "sglang") => {}
         Some(other) => {
@@ -192,7 +200,7 @@ pub(super) fn producer(
     if let Some(c) = events.concurrency.filter(|&c| c < 0) {
         return Err(format!("kvEventsConfig.concurrency must be >= 0, got {c}"));
     }
-    let ports = match events.discover_pods.unwrap_or(true) {
+    let ports = match events.discover_pods.unwrap_or(bind.is_none()) {
         false => None,
         true => {
             let d = events.pod_discovery_config.unwrap_or_default();
@@ -216,6 +224,7 @@ pub(super) fn producer(
             .topic_filter
             .unwrap_or_else(|| DEFAULT_TOPIC_FILTER.to_string()),
         ports,
+        bind,
     };
     Ok((events, pool))
 }

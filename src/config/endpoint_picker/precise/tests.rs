@@ -160,13 +160,55 @@ fn what_does_not_map_is_refused_naming_it() {
         assert!(e.contains(says), "{parameters}: {e}");
         assert!(e.contains("precise-prefix-cache-producer"), "{e}");
     }
-    // zmqEndpoint (llm-d's sim configs' global socket) loads, with a warning.
+    // zmqEndpoint (llm-d's sim configs' global socket) is the shared socket, without a
+    // warning; pods' own publishers are then not derived unless discoverPods says so.
     let c = Config::parse(&doc(
-        "{kvEventsConfig: {zmqEndpoint: 'tcp://0.0.0.0:5557'}}",
+        "{kvEventsConfig: {zmqEndpoint: 'tcp://*:5557'}}",
         ENDPOINTS,
     ))
     .unwrap();
-    assert!(c.warnings.iter().any(|w| w.contains("zmqEndpoint")));
+    assert!(
+        !c.warnings.iter().any(|w| w.contains("zmqEndpoint")),
+        "{:?}",
+        c.warnings
+    );
+    let bind = c.picker.kv_events.bind.as_ref().expect("bound");
+    assert_eq!(bind.to_string(), "tcp://*:5557");
+    assert_eq!(bind.address(), "0.0.0.0:5557".parse().unwrap());
+    assert_eq!(c.picker.kv_events.topic_prefix, "kv@");
+    assert_eq!(c.endpoints[0].kv_events_endpoint, None, "a engine connects");
+    let both = Config::parse(&doc(
+        "{kvEventsConfig: {zmqEndpoint: 'tcp://*:5557', discoverPods: true}}",
+        ENDPOINTS,
+    ))
+    .unwrap();
+    assert!(both.picker.kv_events.bind.is_some());
+    assert!(
+        both.endpoints
+            .iter()
+            .all(|e| e.kv_events_endpoint.is_some())
+    );
+    // The picker section binds the same, or refuses another.
+    let zmq = "{kvEventsConfig: {zmqEndpoint: 'tcp://*:5557'}}";
+    let own = |at: &str| format!("{ENDPOINTS}picker: {{kvEvents: {{bind: '{at}'}}}}\n");
+    assert!(Config::parse(&doc(zmq, &own("tcp://*:5557"))).is_ok());
+    let e = Config::parse(&doc(zmq, &own("tcp://*:6000")))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("kvEvents.bind tcp://*:6000"), "{e}");
+    assert!(e.contains("binds tcp://*:5557"), "{e}");
+    // An empty one is unset, as llm-d reads it.
+    let c = Config::parse(&doc("{kvEventsConfig: {zmqEndpoint: ''}}", ENDPOINTS)).unwrap();
+    assert!(c.picker.kv_events.bind.is_none());
+    // A bad one is refused, naming it.
+    let e = Config::parse(&doc(
+        "{kvEventsConfig: {zmqEndpoint: 'tcp://epp:5557'}}",
+        ENDPOINTS,
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("kvEventsConfig.zmqEndpoint"), "{e}");
+    assert!(e.contains("\"tcp://epp:5557\""), "{e}");
 
     // A consumer naming a plugin that is not a producer, or none; consumers naming both kinds.
     let e = Config::parse(&doc("{}", ENDPOINTS).replace(
