@@ -22,6 +22,13 @@ Usage:
         forget                   drop the oldest batch held for replay (a full buffer)
         raw FRAME...             publish raw frames, each hex (`-` for an empty frame)
         quit
+  kv_events_wire.py connect ENDPOINT
+      connects a publisher to ENDPOINT (a picker's shared socket, as a vLLM configured with
+      `"endpoint": "tcp://picker:5557"` does), prints `subscribed TOPIC_HEX` for each
+      subscription the bound SUB socket sends, and serves from stdin, answering each with `ok`:
+        pub TOPIC SEQ            publish batch SEQ (MAP layout) on TOPIC
+        raw FRAME...             publish raw frames, as above
+        quit
 With `topic-in-replay` the replay replies carry the topic before the sequence number (and an
 empty one before the end marker), as current vLLM sends them; without, as SGLang and earlier vLLM.
 The publisher is an XPUB socket only so that the test can see its subscription arrive (no
@@ -300,9 +307,43 @@ def publish(topic: str, topic_in_replay: bool):
             print("ok", flush=True)
 
 
+def connect(endpoint: str):
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.XPUB)
+    pub.setsockopt(zmq.XPUB_VERBOSE, 1)
+    pub.connect(endpoint)
+    poller = zmq.Poller()
+    poller.register(pub, zmq.POLLIN)
+    poller.register(sys.stdin, zmq.POLLIN)
+    while True:
+        ready = dict(poller.poll())
+        if pub in ready:
+            msg = pub.recv()
+            if msg[:1] == b"\x01":
+                print("subscribed", msg[1:].hex(), flush=True)
+        if sys.stdin.fileno() in ready or sys.stdin in ready:
+            line = sys.stdin.readline()
+            if not line:
+                return
+            cmd, *args = line.split()
+            if cmd == "quit":
+                return
+            if cmd == "pub":
+                topic, seq = args[0], int(args[1])
+                pub.send_multipart((topic.encode(), seq.to_bytes(8, "big"), batch(seq)))
+            elif cmd == "raw":
+                pub.send_multipart([b"" if a == "-" else bytes.fromhex(a) for a in args])
+            else:
+                print("unknown command", cmd, file=sys.stderr, flush=True)
+                sys.exit(2)
+            print("ok", flush=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["golden"]:
         golden()
+    elif len(sys.argv) == 3 and sys.argv[1] == "connect":
+        connect(sys.argv[2])
     elif len(sys.argv) == 3 and sys.argv[1] == "publish":
         publish(sys.argv[2], False)
     elif sys.argv[1:2] == ["publish"] and sys.argv[3:] == ["topic-in-replay"]:
