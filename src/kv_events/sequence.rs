@@ -3,7 +3,84 @@
 //! delivered. Used by one pod's subscriber ([`super::subscriber`]) and by the shared socket's
 //! per-pod streams (`engine_events::shared`), which have no replay: a gap there resets.
 
-use super::subscriber::ResetReason;
+use std::fmt;
+
+/// The largest gap asked for: vLLM's default replay buffer (`buffer_steps`).
+pub const MAX_REPLAY: u64 = 10_000;
+
+/// Why a `Update::Reset` was sent. `expected..received` are the sequence numbers missed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetReason {
+    /// A gap and no replay endpoint configured.
+    NoReplayEndpoint { expected: u64, received: u64 },
+    /// A gap larger than [`MAX_REPLAY`].
+    GapTooLarge { expected: u64, received: u64 },
+    /// Replay failed or did not return every missing batch (or returned one that failed to
+    /// decode); `replayed` batches had arrived.
+    ReplayIncomplete {
+        expected: u64,
+        received: u64,
+        replayed: u64,
+    },
+    /// The first message after a reconnect was not the next one.
+    Reconnected { expected: u64, received: u64 },
+    /// The sequence went back: the publisher restarted.
+    PublisherRestarted { last: u64, received: u64 },
+}
+
+impl ResetReason {
+    /// Whether the batch after this reset may be caught up from the replay buffer: not after a
+    /// replay that just failed or where there is none.
+    pub(crate) fn may_catch_up(&self) -> bool {
+        match self {
+            ResetReason::NoReplayEndpoint { .. } | ResetReason::ReplayIncomplete { .. } => false,
+            ResetReason::GapTooLarge { .. }
+            | ResetReason::Reconnected { .. }
+            | ResetReason::PublisherRestarted { .. } => true,
+        }
+    }
+
+    /// A short stable name (a metric label).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ResetReason::NoReplayEndpoint { .. } => "no_replay_endpoint",
+            ResetReason::GapTooLarge { .. } => "gap_too_large",
+            ResetReason::ReplayIncomplete { .. } => "replay_incomplete",
+            ResetReason::Reconnected { .. } => "reconnected",
+            ResetReason::PublisherRestarted { .. } => "publisher_restarted",
+        }
+    }
+}
+
+impl fmt::Display for ResetReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            ResetReason::NoReplayEndpoint { expected, received } => write!(
+                f,
+                "missed batches {expected}..{received} and no replay endpoint"
+            ),
+            ResetReason::GapTooLarge { expected, received } => write!(
+                f,
+                "missed batches {expected}..{received}, more than {MAX_REPLAY} to replay"
+            ),
+            ResetReason::ReplayIncomplete {
+                expected,
+                received,
+                replayed,
+            } => write!(
+                f,
+                "missed batches {expected}..{received}; replay returned {replayed} of them"
+            ),
+            ResetReason::Reconnected { expected, received } => {
+                write!(f, "reconnected at batch {received}, expected {expected}")
+            }
+            ResetReason::PublisherRestarted { last, received } => write!(
+                f,
+                "sequence went back from {last} to {received}: the publisher restarted"
+            ),
+        }
+    }
+}
 
 /// The sequence as delivered so far.
 #[derive(Debug, Default)]

@@ -40,7 +40,6 @@
 //! [`SubscriberStats`] and warned about once per cause, never fatal.
 
 use std::collections::VecDeque;
-use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -53,6 +52,7 @@ use zeromq::{
 };
 
 use super::event::{EventBatch, Limits, decode_batch};
+pub use super::sequence::{MAX_REPLAY, ResetReason};
 use super::sequence::{Sequence, Verdict};
 use crate::backoff::Backoff;
 
@@ -60,8 +60,6 @@ use crate::backoff::Backoff;
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a replay may take, from connecting to the last batch of the gap.
 pub const REPLAY_TIMEOUT: Duration = Duration::from_secs(5);
-/// The largest gap asked for: vLLM's default replay buffer (`buffer_steps`).
-pub const MAX_REPLAY: u64 = 10_000;
 /// vLLM's end-of-replay marker: -1 as 8 big-endian bytes.
 const END_SEQ: [u8; 8] = [0xff; 8];
 
@@ -91,80 +89,6 @@ pub enum Update {
     Reset { reason: ResetReason },
     /// The connection is lost; the view stays valid until a `Reset` says otherwise.
     Disconnected,
-}
-
-/// Why a [`Update::Reset`] was sent. `expected..received` are the sequence numbers missed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResetReason {
-    /// A gap and no replay endpoint configured.
-    NoReplayEndpoint { expected: u64, received: u64 },
-    /// A gap larger than [`MAX_REPLAY`].
-    GapTooLarge { expected: u64, received: u64 },
-    /// Replay failed or did not return every missing batch (or returned one that failed to
-    /// decode); `replayed` batches had arrived.
-    ReplayIncomplete {
-        expected: u64,
-        received: u64,
-        replayed: u64,
-    },
-    /// The first message after a reconnect was not the next one.
-    Reconnected { expected: u64, received: u64 },
-    /// The sequence went back: the publisher restarted.
-    PublisherRestarted { last: u64, received: u64 },
-}
-
-impl ResetReason {
-    /// Whether the batch after this reset may be caught up from the replay buffer: not after a
-    /// replay that just failed or where there is none.
-    fn may_catch_up(&self) -> bool {
-        match self {
-            ResetReason::NoReplayEndpoint { .. } | ResetReason::ReplayIncomplete { .. } => false,
-            ResetReason::GapTooLarge { .. }
-            | ResetReason::Reconnected { .. }
-            | ResetReason::PublisherRestarted { .. } => true,
-        }
-    }
-
-    /// A short stable name (a metric label).
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            ResetReason::NoReplayEndpoint { .. } => "no_replay_endpoint",
-            ResetReason::GapTooLarge { .. } => "gap_too_large",
-            ResetReason::ReplayIncomplete { .. } => "replay_incomplete",
-            ResetReason::Reconnected { .. } => "reconnected",
-            ResetReason::PublisherRestarted { .. } => "publisher_restarted",
-        }
-    }
-}
-
-impl fmt::Display for ResetReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            ResetReason::NoReplayEndpoint { expected, received } => write!(
-                f,
-                "missed batches {expected}..{received} and no replay endpoint"
-            ),
-            ResetReason::GapTooLarge { expected, received } => write!(
-                f,
-                "missed batches {expected}..{received}, more than {MAX_REPLAY} to replay"
-            ),
-            ResetReason::ReplayIncomplete {
-                expected,
-                received,
-                replayed,
-            } => write!(
-                f,
-                "missed batches {expected}..{received}; replay returned {replayed} of them"
-            ),
-            ResetReason::Reconnected { expected, received } => {
-                write!(f, "reconnected at batch {received}, expected {expected}")
-            }
-            ResetReason::PublisherRestarted { last, received } => write!(
-                f,
-                "sequence went back from {last} to {received}: the publisher restarted"
-            ),
-        }
-    }
 }
 
 /// Counters of one subscriber, plain atomics for the integrator to export.
