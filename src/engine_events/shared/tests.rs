@@ -54,7 +54,7 @@ fn pods() -> (Arc<Endpoints>, RouterMetrics) {
     (endpoints, metrics)
 }
 
-fn named<'s>(set: &'s EndpointSet, id: &str) -> Result<String, &'static str> {
+fn named(set: &EndpointSet, id: &str) -> Result<String, &'static str> {
     match find_pod(set, id) {
         Found::One(e) => Ok(e.spec.id.to_string()),
         Found::None => Err("none"),
