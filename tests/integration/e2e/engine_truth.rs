@@ -6,7 +6,8 @@
 //! event socket leaves routing intact. With the `file` tokenizer source (the sims and the
 //! picker on the sim's `tokenizer.json`) requests are matched by the engines with no call to
 //! their `/tokenize`. A picker started beside a warm, idle engine holds what it cached, from the
-//! engine's replay buffer.
+//! engine's replay buffer. Engines that connect to the picker's shared socket instead, each
+//! naming its pod in its topic, are matched the same way.
 
 use super::{chat, send};
 use crate::harness::*;
@@ -362,6 +363,109 @@ async fn a_picker_started_beside_a_warm_engine_holds_what_it_cached() {
     let held = &pod(&e, "sim-1")["match"];
     assert_eq!(held["source"], "engine", "{e}");
     assert!(held["engine_tokens"].as_u64().unwrap() >= 64, "{e}");
+}
+
+/// Engines that connect to the picker's shared socket (`picker.kvEvents.bind`, llm-d's
+/// `zmqEndpoint`), each naming its pod in its topic (`kv@<IP:port>@<model>`, llm-d's guides),
+/// are matched by what they hold, like pods with publishers of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_on_the_shared_socket_are_matched_by_what_they_hold() {
+    use model_sim::engine::{Engine, EngineConfig};
+    use model_sim::kv_events::KvEventsConfig;
+    use model_sim::server::{SimConfig, app};
+    // The pods' addresses first (the picker lists them), their engines once it listens.
+    let mut listeners = Vec::new();
+    for _ in 0..2 {
+        listeners.push(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap());
+    }
+    let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+    let mut doc = testkit::scheduler_section(include_str!("../fixtures/kthena-router-config.yaml"))
+        .to_string();
+    doc.push_str("endpoints:\n");
+    for (i, a) in addrs.iter().enumerate() {
+        doc.push_str(&format!(
+            "- {{name: sim-{i}, namespace: default, address: \"{a}\"}}\n"
+        ));
+    }
+    doc.push_str(shipped_picker_section());
+    let mut config = Config::parse(&doc).unwrap();
+    config.picker.kv_events.bind = Some("tcp://127.0.0.1:0".to_string().try_into().unwrap());
+    let picker = start_picker(config).await;
+    let bound = picker.kv_events_bound.clone().expect("the shared socket");
+    let mut sims = Vec::new();
+    for (i, (listener, addr)) in listeners.into_iter().zip(&addrs).enumerate() {
+        let name = format!("sim-{i}");
+        let events = KvEventsConfig {
+            enable_kv_cache_events: true,
+            // No `*`: the engine connects, as vLLM does.
+            endpoint: bound.clone(),
+            topic: format!("kv@{addr}@m"),
+            ..KvEventsConfig::default()
+        };
+        let config = EngineConfig {
+            kv_events: events,
+            ..engine()
+        };
+        let engine = std::sync::Arc::new(Engine::start(config).await.unwrap());
+        let sim = SimConfig {
+            name: name.clone(),
+            model: None,
+            lora_adapters: Vec::new(),
+            max_loras: 1,
+            default_max_tokens: 1,
+            seed: 0,
+        };
+        let router = app(sim, engine.clone());
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        sims.push(Sim {
+            name,
+            addr: *addr,
+            engine,
+        });
+    }
+    let envoy = start_envoy_for_sims(&picker, &sims).await;
+    // Each engine's first batch after its connection reached the socket makes its view live (a
+    // batch published before is lost, as on any PUB socket): warm each until it is.
+    for s in &sims {
+        let live = view_series("live", &s.name);
+        let mut n = 0;
+        poll(&format!("{} live", s.name), || {
+            n += 1;
+            let (addr, name, live, picker) = (s.addr, s.name.clone(), live.clone(), &picker);
+            async move {
+                let warm = reqwest::Client::new()
+                    .post(format!("http://{addr}/v1/chat/completions"))
+                    .json(&chat(&format!("{name} warms up {n}. ").repeat(30), "hi"))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(warm.status(), 200);
+                (metric_opt(picker, &live).await == Some(1.0)).then_some(())
+            }
+        })
+        .await;
+    }
+    let routed = "prefix_picker_kv_events_shared_total{outcome=\"routed\"}";
+    assert!(metric(&picker, routed).await >= 2.0);
+    assert_eq!(
+        metric(
+            &picker,
+            "prefix_picker_kv_events_shared_total{outcome=\"unknown_pod\"}"
+        )
+        .await,
+        0.0
+    );
+    // A tenant's first request: its engine stores the head, the picker tokenizes it; then the
+    // pod that served it is matched by its engine.
+    let system = "You are the harbour master of tenant nine. Log every tide. ".repeat(20);
+    let served = first_request_held(&picker, &envoy, &chat(&system, "q1")).await;
+    let e = explain(&picker, &chat(&system, "q2")).await;
+    let held = &pod(&e, &served)["match"];
+    assert_eq!(held["source"], "engine", "{e}");
+    assert!(held["engine_tokens"].as_u64().unwrap() >= 64, "{e}");
+    let r = send(&envoy, "/v1/chat/completions", &chat(&system, "q3")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.served_by, served, "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
