@@ -42,6 +42,7 @@ use crate::kv_events::shared::{Message, Refusal, SharedSocket};
 use crate::kv_events::subscriber::{ResetReason, SubscriberStats, Update};
 use crate::kv_events::topic::TopicPod;
 use crate::metrics::engine_truth::{EngineTruthMetrics, SharedOutcome};
+use crate::prefix_index::PrefixIndex;
 
 /// Topics whose pod is remembered (within one pod set); past it they are forgotten and resolved
 /// again: a publisher that invents topics costs a lookup per message, not memory.
@@ -134,11 +135,7 @@ struct Lane {
 }
 
 impl Lane {
-    fn new(
-        endpoint: Arc<Endpoint>,
-        index: Arc<crate::prefix_index::PrefixIndex>,
-        metrics: &EngineTruthMetrics,
-    ) -> Lane {
+    fn new(endpoint: Arc<Endpoint>, index: Arc<PrefixIndex>, metrics: &EngineTruthMetrics) -> Lane {
         let stats = Arc::new(SubscriberStats::default());
         let mut consumer = Consumer::new(endpoint, index, metrics, stats.clone());
         // Its publisher is connected: it sent this message.

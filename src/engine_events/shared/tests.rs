@@ -8,7 +8,6 @@ use prometheus::Registry;
 use super::*;
 use crate::endpoints::{KvEventsAddress, Update as PodUpdate};
 use crate::metrics::RouterMetrics;
-use crate::prefix_index::PrefixIndex;
 
 const GOLDEN: &str = include_str!("../../../tests/wire/golden.txt");
 
