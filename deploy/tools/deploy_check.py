@@ -130,6 +130,12 @@ BAD_VALUES = {
     "PodDisruptionBudget keeping every replica": {"replicaCount": 2,
                                                   "podDisruptionBudget": {"minAvailable": 2}},
     "GIE args in sidecar mode": {"picker": {"args": "gie"}},
+    "shared KV-event socket with two replicas": {"replicaCount": 2,
+                                                 "picker": {"kvEventsBindPort": 5557}},
+    "shared KV-event socket on the admin port": {"picker": {"kvEventsBindPort": 9090}},
+    "shared KV-event socket bound twice": {"picker": {
+        "kvEventsBindPort": 5557, "settings": {"kvEvents": {"bind": "tcp://*:5558"}}}},
+    "shared KV-event socket port out of range": {"picker": {"kvEventsBindPort": 70000}},
 }
 
 # The chart's defaults must not render either: no image is published, and the message says

@@ -4,11 +4,13 @@
 //! by `scripts/test`), the committed plain manifests compared with the chart, every Envoy config
 //! they carry validated by Envoy itself, the picker config they carry validated by the binary,
 //! the Grafana dashboard and the alert rules checked against real expositions and by promtool
-//! (`monitoring`), the CI workflows checked against the GitHub-workflow schema, and the container
-//! images run as the chart runs them (`image`).
+//! (`monitoring`), the CI workflows checked against the GitHub-workflow schema, the shared
+//! KV-event socket's config key and ports (`kv_events_socket`), and the container images run as
+//! the chart runs them (`image`).
 
 mod debug_rbac;
 mod image;
+mod kv_events_socket;
 mod monitoring;
 
 use std::collections::BTreeSet;

@@ -151,6 +151,25 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if hasKey .Values.gateway "accessLog" }}
 {{- fail "gateway.accessLog was removed: the InferencePool filters of Istio and Envoy AI Gateway send each response to the picker on the routing stream, which records the completion there (with any number of replicas); the access log only added one entry per request that no replica could claim. Remove gateway.accessLog from your values, and the envoyHttpAls provider from the mesh config or the EnvoyProxy reference from the Gateway (docs/replicas.md)" }}
 {{- end }}
+{{- with .Values.picker.kvEventsBindPort }}
+{{- $port := int . }}
+{{- if or (lt $port 1) (gt $port 65535) }}
+{{- fail (printf "picker.kvEventsBindPort must be a port (1-65535) or 0 for none, got %v" .) }}
+{{- end }}
+{{- $kv := $.Values.picker.settings.kvEvents }}
+{{- if $kv }}{{ if hasKey $kv "bind" }}
+{{- fail "picker.kvEventsBindPort writes picker.settings.kvEvents.bind (tcp://*:<port>) and opens the port; set one of them, not both" }}
+{{- end }}{{ end }}
+{{- if gt (int $.Values.replicaCount) 1 }}
+{{- fail "picker.kvEventsBindPort needs replicaCount: 1: each engine connects to the Service once, which reaches one replica, so the others would never see its events. For several replicas, let each subscribe to every engine's own publisher (discovery.kubernetes.kvEventsPort; docs/kv-events.md#the-shared-socket)" }}
+{{- end }}
+{{- $taken := list $.Values.picker.grpcPort $.Values.picker.adminPort $.Values.picker.grpcHealthPort $.Values.envoy.port $.Values.envoy.healthPort $.Values.envoy.adminPort }}
+{{- range $taken }}
+{{- if eq (int .) $port }}
+{{- fail (printf "picker.kvEventsBindPort %d is already a port of the pod (picker.grpcPort, picker.adminPort, picker.grpcHealthPort, envoy.port, envoy.healthPort, envoy.adminPort)" $port) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if and (eq .Values.mode "sidecar") .Values.modelServers.headlessService.create (not .Values.modelServers.matchLabels) }}
 {{- fail "modelServers.matchLabels must be set to create the headless models Service" }}
 {{- end }}
