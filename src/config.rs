@@ -103,6 +103,9 @@ pub struct Config {
     /// Environment values read before the process environment (kvcache-aware's `REDIS_*`);
     /// never from the file: tests set them so that they never touch the process environment.
     pub env: BTreeMap<String, String>,
+    /// `auth.jwksUri` is set: Kthena would authenticate each request and know its user by its
+    /// JWT's `sub` (flow control's flows, with Kthena's fairness settings).
+    pub jwt_auth: bool,
 }
 
 #[derive(Debug, Error, PartialEq)]
@@ -135,6 +138,9 @@ pub enum ConfigError {
     PdGroupSyntax(String),
     #[error("{0}")]
     PdGroup(#[from] PdGroupError),
+    /// Kthena's fairness settings (its router's environment, read in Kthena's mode).
+    #[error("{0}")]
+    KthenaFairness(#[from] crate::flow_control::kthena::KthenaFairnessError),
     /// A problem of an `EndpointPickerConfig` document; `file` is ` <path>` once known.
     #[error("EndpointPickerConfig{file}: {message}")]
     EndpointPicker { file: String, message: String },
@@ -216,6 +222,7 @@ impl ConfigError {
                 field: "document".into(),
             },
             ConfigError::Read { .. }
+            | ConfigError::KthenaFairness(_)
             | ConfigError::EndpointPicker { .. }
             | ConfigError::Located { .. } => return None,
         })
@@ -277,10 +284,19 @@ impl Config {
         Config::parse(text).map_err(|e| e.in_file("epp.yaml", text))
     }
 
-    /// Parses and validates a config document: the sections read, then each checked in turn
-    /// (endpoints, pairs, discovery, the picker's numbers, the modes, the listeners, the
-    /// tokenizer, KV events). Every problem is reported, not just the first.
+    /// [`Config::parse_with_env`] with the process's environment.
     pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
+        Config::parse_with_env(text, &|name| std::env::var(name).ok())
+    }
+
+    /// Parses and validates a config document: the sections read, then each checked in turn
+    /// (endpoints, pairs, discovery, the picker's numbers, the modes, Kthena's fairness
+    /// settings from `env`, the listeners, the tokenizer, KV events). Every problem is
+    /// reported, not just the first.
+    pub fn parse_with_env(
+        text: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigErrors> {
         let root = root_mapping(text).map_err(|e| ConfigErrors(vec![e]))?;
         let mut config = Config::default();
         let mut errors = Vec::new();
@@ -296,6 +312,7 @@ impl Config {
         config.apply_affinity(&mut errors);
         config.apply_load_shedding(&mut errors);
         config.check_lora_affinity(&mut errors);
+        config.apply_kthena_fairness(env, &mut errors);
         config.apply_flow_control(&mut errors);
         config.picker.check_sections(&mut errors);
         config.load_tokenizer(&mut errors);
@@ -317,7 +334,13 @@ impl Config {
                 Some("scheduler") => {
                     self.scheduler = parse_scheduler(value, &mut self.warnings, errors);
                 }
-                Some("auth") => self.warnings.push(AUTH_IGNORED.into()),
+                Some("auth") => {
+                    self.warnings.push(AUTH_IGNORED.into());
+                    self.jwt_auth = value
+                        .get("jwksUri")
+                        .and_then(Yaml::as_str)
+                        .is_some_and(|u| !u.is_empty());
+                }
                 Some("endpoints") => match serde_yaml_ng::from_value(value.clone()) {
                     Ok(eps) => self.endpoints = eps,
                     Err(e) => errors.push(ConfigError::Endpoints(e.to_string())),
@@ -550,9 +573,35 @@ impl Config {
     /// pairs it does not measure); its numbers checked.
     fn apply_flow_control(&mut self, errors: &mut Vec<ConfigError>) {
         let fc = &mut self.picker.flow_control;
-        fc.resolve(self.scheduler.affinity.is_some() && self.scheduler.pd.is_none());
+        let kthena = fc.kthena.is_some();
+        fc.resolve(kthena || (self.scheduler.affinity.is_some() && self.scheduler.pd.is_none()));
         errors.extend(fc.validate().into_iter().map(ConfigError::Picker));
         self.warnings.extend(fc.warnings());
+    }
+
+    /// Kthena's fairness settings (`ENABLE_FAIRNESS_SCHEDULING`, `FAIRNESS_*` in `env`), in
+    /// Kthena's mode: flow control on, mapped ([`crate::flow_control::kthena`]). Elsewhere,
+    /// and for Kthena's session boost, a warning that they are not read.
+    fn apply_kthena_fairness(
+        &mut self,
+        env: &dyn Fn(&str) -> Option<String>,
+        errors: &mut Vec<ConfigError>,
+    ) {
+        use crate::flow_control::kthena;
+        let kthena_mode = self.picker.affinity.is_none() && self.scheduler.epp.is_none();
+        self.warnings
+            .extend(kthena::unread_switches(env, kthena_mode));
+        if !kthena_mode {
+            return;
+        }
+        match kthena::from_env(env, self.jwt_auth) {
+            Ok(None) => {}
+            Ok(Some(fairness)) => {
+                let warnings = fairness.apply(&mut self.picker.flow_control);
+                self.warnings.extend(warnings);
+            }
+            Err(e) => errors.push(e.into()),
+        }
     }
 
     /// `picker.tokenizer`: checked, then loaded (its file read) when the check passes.

@@ -32,6 +32,8 @@
 //! queued request whose pick holds more of its prompt than some other candidate waits for that
 //! pod (picked when it queues); the others take the first pod with room.
 
+pub mod go_duration;
+pub mod kthena;
 pub mod queue;
 
 use std::collections::BTreeMap;
@@ -80,6 +82,10 @@ pub struct FlowControlConfig {
     /// Whether flow control is on, once resolved against the mode (not a key).
     #[serde(skip)]
     pub active: bool,
+    /// Set when Kthena's fairness settings turned the queue on (not a key: its environment,
+    /// [`kthena`]): flows by Kthena's user per model, its charge, its per-model bound.
+    #[serde(skip)]
+    pub kthena: Option<kthena::KthenaFlows>,
 }
 
 impl Default for FlowControlConfig {
@@ -100,6 +106,7 @@ impl Default for FlowControlConfig {
             default_priority: 0,
             priorities: BTreeMap::new(),
             active: false,
+            kthena: None,
         }
     }
 }
@@ -164,6 +171,33 @@ impl FlowControlConfig {
     /// Resolves `enabled`: unset, `default` (on with the affinity mode, without `pdGroup`).
     pub fn resolve(&mut self, default: bool) {
         self.active = self.enabled.unwrap_or(default);
+    }
+
+    /// The service a request of `prompt_tokens` charges its flow when it leaves the queue:
+    /// its tokens weighted (the output as `expectedOutputTokens`), and with Kthena's settings
+    /// their input weight and per-request weight.
+    pub fn charge(&self, prompt_tokens: f64) -> f64 {
+        let (input, per_request) = self
+            .kthena
+            .as_ref()
+            .map_or((1.0, 0.0), |k| (k.input_weight, k.request_weight));
+        input * prompt_tokens
+            + self.output_weight * f64::from(self.expected_output_tokens)
+            + per_request
+    }
+
+    /// The flow of a request for `model` ([`flow_id`] of its fairness header; with Kthena's
+    /// settings, [`kthena::KthenaFlows::flow`]).
+    pub fn flow(&self, authorization: Option<&str>, header: Option<&str>, model: &str) -> String {
+        match &self.kthena {
+            None => flow_id(header).to_string(),
+            Some(k) => k.flow(authorization, header, model),
+        }
+    }
+
+    /// Whether the flow reads the request's `Authorization` header (Kthena's JWT user).
+    pub fn reads_authorization(&self) -> bool {
+        self.active && self.kthena.as_ref().is_some_and(|k| k.jwt_user)
     }
 
     /// The priority of an objective (`x-gateway-inference-objective`): the watched

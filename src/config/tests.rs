@@ -813,6 +813,95 @@ fn flow_control_is_on_with_the_affinity_mode_unless_set() {
     assert!(warned.contains("messageTimeoutSeconds"), "{warned}");
 }
 
+/// [`Config::parse_with_env`] with `vars` as the whole environment.
+fn parse_env(text: &str, vars: &[(&str, &str)]) -> Result<Config, ConfigErrors> {
+    let map: BTreeMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Config::parse_with_env(text, &|name| map.get(name).cloned())
+}
+
+#[test]
+fn kthenas_fairness_settings_turn_flow_control_on_in_kthenas_mode_only() {
+    let with_jwks = format!("{KTHENA_HELM_DEFAULT}  jwksUri: https://example.com/jwks\n");
+    let fairness = [
+        ("ENABLE_FAIRNESS_SCHEDULING", "true"),
+        ("FAIRNESS_WINDOW_SIZE", "1h"),
+        ("FAIRNESS_QUEUE_TIMEOUT", "45s"),
+        ("FAIRNESS_MAX_CONCURRENT", "16"),
+    ];
+    let c = parse_env(&with_jwks, &fairness).unwrap();
+    let fc = &c.picker.flow_control;
+    assert!(fc.active);
+    assert_eq!(fc.request_ttl_seconds, 45.0);
+    let k = fc.kthena.as_ref().unwrap();
+    assert!(
+        k.jwt_user,
+        "auth.jwksUri set: Kthena's user is the JWT's sub"
+    );
+    assert_eq!(k.max_in_flight_per_model, Some(16));
+    assert!(fc.reads_authorization());
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.starts_with("FAIRNESS_WINDOW_SIZE"))
+    );
+    // The Helm chart's default config names an issuer, no JWKS: Kthena authenticates nobody.
+    let anonymous = parse_env(KTHENA_HELM_DEFAULT, &fairness).unwrap();
+    assert!(!anonymous.picker.flow_control.kthena.unwrap().jwt_user);
+
+    // Unset or false: exactly the config without them.
+    let plain = Config::parse(KTHENA_HELM_DEFAULT).unwrap();
+    assert!(!plain.picker.flow_control.active);
+    for off in [
+        &[][..],
+        &[
+            ("ENABLE_FAIRNESS_SCHEDULING", "false"),
+            ("FAIRNESS_WINDOW_SIZE", "bad"),
+        ][..],
+    ] {
+        assert_eq!(
+            parse_env(KTHENA_HELM_DEFAULT, off).unwrap(),
+            plain,
+            "{off:?}"
+        );
+    }
+
+    // The affinity mode: not read, said.
+    let affinity = parse_env("picker: {affinity: {}}\n", &fairness).unwrap();
+    assert!(affinity.picker.flow_control.kthena.is_none());
+    assert_eq!(
+        affinity.picker.flow_control,
+        Config::parse("picker: {affinity: {}}\n")
+            .unwrap()
+            .picker
+            .flow_control
+    );
+    assert!(
+        affinity
+            .warnings
+            .iter()
+            .any(|w| w.starts_with("ENABLE_FAIRNESS_SCHEDULING=true: read in Kthena's mode only"))
+    );
+
+    // An invalid value stops the start, naming the variable and the value.
+    let e = parse_env(
+        KTHENA_HELM_DEFAULT,
+        &[
+            ("ENABLE_FAIRNESS_SCHEDULING", "true"),
+            ("FAIRNESS_QUEUE_TIMEOUT", "60"),
+        ],
+    )
+    .unwrap_err()
+    .in_file("router.yaml", KTHENA_HELM_DEFAULT)
+    .to_string();
+    assert!(
+        e.contains("FAIRNESS_QUEUE_TIMEOUT=\"60\"") && e.contains("Go duration"),
+        "{e}"
+    );
+}
+
 /// A routerConfiguration read from a file: each error names the file, the line and the field
 /// before its message (Kthena's own messages verbatim after that).
 #[test]

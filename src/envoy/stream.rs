@@ -178,6 +178,8 @@ pub(super) struct StreamState {
     /// Flow control: the fairness header's value and the objective header's.
     fairness_id: Option<String>,
     objective: Option<String>,
+    /// The `Authorization` header, kept only when the flow reads it (Kthena's JWT user).
+    authorization: Option<String>,
     /// Flow control queued the request: the hold for the driver to await, and what its reply
     /// needs.
     hold: Option<Hold>,
@@ -240,6 +242,7 @@ impl StreamState {
             kv_lookup: None,
             fairness_id: None,
             objective: None,
+            authorization: None,
             hold: None,
             held: None,
         }
@@ -273,6 +276,7 @@ impl StreamState {
 
     fn on_request_headers(&mut self, h: HttpHeaders) -> Vec<ProcessingResponse> {
         let epp_wanted = self.router.epp_request_headers();
+        let authorization_wanted = self.router.flow_reads_authorization();
         for header in h.headers.iter().flat_map(|m| &m.headers) {
             let value = header_value(header);
             if epp_wanted.contains(&header.key) {
@@ -290,6 +294,9 @@ impl StreamState {
                     && !value.is_empty() =>
                 {
                     self.session = Some(value.into_owned());
+                }
+                "authorization" if authorization_wanted => {
+                    self.authorization = Some(value.into_owned());
                 }
                 // GIE's spelling wins over llm-d's when both are sent.
                 key if FAIRNESS_HEADERS.contains(&key)
@@ -600,6 +607,7 @@ impl StreamState {
             headers: &self.epp_headers,
             kv: kv.as_ref(),
             flow: self.fairness_id.as_deref(),
+            authorization: self.authorization.as_deref(),
             objective: self.objective.as_deref(),
             span: Some(&span),
         })

@@ -73,6 +73,9 @@ pub struct FlowRequest<'a> {
     pub kv: Option<&'a KvBlockOwners>,
     /// The fairness header's value (`x-gateway-inference-fairness-id`).
     pub flow: Option<&'a str>,
+    /// The `Authorization` header's value, when the flow reads it
+    /// ([`FlowControlConfig::reads_authorization`]: Kthena's JWT user).
+    pub authorization: Option<&'a str>,
     /// The objective header's value (`x-gateway-inference-objective`).
     pub objective: Option<&'a str>,
     /// The span a queued request's pick is written in (the request id).
@@ -113,6 +116,7 @@ impl Owned {
             headers: &self.headers,
             kv: self.kv.as_ref(),
             flow: None,
+            authorization: None,
             objective: None,
             span: self.span.as_ref(),
         }
@@ -441,11 +445,10 @@ impl Router {
             .scheduler
             .affinity()
             .map_or(4, |a| a.bytes_per_token.max(1));
-        let cost = prompt_bytes as f64 / f64::from(bytes_per_token)
-            + fc.output_weight * f64::from(fc.expected_output_tokens);
+        let cost = fc.charge(prompt_bytes as f64 / f64::from(bytes_per_token));
         let admission = Admission {
             priority: fc.priority(request.objective, &self.flow.objectives),
-            flow: Arc::from(crate::flow_control::flow_id(request.flow)),
+            flow: Arc::from(fc.flow(request.authorization, request.flow, model)),
             pool: Arc::from(model),
             pod: routed.as_ref().map(|r| r.decision.primary().spec.address),
             bytes,
@@ -561,10 +564,12 @@ impl Router {
                             i64::try_from(q.pool_len(model, Some(e.spec.address)))
                                 .unwrap_or(i64::MAX)
                         };
+                        let budget = limits.total_budget(&c, held);
                         let free = live.scheduler.with_room_held(&c, limits, held);
                         Room {
                             pods: c.iter().map(|e| e.spec.address).collect(),
                             free: free.into_iter().map(|i| c[i].spec.address).collect(),
+                            budget,
                         }
                     },
                 );
@@ -644,6 +649,16 @@ impl Router {
         self.flow.shared.queue.lock().prune(now, PRUNE_BELOW);
     }
 
+    /// Whether the flow of a queued request reads its `Authorization` header (Kthena's JWT
+    /// user): the adapter keeps the header only then.
+    pub fn flow_reads_authorization(&self) -> bool {
+        self.scheduler
+            .load()
+            .picker
+            .flow_control
+            .reads_authorization()
+    }
+
     /// Whether a request for `candidates` would queue now (`/debug/explain`): flow control on,
     /// and something queued or no room.
     pub(super) fn would_queue(
@@ -659,18 +674,34 @@ impl Router {
 }
 
 /// A model's pods as a dispatch round sees them.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Room {
     /// Its candidates.
     pods: Vec<SocketAddr>,
     /// Those that had room at the round's first look and have had no dispatch since.
     free: Vec<SocketAddr>,
+    /// Dispatches the model may still take this round (Kthena's `FAIRNESS_MAX_CONCURRENT`).
+    budget: usize,
+}
+
+impl Default for Room {
+    /// No candidates: a request held for a pod may leave (to be picked again, and refused).
+    fn default() -> Self {
+        Room {
+            pods: Vec::new(),
+            free: Vec::new(),
+            budget: usize::MAX,
+        }
+    }
 }
 
 impl Room {
     /// Whether a request held for `pod` (`None`: for any pod) may leave now: its pod is free,
     /// or gone from the candidates (it is then picked again); any pod: one is free.
     fn can_take(&self, pod: Option<SocketAddr>) -> bool {
+        if self.budget == 0 {
+            return false;
+        }
         match pod {
             None => !self.free.is_empty(),
             Some(p) => self.free.contains(&p) || !self.pods.contains(&p),
@@ -679,6 +710,7 @@ impl Room {
 
     /// A dispatch to `pod` took its turn (a full pod's pick takes a free pod's).
     fn took(&mut self, pod: SocketAddr) {
+        self.budget = self.budget.saturating_sub(1);
         match self.free.iter().position(|p| *p == pod) {
             Some(i) => {
                 self.free.swap_remove(i);
@@ -694,6 +726,7 @@ fn room_limits(fc: &FlowControlConfig) -> RoomLimits {
     RoomLimits {
         max_wait: fc.max_wait_seconds,
         max_inflight: fc.max_in_flight_per_pod,
+        max_inflight_total: fc.kthena.as_ref().and_then(|k| k.max_in_flight_per_model),
     }
 }
 

@@ -22,11 +22,25 @@ use super::{Candidate, Scheduler};
 /// that learned none borrows the least its fellow candidates learned; none anywhere: room), its
 /// predicted wait for a slot is at most `max_wait` seconds (an engine queue the last scrape
 /// showed, drained at the pod's pace), and, when set, its in-flight count is under
-/// `max_inflight`.
+/// `max_inflight`; when `max_inflight_total` is set, no candidate has room while the candidates'
+/// in-flight counts together reach it (Kthena's per-model `FAIRNESS_MAX_CONCURRENT`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RoomLimits {
     pub max_wait: f64,
     pub max_inflight: Option<u32>,
+    pub max_inflight_total: Option<u32>,
+}
+
+impl RoomLimits {
+    /// How many more requests the candidates may take together by `max_inflight_total` (their
+    /// in-flight counts less `held(c)` each); `usize::MAX` without it.
+    pub fn total_budget<C: Candidate>(&self, candidates: &[C], held: impl Fn(&C) -> i64) -> usize {
+        let Some(max) = self.max_inflight_total else {
+            return usize::MAX;
+        };
+        let inflight: i64 = candidates.iter().map(|c| c.inflight() - held(c)).sum();
+        usize::try_from(i64::from(max) - inflight).unwrap_or(0)
+    }
 }
 
 impl Scheduler {
@@ -43,6 +57,9 @@ impl Scheduler {
         limits: RoomLimits,
         held: impl Fn(&C) -> i64,
     ) -> Vec<usize> {
+        if limits.total_budget(candidates, &held) == 0 {
+            return Vec::new();
+        }
         let mut pool = self.room_pool();
         pool.concurrency = candidates
             .iter()
@@ -76,6 +93,9 @@ impl Scheduler {
     /// Whether some candidate has room by [`RoomLimits`] (none when there are no candidates);
     /// stops at the first that has. Lock-free: atomic reads of each pod's counts.
     pub fn has_room<C: Candidate>(&self, candidates: &[C], limits: RoomLimits) -> bool {
+        if limits.total_budget(candidates, |_| 0) == 0 {
+            return false;
+        }
         let mut pool = self.room_pool();
         let under = |c: &C| {
             limits
@@ -413,6 +433,7 @@ mod tests {
         let limits = RoomLimits {
             max_wait: 1.0,
             max_inflight: None,
+            max_inflight_total: None,
         };
         // Nothing learned anywhere: room (nothing is known to be full).
         assert!(s.has_room(&[timed(50, None)], limits));
@@ -434,6 +455,19 @@ mod tests {
         };
         assert!(!s.has_room(&[timed(1, None)], capped));
         assert!(s.has_room(&[timed(0, None)], capped));
+        // A bound on the candidates together: none once their counts reach it.
+        let total = RoomLimits {
+            max_inflight_total: Some(3),
+            ..limits
+        };
+        let two_pods = [timed(1, None), timed(1, None)];
+        assert!(s.has_room(&two_pods, total));
+        assert_eq!(total.total_budget(&two_pods, |_| 0), 1);
+        let three = [timed(2, None), timed(1, None)];
+        assert!(!s.has_room(&three, total));
+        assert!(s.with_room(&three, total).is_empty());
+        assert_eq!(s.with_room_held(&three, total, |_| 1), [0, 1]);
+        assert_eq!(limits.total_budget(&three, |_| 0), usize::MAX);
         // A free slot behind an engine queue (other clients') predicted over max_wait: none.
         let mut queued = timed(0, Some(2.0));
         queued.waiting = 10.0;

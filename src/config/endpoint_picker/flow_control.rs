@@ -150,40 +150,13 @@ pub fn quantity(v: &Yaml, field: &str) -> Result<Option<usize>, String> {
     Ok(Some(value.min(usize::MAX as f64) as usize).filter(|&n| n > 0))
 }
 
-/// A Go duration (`60s`, `1m30s`, `500ms`) in seconds.
+/// A Go duration (`60s`, `1m30s`, `500ms`) in seconds, not negative.
 pub fn duration(text: &str, field: &str) -> Result<f64, String> {
-    let bad =
-        || format!("flowControl.{field} must be a duration such as 30s, 1m or 500ms, got {text:?}");
-    let mut rest = text.trim();
-    if rest == "0" {
-        return Ok(0.0);
-    }
-    let mut total = 0.0;
-    if rest.is_empty() {
-        return Err(bad());
-    }
-    while !rest.is_empty() {
-        let split = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(bad)?;
-        let number: f64 = rest[..split].parse().map_err(|_| bad())?;
-        rest = &rest[split..];
-        let unit_end = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let scale = match &rest[..unit_end] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(bad()),
-        };
-        total += number * scale;
-        rest = &rest[unit_end..];
-    }
-    Ok(total)
+    crate::flow_control::go_duration::seconds(text.trim())
+        .filter(|s| *s >= 0.0)
+        .ok_or_else(|| {
+            format!("flowControl.{field} must be a duration such as 30s, 1m or 500ms, got {text:?}")
+        })
 }
 
 /// The section, checked against the policy plugins declared (`name -> type`); `gate`: the

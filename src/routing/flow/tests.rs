@@ -1,6 +1,7 @@
 //! Flow control at the router: when requests queue, the order they leave in (fairness, bands),
 //! and every way one leaves unserved (TTL, bounds, displacement, a client gone), counted.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::*;
@@ -396,4 +397,117 @@ async fn shutdown_sends_every_queued_request_on() {
         admit(&router, "after", None, None),
         Admitted::Routed(_)
     ));
+}
+
+/// A router over three pods in Kthena's mode with `auth.jwksUri` and Kthena's fairness
+/// settings (`vars`, as its router's environment) on top of `ENABLE_FAIRNESS_SCHEDULING`.
+fn kthena_fairness_router(vars: &[(&str, &str)]) -> Router {
+    let mut env: HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    env.insert("ENABLE_FAIRNESS_SCHEDULING".into(), "true".into());
+    let config = crate::config::Config::parse_with_env(
+        "auth: {jwksUri: https://issuer.example/jwks}\n",
+        &|name| env.get(name).cloned(),
+    )
+    .expect("valid config");
+    let registry = prometheus::Registry::new();
+    let router = Router::assemble(
+        config.scheduler,
+        config.picker,
+        crate::metrics::PrefixCacheMetrics::register(&registry),
+        crate::metrics::RouterMetrics::register(&registry),
+    );
+    router
+        .endpoints
+        .apply(crate::endpoints::Update::Reset(three()));
+    router
+}
+
+/// `Authorization: Bearer <JWT>` whose subject is `user` (unsigned: the gateway verifies).
+fn bearer(user: &str) -> String {
+    use base64::Engine as _;
+    let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+    format!(
+        "Bearer {}.{}.sig",
+        b64(r#"{"alg":"RS256"}"#),
+        b64(&format!(r#"{{"sub":"{user}"}}"#))
+    )
+}
+
+fn admit_as(router: &Router, prompt: &str, authorization: &str) -> Admitted {
+    let b = body(prompt);
+    router
+        .route_flow(FlowRequest {
+            path: "/v1/completions",
+            body: Some(&b),
+            authorization: Some(authorization),
+            ..FlowRequest::default()
+        })
+        .expect("admitted")
+}
+
+#[tokio::test]
+async fn kthenas_fairness_bounds_the_model_and_serves_a_light_user_before_a_flooding_one() {
+    let router = kthena_fairness_router(&[("FAIRNESS_MAX_CONCURRENT", "2")]);
+    let (flood, light) = (bearer("flood"), bearer("light"));
+    // FAIRNESS_MAX_CONCURRENT bounds the model, not a pod: two requests in flight, the third
+    // queues though a pod is idle.
+    let mut tickets: Vec<Routed> = (0..2)
+        .map(|i| routed(admit_as(&router, &format!("flood {i}"), &flood)))
+        .collect();
+    assert_eq!(inflight(&router).iter().sum::<i64>(), 2);
+    let mut flooding: Vec<Hold> = (2..5)
+        .map(|i| held(admit_as(&router, &format!("flood {i}"), &flood)))
+        .collect();
+    let mut waiting = held(admit_as(&router, "light 0", &light));
+    assert_eq!(router.flow.queued(), 4);
+    // One slot frees at a time: the flood's oldest goes first (nobody was charged yet), then
+    // the light user, ahead of the flood's older requests (Kthena's order: the least usage).
+    let mut order = Vec::new();
+    for _ in 0..3 {
+        complete(&router, tickets.remove(0));
+        router.dispatch(Instant::now(), false);
+        let mut went = Vec::new();
+        for (who, h) in flooding
+            .iter_mut()
+            .map(|h| ("flood", h))
+            .chain([("light", &mut waiting)])
+        {
+            if let Some(Released::Routed(r)) = try_released(h) {
+                went.push(who);
+                tickets.push(r);
+            }
+        }
+        assert_eq!(went.len(), 1, "one slot, one dispatch: {went:?}");
+        order.push(went[0]);
+    }
+    assert_eq!(order, ["flood", "light", "flood"]);
+    assert_eq!(router.flow.queued(), 1);
+    let served = &router.metrics.flow.served_tokens;
+    assert!(served.with_label_values(&["light@m"]).get() > 0);
+    assert!(served.with_label_values(&["flood@m"]).get() > 0);
+}
+
+#[tokio::test]
+async fn kthenas_queue_timeout_is_the_ttl() {
+    let router = kthena_fairness_router(&[
+        ("FAIRNESS_MAX_CONCURRENT", "1"),
+        ("FAIRNESS_QUEUE_TIMEOUT", "2s"),
+    ]);
+    let user = bearer("u");
+    let _ticket = routed(admit_as(&router, "first", &user));
+    let mut h = held(admit_as(&router, "second", &user));
+    let now = Instant::now();
+    router.dispatch(now + Duration::from_secs(1), false);
+    assert!(
+        try_released(&mut h).is_none(),
+        "under the timeout: still queued"
+    );
+    router.dispatch(now + Duration::from_secs(3), false);
+    let Some(Released::Refused(f)) = try_released(&mut h) else {
+        panic!("refused past the timeout");
+    };
+    assert_eq!((f.status, f.dropped_reason), (429, Some("ttl_expired")));
 }
