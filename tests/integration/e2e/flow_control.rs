@@ -3,7 +3,9 @@
 //! picker's `override_message_timeout` within `max_message_timeout`, or no timer in
 //! FULL_DUPLEX_STREAMED); a flood of one tenant does not starve a second; past the queue's
 //! bounds, 429 with `retry-after` and the drop reason; an `EndpointPickerConfig`'s
-//! `flowControl` (with llm-d's feature gate) bounds the same queue.
+//! `flowControl` (with llm-d's feature gate) bounds the same queue; in Kthena's mode, Kthena's
+//! fairness settings (its router's environment) turn it on: a light user (a JWT's subject) is
+//! served ahead of a flooding one, and `FAIRNESS_QUEUE_TIMEOUT` is the TTL.
 
 use std::time::{Duration, Instant};
 
@@ -486,4 +488,185 @@ picker: {flowControl: {maxInFlightPerPod: 1, retryAfterSeconds: 7}}
         200,
         "dispatched when the slot freed"
     );
+}
+
+/// One backend, a bare Kthena routerConfiguration (its `auth:` with a JWKS: Kthena's users are
+/// the JWTs' subjects), and Kthena's fairness settings as its router's environment: `vars` on
+/// top of `ENABLE_FAIRNESS_SCHEDULING=true` and `FAIRNESS_MAX_CONCURRENT=1` (one request in
+/// flight for the model).
+async fn kthena_fairness(vars: &[(&str, &str)]) -> (Backend, Running, Envoy) {
+    let backend = Backend::start("pod-a").await;
+    let mut env: std::collections::HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    env.insert("ENABLE_FAIRNESS_SCHEDULING".into(), "true".into());
+    env.insert("FAIRNESS_MAX_CONCURRENT".into(), "1".into());
+    let doc = format!(
+        "{}auth: {{issuer: https://issuer.example, jwksUri: https://issuer.example/jwks}}\n",
+        endpoints_yaml(std::slice::from_ref(&backend))
+    );
+    let config =
+        prefix_picker::config::Config::parse_with_env(&doc, &|name| env.get(name).cloned())
+            .unwrap();
+    assert!(config.picker.affinity.is_none(), "Kthena's mode");
+    assert!(config.picker.flow_control.active);
+    let picker = start_picker(config).await;
+    let envoy = start_envoy(render_envoy(
+        "envoy.yaml",
+        picker.grpc_addr.port(),
+        &[backend.addr],
+        |s| s,
+    ))
+    .await;
+    (backend, picker, envoy)
+}
+
+/// `Authorization: Bearer <JWT>` of `user` (unsigned: the gateway verifies tokens, the picker
+/// reads the subject).
+fn bearer(user: &str) -> String {
+    use base64::Engine as _;
+    let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+    format!(
+        "Bearer {}.{}.c2ln",
+        b64(r#"{"alg":"RS256","typ":"JWT"}"#),
+        b64(&format!(
+            r#"{{"sub":"{user}","iss":"https://issuer.example"}}"#
+        ))
+    )
+}
+
+/// A gated stream sent as `user` on its own task: `started` is set when its response begins
+/// (it was dispatched to the pod); the task ends with its status once the gate lets it finish.
+fn gated_as(
+    envoy: &Envoy,
+    user: &str,
+    tag: &str,
+) -> (
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    tokio::task::JoinHandle<u16>,
+) {
+    let started = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (url, auth, flag) = (envoy.url("/v1/completions"), bearer(user), started.clone());
+    let body = json!({"model": "m", "prompt": format!("GATED {tag}"), "stream": true});
+    let task = tokio::spawn(async move {
+        let r = reqwest::Client::new()
+            .post(url)
+            .header("authorization", auth)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        let status = r.status().as_u16();
+        let _ = r.bytes().await;
+        status
+    });
+    (started, task)
+}
+
+const QUEUED: &str = "prefix_picker_flow_queue_requests{priority=\"0\"}";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kthenas_fairness_settings_serve_a_light_user_ahead_of_a_flooding_one() {
+    let (backend, picker, envoy) = kthena_fairness(&[("FAIRNESS_QUEUE_TIMEOUT", "60s")]).await;
+    // The flooding user fills the model's one slot, then queues three more; the light user
+    // queues one after them.
+    let (first, rest) = open_gated_stream_with(
+        &envoy,
+        &json!({"model": "m", "prompt": "GATED first", "stream": true}),
+        &[("authorization", &bearer("flood"))],
+    )
+    .await;
+    let mut flood = Vec::new();
+    for i in 0..3 {
+        flood.push(gated_as(&envoy, "flood", &format!("flood {i}")));
+        wait_metric_eq(&picker, QUEUED, f64::from(i + 1)).await;
+    }
+    let light = gated_as(&envoy, "light", "light");
+    wait_metric_eq(&picker, QUEUED, 4.0).await;
+    // The slot frees: the flood's oldest goes (nobody has been charged yet).
+    finish_gated_stream(std::slice::from_ref(&backend), &first, rest).await;
+    poll("the flood's first queued request starts", || async {
+        flood[0]
+            .0
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(metric(&picker, QUEUED).await, 3.0);
+    // It frees: the light user goes next, ahead of the flood's two older requests.
+    backend.gate.notify_one();
+    poll("the light user's request starts", || async {
+        light
+            .0
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(metric(&picker, QUEUED).await, 2.0);
+    assert!(
+        !flood[1].0.load(std::sync::atomic::Ordering::SeqCst)
+            && !flood[2].0.load(std::sync::atomic::Ordering::SeqCst),
+        "one request in flight for the model: the flood's others still queued"
+    );
+    assert!(
+        metric(
+            &picker,
+            "prefix_picker_flow_served_tokens_total{flow=\"light@m\"}"
+        )
+        .await
+            > 0.0
+    );
+    // The rest, one at a time.
+    let mut tasks = vec![light.1];
+    tasks.extend(flood.into_iter().map(|(_, t)| t));
+    for done in 1..=tasks.len() {
+        backend.gate.notify_one();
+        poll("the next stream ends", || async {
+            (tasks.iter().filter(|t| t.is_finished()).count() >= done).then_some(())
+        })
+        .await;
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    assert_eq!(
+        metric(
+            &picker,
+            "prefix_picker_flow_dispatches_total{reason=\"room\"}"
+        )
+        .await,
+        4.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kthenas_queue_timeout_answers_429_with_the_reason() {
+    let (backend, picker, envoy) = kthena_fairness(&[("FAIRNESS_QUEUE_TIMEOUT", "1s")]).await;
+    let (first, rest) = open_gated_stream_with(
+        &envoy,
+        &json!({"model": "m", "prompt": "GATED first", "stream": true}),
+        &[("authorization", &bearer("u"))],
+    )
+    .await;
+    let r = reqwest::Client::new()
+        .post(envoy.url("/v1/completions"))
+        .header("authorization", bearer("v"))
+        .json(&json!({"model": "m", "prompt": "waits past the timeout"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 429);
+    assert_eq!(r.headers()["x-llm-d-request-dropped-reason"], "ttl_expired");
+    assert_eq!(r.headers()["retry-after"], "1");
+    assert_eq!(
+        metric(
+            &picker,
+            "prefix_picker_flow_drops_total{reason=\"ttl_expired\"}"
+        )
+        .await,
+        1.0
+    );
+    finish_gated_stream(std::slice::from_ref(&backend), &first, rest).await;
 }
