@@ -31,6 +31,10 @@
 //! only when no candidate has room, or when others already queue (arrival order is kept). A
 //! queued request whose pick holds more of its prompt than some other candidate waits for that
 //! pod (picked when it queues); the others take the first pod with room.
+//!
+//! In Kthena's mode, Kthena's own fairness settings (`ENABLE_FAIRNESS_SCHEDULING`, `FAIRNESS_*`
+//! in the environment) turn the queue on and set its keys ([`kthena`]): flows by Kthena's user
+//! per model, Kthena's weights as the charge, a per-model bound on requests in flight.
 
 pub mod go_duration;
 pub mod kthena;

@@ -100,7 +100,11 @@ fn the_weights_make_the_charge() {
         expected_output_tokens: 100,
         ..FlowControlConfig::default()
     };
-    assert!(f.apply(&mut fc).is_empty() == false);
+    let warnings = f.apply(&mut fc);
+    assert!(
+        warnings.iter().any(|w| w.starts_with(WINDOW)),
+        "{warnings:?}"
+    );
     // 2 x (0.5 x 40 + 3 x 100) + 10.
     assert_eq!(fc.charge(40.0), 650.0);
     assert_eq!(fc.request_ttl_seconds, 90.0);
