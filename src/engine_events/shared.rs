@@ -29,7 +29,6 @@ use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use prometheus::IntCounter;
 use tokio_util::sync::CancellationToken;
@@ -187,13 +186,7 @@ impl Lane {
             Verdict::Reset(reason) => self.reset(reason),
         }
         self.seq.delivered(seq);
-        self.stats.decoded.fetch_add(1, Relaxed);
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs_f64();
-        let lag_ms = ((now - batch.ts) * 1000.0).max(0.0) as u64;
-        self.stats.last_lag_ms.store(lag_ms, Relaxed);
+        self.stats.delivered(batch.ts);
         self.consumer.apply(Update::Batch { seq, batch });
     }
 

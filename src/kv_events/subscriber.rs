@@ -120,6 +120,20 @@ pub struct SubscriberStats {
     pub last_lag_ms: AtomicU64,
 }
 
+impl SubscriberStats {
+    /// One batch decoded and about to be delivered: counted, and its lag (now minus the batch's
+    /// `ts`, the engine's clock) kept.
+    pub fn delivered(&self, batch_ts: f64) {
+        self.decoded.fetch_add(1, Relaxed);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        let lag_ms = ((now - batch_ts) * 1000.0).max(0.0) as u64;
+        self.last_lag_ms.store(lag_ms, Relaxed);
+    }
+}
+
 /// One pod's subscriber. Run it in the caller's join set; [`Subscriber::stats`] before that.
 #[derive(Debug)]
 pub struct Subscriber {
@@ -498,13 +512,7 @@ impl<'a> State<'a> {
 
     async fn deliver(&mut self, seq: u64, batch: EventBatch) -> bool {
         self.seq.delivered(seq);
-        self.stats.decoded.fetch_add(1, Relaxed);
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs_f64();
-        let lag_ms = ((now - batch.ts) * 1000.0).max(0.0) as u64;
-        self.stats.last_lag_ms.store(lag_ms, Relaxed);
+        self.stats.delivered(batch.ts);
         self.send(Update::Batch { seq, batch }).await
     }
 

@@ -61,8 +61,9 @@ fn the_encoder_still_prints_the_golden_payloads() {
     );
 }
 
-/// The publisher script, driven line by line.
-struct Publisher {
+/// The publisher script, driven line by line (also the shared socket's connecting publisher,
+/// [`crate::kv_events_shared`]).
+pub(crate) struct Publisher {
     _child: Child,
     stdin: ChildStdin,
     stdout: Lines<BufReader<ChildStdout>>,
@@ -81,7 +82,29 @@ impl Publisher {
         Publisher::launch(&["publish", topic, "topic-in-replay"]).await
     }
 
+    /// Connects to `endpoint` (the script's `connect` mode, as a vLLM whose endpoint has no
+    /// `*`) and waits until the subscriber's subscription reached it (what is published before
+    /// would be dropped by the publisher).
+    pub(crate) async fn connect(endpoint: &str) -> Publisher {
+        let mut p = Publisher::spawn(&["connect", endpoint]);
+        while !p.line().await.starts_with("subscribed") {}
+        p
+    }
+
     async fn launch(args: &[&str]) -> Publisher {
+        let mut p = Publisher::spawn(args);
+        let line = p.line().await;
+        let ports: Vec<u16> = line
+            .strip_prefix("ports ")
+            .unwrap_or_else(|| panic!("expected ports, got {line:?}"))
+            .split(' ')
+            .map(|p| p.parse().unwrap())
+            .collect();
+        (p.pub_port, p.replay_port) = (ports[0], ports[1]);
+        p
+    }
+
+    fn spawn(args: &[&str]) -> Publisher {
         let mut child = Command::new(wire_python())
             .arg(script())
             .args(args)
@@ -92,22 +115,13 @@ impl Publisher {
             .unwrap();
         let stdin = child.stdin.take().unwrap();
         let stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-        let mut p = Publisher {
+        Publisher {
             _child: child,
             stdin,
             stdout,
             pub_port: 0,
             replay_port: 0,
-        };
-        let line = p.line().await;
-        let ports: Vec<u16> = line
-            .strip_prefix("ports ")
-            .unwrap_or_else(|| panic!("expected ports, got {line:?}"))
-            .split(' ')
-            .map(|p| p.parse().unwrap())
-            .collect();
-        (p.pub_port, p.replay_port) = (ports[0], ports[1]);
-        p
+        }
     }
 
     async fn line(&mut self) -> String {
@@ -137,7 +151,7 @@ impl Publisher {
     }
 
     /// Runs one command and waits for its `ok`.
-    async fn run(&mut self, command: &str) {
+    pub(crate) async fn run(&mut self, command: &str) {
         self.stdin
             .write_all(format!("{command}\n").as_bytes())
             .await
@@ -153,6 +167,12 @@ impl Publisher {
                 "{command}: {line:?}"
             );
         }
+    }
+
+    /// Publishes batch `seq` (one block, hash 1000 + seq, chained on batch seq - 1's) on
+    /// `topic` (`connect` mode).
+    pub(crate) async fn publish(&mut self, topic: &str, seq: u64) {
+        self.run(&format!("pub {topic} {seq}")).await;
     }
 
     /// Publishes raw frames.

@@ -5,74 +5,11 @@
 //! publishes for several pods, each naming its pod in its topic (`kv@<pod>@<model>`). The
 //! picker binds port 0 and reports the port it got (`Running::kv_events_bound`).
 
-use std::process::Stdio;
-
 use prefix_picker::Config;
 use prefix_picker::serve::Running;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 use crate::harness::*;
-use crate::kv_events::wire_python;
-
-/// The connecting publisher, driven line by line.
-struct Publisher {
-    _child: Child,
-    stdin: ChildStdin,
-    stdout: Lines<BufReader<ChildStdout>>,
-}
-
-impl Publisher {
-    /// Connects to `endpoint` and waits until the picker's subscription reached it (what is
-    /// published before would be dropped by the publisher).
-    async fn connect(endpoint: &str) -> Publisher {
-        let mut child = Command::new(wire_python())
-            .arg(root().join("tests/wire/kv_events_wire.py"))
-            .args(["connect", endpoint])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-        let mut p = Publisher {
-            _child: child,
-            stdin,
-            stdout,
-        };
-        while !p.line().await.starts_with("subscribed") {}
-        p
-    }
-
-    async fn line(&mut self) -> String {
-        match tokio::time::timeout(DEADLINE, self.stdout.next_line()).await {
-            Ok(Ok(Some(line))) => line,
-            other => panic!("the publisher script stopped: {other:?}"),
-        }
-    }
-
-    /// Runs one command and waits for its `ok`.
-    async fn run(&mut self, command: &str) {
-        self.stdin
-            .write_all(format!("{command}\n").as_bytes())
-            .await
-            .unwrap();
-        self.stdin.flush().await.unwrap();
-        loop {
-            let line = self.line().await;
-            if line == "ok" {
-                return;
-            }
-            assert!(line.starts_with("subscribed"), "{command}: {line:?}");
-        }
-    }
-
-    /// Publishes batch `seq` (one block, hash 1000 + seq, chained on batch seq - 1's) on `topic`.
-    async fn publish(&mut self, topic: &str, seq: u64) {
-        self.run(&format!("pub {topic} {seq}")).await;
-    }
-}
+use crate::kv_events::Publisher;
 
 fn pod_series(family: &str, pod: &str) -> String {
     format!("{family}{{model_server_namespace=\"default\",model_server_pod=\"{pod}\"}}")

@@ -228,6 +228,27 @@ def batch(seq: int) -> bytes:
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
+def announce_subscription(pub):
+    """Prints a subscription the XPUB socket received (what the tests wait for)."""
+    msg = pub.recv()
+    if msg[:1] == b"\x01":
+        print("subscribed", msg[1:].hex(), flush=True)
+
+
+def next_command():
+    """The next stdin command as (name, args); None at its end or on `quit`."""
+    line = sys.stdin.readline()
+    if not line:
+        return None
+    cmd, *args = line.split()
+    return None if cmd == "quit" else (cmd, args)
+
+
+def unknown_command(cmd):
+    print("unknown command", cmd, file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
 def publish(topic: str, topic_in_replay: bool):
     ctx = zmq.Context()
     pub = ctx.socket(zmq.XPUB)
@@ -247,9 +268,7 @@ def publish(topic: str, topic_in_replay: bool):
     while True:
         ready = dict(poller.poll())
         if pub in ready:
-            msg = pub.recv()
-            if msg[:1] == b"\x01":
-                print("subscribed", msg[1:].hex(), flush=True)
+            announce_subscription(pub)
         if replay in ready:
             # vLLM's ZmqEventPublisher._service_replay.
             frame = replay.recv_multipart()
@@ -265,12 +284,10 @@ def publish(topic: str, topic_in_replay: bool):
             replay.send_multipart((*end_head, END_SEQ, b""))
             print("replayed", start_seq, flush=True)
         if sys.stdin.fileno() in ready or sys.stdin in ready:
-            line = sys.stdin.readline()
-            if not line:
+            command = next_command()
+            if command is None:
                 return
-            cmd, *args = line.split()
-            if cmd == "quit":
-                return
+            cmd, args = command
             if cmd in ("pub", "lose"):
                 seq = int(args[0])
                 payload = batch(seq)
@@ -302,8 +319,7 @@ def publish(topic: str, topic_in_replay: bool):
             elif cmd == "raw":
                 pub.send_multipart([b"" if a == "-" else bytes.fromhex(a) for a in args])
             else:
-                print("unknown command", cmd, file=sys.stderr, flush=True)
-                sys.exit(2)
+                unknown_command(cmd)
             print("ok", flush=True)
 
 
@@ -318,24 +334,19 @@ def connect(endpoint: str):
     while True:
         ready = dict(poller.poll())
         if pub in ready:
-            msg = pub.recv()
-            if msg[:1] == b"\x01":
-                print("subscribed", msg[1:].hex(), flush=True)
+            announce_subscription(pub)
         if sys.stdin.fileno() in ready or sys.stdin in ready:
-            line = sys.stdin.readline()
-            if not line:
+            command = next_command()
+            if command is None:
                 return
-            cmd, *args = line.split()
-            if cmd == "quit":
-                return
+            cmd, args = command
             if cmd == "pub":
                 topic, seq = args[0], int(args[1])
                 pub.send_multipart((topic.encode(), seq.to_bytes(8, "big"), batch(seq)))
             elif cmd == "raw":
                 pub.send_multipart([b"" if a == "-" else bytes.fromhex(a) for a in args])
             else:
-                print("unknown command", cmd, file=sys.stderr, flush=True)
-                sys.exit(2)
+                unknown_command(cmd)
             print("ok", flush=True)
 
 

@@ -512,14 +512,29 @@ async fn kthena_fairness(vars: &[(&str, &str)]) -> (Backend, Running, Envoy) {
     assert!(config.picker.affinity.is_none(), "Kthena's mode");
     assert!(config.picker.flow_control.active);
     let picker = start_picker(config).await;
-    let envoy = start_envoy(render_envoy(
+    let envoy = envoy_for(
         "envoy.yaml",
         picker.grpc_addr.port(),
-        &[backend.addr],
-        |s| s,
-    ))
+        std::slice::from_ref(&backend),
+    )
     .await;
     (backend, picker, envoy)
+}
+
+/// The model's one slot taken by a gated stream of `user`'s: its serving pod and the rest.
+async fn first_gated_as(
+    envoy: &Envoy,
+    user: &str,
+) -> (
+    String,
+    impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin + use<>,
+) {
+    open_gated_stream_with(
+        envoy,
+        &json!({"model": "m", "prompt": "GATED first", "stream": true}),
+        &[("authorization", &bearer(user))],
+    )
+    .await
 }
 
 /// `Authorization: Bearer <JWT>` of `user` (unsigned: the gateway verifies tokens, the picker
@@ -572,12 +587,7 @@ async fn kthenas_fairness_settings_serve_a_light_user_ahead_of_a_flooding_one() 
     let (backend, picker, envoy) = kthena_fairness(&[("FAIRNESS_QUEUE_TIMEOUT", "60s")]).await;
     // The flooding user fills the model's one slot, then queues three more; the light user
     // queues one after them.
-    let (first, rest) = open_gated_stream_with(
-        &envoy,
-        &json!({"model": "m", "prompt": "GATED first", "stream": true}),
-        &[("authorization", &bearer("flood"))],
-    )
-    .await;
+    let (first, rest) = first_gated_as(&envoy, "flood").await;
     let mut flood = Vec::new();
     for i in 0..3 {
         flood.push(gated_as(&envoy, "flood", &format!("flood {i}")));
@@ -644,12 +654,7 @@ async fn kthenas_fairness_settings_serve_a_light_user_ahead_of_a_flooding_one() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kthenas_queue_timeout_answers_429_with_the_reason() {
     let (backend, picker, envoy) = kthena_fairness(&[("FAIRNESS_QUEUE_TIMEOUT", "1s")]).await;
-    let (first, rest) = open_gated_stream_with(
-        &envoy,
-        &json!({"model": "m", "prompt": "GATED first", "stream": true}),
-        &[("authorization", &bearer("u"))],
-    )
-    .await;
+    let (first, rest) = first_gated_as(&envoy, "u").await;
     let r = reqwest::Client::new()
         .post(envoy.url("/v1/completions"))
         .header("authorization", bearer("v"))
